@@ -1,0 +1,1 @@
+"""HTTP handlers: thin layers that parse, call and render."""

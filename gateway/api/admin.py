@@ -1,0 +1,15 @@
+from __future__ import annotations
+
+from aiohttp import web
+
+from .. import __version__
+from ..app import REGISTRY
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok", "version": __version__,
+                              "models": len(request.app[REGISTRY].specs())})
+
+
+def setup(app: web.Application) -> None:
+    app.router.add_get("/health", health)

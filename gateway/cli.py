@@ -1,0 +1,175 @@
+"""``gguf-gateway`` command line: serve, check-config, models."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+from typing import Sequence
+
+from . import __version__
+from .config import Config, ConfigError, find_config_path, load_config
+from .ggufmeta import ModelFileError, read_info
+
+log = logging.getLogger("gateway")
+
+
+def _add_config_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE",
+                   help="models.yaml (default: $GGUF_GATEWAY_CONFIG, else ~/.config/gguf-gateway/models.yaml)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gguf-gateway", description="Serve local GGUF models behind one URL.")
+    parser.add_argument("--version", action="version", version=f"gguf-gateway {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the gateway")
+    _add_config_arg(serve)
+    serve.add_argument("--host", help="address to bind (default: server.host, 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port to bind (default: server.port, 8080)")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+    check = sub.add_parser("check-config", help="validate models.yaml and the model files it names")
+    _add_config_arg(check)
+
+    models = sub.add_parser("models", help="list every model name that resolves, read from the GGUF headers")
+    _add_config_arg(models)
+    models.add_argument("--json", action="store_true", help="one JSON object per model")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        return cmd_serve(args)
+    if args.command == "check-config":
+        return cmd_check_config(args)
+    return cmd_models(args)
+
+
+def _load(args: argparse.Namespace, *, check_files: bool = True) -> Config | None:
+    try:
+        return load_config(find_config_path(args.config), check_files=check_files)
+    except ConfigError as e:
+        for line in e.problems:
+            print(f"error: {line}", file=sys.stderr)
+        return None
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    config = _load(args)
+    if config is None:
+        return 1
+    problems = list(config.warnings)  # missing model files
+    for spec in config.models:
+        if not spec.path.is_file():
+            continue
+        try:
+            read_info(spec.path)
+        except ModelFileError as e:
+            problems.append(f"{config.path}: models.{spec.name}: {e}")
+    for line in problems:
+        print(f"error: {line}", file=sys.stderr)
+    if problems:
+        return 1
+    where = config.path or "built-in defaults (no config file)"
+    print(f"ok: {where}: {len(config.models)} model(s) configured")
+    return 0
+
+
+def _human(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return str(n)
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from .registry import Registry
+
+    config = _load(args, check_files=False)
+    if config is None:
+        return 1
+    rows = []
+    for spec in Registry(config).specs():
+        row = {"name": spec.name, "aliases": list(spec.aliases), "source": spec.source, "file": str(spec.path)}
+        try:
+            info = read_info(spec.path)
+            row.update(size=info.file_size, architecture=info.architecture, quantization=info.quantization,
+                       context_length=info.context_length, error=None)
+        except ModelFileError as e:
+            row.update(size=None, architecture=None, quantization=None, context_length=None, error=str(e))
+        rows.append(row)
+    if args.json:
+        for row in rows:
+            print(json.dumps(row))
+        return 0
+    if not rows:
+        print("no models configured or found (gguf-gateway serve would serve its built-in demo model)",
+              file=sys.stderr)
+        return 0
+    table = [("NAME", "SOURCE", "SIZE", "ARCH", "QUANT", "FILE")]
+    for r in rows:
+        name = r["name"] + (f" ({', '.join(r['aliases'])})" if r["aliases"] else "")
+        if r["error"]:
+            table.append((name, r["source"], "-", "-", "-", f"{r['file']}  [error: {r['error']}]"))
+        else:
+            table.append((name, r["source"], _human(r["size"]), r["architecture"] or "?",
+                          r["quantization"] or "?", r["file"]))
+    widths = [max(len(row[i]) for row in table) for i in range(5)]
+    for row in table:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[5])
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = _load(args)
+    if config is None:
+        return 2
+    for line in config.warnings:
+        log.warning("%s", line)
+    host = args.host or config.server.host
+    port = args.port if args.port is not None else config.server.port
+    try:
+        return asyncio.run(_serve(config, host, port))
+    except KeyboardInterrupt:  # a second Ctrl-C while shutting down
+        return 0
+
+
+async def _serve(config: Config, host: str, port: int) -> int:
+    from aiohttp import web
+
+    from .app import create_app
+    from .registry import Registry
+
+    registry = await asyncio.to_thread(Registry, config, allow_demo=True)
+    app = create_app(config, registry)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except OSError as e:
+        log.error("cannot listen on %s:%s: %s", host, port, e.strerror or e)
+        await runner.cleanup()
+        return 1
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):  # not on this platform
+            pass
+    names = ", ".join(s.name for s in registry.specs()) or "none"
+    log.info("gguf-gateway %s listening on http://%s:%s (models: %s)", __version__, host, port, names)
+    await stop.wait()
+    log.info("shutting down")
+    await runner.cleanup()
+    return 0

@@ -1,0 +1,266 @@
+"""The one reader of models.yaml and the environment.
+
+``load_config`` turns a file (or nothing) into a frozen ``Config``. Every problem is
+reported as ``FILE: YAML.PATH: message`` and all of them are collected before raising,
+so ``check-config`` shows each mistake on its own line. Unknown keys are errors: a typo
+must never be silently ignored. A model file that does not exist is not fatal to
+``serve`` (the model fails when asked for), so those are kept apart as ``warnings``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+ENV_CONFIG = "GGUF_GATEWAY_CONFIG"
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8080
+DEFAULT_MODELS_DIRS = ("~/models",)
+
+
+class ConfigError(Exception):
+    """One or more problems, each a full line naming the file and the YAML path."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model the gateway can serve: where it lives and how to load it."""
+
+    name: str
+    path: Path
+    aliases: tuple[str, ...] = ()
+    n_ctx: int | None = None  # None: the model's trained context, capped (engine decides)
+    n_gpu_layers: int = -1  # -1: every layer on the GPU when llama.cpp has one
+    embeddings: bool = False
+    source: str = "models.yaml"  # models.yaml | discovered | demo
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.name, *self.aliases)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    models_dirs: tuple[Path, ...] = ()
+    api_keys: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Config:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    models: tuple[ModelSpec, ...] = ()
+    path: Path | None = None
+    warnings: tuple[str, ...] = ()
+
+
+def default_config_path() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "gguf-gateway" / "models.yaml"
+
+
+def find_config_path(explicit: str | os.PathLike | None = None) -> Path | None:
+    """``--config``, else ``$GGUF_GATEWAY_CONFIG``, else the user's config file if it exists."""
+    if explicit:
+        return Path(explicit)
+    if os.environ.get(ENV_CONFIG):
+        return Path(os.environ[ENV_CONFIG])
+    path = default_config_path()
+    return path if path.is_file() else None
+
+
+def normalize_name(name: str) -> str:
+    return name.strip().lower()
+
+
+def load_config(path: str | os.PathLike | None = None, *, check_files: bool = True) -> Config:
+    """Load and validate ``path`` (``None``: built-in defaults). Raises ``ConfigError``."""
+    if path is None:
+        return Config(server=ServerConfig(models_dirs=_default_dirs()))
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError([f"{path}: cannot read: {e.strerror or e}"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError([f"{path}: invalid YAML: {where}{problem}"]) from None
+    return _Parser(path).parse(data, check_files=check_files)
+
+
+def _default_dirs() -> tuple[Path, ...]:
+    return tuple(Path(os.path.expanduser(d)) for d in DEFAULT_MODELS_DIRS)
+
+
+def _show(value: Any) -> str:
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+class _Parser:
+    """Walks the YAML tree, collecting every problem with its dotted path."""
+
+    def __init__(self, file: Path):
+        self.file = file
+        self.base = file.resolve().parent
+        self.problems: list[str] = []
+        self.warnings: list[str] = []
+
+    def error(self, where: str, message: str) -> None:
+        self.problems.append(f"{self.file}: {where}: {message}")
+
+    def path(self, where: str, value: Any) -> Path | None:
+        if not isinstance(value, str) or not value.strip():
+            self.error(where, f"must be a file path, got {_show(value)}")
+            return None
+        expanded = os.path.expanduser(os.path.expandvars(value.strip()))
+        return (self.base / expanded).resolve() if not os.path.isabs(expanded) else Path(expanded)
+
+    def mapping(self, where: str, value: Any, allowed: dict[str, Callable[[str, Any], Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if value is None:
+            return out
+        if not isinstance(value, dict):
+            self.error(where, f"must be a mapping, got {_show(value)}")
+            return out
+        for key, item in value.items():
+            sub = f"{where}.{key}"
+            if key not in allowed:
+                self.error(sub, f"unknown key (expected one of: {', '.join(allowed)})")
+                continue
+            parsed = allowed[key](sub, item)
+            if parsed is not _INVALID:
+                out[key] = parsed
+        return out
+
+    # --- typed fields: each returns the value, or _INVALID after recording a problem ---
+    def integer(self, *, minimum: int | None = None, maximum: int | None = None, what: str = "an integer"):
+        def check(where: str, v: Any):
+            ok = isinstance(v, int) and not isinstance(v, bool)
+            ok = ok and (minimum is None or v >= minimum) and (maximum is None or v <= maximum)
+            if not ok:
+                self.error(where, f"must be {what}, got {_show(v)}")
+                return _INVALID
+            return v
+        return check
+
+    def boolean(self, where: str, v: Any):
+        if not isinstance(v, bool):
+            self.error(where, f"must be true or false, got {_show(v)}")
+            return _INVALID
+        return v
+
+    def string(self, where: str, v: Any):
+        if not isinstance(v, str) or not v.strip():
+            self.error(where, f"must be a non-empty string, got {_show(v)}")
+            return _INVALID
+        return v.strip()
+
+    def list_of(self, item: Callable[[str, Any], Any]):
+        def check(where: str, v: Any):
+            if v is None:
+                return ()
+            if not isinstance(v, list):
+                self.error(where, f"must be a list, got {_show(v)}")
+                return _INVALID
+            items = [item(f"{where}[{i}]", x) for i, x in enumerate(v)]
+            return _INVALID if any(x is _INVALID for x in items) else tuple(items)
+        return check
+
+    def path_field(self, where: str, v: Any):
+        p = self.path(where, v)
+        return _INVALID if p is None else p
+
+    # --- sections ---
+    def parse(self, data: Any, *, check_files: bool) -> Config:
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise ConfigError([f"{self.file}: top level: must be a mapping, got {_show(data)}"])
+        server_raw = data.get("server")
+        server = self.mapping("server", server_raw, {
+            "host": self.string,
+            "port": self.integer(minimum=1, maximum=65535, what="a port number (1-65535)"),
+            "models_dirs": self.list_of(self.path_field),
+            "api_keys": self.list_of(self.string),
+        })
+        if "models_dirs" not in server:
+            server["models_dirs"] = _default_dirs()
+
+        entries: list[tuple[str, str, Any]] = []  # (yaml path, name, raw)
+        models_raw = data.get("models")
+        if models_raw is not None and not isinstance(models_raw, dict):
+            self.error("models", f"must be a mapping of name to path or settings, got {_show(models_raw)}")
+        elif models_raw:
+            entries += [(f"models.{k}", k, v) for k, v in models_raw.items()]
+        for key, value in data.items():
+            if key in ("server", "models"):
+                continue
+            if isinstance(value, str):  # the older layout: top-level `name: path` pairs
+                entries.append((str(key), key, value))
+            else:
+                self.error(str(key), "unknown key (expected server, models, or a `name: path` model entry)")
+
+        models: list[ModelSpec] = []
+        seen: dict[str, str] = {}
+        for where, name, raw in entries:
+            spec = self.model(where, name, raw)
+            if spec is None:
+                continue
+            for n in spec.names:
+                key = normalize_name(n)
+                if key in seen:
+                    self.error(where, f"name {_show(n)} is already used by {seen[key]}")
+                else:
+                    seen[key] = where
+            if check_files and not spec.path.is_file():
+                self.warnings.append(f"{self.file}: {where}: model file not found: {spec.path}")
+            models.append(spec)
+
+        if self.problems:
+            raise ConfigError(self.problems)
+        return Config(server=ServerConfig(**server), models=tuple(models), path=self.file,
+                      warnings=tuple(self.warnings))
+
+    def model(self, where: str, name: Any, raw: Any) -> ModelSpec | None:
+        if not isinstance(name, str) or not name.strip():
+            self.error(where, f"model name must be a non-empty string, got {_show(name)}")
+            return None
+        if isinstance(raw, str):
+            path = self.path(where, raw)
+            return ModelSpec(name=name.strip(), path=path) if path else None
+        if not isinstance(raw, dict):
+            self.error(where, f"must be a file path or a mapping with `path`, got {_show(raw)}")
+            return None
+        before = len(self.problems)
+        fields = self.mapping(where, raw, {
+            "path": self.path_field,
+            "aliases": self.list_of(self.string),
+            "n_ctx": self.integer(minimum=1, what="a positive integer"),
+            "n_gpu_layers": self.integer(minimum=-1, what="an integer >= -1 (-1: all layers)"),
+            "embeddings": self.boolean,
+        })
+        if "path" not in fields and "path" not in raw:
+            self.error(f"{where}.path", "required: the model's GGUF file")
+        if len(self.problems) > before:
+            return None
+        return ModelSpec(name=name.strip(), **fields)
+
+
+_INVALID = object()

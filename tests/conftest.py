@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gateway import testmodels
+
+
+@pytest.fixture(autouse=True)
+def _isolated_home(tmp_path_factory, monkeypatch):
+    """No test reads the developer's own ~/.config, ~/models or data directory."""
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("HOME", str(home))
+    for var in ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "GGUF_GATEWAY_CONFIG"):
+        monkeypatch.delenv(var, raising=False)
+    return home
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory) -> Path:
+    """A directory of scripted models, written once per test session."""
+    d = tmp_path_factory.mktemp("models")
+    testmodels.plain(d / "plain.gguf")
+    testmodels.thinking(d / "thinker.gguf")
+    testmodels.endless(d / "loop.gguf")
+    return d
+
+
+@pytest.fixture
+def write_config(tmp_path):
+    def write(text: str, name: str = "models.yaml") -> Path:
+        path = tmp_path / name
+        path.write_text(textwrap.dedent(text))
+        return path
+    return write
+

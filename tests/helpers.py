@@ -1,0 +1,87 @@
+"""Helpers for tests that run the real `gguf-gateway` process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def gateway_command() -> list[str]:
+    script = Path(sys.executable).parent / "gguf-gateway"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "gateway"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([*gateway_command(), *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+class ServerProcess:
+    """`gguf-gateway serve` on a free loopback port, as a user would start it."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [*gateway_command(), "serve", "--port", str(self.port), *args],
+            env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}: {self.proc.stderr.read()}")
+            try:
+                self.get("/health")
+                return
+            except (urllib.error.URLError, ConnectionError):
+                time.sleep(0.1)
+        raise TimeoutError("server did not answer /health")
+
+    def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, dict]:
+        req = urllib.request.Request(self.url + path, headers=headers or {})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> tuple[int, str]:
+        """Send ``sig`` and return (exit code, stderr)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            _, err = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            _, err = self.proc.communicate()
+        return self.proc.returncode, err
+
+    def __enter__(self) -> "ServerProcess":
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop(signal.SIGKILL)
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,46 @@
+"""Validate bodies and stream chunks against OpenAI's own OpenAPI document.
+
+The document is OpenAPI 3.1 but still carries 3.0's ``nullable: true`` in many places
+(the stream chunk's ``finish_reason`` among them); it is read as "or null" here.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+SPEC_PATH = Path(__file__).resolve().parents[1].parent / "shared" / "specs" / "openai-openapi.json"
+
+
+def _nullable_to_null(node: Any) -> Any:
+    if isinstance(node, dict):
+        node = {k: _nullable_to_null(v) for k, v in node.items()}
+        if node.pop("nullable", False) is True:
+            return {"anyOf": [node, {"type": "null"}]}
+        return node
+    if isinstance(node, list):
+        return [_nullable_to_null(v) for v in node]
+    return node
+
+
+@functools.lru_cache(maxsize=1)
+def _spec() -> dict[str, Any]:
+    return _nullable_to_null(json.loads(SPEC_PATH.read_text()))
+
+
+@functools.lru_cache(maxsize=None)
+def _validator(name: str) -> jsonschema.Draft202012Validator:
+    spec = _spec()
+    schema = copy.deepcopy(spec["components"]["schemas"][name])
+    schema["components"] = spec["components"]  # so "#/components/schemas/..." refs resolve
+    return jsonschema.Draft202012Validator(schema)
+
+
+def validate(instance: Any, schema_name: str) -> None:
+    """Raise ``jsonschema.ValidationError`` unless ``instance`` fits ``components.schemas[schema_name]``."""
+    _validator(schema_name).validate(instance)

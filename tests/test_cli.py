@@ -1,0 +1,81 @@
+import json
+
+import pytest
+
+from helpers import run_cli
+
+
+@pytest.mark.parametrize("body, needle", [
+    ("models:\n  llama3:\n    path: x.gguf\n    n_ctx: big\n", 'models.llama3.n_ctx: must be a positive integer, got "big"'),
+    ("server:\n  prot: 1\n", "server.prot: unknown key"),
+    ("models:\n  gone: nowhere.gguf\n", "models.gone: model file not found: "),
+    ("models: {a: [\n", "invalid YAML: line "),
+])
+def test_check_config_prints_one_clear_line_per_problem(write_config, body, needle):
+    path = write_config(body)
+    r = run_cli("check-config", "--config", str(path))
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith(f"error: {path}: ") and needle in lines[0]
+    assert "Traceback" not in r.stderr
+
+
+def test_check_config_rejects_a_file_that_is_not_gguf(write_config, tmp_path):
+    (tmp_path / "fake.gguf").write_bytes(b"not a model at all")
+    r = run_cli("check-config", "--config", str(write_config("models:\n  fake: fake.gguf\n")))
+    assert r.returncode == 1
+    assert "models.fake: " in r.stderr and "is not a GGUF file" in r.stderr
+
+
+def test_check_config_ok(write_config, model_dir):
+    r = run_cli("check-config", "--config", str(write_config(f"models:\n  p: {model_dir}/plain.gguf\n")))
+    assert r.returncode == 0, r.stderr
+    assert "1 model(s)" in r.stdout
+
+
+def test_check_config_uses_the_environment_variable(write_config):
+    path = write_config("server:\n  port: nope\n")
+    r = run_cli("check-config", env={"GGUF_GATEWAY_CONFIG": str(path)})
+    assert r.returncode == 1 and "server.port" in r.stderr
+
+
+def test_models_lists_names_with_header_metadata(write_config, model_dir):
+    path = write_config(f"""
+        server:
+          models_dirs: [{model_dir}]
+        models:
+          chat:
+            path: {model_dir}/plain.gguf
+            aliases: [chat:latest]
+    """)
+    r = run_cli("models", "--config", str(path), "--json")
+    assert r.returncode == 0, r.stderr
+    rows = {row["name"]: row for row in map(json.loads, r.stdout.splitlines())}
+    assert set(rows) == {"chat", "plain", "thinker", "loop"}
+    assert rows["chat"]["aliases"] == ["chat:latest"] and rows["chat"]["source"] == "models.yaml"
+    assert rows["thinker"]["source"] == "discovered"
+    for row in rows.values():
+        assert row["architecture"] == "llama" and row["quantization"] == "F16"
+        assert row["size"] > 0 and row["error"] is None
+
+    table = run_cli("models", "--config", str(path))
+    assert table.returncode == 0
+    header, *lines = table.stdout.splitlines()
+    assert header.split()[:5] == ["NAME", "SOURCE", "SIZE", "ARCH", "QUANT"]
+    assert any(line.startswith("chat (chat:latest)") and "llama" in line and "F16" in line for line in lines)
+
+
+def test_models_reports_a_broken_file_without_failing(write_config, tmp_path):
+    (tmp_path / "broken.gguf").write_bytes(b"GGUF\x03\x00")
+    r = run_cli("models", "--config", str(write_config(f"server:\n  models_dirs: [{tmp_path}]\n")), "--json")
+    assert r.returncode == 0
+    (row,) = map(json.loads, r.stdout.splitlines())
+    assert row["name"] == "broken" and "unreadable GGUF header" in row["error"]
+
+
+def test_serve_refuses_a_bad_config_with_the_problem_line(write_config):
+    path = write_config("server:\n  port: nope\n")
+    r = run_cli("serve", "--config", str(path))
+    assert r.returncode == 2
+    assert "server.port: must be a port number" in r.stderr and "Traceback" not in r.stderr

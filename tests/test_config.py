@@ -1,0 +1,172 @@
+from pathlib import Path
+
+import pytest
+
+from gateway.config import ConfigError, ENV_CONFIG, find_config_path, load_config
+from helpers import REPO
+
+
+def problems_of(path) -> list[str]:
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    return e.value.problems
+
+
+def test_full_form_short_form_and_aliases(write_config, model_dir):
+    path = write_config(f"""
+        server:
+          host: 0.0.0.0
+          port: 9000
+          models_dirs: [{model_dir}]
+          api_keys: [secret]
+        models:
+          short: {model_dir}/plain.gguf
+          Long:
+            path: {model_dir}/thinker.gguf
+            aliases: ["long:8b", other]
+            n_ctx: 8192
+            n_gpu_layers: 0
+            embeddings: true
+    """)
+    cfg = load_config(path)
+    assert cfg.server.host == "0.0.0.0" and cfg.server.port == 9000
+    assert cfg.server.models_dirs == (model_dir,)
+    assert cfg.server.api_keys == ("secret",)
+    short, long_ = cfg.models
+    assert (short.name, short.path, short.n_ctx, short.n_gpu_layers) == ("short", model_dir / "plain.gguf", None, -1)
+    assert long_.name == "Long" and long_.aliases == ("long:8b", "other")
+    assert (long_.n_ctx, long_.n_gpu_layers, long_.embeddings) == (8192, 0, True)
+    assert cfg.warnings == ()
+
+
+def test_defaults_without_a_file(_isolated_home):
+    cfg = load_config(None)
+    assert (cfg.server.host, cfg.server.port) == ("127.0.0.1", 8080)
+    assert cfg.server.models_dirs == (_isolated_home / "models",)
+    assert cfg.models == ()
+
+
+def test_empty_file_is_the_defaults(write_config):
+    cfg = load_config(write_config(""))
+    assert cfg.models == () and cfg.server.port == 8080
+
+
+def test_older_layout_top_level_name_path_pairs(write_config, model_dir):
+    cfg = load_config(write_config(f"""
+        mistral: {model_dir}/plain.gguf
+        server:
+          port: 8081
+    """))
+    assert [(m.name, m.path) for m in cfg.models] == [("mistral", model_dir / "plain.gguf")]
+
+
+def test_paths_expand_home_env_and_resolve_relative_to_the_file(write_config, tmp_path, monkeypatch, _isolated_home):
+    monkeypatch.setenv("MODELS_AT", "/srv/models")
+    cfg = load_config(write_config("""
+        models:
+          a: ~/m/a.gguf
+          b: $MODELS_AT/b.gguf
+          c: sub/c.gguf
+          d: ../d.gguf
+    """))
+    paths = {m.name: m.path for m in cfg.models}
+    assert paths == {
+        "a": _isolated_home / "m" / "a.gguf",
+        "b": Path("/srv/models/b.gguf"),
+        "c": tmp_path / "sub" / "c.gguf",
+        "d": tmp_path.parent / "d.gguf",
+    }
+
+
+@pytest.mark.parametrize("body, expected", [
+    ("models:\n  llama3:\n    path: x.gguf\n    n_ctx: big\n",
+     'models.llama3.n_ctx: must be a positive integer, got "big"'),
+    ("models:\n  llama3:\n    path: x.gguf\n    n_ctx: 0\n", "models.llama3.n_ctx: must be a positive integer, got 0"),
+    ("models:\n  m:\n    path: x.gguf\n    embeddings: yes please\n", 'models.m.embeddings: must be true or false'),
+    ("models:\n  m:\n    path: x.gguf\n    n_gpu_layers: -2\n", "models.m.n_gpu_layers: must be an integer >= -1"),
+    ("models:\n  m:\n    path: x.gguf\n    aliases: m2\n", 'models.m.aliases: must be a list, got "m2"'),
+    ("server:\n  port: 70000\n", "server.port: must be a port number (1-65535), got 70000"),
+    ("server:\n  port: true\n", "server.port: must be a port number (1-65535), got true"),
+    ("server:\n  models_dirs: ~/models\n", 'server.models_dirs: must be a list'),
+    ("server: [1]\n", "server: must be a mapping"),
+    ("models: [a, b]\n", "models: must be a mapping"),
+    ("models:\n  m: 42\n", "models.m: must be a file path or a mapping with `path`, got 42"),
+    ("models:\n  m:\n    aliases: [x]\n", "models.m.path: required"),
+    ("- just\n- a list\n", "top level: must be a mapping"),
+])
+def test_type_errors_name_the_file_and_yaml_path(write_config, body, expected):
+    path = write_config(body)
+    (line,) = problems_of(path)
+    assert line.startswith(f"{path}: ")
+    assert expected in line
+
+
+@pytest.mark.parametrize("body, where", [
+    ("server:\n  prot: 8080\n", "server.prot: unknown key"),
+    ("models:\n  m:\n    path: x.gguf\n    n_cxt: 10\n", "models.m.n_cxt: unknown key"),
+    ("sever:\n  port: 1\n", "sever: unknown key"),
+])
+def test_unknown_keys_are_errors(write_config, body, where):
+    (line,) = problems_of(write_config(body))
+    assert where in line
+
+
+def test_every_problem_is_reported_each_on_its_own_line(write_config):
+    problems = problems_of(write_config("""
+        server:
+          port: x
+          colour: blue
+        models:
+          a:
+            path: a.gguf
+            n_ctx: -5
+          b: 7
+    """))
+    assert len(problems) == 4
+    assert all("\n" not in p for p in problems)
+
+
+def test_duplicate_names_and_aliases_are_errors(write_config):
+    problems = problems_of(write_config("""
+        models:
+          Qwen: a.gguf
+          other:
+            path: b.gguf
+            aliases: [QWEN]
+    """))
+    assert len(problems) == 1 and 'name "QWEN" is already used by models.Qwen' in problems[0]
+
+
+def test_invalid_yaml_gives_the_position(write_config):
+    path = write_config("models:\n  a: [unclosed\n")
+    (line,) = problems_of(path)
+    assert line.startswith(f"{path}: invalid YAML: line ")
+
+
+def test_missing_model_file_is_a_warning_not_fatal(write_config, tmp_path):
+    cfg = load_config(write_config("models:\n  gone: nowhere.gguf\n"))
+    assert cfg.warnings == (f"{tmp_path / 'models.yaml'}: models.gone: model file not found: {tmp_path / 'nowhere.gguf'}",)
+
+
+def test_unreadable_file(tmp_path):
+    (line,) = problems_of(tmp_path / "absent.yaml")
+    assert "absent.yaml: cannot read" in line
+
+
+def test_where_the_config_comes_from(tmp_path, monkeypatch, _isolated_home):
+    assert find_config_path(None) is None
+    user = _isolated_home / ".config" / "gguf-gateway" / "models.yaml"
+    user.parent.mkdir(parents=True)
+    user.write_text("")
+    assert find_config_path(None) == user
+    monkeypatch.setenv(ENV_CONFIG, str(tmp_path / "env.yaml"))
+    assert find_config_path(None) == tmp_path / "env.yaml"
+    assert find_config_path(tmp_path / "flag.yaml") == tmp_path / "flag.yaml"
+
+
+def test_the_example_file_loads_through_the_real_loader():
+    cfg = load_config(REPO / "models.yaml.example", check_files=False)
+    names = {n for m in cfg.models for n in m.names}
+    assert {"qwen3", "llama3", "llama3:8b"} <= names
+    llama3 = next(m for m in cfg.models if m.name == "llama3")
+    assert (llama3.n_ctx, llama3.n_gpu_layers, llama3.embeddings) == (8192, -1, False)
