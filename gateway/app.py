@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import logging
 from typing import Awaitable, Callable
 
@@ -47,8 +46,6 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status)
         headers = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
         return error_response(request, ApiError(message, status=exc.status, code=code, headers=headers))
-    except json.JSONDecodeError as exc:
-        return error_response(request, ApiError(f"Request body is not valid JSON: {exc}", code="invalid_json"))
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
         return error_response(request, ApiError("Internal server error", status=500, code="internal_error"))
@@ -86,6 +83,12 @@ def create_app(config: Config, registry: Registry | None = None) -> web.Applicat
     app = web.Application(middlewares=middlewares)
     app[CONFIG] = config
     app[REGISTRY] = registry if registry is not None else Registry(config)
+    app.cleanup_ctx.append(_workers_ctx)
     admin.setup(app)
     openai.setup(app)
     return app
+
+
+async def _workers_ctx(app: web.Application):
+    yield
+    await app[REGISTRY].close()

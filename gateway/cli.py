@@ -151,7 +151,7 @@ async def _serve(config: Config, host: str, port: int) -> int:
 
     registry = await asyncio.to_thread(Registry, config, allow_demo=True)
     app = create_app(config, registry)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     try:

@@ -17,6 +17,8 @@ from typing import Any, Callable
 
 import yaml
 
+from .protocol.params import SAMPLING
+
 ENV_CONFIG = "GGUF_GATEWAY_CONFIG"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
@@ -41,6 +43,12 @@ class ModelSpec:
     n_ctx: int | None = None  # None: the model's trained context, capped (engine decides)
     n_gpu_layers: int = -1  # -1: every layer on the GPU when llama.cpp has one
     embeddings: bool = False
+    n_threads: int | None = None  # None: the CPUs this process may use (at most 16)
+    n_batch: int = 512
+    flash_attn: bool | None = None  # None: llama.cpp decides
+    use_mmap: bool = True
+    chat_template: str | None = None  # Jinja source overriding the GGUF's own template
+    defaults: dict[str, float] = field(default_factory=dict)  # sampling defaults for requests
     source: str = "models.yaml"  # models.yaml | discovered | demo
 
     @property
@@ -183,6 +191,17 @@ class _Parser:
             return _INVALID if any(x is _INVALID for x in items) else tuple(items)
         return check
 
+    def defaults(self, where: str, v: Any):
+        def check(param):
+            def one(sub: str, x: Any):
+                problem = param.problem(x)
+                if problem:
+                    self.error(sub, f"{problem}, got {_show(x)}")
+                    return _INVALID
+                return x
+            return one
+        return self.mapping(where, v, {name: check(p) for name, p in SAMPLING.items()})
+
     def path_field(self, where: str, v: Any):
         p = self.path(where, v)
         return _INVALID if p is None else p
@@ -255,6 +274,12 @@ class _Parser:
             "n_ctx": self.integer(minimum=1, what="a positive integer"),
             "n_gpu_layers": self.integer(minimum=-1, what="an integer >= -1 (-1: all layers)"),
             "embeddings": self.boolean,
+            "n_threads": self.integer(minimum=1, what="a positive integer"),
+            "n_batch": self.integer(minimum=1, what="a positive integer"),
+            "flash_attn": self.boolean,
+            "use_mmap": self.boolean,
+            "chat_template": self.string,
+            "defaults": self.defaults,
         })
         if "path" not in fields and "path" not in raw:
             self.error(f"{where}.path", "required: the model's GGUF file")

@@ -36,12 +36,8 @@ from typing import Iterable, Sequence, Union
 
 import numpy as np
 
-CHATML_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
+from .chat_template import CHATML as CHATML_TEMPLATE
+
 
 # SentencePiece token types, as llama.cpp reads them from tokenizer.ggml.token_type.
 _NORMAL, _UNKNOWN, _CONTROL, _BYTE = 1, 2, 3, 6

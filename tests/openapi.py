@@ -44,3 +44,20 @@ def _validator(name: str) -> jsonschema.Draft202012Validator:
 def validate(instance: Any, schema_name: str) -> None:
     """Raise ``jsonschema.ValidationError`` unless ``instance`` fits ``components.schemas[schema_name]``."""
     _validator(schema_name).validate(instance)
+
+
+@functools.lru_cache(maxsize=1)
+def _completion_chunk_validator() -> jsonschema.Draft202012Validator:
+    # OpenAI streams /v1/completions as CreateCompletionResponse objects, but a chunk before
+    # the last carries "finish_reason": null, which that (whole-response) schema does not
+    # allow. Only that one property is widened here; the rest is the document's schema.
+    spec = _spec()
+    schema = copy.deepcopy(spec["components"]["schemas"]["CreateCompletionResponse"])
+    choice = schema["properties"]["choices"]["items"]
+    choice["properties"]["finish_reason"] = {"anyOf": [choice["properties"]["finish_reason"], {"type": "null"}]}
+    schema["components"] = spec["components"]
+    return jsonschema.Draft202012Validator(schema)
+
+
+def validate_completion_chunk(instance: Any) -> None:
+    _completion_chunk_validator().validate(instance)

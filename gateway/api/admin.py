@@ -7,8 +7,9 @@ from ..app import REGISTRY
 
 
 async def health(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok", "version": __version__,
-                              "models": len(request.app[REGISTRY].specs())})
+    registry = request.app[REGISTRY]
+    return web.json_response({"status": "ok", "version": __version__, "models": len(registry.specs()),
+                              "loaded": sorted(registry.loaded()), "worker_failures": registry.worker_failures})
 
 
 def setup(app: web.Application) -> None:

@@ -1,0 +1,76 @@
+"""Render a model's chat template into a prompt, in Jinja2's immutable sandbox.
+
+Templates come from model files, which may be hostile: they render only in
+``ImmutableSandboxedEnvironment``. ``raise_exception`` in a template (e.g. "roles must
+alternate") is the caller's mistake and becomes ``TemplateInputError``; anything else that
+goes wrong is the template's fault and becomes ``TemplateBroken``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from datetime import datetime
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+CHATML = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+class TemplateInputError(Exception):
+    """The template refused these messages."""
+
+
+class TemplateBroken(Exception):
+    """The template itself failed (syntax, sandbox violation, a bug)."""
+
+
+def _raise_exception(message: str) -> None:
+    raise TemplateInputError(message)
+
+
+def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, **_: Any) -> str:
+    return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii)
+
+
+@functools.lru_cache(maxsize=16)
+def compile_template(source: str) -> jinja2.Template:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.Undefined)
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    try:
+        return env.from_string(source)
+    except jinja2.TemplateError as e:
+        raise TemplateBroken(f"chat template does not compile: {e}") from None
+
+
+def render(
+    source: str,
+    messages: list[dict[str, Any]],
+    *,
+    bos_token: str = "",
+    eos_token: str = "",
+    add_generation_prompt: bool = True,
+    extra: dict[str, Any] | None = None,
+) -> str:
+    template = compile_template(source)
+    variables = dict(extra or {})
+    variables.update(messages=messages, bos_token=bos_token, eos_token=eos_token,
+                     add_generation_prompt=add_generation_prompt)
+    variables.setdefault("tools", None)
+    try:
+        return template.render(**variables)
+    except TemplateInputError:
+        raise
+    except jinja2.exceptions.SecurityError as e:
+        raise TemplateBroken(f"chat template tried something the sandbox forbids: {e}") from None
+    except Exception as e:  # a template bug: TypeError, UndefinedError, ...
+        raise TemplateBroken(f"chat template failed: {type(e).__name__}: {e}") from None

@@ -1,0 +1,191 @@
+"""The parent's side of a model worker: spawn, load, generate, cancel, stop.
+
+Everything here is asyncio: the worker is a child process (a fresh interpreter, as
+multiprocessing's spawn method makes) with one pipe each way, read and written through
+the event loop, so a load or a generation never blocks it. A worker that dies fails
+each of its in-flight requests with an error event; the owner (the registry) then starts
+a new one on the next request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import signal
+import struct
+import sys
+from typing import Any, Callable
+
+from . import protocol
+
+log = logging.getLogger(__name__)
+
+_TERMINAL = ("done", "error")
+
+
+class LoadFailed(Exception):
+    """The worker could not load its model; the message says why."""
+
+
+class WorkerProcess:
+    def __init__(self, params: protocol.LoadParams, *, on_exit: Callable[["WorkerProcess", bool], None] | None = None):
+        self.params = params
+        self.info: dict[str, Any] = {}
+        self.proc: asyncio.subprocess.Process | None = None
+        self._on_exit = on_exit
+        self._ids = itertools.count(1)
+        self._queues: dict[int, asyncio.Queue[dict[str, Any]]] = {}
+        self._ready: asyncio.Future[dict[str, Any]] | None = None
+        self._transport: asyncio.WriteTransport | None = None
+        self._reader_task: asyncio.Task | None = None
+        self._stopping = False
+        self.exit_reason: str | None = None
+        # Every finished request, cancelled ones included: {"id", "finish_reason", "completion_tokens", ...}
+        self.finished: list[dict[str, Any]] = []
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None and self.exit_reason is None
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._queues)
+
+    async def start(self) -> dict[str, Any]:
+        """Spawn the worker and load the model; raises ``LoadFailed``."""
+        loop = asyncio.get_running_loop()
+        cmd_r, cmd_w = os.pipe()
+        ev_r, ev_w = os.pipe()
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "gateway.engine.worker", str(cmd_r), str(ev_w),
+                pass_fds=(cmd_r, ev_w), stdin=asyncio.subprocess.DEVNULL, stdout=2,
+                start_new_session=True,  # Ctrl-C in a terminal reaches the gateway, which stops workers
+            )
+        finally:
+            os.close(cmd_r)
+            os.close(ev_w)
+        reader = asyncio.StreamReader(limit=protocol.MAX_FRAME)
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(ev_r, "rb", 0))
+        self._transport, _ = await loop.connect_write_pipe(asyncio.Protocol, os.fdopen(cmd_w, "wb", 0))
+        self._ready = loop.create_future()
+        self._reader_task = asyncio.create_task(self._read_loop(reader), name=f"worker-{self.params.name}")
+        self._send({"op": "load", "model": self.params.to_dict()})
+        try:
+            self.info = await self._ready
+        except BaseException:
+            await self.stop()
+            raise
+        log.info("model %r loaded (pid %s, n_ctx %s, %s)", self.params.name, self.proc.pid,
+                 self.info.get("n_ctx"), "GPU offload" if self.info.get("gpu_offload") else "CPU")
+        return self.info
+
+    def _send(self, msg: dict[str, Any]) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.write(protocol.encode(msg))
+
+    async def _read_loop(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                (n,) = struct.unpack(">I", await reader.readexactly(4))
+                msg = protocol.decode(await reader.readexactly(n))
+                ev = msg.get("ev")
+                if ev == "ready" and self._ready and not self._ready.done():
+                    self._ready.set_result(msg["info"])
+                elif ev == "load_failed" and self._ready and not self._ready.done():
+                    self._ready.set_exception(LoadFailed(msg["error"]))
+                else:
+                    if ev == "done":
+                        self.finished.append(msg)
+                        del self.finished[:-100]
+                    if (q := self._queues.get(msg.get("id"))) is not None:
+                        q.put_nowait(msg)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        assert self.proc is not None
+        rc = await self.proc.wait()
+        self._gone(rc)
+
+    def _gone(self, rc: int) -> None:
+        how = f"killed by signal {-rc}" if rc < 0 else f"exit status {rc}"
+        self.exit_reason = how
+        expected = self._stopping
+        if self._ready and not self._ready.done():
+            self._ready.set_exception(LoadFailed(f"the model worker exited during load ({how})"))
+        elif not expected:
+            log.error("model %r worker (pid %s) exited unexpectedly: %s", self.params.name, self.proc.pid, how)
+        for rid, q in self._queues.items():
+            q.put_nowait({"ev": "error", "id": rid, "status": 500, "code": "worker_crashed", "param": None,
+                          "message": f"the worker for model {self.params.name!r} exited unexpectedly ({how}); "
+                                     "the model reloads on the next request"})
+        if self._transport is not None:
+            self._transport.close()
+        if self._on_exit is not None:
+            self._on_exit(self, expected)
+
+    def generate(self, request: protocol.GenerationRequest) -> "Generation":
+        rid = next(self._ids)
+        q: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._queues[rid] = q
+        if not self.alive:
+            q.put_nowait({"ev": "error", "id": rid, "status": 503, "code": "model_unavailable", "param": None,
+                          "message": f"model {self.params.name!r} is not running; retry"})
+        else:
+            self._send({"op": "generate", "id": rid, "request": request.to_dict()})
+        return Generation(self, rid, q)
+
+    def _release(self, rid: int, finished: bool) -> None:
+        self._queues.pop(rid, None)
+        if not finished and self.alive:
+            self._send({"op": "cancel", "id": rid})
+
+    async def stop(self, timeout: float = 5.0) -> None:
+        """Ask the worker to exit; kill it if it does not within ``timeout``."""
+        self._stopping = True
+        if self.proc is None or self.proc.returncode is not None:
+            return
+        self._send({"op": "exit"})
+        try:
+            await asyncio.wait_for(self.proc.wait(), timeout)
+        except asyncio.TimeoutError:
+            self.kill()
+            await self.proc.wait()
+        if self._reader_task is not None:
+            await asyncio.gather(self._reader_task, return_exceptions=True)
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.send_signal(sig)
+
+
+class Generation:
+    """One request's events. Leaving the ``async with`` early cancels it in the worker."""
+
+    def __init__(self, worker: WorkerProcess, rid: int, queue: asyncio.Queue[dict[str, Any]]):
+        self.worker, self.id, self._q = worker, rid, queue
+        self.finished = False
+
+    async def next(self) -> dict[str, Any]:
+        msg = await self._q.get()
+        if msg["ev"] in _TERMINAL:
+            self.finished = True
+        return msg
+
+    def __aiter__(self) -> "Generation":
+        return self
+
+    async def __anext__(self) -> dict[str, Any]:
+        if self.finished:
+            raise StopAsyncIteration
+        return await self.next()
+
+    async def __aenter__(self) -> "Generation":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.worker._release(self.id, self.finished)

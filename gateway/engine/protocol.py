@@ -1,0 +1,116 @@
+"""Messages between the gateway (parent) and a model worker (child).
+
+Transport: two pipes, one each way, on file descriptors handed to the child (never its
+stdout, which llama.cpp or a library could write to). Each message is a frame: a 4-byte
+big-endian length, then that many bytes of UTF-8 JSON.
+
+Parent -> worker
+  {"op": "load", "model": {...LoadParams...}}            first message, exactly once
+  {"op": "generate", "id": N, "request": {...GenerationRequest...}}
+  {"op": "cancel", "id": N}                              for a queued or running request
+  {"op": "exit"}                                         (EOF on the pipe means the same)
+
+Worker -> parent
+  {"ev": "ready", "info": {...}}  or  {"ev": "load_failed", "error": "..."}
+  per request, in order:
+  {"ev": "start", "id": N, "prompt_tokens": P, "cached_tokens": C}
+  {"ev": "text", "id": N, "text": "...", "tokens": T}   zero or more; T = tokens so far
+  {"ev": "done", "id": N, "finish_reason": "stop"|"length"|"cancelled",
+   "stop": matched-or-null, "prompt_tokens": P, "completion_tokens": T}
+  or instead of start/done: {"ev": "error", "id": N, "status": S, "message": "...",
+   "param": ..., "code": ...}  (a request the worker refused, e.g. a context overflow)
+
+Requests run one at a time in arrival order; a cancel ends a running request at the next
+token (finish_reason "cancelled") and drops a queued one without a start event.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+_HEADER = struct.Struct(">I")
+MAX_FRAME = 256 * 1024 * 1024
+
+
+def encode(msg: dict[str, Any]) -> bytes:
+    data = json.dumps(msg, separators=(",", ":"), ensure_ascii=False).encode()
+    return _HEADER.pack(len(data)) + data
+
+
+def decode(data: bytes) -> dict[str, Any]:
+    return json.loads(data)
+
+
+def read_frame_blocking(fd: int) -> dict[str, Any] | None:
+    """One message from ``fd``, or None at end of file (worker side)."""
+    header = _read_exact(fd, _HEADER.size)
+    if header is None:
+        return None
+    (n,) = _HEADER.unpack(header)
+    body = _read_exact(fd, n)
+    return None if body is None else decode(body)
+
+
+def _read_exact(fd: int, n: int) -> bytes | None:
+    chunks, got = [], 0
+    while got < n:
+        chunk = os.read(fd, n - got)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def write_frame_blocking(fd: int, msg: dict[str, Any]) -> None:
+    view = memoryview(encode(msg))
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+@dataclass(frozen=True)
+class LoadParams:
+    name: str
+    path: str
+    n_ctx: int | None = None
+    n_gpu_layers: int = -1
+    n_threads: int | None = None
+    n_batch: int = 512
+    flash_attn: bool | None = None  # None: llama.cpp decides
+    use_mmap: bool = True
+    chat_template: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class GenerationRequest:
+    """The gateway's own request, whatever wire shape it came in.
+
+    Exactly one of ``messages`` (rendered with the chat template in the worker),
+    ``prompt`` (text) or ``prompt_tokens`` (ids) is set.
+    """
+
+    messages: list[dict[str, Any]] | None = None
+    prompt: str | None = None
+    prompt_tokens: list[int] | None = None
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    max_tokens: int | None = None  # None: until end of generation or the context is full
+    temperature: float = 0.8
+    top_p: float = 0.95
+    top_k: int = 40
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

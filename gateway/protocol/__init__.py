@@ -1,0 +1,1 @@
+"""Wire shapes: request validation and response builders, no aiohttp here."""

@@ -1,0 +1,274 @@
+"""OpenAI's chat and text completion shapes: validate requests, build bodies and chunks.
+
+Fields are mapped one by one into a ``GenerationRequest``; unknown fields are accepted
+(clients send many) and wrong types or ranges are a 400 naming ``param``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..engine.protocol import GenerationRequest
+from ..errors import InvalidRequest
+from .params import SAMPLING
+
+log = logging.getLogger(__name__)
+
+MAX_STOP = 16
+ROLES = ("system", "developer", "user", "assistant", "tool")
+KNOWN_CHAT = {
+    "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "stream",
+    "stream_options", "seed", "presence_penalty", "frequency_penalty", "n", "user", "top_k", "min_p",
+    "repeat_penalty", "chat_template_kwargs",
+}
+KNOWN_COMPLETION = KNOWN_CHAT - {"messages", "max_completion_tokens", "chat_template_kwargs"} | {"prompt"}
+_logged_unknown: set[str] = set()
+
+
+@dataclass
+class Parsed:
+    """A validated request: what to run, and how to answer."""
+
+    model: str
+    request: GenerationRequest
+    stream: bool = False
+    include_usage: bool = False
+    explicit: set[str] = field(default_factory=set)  # sampling fields the caller set
+
+
+def _log_unknown(body: dict[str, Any], known: set[str]) -> None:
+    for key in body.keys() - known:
+        if key not in _logged_unknown:
+            _logged_unknown.add(key)
+            log.debug("ignoring unsupported request field %r", key)
+
+
+def _require_model(body: dict[str, Any]) -> str:
+    model = body.get("model")
+    if not isinstance(model, str) or not model.strip():
+        raise InvalidRequest("`model` is required: the name of a model on this gateway (see /v1/models)", "model")
+    return model
+
+
+def _sampling(body: dict[str, Any], req: GenerationRequest, explicit: set[str]) -> None:
+    for name, param in SAMPLING.items():
+        if name == "max_tokens":
+            continue
+        value = body.get(name)
+        if value is None:
+            continue
+        problem = param.problem(value)
+        if problem:
+            raise InvalidRequest(f"`{name}` {problem}, got {value!r}", name)
+        setattr(req, name, value)
+        explicit.add(name)
+
+
+def _max_tokens(body: dict[str, Any], names: tuple[str, ...]) -> int | None:
+    for name in names:
+        value = body.get(name)
+        if value is None:
+            continue
+        problem = SAMPLING["max_tokens"].problem(value)
+        if problem:
+            raise InvalidRequest(f"`{name}` {problem}, got {value!r}", name)
+        return value
+    return None
+
+
+def _stop(body: dict[str, Any]) -> list[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise InvalidRequest("`stop` must be a string or a list of strings", "stop")
+    if len(stop) > MAX_STOP:
+        raise InvalidRequest(f"`stop` may hold at most {MAX_STOP} strings, got {len(stop)}", "stop")
+    return [s for s in stop if s]
+
+
+def _common(body: dict[str, Any], req: GenerationRequest) -> tuple[bool, bool, set[str]]:
+    n = body.get("n")
+    if n is not None and (isinstance(n, bool) or n != 1):
+        raise InvalidRequest(f"`n` must be 1 (one choice per request), got {n!r}", "n")
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise InvalidRequest("`stream` must be true or false", "stream")
+    opts = body.get("stream_options")
+    include_usage = False
+    if opts is not None:
+        if not isinstance(opts, dict):
+            raise InvalidRequest("`stream_options` must be an object", "stream_options")
+        include_usage = opts.get("include_usage", False)
+        if not isinstance(include_usage, bool):
+            raise InvalidRequest("`stream_options.include_usage` must be true or false", "stream_options.include_usage")
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise InvalidRequest("`user` must be a string", "user")
+    explicit: set[str] = set()
+    _sampling(body, req, explicit)
+    req.stop = _stop(body)
+    return stream, include_usage, explicit
+
+
+def _text_content(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                raise InvalidRequest(f"`{where}[{j}]` must be a content part object with a `type`", f"{where}[{j}]")
+            if part["type"] != "text":
+                raise InvalidRequest(f"`{where}[{j}].type` {part['type']!r} is not supported: text parts only",
+                                     f"{where}[{j}].type")
+            if not isinstance(part.get("text"), str):
+                raise InvalidRequest(f"`{where}[{j}].text` must be a string", f"{where}[{j}].text")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise InvalidRequest(f"`{where}` must be a string or an array of content parts", where)
+
+
+def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("`messages` must be a non-empty array of messages", "messages")
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise InvalidRequest(f"`{where}` must be an object", where)
+        role = m.get("role")
+        if role not in ROLES:
+            raise InvalidRequest(f"`{where}.role` must be one of {', '.join(ROLES)}, got {role!r}", f"{where}.role")
+        content = m.get("content")
+        if content is None and role == "assistant":
+            content = ""
+        msg = {"role": role, "content": _text_content(content, f"{where}.content")}
+        if isinstance(m.get("name"), str):
+            msg["name"] = m["name"]
+        out.append(msg)
+    return out
+
+
+def parse_chat(body: dict[str, Any]) -> Parsed:
+    model = _require_model(body)
+    req = GenerationRequest(messages=_messages(body))
+    stream, include_usage, explicit = _common(body, req)
+    req.max_tokens = _max_tokens(body, ("max_completion_tokens", "max_tokens"))
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is not None:
+        if not isinstance(kwargs, dict):
+            raise InvalidRequest("`chat_template_kwargs` must be an object", "chat_template_kwargs")
+        req.chat_template_kwargs = {k: v for k, v in kwargs.items()
+                                    if k not in ("messages", "add_generation_prompt", "bos_token", "eos_token")}
+    _log_unknown(body, KNOWN_CHAT)
+    return Parsed(model, req, stream, include_usage, explicit)
+
+
+def parse_completion(body: dict[str, Any]) -> Parsed:
+    model = _require_model(body)
+    prompt = body.get("prompt")
+    req = GenerationRequest()
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a one-element batch is one prompt
+    if isinstance(prompt, str):
+        req.prompt = prompt
+    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        req.prompt_tokens = prompt
+    elif isinstance(prompt, list) and len(prompt) > 1:
+        raise InvalidRequest("`prompt` as an array of several prompts is not supported yet; send one per request",
+                             "prompt")
+    else:
+        raise InvalidRequest("`prompt` must be a string or an array of token ids", "prompt")
+    for name, harmless in (("echo", (None, False)), ("logprobs", (None,)), ("suffix", (None, "")),
+                           ("best_of", (None, 1))):
+        value = body.get(name)
+        if not any(value is h or (type(value) is type(h) and value == h) for h in harmless):
+            raise InvalidRequest(f"`{name}` is not supported yet", name)
+    stream, include_usage, explicit = _common(body, req)
+    req.max_tokens = _max_tokens(body, ("max_tokens",))
+    if req.max_tokens is None:
+        req.max_tokens = 16  # OpenAI's default for /v1/completions
+    _log_unknown(body, KNOWN_COMPLETION | {"echo", "logprobs", "suffix", "best_of"})
+    return Parsed(model, req, stream, include_usage, explicit)
+
+
+def apply_defaults(parsed: Parsed, defaults: dict[str, Any]) -> None:
+    """A model's models.yaml defaults fill the sampling fields the caller did not set."""
+    for name, value in defaults.items():
+        if name == "max_tokens":
+            if parsed.request.max_tokens is None:
+                parsed.request.max_tokens = value
+        elif name not in parsed.explicit:
+            setattr(parsed.request, name, value)
+
+
+# --- responses -------------------------------------------------------------------------
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def usage(prompt: int, completion: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+@dataclass
+class Renderer:
+    """Builds every body and chunk of one answer, chat or text completion."""
+
+    kind: str  # "chat" | "completion"
+    model: str
+    id: str = ""
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            self.id = new_id("chatcmpl" if self.kind == "chat" else "cmpl")
+
+    def _chunk(self, choice: dict[str, Any], usage_: dict[str, int] | None = None, choices: bool = True):
+        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
+        body: dict[str, Any] = {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                                "choices": [choice] if choices else []}
+        if usage_ is not None:
+            body["usage"] = usage_
+        return body
+
+    def first_chunk(self) -> dict[str, Any] | None:
+        if self.kind != "chat":
+            return None
+        return self._chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                            "finish_reason": None})
+
+    def delta_chunk(self, text: str) -> dict[str, Any]:
+        if self.kind == "chat":
+            return self._chunk({"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": None})
+        return self._chunk({"index": 0, "text": text, "logprobs": None, "finish_reason": None})
+
+    def final_chunk(self, finish_reason: str) -> dict[str, Any]:
+        if self.kind == "chat":
+            return self._chunk({"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish_reason})
+        return self._chunk({"index": 0, "text": "", "logprobs": None, "finish_reason": finish_reason})
+
+    def usage_chunk(self, prompt: int, completion: int) -> dict[str, Any]:
+        return self._chunk({}, usage(prompt, completion), choices=False)
+
+    def whole(self, text: str, finish_reason: str, prompt: int, completion: int) -> dict[str, Any]:
+        if self.kind == "chat":
+            choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
+                      "logprobs": None, "finish_reason": finish_reason}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            obj = "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "choices": [choice], "usage": usage(prompt, completion)}

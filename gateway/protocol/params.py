@@ -1,0 +1,40 @@
+"""Generation parameters: names, types and ranges, shared by requests and models.yaml."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Param:
+    kind: type  # int or float (an int is accepted where a float is asked)
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False  # True: the low bound itself is excluded
+
+    def problem(self, value: object) -> str | None:
+        """Why ``value`` is not acceptable, or None."""
+        ok_type = isinstance(value, (int, float)) if self.kind is float else isinstance(value, int)
+        if isinstance(value, bool) or not ok_type:
+            return f"must be {'a number' if self.kind is float else 'an integer'}"
+        if value != value:  # NaN
+            return "must be a number"
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return f"must be {'>' if self.low_open else '>='} {self.low:g}"
+        if self.high is not None and value > self.high:
+            return f"must be <= {self.high:g}"
+        return None
+
+
+# Ranges follow OpenAI where it defines the field, llama.cpp's server otherwise.
+SAMPLING: dict[str, Param] = {
+    "temperature": Param(float, 0, 2),
+    "top_p": Param(float, 0, 1),
+    "top_k": Param(int, 0),
+    "min_p": Param(float, 0, 1),
+    "repeat_penalty": Param(float, 0, low_open=True),
+    "presence_penalty": Param(float, -2, 2),
+    "frequency_penalty": Param(float, -2, 2),
+    "seed": Param(int),
+    "max_tokens": Param(int, 1),
+}

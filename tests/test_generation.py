@@ -1,0 +1,407 @@
+"""/v1/chat/completions and /v1/completions on real llama.cpp workers running scripted models."""
+
+import asyncio
+import json
+import os
+import signal
+
+import pytest
+
+from gateway import testmodels as tm
+from gateway.app import REGISTRY, create_app
+from gateway.config import load_config
+from openapi import validate, validate_completion_chunk
+
+HI = [{"role": "user", "content": "hi"}]
+UTF8_TOKENS = 1 + 6 + 7 + 7 + 5  # "Price:" is one token; every other word is spelled in bytes
+TRIGGER_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if shout %}?{% else %}\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("gen-models")
+    tm.plain(d / "plain.gguf", ["Hello", ",", " world", "!"])
+    tm.plain(d / "stopper.gguf", ["Hel", "lo", " wor", "ld", "!", " Bye", "."])
+    assert tm.utf8_split(d / "utf8.gguf", "Price: 5€, naïve 日本 🙂").n_tokens() == UTF8_TOKENS
+    tm.endless(d / "loop.gguf", [" tick", " tock"])
+    tm.write_scripted_model(d / "triggers.gguf", [tm.Script(["normal", " path"]),
+                                                 tm.Script(["kwarg", " path"], trigger="?")])
+    return d
+
+
+@pytest.fixture
+def config(models, write_config):
+    return load_config(write_config(f"""
+        server:
+          models_dirs: []
+        models:
+          plain: {models}/plain.gguf
+          stopper: {models}/stopper.gguf
+          utf8: {models}/utf8.gguf
+          loop:
+            path: {models}/loop.gguf
+            n_ctx: 8192
+          capped:
+            path: {models}/loop.gguf
+            n_ctx: 256
+            defaults:
+              max_tokens: 3
+          triggers:
+            path: {models}/triggers.gguf
+            chat_template: {json.dumps(TRIGGER_TEMPLATE)}
+    """))
+
+
+@pytest.fixture
+async def client(aiohttp_client, config):
+    return await aiohttp_client(create_app(config), server_kwargs={"handler_cancellation": True})
+
+
+async def chat(client, **body):
+    body.setdefault("messages", HI)
+    r = await client.post("/v1/chat/completions", json=body)
+    return r.status, await r.json()
+
+
+async def sse_events(resp):
+    """Every ``data:`` payload of an SSE response, parsed (``[DONE]`` kept as a string)."""
+    assert resp.headers["Content-Type"].startswith("text/event-stream")
+    events = []
+    async for line in resp.content:
+        line = line.decode().rstrip("\n")
+        if line.startswith("data: "):
+            data = line[6:]
+            events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+async def stream_chat(client, **body):
+    body.setdefault("messages", HI)
+    r = await client.post("/v1/chat/completions", json={**body, "stream": True})
+    assert r.status == 200, await r.text()
+    return await sse_events(r)
+
+
+def chunk_text(events):
+    return "".join(e["choices"][0]["delta"].get("content") or "" for e in events[:-1] if e["choices"])
+
+
+# --- whole and streamed answers ----------------------------------------------------------
+
+async def test_chat_whole_answer_is_exact_and_schema_valid(client):
+    status, body = await chat(client, model="plain")
+    assert status == 200, body
+    validate(body, "CreateChatCompletionResponse")
+    assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
+    assert body["model"] == "plain"
+    choice = body["choices"][0]
+    assert choice["message"] == {"role": "assistant", "content": "Hello, world!", "refusal": None}
+    assert choice["finish_reason"] == "stop"
+    assert body["usage"]["completion_tokens"] == 4
+    assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] + 4
+
+
+@pytest.mark.parametrize("model", ["plain", "stopper", "utf8", "triggers"])
+async def test_streamed_text_equals_the_whole_answer(client, model):
+    _, whole = await chat(client, model=model)
+    events = await stream_chat(client, model=model, stream_options={"include_usage": True})
+    assert events[-1] == "[DONE]"
+    chunks, usage_chunk = events[:-2], events[-2]
+    for e in chunks + [usage_chunk]:
+        validate(e, "CreateChatCompletionStreamResponse")
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert [e["choices"][0]["finish_reason"] for e in chunks] == [None] * (len(chunks) - 1) + ["stop"]
+    assert len({e["id"] for e in chunks + [usage_chunk]}) == 1 and chunks[0]["id"] != whole["id"]
+    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in chunks)
+    assert text == whole["choices"][0]["message"]["content"]
+    assert usage_chunk["choices"] == [] and usage_chunk["usage"] == whole["usage"]
+
+
+async def test_without_include_usage_there_is_no_usage_chunk(client):
+    events = await stream_chat(client, model="plain")
+    assert events[-1] == "[DONE]"
+    assert all("usage" not in e for e in events[:-1])
+    assert events[-2]["choices"][0]["finish_reason"] == "stop"
+
+
+async def test_content_as_text_parts(client):
+    _, body = await chat(client, model="plain", messages=[
+        {"role": "system", "content": [{"type": "text", "text": "be brief"}]},
+        {"role": "user", "content": [{"type": "text", "text": "h"}, {"type": "text", "text": "i"}]}])
+    assert body["choices"][0]["message"]["content"] == "Hello, world!"
+
+
+# --- stop strings, UTF-8, length ----------------------------------------------------------
+
+@pytest.mark.parametrize("stop, text", [
+    ("o w", "Hell"),                 # across the "lo" | " wor" token boundary
+    (["ld!", "xyz"], "Hello wor"),
+    (["Bye", "wor"], "Hello "),      # the earliest match wins
+    ("!", "Hello world"),
+    ("nothing like it", "Hello world! Bye."),
+])
+async def test_stop_strings_across_tokens_never_leak(client, stop, text):
+    _, whole = await chat(client, model="stopper", stop=stop)
+    assert whole["choices"][0]["message"]["content"] == text
+    assert whole["choices"][0]["finish_reason"] == "stop"
+    events = await stream_chat(client, model="stopper", stop=stop)
+    assert chunk_text(events) == text
+
+
+async def test_utf8_split_over_byte_tokens_comes_out_whole(client):
+    events = await stream_chat(client, model="utf8")
+    pieces = [e["choices"][0]["delta"].get("content") or "" for e in events[:-1]]
+    assert "".join(pieces) == "Price: 5€, naïve 日本 🙂"
+    assert not any("\ufffd" in p for p in pieces)
+    _, whole = await chat(client, model="utf8")
+    assert whole["usage"]["completion_tokens"] == UTF8_TOKENS
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+async def test_length_at_max_tokens_with_the_exact_count(client, field):
+    _, body = await chat(client, model="loop", **{field: 7})
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["choices"][0]["message"]["content"] == " tick tock tick tock tick tock tick"
+    assert body["usage"]["completion_tokens"] == 7
+    events = await stream_chat(client, model="loop", max_tokens=3)
+    assert chunk_text(events) == " tick tock tick"
+    assert events[-2]["choices"][0]["finish_reason"] == "length"
+
+
+async def test_models_yaml_defaults_fill_what_the_request_leaves_out(client):
+    _, body = await chat(client, model="capped")
+    assert body["usage"]["completion_tokens"] == 3
+    _, body = await chat(client, model="capped", max_tokens=5)
+    assert body["usage"]["completion_tokens"] == 5
+
+
+async def test_sampling_fields_are_honoured_and_scripts_survive_them(client):
+    _, body = await chat(client, model="plain", temperature=1.5, top_p=0.5, top_k=3, min_p=0.1, seed=7,
+                         presence_penalty=0.5, frequency_penalty=0.5, repeat_penalty=1.1, user="u1")
+    assert body["choices"][0]["message"]["content"] == "Hello, world!"
+    _, body = await chat(client, model="plain", temperature=0)
+    assert body["choices"][0]["message"]["content"] == "Hello, world!"
+
+
+# --- chat template ---------------------------------------------------------------------
+
+async def test_per_model_template_and_chat_template_kwargs(client):
+    _, body = await chat(client, model="triggers")
+    assert body["choices"][0]["message"]["content"] == "normal path"
+    _, body = await chat(client, model="triggers", chat_template_kwargs={"shout": True})
+    assert body["choices"][0]["message"]["content"] == "kwarg path"
+
+
+async def test_template_exception_is_the_callers_400(aiohttp_client, models, write_config):
+    tmpl = "{{ raise_exception('Conversation roles must alternate') }}"
+    cfg = load_config(write_config(f"models:\n  m:\n    path: {models}/plain.gguf\n    chat_template: \"{tmpl}\"\n"))
+    client = await aiohttp_client(create_app(cfg))
+    status, body = await chat(client, model="m")
+    assert status == 400 and body["error"]["param"] == "messages"
+    assert "Conversation roles must alternate" in body["error"]["message"]
+
+
+# --- /v1/completions ---------------------------------------------------------------------
+
+async def test_completions_with_text_and_token_prompts(client):
+    r = await client.post("/v1/completions", json={"model": "plain", "prompt": "Say it\n", "max_tokens": 50})
+    body = await r.json()
+    validate(body, "CreateCompletionResponse")
+    assert body["object"] == "text_completion" and body["id"].startswith("cmpl-")
+    assert body["choices"][0]["text"] == "Hello, world!"
+    # the same prompt as ids: bos, then byte tokens ("S" is <0x53> = 3 + 0x53 under bos/eos/... ids)
+    r = await client.post("/v1/completions", json={"model": "plain", "prompt": [1, 3 + 2 + 0x0A], "max_tokens": 50})
+    body = await r.json()
+    assert r.status == 200, body
+    assert body["usage"]["prompt_tokens"] == 2
+
+
+async def test_completions_default_max_tokens_is_16_and_streams(client):
+    r = await client.post("/v1/completions", json={"model": "loop", "prompt": "go\n"})
+    body = await r.json()
+    assert body["usage"]["completion_tokens"] == 16 and body["choices"][0]["finish_reason"] == "length"
+    r = await client.post("/v1/completions", json={"model": "plain", "prompt": "go\n", "stream": True,
+                                                   "stream_options": {"include_usage": True}})
+    events = await sse_events(r)
+    assert events[-1] == "[DONE]"
+    for e in events[:-2]:
+        validate_completion_chunk(e)
+    assert events[-3]["choices"][0]["finish_reason"] == "stop"
+    validate(events[-3], "CreateCompletionResponse")
+    assert "".join(e["choices"][0]["text"] for e in events[:-2]) == "Hello, world!"
+    assert events[-2]["usage"]["completion_tokens"] == 4
+
+
+# --- errors ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("body, status, param", [
+    ({"model": "nope", "messages": HI}, 404, "model"),
+    ({"messages": HI}, 400, "model"),
+    ({"model": "plain"}, 400, "messages"),
+    ({"model": "plain", "messages": []}, 400, "messages"),
+    ({"model": "plain", "messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0].role"),
+    ({"model": "plain", "messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content"),
+    ({"model": "plain", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
+     "messages[0].content[0].type"),
+    ({"model": "plain", "messages": HI, "n": 2}, 400, "n"),
+    ({"model": "plain", "messages": HI, "temperature": "hot"}, 400, "temperature"),
+    ({"model": "plain", "messages": HI, "temperature": 3}, 400, "temperature"),
+    ({"model": "plain", "messages": HI, "top_p": -0.1}, 400, "top_p"),
+    ({"model": "plain", "messages": HI, "top_k": 1.5}, 400, "top_k"),
+    ({"model": "plain", "messages": HI, "max_tokens": 0}, 400, "max_tokens"),
+    ({"model": "plain", "messages": HI, "max_completion_tokens": "9"}, 400, "max_completion_tokens"),
+    ({"model": "plain", "messages": HI, "stop": 5}, 400, "stop"),
+    ({"model": "plain", "messages": HI, "stop": ["x"] * 17}, 400, "stop"),
+    ({"model": "plain", "messages": HI, "stream": "yes"}, 400, "stream"),
+    ({"model": "plain", "messages": HI, "stream_options": {"include_usage": 1}}, 400, "stream_options.include_usage"),
+    ({"model": "plain", "messages": HI, "seed": "x"}, 400, "seed"),
+    ({"model": "plain", "messages": HI, "presence_penalty": 9}, 400, "presence_penalty"),
+    ({"model": "plain", "messages": HI, "repeat_penalty": 0}, 400, "repeat_penalty"),
+    ({"model": "plain", "messages": HI, "max_tokens": 100000}, 400, "messages"),
+])
+async def test_bad_requests_name_the_param(client, body, status, param):
+    r = await client.post("/v1/chat/completions", json=body)
+    out = await r.json()
+    assert r.status == status, out
+    validate(out, "ErrorResponse")
+    assert out["error"]["param"] == param
+
+
+async def test_context_overflow_gives_both_numbers(client):
+    long = [{"role": "user", "content": "x" * 300}]
+    status, body = await chat(client, model="capped", messages=long)
+    assert status == 400 and body["error"]["code"] == "context_length_exceeded"
+    assert "maximum context length is 256 tokens" in body["error"]["message"]
+    assert "requested 3" in body["error"]["message"]  # 300-odd prompt tokens + 3 (the model's default)
+    r = await client.post("/v1/completions", json={"model": "capped", "prompt": "hi\n", "max_tokens": 300})
+    body = await r.json()
+    assert r.status == 400 and body["error"]["param"] == "prompt"
+    assert "256 tokens" in body["error"]["message"] and "300 for the completion" in body["error"]["message"]
+
+
+@pytest.mark.parametrize("raw", [b"{bad", b"", b"[1, 2]", b"\xff\xfe"])
+async def test_bad_json_is_a_400(client, raw):
+    r = await client.post("/v1/chat/completions", data=raw, headers={"Content-Type": "application/json"})
+    body = await r.json()
+    assert r.status == 400 and body["error"]["code"] == "invalid_json"
+    validate(body, "ErrorResponse")
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"model": "plain", "prompt": 5}, "prompt"),
+    ({"model": "plain", "prompt": ["a", "b"]}, "prompt"),
+    ({"model": "plain", "prompt": [1, 10 ** 9]}, "prompt"),
+    ({"model": "plain", "prompt": "x", "echo": True}, "echo"),
+    ({"model": "plain", "prompt": "x", "logprobs": 2}, "logprobs"),
+])
+async def test_bad_completion_requests(client, body, param):
+    r = await client.post("/v1/completions", json=body)
+    out = await r.json()
+    assert r.status == 400 and out["error"]["param"] == param, out
+
+
+async def test_unknown_fields_are_accepted(client):
+    status, body = await chat(client, model="plain", logit_bias={}, parallel_tool_calls=False, metadata={"a": "b"},
+                              store=False, service_tier="auto")
+    assert status == 200, body
+
+
+# --- disconnects, dead workers, the event loop ---------------------------------------------
+
+async def _wait_finished(worker, n):
+    for _ in range(500):
+        if len(worker.finished) >= n:
+            return worker.finished[n - 1]
+        await asyncio.sleep(0.01)
+    raise AssertionError("the worker never finished the request")
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_a_disconnect_stops_generation_within_a_few_tokens(client, stream):
+    body = {"model": "loop", "messages": HI, "stream": stream}
+    if stream:
+        resp = await client.post("/v1/chat/completions", json=body)
+        for _ in range(4):
+            await resp.content.readline()
+        resp.close()
+    else:
+        task = asyncio.create_task(client.post("/v1/chat/completions", json=body))
+        registry = client.app[REGISTRY]
+        for _ in range(500):
+            if "loop" in registry.loaded() and registry.loaded()["loop"].in_flight:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        task.cancel()
+    worker = client.app[REGISTRY].loaded()["loop"]
+    done = await _wait_finished(worker, 1)
+    assert done["finish_reason"] == "cancelled"
+    # The scripted model makes thousands of tokens a second and runs ahead of a slow reader,
+    # so the count is not "chunks read + 1"; what matters is that it stopped long before the
+    # 8192-token context ran out, and that the model is free for the next request at once.
+    assert done["completion_tokens"] < (1000 if stream else 8000)
+    # the next request on the same model starts at once and completes
+    _, body = await chat(client, model="loop", max_tokens=2)
+    assert body["choices"][0]["message"]["content"] == " tick tock"
+
+
+async def test_a_killed_worker_ends_its_stream_with_an_error_and_the_gateway_keeps_serving(client):
+    resp = await client.post("/v1/chat/completions", json={"model": "loop", "messages": HI, "stream": True})
+    await resp.content.readline()
+    registry = client.app[REGISTRY]
+    os.kill(registry.loaded()["loop"].proc.pid, signal.SIGKILL)
+    events = await sse_events(resp)
+    assert events[-1] == "[DONE]"
+    error, final = events[-2], events[-3]
+    assert final["choices"][0]["finish_reason"] == "error"
+    assert error["error"]["code"] == "worker_crashed" and "exited unexpectedly" in error["error"]["message"]
+    _, body = await chat(client, model="plain")
+    assert body["choices"][0]["message"]["content"] == "Hello, world!"
+    _, body = await chat(client, model="loop", max_tokens=2)  # reloads
+    assert body["choices"][0]["message"]["content"] == " tick tock"
+    assert registry.worker_failures == 1
+    health = await (await client.get("/health")).json()
+    assert health["worker_failures"] == 1
+
+
+async def test_a_killed_worker_fails_a_whole_answer_with_a_5xx(client):
+    task = asyncio.create_task(chat(client, model="loop"))
+    registry = client.app[REGISTRY]
+    for _ in range(500):
+        if "loop" in registry.loaded() and registry.loaded()["loop"].in_flight:
+            break
+        await asyncio.sleep(0.01)
+    os.kill(registry.loaded()["loop"].proc.pid, signal.SIGKILL)
+    status, body = await task
+    assert status == 500
+    validate(body, "ErrorResponse")
+    assert body["error"]["code"] == "worker_crashed"
+
+
+async def test_the_event_loop_keeps_answering_during_a_generation(client):
+    task = asyncio.create_task(chat(client, model="loop", max_tokens=3000))
+    await asyncio.sleep(0.3)
+    r = await client.get("/health")
+    assert r.status == 200 and not task.done()
+    status, _ = await task
+    assert status == 200
+
+
+async def test_concurrent_first_requests_load_one_worker(client):
+    results = await asyncio.gather(*(chat(client, model="plain") for _ in range(4)))
+    assert all(body["choices"][0]["message"]["content"] == "Hello, world!" for _, body in results)
+    assert len(client.app[REGISTRY].loaded()) == 1
+
+
+async def test_a_file_that_is_not_gguf_is_a_503_and_others_still_serve(aiohttp_client, models, write_config, tmp_path):
+    (tmp_path / "bad.gguf").write_bytes(b"GGUF" + b"\x00" * 20)
+    cfg = load_config(write_config(f"models:\n  bad: {tmp_path}/bad.gguf\n  plain: {models}/plain.gguf\n"))
+    client = await aiohttp_client(create_app(cfg))
+    status, body = await chat(client, model="bad")
+    assert status == 503 and body["error"]["code"] == "model_load_failed"
+    assert "bad" in body["error"]["message"]
+    status, body = await chat(client, model="plain")
+    assert status == 200
