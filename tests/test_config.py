@@ -85,6 +85,13 @@ def test_paths_expand_home_env_and_resolve_relative_to_the_file(write_config, tm
     ("models:\n  m:\n    path: x.gguf\n    embeddings: yes please\n", 'models.m.embeddings: must be true or false'),
     ("models:\n  m:\n    path: x.gguf\n    n_gpu_layers: -2\n", "models.m.n_gpu_layers: must be an integer >= -1"),
     ("models:\n  m:\n    path: x.gguf\n    aliases: m2\n", 'models.m.aliases: must be a list, got "m2"'),
+    ("models:\n  m:\n    path: x.gguf\n    defaults:\n      temperature: 5\n",
+     "models.m.defaults.temperature: must be <= 2, got 5"),
+    ("models:\n  m:\n    path: x.gguf\n    defaults:\n      top_k: 0.5\n",
+     "models.m.defaults.top_k: must be an integer, got 0.5"),
+    ("models:\n  m:\n    path: x.gguf\n    defaults:\n      temprature: 1\n", "models.m.defaults.temprature: unknown key"),
+    ("models:\n  m:\n    path: x.gguf\n    n_threads: 0\n", "models.m.n_threads: must be a positive integer, got 0"),
+    ("models:\n  m:\n    path: x.gguf\n    flash_attn: auto\n", 'models.m.flash_attn: must be true or false, got "auto"'),
     ("server:\n  port: 70000\n", "server.port: must be a port number (1-65535), got 70000"),
     ("server:\n  port: true\n", "server.port: must be a port number (1-65535), got true"),
     ("server:\n  models_dirs: ~/models\n", 'server.models_dirs: must be a list'),
@@ -170,3 +177,5 @@ def test_the_example_file_loads_through_the_real_loader():
     assert {"qwen3", "llama3", "llama3:8b"} <= names
     llama3 = next(m for m in cfg.models if m.name == "llama3")
     assert (llama3.n_ctx, llama3.n_gpu_layers, llama3.embeddings) == (8192, -1, False)
+    assert (llama3.n_threads, llama3.n_batch, llama3.flash_attn, llama3.use_mmap) == (8, 512, True, True)
+    assert llama3.defaults["temperature"] == 0.7 and llama3.defaults["max_tokens"] == 2048

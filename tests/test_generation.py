@@ -405,3 +405,10 @@ async def test_a_file_that_is_not_gguf_is_a_503_and_others_still_serve(aiohttp_c
     assert "bad" in body["error"]["message"]
     status, body = await chat(client, model="plain")
     assert status == 200
+
+
+async def test_ignore_eos_runs_to_max_tokens(client):
+    _, body = await chat(client, model="plain", ignore_eos=True, max_tokens=6)
+    assert body["usage"]["completion_tokens"] == 6 and body["choices"][0]["finish_reason"] == "length"
+    assert body["choices"][0]["message"]["content"].startswith("Hello, world!")
+    assert "<|im_end|>" not in body["choices"][0]["message"]["content"]

@@ -9,7 +9,8 @@ from ..app import REGISTRY
 async def health(request: web.Request) -> web.Response:
     registry = request.app[REGISTRY]
     return web.json_response({"status": "ok", "version": __version__, "models": len(registry.specs()),
-                              "loaded": sorted(registry.loaded()), "worker_failures": registry.worker_failures})
+                              "workers": {name: w.proc.pid for name, w in sorted(registry.loaded().items())},
+                              "worker_failures": registry.worker_failures})
 
 
 def setup(app: web.Application) -> None:

@@ -111,6 +111,7 @@ class GenerationRequest:
     frequency_penalty: float = 0.0
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False  # llama-server's extension: generate max_tokens whatever the model says
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -96,6 +96,7 @@ class Model:
         self.eos = ll.llama_vocab_eos(self.vocab)
         self.add_bos = bool(ll.llama_vocab_get_add_bos(self.vocab))
         self._pieces: dict[int, bytes] = {}
+        self._eog: list[int] | None = None
         self._piece_buf = ctypes.create_string_buffer(256)
         self.cached: list[int] = []  # tokens whose keys and values are in the context now
         tmpl = ll.llama_model_chat_template(self.model, None)
@@ -162,6 +163,11 @@ class Model:
             return self.tokenize(text, add_special=True)
         return self.tokenize(req.get("prompt") or "", add_special=True)
 
+    def eog_tokens(self) -> list[int]:
+        if self._eog is None:
+            self._eog = [t for t in range(self.n_vocab) if self.ll.llama_vocab_is_eog(self.vocab, t)]
+        return self._eog
+
     # --- decoding ---
     def _decode(self, tokens: list[int]) -> None:
         arr = (self.ll.llama_token * len(tokens))(*tokens)
@@ -174,6 +180,10 @@ class Model:
         ll = self.ll
         chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
         add = lambda s: ll.llama_sampler_chain_add(chain, s)  # noqa: E731
+        if req.get("ignore_eos"):
+            eog = self.eog_tokens()
+            bias = (ll.llama_logit_bias * len(eog))(*((t, float("-inf")) for t in eog))
+            add(ll.llama_sampler_init_logit_bias(self.n_vocab, len(eog), bias))
         if req["repeat_penalty"] != 1.0 or req["frequency_penalty"] or req["presence_penalty"]:
             add(ll.llama_sampler_init_penalties(self.n_vocab, 64, req["repeat_penalty"],
                                                 req["frequency_penalty"], req["presence_penalty"]))

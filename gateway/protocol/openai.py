@@ -23,7 +23,7 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 KNOWN_CHAT = {
     "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "stream",
     "stream_options", "seed", "presence_penalty", "frequency_penalty", "n", "user", "top_k", "min_p",
-    "repeat_penalty", "chat_template_kwargs",
+    "repeat_penalty", "chat_template_kwargs", "ignore_eos",
 }
 KNOWN_COMPLETION = KNOWN_CHAT - {"messages", "max_completion_tokens", "chat_template_kwargs"} | {"prompt"}
 _logged_unknown: set[str] = set()
@@ -113,6 +113,10 @@ def _common(body: dict[str, Any], req: GenerationRequest) -> tuple[bool, bool, s
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise InvalidRequest("`user` must be a string", "user")
+    ignore_eos = body.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise InvalidRequest("`ignore_eos` must be true or false", "ignore_eos")
+    req.ignore_eos = ignore_eos
     explicit: set[str] = set()
     _sampling(body, req, explicit)
     req.stop = _stop(body)
