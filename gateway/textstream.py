@@ -24,7 +24,7 @@ class Utf8Stream:
 
 
 class StopMatcher:
-    """Ends text before the first stop string, holding back what could still become one.
+    """Ends text before the first stop string to complete, holding back what could still become one.
 
     ``feed`` returns ``(safe_text, matched)``: ``safe_text`` can be sent now; ``matched``
     is the stop string once one has appeared (everything from it on is dropped).
@@ -41,10 +41,12 @@ class StopMatcher:
         if not self.stops:
             return text, None
         buf = self._held + text
+        # The first stop string to be *completed* wins (generation would have ended there),
+        # then the one that starts first.
         best = None
         for s in self.stops:
             i = buf.find(s)
-            if i >= 0 and (best is None or i < best[0]):
+            if i >= 0 and (best is None or (i + len(s), i) < (best[0] + len(best[1]), best[0])):
                 best = (i, s)
         if best is not None:
             self._held = ""

@@ -9,12 +9,19 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 
-SPEC_PATH = Path(__file__).resolve().parents[1].parent / "shared" / "specs" / "openai-openapi.json"
+def _spec_path() -> Path:
+    """``$OPENAI_OPENAPI_SPEC``, else ``shared/specs/`` beside the checkout (where CI puts it) or in it."""
+    if os.environ.get("OPENAI_OPENAPI_SPEC"):
+        return Path(os.environ["OPENAI_OPENAPI_SPEC"])
+    repo = Path(__file__).resolve().parents[1]
+    candidates = [repo.parent / "shared" / "specs" / "openai-openapi.json", repo / "shared" / "specs" / "openai-openapi.json"]
+    return next((p for p in candidates if p.exists()), candidates[0])
 
 
 def _nullable_to_null(node: Any) -> Any:
@@ -30,7 +37,7 @@ def _nullable_to_null(node: Any) -> Any:
 
 @functools.lru_cache(maxsize=1)
 def _spec() -> dict[str, Any]:
-    return _nullable_to_null(json.loads(SPEC_PATH.read_text()))
+    return _nullable_to_null(json.loads(_spec_path().read_text()))
 
 
 @functools.lru_cache(maxsize=None)

@@ -25,10 +25,12 @@ def run_stop(text_pieces, stops):
 
 
 def reference(text, stops):
-    hits = [(text.find(s), s) for s in stops if s and s in text]
+    """The whole-text rule: cut before the stop string that is completed first, then the one
+    that starts first (tokens arrive in order; generation ends as soon as one is complete)."""
+    hits = [(text.find(s) + len(s), text.find(s), s) for s in stops if s and s in text]
     if not hits:
         return text, None
-    i, s = min(hits)
+    _, i, s = min(hits)
     return text[:i], s
 
 
@@ -59,6 +61,8 @@ def test_stop_examples():
     assert run_stop(["Hel", "lo wo", "rld"], ["o w"]) == (["Hel", "l"], "o w")
     assert run_stop(["ab", "cd"], ["x"]) == (["ab", "cd", ""], None)
     assert run_stop(["abc"], ["c", "b"]) == (["a"], "b")
+    assert run_stop([" a", "aa"], ["a", " aa"]) == ([" "], "a")  # "a" completes before " aa" does
+    assert run_stop([" aaa"], ["a", " aa"]) == ([" "], "a")
 
 
 @given(st.text(max_size=40), st.lists(st.integers(0, 200), max_size=10))
