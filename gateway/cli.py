@@ -130,6 +130,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("gguf").setLevel(logging.WARNING)  # the GGUF writer narrates every file it writes
     config = _load(args)
     if config is None:
         return 2

@@ -412,3 +412,14 @@ async def test_ignore_eos_runs_to_max_tokens(client):
     assert body["usage"]["completion_tokens"] == 6 and body["choices"][0]["finish_reason"] == "length"
     assert body["choices"][0]["message"]["content"].startswith("Hello, world!")
     assert "<|im_end|>" not in body["choices"][0]["message"]["content"]
+
+
+def test_an_explicit_zero_beats_the_models_default():
+    from gateway.protocol.openai import apply_defaults, parse_chat
+
+    parsed = parse_chat({"model": "m", "messages": HI, "temperature": 0, "presence_penalty": 0})
+    apply_defaults(parsed, {"temperature": 0.7, "presence_penalty": 1.0, "top_k": 5, "max_tokens": 9})
+    req = parsed.request
+    assert (req.temperature, req.presence_penalty, req.top_k, req.max_tokens) == (0, 0, 5, 9)
+    parsed = parse_chat({"model": "m", "messages": HI})
+    assert (parsed.request.temperature, parsed.request.top_k, parsed.request.max_tokens) == (0.8, 40, None)
