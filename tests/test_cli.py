@@ -71,7 +71,7 @@ def test_models_reports_a_broken_file_without_failing(write_config, tmp_path):
     r = run_cli("models", "--config", str(write_config(f"server:\n  models_dirs: [{tmp_path}]\n")), "--json")
     assert r.returncode == 0
     (row,) = map(json.loads, r.stdout.splitlines())
-    assert row["name"] == "broken" and "unreadable GGUF header" in row["error"]
+    assert row["name"] == "broken" and "truncated GGUF header" in row["error"]
 
 
 def test_serve_refuses_a_bad_config_with_the_problem_line(write_config):
