@@ -137,7 +137,7 @@ def _walk(path: Path) -> tuple[dict[str, Any], int]:
             raise ModelFileError(f"{path}: {what} (only {size} bytes)")
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
             if buf[:4] != b"GGUF":
-                raise ModelFileError(f"{path} is not a GGUF file (magic {bytes(buf[:4])!r})")
+                raise ModelFileError(f"{path}: not a GGUF file (magic {bytes(buf[:4])!r})")
             w = _Walker(buf, path)
             w.pos = 4
             version = w.take("I")
