@@ -90,5 +90,6 @@ def create_app(config: Config, registry: Registry | None = None) -> web.Applicat
 
 
 async def _workers_ctx(app: web.Application):
+    await app[REGISTRY].preload()
     yield
     await app[REGISTRY].close()

@@ -96,9 +96,12 @@ def cmd_models(args: argparse.Namespace) -> int:
     config = _load(args, check_files=False)
     if config is None:
         return 1
+    registry = Registry(config)
     rows = []
-    for spec in Registry(config).specs():
-        row = {"name": spec.name, "aliases": list(spec.aliases), "source": spec.source, "file": str(spec.path)}
+    for spec in registry.specs():
+        names = registry.names_of(spec)
+        row = {"name": spec.name, "aliases": names[1:], "source": spec.source, "file": str(spec.path),
+               "conflicts": {n: [str(p) for p in lost] for n, lost in registry.conflicts_won(spec).items()}}
         try:
             info = read_info(spec.path)
             row.update(size=info.file_size, architecture=info.architecture, quantization=info.quantization,
@@ -125,6 +128,9 @@ def cmd_models(args: argparse.Namespace) -> int:
     widths = [max(len(row[i]) for row in table) for i in range(5)]
     for row in table:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[5])
+    for r in rows:
+        for name, lost in r["conflicts"].items():
+            print(f"name {name!r}: {r['file']} won over {', '.join(lost)}")
     return 0
 
 
@@ -163,9 +169,13 @@ async def _serve(config: Config, host: str, port: int) -> int:
         return 1
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    handlers = {signal.SIGINT: stop.set, signal.SIGTERM: stop.set,
+                getattr(signal, "SIGHUP", None): lambda: asyncio.ensure_future(registry.reload(config.path))}
+    for sig, handler in handlers.items():
+        if sig is None:
+            continue
         try:
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, handler)
         except (NotImplementedError, RuntimeError):  # not on this platform
             pass
     names = ", ".join(s.name for s in registry.specs()) or "none"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -22,7 +23,34 @@ from .protocol.params import SAMPLING
 ENV_CONFIG = "GGUF_GATEWAY_CONFIG"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
-DEFAULT_MODELS_DIRS = ("~/models",)
+DEFAULT_KEEP_ALIVE = 300.0  # seconds an idle model stays loaded, as Ollama's 5m
+DEFAULT_LOAD_TIMEOUT = 300.0
+DEFAULT_MAX_LOADED = 3  # as Ollama's OLLAMA_MAX_LOADED_MODELS on a CPU; 0 = no limit
+
+_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+
+
+def parse_duration(value: Any) -> float | None:
+    """Seconds from ``300``, ``"5m"``, ``"1h30m"``, ``"90s"``; ``-1`` means forever (``inf``).
+
+    None when ``value`` is not a duration."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float("inf") if value == -1 else (float(value) if value >= 0 else None)
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("-1", "forever", "inf"):
+            return float("inf")
+        try:
+            return parse_duration(float(text))
+        except ValueError:
+            pass
+        parts = _DURATION_RE.findall(text)
+        if parts and "".join(n + u for n, u in parts) == text:
+            scale = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+            return sum(float(n) * scale[u] for n, u in parts)
+    return None
 
 
 class ConfigError(Exception):
@@ -43,6 +71,8 @@ class ModelSpec:
     n_ctx: int | None = None  # None: the model's trained context, capped (engine decides)
     n_gpu_layers: int = -1  # -1: every layer on the GPU when llama.cpp has one
     embeddings: bool = False
+    keep_alive: float | None = None  # seconds idle before unloading; None: server.keep_alive; inf: never
+    preload: bool = False
     n_threads: int | None = None  # None: the CPUs this process may use (at most 16)
     n_batch: int = 512
     flash_attn: bool | None = None  # None: llama.cpp decides
@@ -62,6 +92,10 @@ class ServerConfig:
     port: int = DEFAULT_PORT
     models_dirs: tuple[Path, ...] = ()
     api_keys: tuple[str, ...] = ()
+    discover_default_stores: bool = True
+    keep_alive: float = DEFAULT_KEEP_ALIVE
+    load_timeout: float = DEFAULT_LOAD_TIMEOUT
+    max_loaded_models: int = DEFAULT_MAX_LOADED
 
 
 @dataclass(frozen=True)
@@ -94,7 +128,7 @@ def normalize_name(name: str) -> str:
 def load_config(path: str | os.PathLike | None = None, *, check_files: bool = True) -> Config:
     """Load and validate ``path`` (``None``: built-in defaults). Raises ``ConfigError``."""
     if path is None:
-        return Config(server=ServerConfig(models_dirs=_default_dirs()))
+        return Config()
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -108,10 +142,6 @@ def load_config(path: str | os.PathLike | None = None, *, check_files: bool = Tr
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ConfigError([f"{path}: invalid YAML: {where}{problem}"]) from None
     return _Parser(path).parse(data, check_files=check_files)
-
-
-def _default_dirs() -> tuple[Path, ...]:
-    return tuple(Path(os.path.expanduser(d)) for d in DEFAULT_MODELS_DIRS)
 
 
 def _show(value: Any) -> str:
@@ -191,6 +221,19 @@ class _Parser:
             return _INVALID if any(x is _INVALID for x in items) else tuple(items)
         return check
 
+    def duration(self, where: str, v: Any):
+        seconds = parse_duration(v)
+        if seconds is None:
+            self.error(where, f'must be a duration (seconds, or like "5m", "1h"; -1 keeps it loaded), got {_show(v)}')
+            return _INVALID
+        return seconds
+
+    def seconds(self, where: str, v: Any):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+            self.error(where, f"must be a number of seconds >= 0, got {_show(v)}")
+            return _INVALID
+        return float(v)
+
     def defaults(self, where: str, v: Any):
         def check(param):
             def one(sub: str, x: Any):
@@ -218,9 +261,11 @@ class _Parser:
             "port": self.integer(minimum=1, maximum=65535, what="a port number (1-65535)"),
             "models_dirs": self.list_of(self.path_field),
             "api_keys": self.list_of(self.string),
+            "discover_default_stores": self.boolean,
+            "keep_alive": self.duration,
+            "load_timeout": self.seconds,
+            "max_loaded_models": self.integer(minimum=0, what="an integer >= 0 (0: no limit)"),
         })
-        if "models_dirs" not in server:
-            server["models_dirs"] = _default_dirs()
 
         entries: list[tuple[str, str, Any]] = []  # (yaml path, name, raw)
         models_raw = data.get("models")
@@ -274,6 +319,8 @@ class _Parser:
             "n_ctx": self.integer(minimum=1, what="a positive integer"),
             "n_gpu_layers": self.integer(minimum=-1, what="an integer >= -1 (-1: all layers)"),
             "embeddings": self.boolean,
+            "keep_alive": self.duration,
+            "preload": self.boolean,
             "n_threads": self.integer(minimum=1, what="a positive integer"),
             "n_batch": self.integer(minimum=1, what="a positive integer"),
             "flash_attn": self.boolean,

@@ -1,58 +1,228 @@
-"""Find GGUF files under the model directories and propose names for them.
+"""Find the GGUF models a workstation already has, and the names they answer to.
 
-A split model (``x-00001-of-00003.gguf``) is one model, named and found by its first
-part. Names are file stems, lower-cased; when two files claim one name, the first root
-listed wins and, within a root, the shortest path, then alphabetical order, so the
-choice is the same on every scan.
+Roots are ``server.models_dirs`` plus, unless ``server.discover_default_stores`` is false,
+the stores people already have: ``~/models``, llama.cpp's cache, the Hugging Face hub
+cache, LM Studio's folders and Ollama's store (whose manifests map ``name:tag`` to blobs).
+
+Every file's header is read (``ggufmeta``; cached by path, size and mtime), files that are
+not models (projectors, adapters, vocab-only files) are skipped, and each model is offered
+under names in two classes:
+- explicit: the file stem (``-00001-of-00003`` dropped for split models), the Ollama name
+  (``llama3.2:3b``, and ``llama3.2`` for ``:latest``), the Hugging Face or LM Studio
+  repository (``org/repo`` and ``org/repo:QUANT``);
+- fallback: the architecture (``qwen3``), used only where no explicit name claims it.
+When several files claim a name, the winner is the first by (class, root order, path
+depth, path), so every scan gives the same answer; ``Catalog.conflicts`` lists the losers.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
-from .ggufmeta import SPLIT_RE
+from .config import normalize_name
+from .ggufmeta import SPLIT_RE, GGUFInfo, ModelFileError, read_info
 
 log = logging.getLogger(__name__)
 
+OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
+OLLAMA_DEFAULT_REGISTRY = ("registry.ollama.ai", "library")
+NOT_MODELS = frozenset({"clip", "mmproj"})  # general.architecture / general.type of projectors
+
 
 @dataclass(frozen=True)
-class Found:
-    name: str
+class Root:
+    kind: str  # dir | huggingface | ollama | lmstudio
     path: Path
-    root: Path
 
 
-def model_name(path: Path) -> str:
+@dataclass
+class Found:
+    """One model file and the names it offers (best first)."""
+
+    path: Path
+    root: Root
+    order: int  # root index: earlier roots win ties
+    names: list[str] = field(default_factory=list)
+    fallback: list[str] = field(default_factory=list)
+    info: GGUFInfo | None = None
+    error: str | None = None
+
+    @property
+    def source(self) -> str:
+        return {"dir": "discovered", "huggingface": "huggingface", "ollama": "ollama",
+                "lmstudio": "lmstudio"}[self.root.kind]
+
+
+def default_stores(env: dict[str, str] | None = None) -> list[Root]:
+    env = dict(os.environ if env is None else env)
+    home = Path(env.get("HOME") or os.path.expanduser("~"))
+    roots = [Root("dir", home / "models")]
+    roots.append(Root("dir", Path(env["LLAMA_CACHE"]) if env.get("LLAMA_CACHE") else home / ".cache" / "llama.cpp"))
+    hf_home = Path(env["HF_HOME"]) if env.get("HF_HOME") else home / ".cache" / "huggingface"
+    roots.append(Root("huggingface", Path(env["HF_HUB_CACHE"]) if env.get("HF_HUB_CACHE") else hf_home / "hub"))
+    roots += [Root("lmstudio", home / ".lmstudio" / "models"), Root("lmstudio", home / ".cache" / "lm-studio" / "models")]
+    if env.get("OLLAMA_MODELS"):
+        roots.append(Root("ollama", Path(env["OLLAMA_MODELS"])))
+    else:
+        roots += [Root("ollama", home / ".ollama" / "models"), Root("ollama", Path("/usr/share/ollama/.ollama/models"))]
+    return roots
+
+
+def roots_for(models_dirs: tuple[Path, ...], default: bool) -> list[Root]:
+    roots = [Root("dir", p) for p in models_dirs]
+    if default:
+        roots += [r for r in default_stores() if r.path not in models_dirs]
+    return roots
+
+
+def stem_name(path: Path) -> str:
     m = SPLIT_RE.match(path.name)
     stem = m.group("stem") if m else path.name[: -len(".gguf")]
     return stem.lower()
 
 
-def scan(roots: Iterable[Path]) -> list[Found]:
-    found: dict[str, Found] = {}
-    for root in roots:
-        if not root.is_dir():
-            continue
-        files: list[Path] = []
-        for dirpath, dirnames, filenames in os.walk(root, followlinks=True, onerror=_log_walk_error):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            for fn in filenames:
-                if not fn.lower().endswith(".gguf") or fn.startswith("."):
-                    continue
+class _InfoCache:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cache: dict[str, tuple[tuple[int, int], GGUFInfo | ModelFileError]] = {}
+
+    def get(self, path: Path) -> GGUFInfo:
+        try:
+            st = path.stat()
+        except OSError as e:
+            raise ModelFileError(f"cannot open {path}: {e.strerror}") from None
+        key, stamp = str(path), (st.st_size, st.st_mtime_ns)
+        with self._lock:
+            hit = self._cache.get(key)
+        if hit is None or hit[0] != stamp:
+            try:
+                value: GGUFInfo | ModelFileError = read_info(path)
+            except ModelFileError as e:
+                value = e
+            with self._lock:
+                self._cache[key] = (stamp, value)
+            hit = (stamp, value)
+        if isinstance(hit[1], ModelFileError):
+            raise hit[1]
+        return hit[1]
+
+
+INFO_CACHE = _InfoCache()
+
+
+def _gguf_files(root: Path) -> list[Path]:
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True, onerror=lambda e: None):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for fn in filenames:
+            if fn.lower().endswith(".gguf") and not fn.startswith("."):
                 m = SPLIT_RE.match(fn)
-                if m and int(m.group("part")) != 1:
-                    continue
-                files.append(Path(dirpath) / fn)
-        for path in sorted(files, key=lambda p: (len(p.relative_to(root).parts), str(p))):
-            name = model_name(path)
-            if name not in found:
-                found[name] = Found(name=name, path=path, root=root)
-    return sorted(found.values(), key=lambda f: f.name)
+                if not m or int(m.group("part")) == 1:
+                    files.append(Path(dirpath) / fn)
+    return sorted(files, key=lambda p: (len(p.relative_to(root).parts), str(p)))
 
 
-def _log_walk_error(err: OSError) -> None:
-    log.debug("skipping %s: %s", err.filename, err.strerror)
+def _scan_dir(root: Root, order: int) -> list[Found]:
+    out = []
+    for path in _gguf_files(root.path):
+        found = Found(path, root, order, [stem_name(path)])
+        rel = path.relative_to(root.path).parts
+        if root.kind == "huggingface" and rel[0].startswith("models--"):
+            repo = rel[0][len("models--"):].replace("--", "/").lower()
+            found.names.append(repo)
+        elif root.kind == "lmstudio" and len(rel) >= 3:
+            found.names.append(f"{rel[0]}/{rel[1]}".lower())
+        out.append(found)
+    return out
+
+
+def _scan_ollama(root: Root, order: int) -> list[Found]:
+    manifests = root.path / "manifests"
+    by_blob: dict[Path, Found] = {}
+    if not manifests.is_dir():
+        return []
+    for dirpath, dirnames, filenames in os.walk(manifests, onerror=lambda e: None):
+        dirnames.sort()
+        for tag in sorted(filenames):
+            manifest = Path(dirpath) / tag
+            parts = manifest.relative_to(manifests).parts  # registry, namespace, model, tag
+            if len(parts) != 4:
+                continue
+            try:
+                data = json.loads(manifest.read_text())
+                digest = next(layer["digest"] for layer in data.get("layers", [])
+                              if layer.get("mediaType") == OLLAMA_MODEL_LAYER)
+            except (OSError, ValueError, StopIteration, KeyError, TypeError, AttributeError):
+                log.debug("skipping Ollama manifest %s", manifest)
+                continue
+            blob = root.path / "blobs" / str(digest).replace(":", "-")
+            if not blob.is_file():
+                continue
+            registry, namespace, model, _ = parts
+            base = model if (registry, namespace) == OLLAMA_DEFAULT_REGISTRY else (
+                f"{namespace}/{model}" if registry == OLLAMA_DEFAULT_REGISTRY[0] else f"{registry}/{namespace}/{model}")
+            names = [f"{base}:{tag}".lower()] + ([base.lower()] if tag == "latest" else [])
+            found = by_blob.setdefault(blob, Found(blob, root, order))
+            found.names += [n for n in names if n not in found.names]
+    return list(by_blob.values())
+
+
+def scan(roots: list[Root]) -> list[Found]:
+    """Every model file under ``roots`` with its header read (or the reason it could not be)."""
+    out: list[Found] = []
+    seen: set[str] = set()
+    for order, root in enumerate(roots):
+        if not root.path.is_dir():
+            continue
+        for found in (_scan_ollama if root.kind == "ollama" else _scan_dir)(root, order):
+            real = os.path.realpath(found.path)
+            if real in seen:  # the same blob through another snapshot, symlink or root
+                continue
+            seen.add(real)
+            try:
+                found.info = INFO_CACHE.get(found.path)
+            except ModelFileError as e:
+                found.error = str(e)
+                out.append(found)  # listed with its error; its names still resolve (to a 503)
+                continue
+            info = found.info
+            if info.architecture in NOT_MODELS or info.kind in NOT_MODELS | {"adapter"} or info.n_tensors == 0:
+                continue  # projectors, LoRA adapters and vocab-only files are not models to serve
+            if root.kind in ("huggingface", "lmstudio") and info.quantization and len(found.names) > 1:
+                found.names.append(f"{found.names[1]}:{info.quantization.lower()}")
+            found.fallback = [info.architecture.lower()] if info.architecture else []
+            out.append(found)
+    return out
+
+
+@dataclass
+class Catalog:
+    """Discovered models with the names each one won."""
+
+    models: list[Found]
+    names: dict[str, Found]
+    conflicts: dict[str, list[Found]]  # name -> every claimant, the winner first
+
+    @classmethod
+    def build(cls, found: list[Found], taken: set[str]) -> "Catalog":
+        claims: dict[str, list[tuple[tuple, Found]]] = {}
+        for f in found:
+            depth = len(f.path.parts)
+            for cls_, names in ((0, f.names), (1, f.fallback)):
+                for n in names:
+                    key = normalize_name(n)
+                    if key and key not in taken:
+                        claims.setdefault(key, []).append(((cls_, f.order, depth, str(f.path)), f))
+        names, conflicts = {}, {}
+        for key, lst in claims.items():
+            lst.sort(key=lambda c: c[0])
+            names[key] = lst[0][1]
+            if len({id(f) for _, f in lst}) > 1:
+                conflicts[key] = [f for _, f in lst]
+        winners = {id(f) for f in names.values()}
+        return cls([f for f in found if id(f) in winners], names, conflicts)

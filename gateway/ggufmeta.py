@@ -42,6 +42,8 @@ class GGUFInfo:
     has_chat_template: bool
     split_count: int = 1
     pooling: bool = False  # an embedding model (has a pooling type, or an encoder-only architecture)
+    n_tensors: int = 0
+    kind: str | None = None  # general.type: "model", "adapter", "mmproj", ... (often absent)
 
 
 def split_parts(path: Path) -> list[Path]:
@@ -121,7 +123,7 @@ class _Walker:
         raise self.fail(f"unknown metadata value type {vtype}")
 
 
-def _walk(path: Path) -> tuple[dict[str, Any], int]:
+def _walk(path: Path) -> tuple[dict[str, Any], int]:  # (metadata, tensor count)
     """Header metadata (scalars and strings; arrays as their lengths), checked against the file size."""
     import gguf
 
@@ -173,7 +175,7 @@ def _walk(path: Path) -> tuple[dict[str, Any], int]:
             if n_tensors and data_start + end > size:
                 raise ModelFileError(f"{path}: truncated tensor data (the header needs {data_start + end} bytes, "
                                      f"the file has {size})")
-    return meta, size
+    return meta, n_tensors
 
 
 ENCODER_ARCHS = frozenset({"bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3", "t5encoder",
@@ -183,7 +185,7 @@ ENCODER_ARCHS = frozenset({"bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2
 def read_info(path: str | Path) -> GGUFInfo:
     """Header metadata of ``path``; raises ``ModelFileError`` with a reason a person can act on."""
     path = Path(path)
-    meta, _ = _walk(path)
+    meta, n_tensors = _walk(path)
     arch = meta.get("general.architecture")
     if not isinstance(arch, str):
         raise ModelFileError(f"{path}: no general.architecture in the GGUF header")
@@ -212,4 +214,6 @@ def read_info(path: str | Path) -> GGUFInfo:
         has_chat_template="tokenizer.chat_template" in meta,
         split_count=len(parts),
         pooling=arch in ENCODER_ARCHS or num(f"{arch}.pooling_type") not in (None, 0),
+        n_tensors=n_tensors,
+        kind=text("general.type"),
     )

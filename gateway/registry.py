@@ -1,111 +1,381 @@
-"""Name -> ModelSpec: models.yaml entries first, then models found on disk.
+"""Name -> ModelSpec -> a running worker, and the lifecycle of every loaded model.
 
-Names are trimmed and compared case-insensitively. A name is only ever a key into this
-table, never joined to a path. When nothing is configured or found, the registry can
-fall back to the built-in demo model so a fresh install answers at once.
+Resolution, names trimmed and compared case-insensitively:
+  1. models loaded or loading now (by name and alias);
+  2. models.yaml entries and their aliases;
+  3. discovery (a miss rescans, at most every RESCAN_SECONDS);
+  then a ``name:tag`` that matched nothing tries ``name``.
+A name is only ever a key into these tables, never joined to a path.
+
+Each model has a slot with a state:
+  unloaded --request--> loading --worker ready--> ready --idle keep_alive / evicted--> unloaded
+                        loading --load failed--> failed --back-off passed, request--> loading
+                        ready --worker died--> unloaded (the next request reloads it)
+One load runs per model however many requests wait for it (single flight). A request
+waits up to ``server.load_timeout`` for a load, then gets 503 ``model_loading``; a failed
+model answers 503 ``model_load_failed`` with ``Retry-After`` until its back-off (5 s,
+doubling to 5 min) has passed. With ``server.max_loaded_models`` reached, the least
+recently used idle model is unloaded first; a model with requests in flight never is.
+A reload (SIGHUP) swaps the tables; a loaded model whose entry changed or vanished
+finishes its requests and is unloaded when idle.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import math
+import os
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import AsyncIterator
 
 from . import discovery, testmodels
-from .config import Config, ModelSpec, normalize_name
+from .config import Config, ConfigError, ModelSpec, load_config, normalize_name
 from .engine.client import LoadFailed, WorkerProcess
 from .engine.protocol import LoadParams
 from .errors import ApiError, ModelNotFound
-from .ggufmeta import ModelFileError, read_info
+from .ggufmeta import GGUFInfo, ModelFileError
 
 log = logging.getLogger(__name__)
 
 DEMO_NAME = "demo"
+RESCAN_SECONDS = 5.0
+BACKOFF_FIRST, BACKOFF_MAX = 5.0, 300.0
+UNLOADED, LOADING, READY, FAILED = "unloaded", "loading", "ready", "failed"
+
+
+@dataclass
+class Slot:
+    spec: ModelSpec
+    state: str = UNLOADED
+    worker: WorkerProcess | None = None
+    load: asyncio.Task | None = None
+    error: str | None = None
+    failures: int = 0
+    retry_at: float = 0.0
+    in_flight: int = 0
+    last_used: float = 0.0
+    timer: asyncio.TimerHandle | None = None
+    retiring: bool = False  # replaced by a reload: unload once idle
 
 
 class Registry:
     def __init__(self, config: Config, *, demo_dir: Path | None = None, allow_demo: bool = False):
         self.config = config
-        self._by_name: dict[str, ModelSpec] = {}
-        self._specs: list[ModelSpec] = []
         self._demo_dir = demo_dir
         self._allow_demo = allow_demo
-        self._workers: dict[str, WorkerProcess] = {}
-        self._loads: dict[str, asyncio.Task[WorkerProcess]] = {}
+        self._specs: list[ModelSpec] = []
+        self._configured: dict[str, ModelSpec] = {}
+        self._discovered: dict[str, ModelSpec] = {}
+        self.catalog = discovery.Catalog([], {}, {})
+        self.found: dict[str, discovery.Found] = {}  # spec name -> discovery record
+        self._scanned_at = -math.inf
+        self._slots: dict[str, Slot] = {}
+        self._retired: list[Slot] = []
+        self._released: asyncio.Event | None = None
         self.worker_failures = 0  # workers that exited without being asked to
         self.refresh()
 
+    # --- names ---------------------------------------------------------------------------
     def refresh(self) -> None:
-        specs = list(self.config.models)
-        taken = {normalize_name(n) for s in specs for n in s.names}
-        for f in discovery.scan(self.config.server.models_dirs):
-            if f.name not in taken:
-                specs.append(ModelSpec(name=f.name, path=f.path, source="discovered"))
-                taken.add(f.name)
+        """Re-read the stores (blocking I/O: call it off the event loop when serving)."""
+        cfg = self.config
+        configured = {normalize_name(n): s for s in cfg.models for n in s.names}
+        configured_paths = {os.path.realpath(s.path): s for s in cfg.models}
+        found = discovery.scan(discovery.roots_for(cfg.server.models_dirs, cfg.server.discover_default_stores))
+        same_file = [f for f in found if os.path.realpath(f.path) in configured_paths]
+        catalog = discovery.Catalog.build([f for f in found if f not in same_file], set(configured))
+        discovered: dict[str, ModelSpec] = {}
+        self.found = {}
+        for f in catalog.models:
+            won = [n for n in [*f.names, *f.fallback] if catalog.names.get(normalize_name(n)) is f]
+            won = list(dict.fromkeys(won))
+            spec = ModelSpec(name=won[0], path=f.path, aliases=tuple(won[1:]), source=f.source)
+            self.found[spec.name] = f
+            for n in won:
+                discovered[normalize_name(n)] = spec
+        for f in same_file:  # a configured file found on disk too: its store names reach the entry
+            for n in f.names:
+                discovered.setdefault(normalize_name(n), configured_paths[os.path.realpath(f.path)])
+        specs = list(cfg.models) + [s for s in _unique(discovered.values()) if all(s is not c for c in cfg.models)]
         if not specs and self._allow_demo:
-            specs.append(ensure_demo_model(self._demo_dir))
-        self._specs = specs
-        self._by_name = {normalize_name(n): s for s in specs for n in s.names}
+            demo = ensure_demo_model(self._demo_dir)
+            if [s.source for s in self._specs] != ["demo"]:
+                log.info("no models configured or found: serving the built-in demo model as %r (%s)",
+                         DEMO_NAME, demo.path)
+            specs, configured = [demo], {DEMO_NAME: demo}
+        self._specs, self._configured, self._discovered = specs, configured, discovered
+        self.catalog = catalog
+        self._scanned_at = time.monotonic()
 
-    def resolve(self, name: str) -> ModelSpec | None:
-        return self._by_name.get(normalize_name(name)) if isinstance(name, str) else None
+    def resolve(self, name: object, *, loaded_first: bool = True) -> ModelSpec | None:
+        if not isinstance(name, str):
+            return None
+        key = normalize_name(name)
+        if not key:
+            return None
+        for attempt in (key, key.split(":", 1)[0] if ":" in key else None):
+            if attempt is None:
+                continue
+            for slot in self._slots.values() if loaded_first else ():  # 1. loaded or loading now
+                if slot.state in (LOADING, READY) and attempt in map(normalize_name, slot.spec.names):
+                    return slot.spec
+            spec = self._configured.get(attempt) or self._discovered.get(attempt)  # 2. models.yaml, 3. discovery
+            if spec is not None:
+                return spec
+        return None
+
+    async def lookup(self, name: object) -> ModelSpec:
+        """``resolve``, rescanning the stores once on a miss (at most every RESCAN_SECONDS)."""
+        spec = self.resolve(name)
+        if spec is None and time.monotonic() - self._scanned_at >= RESCAN_SECONDS:
+            await asyncio.to_thread(self.refresh)
+            spec = self.resolve(name)
+        if spec is None:
+            raise ModelNotFound(name if isinstance(name, str) else repr(name))
+        return spec
 
     def specs(self) -> list[ModelSpec]:
         return list(self._specs)
 
+    def names_of(self, spec: ModelSpec) -> list[str]:
+        """Every name that resolves to ``spec``, its own name first."""
+        names = list(spec.names)
+        names += [k for k, s in {**self._discovered, **self._configured}.items() if s is spec]
+        return list(dict.fromkeys(normalize_name(n) for n in names))
+
+    def conflicts_won(self, spec: ModelSpec) -> dict[str, list[Path]]:
+        """Names ``spec`` won over other files: name -> the files that lost it."""
+        found = self.found.get(spec.name)
+        return {name: [f.path for f in claimants[1:]] for name, claimants in self.catalog.conflicts.items()
+                if found is not None and claimants[0] is found}
+
+    def info(self, spec: ModelSpec) -> GGUFInfo | None:
+        try:
+            return discovery.INFO_CACHE.get(spec.path)
+        except ModelFileError:
+            return None
+
+    # --- lifecycle -------------------------------------------------------------------------
+    def slot(self, spec: ModelSpec) -> Slot:
+        slot = self._slots.get(spec.name)
+        if slot is None or slot.spec != spec:
+            if slot is not None:
+                self._retire(slot)
+            slot = self._slots[spec.name] = Slot(spec)
+        return slot
+
     def loaded(self) -> dict[str, WorkerProcess]:
-        return {name: w for name, w in self._workers.items() if w.alive}
+        return {s.spec.name: s.worker for s in self._slots.values() if s.worker is not None and s.worker.alive}
 
-    async def acquire(self, name: str) -> tuple[ModelSpec, WorkerProcess]:
-        """The model's running worker, loading it first if needed (one load per model at a time)."""
-        spec = self.resolve(name)
-        if spec is None:
-            raise ModelNotFound(name if isinstance(name, str) else repr(name))
-        worker = self._workers.get(spec.name)
-        if worker is not None and worker.alive:
-            return spec, worker
-        task = self._loads.get(spec.name)
-        if task is None:
-            task = asyncio.ensure_future(self._load(spec))
-            self._loads[spec.name] = task
-            task.add_done_callback(lambda _t, n=spec.name: self._loads.pop(n, None))
-        # shield: a caller that goes away must not abort a load others may be waiting on
-        return spec, await asyncio.shield(task)
+    def state(self, spec: ModelSpec) -> Slot:
+        return self._slots.get(spec.name) or Slot(spec)
 
-    async def _load(self, spec: ModelSpec) -> WorkerProcess:
+    @contextlib.asynccontextmanager
+    async def lease(self, name: object) -> AsyncIterator[tuple[ModelSpec, WorkerProcess]]:
+        """The model's running worker for one request; the model stays loaded meanwhile."""
+        spec = await self.lookup(name)
+        slot = self.slot(spec)
+        worker = await self._ready(slot)
+        slot.in_flight += 1
+        if slot.timer is not None:
+            slot.timer.cancel()
+            slot.timer = None
         try:
-            await asyncio.to_thread(read_info, spec.path)  # a bad file fails here, before any spawn
-        except ModelFileError as e:
-            raise _load_failed(spec, str(e)) from None
-        worker = WorkerProcess(LoadParams(
-            name=spec.name, path=str(spec.path), n_ctx=spec.n_ctx, n_gpu_layers=spec.n_gpu_layers,
-            n_threads=spec.n_threads, n_batch=spec.n_batch, flash_attn=spec.flash_attn,
-            use_mmap=spec.use_mmap, chat_template=spec.chat_template,
-        ), on_exit=self._worker_exited)
+            yield spec, worker
+        finally:
+            slot.in_flight -= 1
+            slot.last_used = time.monotonic()
+            if slot.in_flight == 0:
+                self._idle(slot)
+
+    async def load(self, name: object) -> Slot:
+        """Load a model without a request (admin API, preload)."""
+        spec = await self.lookup(name)
+        slot = self.slot(spec)
+        await self._ready(slot)
+        return slot
+
+    async def _ready(self, slot: Slot) -> WorkerProcess:
+        if slot.worker is not None and slot.worker.alive:
+            return slot.worker
+        now = time.monotonic()
+        if slot.state == FAILED and now < slot.retry_at and slot.load is None:
+            raise _load_failed(slot.spec, slot.error or "unknown error", slot.retry_at - now)
+        if slot.load is None:
+            slot.load = asyncio.ensure_future(self._load(slot))
+            slot.load.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved here, raised to waiters
         try:
+            # shield: a caller that gives up must not abort a load others may be waiting on
+            return await asyncio.wait_for(asyncio.shield(slot.load), self.config.server.load_timeout)
+        except asyncio.TimeoutError:
+            raise ApiError(f"model {slot.spec.name!r} is loading; retry shortly", status=503, param="model",
+                           code="model_loading", headers={"Retry-After": "5"}) from None
+
+    async def _load(self, slot: Slot) -> WorkerProcess:
+        spec = slot.spec
+        slot.state = LOADING
+        try:
+            await self._make_room(slot)
+            await asyncio.to_thread(discovery.INFO_CACHE.get, spec.path)  # a bad file fails here, before a spawn
+            worker = WorkerProcess(LoadParams(
+                name=spec.name, path=str(spec.path), n_ctx=spec.n_ctx, n_gpu_layers=spec.n_gpu_layers,
+                n_threads=spec.n_threads, n_batch=spec.n_batch, flash_attn=spec.flash_attn,
+                use_mmap=spec.use_mmap, chat_template=spec.chat_template,
+            ), on_exit=self._worker_exited)
             await worker.start()
-        except LoadFailed as e:
-            raise _load_failed(spec, str(e)) from None
-        self._workers[spec.name] = worker
+        except (ModelFileError, LoadFailed) as e:
+            slot.failures += 1
+            backoff = min(BACKOFF_FIRST * 2 ** (slot.failures - 1), BACKOFF_MAX)
+            slot.state, slot.error, slot.retry_at = FAILED, str(e), time.monotonic() + backoff
+            log.error("model %r failed to load: %s (next attempt in %.0f s)", spec.name, e, backoff)
+            raise _load_failed(spec, str(e), backoff) from None
+        except BaseException:
+            slot.state = UNLOADED
+            raise
+        finally:
+            slot.load = None
+        slot.worker, slot.state, slot.error, slot.failures = worker, READY, None, 0
+        slot.last_used = time.monotonic()
+        if slot.in_flight == 0:
+            self._idle(slot)  # loaded without a request (preload, admin): keep_alive starts now
         return worker
+
+    async def _make_room(self, slot: Slot) -> None:
+        limit = self.config.server.max_loaded_models
+        if not limit:
+            return
+        deadline = time.monotonic() + max(self.config.server.load_timeout, 60.0)
+        while True:
+            others = [s for s in [*self._slots.values(), *self._retired]
+                      if s is not slot and s.state in (LOADING, READY)]
+            if len(others) < limit:
+                return
+            idle = [s for s in others if s.state == READY and s.in_flight == 0]
+            if idle:
+                victim = min(idle, key=lambda s: s.last_used)
+                log.info("unloading %r (least recently used) to make room for %r", victim.spec.name, slot.spec.name)
+                await self._unload(victim)
+                continue
+            if self._released is None:
+                self._released = asyncio.Event()
+            self._released.clear()
+            try:
+                await asyncio.wait_for(self._released.wait(), deadline - time.monotonic())
+            except asyncio.TimeoutError:
+                raise ApiError(f"all {limit} loaded models are busy (server.max_loaded_models); retry shortly",
+                               status=503, param="model", code="model_capacity",
+                               headers={"Retry-After": "5"}) from None
+
+    def _idle(self, slot: Slot) -> None:
+        if self._released is not None:
+            self._released.set()
+        if slot.retiring:
+            asyncio.ensure_future(self._unload(slot))
+            return
+        keep = slot.spec.keep_alive if slot.spec.keep_alive is not None else self.config.server.keep_alive
+        if math.isinf(keep) or slot.state != READY:
+            return
+        if slot.timer is not None:
+            slot.timer.cancel()
+        slot.timer = asyncio.get_running_loop().call_later(
+            keep, lambda: asyncio.ensure_future(self._unload(slot, only_if_idle=True)))
+
+    async def _unload(self, slot: Slot, only_if_idle: bool = False) -> None:
+        if only_if_idle and slot.in_flight:
+            return
+        if slot.timer is not None:
+            slot.timer.cancel()
+            slot.timer = None
+        worker, slot.worker = slot.worker, None
+        if slot.state == READY:
+            slot.state = UNLOADED
+        if worker is not None:
+            log.info("unloading model %r", slot.spec.name)
+            await worker.stop()
+        if slot in self._retired:
+            self._retired.remove(slot)
+
+    async def unload(self, name: object) -> Slot:
+        """Unload now (admin API); 409 while requests are in flight."""
+        spec = await self.lookup(name)
+        slot = self.state(spec)
+        if slot.in_flight:
+            raise ApiError(f"model {spec.name!r} has {slot.in_flight} request(s) in flight; try again when idle",
+                           status=409, param="model", code="model_busy")
+        if slot.load is not None:
+            slot.load.cancel()
+            await asyncio.gather(slot.load, return_exceptions=True)
+        await self._unload(slot)
+        return slot
 
     def _worker_exited(self, worker: WorkerProcess, expected: bool) -> None:
         if not expected:
             self.worker_failures += 1
-        if self._workers.get(worker.params.name) is worker:
-            del self._workers[worker.params.name]
+        for slot in [*self._slots.values(), *self._retired]:
+            if slot.worker is worker:
+                slot.worker = None
+                if slot.state == READY:
+                    slot.state = UNLOADED
+
+    def _retire(self, slot: Slot) -> None:
+        slot.retiring = True
+        if slot.state in (READY, LOADING) or slot.in_flight:
+            self._retired.append(slot)
+            if slot.in_flight == 0 and slot.load is None:
+                asyncio.ensure_future(self._unload(slot))
+
+    async def reload(self, path: Path | None) -> bool:
+        """Re-read models.yaml and rescan; a broken file is reported and the old configuration stays."""
+        try:
+            config = await asyncio.to_thread(load_config, path)
+        except ConfigError as e:
+            for line in e.problems:
+                log.error("reload refused, keeping the running configuration: %s", line)
+            return False
+        for line in config.warnings:
+            log.warning("%s", line)
+        self.config = config
+        await asyncio.to_thread(self.refresh)
+        for name, slot in list(self._slots.items()):
+            if self.resolve(name, loaded_first=False) != slot.spec:
+                del self._slots[name]
+                self._retire(slot)
+        log.info("configuration reloaded: %d models", len(self._specs))
+        return True
+
+    async def preload(self) -> None:
+        async def one(spec: ModelSpec) -> None:
+            try:
+                await self.load(spec.name)
+            except ApiError as e:
+                log.error("preload of %r failed: %s", spec.name, e.message)
+        await asyncio.gather(*(one(s) for s in self._specs if s.preload))
 
     async def close(self) -> None:
         """Stop every worker (at shutdown)."""
-        for task in list(self._loads.values()):
-            task.cancel()
-        await asyncio.gather(*(w.stop() for w in list(self._workers.values())), return_exceptions=True)
-        self._workers.clear()
+        slots = [*self._slots.values(), *self._retired]
+        for slot in slots:
+            if slot.load is not None:
+                slot.load.cancel()
+        await asyncio.gather(*(s.load for s in slots if s.load is not None), return_exceptions=True)
+        await asyncio.gather(*(self._unload(s) for s in slots), return_exceptions=True)
 
 
-def _load_failed(spec: ModelSpec, reason: str) -> ApiError:
+def _unique(specs) -> list[ModelSpec]:
+    out: list[ModelSpec] = []
+    for s in specs:
+        if all(s is not o for o in out):
+            out.append(s)
+    return out
+
+
+def _load_failed(spec: ModelSpec, reason: str, retry_after: float) -> ApiError:
     return ApiError(f"model {spec.name!r} failed to load: {reason}", status=503, param="model",
-                    code="model_load_failed")
+                    code="model_load_failed", headers={"Retry-After": str(max(1, math.ceil(retry_after)))})
 
 
 def ensure_demo_model(directory: Path | None = None) -> ModelSpec:
@@ -116,5 +386,4 @@ def ensure_demo_model(directory: Path | None = None) -> ModelSpec:
         tmp = path.with_suffix(".part")
         testmodels.demo(tmp)
         tmp.replace(path)
-    log.info("no models configured or found: serving the built-in demo model as %r (%s)", DEMO_NAME, path)
     return ModelSpec(name=DEMO_NAME, path=path, source="demo")

@@ -130,8 +130,11 @@ def write_scripted_model(
     name: str = "scripted",
     context_length: int = 4096,
     extra_special: Sequence[str] = (),
+    split_max_tensors: int = 0,
 ) -> ScriptedModel:
-    """Write a scripted GGUF to ``path`` and return what each trigger will produce."""
+    """Write a scripted GGUF to ``path`` and return what each trigger will produce.
+
+    ``split_max_tensors`` > 0 writes a split model (``NAME-00001-of-0000N.gguf`` ...)."""
     import gguf
 
     if isinstance(scripts, Script):
@@ -189,7 +192,7 @@ def write_scripted_model(
     for tid, nxt in vocab.successor.items():
         out[nxt, slots[tid]] = scale
 
-    w = gguf.GGUFWriter(str(path), "llama")
+    w = gguf.GGUFWriter(str(path), "llama", split_max_tensors=split_max_tensors)
     w.add_name(name)
     w.add_context_length(context_length)
     w.add_embedding_length(n_embd)

@@ -23,7 +23,7 @@ async def test_health(aiohttp_client, config):
     r = await client.get("/health")
     assert r.status == 200
     body = await r.json()
-    assert body["status"] == "ok" and body["models"] == 4
+    assert body["status"] == "ok" and body["models"] == 3  # chat is plain.gguf: one model, not two
 
 
 async def test_v1_models_is_openai_list_shape(aiohttp_client, config):
@@ -32,7 +32,7 @@ async def test_v1_models_is_openai_list_shape(aiohttp_client, config):
     assert r.status == 200
     body = await r.json()
     validate(body, "ListModelsResponse")
-    assert [m["id"] for m in body["data"]] == ["chat", "loop", "plain", "thinker"]
+    assert [m["id"] for m in body["data"]] == ["chat", "loop", "thinker"]
     for m in body["data"]:
         assert m["object"] == "model" and isinstance(m["created"], int) and m["created"] > 0
 
@@ -42,6 +42,7 @@ def test_registry_resolves_names_and_aliases_case_insensitively(config):
     assert reg.resolve("  CHAT ").name == "chat"
     assert reg.resolve("chat:latest").name == "chat"
     assert reg.resolve("Thinker").source == "discovered"
+    assert reg.resolve("plain").name == "chat"  # the configured entry's file, found on disk too
     for bad in ("nope", "../plain", "plain.gguf", str(config.models[0].path), "", None, 42):
         assert reg.resolve(bad) is None
 

@@ -52,8 +52,8 @@ def test_models_lists_names_with_header_metadata(write_config, model_dir):
     r = run_cli("models", "--config", str(path), "--json")
     assert r.returncode == 0, r.stderr
     rows = {row["name"]: row for row in map(json.loads, r.stdout.splitlines())}
-    assert set(rows) == {"chat", "plain", "thinker", "loop"}
-    assert rows["chat"]["aliases"] == ["chat:latest"] and rows["chat"]["source"] == "models.yaml"
+    assert set(rows) == {"chat", "thinker", "loop"}  # chat is plain.gguf, found on disk too: one model
+    assert rows["chat"]["aliases"] == ["chat:latest", "plain"] and rows["chat"]["source"] == "models.yaml"
     assert rows["thinker"]["source"] == "discovered"
     for row in rows.values():
         assert row["architecture"] == "llama" and row["quantization"] == "F16"
@@ -63,7 +63,7 @@ def test_models_lists_names_with_header_metadata(write_config, model_dir):
     assert table.returncode == 0
     header, *lines = table.stdout.splitlines()
     assert header.split()[:5] == ["NAME", "SOURCE", "SIZE", "ARCH", "QUANT"]
-    assert any(line.startswith("chat (chat:latest)") and "llama" in line and "F16" in line for line in lines)
+    assert any(line.startswith("chat (chat:latest, plain)") and "llama" in line and "F16" in line for line in lines)
 
 
 def test_models_reports_a_broken_file_without_failing(write_config, tmp_path):

@@ -42,7 +42,8 @@ def test_full_form_short_form_and_aliases(write_config, model_dir):
 def test_defaults_without_a_file(_isolated_home):
     cfg = load_config(None)
     assert (cfg.server.host, cfg.server.port) == ("127.0.0.1", 8080)
-    assert cfg.server.models_dirs == (_isolated_home / "models",)
+    assert cfg.server.models_dirs == () and cfg.server.discover_default_stores  # ~/models is a default store
+    assert (cfg.server.keep_alive, cfg.server.load_timeout, cfg.server.max_loaded_models) == (300, 300, 3)
     assert cfg.models == ()
 
 
@@ -95,6 +96,10 @@ def test_paths_expand_home_env_and_resolve_relative_to_the_file(write_config, tm
     ("server:\n  port: 70000\n", "server.port: must be a port number (1-65535), got 70000"),
     ("server:\n  port: true\n", "server.port: must be a port number (1-65535), got true"),
     ("server:\n  models_dirs: ~/models\n", 'server.models_dirs: must be a list'),
+    ("server:\n  keep_alive: soon\n", 'server.keep_alive: must be a duration'),
+    ("server:\n  load_timeout: -1\n", "server.load_timeout: must be a number of seconds >= 0, got -1"),
+    ("server:\n  max_loaded_models: -1\n", "server.max_loaded_models: must be an integer >= 0"),
+    ("server:\n  discover_default_stores: maybe\n", "server.discover_default_stores: must be true or false"),
     ("server: [1]\n", "server: must be a mapping"),
     ("models: [a, b]\n", "models: must be a mapping"),
     ("models:\n  m: 42\n", "models.m: must be a file path or a mapping with `path`, got 42"),
@@ -179,3 +184,6 @@ def test_the_example_file_loads_through_the_real_loader():
     assert (llama3.n_ctx, llama3.n_gpu_layers, llama3.embeddings) == (8192, -1, False)
     assert (llama3.n_threads, llama3.n_batch, llama3.flash_attn, llama3.use_mmap) == (8, 512, True, True)
     assert llama3.defaults["temperature"] == 0.7 and llama3.defaults["max_tokens"] == 2048
+    assert (llama3.keep_alive, llama3.preload) == (float("inf"), True)
+    assert (cfg.server.keep_alive, cfg.server.load_timeout, cfg.server.max_loaded_models) == (300, 300, 3)
+    assert cfg.server.discover_default_stores is True

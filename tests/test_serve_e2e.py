@@ -43,3 +43,32 @@ def test_a_port_in_use_is_a_clear_error(_isolated_home):
         r = run_cli("serve", "--port", str(port), timeout=30)
     assert r.returncode == 1
     assert f"cannot listen on 127.0.0.1:{port}" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_sighup_reloads_a_good_file_and_keeps_the_old_one_when_broken(write_config, model_dir):
+    import time
+
+    path = write_config(f"server:\n  discover_default_stores: false\nmodels:\n  one: {model_dir}/plain.gguf\n")
+    with ServerProcess("--config", str(path)) as server:
+        def ids():
+            return sorted(m["id"] for m in server.get("/v1/models")[1]["data"])
+
+        def wait_for(expected):
+            for _ in range(200):
+                if ids() == expected:
+                    return True
+                time.sleep(0.05)
+            return False
+
+        assert ids() == ["one"]
+        path.write_text(f"server:\n  discover_default_stores: false\nmodels:\n  one: {model_dir}/plain.gguf\n"
+                        f"  two: {model_dir}/loop.gguf\n")
+        server.proc.send_signal(signal.SIGHUP)
+        assert wait_for(["one", "two"])
+        path.write_text("models:\n  three: [not, a, path\n")
+        server.proc.send_signal(signal.SIGHUP)
+        time.sleep(0.5)
+        assert ids() == ["one", "two"]
+        code, err = server.stop()
+    assert code == 0
+    assert "reload refused, keeping the running configuration" in err and "invalid YAML" in err

@@ -1,9 +1,18 @@
+"""Operator routes: /health (open to all), and the model admin API (behind the API keys)."""
+
 from __future__ import annotations
+
+import math
+import time
+from typing import Any
 
 from aiohttp import web
 
 from .. import __version__
 from ..app import REGISTRY
+from ..errors import InvalidRequest
+from ..registry import Registry
+from .openai import read_json_object
 
 
 async def health(request: web.Request) -> web.Response:
@@ -13,5 +22,64 @@ async def health(request: web.Request) -> web.Response:
                               "worker_failures": registry.worker_failures})
 
 
+def rss_bytes(pid: int) -> int | None:
+    """Resident memory of a process (Linux /proc; None elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            import os
+
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def describe(registry: Registry, spec) -> dict[str, Any]:
+    slot = registry.state(spec)
+    info = registry.info(spec)
+    found = registry.found.get(spec.name)
+    worker = slot.worker if slot.worker is not None and slot.worker.alive else None
+    retry = slot.retry_at - time.monotonic()
+    return {
+        "id": spec.name, "aliases": list(spec.aliases), "source": spec.source, "path": str(spec.path),
+        "state": slot.state, "error": slot.error if slot.state == "failed" else (found.error if found else None),
+        "retry_after": max(1, math.ceil(retry)) if slot.state == "failed" and retry > 0 else None,
+        "in_flight": slot.in_flight, "pid": worker.proc.pid if worker else None,
+        "memory_bytes": rss_bytes(worker.proc.pid) if worker else None,
+        "file_size": info.file_size if info else None,
+        "architecture": info.architecture if info else None,
+        "quantization": info.quantization if info else None,
+        "context_length": info.context_length if info else None,
+        "n_ctx": worker.info.get("n_ctx") if worker else None,
+    }
+
+
+async def list_models(request: web.Request) -> web.Response:
+    registry = request.app[REGISTRY]
+    return web.json_response({"object": "list", "data": [describe(registry, s) for s in registry.specs()]})
+
+
+async def _model_field(request: web.Request) -> str:
+    body = await read_json_object(request)
+    name = body.get("model")
+    if not isinstance(name, str) or not name.strip():
+        raise InvalidRequest("`model` is required: the name of a model on this gateway", "model")
+    return name
+
+
+async def load_model(request: web.Request) -> web.Response:
+    registry = request.app[REGISTRY]
+    slot = await registry.load(await _model_field(request))
+    return web.json_response(describe(registry, slot.spec))
+
+
+async def unload_model(request: web.Request) -> web.Response:
+    registry = request.app[REGISTRY]
+    slot = await registry.unload(await _model_field(request))
+    return web.json_response(describe(registry, slot.spec))
+
+
 def setup(app: web.Application) -> None:
     app.router.add_get("/health", health)
+    app.router.add_get("/models", list_models)
+    app.router.add_post("/models/load", load_model)
+    app.router.add_post("/models/unload", unload_model)

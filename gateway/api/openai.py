@@ -61,9 +61,13 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 
 async def _complete(request: web.Request, parsed: oai.Parsed, kind: str) -> web.StreamResponse:
-    spec, worker = await request.app[REGISTRY].acquire(parsed.model)
-    oai.apply_defaults(parsed, spec.defaults)
-    render = oai.Renderer(kind, spec.name)
+    async with request.app[REGISTRY].lease(parsed.model) as (spec, worker):
+        oai.apply_defaults(parsed, spec.defaults)
+        return await _run(request, parsed, kind, spec.name, worker)
+
+
+async def _run(request: web.Request, parsed: oai.Parsed, kind: str, model: str, worker) -> web.StreamResponse:
+    render = oai.Renderer(kind, model)
     async with worker.generate(parsed.request) as gen:
         start = await gen.next()
         if start["ev"] == "error":  # refused before any token: a plain error response

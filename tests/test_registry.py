@@ -1,0 +1,341 @@
+"""Resolution, discovery across the stores people have, and the model lifecycle."""
+
+import asyncio
+import hashlib
+import json
+import os
+import shutil
+
+import pytest
+
+from gateway import registry as registry_mod
+from gateway import testmodels as tm
+from gateway.app import REGISTRY, create_app
+from gateway.config import load_config
+from gateway.engine import client as engine_client
+from gateway.registry import Registry
+from openapi import validate
+
+HI = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def scripted(tmp_path_factory):
+    """Model files to copy into stores: each answers with its own name."""
+    d = tmp_path_factory.mktemp("scripted")
+    for name in ("alpha", "beta", "gamma"):
+        tm.plain(d / f"{name}.gguf", [name.capitalize(), " here"])
+    tm.endless(d / "loop.gguf")
+    return d
+
+
+def ollama_store(root, blobs: dict[str, str]):
+    """Ollama's layout: manifests/REGISTRY/NAMESPACE/MODEL/TAG -> blobs/sha256-HEX. ``blobs``: 'ns/model:tag' -> file."""
+    for ref, src in blobs.items():
+        data = src.read_bytes()
+        digest = hashlib.sha256(data).hexdigest()
+        (root / "blobs").mkdir(parents=True, exist_ok=True)
+        (root / "blobs" / f"sha256-{digest}").write_bytes(data)
+        name, tag = ref.split(":")
+        ns, model = name.split("/") if "/" in name else ("library", name)
+        manifest = root / "manifests" / "registry.ollama.ai" / ns / model / tag
+        manifest.parent.mkdir(parents=True, exist_ok=True)
+        manifest.write_text(json.dumps({"schemaVersion": 2, "layers": [
+            {"mediaType": "application/vnd.ollama.image.template", "digest": "sha256-0"},
+            {"mediaType": "application/vnd.ollama.image.model", "digest": f"sha256:{digest}", "size": len(data)}]}))
+
+
+def hf_cache(hub, repo: str, src, filename: str):
+    """The Hugging Face hub cache: models--ORG--REPO/snapshots/REV/FILE -> ../../blobs/HASH."""
+    base = hub / ("models--" + repo.replace("/", "--"))
+    (base / "blobs").mkdir(parents=True, exist_ok=True)
+    blob = base / "blobs" / hashlib.sha256(src.read_bytes()).hexdigest()
+    shutil.copy(src, blob)
+    snap = base / "snapshots" / "0123abc"
+    snap.mkdir(parents=True, exist_ok=True)
+    (snap / filename).symlink_to(os.path.relpath(blob, snap))
+
+
+def config_for(write_config, body: str = "", **server):
+    lines = ["server:", "  discover_default_stores: true"] + [f"  {k}: {json.dumps(v)}" for k, v in server.items()]
+    return load_config(write_config("\n".join(lines) + "\n" + body))
+
+
+async def chat(client, model, **extra):
+    r = await client.post("/v1/chat/completions", json={"model": model, "messages": HI, **extra})
+    return r.status, await r.json(), r.headers
+
+
+# --- discovery and names ------------------------------------------------------------------
+
+def test_default_stores_and_their_names(_isolated_home, scripted, write_config):
+    home = _isolated_home
+    (home / "models").mkdir()
+    shutil.copy(scripted / "alpha.gguf", home / "models" / "Alpha-7B-Q4_K_M.gguf")
+    ollama_store(home / ".ollama" / "models", {"llama3.2:3b": scripted / "beta.gguf",
+                                                 "llama3.2:latest": scripted / "beta.gguf",
+                                                 "someone/tiny:q8": scripted / "gamma.gguf"})
+    hf_cache(home / ".cache" / "huggingface" / "hub", "Org/Loop-GGUF", scripted / "loop.gguf", "loop-f16.gguf")
+    (home / ".lmstudio" / "models" / "pub" / "repo").mkdir(parents=True)
+    shutil.copy(scripted / "gamma.gguf", home / ".lmstudio" / "models" / "pub" / "repo" / "g-Q8_0.gguf")
+
+    reg = Registry(config_for(write_config))
+    def file_of(name):
+        spec = reg.resolve(name)
+        return spec and os.path.realpath(spec.path)
+    assert reg.resolve("alpha-7b-q4_k_m").source == "discovered"
+    assert file_of("LLAMA3.2:3b") == file_of("llama3.2") == file_of("llama3.2:latest")
+    assert reg.resolve("llama3.2:3b").source == "ollama"
+    assert reg.resolve("someone/tiny:q8").source == "ollama"
+    assert reg.resolve("org/loop-gguf").source == "huggingface"
+    assert reg.resolve("org/loop-gguf:f16") == reg.resolve("loop-f16")
+    assert reg.resolve("pub/repo").source == "lmstudio"
+    assert reg.resolve("llama:anything") is not None  # the architecture, then name:tag -> name
+    assert reg.resolve("llama3.2:70b") == reg.resolve("llama3.2")  # an unknown tag falls back to the name
+
+    off = Registry(config_for(write_config, discover_default_stores=False))
+    assert off.specs() == []
+
+
+def test_configuration_beats_discovery_and_the_architecture_is_a_last_resort(scripted, tmp_path, write_config):
+    store = tmp_path / "store"
+    store.mkdir()
+    for name in ("alpha", "beta"):
+        shutil.copy(scripted / f"{name}.gguf", store / f"{name}.gguf")
+    reg = Registry(config_for(write_config, f"models:\n  beta: {scripted}/gamma.gguf\n",
+                              models_dirs=[str(store)], discover_default_stores=False))
+    assert reg.resolve("beta").path == scripted / "gamma.gguf"
+    assert reg.resolve("alpha").path == store / "alpha.gguf"
+    # "llama" is claimed by both store files by architecture: the first by path wins, every time
+    assert reg.resolve("llama").path == store / "alpha.gguf"
+    assert {str(p) for p in reg.conflicts_won(reg.resolve("llama"))["llama"]} == {str(store / "beta.gguf")}
+
+
+@pytest.mark.parametrize("name", ["../../etc/passwd", "/etc/passwd", "..%2F..%2Fetc%2Fpasswd", "alpha.gguf",
+                                  "store/alpha", "", "   ", "%61lpha"])
+def test_path_like_names_resolve_to_nothing(scripted, tmp_path, write_config, name):
+    store = tmp_path / "store"
+    store.mkdir()
+    shutil.copy(scripted / "alpha.gguf", store / "alpha.gguf")
+    reg = Registry(config_for(write_config, models_dirs=[str(store)], discover_default_stores=False))
+    assert reg.resolve(" ALPHA ").name == "alpha"
+    assert reg.resolve(name) is None
+
+
+async def test_path_like_names_are_404_over_http(aiohttp_client, scripted, write_config):
+    client = await aiohttp_client(create_app(config_for(write_config, f"models:\n  a: {scripted}/alpha.gguf\n")))
+    for name in ("../../etc/passwd", str(scripted / "alpha.gguf"), "..%2f..%2fetc%2fpasswd"):
+        status, body, _ = await chat(client, name)
+        assert status == 404 and body["error"]["code"] == "model_not_found"
+
+
+def test_split_files_are_one_model(tmp_path, write_config):
+    store = tmp_path / "store"
+    tm.plain(store / "big.gguf" if store.mkdir() is None else None, split_max_tensors=4)
+    assert len(list(store.iterdir())) == 3
+    reg = Registry(config_for(write_config, models_dirs=[str(store)], discover_default_stores=False))
+    assert [s.name for s in reg.specs()] == ["big"]
+    assert reg.resolve("big").path.name == "big-00001-of-00003.gguf"
+
+
+async def test_a_split_model_answers(aiohttp_client, tmp_path, write_config):
+    tm.plain(tmp_path / "big.gguf", ["Split", " works"], split_max_tensors=4)
+    client = await aiohttp_client(create_app(config_for(write_config, models_dirs=[str(tmp_path)],
+                                                        discover_default_stores=False)))
+    status, body, _ = await chat(client, "big")
+    assert status == 200 and body["choices"][0]["message"]["content"] == "Split works"
+
+
+async def test_a_broken_file_beside_good_ones(aiohttp_client, scripted, tmp_path, write_config):
+    store = tmp_path / "store"
+    store.mkdir()
+    shutil.copy(scripted / "alpha.gguf", store / "alpha.gguf")
+    (store / "broken.gguf").write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 64)
+    data = (scripted / "beta.gguf").read_bytes()
+    (store / "cut.gguf").write_bytes(data[: len(data) - 1000])  # truncated tensor data
+    client = await aiohttp_client(create_app(config_for(write_config, models_dirs=[str(store)],
+                                                        discover_default_stores=False)))
+    for name, reason in (("broken", "absurd counts"), ("cut", "truncated tensor data")):
+        status, body, headers = await chat(client, name)
+        assert status == 503 and body["error"]["code"] == "model_load_failed", body
+        assert name in body["error"]["message"] and reason in body["error"]["message"]
+        assert int(headers["Retry-After"]) >= 1
+    status, body, _ = await chat(client, "alpha")
+    assert status == 200 and body["choices"][0]["message"]["content"] == "Alpha here"
+    listing = await (await client.get("/models")).json()
+    states = {m["id"]: m["state"] for m in listing["data"]}
+    assert states == {"alpha": "ready", "broken": "failed", "cut": "failed"}
+
+
+# --- lifecycle ------------------------------------------------------------------------------
+
+@pytest.fixture
+def count_spawns(monkeypatch):
+    spawned = []
+    real = engine_client.WorkerProcess.start
+
+    async def start(self):
+        spawned.append(self.params.name)
+        return await real(self)
+
+    monkeypatch.setattr(engine_client.WorkerProcess, "start", start)
+    return spawned
+
+
+async def test_concurrent_first_requests_start_one_load(aiohttp_client, scripted, write_config, count_spawns):
+    client = await aiohttp_client(create_app(config_for(write_config, f"models:\n  a: {scripted}/alpha.gguf\n")))
+    results = await asyncio.gather(*(chat(client, "a") for _ in range(6)))
+    assert [r[0] for r in results] == [200] * 6
+    assert count_spawns == ["a"]
+
+
+async def test_lru_eviction_never_takes_a_busy_model(aiohttp_client, scripted, write_config):
+    cfg = config_for(write_config, f"models:\n  a: {scripted}/alpha.gguf\n  b: {scripted}/beta.gguf\n"
+                                   f"  c: {scripted}/gamma.gguf\n  loop: {scripted}/loop.gguf\n",
+                     max_loaded_models=2, keep_alive=-1)
+    client = await aiohttp_client(create_app(cfg))
+    reg = client.app[REGISTRY]
+    await chat(client, "a")
+    await chat(client, "b")
+    assert set(reg.loaded()) == {"a", "b"}
+    await chat(client, "a")  # a is now the most recently used
+    await chat(client, "c")
+    assert set(reg.loaded()) == {"a", "c"}  # b was the least recently used
+    # a long stream keeps "loop" busy: loading two more evicts the idle ones, never loop
+    resp = await client.post("/v1/chat/completions", json={"model": "loop", "messages": HI, "stream": True})
+    await resp.content.readline()
+    assert set(reg.loaded()) == {"loop", "c"} or set(reg.loaded()) == {"loop", "a"}
+    status, body, _ = await chat(client, "b")
+    assert status == 200 and set(reg.loaded()) == {"loop", "b"}
+    resp.close()
+
+
+async def test_idle_models_unload_after_keep_alive(aiohttp_client, scripted, write_config):
+    cfg = config_for(write_config, f"models:\n  a: {scripted}/alpha.gguf\n"
+                                   f"  b:\n    path: {scripted}/beta.gguf\n    keep_alive: -1\n",
+                     keep_alive="200ms")
+    client = await aiohttp_client(create_app(cfg))
+    reg = client.app[REGISTRY]
+    await chat(client, "b")
+    await chat(client, "a")
+    pid = reg.loaded()["a"].proc.pid
+    for _ in range(300):
+        if "a" not in reg.loaded():
+            break
+        await asyncio.sleep(0.02)
+    assert set(reg.loaded()) == {"b"}
+    with pytest.raises(ProcessLookupError):  # the worker process is really gone
+        for _ in range(100):
+            os.kill(pid, 0)
+            await asyncio.sleep(0.02)
+    status, _, _ = await chat(client, "a")  # and loads again on demand
+    assert status == 200
+
+
+async def test_load_timeout_zero_answers_503_at_once_then_serves(aiohttp_client, scripted, write_config):
+    client = await aiohttp_client(create_app(config_for(write_config, f"models:\n  a: {scripted}/alpha.gguf\n",
+                                                        load_timeout=0)))
+    status, body, headers = await chat(client, "a")
+    assert status == 503 and body["error"]["code"] == "model_loading" and headers["Retry-After"] == "5"
+    validate(body, "ErrorResponse")
+    for _ in range(500):
+        status, body, _ = await chat(client, "a")
+        if status == 200:
+            break
+        await asyncio.sleep(0.02)
+    assert body["choices"][0]["message"]["content"] == "Alpha here"
+
+
+async def test_a_failed_load_backs_off_before_the_next_attempt(aiohttp_client, tmp_path, write_config, count_spawns,
+                                                               monkeypatch):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\x00" * 100)
+    client = await aiohttp_client(create_app(config_for(write_config, f"models:\n  bad: {bad}\n")))
+    first = await chat(client, "bad")
+    second = await chat(client, "bad")
+    assert first[0] == second[0] == 503 and first[1]["error"]["code"] == "model_load_failed"
+    assert int(first[2]["Retry-After"]) == 5 and 1 <= int(second[2]["Retry-After"]) <= 5
+    slot = client.app[REGISTRY].state(client.app[REGISTRY].resolve("bad"))
+    assert slot.failures == 1  # the second request did not try again inside the back-off
+    monkeypatch.setattr(registry_mod, "BACKOFF_FIRST", 0.0)
+    slot.retry_at = 0
+    third = await chat(client, "bad")
+    assert third[0] == 503 and slot.failures == 2 and int(third[2]["Retry-After"]) >= 1
+
+
+async def test_admin_api(aiohttp_client, scripted, write_config):
+    cfg = config_for(write_config, f"models:\n  a:\n    path: {scripted}/alpha.gguf\n    aliases: [first]\n"
+                                   f"  loop: {scripted}/loop.gguf\n", api_keys=["k"])
+    client = await aiohttp_client(create_app(cfg), server_kwargs={"handler_cancellation": True})
+    auth = {"Authorization": "Bearer k"}
+    assert (await client.get("/models")).status == 401
+    listing = await (await client.get("/models", headers=auth)).json()
+    a = next(m for m in listing["data"] if m["id"] == "a")
+    assert a["state"] == "unloaded" and a["aliases"] == ["first"] and a["architecture"] == "llama"
+    assert a["file_size"] > 0 and a["source"] == "models.yaml" and a["pid"] is None
+    r = await client.post("/models/load", json={"model": "FIRST"}, headers=auth)
+    body = await r.json()
+    assert r.status == 200 and body["state"] == "ready" and body["pid"] > 0 and body["n_ctx"] > 0
+    if body["memory_bytes"] is not None:
+        assert body["memory_bytes"] > 1 << 20
+    r = await client.post("/models/unload", json={"model": "a"}, headers=auth)
+    assert (await r.json())["state"] == "unloaded"
+    assert (await client.post("/models/load", json={"model": "nope"}, headers=auth)).status == 404
+    r = await client.post("/models/load", json={}, headers=auth)
+    assert r.status == 400 and (await r.json())["error"]["param"] == "model"
+    resp = await client.post("/v1/chat/completions", json={"model": "loop", "messages": HI, "stream": True},
+                             headers=auth)
+    await resp.content.readline()
+    r = await client.post("/models/unload", json={"model": "loop"}, headers=auth)
+    assert r.status == 409 and (await r.json())["error"]["code"] == "model_busy"
+    resp.close()
+
+
+async def test_preload_loads_at_start(aiohttp_client, scripted, write_config):
+    cfg = config_for(write_config, f"models:\n  a:\n    path: {scripted}/alpha.gguf\n    preload: true\n"
+                                   f"  b: {scripted}/beta.gguf\n")
+    client = await aiohttp_client(create_app(cfg))
+    assert set(client.app[REGISTRY].loaded()) == {"a"}
+
+
+async def test_a_loaded_model_keeps_answering_after_its_file_vanishes(aiohttp_client, scripted, tmp_path,
+                                                                      write_config):
+    store = tmp_path / "store"
+    store.mkdir()
+    shutil.copy(scripted / "alpha.gguf", store / "alpha.gguf")
+    client = await aiohttp_client(create_app(config_for(write_config, models_dirs=[str(store)],
+                                                        discover_default_stores=False)))
+    await chat(client, "alpha")
+    (store / "alpha.gguf").unlink()
+    await asyncio.to_thread(client.app[REGISTRY].refresh)
+    status, body, _ = await chat(client, "alpha")  # 1. the cache of loaded models answers first
+    assert status == 200 and body["choices"][0]["message"]["content"] == "Alpha here"
+
+
+async def test_a_miss_rescans_the_stores(aiohttp_client, scripted, tmp_path, write_config, monkeypatch):
+    monkeypatch.setattr(registry_mod, "RESCAN_SECONDS", 0.0)
+    client = await aiohttp_client(create_app(config_for(write_config, models_dirs=[str(tmp_path)],
+                                                        discover_default_stores=False)))
+    assert (await chat(client, "beta"))[0] == 404
+    shutil.copy(scripted / "beta.gguf", tmp_path / "beta.gguf")
+    status, body, _ = await chat(client, "beta")
+    assert status == 200 and body["choices"][0]["message"]["content"] == "Beta here"
+
+
+async def test_reload_keeps_in_flight_requests_and_refuses_a_broken_file(aiohttp_client, scripted, write_config):
+    path = write_config(f"models:\n  a: {scripted}/alpha.gguf\n  loop: {scripted}/loop.gguf\n")
+    client = await aiohttp_client(create_app(load_config(path)), server_kwargs={"handler_cancellation": True})
+    reg = client.app[REGISTRY]
+    resp = await client.post("/v1/chat/completions", json={"model": "loop", "messages": HI, "stream": True,
+                                                           "max_tokens": 3000})
+    await resp.content.readline()
+    path.write_text(f"models:\n  b: {scripted}/beta.gguf\n  loop:\n    path: {scripted}/loop.gguf\n    n_ctx: 512\n")
+    assert await reg.reload(path)
+    assert [s.name for s in reg.specs()] == ["b", "loop"]
+    assert (await chat(client, "a"))[0] == 404
+    assert (await chat(client, "b"))[0] == 200
+    text = (await resp.read()).decode()  # the stream that began before the reload ends normally
+    assert text.rstrip().endswith("data: [DONE]") and '"finish_reason":"length"' in text
+    path.write_text("models: [broken\n")
+    assert not await reg.reload(path)
+    assert (await chat(client, "b"))[0] == 200
