@@ -79,3 +79,17 @@ def test_serve_refuses_a_bad_config_with_the_problem_line(write_config):
     r = run_cli("serve", "--config", str(path))
     assert r.returncode == 2
     assert "server.port: must be a port number" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_models_shows_which_file_won_a_contested_name(write_config, model_dir, tmp_path):
+    import shutil
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    for d in (first, second):
+        d.mkdir()
+        shutil.copy(model_dir / "plain.gguf", d / "same.gguf")
+    (second / "same.gguf").write_bytes((second / "same.gguf").read_bytes())  # a distinct file, same name
+    path = write_config(f"server:\n  models_dirs: [{first}, {second}]\n  discover_default_stores: false\n")
+    r = run_cli("models", "--config", str(path))
+    assert r.returncode == 0, r.stderr
+    assert f"name 'same': {first / 'same.gguf'} won over {second / 'same.gguf'}" in r.stdout
