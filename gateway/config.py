@@ -27,6 +27,8 @@ DEFAULT_KEEP_ALIVE = 300.0  # seconds an idle model stays loaded, as Ollama's 5m
 DEFAULT_LOAD_TIMEOUT = 300.0
 DEFAULT_MAX_LOADED = 3  # as Ollama's OLLAMA_MAX_LOADED_MODELS on a CPU; 0 = no limit
 
+REASONING_MODES = ("auto", "think", "channel", "harmony", "none")
+REASONING_FIELDS = ("reasoning_content", "reasoning")
 _DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 
 
@@ -78,6 +80,7 @@ class ModelSpec:
     flash_attn: bool | None = None  # None: llama.cpp decides
     use_mmap: bool = True
     chat_template: str | None = None  # Jinja source overriding the GGUF's own template
+    reasoning: str = "auto"  # auto | think | channel | harmony | none: how thinking is marked
     defaults: dict[str, float] = field(default_factory=dict)  # sampling defaults for requests
     source: str = "models.yaml"  # models.yaml | discovered | demo
 
@@ -96,6 +99,7 @@ class ServerConfig:
     keep_alive: float = DEFAULT_KEEP_ALIVE
     load_timeout: float = DEFAULT_LOAD_TIMEOUT
     max_loaded_models: int = DEFAULT_MAX_LOADED
+    reasoning_fields: tuple[str, ...] = ("reasoning_content", "reasoning")
 
 
 @dataclass(frozen=True)
@@ -198,6 +202,14 @@ class _Parser:
             return v
         return check
 
+    def one_of(self, choices: tuple[str, ...]):
+        def check(where: str, v: Any):
+            if v not in choices:
+                self.error(where, f"must be one of {', '.join(choices)}, got {_show(v)}")
+                return _INVALID
+            return v
+        return check
+
     def boolean(self, where: str, v: Any):
         if not isinstance(v, bool):
             self.error(where, f"must be true or false, got {_show(v)}")
@@ -265,6 +277,7 @@ class _Parser:
             "keep_alive": self.duration,
             "load_timeout": self.seconds,
             "max_loaded_models": self.integer(minimum=0, what="an integer >= 0 (0: no limit)"),
+            "reasoning_fields": self.list_of(self.one_of(REASONING_FIELDS)),
         })
 
         entries: list[tuple[str, str, Any]] = []  # (yaml path, name, raw)
@@ -326,6 +339,7 @@ class _Parser:
             "flash_attn": self.boolean,
             "use_mmap": self.boolean,
             "chat_template": self.string,
+            "reasoning": self.one_of(REASONING_MODES),
             "defaults": self.defaults,
         })
         if "path" not in fields and "path" not in raw:

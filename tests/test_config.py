@@ -97,6 +97,8 @@ def test_paths_expand_home_env_and_resolve_relative_to_the_file(write_config, tm
     ("server:\n  port: true\n", "server.port: must be a port number (1-65535), got true"),
     ("server:\n  models_dirs: ~/models\n", 'server.models_dirs: must be a list'),
     ("server:\n  keep_alive: soon\n", 'server.keep_alive: must be a duration'),
+    ("server:\n  reasoning_fields: [thoughts]\n", 'server.reasoning_fields[0]: must be one of reasoning_content'),
+    ("models:\n  m:\n    path: x.gguf\n    reasoning: deepthink\n", 'models.m.reasoning: must be one of auto, think'),
     ("server:\n  load_timeout: -1\n", "server.load_timeout: must be a number of seconds >= 0, got -1"),
     ("server:\n  max_loaded_models: -1\n", "server.max_loaded_models: must be an integer >= 0"),
     ("server:\n  discover_default_stores: maybe\n", "server.discover_default_stores: must be true or false"),
@@ -187,3 +189,4 @@ def test_the_example_file_loads_through_the_real_loader():
     assert (llama3.keep_alive, llama3.preload) == (float("inf"), True)
     assert (cfg.server.keep_alive, cfg.server.load_timeout, cfg.server.max_loaded_models) == (300, 300, 3)
     assert cfg.server.discover_default_stores is True
+    assert cfg.server.reasoning_fields == ("reasoning_content", "reasoning") and llama3.reasoning == "auto"

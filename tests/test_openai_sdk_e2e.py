@@ -18,6 +18,7 @@ def server(tmp_path_factory):
     tm.plain(d / "plain.gguf", ["Hello", ",", " world", "!"])
     tm.endless(d / "loop.gguf", [" tick", " tock"])
     tm.utf8_split(d / "utf8.gguf", "naïve 日本 🙂")
+    tm.thinking(d / "thinker.gguf", "Two and two.", "It is 4.")
     cfg = d / "models.yaml"
     cfg.write_text(f"server:\n  models_dirs: [{d}]\n")
     with ServerProcess("--config", str(cfg), env={"HOME": str(d)}) as srv:
@@ -33,7 +34,7 @@ def client(server):
 
 
 def test_models(client):
-    assert sorted(m.id for m in client.models.list()) == ["loop", "plain", "utf8"]
+    assert sorted(m.id for m in client.models.list()) == ["loop", "plain", "thinker", "utf8"]
 
 
 def test_chat_whole(client):
@@ -56,6 +57,21 @@ def test_chat_streamed(client):
     assert text == "naïve 日本 🙂" and finish == "stop"
     assert usage.completion_tokens == len("naïve 日本 🙂".encode())  # each word is spelled in bytes
     assert usage.prompt_tokens > 0
+
+
+def test_reasoning_whole_and_streamed(client):
+    r = client.chat.completions.create(model="thinker", messages=[{"role": "user", "content": "2+2?"}])
+    message = r.choices[0].message
+    assert message.content == "It is 4."
+    assert message.model_extra["reasoning_content"] == message.model_extra["reasoning"] == "Two and two."
+    assert r.usage.completion_tokens_details.reasoning_tokens == 4  # <think>, Two, " and", " two."
+    thinking = content = ""
+    for chunk in client.chat.completions.create(model="thinker", messages=[{"role": "user", "content": "2+2?"}],
+                                                stream=True):
+        delta = chunk.choices[0].delta
+        thinking += (delta.model_extra or {}).get("reasoning_content") or ""
+        content += delta.content or ""
+    assert (thinking, content) == ("Two and two.", "It is 4.")
 
 
 def test_text_completion_whole_and_streamed(client):

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, AsyncIterator
+from typing import Any
 
 from aiohttp import web
 
-from ..app import REGISTRY
-from ..engine.client import Generation
+from .. import answer
+from ..app import CONFIG, REGISTRY
 from ..errors import ApiError, InvalidRequest
 from ..protocol import openai as oai
+from ..reasoning import ReasoningSplitter
 from ..sse import EventStream
 
 log = logging.getLogger(__name__)
@@ -39,19 +40,6 @@ async def read_json_object(request: web.Request) -> dict[str, Any]:
     return body
 
 
-def _error_from(event: dict[str, Any]) -> ApiError:
-    return ApiError(event["message"], status=event.get("status", 500), param=event.get("param"),
-                    code=event.get("code"))
-
-
-async def answer_events(gen: Generation) -> AsyncIterator[dict[str, Any]]:
-    """The worker's text and done events after ``start``; an error event raises ``ApiError``."""
-    async for event in gen:
-        if event["ev"] == "error":
-            raise _error_from(event)
-        yield event
-
-
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await _complete(request, oai.parse_chat(await read_json_object(request)), "chat")
 
@@ -63,40 +51,41 @@ async def completions(request: web.Request) -> web.StreamResponse:
 async def _complete(request: web.Request, parsed: oai.Parsed, kind: str) -> web.StreamResponse:
     async with request.app[REGISTRY].lease(parsed.model) as (spec, worker):
         oai.apply_defaults(parsed, spec.defaults)
-        return await _run(request, parsed, kind, spec.name, worker)
+        return await _run(request, parsed, kind, spec, worker)
 
 
-async def _run(request: web.Request, parsed: oai.Parsed, kind: str, model: str, worker) -> web.StreamResponse:
-    render = oai.Renderer(kind, model)
+async def _run(request: web.Request, parsed: oai.Parsed, kind: str, spec, worker) -> web.StreamResponse:
+    render = oai.Renderer(kind, spec.name, fields=request.app[CONFIG].server.reasoning_fields)
     async with worker.generate(parsed.request) as gen:
-        start = await gen.next()
-        if start["ev"] == "error":  # refused before any token: a plain error response
-            raise _error_from(start)
+        begun = await answer.start(gen)
+        splitter = None
+        if kind == "chat" and parsed.reasoning_format != "none":
+            fmt = answer.reasoning_format(spec.reasoning, worker.info)
+            splitter = ReasoningSplitter(fmt, begun.get("prompt_tail", "")) if fmt else None
         if parsed.stream:
-            return await _stream(request, render, gen, parsed.include_usage)
-        text: list[str] = []
-        async for event in answer_events(gen):
-            if event["ev"] == "text":
-                text.append(event["text"])
+            return await _stream(request, render, answer.pieces(gen, splitter), parsed.include_usage)
+        text = {"content": [], "thinking": []}
+        async for item in answer.pieces(gen, splitter):
+            if isinstance(item, answer.Piece):
+                text[item.kind].append(item.text)
             else:
-                return web.json_response(render.whole("".join(text), event["finish_reason"],
-                                                      event["prompt_tokens"], event["completion_tokens"]))
+                return web.json_response(render.whole("".join(text["content"]), "".join(text["thinking"]), item))
     raise ApiError("the model worker ended the answer without finishing it", status=500)
 
 
-async def _stream(request: web.Request, render: oai.Renderer, gen: Generation, include_usage: bool):
+async def _stream(request: web.Request, render: oai.Renderer, items, include_usage: bool):
     sse = EventStream(request)
     await sse.open()
     try:
         if (first := render.first_chunk()) is not None:
             await sse.send(first)
-        async for event in answer_events(gen):
-            if event["ev"] == "text":
-                await sse.send(render.delta_chunk(event["text"]))
+        async for item in items:
+            if isinstance(item, answer.Piece):
+                await sse.send(render.delta_chunk(item))
             else:
-                await sse.send(render.final_chunk(event["finish_reason"]))
+                await sse.send(render.final_chunk(item.reason))
                 if include_usage:
-                    await sse.send(render.usage_chunk(event["prompt_tokens"], event["completion_tokens"]))
+                    await sse.send(render.usage_chunk(item))
     except ApiError as err:  # the worker failed mid-answer: say so in-band, then end the stream
         log.warning("stream %s ended by an error: %s", render.id, err.message)
         await sse.send(render.final_chunk("error"))

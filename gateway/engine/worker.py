@@ -22,10 +22,12 @@ from collections import deque
 from typing import Any
 
 from .. import chat_template
+from ..reasoning import MARKER_TOKENS
 from ..textstream import StopMatcher, Utf8Stream
 from . import protocol
 
 DEFAULT_N_CTX = 4096
+PROMPT_TAIL = 256
 
 
 class Refused(Exception):
@@ -111,7 +113,12 @@ class Model:
             "n_ctx_train": self.ll.llama_model_n_ctx_train(self.model),
             "chat_template": self.template, "has_model_template": self.model_template is not None,
             "gpu_offload": self.gpu_offload, "pid": os.getpid(),
+            "special_tokens": [m for m in MARKER_TOKENS if self._single_token(m)],
         }
+
+    def _single_token(self, text: str) -> bool:
+        tokens = self.tokenize(text, add_special=False)
+        return len(tokens) == 1 and self.piece(tokens[0]) == text.encode()
 
     # --- tokens and text ---
     def piece(self, token: int) -> bytes:
@@ -142,6 +149,9 @@ class Model:
         return tokens
 
     def prompt_tokens(self, req: dict[str, Any]) -> list[int]:
+        """The prompt as tokens; ``self.prompt_tail`` keeps the end of its text (where a chat
+        template may have opened a thinking block for the answer)."""
+        self.prompt_tail = ""
         if req.get("prompt_tokens") is not None:
             tokens = list(req["prompt_tokens"])
             bad = next((t for t in tokens if not 0 <= t < self.n_vocab), None)
@@ -160,7 +170,9 @@ class Model:
                 raise Refused(400, f"the model's chat template refused these messages: {e}", "messages") from None
             except chat_template.TemplateBroken as e:
                 raise Refused(500, f"model {self.params.name!r}: {e}", None, "chat_template_error") from None
+            self.prompt_tail = text[-PROMPT_TAIL:]
             return self.tokenize(text, add_special=True)
+        self.prompt_tail = (req.get("prompt") or "")[-PROMPT_TAIL:]
         return self.tokenize(req.get("prompt") or "", add_special=True)
 
     def eog_tokens(self) -> list[int]:
@@ -227,7 +239,8 @@ class Model:
         common = min(common, n_prompt - 1)
         self.ll.llama_memory_seq_rm(self.mem, 0, common, -1)
         del self.cached[common:]
-        out.send({"ev": "start", "id": rid, "prompt_tokens": n_prompt, "cached_tokens": common})
+        out.send({"ev": "start", "id": rid, "prompt_tokens": n_prompt, "cached_tokens": common,
+                  "prompt_tail": self.prompt_tail})
 
         for i in range(common, n_prompt, self.n_batch):
             if out.cancelled(rid):

@@ -12,6 +12,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..answer import Finish, Piece
 from ..engine.protocol import GenerationRequest
 from ..errors import InvalidRequest
 from .params import SAMPLING
@@ -23,9 +24,11 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 KNOWN_CHAT = {
     "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "stream",
     "stream_options", "seed", "presence_penalty", "frequency_penalty", "n", "user", "top_k", "min_p",
-    "repeat_penalty", "chat_template_kwargs", "ignore_eos",
+    "repeat_penalty", "chat_template_kwargs", "ignore_eos", "reasoning_format",
 }
-KNOWN_COMPLETION = KNOWN_CHAT - {"messages", "max_completion_tokens", "chat_template_kwargs"} | {"prompt"}
+REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")  # llama-server's values; all but none split
+KNOWN_COMPLETION = KNOWN_CHAT - {"messages", "max_completion_tokens", "chat_template_kwargs",
+                                 "reasoning_format"} | {"prompt"}
 _logged_unknown: set[str] = set()
 
 
@@ -38,6 +41,7 @@ class Parsed:
     stream: bool = False
     include_usage: bool = False
     explicit: set[str] = field(default_factory=set)  # sampling fields the caller set
+    reasoning_format: str = "auto"  # "none": thinking stays in the content, markers and all
 
 
 def _log_unknown(body: dict[str, Any], known: set[str]) -> None:
@@ -159,6 +163,13 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         msg = {"role": role, "content": _text_content(content, f"{where}.content")}
         if isinstance(m.get("name"), str):
             msg["name"] = m["name"]
+        for key in ("reasoning_content", "reasoning"):  # earlier thinking, handed to the template as such
+            value = m.get(key)
+            if value is None:
+                continue
+            if not isinstance(value, str):
+                raise InvalidRequest(f"`{where}.{key}` must be a string", f"{where}.{key}")
+            msg["reasoning_content"] = msg["thinking"] = value  # the names templates read it by
         out.append(msg)
     return out
 
@@ -174,8 +185,12 @@ def parse_chat(body: dict[str, Any]) -> Parsed:
             raise InvalidRequest("`chat_template_kwargs` must be an object", "chat_template_kwargs")
         req.chat_template_kwargs = {k: v for k, v in kwargs.items()
                                     if k not in ("messages", "add_generation_prompt", "bos_token", "eos_token")}
+    fmt = body.get("reasoning_format")
+    if fmt is not None and fmt not in REASONING_FORMATS:
+        raise InvalidRequest(f"`reasoning_format` must be one of {', '.join(REASONING_FORMATS)}, got {fmt!r}",
+                             "reasoning_format")
     _log_unknown(body, KNOWN_CHAT)
-    return Parsed(model, req, stream, include_usage, explicit)
+    return Parsed(model, req, stream, include_usage, explicit, fmt or "auto")
 
 
 def parse_completion(body: dict[str, Any]) -> Parsed:
@@ -222,8 +237,12 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def usage(prompt: int, completion: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+def usage(finish: Finish, chat: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {"prompt_tokens": finish.prompt_tokens, "completion_tokens": finish.completion_tokens,
+                           "total_tokens": finish.prompt_tokens + finish.completion_tokens}
+    if chat:
+        out["completion_tokens_details"] = {"reasoning_tokens": finish.reasoning_tokens}
+    return out
 
 
 @dataclass
@@ -232,6 +251,7 @@ class Renderer:
 
     kind: str  # "chat" | "completion"
     model: str
+    fields: tuple[str, ...] = ("reasoning_content", "reasoning")  # where thinking goes in a message or delta
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -239,7 +259,7 @@ class Renderer:
         if not self.id:
             self.id = new_id("chatcmpl" if self.kind == "chat" else "cmpl")
 
-    def _chunk(self, choice: dict[str, Any], usage_: dict[str, int] | None = None, choices: bool = True):
+    def _chunk(self, choice: dict[str, Any], usage_: dict[str, Any] | None = None, choices: bool = True):
         obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
         body: dict[str, Any] = {"id": self.id, "object": obj, "created": self.created, "model": self.model,
                                 "choices": [choice] if choices else []}
@@ -253,26 +273,32 @@ class Renderer:
         return self._chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                             "finish_reason": None})
 
-    def delta_chunk(self, text: str) -> dict[str, Any]:
-        if self.kind == "chat":
-            return self._chunk({"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": None})
-        return self._chunk({"index": 0, "text": text, "logprobs": None, "finish_reason": None})
+    def delta_chunk(self, piece: Piece) -> dict[str, Any]:
+        if self.kind != "chat":
+            return self._chunk({"index": 0, "text": piece.text, "logprobs": None, "finish_reason": None})
+        if piece.kind == "thinking":
+            delta = {f: piece.text for f in self.fields}
+        else:
+            delta = {"content": piece.text}
+        return self._chunk({"index": 0, "delta": delta, "logprobs": None, "finish_reason": None})
 
     def final_chunk(self, finish_reason: str) -> dict[str, Any]:
         if self.kind == "chat":
             return self._chunk({"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish_reason})
         return self._chunk({"index": 0, "text": "", "logprobs": None, "finish_reason": finish_reason})
 
-    def usage_chunk(self, prompt: int, completion: int) -> dict[str, Any]:
-        return self._chunk({}, usage(prompt, completion), choices=False)
+    def usage_chunk(self, finish: Finish) -> dict[str, Any]:
+        return self._chunk({}, usage(finish, self.kind == "chat"), choices=False)
 
-    def whole(self, text: str, finish_reason: str, prompt: int, completion: int) -> dict[str, Any]:
+    def whole(self, content: str, thinking: str, finish: Finish) -> dict[str, Any]:
         if self.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                      "logprobs": None, "finish_reason": finish_reason}
+            message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
+            if thinking:
+                message.update({f: thinking for f in self.fields})
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish.reason}
             obj = "chat.completion"
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": 0, "text": content, "logprobs": None, "finish_reason": finish.reason}
             obj = "text_completion"
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                "choices": [choice], "usage": usage(prompt, completion)}
+                "choices": [choice], "usage": usage(finish, self.kind == "chat")}

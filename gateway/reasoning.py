@@ -1,0 +1,164 @@
+"""Separate a thinking model's reasoning from its answer, in every marker format in use.
+
+One rule for streamed and whole answers: ``ReasoningSplitter.feed(text)`` takes text in
+any cuts (a marker may arrive one character at a time) and returns ``(kind, text)``
+segments, kind ``"thinking"`` or ``"content"``; ``flush()`` ends the answer. A partial
+marker is held back until it is known, and marker text never reaches either side.
+
+Formats, as small state machines (state -> marker -> next state):
+- ``think``: ``<think>...</think>`` (Qwen3, DeepSeek-R1, QwQ, ...).
+- ``channel``: Gemma 4's ``<|channel>NAME\\n...<channel|>``; the channel is thinking while
+  NAME is thought/analysis/thinking/reasoning, content for any other name or once
+  ``<channel|>`` closes it.
+- ``harmony``: gpt-oss's ``<|channel|>analysis<|message|>...<|end|><|start|>assistant
+  <|channel|>final<|message|>...``; headers (role, channel, constraints) are dropped,
+  message bodies go by channel (``analysis`` is thinking, others content).
+The starting state comes from the end of the prompt: feeding the prompt's tail first means a
+chat template that opens ``<think>`` (or a channel) in the prompt starts the answer inside it.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+THINKING, CONTENT = "thinking", "content"
+COLLECT, IDLE = "collect", "idle"  # internal states: gather a header; drop text between messages
+THOUGHT_CHANNELS = frozenset({"thought", "analysis", "thinking", "reasoning"})
+FORMATS = ("think", "channel", "harmony")
+
+Transition = Callable[["ReasoningSplitter"], str]
+
+
+def _to(state: str, reset: bool = False) -> Transition:
+    def go(s: "ReasoningSplitter") -> str:
+        if reset:
+            s.header = ""
+        return state
+    return go
+
+
+def _channel_named(s: "ReasoningSplitter") -> str:
+    name, s.header = s.header.strip().lower(), ""
+    return THINKING if name in THOUGHT_CHANNELS else CONTENT
+
+
+def _harmony_body(s: "ReasoningSplitter") -> str:
+    words, s.header = s.header.split(), ""
+    return THINKING if words and words[0].lower() == "analysis" else CONTENT
+
+
+_HARMONY_ANYWHERE: dict[str, Transition] = {
+    "<|channel|>": _to(COLLECT, reset=True), "<|start|>": _to(COLLECT, reset=True),
+    "<|message|>": _harmony_body, "<|end|>": _to(IDLE), "<|return|>": _to(IDLE), "<|call|>": _to(IDLE),
+}
+
+RULES: dict[str, dict[str, dict[str, Transition]]] = {
+    # A marker that changes nothing (a stray </think> in the answer) is still dropped.
+    "think": {
+        CONTENT: {"<think>": _to(THINKING), "</think>": _to(CONTENT)},
+        THINKING: {"</think>": _to(CONTENT), "<think>": _to(THINKING)},
+    },
+    "channel": {
+        CONTENT: {"<|channel>": _to(COLLECT, reset=True), "<channel|>": _to(CONTENT)},
+        THINKING: {"<|channel>": _to(COLLECT, reset=True), "<channel|>": _to(CONTENT)},
+        COLLECT: {"\n": _channel_named, "<channel|>": _to(CONTENT, reset=True), "<|channel>": _to(COLLECT, reset=True)},
+    },
+    "harmony": {state: _HARMONY_ANYWHERE for state in (CONTENT, THINKING, COLLECT, IDLE)},
+}
+
+
+class ReasoningSplitter:
+    def __init__(self, fmt: str, prompt_tail: str = ""):
+        if fmt not in RULES:
+            raise ValueError(f"unknown reasoning format {fmt!r}")
+        self.rules = RULES[fmt]
+        self.state = CONTENT
+        self.header = ""
+        self._held = ""
+        self._ws = ""  # trailing whitespace of thinking text, sent only if more thinking follows
+        self._started: set[str] = set()
+        if prompt_tail:
+            self.feed(prompt_tail)
+            self.flush()
+            self._ws, self._started = "", set()
+
+    @property
+    def thinking(self) -> bool:
+        return self.state == THINKING
+
+    def _emit(self, out: list[tuple[str, str]], text: str) -> None:
+        """Route ``text`` by state. Whitespace that only separates markers from text is
+        dropped: at the start of each side, and at the end of a thinking block."""
+        if not text:
+            return
+        if self.state == COLLECT:
+            self.header += text
+            return
+        if self.state not in (THINKING, CONTENT):
+            return
+        if self.state == THINKING:
+            text = self._ws + text
+            self._ws = ""
+        if self.state not in self._started:
+            text = text.lstrip()
+        if self.state == THINKING:
+            body = text.rstrip()
+            self._ws, text = text[len(body):], body
+        if not text:
+            return
+        self._started.add(self.state)
+        if out and out[-1][0] == self.state:
+            out[-1] = (self.state, out[-1][1] + text)
+        else:
+            out.append((self.state, text))
+
+    def feed(self, text: str) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
+        buf = self._held + text
+        while True:
+            markers = self.rules.get(self.state, {})
+            hit = None
+            for marker in markers:
+                i = buf.find(marker)
+                if i >= 0 and (hit is None or i < hit[0]):
+                    hit = (i, marker)
+            if hit is None:
+                break
+            i, marker = hit
+            self._emit(out, buf[:i])
+            buf = buf[i + len(marker):]
+            self.state = markers[marker](self)
+            if self.state != THINKING:
+                self._ws = ""
+        keep = 0
+        for marker in self.rules.get(self.state, {}):  # a tail that may still become a marker
+            for k in range(min(len(marker) - 1, len(buf)), keep, -1):
+                if buf.endswith(marker[:k]):
+                    keep = k
+                    break
+        self._held = buf[len(buf) - keep:] if keep else ""
+        self._emit(out, buf[: len(buf) - keep])
+        return out
+
+    def flush(self) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
+        held, self._held = self._held, ""
+        self._emit(out, held)
+        return out
+
+
+def detect(template: str | None, special_tokens: list[str]) -> str | None:
+    """The format a model uses, from its chat template and the markers its vocabulary has
+    as single tokens; None when it shows none."""
+    seen = set(special_tokens) | {m for m in ("<|channel|>", "<|message|>", "<|channel>", "<think>", "</think>")
+                                  if template and m in template}
+    if {"<|channel|>", "<|message|>"} <= seen:
+        return "harmony"
+    if "<|channel>" in seen:
+        return "channel"
+    if "<think>" in seen or "</think>" in seen:
+        return "think"
+    return None
+
+
+MARKER_TOKENS = ("<think>", "</think>", "<|channel>", "<channel|>", "<|channel|>", "<|message|>")

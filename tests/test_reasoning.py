@@ -1,0 +1,239 @@
+"""Thinking-channel separation: the splitter alone, then real models in every marker format."""
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway import testmodels as tm
+from gateway.app import create_app
+from gateway.config import load_config
+from gateway.protocol.openai import parse_chat
+from gateway.reasoning import ReasoningSplitter, detect
+from openapi import validate
+
+HI = [{"role": "user", "content": "hi"}]
+S = tm.Special
+
+SAMPLES = {
+    "think": ["<think>\nLet me think.\n</think>\n\nThe answer is 4.", "no thinking at all", "<think>only thinking",
+              "a</think>b<think>c</think>d", "<think></think>x", "<thin", "x <think", "</thi"],
+    "channel": ["<|channel>thought\nhmm, 2+2<channel|>It is 4.", "<|channel>thought\nA<|channel>final\nB",
+                "plain", "<|channel>analysis\nx<channel|>y<|channel>thinking\nz<channel|>w", "<|chan"],
+    "harmony": ["<|channel|>analysis<|message|>think hard<|end|><|start|>assistant<|channel|>final<|message|>4",
+                "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{}<|call|>", "just text",
+                "<|start|>assistant<|message|>hello<|return|>", "<|channel|>analysis<|mess"],
+}
+
+
+def split(fmt, pieces, tail=""):
+    s = ReasoningSplitter(fmt, tail)
+    out = []
+    for p in pieces:
+        out += s.feed(p)
+    out += s.flush()
+    return "".join(t for k, t in out if k == "thinking"), "".join(t for k, t in out if k == "content")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from([(f, t) for f, texts in SAMPLES.items() for t in texts]),
+       st.lists(st.integers(0, 200), max_size=12))
+def test_any_cuts_give_the_same_split(sample, points):
+    fmt, text = sample
+    cuts = sorted({p % (len(text) + 1) for p in points})
+    pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+    assert split(fmt, pieces) == split(fmt, [text])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(list(SAMPLES)), st.lists(st.sampled_from(
+    ["<think>", "</think>", "<|channel>", "<channel|>", "thought\n", "final\n", "<|channel|>", "<|message|>",
+     "<|end|>", "<|start|>", "analysis", "final", "a", " b", "\n", "<", "|", ">"]), max_size=12),
+    st.lists(st.integers(0, 200), max_size=12))
+def test_generated_texts_in_random_cuts_never_leak_markers(fmt, words, points):
+    text = "".join(words)
+    cuts = sorted({p % (len(text) + 1) for p in points})
+    pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+    thinking, content = split(fmt, pieces)
+    assert (thinking, content) == split(fmt, [text])
+    markers = {"think": ["<think>", "</think>"], "channel": ["<|channel>", "<channel|>"],
+               "harmony": ["<|channel|>", "<|message|>", "<|end|>", "<|start|>"]}[fmt]
+    assert not any(m in thinking or m in content for m in markers)
+
+
+@pytest.mark.parametrize("fmt, text, thinking, content", [
+    ("think", "<think>\nLet me think.\n</think>\n\nThe answer is 4.", "Let me think.", "The answer is 4."),
+    ("think", "<think>\n\n</think>\n\nJust the answer.", "", "Just the answer."),
+    ("channel", "<|channel>thought\nhmm, 2+2<channel|>It is 4.", "hmm, 2+2", "It is 4."),
+    ("channel", "<|channel>thought\nA<|channel>final\nB", "A", "B"),
+    ("harmony", SAMPLES["harmony"][0], "think hard", "4"),
+    ("harmony", "just text", "", "just text"),
+])
+def test_formats(fmt, text, thinking, content):
+    assert split(fmt, list(text)) == (thinking, content)
+
+
+def test_a_template_that_opens_think_in_the_prompt_starts_inside_it():
+    assert split("think", ["Reasoning here.</think>Answer."], tail="<|im_start|>assistant\n<think>\n") == \
+        ("Reasoning here.", "Answer.")
+    assert split("think", ["Answer."], tail="assistant\n<think>\n\n</think>\n\n") == ("", "Answer.")
+    assert split("harmony", ["<|channel|>final<|message|>Hi"], tail="<|start|>assistant") == ("", "Hi")
+
+
+def test_detect_from_template_and_vocabulary():
+    assert detect(None, ["<|channel|>", "<|message|>"]) == "harmony"
+    assert detect("... <|channel>thought ...", []) == "channel"
+    assert detect("{% if enable_thinking %}<think>{% endif %}", []) == "think"
+    assert detect(None, ["<think>", "</think>"]) == "think"
+    assert detect("{{ messages }}", []) is None
+
+
+def test_earlier_reasoning_is_handed_over_apart_from_the_content():
+    parsed = parse_chat({"model": "m", "messages": [
+        {"role": "assistant", "content": "4", "reasoning_content": "2+2"},
+        {"role": "assistant", "content": "5", "reasoning": "2+3"}]})
+    first, second = parsed.request.messages
+    assert first["content"] == "4" and first["reasoning_content"] == first["thinking"] == "2+2"
+    assert second["content"] == "5" and second["reasoning_content"] == "2+3"
+
+
+# --- real models ----------------------------------------------------------------------------
+
+HARMONY_EXTRA = ["<|return|>", "<|call|>"]  # as in gpt-oss: with these, llama.cpp does not end at <|end|>
+THINK_OPENING = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
+                 "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
+                 "{% else %}<think>\n{% endif %}")
+REASONING_ECHO = ("{% for m in messages %}{{ m['content'] }}{% if m['reasoning_content'] %}[R:"
+                  "{{ m['reasoning_content'] }}]{% endif %}|{% endfor %}\n")
+
+CASES = {
+    # name: (steps, thinking, content, models.yaml extras)
+    "think": ([S("<think>"), "\n", "Let", " me", " think", ".", "\n", S("</think>"), "\n\n", "It", " is", " 4."],
+              "Let me think.", "It is 4.", {}),
+    "think-split": (["<th", "ink", ">", "Let", " me", " think", ".", "</", "think", ">", "It", " is", " 4."],
+                    "Let me think.", "It is 4.", {"reasoning": "think"}),
+    "channel": ([S("<|channel>"), "thought", "\n", "Two", " plus", " two", S("<channel|>"), "It", " is", " 4."],
+                "Two plus two", "It is 4.", {}),
+    "channel-split": (["<|chan", "nel>", "thought", "\n", "Two", " plus", " two", "<chan", "nel|>", "It", " is",
+                       " 4."], "Two plus two", "It is 4.", {"reasoning": "channel"}),
+    # The scripted model plays each token once, so each harmony model has one of the two headers
+    # as single special tokens and the other spelled in ordinary tokens.
+    "harmony": ([S("<|channel|>"), "analysis", S("<|message|>"), "Two", " plus", " two", S("<|end|>"),
+                 S("<|start|>"), "assistant", "<|chan", "nel|>", "final", "<|mes", "sage|>", "It", " is", " 4."],
+                "Two plus two", "It is 4.", {}),
+    "harmony-final": (["<|chan", "nel|>", "analysis", "<|mes", "sage|>", "Two", " plus", " two", S("<|end|>"),
+                       S("<|start|>"), "assistant", S("<|channel|>"), "final", S("<|message|>"), "It", " is",
+                       " 4."], "Two plus two", "It is 4.", {}),
+    "harmony-split": (["<|chan", "nel|>", "analysis", "<|mes", "sage|>", "Two", " plus", " two", "<|e", "nd|>",
+                       "<|st", "art|>", "assistant", "<|ch", "annel|>", "final", "<|me", "ssage|>", "It", " is",
+                       " 4."], "Two plus two", "It is 4.", {"reasoning": "harmony"}),
+}
+
+
+@pytest.fixture(scope="module")
+def model_files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("reasoning")
+    for name, (steps, *_rest) in CASES.items():
+        tm.write_scripted_model(d / f"{name}.gguf", tm.Script(steps),
+                                extra_special=HARMONY_EXTRA if name.startswith("harmony") else ())
+    tm.plain(d / "opens.gguf", ["Reasoning", " here", ".", S("</think>"), "Answer", "."])
+    tm.plain(d / "plain.gguf", ["Answer", "."])
+    return d
+
+
+@pytest.fixture
+async def client(aiohttp_client, model_files, write_config):
+    lines = ["models:"]
+    for name, (*_, extra) in CASES.items():
+        lines += [f"  {name}:", f"    path: {model_files}/{name}.gguf"] + [f"    {k}: {v}" for k, v in extra.items()]
+    lines += [f"  opens:\n    path: {model_files}/opens.gguf\n    chat_template: {json.dumps(THINK_OPENING)}",
+              f"  toggle:\n    path: {model_files}/plain.gguf\n    chat_template: {json.dumps(THINK_OPENING)}",
+              f"  echo:\n    path: {model_files}/plain.gguf\n    chat_template: {json.dumps(REASONING_ECHO)}"]
+    return await aiohttp_client(create_app(load_config(write_config("\n".join(lines) + "\n"))))
+
+
+async def whole(client, model, **extra):
+    r = await client.post("/v1/chat/completions", json={"model": model, "messages": HI, **extra})
+    body = await r.json()
+    assert r.status == 200, body
+    validate(body, "CreateChatCompletionResponse")
+    return body
+
+
+async def streamed(client, model, **extra):
+    r = await client.post("/v1/chat/completions", json={"model": model, "messages": HI, "stream": True,
+                                                        "stream_options": {"include_usage": True}, **extra})
+    assert r.status == 200
+    chunks = []
+    async for line in r.content:
+        line = line.decode().strip()
+        if line.startswith("data: {"):
+            chunks.append(json.loads(line[6:]))
+    for c in chunks:
+        validate(c, "CreateChatCompletionStreamResponse")
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    thinking = "".join(d.get("reasoning_content", "") for d in deltas)
+    assert thinking == "".join(d.get("reasoning", "") for d in deltas)
+    return thinking, "".join(d.get("content") or "" for d in deltas), chunks[-1]["usage"]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+async def test_every_format_streamed_and_whole(client, name):
+    _, thinking, content, _ = CASES[name]
+    body = await whole(client, name)
+    message = body["choices"][0]["message"]
+    assert (message["reasoning_content"], message["reasoning"], message["content"]) == (thinking, thinking, content)
+    s_thinking, s_content, usage = await streamed(client, name)
+    assert (s_thinking, s_content) == (thinking, content)
+    assert usage["completion_tokens_details"]["reasoning_tokens"] == \
+        body["usage"]["completion_tokens_details"]["reasoning_tokens"] > 0
+
+
+async def test_reasoning_tokens_are_counted_exactly(client):
+    body = await whole(client, "think")
+    # <think>, "\n", Let, " me", " think", ".", "\n" are thinking; </think> and the answer are not
+    assert body["usage"]["completion_tokens_details"]["reasoning_tokens"] == 7
+    assert body["usage"]["completion_tokens"] == 12
+
+
+async def test_reasoning_format_none_returns_the_raw_text(client):
+    body = await whole(client, "think", reasoning_format="none")
+    message = body["choices"][0]["message"]
+    assert message["content"] == "<think>\nLet me think.\n</think>\n\nIt is 4." and "reasoning_content" not in message
+    thinking, content, _ = await streamed(client, "harmony", reasoning_format="none")
+    assert thinking == "" and content.startswith("<|channel|>analysis<|message|>Two plus two<|end|><|start|>")
+    r = await client.post("/v1/chat/completions", json={"model": "think", "messages": HI, "reasoning_format": 3})
+    assert r.status == 400 and (await r.json())["error"]["param"] == "reasoning_format"
+
+
+async def test_split_markers_need_the_format_named_or_they_stay_text(aiohttp_client, model_files, write_config):
+    cfg = load_config(write_config(f"models:\n  m: {model_files}/think-split.gguf\n"))
+    client = await aiohttp_client(create_app(cfg))
+    body = await whole(client, "m")  # ChatML template, no <think> token in the vocabulary: auto finds nothing
+    assert body["choices"][0]["message"]["content"] == "<think>Let me think.</think>It is 4."
+
+
+async def test_a_template_that_opens_think_and_enable_thinking(client):
+    message = (await whole(client, "opens"))["choices"][0]["message"]
+    assert (message["reasoning_content"], message["content"]) == ("Reasoning here.", "Answer.")
+    message = (await whole(client, "toggle"))["choices"][0]["message"]
+    assert (message.get("reasoning_content"), message["content"]) == ("Answer.", "")  # thinking-only
+    message = (await whole(client, "toggle", chat_template_kwargs={"enable_thinking": False}))["choices"][0]["message"]
+    assert ("reasoning_content" not in message, message["content"]) == (True, "Answer.")
+
+
+async def test_earlier_reasoning_reaches_the_template_as_such(client):
+    turns = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "A", "reasoning_content": "xyz"},
+             {"role": "user", "content": "again"}]
+    with_r = await whole(client, "echo", messages=turns)
+    without = await whole(client, "echo", messages=[turns[0], {"role": "assistant", "content": "A"}, turns[2]])
+    # the template renders "[R:xyz]" from reasoning_content: 7 more prompt tokens, and the content untouched
+    assert with_r["usage"]["prompt_tokens"] - without["usage"]["prompt_tokens"] == len("[R:xyz]")
+
+
+async def test_reasoning_fields_can_be_picked(aiohttp_client, model_files, write_config):
+    cfg = load_config(write_config(f"server:\n  reasoning_fields: [reasoning]\nmodels:\n  t: {model_files}/think.gguf\n"))
+    client = await aiohttp_client(create_app(cfg))
+    message = (await whole(client, "t"))["choices"][0]["message"]
+    assert message["reasoning"] == "Let me think." and "reasoning_content" not in message
