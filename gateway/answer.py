@@ -41,12 +41,15 @@ def reasoning_format(configured: str, info: dict[str, Any]) -> str | None:
     return detect(info.get("chat_template"), info.get("special_tokens", []))
 
 
-async def start(gen: Generation) -> dict[str, Any]:
-    """The ``start`` event; a request the worker refused raises its error."""
+async def start(gen: Generation, reasoning: str | None) -> tuple[int, ReasoningSplitter | None]:
+    """Wait for the worker to accept the request (a refusal raises its error); returns the
+    prompt's token count and the splitter for the answer's thinking (``reasoning``: the
+    model's setting; None: do not split)."""
     event = await gen.next()
     if event["ev"] == "error":
         raise error_from(event)
-    return event
+    fmt = reasoning_format(reasoning, gen.worker.info) if reasoning else None
+    return event["prompt_tokens"], ReasoningSplitter(fmt, event.get("prompt_tail", "")) if fmt else None
 
 
 async def pieces(gen: Generation, splitter: ReasoningSplitter | None) -> AsyncIterator[Piece | Finish]:

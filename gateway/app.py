@@ -75,7 +75,7 @@ def auth_middleware(keys: tuple[str, ...]):
 
 
 def create_app(config: Config, registry: Registry | None = None) -> web.Application:
-    from .api import admin, openai
+    from .api import admin, anthropic, openai
 
     middlewares = [errors_middleware]
     if config.server.api_keys:
@@ -86,6 +86,7 @@ def create_app(config: Config, registry: Registry | None = None) -> web.Applicat
     app.cleanup_ctx.append(_workers_ctx)
     admin.setup(app)
     openai.setup(app)
+    anthropic.setup(app)
     return app
 
 

@@ -93,7 +93,8 @@ class Registry:
         for f in catalog.models:
             won = [n for n in [*f.names, *f.fallback] if catalog.names.get(normalize_name(n)) is f]
             won = list(dict.fromkeys(won))
-            spec = ModelSpec(name=won[0], path=f.path, aliases=tuple(won[1:]), source=f.source)
+            spec = ModelSpec(name=won[0], path=f.path, aliases=tuple(won[1:]), source=f.source,
+                             embeddings=bool(f.info and f.info.pooling))
             self.found[spec.name] = f
             for n in won:
                 discovered[normalize_name(n)] = spec
@@ -175,9 +176,15 @@ class Registry:
         return self._slots.get(spec.name) or Slot(spec)
 
     @contextlib.asynccontextmanager
-    async def lease(self, name: object) -> AsyncIterator[tuple[ModelSpec, WorkerProcess]]:
-        """The model's running worker for one request; the model stays loaded meanwhile."""
+    async def lease(self, name: object, *, embeddings: bool | None = False) -> AsyncIterator[tuple[ModelSpec, WorkerProcess]]:
+        """The model's running worker for one request; the model stays loaded meanwhile.
+        ``embeddings``: the request wants vectors (True) or text (False); a model serves one or
+        the other, the wrong one is a 501. None: either (tokenize)."""
         spec = await self.lookup(name)
+        if embeddings is not None and spec.embeddings != embeddings:
+            what = ("cannot embed: give it `embeddings: true` in models.yaml" if embeddings else
+                    "is an embedding model: use /v1/embeddings")
+            raise ApiError(f"model {spec.name!r} {what}", status=501, param="model", code="unsupported_model")
         slot = self.slot(spec)
         worker = await self._ready(slot)
         slot.in_flight += 1
@@ -224,7 +231,7 @@ class Registry:
             worker = WorkerProcess(LoadParams(
                 name=spec.name, path=str(spec.path), n_ctx=spec.n_ctx, n_gpu_layers=spec.n_gpu_layers,
                 n_threads=spec.n_threads, n_batch=spec.n_batch, flash_attn=spec.flash_attn,
-                use_mmap=spec.use_mmap, chat_template=spec.chat_template,
+                use_mmap=spec.use_mmap, chat_template=spec.chat_template, embeddings=spec.embeddings,
             ), on_exit=self._worker_exited)
             await worker.start()
         except (ModelFileError, LoadFailed) as e:

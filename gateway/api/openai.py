@@ -12,7 +12,6 @@ from .. import answer
 from ..app import CONFIG, REGISTRY
 from ..errors import ApiError, InvalidRequest
 from ..protocol import openai as oai
-from ..reasoning import ReasoningSplitter
 from ..sse import EventStream
 
 log = logging.getLogger(__name__)
@@ -57,11 +56,8 @@ async def _complete(request: web.Request, parsed: oai.Parsed, kind: str) -> web.
 async def _run(request: web.Request, parsed: oai.Parsed, kind: str, spec, worker) -> web.StreamResponse:
     render = oai.Renderer(kind, spec.name, fields=request.app[CONFIG].server.reasoning_fields)
     async with worker.generate(parsed.request) as gen:
-        begun = await answer.start(gen)
-        splitter = None
-        if kind == "chat" and parsed.reasoning_format != "none":
-            fmt = answer.reasoning_format(spec.reasoning, worker.info)
-            splitter = ReasoningSplitter(fmt, begun.get("prompt_tail", "")) if fmt else None
+        split = kind == "chat" and parsed.reasoning_format != "none"
+        _, splitter = await answer.start(gen, spec.reasoning if split else None)
         if parsed.stream:
             return await _stream(request, render, answer.pieces(gen, splitter), parsed.include_usage)
         text = {"content": [], "thinking": []}
@@ -97,7 +93,47 @@ async def _stream(request: web.Request, render: oai.Renderer, items, include_usa
     return await sse.close()
 
 
+async def embeddings(request: web.Request) -> web.Response:
+    model, inputs, fmt = oai.parse_embeddings(await read_json_object(request))
+    async with request.app[REGISTRY].lease(model, embeddings=True) as (spec, worker):
+        reply = await worker.ask({"op": "embed", "inputs": inputs})
+    return web.json_response(oai.embeddings_body(spec.name, reply["data"], fmt, reply["prompt_tokens"]))
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    """llama-server's /tokenize: {"model", "content", "add_special", "with_pieces"} -> {"tokens"}."""
+    body = await read_json_object(request)
+    content = body.get("content")
+    if not isinstance(content, str):
+        raise InvalidRequest("`content` must be a string", "content")
+    flags = {k: body.get(k, False) for k in ("add_special", "with_pieces")}
+    for key, value in flags.items():
+        if not isinstance(value, bool):
+            raise InvalidRequest(f"`{key}` must be true or false", key)
+    async with request.app[REGISTRY].lease(oai.require_model(body), embeddings=None) as (_spec, worker):
+        reply = await worker.ask({"op": "tokenize", "request": {"prompt": content, "add_special": flags["add_special"]},
+                                  "with_pieces": flags["with_pieces"]})
+    if flags["with_pieces"]:
+        return web.json_response({"tokens": [{"id": t, "piece": p} for t, p in zip(reply["tokens"], reply["pieces"])]})
+    return web.json_response({"tokens": reply["tokens"]})
+
+
+async def detokenize(request: web.Request) -> web.Response:
+    """llama-server's /detokenize: {"model", "tokens"} -> {"content"}."""
+    body = await read_json_object(request)
+    tokens = body.get("tokens")
+    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        raise InvalidRequest("`tokens` must be an array of token ids", "tokens")
+    async with request.app[REGISTRY].lease(oai.require_model(body), embeddings=None) as (_spec, worker):
+        reply = await worker.ask({"op": "detokenize", "tokens": tokens})
+    return web.json_response({"content": reply["text"]})
+
+
 def setup(app: web.Application) -> None:
     app.router.add_get("/v1/models", list_models)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/embeddings", embeddings)
+    for prefix in ("", "/v1"):
+        app.router.add_post(f"{prefix}/tokenize", tokenize)
+        app.router.add_post(f"{prefix}/detokenize", detokenize)

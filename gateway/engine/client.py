@@ -18,11 +18,12 @@ import struct
 import sys
 from typing import Any, Callable
 
+from ..errors import ApiError
 from . import protocol
 
 log = logging.getLogger(__name__)
 
-_TERMINAL = ("done", "error")
+_TERMINAL = ("done", "error", "tokens", "detokenized", "embeddings")
 
 
 class LoadFailed(Exception):
@@ -135,6 +136,24 @@ class WorkerProcess:
         else:
             self._send({"op": "generate", "id": rid, "request": request.to_dict()})
         return Generation(self, rid, q)
+
+    async def ask(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """One question with one answer (tokenize, detokenize); an error event raises ``ApiError``."""
+        rid = next(self._ids)
+        q: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._queues[rid] = q
+        try:
+            if not self.alive:
+                raise ApiError(f"model {self.params.name!r} is not running; retry", status=503,
+                               code="model_unavailable")
+            self._send({**msg, "id": rid})
+            answer = await q.get()
+        finally:
+            self._queues.pop(rid, None)
+        if answer["ev"] == "error":
+            raise ApiError(answer["message"], status=answer.get("status", 500), param=answer.get("param"),
+                           code=answer.get("code"))
+        return answer
 
     def _release(self, rid: int, finished: bool) -> None:
         self._queues.pop(rid, None)

@@ -8,6 +8,9 @@ Parent -> worker
   {"op": "load", "model": {...LoadParams...}}            first message, exactly once
   {"op": "generate", "id": N, "request": {...GenerationRequest...}}
   {"op": "cancel", "id": N}                              for a queued or running request
+  {"op": "tokenize", "id": N, "request": {messages|prompt, add_special?}, "with_pieces": bool}
+  {"op": "detokenize", "id": N, "tokens": [...]}         both answered at once, even mid-generation
+  {"op": "embed", "id": N, "inputs": [text or [ids], ...]}  queued like generate (embedding models)
   {"op": "exit"}                                         (EOF on the pipe means the same)
 
 Worker -> parent
@@ -17,6 +20,8 @@ Worker -> parent
   {"ev": "text", "id": N, "text": "...", "tokens": T}   zero or more; T = tokens so far
   {"ev": "done", "id": N, "finish_reason": "stop"|"length"|"cancelled",
    "stop": matched-or-null, "prompt_tokens": P, "completion_tokens": T}
+  {"ev": "tokens", "id": N, "tokens": [...], "pieces"?: [...]}  /  {"ev": "detokenized", "id": N, "text": "..."}
+  {"ev": "embeddings", "id": N, "data": [[float, ...], ...], "prompt_tokens": P}
   or instead of start/done: {"ev": "error", "id": N, "status": S, "message": "...",
    "param": ..., "code": ...}  (a request the worker refused, e.g. a context overflow)
 
@@ -84,6 +89,7 @@ class LoadParams:
     flash_attn: bool | None = None  # None: llama.cpp decides
     use_mmap: bool = True
     chat_template: str | None = None
+    embeddings: bool = False  # an embedding context (pooled vectors) instead of a generating one
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -112,6 +118,7 @@ class GenerationRequest:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False  # llama-server's extension: generate max_tokens whatever the model says
+    grammar: str | None = None  # GBNF constraining every sampled token
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

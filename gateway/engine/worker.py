@@ -86,10 +86,19 @@ class Model:
         cp.flash_attn_type = {None: ll.LLAMA_FLASH_ATTN_TYPE_AUTO, True: ll.LLAMA_FLASH_ATTN_TYPE_ENABLED,
                               False: ll.LLAMA_FLASH_ATTN_TYPE_DISABLED}[params.flash_attn]
         cp.no_perf = True
+        if params.embeddings:
+            # a pooled embedding needs its whole input in one micro-batch
+            cp.embeddings = True
+            cp.n_batch = cp.n_ubatch = cp.n_ctx
         self.ctx = ll.llama_init_from_model(self.model, cp)
+        if self.ctx and params.embeddings and ll.llama_pooling_type(self.ctx) == ll.LLAMA_POOLING_TYPE_NONE:
+            ll.llama_free(self.ctx)  # a decoder with no pooling of its own: average its token states
+            cp.pooling_type = ll.LLAMA_POOLING_TYPE_MEAN
+            self.ctx = ll.llama_init_from_model(self.model, cp)
         if not self.ctx:
             raise RuntimeError(f"llama.cpp could not create a context of {cp.n_ctx} tokens for {params.path} "
                                "(not enough memory?)")
+        self.n_embd = ll.llama_model_n_embd(self.model)
         self.mem = ll.llama_get_memory(self.ctx)
         self.n_ctx = ll.llama_n_ctx(self.ctx)
         self.n_batch = cp.n_batch
@@ -114,6 +123,7 @@ class Model:
             "chat_template": self.template, "has_model_template": self.model_template is not None,
             "gpu_offload": self.gpu_offload, "pid": os.getpid(),
             "special_tokens": [m for m in MARKER_TOKENS if self._single_token(m)],
+            "n_embd": self.n_embd, "embeddings": self.params.embeddings,
         }
 
     def _single_token(self, text: str) -> bool:
@@ -148,16 +158,27 @@ class Model:
             tokens.pop(0)  # the template wrote bos_token and the tokenizer added one too
         return tokens
 
-    def prompt_tokens(self, req: dict[str, Any]) -> list[int]:
-        """The prompt as tokens; ``self.prompt_tail`` keeps the end of its text (where a chat
-        template may have opened a thinking block for the answer)."""
-        self.prompt_tail = ""
+    def detokenize(self, tokens: list[int]) -> str:
+        """llama.cpp's own inverse of tokenize (drops the space SentencePiece adds in front)."""
+        arr = (self.ll.llama_token * max(1, len(tokens)))(*tokens)
+        cap = 16 * len(tokens) + 16
+        for _ in range(2):
+            buf = ctypes.create_string_buffer(cap)
+            n = self.ll.llama_detokenize(self.vocab, arr, len(tokens), buf, cap, False, True)
+            if n >= 0:
+                return buf.raw[:n].decode("utf-8", "replace")
+            cap = -n
+        raise Refused(500, "llama_detokenize failed", None, "detokenize_failed")
+
+    def prompt_tokens(self, req: dict[str, Any]) -> tuple[list[int], str]:
+        """The prompt as tokens, and the end of its text (where a chat template may have opened
+        a thinking block for the answer)."""
         if req.get("prompt_tokens") is not None:
             tokens = list(req["prompt_tokens"])
-            bad = next((t for t in tokens if not 0 <= t < self.n_vocab), None)
+            bad = next((t for t in tokens if not isinstance(t, int) or not 0 <= t < self.n_vocab), None)
             if bad is not None:
                 raise Refused(400, f"token id {bad} is outside the vocabulary (0..{self.n_vocab - 1})", "prompt")
-            return tokens
+            return tokens, ""
         if req.get("messages") is not None:
             try:
                 text = chat_template.render(
@@ -170,10 +191,61 @@ class Model:
                 raise Refused(400, f"the model's chat template refused these messages: {e}", "messages") from None
             except chat_template.TemplateBroken as e:
                 raise Refused(500, f"model {self.params.name!r}: {e}", None, "chat_template_error") from None
-            self.prompt_tail = text[-PROMPT_TAIL:]
-            return self.tokenize(text, add_special=True)
-        self.prompt_tail = (req.get("prompt") or "")[-PROMPT_TAIL:]
-        return self.tokenize(req.get("prompt") or "", add_special=True)
+        else:
+            text = req.get("prompt") or ""
+        return self.tokenize(text, add_special=req.get("add_special", True)), text[-PROMPT_TAIL:]
+
+    def answer(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """A quick question that needs no decoding: tokenize or detokenize."""
+        rid = msg["id"]
+        try:
+            if msg["op"] == "tokenize":
+                tokens, _ = self.prompt_tokens(msg["request"])
+                out: dict[str, Any] = {"ev": "tokens", "id": rid, "tokens": tokens}
+                if msg.get("with_pieces"):
+                    out["pieces"] = [self.piece(t).decode("utf-8", "replace") for t in tokens]
+                return out
+            tokens = msg["tokens"]
+            bad = next((t for t in tokens if not isinstance(t, int) or not 0 <= t < self.n_vocab), None)
+            if bad is not None:
+                raise Refused(400, f"token id {bad} is outside the vocabulary (0..{self.n_vocab - 1})", "tokens")
+            return {"ev": "detokenized", "id": rid, "text": self.detokenize(tokens)}
+        except Refused as r:
+            return {**r.event, "id": rid}
+
+    def embed(self, rid: int, inputs: list[Any], out: "Worker") -> None:
+        """One L2-normalized, pooled vector per input (text or token ids)."""
+        import math
+
+        ll = self.ll
+        vectors, total = [], 0
+        for i, item in enumerate(inputs):
+            tokens = self.tokenize(item, add_special=True) if isinstance(item, str) else \
+                self.prompt_tokens({"prompt_tokens": item})[0]
+            if not tokens:
+                raise Refused(400, f"input {i} is empty", "input")
+            if len(tokens) > self.n_ctx:
+                raise Refused(400, f"input {i} has {len(tokens)} tokens; this model embeds at most {self.n_ctx}",
+                              "input", "context_length_exceeded")
+            total += len(tokens)
+            if self.mem:
+                ll.llama_memory_clear(self.mem, True)
+            batch = ll.llama_batch_init(len(tokens), 0, 1)
+            try:
+                for pos, tok in enumerate(tokens):
+                    batch.token[pos], batch.pos[pos], batch.n_seq_id[pos] = tok, pos, 1
+                    batch.seq_id[pos][0], batch.logits[pos] = 0, True
+                batch.n_tokens = len(tokens)
+                if ll.llama_decode(self.ctx, batch) != 0:
+                    raise Refused(500, "llama_decode failed while embedding", None, "decode_failed")
+            finally:
+                ll.llama_batch_free(batch)
+            ptr = ll.llama_get_embeddings_seq(self.ctx, 0)
+            vec = [float(ptr[j]) for j in range(self.n_embd)]
+            norm = math.sqrt(sum(x * x for x in vec)) or 1.0
+            vectors.append([x / norm for x in vec])
+        self.cached = []
+        out.send({"ev": "embeddings", "id": rid, "data": vectors, "prompt_tokens": total})
 
     def eog_tokens(self) -> list[int]:
         if self._eog is None:
@@ -190,8 +262,15 @@ class Model:
 
     def _sampler(self, req: dict[str, Any]):
         ll = self.ll
+        grammar = None
+        if req.get("grammar"):
+            grammar = ll.llama_sampler_init_grammar(self.vocab, req["grammar"].encode(), b"root")
+            if not grammar:
+                raise Refused(400, "the grammar does not parse (GBNF, with a `root` rule)", "grammar")
         chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
         add = lambda s: ll.llama_sampler_chain_add(chain, s)  # noqa: E731
+        if grammar:
+            add(grammar)  # first, as llama.cpp's own samplers do: the rest choose among allowed tokens
         if req.get("ignore_eos"):
             eog = self.eog_tokens()
             bias = (ll.llama_logit_bias * len(eog))(*((t, float("-inf")) for t in eog))
@@ -214,7 +293,7 @@ class Model:
         return chain
 
     def generate(self, rid: int, req: dict[str, Any], out: "Worker") -> None:
-        tokens = self.prompt_tokens(req)
+        tokens, prompt_tail = self.prompt_tokens(req)
         n_prompt = len(tokens)
         if n_prompt == 0:
             raise Refused(400, "the prompt is empty", "prompt")
@@ -240,7 +319,7 @@ class Model:
         self.ll.llama_memory_seq_rm(self.mem, 0, common, -1)
         del self.cached[common:]
         out.send({"ev": "start", "id": rid, "prompt_tokens": n_prompt, "cached_tokens": common,
-                  "prompt_tail": self.prompt_tail})
+                  "prompt_tail": prompt_tail})
 
         for i in range(common, n_prompt, self.n_batch):
             if out.cancelled(rid):
@@ -290,6 +369,7 @@ class Worker:
         self.pending: deque[dict[str, Any]] = deque()
         self.cancel_ids: set[int] = set()
         self.current: int | None = None
+        self.model: Model | None = None
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -316,7 +396,7 @@ class Worker:
     def _take(self, msg: dict[str, Any] | None) -> None:
         if msg is None or msg.get("op") == "exit":
             os._exit(0)
-        if msg["op"] == "generate":
+        if msg["op"] in ("generate", "embed"):
             self.pending.append(msg)
         elif msg["op"] == "cancel":
             rid = msg["id"]
@@ -324,6 +404,8 @@ class Worker:
                 self.cancel_ids.add(rid)
             else:
                 self.pending = deque(m for m in self.pending if m["id"] != rid)
+        elif msg["op"] in ("tokenize", "detokenize") and self.model is not None:
+            self.send(self.model.answer(msg))  # answered at once, between two tokens if need be
 
     def cancelled(self, rid: int) -> bool:
         while True:
@@ -337,7 +419,7 @@ class Worker:
         if first is None or first.get("op") != "load":
             os._exit(0)
         try:
-            model = Model(protocol.LoadParams(**first["model"]))
+            model = self.model = Model(protocol.LoadParams(**first["model"]))
         except Exception as e:  # report, then leave: a failed load has nothing to serve
             self.send({"ev": "load_failed", "error": str(e)})
             os._exit(0)
@@ -349,7 +431,10 @@ class Worker:
             msg = self.pending.popleft()
             rid = self.current = msg["id"]
             try:
-                model.generate(rid, msg["request"], self)
+                if msg["op"] == "embed":
+                    model.embed(rid, msg["inputs"], self)
+                else:
+                    model.generate(rid, msg["request"], self)
             except Refused as r:
                 self.send({**r.event, "id": rid})
             except Exception as e:  # a bug here must fail one request, not the worker

@@ -6,6 +6,7 @@ Fields are mapped one by one into a ``GenerationRequest``; unknown fields are ac
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
@@ -15,7 +16,7 @@ from typing import Any
 from ..answer import Finish, Piece
 from ..engine.protocol import GenerationRequest
 from ..errors import InvalidRequest
-from .params import SAMPLING
+from .params import SAMPLING, Parsed, apply_defaults  # noqa: F401 (apply_defaults: re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -24,24 +25,12 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 KNOWN_CHAT = {
     "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "stream",
     "stream_options", "seed", "presence_penalty", "frequency_penalty", "n", "user", "top_k", "min_p",
-    "repeat_penalty", "chat_template_kwargs", "ignore_eos", "reasoning_format",
+    "repeat_penalty", "chat_template_kwargs", "ignore_eos", "reasoning_format", "response_format", "grammar",
 }
 REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")  # llama-server's values; all but none split
 KNOWN_COMPLETION = KNOWN_CHAT - {"messages", "max_completion_tokens", "chat_template_kwargs",
                                  "reasoning_format"} | {"prompt"}
 _logged_unknown: set[str] = set()
-
-
-@dataclass
-class Parsed:
-    """A validated request: what to run, and how to answer."""
-
-    model: str
-    request: GenerationRequest
-    stream: bool = False
-    include_usage: bool = False
-    explicit: set[str] = field(default_factory=set)  # sampling fields the caller set
-    reasoning_format: str = "auto"  # "none": thinking stays in the content, markers and all
 
 
 def _log_unknown(body: dict[str, Any], known: set[str]) -> None:
@@ -51,7 +40,7 @@ def _log_unknown(body: dict[str, Any], known: set[str]) -> None:
             log.debug("ignoring unsupported request field %r", key)
 
 
-def _require_model(body: dict[str, Any]) -> str:
+def require_model(body: dict[str, Any]) -> str:
     model = body.get("model")
     if not isinstance(model, str) or not model.strip():
         raise InvalidRequest("`model` is required: the name of a model on this gateway (see /v1/models)", "model")
@@ -127,6 +116,37 @@ def _common(body: dict[str, Any], req: GenerationRequest) -> tuple[bool, bool, s
     return stream, include_usage, explicit
 
 
+def _grammar(body: dict[str, Any]) -> str | None:
+    """GBNF from ``grammar`` (llama.cpp's field) or ``response_format`` (json_object, json_schema)."""
+    grammar, fmt = body.get("grammar"), body.get("response_format")
+    if grammar is not None:
+        if not isinstance(grammar, str) or not grammar.strip():
+            raise InvalidRequest("`grammar` must be a GBNF grammar in a string", "grammar")
+        if fmt not in (None, {"type": "text"}):
+            raise InvalidRequest("give `grammar` or `response_format`, not both", "grammar")
+        return grammar
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
+        raise InvalidRequest("`response_format.type` must be text, json_object or json_schema", "response_format")
+    if fmt["type"] == "text":
+        return None
+    from llama_cpp import llama_grammar
+
+    if fmt["type"] == "json_object":
+        return llama_grammar.JSON_GBNF
+    spec = fmt.get("json_schema")
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    if not isinstance(schema, dict):
+        raise InvalidRequest("`response_format.json_schema.schema` must be a JSON Schema object",
+                             "response_format.json_schema.schema")
+    try:
+        return llama_grammar.json_schema_to_gbnf(json.dumps(schema))
+    except Exception as e:  # the converter asserts, raises KeyError, ValueError, ... on what it cannot read
+        raise InvalidRequest(f"`response_format.json_schema.schema` is not a schema this server can follow: {e}",
+                             "response_format") from None
+
+
 def _text_content(content: Any, where: str) -> str:
     if isinstance(content, str):
         return content
@@ -175,7 +195,7 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def parse_chat(body: dict[str, Any]) -> Parsed:
-    model = _require_model(body)
+    model = require_model(body)
     req = GenerationRequest(messages=_messages(body))
     stream, include_usage, explicit = _common(body, req)
     req.max_tokens = _max_tokens(body, ("max_completion_tokens", "max_tokens"))
@@ -185,6 +205,7 @@ def parse_chat(body: dict[str, Any]) -> Parsed:
             raise InvalidRequest("`chat_template_kwargs` must be an object", "chat_template_kwargs")
         req.chat_template_kwargs = {k: v for k, v in kwargs.items()
                                     if k not in ("messages", "add_generation_prompt", "bos_token", "eos_token")}
+    req.grammar = _grammar(body)
     fmt = body.get("reasoning_format")
     if fmt is not None and fmt not in REASONING_FORMATS:
         raise InvalidRequest(f"`reasoning_format` must be one of {', '.join(REASONING_FORMATS)}, got {fmt!r}",
@@ -194,7 +215,7 @@ def parse_chat(body: dict[str, Any]) -> Parsed:
 
 
 def parse_completion(body: dict[str, Any]) -> Parsed:
-    model = _require_model(body)
+    model = require_model(body)
     prompt = body.get("prompt")
     req = GenerationRequest()
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
@@ -214,6 +235,7 @@ def parse_completion(body: dict[str, Any]) -> Parsed:
         if not any(value is h or (type(value) is type(h) and value == h) for h in harmless):
             raise InvalidRequest(f"`{name}` is not supported yet", name)
     stream, include_usage, explicit = _common(body, req)
+    req.grammar = _grammar(body)
     req.max_tokens = _max_tokens(body, ("max_tokens",))
     if req.max_tokens is None:
         req.max_tokens = 16  # OpenAI's default for /v1/completions
@@ -221,14 +243,41 @@ def parse_completion(body: dict[str, Any]) -> Parsed:
     return Parsed(model, req, stream, include_usage, explicit)
 
 
-def apply_defaults(parsed: Parsed, defaults: dict[str, Any]) -> None:
-    """A model's models.yaml defaults fill the sampling fields the caller did not set."""
-    for name, value in defaults.items():
-        if name == "max_tokens":
-            if parsed.request.max_tokens is None:
-                parsed.request.max_tokens = value
-        elif name not in parsed.explicit:
-            setattr(parsed.request, name, value)
+def parse_embeddings(body: dict[str, Any]) -> tuple[str, list[Any], str]:
+    """(model, inputs as texts or token-id lists, encoding_format)."""
+    model = require_model(body)
+    raw = body.get("input")
+
+    def ids(x: Any) -> bool:
+        return isinstance(x, list) and bool(x) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+
+    if isinstance(raw, str):
+        inputs: list[Any] = [raw]
+    elif ids(raw):
+        inputs = [raw]
+    elif isinstance(raw, list) and raw and all(isinstance(x, str) or ids(x) for x in raw):
+        inputs = raw
+    else:
+        raise InvalidRequest("`input` must be a string, an array of strings, an array of token ids, "
+                             "or an array of token-id arrays", "input")
+    if len(inputs) > 2048:
+        raise InvalidRequest(f"`input` may hold at most 2048 items, got {len(inputs)}", "input")
+    fmt = body.get("encoding_format", "float")
+    if fmt not in ("float", "base64", None):
+        raise InvalidRequest("`encoding_format` must be float or base64", "encoding_format")
+    return model, inputs, fmt or "float"
+
+
+def embeddings_body(model: str, vectors: list[list[float]], fmt: str, prompt_tokens: int) -> dict[str, Any]:
+    import base64
+    import struct
+
+    def encode(v: list[float]) -> Any:
+        return base64.b64encode(struct.pack(f"<{len(v)}f", *v)).decode() if fmt == "base64" else v
+
+    return {"object": "list", "model": model,
+            "data": [{"object": "embedding", "index": i, "embedding": encode(v)} for i, v in enumerate(vectors)],
+            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}}
 
 
 # --- responses -------------------------------------------------------------------------

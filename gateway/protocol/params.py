@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..engine.protocol import GenerationRequest
 
 
 @dataclass(frozen=True)
@@ -38,3 +41,25 @@ SAMPLING: dict[str, Param] = {
     "seed": Param(int),
     "max_tokens": Param(int, 1),
 }
+
+
+@dataclass
+class Parsed:
+    """A validated request: what to run, and how to answer."""
+
+    model: str
+    request: GenerationRequest
+    stream: bool = False
+    include_usage: bool = False
+    explicit: set[str] = field(default_factory=set)  # sampling fields the caller set
+    reasoning_format: str = "auto"  # "none": thinking stays in the content, markers and all
+
+
+def apply_defaults(parsed: Parsed, defaults: dict[str, Any]) -> None:
+    """A model's models.yaml defaults fill the sampling fields the caller did not set."""
+    for name, value in defaults.items():
+        if name == "max_tokens":
+            if parsed.request.max_tokens is None:
+                parsed.request.max_tokens = value
+        elif name not in parsed.explicit:
+            setattr(parsed.request, name, value)

@@ -1,0 +1,97 @@
+"""Anthropic wire shape: /v1/messages and /v1/messages/count_tokens."""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+
+from .. import answer
+from ..app import REGISTRY
+from ..errors import ApiError
+from ..protocol import anthropic as anth
+from ..protocol.params import apply_defaults
+from ..sse import EventStream
+from .openai import read_json_object
+
+log = logging.getLogger(__name__)
+
+
+async def messages(request: web.Request) -> web.StreamResponse:
+    parsed = anth.parse(await read_json_object(request))
+    async with request.app[REGISTRY].lease(parsed.model) as (spec, worker):
+        apply_defaults(parsed, spec.defaults)
+        render = anth.Renderer(spec.name)
+        async with worker.generate(parsed.request) as gen:
+            input_tokens, splitter = await answer.start(gen, spec.reasoning)
+            items = answer.pieces(gen, splitter)
+            if parsed.stream:
+                return await _stream(request, render, items, input_tokens)
+            blocks: list[dict] = []
+            async for item in items:
+                if isinstance(item, answer.Piece):
+                    if not blocks or blocks[-1]["type"] != ("thinking" if item.kind == "thinking" else "text"):
+                        blocks.append(render.block(item.kind))
+                    blocks[-1]["thinking" if item.kind == "thinking" else "text"] += item.text
+                else:
+                    if not any(b["type"] == "text" for b in blocks):
+                        blocks.append(render.block("content"))
+                    return web.json_response(render.message(blocks, item, item.prompt_tokens))
+    raise ApiError("the model worker ended the answer without finishing it", status=500)
+
+
+async def _stream(request: web.Request, render: anth.Renderer, items, input_tokens: int) -> web.StreamResponse:
+    sse = EventStream(request)
+    await sse.open()
+    index, kind = -1, None  # the open content block
+
+    async def close_block() -> None:
+        if kind is not None:
+            await sse.send({"type": "content_block_stop", "index": index}, event="content_block_stop")
+
+    async def open_block(new_kind: str) -> None:
+        nonlocal index, kind
+        await close_block()
+        index, kind = index + 1, new_kind
+        await sse.send({"type": "content_block_start", "index": index, "content_block": render.block(new_kind)},
+                       event="content_block_start")
+
+    try:
+        await sse.send({"type": "message_start", "message": render.message([], None, input_tokens)},
+                       event="message_start")
+        await sse.send({"type": "ping"}, event="ping")
+        async for item in items:
+            if isinstance(item, answer.Piece):
+                if kind != item.kind:
+                    await open_block(item.kind)
+                await sse.send({"type": "content_block_delta", "index": index, "delta": render.delta(item)},
+                               event="content_block_delta")
+                continue
+            if kind != "content":
+                await open_block("content")  # every answer has a text block, if empty
+            await close_block()
+            reason, seq = anth.stop_reason(item)
+            await sse.send({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": seq},
+                            "usage": {"output_tokens": item.completion_tokens}}, event="message_delta")
+            await sse.send({"type": "message_stop"}, event="message_stop")
+    except ApiError as err:  # the worker failed mid-answer: Anthropic's in-band error event
+        log.warning("stream %s ended by an error: %s", render.id, err.message)
+        await sse.send(err.anthropic_body(), event="error")
+    except ConnectionResetError:
+        log.info("client disconnected from stream %s", render.id)
+        return sse.response
+    return await sse.close()
+
+
+async def count_tokens(request: web.Request) -> web.Response:
+    body = await read_json_object(request)
+    body.setdefault("max_tokens", 1)  # not part of count_tokens
+    parsed = anth.parse(body)
+    async with request.app[REGISTRY].lease(parsed.model) as (_spec, worker):
+        reply = await worker.ask({"op": "tokenize", "request": parsed.request.to_dict()})
+    return web.json_response({"input_tokens": len(reply["tokens"])})
+
+
+def setup(app: web.Application) -> None:
+    app.router.add_post("/v1/messages", messages)
+    app.router.add_post("/v1/messages/count_tokens", count_tokens)

@@ -1,0 +1,141 @@
+"""Anthropic's Messages shape: validate requests, build messages and stream events.
+
+Field names and limits follow Anthropic's API: ``max_tokens`` is required, ``temperature``
+is 0..1, ``stop_sequences`` replaces ``stop``, ``thinking: {"type": "disabled"}`` turns
+thinking off where the chat template allows (``enable_thinking``).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..answer import Finish, Piece
+from ..engine.protocol import GenerationRequest
+from ..errors import InvalidRequest
+from .params import SAMPLING, Param, Parsed
+
+ANTHROPIC_SAMPLING = {"temperature": Param(float, 0, 1), "top_p": Param(float, 0, 1), "top_k": SAMPLING["top_k"]}
+UNSUPPORTED = ("tools", "tool_choice")
+MAX_STOP = 16
+
+
+def _text_blocks(value: Any, where: str, *, thinking_ok: bool) -> tuple[str, str]:
+    """(text, thinking) from a string or a list of content blocks."""
+    if isinstance(value, str):
+        return value, ""
+    if not isinstance(value, list):
+        raise InvalidRequest(f"{where}: must be a string or a list of content blocks", where)
+    text, thinking = [], []
+    for j, block in enumerate(value):
+        at = f"{where}.{j}"
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text" and isinstance(block.get("text"), str):
+            text.append(block["text"])
+        elif kind == "thinking" and thinking_ok and isinstance(block.get("thinking"), str):
+            thinking.append(block["thinking"])
+        elif kind == "redacted_thinking" and thinking_ok:
+            continue
+        elif kind in ("text", "thinking"):
+            raise InvalidRequest(f"{at}: a {kind} block needs a string `{kind}`", at)
+        else:
+            raise InvalidRequest(f"{at}.type: {kind!r} blocks are not supported by this server", f"{at}.type")
+    return "".join(text), "".join(thinking)
+
+
+def parse(body: dict[str, Any]) -> Parsed:
+    model = body.get("model")
+    if not isinstance(model, str) or not model.strip():
+        raise InvalidRequest("model: Field required (the name of a model on this gateway)", "model")
+    max_tokens = body.get("max_tokens")
+    if max_tokens is None:
+        raise InvalidRequest("max_tokens: Field required", "max_tokens")
+    problem = SAMPLING["max_tokens"].problem(max_tokens)
+    if problem:
+        raise InvalidRequest(f"max_tokens: {problem}, got {max_tokens!r}", "max_tokens")
+    for name in UNSUPPORTED:
+        if body.get(name):
+            raise InvalidRequest(f"{name}: tool use is not supported by this server yet", name)
+
+    messages: list[dict[str, Any]] = []
+    system = body.get("system")
+    if system is not None:
+        text, _ = _text_blocks(system, "system", thinking_ok=False)
+        if text:
+            messages.append({"role": "system", "content": text})
+    raw = body.get("messages")
+    if not isinstance(raw, list) or not raw:
+        raise InvalidRequest("messages: must be a non-empty list", "messages")
+    for i, m in enumerate(raw):
+        where = f"messages.{i}"
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
+            raise InvalidRequest(f"{where}.role: must be user or assistant", f"{where}.role")
+        text, thinking = _text_blocks(m.get("content"), f"{where}.content", thinking_ok=m["role"] == "assistant")
+        msg: dict[str, Any] = {"role": m["role"], "content": text}
+        if thinking:
+            msg["reasoning_content"] = msg["thinking"] = thinking
+        messages.append(msg)
+
+    req = GenerationRequest(messages=messages, max_tokens=max_tokens)
+    explicit: set[str] = set()
+    for name, param in ANTHROPIC_SAMPLING.items():
+        value = body.get(name)
+        if value is None:
+            continue
+        problem = param.problem(value)
+        if problem:
+            raise InvalidRequest(f"{name}: {problem}, got {value!r}", name)
+        setattr(req, name, value)
+        explicit.add(name)
+    stops = body.get("stop_sequences")
+    if stops is not None:
+        if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops) or len(stops) > MAX_STOP:
+            raise InvalidRequest(f"stop_sequences: must be a list of at most {MAX_STOP} strings", "stop_sequences")
+        req.stop = [s for s in stops if s]
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise InvalidRequest("stream: must be true or false", "stream")
+    if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
+        raise InvalidRequest("metadata: must be an object", "metadata")
+    thinking = body.get("thinking")
+    if thinking is not None:
+        kind = thinking.get("type") if isinstance(thinking, dict) else None
+        if kind not in ("enabled", "disabled", "adaptive"):
+            raise InvalidRequest("thinking.type: must be enabled or disabled", "thinking.type")
+        req.chat_template_kwargs["enable_thinking"] = kind != "disabled"
+    return Parsed(model, req, stream, explicit=explicit)
+
+
+def stop_reason(finish: Finish) -> tuple[str, str | None]:
+    if finish.reason == "length":
+        return "max_tokens", None
+    if finish.stop is not None:
+        return "stop_sequence", finish.stop
+    return "end_turn", None
+
+
+@dataclass
+class Renderer:
+    model: str
+    id: str = field(default_factory=lambda: f"msg_{uuid.uuid4().hex}")
+    created: float = field(default_factory=time.time)
+
+    def message(self, blocks: list[dict[str, Any]], finish: Finish | None, input_tokens: int) -> dict[str, Any]:
+        reason, seq = stop_reason(finish) if finish else (None, None)
+        return {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": blocks,
+                "stop_reason": reason, "stop_sequence": seq,
+                "usage": {"input_tokens": input_tokens, "output_tokens": finish.completion_tokens if finish else 0}}
+
+    @staticmethod
+    def block(kind: str, text: str = "") -> dict[str, Any]:
+        if kind == "thinking":
+            return {"type": "thinking", "thinking": text, "signature": ""}
+        return {"type": "text", "text": text}
+
+    @staticmethod
+    def delta(piece: Piece) -> dict[str, Any]:
+        if piece.kind == "thinking":
+            return {"type": "thinking_delta", "thinking": piece.text}
+        return {"type": "text_delta", "text": piece.text}
