@@ -15,6 +15,7 @@ from .reasoning import ReasoningSplitter, detect
 class Piece:
     kind: str  # "thinking" | "content"
     text: str
+    logprobs: list[dict[str, Any]] | None = None  # the tokens this piece completes, when asked for
 
 
 @dataclass
@@ -41,35 +42,41 @@ def reasoning_format(configured: str, info: dict[str, Any]) -> str | None:
     return detect(info.get("chat_template"), info.get("special_tokens", []))
 
 
-async def start(gen: Generation, reasoning: str | None) -> tuple[int, ReasoningSplitter | None]:
-    """Wait for the worker to accept the request (a refusal raises its error); returns the
-    prompt's token count and the splitter for the answer's thinking (``reasoning``: the
-    model's setting; None: do not split)."""
+async def start(gen: Generation, reasoning: str | None) -> tuple[dict[str, Any], ReasoningSplitter | None]:
+    """Wait for the worker to accept the request (a refusal raises its error); returns its
+    start event (prompt_tokens, prompt_text for echo, ...) and the splitter for the answer's
+    thinking (``reasoning``: the model's setting; None: do not split)."""
     event = await gen.next()
     if event["ev"] == "error":
         raise error_from(event)
     fmt = reasoning_format(reasoning, gen.worker.info) if reasoning else None
-    return event["prompt_tokens"], ReasoningSplitter(fmt, event.get("prompt_tail", "")) if fmt else None
+    return event, ReasoningSplitter(fmt, event.get("prompt_tail", "")) if fmt else None
 
 
 async def pieces(gen: Generation, splitter: ReasoningSplitter | None) -> AsyncIterator[Piece | Finish]:
+    """Thinking and content pieces, then the finish. Token log-probabilities ride on the next
+    piece to leave (a marker held back by the splitter delays them, never drops them)."""
     seen = reasoning = 0
+    probs: list[dict[str, Any]] = []
     async for event in gen:
         ev = event["ev"]
         if ev == "error":
             raise error_from(event)
         if ev == "text":
             n, seen = event["tokens"] - seen, event["tokens"]
+            probs += event.get("logprobs", ())
             if splitter is None:
-                yield Piece("content", event["text"])
-                continue
-            segments = splitter.feed(event["text"])
-            if splitter.thinking or any(kind == "thinking" for kind, _ in segments):
-                reasoning += n
+                segments = [("content", event["text"])]
+            else:
+                segments = splitter.feed(event["text"])
+                if splitter.thinking or any(kind == "thinking" for kind, _ in segments):
+                    reasoning += n
             for kind, text in segments:
-                yield Piece(kind, text)
+                yield Piece(kind, text, probs or None)
+                probs = []
         elif ev == "done":
             for kind, text in splitter.flush() if splitter else ():
-                yield Piece(kind, text)
+                yield Piece(kind, text, probs or None)
+                probs = []
             yield Finish(event["finish_reason"], event.get("stop"), event["prompt_tokens"],
                          event["completion_tokens"], reasoning)

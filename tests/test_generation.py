@@ -292,10 +292,14 @@ async def test_bad_json_is_a_400(client, raw):
 
 @pytest.mark.parametrize("body, param", [
     ({"model": "plain", "prompt": 5}, "prompt"),
-    ({"model": "plain", "prompt": ["a", "b"]}, "prompt"),
+    ({"model": "plain", "prompt": ["a", 5]}, "prompt"),
+    ({"model": "plain", "prompt": []}, "prompt"),
     ({"model": "plain", "prompt": [1, 10 ** 9]}, "prompt"),
-    ({"model": "plain", "prompt": "x", "echo": True}, "echo"),
-    ({"model": "plain", "prompt": "x", "logprobs": 2}, "logprobs"),
+    ({"model": "plain", "prompt": "x", "echo": "yes"}, "echo"),
+    ({"model": "plain", "prompt": "x", "logprobs": 9}, "logprobs"),
+    ({"model": "plain", "prompt": "x", "logprobs": 1, "echo": True}, "logprobs"),
+    ({"model": "plain", "prompt": "x", "best_of": 3}, "best_of"),
+    ({"model": "plain", "prompt": "x", "suffix": "y"}, "suffix"),
 ])
 async def test_bad_completion_requests(client, body, param):
     r = await client.post("/v1/completions", json=body)
@@ -423,3 +427,62 @@ def test_an_explicit_zero_beats_the_models_default():
     assert (req.temperature, req.presence_penalty, req.top_k, req.max_tokens) == (0, 0, 5, 9)
     parsed = parse_chat({"model": "m", "messages": HI})
     assert (parsed.request.temperature, parsed.request.top_k, parsed.request.max_tokens) == (0.8, 40, None)
+
+
+# --- batches, echo, log-probabilities -------------------------------------------------------
+
+async def test_completions_batch_of_prompts_one_choice_each(client):
+    r = await client.post("/v1/completions", json={"model": "loop", "prompt": ["a\n", [1, 3 + 2 + 0x0A], "b\n"],
+                                                   "max_tokens": 3})
+    body = await r.json()
+    assert r.status == 200, body
+    validate(body, "CreateCompletionResponse")
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2]
+    assert all(c["text"] == " tick tock tick" for c in body["choices"])
+    assert body["usage"]["completion_tokens"] == 9
+    r = await client.post("/v1/completions", json={"model": "plain", "prompt": ["a\n", "b\n"], "stream": True,
+                                                   "stream_options": {"include_usage": True}})
+    events = await sse_events(r)
+    by_index = {0: "", 1: ""}
+    for e in events[:-2]:
+        validate_completion_chunk(e)
+        by_index[e["choices"][0]["index"]] += e["choices"][0]["text"]
+    assert by_index == {0: "Hello, world!", 1: "Hello, world!"}
+    assert events[-2]["usage"]["completion_tokens"] == 8
+
+
+async def test_completions_echo(client):
+    r = await client.post("/v1/completions", json={"model": "plain", "prompt": "Say:\n", "echo": True})
+    assert (await r.json())["choices"][0]["text"] == "Say:\nHello, world!"
+    r = await client.post("/v1/completions", json={"model": "plain", "prompt": "Say:\n", "echo": True,
+                                                   "stream": True})
+    events = await sse_events(r)
+    assert "".join(e["choices"][0]["text"] for e in events[:-1]) == "Say:\nHello, world!"
+
+
+async def test_completion_logprobs(client):
+    r = await client.post("/v1/completions", json={"model": "plain", "prompt": "go\n", "logprobs": 2})
+    body = await r.json()
+    validate(body, "CreateCompletionResponse")
+    lp = body["choices"][0]["logprobs"]
+    assert lp["tokens"] == ["Hello", ",", " world", "!"]
+    assert lp["text_offset"] == [0, 5, 6, 12]
+    assert all(-0.01 < x <= 0 for x in lp["token_logprobs"])  # the script's margin: each is near-certain
+    assert [list(t)[0] for t in lp["top_logprobs"]] == lp["tokens"] and all(len(t) == 2 for t in lp["top_logprobs"])
+
+
+async def test_chat_logprobs_whole_and_streamed(client):
+    _, body = await chat(client, model="plain", logprobs=True, top_logprobs=3)
+    validate(body, "CreateChatCompletionResponse")
+    content = body["choices"][0]["logprobs"]["content"]
+    assert [c["token"] for c in content] == ["Hello", ",", " world", "!"]
+    assert content[0]["bytes"] == list(b"Hello") and len(content[0]["top_logprobs"]) == 3
+    assert content[0]["top_logprobs"][0]["token"] == "Hello"
+    assert content[0]["top_logprobs"][0]["logprob"] >= content[0]["top_logprobs"][1]["logprob"]
+    _, plain = await chat(client, model="plain")
+    assert plain["choices"][0]["logprobs"] is None
+    events = await stream_chat(client, model="plain", logprobs=True)
+    tokens = [t["token"] for e in events[:-1] for t in ((e["choices"][0].get("logprobs") or {}).get("content") or [])]
+    assert tokens == ["Hello", ",", " world", "!"]
+    status, body = await chat(client, model="plain", top_logprobs=2)
+    assert status == 400 and body["error"]["param"] == "top_logprobs"

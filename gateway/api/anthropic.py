@@ -23,10 +23,10 @@ async def messages(request: web.Request) -> web.StreamResponse:
         apply_defaults(parsed, spec.defaults)
         render = anth.Renderer(spec.name)
         async with worker.generate(parsed.request) as gen:
-            input_tokens, splitter = await answer.start(gen, spec.reasoning)
+            begun, splitter = await answer.start(gen, spec.reasoning)
             items = answer.pieces(gen, splitter)
             if parsed.stream:
-                return await _stream(request, render, items, input_tokens)
+                return await _stream(request, render, items, begun["prompt_tokens"])
             blocks: list[dict] = []
             async for item in items:
                 if isinstance(item, answer.Piece):

@@ -55,42 +55,67 @@ async def _complete(request: web.Request, parsed: oai.Parsed, kind: str) -> web.
 
 async def _run(request: web.Request, parsed: oai.Parsed, kind: str, spec, worker) -> web.StreamResponse:
     render = oai.Renderer(kind, spec.name, fields=request.app[CONFIG].server.reasoning_fields)
-    async with worker.generate(parsed.request) as gen:
-        split = kind == "chat" and parsed.reasoning_format != "none"
-        _, splitter = await answer.start(gen, spec.reasoning if split else None)
-        if parsed.stream:
-            return await _stream(request, render, answer.pieces(gen, splitter), parsed.include_usage)
-        text = {"content": [], "thinking": []}
-        async for item in answer.pieces(gen, splitter):
-            if isinstance(item, answer.Piece):
-                text[item.kind].append(item.text)
-            else:
-                return web.json_response(render.whole("".join(text["content"]), "".join(text["thinking"]), item))
-    raise ApiError("the model worker ended the answer without finishing it", status=500)
+    reasoning = spec.reasoning if kind == "chat" and parsed.reasoning_format != "none" else None
+    if parsed.stream:
+        return await _stream(request, render, parsed, worker, reasoning)
+    choices, finishes = [], []
+    for index, req in enumerate(parsed.requests):  # a batch of prompts runs one after another
+        async with worker.generate(req) as gen:
+            begun, splitter = await answer.start(gen, reasoning)
+            text: dict[str, list[str]] = {"content": [], "thinking": []}
+            probs: list[dict] | None = [] if req.logprobs is not None else None
+            async for item in answer.pieces(gen, splitter):
+                if isinstance(item, answer.Piece):
+                    text[item.kind].append(item.text)
+                    if probs is not None and item.logprobs:
+                        probs += item.logprobs
+                    continue
+                choices.append(render.choice(index, "".join(text["content"]), "".join(text["thinking"]), item,
+                                             probs, begun.get("prompt_text", "")))
+                finishes.append(item)
+    return web.json_response(render.whole(choices, finishes))
 
 
-async def _stream(request: web.Request, render: oai.Renderer, items, include_usage: bool):
-    sse = EventStream(request)
-    await sse.open()
+async def _stream(request: web.Request, render: oai.Renderer, parsed: oai.Parsed, worker, reasoning):
+    gens = [worker.generate(req) for req in parsed.requests]  # queued in order in the worker
     try:
-        if (first := render.first_chunk()) is not None:
-            await sse.send(first)
-        async for item in items:
-            if isinstance(item, answer.Piece):
-                await sse.send(render.delta_chunk(item))
-            else:
-                await sse.send(render.final_chunk(item.reason))
-                if include_usage:
-                    await sse.send(render.usage_chunk(item))
-    except ApiError as err:  # the worker failed mid-answer: say so in-band, then end the stream
-        log.warning("stream %s ended by an error: %s", render.id, err.message)
-        await sse.send(render.final_chunk("error"))
-        await sse.send(err.openai_body())
-    except ConnectionResetError:  # the client went away; leaving the `async with` cancels the work
-        log.info("client disconnected from stream %s", render.id)
-        return sse.response
-    await sse.send("[DONE]")
-    return await sse.close()
+        first, splitter = await answer.start(gens[0], reasoning)  # a refusal is still a plain error response
+        sse = EventStream(request)
+        await sse.open()
+        finishes = []
+        try:
+            if (chunk := render.first_chunk()) is not None:
+                await sse.send(chunk)
+            for index, gen in enumerate(gens):
+                begun = first if index == 0 else None
+                if begun is None:
+                    begun, splitter = await answer.start(gen, reasoning)
+                offset = 0
+                if begun.get("prompt_text"):
+                    echo = begun["prompt_text"]
+                    await sse.send(render.delta_chunk(answer.Piece("content", echo), index))
+                    offset = len(echo)
+                async for item in answer.pieces(gen, splitter):
+                    if isinstance(item, answer.Piece):
+                        await sse.send(render.delta_chunk(item, index, offset))
+                        offset += len(item.text)
+                    else:
+                        await sse.send(render.final_chunk(item.reason, index))
+                        finishes.append(item)
+            if parsed.include_usage:
+                await sse.send(render.usage_chunk(finishes))
+        except ApiError as err:  # the worker failed mid-answer: say so in-band, then end the stream
+            log.warning("stream %s ended by an error: %s", render.id, err.message)
+            await sse.send(render.final_chunk("error"))
+            await sse.send(err.openai_body())
+        except ConnectionResetError:  # the client went away; closing the generations cancels the work
+            log.info("client disconnected from stream %s", render.id)
+            return sse.response
+        await sse.send("[DONE]")
+        return await sse.close()
+    finally:
+        for gen in gens:
+            gen.close()
 
 
 async def embeddings(request: web.Request) -> web.Response:

@@ -17,7 +17,8 @@ Worker -> parent
   {"ev": "ready", "info": {...}}  or  {"ev": "load_failed", "error": "..."}
   per request, in order:
   {"ev": "start", "id": N, "prompt_tokens": P, "cached_tokens": C}
-  {"ev": "text", "id": N, "text": "...", "tokens": T}   zero or more; T = tokens so far
+  {"ev": "text", "id": N, "text": "...", "tokens": T,    zero or more; T = tokens so far;
+   "logprobs"?: [{"token", "bytes", "logprob", "top_logprobs": [...]}, ...]}  (when asked)
   {"ev": "done", "id": N, "finish_reason": "stop"|"length"|"cancelled",
    "stop": matched-or-null, "prompt_tokens": P, "completion_tokens": T}
   {"ev": "tokens", "id": N, "tokens": [...], "pieces"?: [...]}  /  {"ev": "detokenized", "id": N, "text": "..."}
@@ -119,6 +120,8 @@ class GenerationRequest:
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False  # llama-server's extension: generate max_tokens whatever the model says
     grammar: str | None = None  # GBNF constraining every sampled token
+    logprobs: int | None = None  # None: none; N: each token's log-probability and its N likeliest alternatives
+    echo: bool = False  # the start event carries the prompt's text
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

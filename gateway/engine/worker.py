@@ -318,46 +318,82 @@ class Model:
         common = min(common, n_prompt - 1)
         self.ll.llama_memory_seq_rm(self.mem, 0, common, -1)
         del self.cached[common:]
-        out.send({"ev": "start", "id": rid, "prompt_tokens": n_prompt, "cached_tokens": common,
-                  "prompt_tail": prompt_tail})
+        sampler = self._sampler(req)  # before "start": a grammar that does not parse is a plain 400
+        try:
+            self._run(rid, req, tokens, common, prompt_tail, sampler, limit, out)
+        finally:
+            self.ll.llama_sampler_free(sampler)
 
+    def _run(self, rid: int, req: dict[str, Any], tokens: list[int], common: int, prompt_tail: str,
+             sampler, limit: int, out: "Worker") -> None:
+        n_prompt = len(tokens)
+        start = {"ev": "start", "id": rid, "prompt_tokens": n_prompt, "cached_tokens": common,
+                 "prompt_tail": prompt_tail}
+        if req.get("echo"):
+            start["prompt_text"] = req["prompt"] if req.get("prompt") is not None else self.detokenize(tokens)
+        out.send(start)
         for i in range(common, n_prompt, self.n_batch):
             if out.cancelled(rid):
                 return out.done(rid, "cancelled", None, n_prompt, 0)
             self._decode(tokens[i:i + self.n_batch])
 
-        sampler = self._sampler(req)
+        top_n = req.get("logprobs")  # None: no log-probabilities; N: the chosen token's and N alternatives
         utf8, stops = Utf8Stream(), StopMatcher(req.get("stop") or [])
-        n_gen, finish, matched = 0, "length", None
-        try:
-            while True:
-                tok = self.ll.llama_sampler_sample(sampler, self.ctx, -1)
-                if self.ll.llama_vocab_is_eog(self.vocab, tok):
-                    finish = "stop"
-                    break
-                n_gen += 1
-                text, matched = stops.feed(utf8.feed(self.piece(tok)))
-                if text:
-                    out.send({"ev": "text", "id": rid, "text": text, "tokens": n_gen})
-                if matched is not None:
-                    finish = "stop"
-                    break
-                if n_gen >= limit:
-                    break
-                if out.cancelled(rid):
-                    finish = "cancelled"
-                    break
-                self._decode([tok])
-        finally:
-            self.ll.llama_sampler_free(sampler)
+        n_gen, finish, matched, probs = 0, "length", None, []
+        while True:
+            tok = self.ll.llama_sampler_sample(sampler, self.ctx, -1)
+            if self.ll.llama_vocab_is_eog(self.vocab, tok):
+                finish = "stop"
+                break
+            n_gen += 1
+            if top_n is not None:
+                probs.append(self._logprobs(tok, top_n))
+            text, matched = stops.feed(utf8.feed(self.piece(tok)))
+            if text:
+                event = {"ev": "text", "id": rid, "text": text, "tokens": n_gen}
+                if probs:
+                    event["logprobs"], probs = probs, []
+                out.send(event)
+            if matched is not None:
+                finish = "stop"
+                break
+            if n_gen >= limit:
+                break
+            if out.cancelled(rid):
+                finish = "cancelled"
+                break
+            self._decode([tok])
         if matched is None and finish != "cancelled":
             tail, matched = stops.feed(utf8.flush())
             tail += stops.flush()
             if tail:
-                out.send({"ev": "text", "id": rid, "text": tail, "tokens": n_gen})
+                event = {"ev": "text", "id": rid, "text": tail, "tokens": n_gen}
+                if probs:
+                    event["logprobs"] = probs
+                out.send(event)
             if matched is not None:
                 finish = "stop"
         out.done(rid, finish, matched, n_prompt, n_gen)
+
+    def _logprobs(self, token: int, top_n: int) -> dict[str, Any]:
+        """The model's log-probability of ``token`` and of its ``top_n`` likeliest alternatives, read
+        from the logits in place (a numpy view, no copy) only when a request asks for them."""
+        import numpy as np
+
+        logits = np.ctypeslib.as_array(self.ll.llama_get_logits_ith(self.ctx, -1), shape=(self.n_vocab,))
+        peak = float(logits.max())
+        lse = peak + float(np.log(np.exp(logits - peak).sum()))
+        def info(t: int) -> dict[str, Any]:
+            piece = self.piece(t)
+            return {"token": piece.decode("utf-8", "replace"), "bytes": list(piece),
+                    "logprob": float(logits[t]) - lse}
+
+        entry = info(token)
+        entry["top_logprobs"] = []
+        if top_n:
+            best = np.argpartition(-logits, top_n)[:top_n]
+            entry["top_logprobs"] = [info(int(t)) for t in best[np.argsort(-logits[best])]]
+        return entry
 
 
 class Worker:

@@ -6,6 +6,7 @@ Fields are mapped one by one into a ``GenerationRequest``; unknown fields are ac
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -26,10 +27,11 @@ KNOWN_CHAT = {
     "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "stream",
     "stream_options", "seed", "presence_penalty", "frequency_penalty", "n", "user", "top_k", "min_p",
     "repeat_penalty", "chat_template_kwargs", "ignore_eos", "reasoning_format", "response_format", "grammar",
+    "logprobs", "top_logprobs",
 }
 REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")  # llama-server's values; all but none split
 KNOWN_COMPLETION = KNOWN_CHAT - {"messages", "max_completion_tokens", "chat_template_kwargs",
-                                 "reasoning_format"} | {"prompt"}
+                                 "reasoning_format", "top_logprobs"} | {"prompt"}
 _logged_unknown: set[str] = set()
 
 
@@ -114,6 +116,18 @@ def _common(body: dict[str, Any], req: GenerationRequest) -> tuple[bool, bool, s
     _sampling(body, req, explicit)
     req.stop = _stop(body)
     return stream, include_usage, explicit
+
+
+def _chat_logprobs(body: dict[str, Any]) -> int | None:
+    want, top = body.get("logprobs"), body.get("top_logprobs")
+    if want is not None and not isinstance(want, bool):
+        raise InvalidRequest("`logprobs` must be true or false", "logprobs")
+    if top is not None:
+        if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20:
+            raise InvalidRequest(f"`top_logprobs` must be an integer from 0 to 20, got {top!r}", "top_logprobs")
+        if not want:
+            raise InvalidRequest("`top_logprobs` needs `logprobs: true`", "top_logprobs")
+    return (top or 0) if want else None
 
 
 def _grammar(body: dict[str, Any]) -> str | None:
@@ -206,6 +220,7 @@ def parse_chat(body: dict[str, Any]) -> Parsed:
         req.chat_template_kwargs = {k: v for k, v in kwargs.items()
                                     if k not in ("messages", "add_generation_prompt", "bos_token", "eos_token")}
     req.grammar = _grammar(body)
+    req.logprobs = _chat_logprobs(body)
     fmt = body.get("reasoning_format")
     if fmt is not None and fmt not in REASONING_FORMATS:
         raise InvalidRequest(f"`reasoning_format` must be one of {', '.join(REASONING_FORMATS)}, got {fmt!r}",
@@ -214,33 +229,53 @@ def parse_chat(body: dict[str, Any]) -> Parsed:
     return Parsed(model, req, stream, include_usage, explicit, fmt or "auto")
 
 
+MAX_PROMPTS = 64
+
+
+def _is_ids(x: Any) -> bool:
+    return isinstance(x, list) and bool(x) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+
+
 def parse_completion(body: dict[str, Any]) -> Parsed:
     model = require_model(body)
     prompt = body.get("prompt")
-    req = GenerationRequest()
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # a one-element batch is one prompt
-    if isinstance(prompt, str):
-        req.prompt = prompt
-    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        req.prompt_tokens = prompt
-    elif isinstance(prompt, list) and len(prompt) > 1:
-        raise InvalidRequest("`prompt` as an array of several prompts is not supported yet; send one per request",
-                             "prompt")
+    if isinstance(prompt, str) or _is_ids(prompt):
+        prompts: list[Any] = [prompt]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) or _is_ids(p) for p in prompt):
+        prompts = prompt  # a batch: one choice per prompt
     else:
-        raise InvalidRequest("`prompt` must be a string or an array of token ids", "prompt")
-    for name, harmless in (("echo", (None, False)), ("logprobs", (None,)), ("suffix", (None, "")),
-                           ("best_of", (None, 1))):
+        raise InvalidRequest("`prompt` must be a string, an array of token ids, or an array of those", "prompt")
+    if len(prompts) > MAX_PROMPTS:
+        raise InvalidRequest(f"`prompt` may hold at most {MAX_PROMPTS} prompts, got {len(prompts)}", "prompt")
+    for name, harmless in (("suffix", (None, "")), ("best_of", (None, 1))):
         value = body.get(name)
         if not any(value is h or (type(value) is type(h) and value == h) for h in harmless):
-            raise InvalidRequest(f"`{name}` is not supported yet", name)
+            raise InvalidRequest(f"`{name}` is not supported", name)
+    echo = body.get("echo", False)
+    if not isinstance(echo, bool):
+        raise InvalidRequest("`echo` must be true or false", "echo")
+    logprobs = body.get("logprobs")
+    if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int) or not 0 <= logprobs <= 5):
+        raise InvalidRequest(f"`logprobs` must be an integer from 0 to 5, got {logprobs!r}", "logprobs")
+    if echo and logprobs is not None:
+        raise InvalidRequest("`echo` together with `logprobs` (log-probabilities of the prompt) is not supported",
+                             "logprobs")
+    req = GenerationRequest(echo=echo, logprobs=logprobs)
     stream, include_usage, explicit = _common(body, req)
     req.grammar = _grammar(body)
     req.max_tokens = _max_tokens(body, ("max_tokens",))
     if req.max_tokens is None:
         req.max_tokens = 16  # OpenAI's default for /v1/completions
+    requests = []
+    for p in prompts:
+        one = dataclasses.replace(req, stop=list(req.stop))
+        if isinstance(p, str):
+            one.prompt = p
+        else:
+            one.prompt_tokens = p
+        requests.append(one)
     _log_unknown(body, KNOWN_COMPLETION | {"echo", "logprobs", "suffix", "best_of"})
-    return Parsed(model, req, stream, include_usage, explicit)
+    return Parsed(model, requests[0], stream, include_usage, explicit, more=requests[1:])
 
 
 def parse_embeddings(body: dict[str, Any]) -> tuple[str, list[Any], str]:
@@ -286,11 +321,13 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def usage(finish: Finish, chat: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {"prompt_tokens": finish.prompt_tokens, "completion_tokens": finish.completion_tokens,
-                           "total_tokens": finish.prompt_tokens + finish.completion_tokens}
+def usage(finishes: list[Finish], chat: bool) -> dict[str, Any]:
+    prompt = sum(f.prompt_tokens for f in finishes)
+    completion = sum(f.completion_tokens for f in finishes)
+    out: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
+                           "total_tokens": prompt + completion}
     if chat:
-        out["completion_tokens_details"] = {"reasoning_tokens": finish.reasoning_tokens}
+        out["completion_tokens_details"] = {"reasoning_tokens": sum(f.reasoning_tokens for f in finishes)}
     return out
 
 
@@ -322,32 +359,50 @@ class Renderer:
         return self._chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                             "finish_reason": None})
 
-    def delta_chunk(self, piece: Piece) -> dict[str, Any]:
+    def _logprobs(self, entries: list[dict[str, Any]] | None, offset: int = 0) -> dict[str, Any] | None:
+        """Chat: {"content": [...]}; text completions: the legacy tokens / token_logprobs shape."""
+        if entries is None:
+            return None
+        if self.kind == "chat":
+            return {"content": entries, "refusal": None}
+        offsets, at = [], offset
+        for e in entries:
+            offsets.append(at)
+            at += len(e["token"])
+        return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+                "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+                "text_offset": offsets}
+
+    def delta_chunk(self, piece: Piece, index: int = 0, offset: int = 0) -> dict[str, Any]:
+        logprobs = self._logprobs(piece.logprobs, offset)
         if self.kind != "chat":
-            return self._chunk({"index": 0, "text": piece.text, "logprobs": None, "finish_reason": None})
+            return self._chunk({"index": index, "text": piece.text, "logprobs": logprobs, "finish_reason": None})
         if piece.kind == "thinking":
             delta = {f: piece.text for f in self.fields}
         else:
             delta = {"content": piece.text}
-        return self._chunk({"index": 0, "delta": delta, "logprobs": None, "finish_reason": None})
+        return self._chunk({"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": None})
 
-    def final_chunk(self, finish_reason: str) -> dict[str, Any]:
+    def final_chunk(self, finish_reason: str, index: int = 0) -> dict[str, Any]:
         if self.kind == "chat":
-            return self._chunk({"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish_reason})
-        return self._chunk({"index": 0, "text": "", "logprobs": None, "finish_reason": finish_reason})
+            return self._chunk({"index": index, "delta": {}, "logprobs": None, "finish_reason": finish_reason})
+        return self._chunk({"index": index, "text": "", "logprobs": None, "finish_reason": finish_reason})
 
-    def usage_chunk(self, finish: Finish) -> dict[str, Any]:
-        return self._chunk({}, usage(finish, self.kind == "chat"), choices=False)
+    def usage_chunk(self, finishes: list[Finish]) -> dict[str, Any]:
+        return self._chunk({}, usage(finishes, self.kind == "chat"), choices=False)
 
-    def whole(self, content: str, thinking: str, finish: Finish) -> dict[str, Any]:
+    def choice(self, index: int, content: str, thinking: str, finish: Finish,
+               logprobs: list[dict[str, Any]] | None, echo: str = "") -> dict[str, Any]:
         if self.kind == "chat":
             message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
             if thinking:
                 message.update({f: thinking for f in self.fields})
-            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish.reason}
-            obj = "chat.completion"
-        else:
-            choice = {"index": 0, "text": content, "logprobs": None, "finish_reason": finish.reason}
-            obj = "text_completion"
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                "choices": [choice], "usage": usage(finish, self.kind == "chat")}
+            return {"index": index, "message": message, "logprobs": self._logprobs(logprobs),
+                    "finish_reason": finish.reason}
+        return {"index": index, "text": echo + content, "logprobs": self._logprobs(logprobs, len(echo)),
+                "finish_reason": finish.reason}
+
+    def whole(self, choices: list[dict[str, Any]], finishes: list[Finish]) -> dict[str, Any]:
+        return {"id": self.id, "object": "chat.completion" if self.kind == "chat" else "text_completion",
+                "created": self.created, "model": self.model, "choices": choices,
+                "usage": usage(finishes, self.kind == "chat")}

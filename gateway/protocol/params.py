@@ -53,13 +53,19 @@ class Parsed:
     include_usage: bool = False
     explicit: set[str] = field(default_factory=set)  # sampling fields the caller set
     reasoning_format: str = "auto"  # "none": thinking stays in the content, markers and all
+    more: list[GenerationRequest] = field(default_factory=list)  # further prompts of a batch, one choice each
+
+    @property
+    def requests(self) -> list[GenerationRequest]:
+        return [self.request, *self.more]
 
 
 def apply_defaults(parsed: Parsed, defaults: dict[str, Any]) -> None:
     """A model's models.yaml defaults fill the sampling fields the caller did not set."""
-    for name, value in defaults.items():
-        if name == "max_tokens":
-            if parsed.request.max_tokens is None:
-                parsed.request.max_tokens = value
-        elif name not in parsed.explicit:
-            setattr(parsed.request, name, value)
+    for req in parsed.requests:
+        for name, value in defaults.items():
+            if name == "max_tokens":
+                if req.max_tokens is None:
+                    req.max_tokens = value
+            elif name not in parsed.explicit:
+                setattr(req, name, value)
