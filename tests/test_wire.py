@@ -253,3 +253,41 @@ async def test_json_object_and_gbnf_grammar(client):
 async def test_bad_structured_output_requests(client, body, param):
     status, out = await post(client, "/v1/chat/completions", {"model": "random", "messages": HI, **body})
     assert status == 400 and out["error"]["param"] == param, out
+
+
+@pytest.fixture(scope="module")
+def bench_model():
+    """The benchmark model (81M random-weight llama, Qwen2's 152k vocabulary), kept between runs."""
+    path = REPO / ".cache" / "models" / "random-qwen2-81m.gguf"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tm.write_random_model(path.with_suffix(".part"), tm.find_vocab("qwen2", cache_dir=REPO / ".cache" / "vocab"))
+        path.with_suffix(".part").replace(path)
+    return path
+
+
+async def test_json_schema_on_the_benchmark_model(aiohttp_client, bench_model, write_config):
+    cfg = load_config(write_config(f"models:\n  bench:\n    path: {bench_model}\n    n_ctx: 1024\n"))
+    client = await aiohttp_client(create_app(cfg))
+    status, body = await post(client, "/v1/chat/completions", {
+        "model": "bench", "messages": HI, "max_tokens": 200, "seed": 7, "temperature": 1.0,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}}})
+    assert status == 200, body
+    assert body["choices"][0]["finish_reason"] == "stop"
+    jsonschema.validate(json.loads(body["choices"][0]["message"]["content"]), SCHEMA)
+
+
+async def test_anthropic_stream_ends_with_an_error_event_when_the_worker_dies(aiohttp_client, files, write_config):
+    import os
+    import signal
+
+    from gateway.app import REGISTRY
+
+    client = await aiohttp_client(create_app(load_config(write_config(f"models:\n  loop: {files}/loop.gguf\n"))))
+    r = await client.post("/v1/messages", json={"model": "loop", "max_tokens": 100000 // 30, "messages": HI,
+                                                "stream": True})
+    await r.content.readline()
+    os.kill(client.app[REGISTRY].loaded()["loop"].proc.pid, signal.SIGKILL)
+    text = (await r.read()).decode()
+    last = [line for line in text.splitlines() if line.startswith("event: ")][-1]
+    assert last == "event: error" and '"type":"api_error"' in text and "exited unexpectedly" in text
