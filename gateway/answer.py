@@ -8,6 +8,7 @@ from typing import Any, AsyncIterator
 
 from .engine.client import Generation
 from .errors import ApiError
+from .events import Observation
 from .reasoning import ReasoningSplitter, detect
 
 
@@ -53,9 +54,11 @@ async def start(gen: Generation, reasoning: str | None) -> tuple[dict[str, Any],
     return event, ReasoningSplitter(fmt, event.get("prompt_tail", "")) if fmt else None
 
 
-async def pieces(gen: Generation, splitter: ReasoningSplitter | None) -> AsyncIterator[Piece | Finish]:
+async def pieces(gen: Generation, splitter: ReasoningSplitter | None,
+                 obs: Observation | None = None) -> AsyncIterator[Piece | Finish]:
     """Thinking and content pieces, then the finish. Token log-probabilities ride on the next
-    piece to leave (a marker held back by the splitter delays them, never drops them)."""
+    piece to leave (a marker held back by the splitter delays them, never drops them).
+    ``obs`` gets the token times and counts (time to first token, inter-token latency)."""
     seen = reasoning = 0
     probs: list[dict[str, Any]] = []
     async for event in gen:
@@ -64,6 +67,8 @@ async def pieces(gen: Generation, splitter: ReasoningSplitter | None) -> AsyncIt
             raise error_from(event)
         if ev == "text":
             n, seen = event["tokens"] - seen, event["tokens"]
+            if obs is not None:
+                obs.tokens(n)
             probs += event.get("logprobs", ())
             if splitter is None:
                 segments = [("content", event["text"])]
@@ -78,5 +83,8 @@ async def pieces(gen: Generation, splitter: ReasoningSplitter | None) -> AsyncIt
             for kind, text in splitter.flush() if splitter else ():
                 yield Piece(kind, text, probs or None)
                 probs = []
-            yield Finish(event["finish_reason"], event.get("stop"), event["prompt_tokens"],
-                         event["completion_tokens"], reasoning)
+            finish = Finish(event["finish_reason"], event.get("stop"), event["prompt_tokens"],
+                            event["completion_tokens"], reasoning)
+            if obs is not None:
+                obs.finished(finish)
+            yield finish

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
+import time
 import logging
 from typing import Awaitable, Callable
 
@@ -11,15 +13,21 @@ from aiohttp import web
 
 from .config import Config
 from .errors import ApiError
+from .events import ERROR_CODE, OBSERVATION, PRINCIPAL, EventSink, Observation, request_id
+from .metrics import Metrics
 from .registry import Registry
 
 log = logging.getLogger(__name__)
 
 CONFIG = web.AppKey("config", Config)
 REGISTRY = web.AppKey("registry", Registry)
+METRICS = web.AppKey("metrics", Metrics)
+EVENTS = web.AppKey("events", EventSink)
+LIFECYCLE = web.AppKey("lifecycle", dict)  # {"draining": bool}
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 OPEN_PATHS = frozenset({"/health"})
+UNOBSERVED = frozenset({"/health", "/metrics"})  # no inference event, no request metrics
 
 
 def is_anthropic(request: web.Request) -> bool:
@@ -27,8 +35,62 @@ def is_anthropic(request: web.Request) -> bool:
 
 
 def error_response(request: web.Request, err: ApiError) -> web.Response:
+    request[ERROR_CODE] = err.code or f"http_{err.status}"
     body = err.anthropic_body() if is_anthropic(request) else err.openai_body()
     return web.json_response(body, status=err.status, headers=err.headers)
+
+
+def endpoint_of(request: web.Request) -> str:
+    route = request.match_info.route
+    resource = route.resource if route is not None else None
+    return resource.canonical if resource is not None else "other"
+
+
+@web.middleware
+async def observe_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Request id in and out, and one observation per request: metrics plus an inference event."""
+    rid = request_id(request.headers.get("X-Request-Id"))
+    if request.path in UNOBSERVED:
+        return await handler(request)
+    obs = request[OBSERVATION] = Observation(rid, endpoint_of(request))
+    if request.app[LIFECYCLE]["draining"]:
+        response: web.StreamResponse = error_response(request, ApiError(
+            "the gateway is shutting down", status=503, code="shutting_down", headers={"Connection": "close"}))
+        status = 503
+    else:
+        try:
+            response = await handler(request)
+            status = response.status
+        except asyncio.CancelledError:  # the client went away (handler cancellation)
+            obs.disconnected = True
+            _record(request.app, obs, 499, request)
+            raise
+    if not response.prepared:
+        response.headers["X-Request-Id"] = rid
+    _record(request.app, obs, status, request)
+    return response
+
+
+def _record(app: web.Application, obs: Observation, status: int, request: web.Request) -> None:
+    m = app[METRICS]
+    duration = time.monotonic() - obs.started
+    labels = (obs.model, obs.endpoint)
+    m.requests.labels(*labels, str(status)).inc()
+    m.duration.labels(*labels).observe(duration)
+    if obs.first_token is not None:
+        m.ttft.labels(obs.model).observe(obs.first_token - obs.started)
+    for gap in obs.gaps:
+        m.itl.labels(obs.model).observe(gap)
+    for counter, n in ((m.prompt_tokens, obs.prompt_tokens), (m.completion_tokens, obs.completion_tokens),
+                       (m.reasoning_tokens, obs.reasoning_tokens)):
+        if n:
+            counter.labels(obs.model).inc(n)
+    if obs.disconnected:
+        m.disconnects.labels(*labels).inc()
+    if status >= 400 and obs.first_token is None and not obs.disconnected:
+        m.rejected.labels(request.get(ERROR_CODE) or f"http_{status}").inc()
+    obs.principal = request.get(PRINCIPAL, obs.principal)
+    app[EVENTS].write(obs.event(status, duration))
 
 
 @web.middleware
@@ -55,20 +117,25 @@ def _digest(key: str) -> bytes:
     return hashlib.sha256(key.encode()).digest()
 
 
-def auth_middleware(keys: tuple[str, ...]):
+def auth_middleware(keys: tuple[str, ...], open_paths: frozenset[str] = OPEN_PATHS):
     """Bearer or ``x-api-key``; both sides hashed so the comparison is constant-time."""
-    digests = [_digest(k) for k in keys]
+    digests = [(f"key{i}", _digest(k)) for i, k in enumerate(keys, 1)]
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in OPEN_PATHS or request.method == "OPTIONS":
+        if request.path in open_paths or request.method == "OPTIONS":
             return await handler(request)
         auth = request.headers.get("Authorization", "")
         given = auth[7:].strip() if auth[:7].lower() == "bearer " else request.headers.get("x-api-key", "")
         d = _digest(given)
-        if not given or not any(hmac.compare_digest(d, k) for k in digests):
+        principal = None
+        for name, k in digests:  # every key is compared, so the time taken says nothing of which matched
+            if hmac.compare_digest(d, k) and given:
+                principal = name
+        if principal is None:
             raise ApiError("Invalid or missing API key", status=401, code="invalid_api_key",
                            headers={"WWW-Authenticate": "Bearer"})
+        request[PRINCIPAL] = principal
         return await handler(request)
 
     return middleware
@@ -77,12 +144,18 @@ def auth_middleware(keys: tuple[str, ...]):
 def create_app(config: Config, registry: Registry | None = None) -> web.Application:
     from .api import admin, anthropic, openai
 
-    middlewares = [errors_middleware]
+    middlewares = [observe_middleware, errors_middleware]
     if config.server.api_keys:
-        middlewares.append(auth_middleware(config.server.api_keys))
+        open_paths = OPEN_PATHS | ({"/metrics"} if config.server.metrics_public else set())
+        middlewares.append(auth_middleware(config.server.api_keys, open_paths))
     app = web.Application(middlewares=middlewares)
     app[CONFIG] = config
     app[REGISTRY] = registry if registry is not None else Registry(config)
+    app[METRICS] = Metrics()
+    app[REGISTRY].metrics = app[METRICS]
+    app[METRICS].watch_models(app[REGISTRY].metrics_rows)
+    app[EVENTS] = EventSink(config.server.events_path)
+    app[LIFECYCLE] = {"draining": False}
     app.cleanup_ctx.append(_workers_ctx)
     admin.setup(app)
     openai.setup(app)
@@ -94,3 +167,4 @@ async def _workers_ctx(app: web.Application):
     await app[REGISTRY].preload()
     yield
     await app[REGISTRY].close()
+    app[EVENTS].close()

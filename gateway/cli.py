@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
 from typing import Sequence
@@ -32,9 +33,22 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="address to bind (default: server.host, 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port to bind (default: server.port, 8080)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--log-format", default="plain", choices=["plain", "json"],
+                       help="plain lines (fit for journald) or one JSON object per line")
 
     check = sub.add_parser("check-config", help="validate models.yaml and the model files it names")
     _add_config_arg(check)
+
+    status = sub.add_parser("status", help="ask a running gateway what is loaded, in flight and failed")
+    chat = sub.add_parser("chat", help="chat in the terminal with a model of a running gateway")
+    chat.add_argument("model")
+    chat.add_argument("--system", help="a system prompt")
+    chat.add_argument("--color", choices=["auto", "always", "never"], default="auto",
+                      help="show thinking dimmed (auto: when the output is a terminal)")
+    for p in (status, chat):
+        _add_config_arg(p)
+        p.add_argument("--url", help="the gateway (default: $GGUF_GATEWAY_URL, else host and port from the config)")
+        p.add_argument("--api-key", help="default: $GGUF_GATEWAY_API_KEY, else the config's first key")
 
     models = sub.add_parser("models", help="list every model name that resolves, read from the GGUF headers")
     _add_config_arg(models)
@@ -48,7 +62,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_serve(args)
     if args.command == "check-config":
         return cmd_check_config(args)
+    if args.command in ("status", "chat"):
+        return cmd_operator(args)
     return cmd_models(args)
+
+
+def cmd_operator(args: argparse.Namespace) -> int:
+    from . import operator
+
+    config = _load(args, check_files=False) if (args.config or find_config_path(None)) else None
+    gw = operator.Gateway.from_args(args, config)
+    try:
+        if args.command == "status":
+            return operator.status(gw)
+        color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
+        return operator.chat(gw, args.model, args.system, color)
+    except operator.Unreachable as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except RuntimeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
 
 
 def _load(args: argparse.Namespace, *, check_files: bool = True) -> Config | None:
@@ -135,7 +171,16 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler()
+    if args.log_format == "json":
+        from .events import JsonLogFormatter
+
+        handler.setFormatter(JsonLogFormatter())
+    elif os.environ.get("JOURNAL_STREAM"):  # journald stamps each line itself
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
     logging.getLogger("gguf").setLevel(logging.WARNING)  # the GGUF writer narrates every file it writes
     config = _load(args)
     if config is None:
@@ -153,13 +198,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
 async def _serve(config: Config, host: str, port: int) -> int:
     from aiohttp import web
 
-    from .app import create_app
+    from .app import LIFECYCLE, create_app
     from .registry import Registry
+    from .systemd import Notifier
 
+    notifier = Notifier()
     registry = await asyncio.to_thread(Registry, config, allow_demo=True)
     app = create_app(config, registry)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
-    await runner.setup()
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True,
+                           shutdown_timeout=2.0)
+    await runner.setup()  # preloads models (cleanup_ctx) before anything listens
     site = web.TCPSite(runner, host, port)
     try:
         await site.start()
@@ -180,7 +228,30 @@ async def _serve(config: Config, host: str, port: int) -> int:
             pass
     names = ", ".join(s.name for s in registry.specs()) or "none"
     log.info("gguf-gateway %s listening on http://%s:%s (models: %s)", __version__, host, port, names)
+    notifier.notify("READY=1")
+    watchdog = asyncio.ensure_future(notifier.watchdog())
     await stop.wait()
-    log.info("shutting down")
+    notifier.notify("STOPPING=1")
+    await _drain(app[LIFECYCLE], registry, site, config.server.drain_seconds)
+    watchdog.cancel()
     await runner.cleanup()
+    log.info("stopped")
     return 0
+
+
+async def _drain(lifecycle: dict, registry, site, seconds: float) -> None:
+    """Stop taking requests, give those in flight ``seconds`` to finish, then end the rest with an error."""
+    lifecycle["draining"] = True
+    await site.stop()  # no new connections; a kept-alive one gets 503 and Connection: close
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    if registry.in_flight():
+        log.info("shutting down: waiting up to %.0f s for %d request(s) in flight", seconds, registry.in_flight())
+    while registry.in_flight() and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    if registry.in_flight():
+        log.warning("drain time over: ending %d request(s) with an error", registry.in_flight())
+        registry.abort_all("the gateway is shutting down")
+        end = loop.time() + 2.0
+        while registry.in_flight() and loop.time() < end:
+            await asyncio.sleep(0.05)

@@ -100,6 +100,9 @@ class ServerConfig:
     load_timeout: float = DEFAULT_LOAD_TIMEOUT
     max_loaded_models: int = DEFAULT_MAX_LOADED
     reasoning_fields: tuple[str, ...] = ("reasoning_content", "reasoning")
+    events_path: Path | None = None  # append one JSON line per request here
+    drain_seconds: float = 30.0  # on SIGTERM, how long requests in flight may take to finish
+    metrics_public: bool = False  # /metrics without an API key
 
 
 @dataclass(frozen=True)
@@ -278,6 +281,9 @@ class _Parser:
             "load_timeout": self.seconds,
             "max_loaded_models": self.integer(minimum=0, what="an integer >= 0 (0: no limit)"),
             "reasoning_fields": self.list_of(self.one_of(REASONING_FIELDS)),
+            "events_path": self.path_field,
+            "drain_seconds": self.seconds,
+            "metrics_public": self.boolean,
         })
 
         entries: list[tuple[str, str, Any]] = []  # (yaml path, name, raw)

@@ -60,6 +60,7 @@ class Slot:
     last_used: float = 0.0
     timer: asyncio.TimerHandle | None = None
     retiring: bool = False  # replaced by a reload: unload once idle
+    waiting: int = 0  # requests waiting for this model to load
 
 
 class Registry:
@@ -77,6 +78,7 @@ class Registry:
         self._retired: list[Slot] = []
         self._released: asyncio.Event | None = None
         self.worker_failures = 0  # workers that exited without being asked to
+        self.metrics = None  # a metrics.Metrics, when an app serves this registry
         self.refresh()
 
     # --- names ---------------------------------------------------------------------------
@@ -169,6 +171,24 @@ class Registry:
             slot = self._slots[spec.name] = Slot(spec)
         return slot
 
+    def metrics_rows(self) -> list[tuple[str, str, int, int]]:
+        """(model, state, requests in flight, requests queued) for every resolvable model."""
+        rows = []
+        for spec in self._specs:
+            slot = self.state(spec)
+            behind = max(0, slot.worker.in_flight - 1) if slot.worker is not None else 0
+            rows.append((spec.name, slot.state, slot.in_flight, slot.waiting + behind))
+        return rows
+
+    def in_flight(self) -> int:
+        return sum(s.in_flight for s in [*self._slots.values(), *self._retired])
+
+    def abort_all(self, message: str) -> None:
+        """End every request in flight now with an error (the drain time ran out)."""
+        for slot in [*self._slots.values(), *self._retired]:
+            if slot.worker is not None:
+                slot.worker.abort_all(message)
+
     def loaded(self) -> dict[str, WorkerProcess]:
         return {s.spec.name: s.worker for s in self._slots.values() if s.worker is not None and s.worker.alive}
 
@@ -186,7 +206,11 @@ class Registry:
                     "is an embedding model: use /v1/embeddings")
             raise ApiError(f"model {spec.name!r} {what}", status=501, param="model", code="unsupported_model")
         slot = self.slot(spec)
-        worker = await self._ready(slot)
+        slot.waiting += 1
+        try:
+            worker = await self._ready(slot)
+        finally:
+            slot.waiting -= 1
         slot.in_flight += 1
         if slot.timer is not None:
             slot.timer.cancel()
@@ -225,6 +249,7 @@ class Registry:
     async def _load(self, slot: Slot) -> WorkerProcess:
         spec = slot.spec
         slot.state = LOADING
+        began = time.monotonic()
         try:
             await self._make_room(slot)
             await asyncio.to_thread(discovery.INFO_CACHE.get, spec.path)  # a bad file fails here, before a spawn
@@ -238,6 +263,8 @@ class Registry:
             slot.failures += 1
             backoff = min(BACKOFF_FIRST * 2 ** (slot.failures - 1), BACKOFF_MAX)
             slot.state, slot.error, slot.retry_at = FAILED, str(e), time.monotonic() + backoff
+            if self.metrics is not None:
+                self.metrics.load_failures.labels(spec.name).inc()
             log.error("model %r failed to load: %s (next attempt in %.0f s)", spec.name, e, backoff)
             raise _load_failed(spec, str(e), backoff) from None
         except BaseException:
@@ -246,6 +273,8 @@ class Registry:
         finally:
             slot.load = None
         slot.worker, slot.state, slot.error, slot.failures = worker, READY, None, 0
+        if self.metrics is not None:
+            self.metrics.load_duration.labels(spec.name).observe(time.monotonic() - began)
         slot.last_used = time.monotonic()
         if slot.in_flight == 0:
             self._idle(slot)  # loaded without a request (preload, admin): keep_alive starts now
@@ -322,6 +351,8 @@ class Registry:
     def _worker_exited(self, worker: WorkerProcess, expected: bool) -> None:
         if not expected:
             self.worker_failures += 1
+            if self.metrics is not None:
+                self.metrics.worker_restarts.labels(worker.params.name).inc()
         for slot in [*self._slots.values(), *self._retired]:
             if slot.worker is worker:
                 slot.worker = None

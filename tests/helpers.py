@@ -27,9 +27,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60,
+            input_text: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([*gateway_command(), *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=timeout, stdin=subprocess.DEVNULL)
+                          env={**os.environ, **(env or {})}, timeout=timeout, input=input_text,
+                          stdin=subprocess.DEVNULL if input_text is None else None)
 
 
 class ServerProcess:

@@ -9,7 +9,7 @@ from typing import Any
 from aiohttp import web
 
 from .. import __version__
-from ..app import REGISTRY
+from ..app import LIFECYCLE, METRICS, REGISTRY
 from ..errors import InvalidRequest
 from ..registry import Registry
 from .openai import read_json_object
@@ -17,9 +17,12 @@ from .openai import read_json_object
 
 async def health(request: web.Request) -> web.Response:
     registry = request.app[REGISTRY]
-    return web.json_response({"status": "ok", "version": __version__, "models": len(registry.specs()),
+    draining = request.app[LIFECYCLE]["draining"]
+    return web.json_response({"status": "draining" if draining else "ok", "version": __version__,
+                              "models": len(registry.specs()), "in_flight": registry.in_flight(),
                               "workers": {name: w.proc.pid for name, w in sorted(registry.loaded().items())},
-                              "worker_failures": registry.worker_failures})
+                              "worker_failures": registry.worker_failures},
+                             status=503 if draining else 200)
 
 
 def rss_bytes(pid: int) -> int | None:
@@ -78,8 +81,15 @@ async def unload_model(request: web.Request) -> web.Response:
     return web.json_response(describe(registry, slot.spec))
 
 
+async def metrics(request: web.Request) -> web.Response:
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    return web.Response(body=request.app[METRICS].scrape(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
 def setup(app: web.Application) -> None:
     app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
     app.router.add_get("/models", list_models)
     app.router.add_post("/models/load", load_model)
     app.router.add_post("/models/unload", unload_model)

@@ -9,6 +9,7 @@ from aiohttp import web
 from .. import answer
 from ..app import REGISTRY
 from ..errors import ApiError
+from ..events import observation
 from ..protocol import anthropic as anth
 from ..protocol.params import apply_defaults
 from ..sse import EventStream
@@ -19,12 +20,14 @@ log = logging.getLogger(__name__)
 
 async def messages(request: web.Request) -> web.StreamResponse:
     parsed = anth.parse(await read_json_object(request))
+    obs = observation(request)
     async with request.app[REGISTRY].lease(parsed.model) as (spec, worker):
+        obs.model = spec.name
         apply_defaults(parsed, spec.defaults)
-        render = anth.Renderer(spec.name)
+        render = anth.Renderer(spec.name, id=f"msg_{obs.request_id}")
         async with worker.generate(parsed.request) as gen:
             begun, splitter = await answer.start(gen, spec.reasoning)
-            items = answer.pieces(gen, splitter)
+            items = answer.pieces(gen, splitter, obs)
             if parsed.stream:
                 return await _stream(request, render, items, begun["prompt_tokens"])
             blocks: list[dict] = []
@@ -79,6 +82,7 @@ async def _stream(request: web.Request, render: anth.Renderer, items, input_toke
         await sse.send(err.anthropic_body(), event="error")
     except ConnectionResetError:
         log.info("client disconnected from stream %s", render.id)
+        observation(request).disconnected = True
         return sse.response
     return await sse.close()
 
@@ -87,7 +91,8 @@ async def count_tokens(request: web.Request) -> web.Response:
     body = await read_json_object(request)
     body.setdefault("max_tokens", 1)  # not part of count_tokens
     parsed = anth.parse(body)
-    async with request.app[REGISTRY].lease(parsed.model) as (_spec, worker):
+    async with request.app[REGISTRY].lease(parsed.model) as (spec, worker):
+        observation(request).model = spec.name
         reply = await worker.ask({"op": "tokenize", "request": parsed.request.to_dict()})
     return web.json_response({"input_tokens": len(reply["tokens"])})
 

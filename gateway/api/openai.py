@@ -10,6 +10,7 @@ from aiohttp import web
 
 from .. import answer
 from ..app import CONFIG, REGISTRY
+from ..events import observation
 from ..errors import ApiError, InvalidRequest
 from ..protocol import openai as oai
 from ..sse import EventStream
@@ -49,12 +50,15 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 async def _complete(request: web.Request, parsed: oai.Parsed, kind: str) -> web.StreamResponse:
     async with request.app[REGISTRY].lease(parsed.model) as (spec, worker):
+        observation(request).model = spec.name
         oai.apply_defaults(parsed, spec.defaults)
         return await _run(request, parsed, kind, spec, worker)
 
 
 async def _run(request: web.Request, parsed: oai.Parsed, kind: str, spec, worker) -> web.StreamResponse:
-    render = oai.Renderer(kind, spec.name, fields=request.app[CONFIG].server.reasoning_fields)
+    obs = observation(request)
+    render = oai.Renderer(kind, spec.name, fields=request.app[CONFIG].server.reasoning_fields,
+                          id=f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{obs.request_id}")
     reasoning = spec.reasoning if kind == "chat" and parsed.reasoning_format != "none" else None
     if parsed.stream:
         return await _stream(request, render, parsed, worker, reasoning)
@@ -64,7 +68,7 @@ async def _run(request: web.Request, parsed: oai.Parsed, kind: str, spec, worker
             begun, splitter = await answer.start(gen, reasoning)
             text: dict[str, list[str]] = {"content": [], "thinking": []}
             probs: list[dict] | None = [] if req.logprobs is not None else None
-            async for item in answer.pieces(gen, splitter):
+            async for item in answer.pieces(gen, splitter, obs):
                 if isinstance(item, answer.Piece):
                     text[item.kind].append(item.text)
                     if probs is not None and item.logprobs:
@@ -95,7 +99,7 @@ async def _stream(request: web.Request, render: oai.Renderer, parsed: oai.Parsed
                     echo = begun["prompt_text"]
                     await sse.send(render.delta_chunk(answer.Piece("content", echo), index))
                     offset = len(echo)
-                async for item in answer.pieces(gen, splitter):
+                async for item in answer.pieces(gen, splitter, observation(request)):
                     if isinstance(item, answer.Piece):
                         await sse.send(render.delta_chunk(item, index, offset))
                         offset += len(item.text)
@@ -110,6 +114,7 @@ async def _stream(request: web.Request, render: oai.Renderer, parsed: oai.Parsed
             await sse.send(err.openai_body())
         except ConnectionResetError:  # the client went away; closing the generations cancels the work
             log.info("client disconnected from stream %s", render.id)
+            observation(request).disconnected = True
             return sse.response
         await sse.send("[DONE]")
         return await sse.close()
@@ -121,7 +126,9 @@ async def _stream(request: web.Request, render: oai.Renderer, parsed: oai.Parsed
 async def embeddings(request: web.Request) -> web.Response:
     model, inputs, fmt = oai.parse_embeddings(await read_json_object(request))
     async with request.app[REGISTRY].lease(model, embeddings=True) as (spec, worker):
+        observation(request).model = spec.name
         reply = await worker.ask({"op": "embed", "inputs": inputs})
+        observation(request).prompt_tokens = reply["prompt_tokens"]
     return web.json_response(oai.embeddings_body(spec.name, reply["data"], fmt, reply["prompt_tokens"]))
 
 

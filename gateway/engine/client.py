@@ -126,6 +126,13 @@ class WorkerProcess:
         if self._on_exit is not None:
             self._on_exit(self, expected)
 
+    def abort_all(self, message: str) -> None:
+        """Fail every request of this worker at once with ``message`` (503), cancelling its work."""
+        for rid, q in list(self._queues.items()):
+            q.put_nowait({"ev": "error", "id": rid, "status": 503, "code": "shutting_down", "param": None,
+                          "message": message})
+            self._send({"op": "cancel", "id": rid})
+
     def generate(self, request: protocol.GenerationRequest) -> "Generation":
         rid = next(self._ids)
         q: asyncio.Queue[dict[str, Any]] = asyncio.Queue()

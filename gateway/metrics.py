@@ -1,0 +1,97 @@
+"""Prometheus metrics, one registry per app (so tests and embedders never collide).
+
+Names follow Prometheus: prefix ``gguf_gateway_``, base units, ``_total`` counters. Label
+values stay bounded: ``model`` is always a resolvable model's name (``-`` when the request
+named none that resolves), ``endpoint`` is a route template, never a raw path.
+"""
+
+from __future__ import annotations
+
+import platform
+from typing import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+from . import __version__
+
+NO_MODEL = "-"
+# Latency buckets fit for LLM serving, milliseconds to minutes (after vLLM's).
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
+               0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
+DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
+LOAD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+STATES = ("unloaded", "loading", "ready", "failed")
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        p = "gguf_gateway_"
+        self.requests = Counter(p + "requests", "Requests answered, by model, endpoint and HTTP status",
+                                ["model", "endpoint", "status"], registry=r)
+        self.duration = Histogram(p + "request_duration_seconds", "Time from request to the end of the answer",
+                                  ["model", "endpoint"], buckets=DURATION_BUCKETS, registry=r)
+        self.ttft = Histogram(p + "time_to_first_token_seconds", "Time from request to the first generated token",
+                              ["model"], buckets=TTFT_BUCKETS, registry=r)
+        self.itl = Histogram(p + "inter_token_latency_seconds", "Time between generated tokens",
+                             ["model"], buckets=ITL_BUCKETS, registry=r)
+        self.prompt_tokens = Counter(p + "prompt_tokens", "Prompt tokens processed", ["model"], registry=r)
+        self.completion_tokens = Counter(p + "completion_tokens", "Tokens generated", ["model"], registry=r)
+        self.reasoning_tokens = Counter(p + "reasoning_tokens", "Generated tokens that were thinking",
+                                        ["model"], registry=r)
+        self.load_duration = Histogram(p + "model_load_duration_seconds", "Time to load a model",
+                                       ["model"], buckets=LOAD_BUCKETS, registry=r)
+        self.load_failures = Counter(p + "model_load_failures", "Model loads that failed", ["model"], registry=r)
+        self.worker_restarts = Counter(p + "worker_restarts", "Model workers that exited without being asked to",
+                                       ["model"], registry=r)
+        self.disconnects = Counter(p + "client_disconnects", "Clients that went away before their answer ended",
+                                   ["model", "endpoint"], registry=r)
+        self.rejected = Counter(p + "rejected_requests", "Requests refused before any work, by reason",
+                                ["reason"], registry=r)
+        info = Gauge(p + "build_info", "Versions of this gateway and what it runs on",
+                     ["version", "python", "llama_cpp_python"], registry=r)
+        info.labels(__version__, platform.python_version(), _llama_cpp_version()).set(1)
+        self._model_collector: _ModelCollector | None = None
+
+    def watch_models(self, rows: "callable[[], Iterable[tuple[str, str, int, int]]]") -> None:
+        """Per-model gauges read at scrape time: rows of (model, state, in_flight, queued)."""
+        self._model_collector = _ModelCollector(rows)
+        self.registry.register(self._model_collector)
+
+    def scrape(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _ModelCollector:
+    def __init__(self, rows) -> None:
+        self.rows = rows
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        state = GaugeMetricFamily("gguf_gateway_model_state", "1 for the state each model is in",
+                                  labels=["model", "state"])
+        in_flight = GaugeMetricFamily("gguf_gateway_requests_in_flight", "Requests being answered, by model",
+                                      labels=["model"])
+        queued = GaugeMetricFamily("gguf_gateway_requests_queued",
+                                   "Requests waiting for their model (loading, or behind another request)",
+                                   labels=["model"])
+        for model, current, flying, waiting in self.rows():
+            for s in STATES:
+                state.add_metric([model, s], 1.0 if s == current else 0.0)
+            in_flight.add_metric([model], flying)
+            queued.add_metric([model], waiting)
+        yield from (state, in_flight, queued)
+
+
+def _llama_cpp_version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("llama-cpp-python")
+    except metadata.PackageNotFoundError:
+        return "unknown"

@@ -1,0 +1,155 @@
+"""Operator commands that talk to a running gateway: ``status`` and ``chat``.
+
+Standard library only (urllib), so they work from the same install with nothing running but
+the gateway. The address and key come from ``--url`` / ``--api-key``, else
+``$GGUF_GATEWAY_URL`` / ``$GGUF_GATEWAY_API_KEY``, else the config file (host, port and its
+first API key).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+from typing import Any, Iterator
+
+from .config import Config
+
+DIM, RESET = "\x1b[2m", "\x1b[0m"
+
+
+class Unreachable(Exception):
+    pass
+
+
+class Gateway:
+    def __init__(self, url: str, api_key: str | None):
+        self.url = url.rstrip("/")
+        self.api_key = api_key
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, config: Config | None) -> "Gateway":
+        url = args.url or os.environ.get("GGUF_GATEWAY_URL")
+        if not url:
+            host = config.server.host if config else "127.0.0.1"
+            host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+            url = f"http://{'[' + host + ']' if ':' in host else host}:{config.server.port if config else 8080}"
+        key = args.api_key or os.environ.get("GGUF_GATEWAY_API_KEY") or (
+            config.server.api_keys[0] if config and config.server.api_keys else None)
+        return cls(url, key)
+
+    def _request(self, path: str, body: dict[str, Any] | None = None, timeout: float = 10):
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data, headers=headers)
+        try:
+            return urllib.request.urlopen(req, timeout=timeout)
+        except urllib.error.HTTPError as e:
+            try:
+                detail = json.loads(e.read())
+                message = (detail.get("error") or {}).get("message") or str(detail)
+            except ValueError:
+                message = e.reason
+            raise RuntimeError(f"{e.code}: {message}") from None
+        except (urllib.error.URLError, OSError) as e:
+            reason = getattr(e, "reason", e)
+            raise Unreachable(f"cannot reach gguf-gateway at {self.url} ({reason}); is it running? "
+                              "(gguf-gateway serve)") from None
+
+    def get(self, path: str) -> Any:
+        with self._request(path) as r:
+            return json.loads(r.read())
+
+    def stream_chat(self, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        with self._request("/v1/chat/completions", {**body, "stream": True}, timeout=600) as r:
+            for raw in r:
+                line = raw.decode("utf-8", "replace").strip()
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[6:])
+                if "error" in event:
+                    raise RuntimeError(event["error"].get("message", "the stream ended with an error"))
+                yield event
+
+
+def _mib(n: int | None) -> str:
+    return f"{n / 2**20:.0f} MiB" if n else "-"
+
+
+def status(gw: Gateway, out=sys.stdout) -> int:
+    health = gw.get("/health")
+    models = gw.get("/models")["data"]
+    out.write(f"gguf-gateway {health['version']} at {gw.url}: {health['status']}, "
+              f"{health.get('in_flight', 0)} request(s) in flight, {health['worker_failures']} worker failure(s)\n")
+    rows = [("MODEL", "STATE", "IN FLIGHT", "PID", "MEMORY", "SOURCE", "NOTE")]
+    for m in models:
+        note = m["error"] or ""
+        if m["state"] == "failed" and m.get("retry_after"):
+            note += f" (retry in {m['retry_after']} s)"
+        rows.append((m["id"], m["state"], str(m["in_flight"]), str(m["pid"] or "-"), _mib(m["memory_bytes"]),
+                     m["source"], note))
+    widths = [max(len(r[i]) for r in rows) for i in range(6)]
+    for r in rows:
+        out.write("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[6] + "\n")
+    return 0
+
+
+def chat(gw: Gateway, model: str, system: str | None, color: bool, inp=sys.stdin, out=sys.stdout) -> int:
+    history: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+    interactive = inp.isatty()
+    if interactive:
+        out.write(f"chatting with {model} at {gw.url}; /reset forgets, /exit (or Ctrl-D) leaves\n")
+    while True:
+        if interactive:
+            out.write("> ")
+            out.flush()
+        line = inp.readline()
+        if not line:
+            break
+        text = line.rstrip("\n")
+        if text.strip() in ("/exit", "/quit"):
+            break
+        if text.strip() == "/reset":
+            history = history[:1] if system else []
+            continue
+        if not text.strip():
+            continue
+        history.append({"role": "user", "content": text})
+        thinking, answer, in_thinking = [], [], False
+        try:
+            for event in gw.stream_chat({"model": model, "messages": history}):
+                if not event.get("choices"):
+                    continue
+                delta = event["choices"][0].get("delta", {})
+                t = delta.get("reasoning_content") or delta.get("reasoning")
+                if t:
+                    if not in_thinking:
+                        out.write(DIM if color else "[thinking] ")
+                        in_thinking = True
+                    thinking.append(t)
+                    out.write(t)
+                c = delta.get("content")
+                if c:
+                    if in_thinking:
+                        out.write((RESET if color else "") + "\n\n")
+                        in_thinking = False
+                    answer.append(c)
+                    out.write(c)
+                out.flush()
+        except RuntimeError as e:
+            out.write((RESET if color and in_thinking else "") + f"\nerror: {e}\n")
+            history.pop()
+            continue
+        if in_thinking and color:
+            out.write(RESET)
+        out.write("\n")
+        reply: dict[str, Any] = {"role": "assistant", "content": "".join(answer)}
+        if thinking:
+            reply["reasoning_content"] = "".join(thinking)
+        history.append(reply)
+    return 0
