@@ -339,3 +339,13 @@ async def test_reload_keeps_in_flight_requests_and_refuses_a_broken_file(aiohttp
     path.write_text("models: [broken\n")
     assert not await reg.reload(path)
     assert (await chat(client, "b"))[0] == 200
+
+
+async def test_a_worker_that_cannot_start_is_a_503_not_a_500(aiohttp_client, scripted, write_config, monkeypatch):
+    import sys
+
+    client = await aiohttp_client(create_app(config_for(write_config, f"models:\n  a: {scripted}/alpha.gguf\n")))
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python3")
+    status, body, headers = await chat(client, "a")
+    assert status == 503 and body["error"]["code"] == "model_load_failed"
+    assert "cannot start a model worker" in body["error"]["message"] and int(headers["Retry-After"]) >= 1

@@ -65,6 +65,10 @@ class WorkerProcess:
                 pass_fds=(cmd_r, ev_w), stdin=asyncio.subprocess.DEVNULL, stdout=2,
                 start_new_session=True,  # Ctrl-C in a terminal reaches the gateway, which stops workers
             )
+        except OSError as e:  # cannot exec the interpreter (permissions, resources): a failed load
+            for fd in (cmd_w, ev_r):
+                os.close(fd)
+            raise LoadFailed(f"cannot start a model worker ({sys.executable}): {e.strerror or e}") from None
         finally:
             os.close(cmd_r)
             os.close(ev_w)
