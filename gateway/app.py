@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import ipaddress
 import time
 import logging
 from typing import Awaitable, Callable
@@ -103,9 +104,12 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
+        limit = request.app[CONFIG].server.max_body_bytes
         message = {404: f"No route for {request.method} {request.path}",
-                   405: f"Method {request.method} is not allowed on {request.path}"}.get(exc.status, exc.reason)
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status)
+                   405: f"Method {request.method} is not allowed on {request.path}",
+                   413: f"The request body is larger than server.max_body_bytes ({limit} bytes)",
+                   }.get(exc.status, exc.reason)
+        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status)
         headers = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
         return error_response(request, ApiError(message, status=exc.status, code=code, headers=headers))
     except Exception:
@@ -113,13 +117,68 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return error_response(request, ApiError("Internal server error", status=500, code="internal_error"))
 
 
+def is_loopback(host: str) -> bool:
+    host = host.strip().strip("[]").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def host_check_middleware():
+    """Bound to loopback, answer only requests addressed to a loopback name: a web page whose
+    DNS name was rebound to 127.0.0.1 sends its own Host, and gets 403 (DNS rebinding)."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        host = request.headers.get("Host")
+        if host is not None:
+            name = host.rsplit(":", 1)[0] if host.count(":") == 1 or host.startswith("[") else host
+            if not is_loopback(name):
+                raise ApiError(f"Host {host!r} is not a loopback name; this gateway only answers requests "
+                               "addressed to localhost", status=403, code="forbidden_host")
+        return await handler(request)
+
+    return middleware
+
+
+CORS_HEADERS = "Authorization, Content-Type, x-api-key, anthropic-version, anthropic-beta, X-Request-Id"
+
+
+def cors_middleware(origins: tuple[str, ...]):
+    allowed = set(origins)
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        origin = request.headers.get("Origin")
+        ok = origin is not None and ("*" in allowed or origin in allowed)
+        if request.method == "OPTIONS" and request.headers.get("Access-Control-Request-Method"):
+            if not ok:
+                raise ApiError(f"Origin {origin!r} is not in server.cors_origins", status=403, code="forbidden_origin")
+            return web.Response(status=204, headers={
+                "Access-Control-Allow-Origin": origin, "Vary": "Origin",
+                "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
+                "Access-Control-Allow-Headers": request.headers.get("Access-Control-Request-Headers", CORS_HEADERS),
+                "Access-Control-Max-Age": "600"})
+        response = await handler(request)
+        if ok:
+            response.headers["Access-Control-Allow-Origin"] = origin
+            response.headers["Access-Control-Expose-Headers"] = "X-Request-Id, Retry-After"
+            response.headers["Vary"] = "Origin"
+        return response
+
+    return middleware
+
+
 def _digest(key: str) -> bytes:
     return hashlib.sha256(key.encode()).digest()
 
 
-def auth_middleware(keys: tuple[str, ...], open_paths: frozenset[str] = OPEN_PATHS):
+def auth_middleware(keys: tuple[tuple[str, str], ...], open_paths: frozenset[str] = OPEN_PATHS):
     """Bearer or ``x-api-key``; both sides hashed so the comparison is constant-time."""
-    digests = [(f"key{i}", _digest(k)) for i, k in enumerate(keys, 1)]
+    digests = [(name, _digest(k)) for name, k in keys]
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -145,10 +204,14 @@ def create_app(config: Config, registry: Registry | None = None) -> web.Applicat
     from .api import admin, anthropic, openai
 
     middlewares = [observe_middleware, errors_middleware]
+    if is_loopback(config.server.host):
+        middlewares.append(host_check_middleware())
+    if config.server.cors_origins:
+        middlewares.append(cors_middleware(config.server.cors_origins))
     if config.server.api_keys:
         open_paths = OPEN_PATHS | ({"/metrics"} if config.server.metrics_public else set())
         middlewares.append(auth_middleware(config.server.api_keys, open_paths))
-    app = web.Application(middlewares=middlewares)
+    app = web.Application(middlewares=middlewares, client_max_size=config.server.max_body_bytes)
     app[CONFIG] = config
     app[REGISTRY] = registry if registry is not None else Registry(config)
     app[METRICS] = Metrics()

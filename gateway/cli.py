@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import faulthandler
 import json
 import logging
 import os
@@ -32,6 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_arg(serve)
     serve.add_argument("--host", help="address to bind (default: server.host, 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port to bind (default: server.port, 8080)")
+    serve.add_argument("--allow-unauthenticated", action="store_true",
+                       help="serve on a non-loopback address without API keys (anyone who can reach it may use it)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--log-format", default="plain", choices=["plain", "json"],
                        help="plain lines (fit for journald) or one JSON object per line")
@@ -185,10 +189,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = _load(args)
     if config is None:
         return 2
+    if hasattr(signal, "SIGUSR1"):  # `kill -USR1 PID` prints every thread's stack to stderr: for a stuck server
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     for line in config.warnings:
         log.warning("%s", line)
     host = args.host or config.server.host
     port = args.port if args.port is not None else config.server.port
+    from .app import is_loopback
+
+    if not is_loopback(host) and not config.server.api_keys and not args.allow_unauthenticated:
+        log.error("refusing to serve on %s with no API keys: anyone who can reach it could use it. "
+                  "Set server.api_keys (or $GGUF_GATEWAY_API_KEYS), bind 127.0.0.1, or pass "
+                  "--allow-unauthenticated", host)
+        return 2
+    config = dataclasses.replace(config, server=dataclasses.replace(config.server, host=host, port=port))
     try:
         return asyncio.run(_serve(config, host, port))
     except KeyboardInterrupt:  # a second Ctrl-C while shutting down

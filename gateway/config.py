@@ -21,6 +21,7 @@ import yaml
 from .protocol.params import SAMPLING
 
 ENV_CONFIG = "GGUF_GATEWAY_CONFIG"
+ENV_KEYS = "GGUF_GATEWAY_API_KEYS"  # comma-separated, each "key" or "name=key"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 DEFAULT_KEEP_ALIVE = 300.0  # seconds an idle model stays loaded, as Ollama's 5m
@@ -94,12 +95,17 @@ class ServerConfig:
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     models_dirs: tuple[Path, ...] = ()
-    api_keys: tuple[str, ...] = ()
+    api_keys: tuple[tuple[str, str], ...] = ()  # (principal name, key), from every source
     discover_default_stores: bool = True
     keep_alive: float = DEFAULT_KEEP_ALIVE
     load_timeout: float = DEFAULT_LOAD_TIMEOUT
     max_loaded_models: int = DEFAULT_MAX_LOADED
     reasoning_fields: tuple[str, ...] = ("reasoning_content", "reasoning")
+    cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API ("*": any)
+    max_body_bytes: int = 32 * 2**20
+    max_messages: int = 4096
+    max_queue: int = 64  # per model: requests waiting beyond this get 429
+    request_timeout: float = 600.0  # seconds a request may run; 0: no limit
     events_path: Path | None = None  # append one JSON line per request here
     drain_seconds: float = 30.0  # on SIGTERM, how long requests in flight may take to finish
     metrics_public: bool = False  # /metrics without an API key
@@ -149,6 +155,27 @@ def load_config(path: str | os.PathLike | None = None, *, check_files: bool = Tr
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ConfigError([f"{path}: invalid YAML: {where}{problem}"]) from None
     return _Parser(path).parse(data, check_files=check_files)
+
+
+def _parse_keys(lines: list[str]) -> list[tuple[str | None, str]]:
+    """Keys from a file's lines or the environment: "key", "name=key" or "name: key"; # comments."""
+    out: list[tuple[str | None, str]] = []
+    for line in lines:
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        for sep in ("=", ": "):
+            if sep in line:
+                name, key = line.split(sep, 1)
+                out.append((name.strip() or None, key.strip()))
+                break
+        else:
+            out.append((None, line))
+    return [(n, k) for n, k in out if k]
+
+
+def _name_keys(keys: list[tuple[str | None, str]]) -> tuple[tuple[str, str], ...]:
+    return tuple((name or f"key{i}", key) for i, (name, key) in enumerate(keys, 1))
 
 
 def _show(value: Any) -> str:
@@ -236,6 +263,21 @@ class _Parser:
             return _INVALID if any(x is _INVALID for x in items) else tuple(items)
         return check
 
+    def api_keys(self, where: str, v: Any):
+        """A list of keys, or a map ``name: key`` so events and metrics can name the principal."""
+        if v is None:
+            return []
+        if isinstance(v, dict):
+            out = []
+            for name, key in v.items():
+                if not isinstance(key, str) or not key.strip():
+                    self.error(f"{where}.{name}", f"must be a non-empty string, got {_show(key)}")
+                else:
+                    out.append((str(name), key.strip()))
+            return out
+        keys = self.list_of(self.string)(where, v)
+        return _INVALID if keys is _INVALID else [(None, k) for k in keys]
+
     def duration(self, where: str, v: Any):
         seconds = parse_duration(v)
         if seconds is None:
@@ -275,7 +317,13 @@ class _Parser:
             "host": self.string,
             "port": self.integer(minimum=1, maximum=65535, what="a port number (1-65535)"),
             "models_dirs": self.list_of(self.path_field),
-            "api_keys": self.list_of(self.string),
+            "api_keys": self.api_keys,
+            "api_keys_file": self.path_field,
+            "cors_origins": self.list_of(self.string),
+            "max_body_bytes": self.integer(minimum=1024, what="an integer >= 1024"),
+            "max_messages": self.integer(minimum=1, what="a positive integer"),
+            "max_queue": self.integer(minimum=0, what="an integer >= 0"),
+            "request_timeout": self.seconds,
             "discover_default_stores": self.boolean,
             "keep_alive": self.duration,
             "load_timeout": self.seconds,
@@ -285,6 +333,17 @@ class _Parser:
             "drain_seconds": self.seconds,
             "metrics_public": self.boolean,
         })
+
+        keys = list(server.pop("api_keys", ()))
+        keys_file = server.pop("api_keys_file", None)
+        if keys_file is not None:
+            try:
+                keys += _parse_keys(keys_file.read_text(encoding="utf-8").splitlines())
+            except OSError as e:
+                self.error("server.api_keys_file", f"cannot read {keys_file}: {e.strerror or e}")
+        if os.environ.get(ENV_KEYS):
+            keys += _parse_keys(os.environ[ENV_KEYS].split(","))
+        server["api_keys"] = _name_keys(keys)
 
         entries: list[tuple[str, str, Any]] = []  # (yaml path, name, raw)
         models_raw = data.get("models")

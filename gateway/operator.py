@@ -38,7 +38,7 @@ class Gateway:
             host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
             url = f"http://{'[' + host + ']' if ':' in host else host}:{config.server.port if config else 8080}"
         key = args.api_key or os.environ.get("GGUF_GATEWAY_API_KEY") or (
-            config.server.api_keys[0] if config and config.server.api_keys else None)
+            config.server.api_keys[0][1] if config and config.server.api_keys else None)
         return cls(url, key)
 
     def _request(self, path: str, body: dict[str, Any] | None = None, timeout: float = 10):

@@ -206,6 +206,10 @@ class Registry:
                     "is an embedding model: use /v1/embeddings")
             raise ApiError(f"model {spec.name!r} {what}", status=501, param="model", code="unsupported_model")
         slot = self.slot(spec)
+        limit = self.config.server.max_queue
+        if slot.waiting + slot.in_flight - (1 if slot.in_flight else 0) >= limit and (slot.in_flight or slot.waiting):
+            raise ApiError(f"model {spec.name!r} already has {limit} request(s) waiting (server.max_queue); "
+                           "retry shortly", status=429, param="model", code="queue_full", headers={"Retry-After": "2"})
         slot.waiting += 1
         try:
             worker = await self._ready(slot)

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -40,17 +41,26 @@ class ServerProcess:
     def __init__(self, *args: str, env: dict[str, str] | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        # Output goes to a file, not a pipe: a pipe nobody reads fills up (64 KiB of log lines)
+        # and then blocks the server's writes to its log.
+        self.log = tempfile.TemporaryFile(mode="w+", encoding="utf-8")
         self.proc = subprocess.Popen(
             [*gateway_command(), "serve", "--port", str(self.port), *args],
             env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            stdout=self.log, stderr=subprocess.STDOUT, text=True,
         )
+
+    def output(self) -> str:
+        if self.log.closed:
+            return self._final
+        self.log.seek(0)
+        return self.log.read()
 
     def wait_ready(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}: {self.proc.stderr.read()}")
+                raise RuntimeError(f"server exited with {self.proc.returncode}: {self.output()}")
             try:
                 self.get("/health")
                 return
@@ -71,11 +81,14 @@ class ServerProcess:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         try:
-            _, err = self.proc.communicate(timeout=timeout)
+            self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            _, err = self.proc.communicate()
-        return self.proc.returncode, err
+            self.proc.wait()
+        if not self.log.closed:
+            self._final = self.output()
+            self.log.close()
+        return self.proc.returncode, self._final
 
     def __enter__(self) -> "ServerProcess":
         try:

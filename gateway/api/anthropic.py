@@ -13,13 +13,14 @@ from ..events import observation
 from ..protocol import anthropic as anth
 from ..protocol.params import apply_defaults
 from ..sse import EventStream
-from .openai import read_json_object
+from .openai import apply_limits, read_json_object
 
 log = logging.getLogger(__name__)
 
 
 async def messages(request: web.Request) -> web.StreamResponse:
     parsed = anth.parse(await read_json_object(request))
+    apply_limits(request, parsed)
     obs = observation(request)
     async with request.app[REGISTRY].lease(parsed.model) as (spec, worker):
         obs.model = spec.name

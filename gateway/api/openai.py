@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
 
 from aiohttp import web
@@ -48,7 +49,21 @@ async def completions(request: web.Request) -> web.StreamResponse:
     return await _complete(request, oai.parse_completion(await read_json_object(request)), "completion")
 
 
+def apply_limits(request: web.Request, parsed) -> None:
+    """server.max_messages before any work, and server.request_timeout as each request's deadline."""
+    server = request.app[CONFIG].server
+    messages = parsed.request.messages
+    if messages is not None and len(messages) > server.max_messages:
+        raise InvalidRequest(f"`messages` holds {len(messages)} messages; this server takes at most "
+                             f"{server.max_messages} (server.max_messages)", "messages")
+    if server.request_timeout:
+        deadline = time.time() + server.request_timeout
+        for req in parsed.requests:
+            req.deadline = deadline
+
+
 async def _complete(request: web.Request, parsed: oai.Parsed, kind: str) -> web.StreamResponse:
+    apply_limits(request, parsed)
     async with request.app[REGISTRY].lease(parsed.model) as (spec, worker):
         observation(request).model = spec.name
         oai.apply_defaults(parsed, spec.defaults)

@@ -122,6 +122,7 @@ class GenerationRequest:
     grammar: str | None = None  # GBNF constraining every sampled token
     logprobs: int | None = None  # None: none; N: each token's log-probability and its N likeliest alternatives
     echo: bool = False  # the start event carries the prompt's text
+    deadline: float | None = None  # wall-clock time (time.time()) at which the answer ends with "length"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

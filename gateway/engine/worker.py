@@ -18,6 +18,7 @@ import os
 import queue
 import sys
 import threading
+import time
 from collections import deque
 from typing import Any
 
@@ -335,9 +336,12 @@ class Model:
         for i in range(common, n_prompt, self.n_batch):
             if out.cancelled(rid):
                 return out.done(rid, "cancelled", None, n_prompt, 0)
+            if req.get("deadline") is not None and time.time() >= req["deadline"]:
+                return out.done(rid, "length", None, n_prompt, 0)
             self._decode(tokens[i:i + self.n_batch])
 
         top_n = req.get("logprobs")  # None: no log-probabilities; N: the chosen token's and N alternatives
+        deadline = req.get("deadline")
         utf8, stops = Utf8Stream(), StopMatcher(req.get("stop") or [])
         n_gen, finish, matched, probs = 0, "length", None, []
         while True:
@@ -357,8 +361,8 @@ class Model:
             if matched is not None:
                 finish = "stop"
                 break
-            if n_gen >= limit:
-                break
+            if n_gen >= limit or (deadline is not None and time.time() >= deadline):
+                break  # "length": max_tokens, the context, or server.request_timeout ran out
             if out.cancelled(rid):
                 finish = "cancelled"
                 break
