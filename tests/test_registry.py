@@ -349,3 +349,26 @@ async def test_a_worker_that_cannot_start_is_a_503_not_a_500(aiohttp_client, scr
     status, body, headers = await chat(client, "a")
     assert status == 503 and body["error"]["code"] == "model_load_failed"
     assert "cannot start a model worker" in body["error"]["message"] and int(headers["Retry-After"]) >= 1
+
+
+async def test_busy_workers_share_the_cpus(aiohttp_client, scripted, write_config):
+    from gateway.engine.protocol import default_threads
+
+    client = await aiohttp_client(create_app(config_for(write_config, f"models:\n  loop: {scripted}/loop.gguf\n"
+                                                                      f"  loop2: {scripted}/loop.gguf\n")),
+                                  server_kwargs={"handler_cancellation": True})
+    reg = client.app[REGISTRY]
+    first = await client.post("/v1/chat/completions", json={"model": "loop", "messages": HI, "stream": True})
+    await first.content.readline()
+    assert reg.loaded()["loop"].threads == default_threads()  # alone: every CPU
+    second = await client.post("/v1/chat/completions", json={"model": "loop2", "messages": HI, "stream": True})
+    await second.content.readline()
+    both = max(1, default_threads() // 2)
+    assert reg.loaded()["loop"].threads == reg.loaded()["loop2"].threads == both
+    first.close()
+    for _ in range(200):
+        if reg.loaded()["loop2"].threads == default_threads():
+            break
+        await asyncio.sleep(0.01)
+    assert reg.loaded()["loop2"].threads == default_threads()  # alone again: every CPU
+    second.close()

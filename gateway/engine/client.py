@@ -31,8 +31,11 @@ class LoadFailed(Exception):
 
 
 class WorkerProcess:
-    def __init__(self, params: protocol.LoadParams, *, on_exit: Callable[["WorkerProcess", bool], None] | None = None):
+    def __init__(self, params: protocol.LoadParams, *, on_exit: Callable[["WorkerProcess", bool], None] | None = None,
+                 on_busy: Callable[["WorkerProcess"], None] | None = None):
         self.params = params
+        self._on_busy = on_busy  # called when the worker goes from idle to busy or back
+        self.threads: int | None = None  # what the worker was last told to use
         self.info: dict[str, Any] = {}
         self.proc: asyncio.subprocess.Process | None = None
         self._on_exit = on_exit
@@ -137,10 +140,28 @@ class WorkerProcess:
                           "message": message})
             self._send({"op": "cancel", "id": rid})
 
+    @property
+    def busy(self) -> bool:
+        return bool(self._queues)
+
+    def set_threads(self, n: int) -> None:
+        if n != self.threads and self.alive:
+            self.threads = n
+            self._send({"op": "threads", "n": n})
+
+    def _track(self, rid: int, q: asyncio.Queue | None) -> None:
+        was = self.busy
+        if q is None:
+            self._queues.pop(rid, None)
+        else:
+            self._queues[rid] = q
+        if was != self.busy and self._on_busy is not None:
+            self._on_busy(self)
+
     def generate(self, request: protocol.GenerationRequest) -> "Generation":
         rid = next(self._ids)
         q: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self._queues[rid] = q
+        self._track(rid, q)
         if not self.alive:
             q.put_nowait({"ev": "error", "id": rid, "status": 503, "code": "model_unavailable", "param": None,
                           "message": f"model {self.params.name!r} is not running; retry"})
@@ -152,7 +173,7 @@ class WorkerProcess:
         """One question with one answer (tokenize, detokenize); an error event raises ``ApiError``."""
         rid = next(self._ids)
         q: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self._queues[rid] = q
+        self._track(rid, q)
         try:
             if not self.alive:
                 raise ApiError(f"model {self.params.name!r} is not running; retry", status=503,
@@ -160,14 +181,14 @@ class WorkerProcess:
             self._send({**msg, "id": rid})
             answer = await q.get()
         finally:
-            self._queues.pop(rid, None)
+            self._track(rid, None)
         if answer["ev"] == "error":
             raise ApiError(answer["message"], status=answer.get("status", 500), param=answer.get("param"),
                            code=answer.get("code"))
         return answer
 
     def _release(self, rid: int, finished: bool) -> None:
-        self._queues.pop(rid, None)
+        self._track(rid, None)
         if not finished and self.alive:
             self._send({"op": "cancel", "id": rid})
 

@@ -10,6 +10,8 @@ Parent -> worker
   {"op": "cancel", "id": N}                              for a queued or running request
   {"op": "tokenize", "id": N, "request": {messages|prompt, add_special?}, "with_pieces": bool}
   {"op": "detokenize", "id": N, "tokens": [...]}         both answered at once, even mid-generation
+  {"op": "threads", "n": K}                              decode with K threads from now on (the
+                                                         gateway shares the CPUs among busy workers)
   {"op": "embed", "id": N, "inputs": [text or [ids], ...]}  queued like generate (embedding models)
   {"op": "exit"}                                         (EOF on the pipe means the same)
 
@@ -39,6 +41,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 _HEADER = struct.Struct(">I")
+
+
+def default_threads() -> int:
+    """The CPUs this process may use (at most 16): a model's thread count when none is configured."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        n = os.cpu_count() or 1
+    return max(1, min(n, 16))
 MAX_FRAME = 256 * 1024 * 1024
 
 

@@ -39,14 +39,6 @@ class Refused(Exception):
         self.event = {"ev": "error", "status": status, "message": message, "param": param, "code": code}
 
 
-def default_threads() -> int:
-    try:
-        n = len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        n = os.cpu_count() or 1
-    return max(1, min(n, 16))
-
-
 def _silence_llama_logs(llama_cpp) -> None:
     """Keep llama.cpp's per-load chatter out of the gateway log; errors still reach stderr."""
 
@@ -82,7 +74,7 @@ class Model:
         cp.n_ctx = params.n_ctx or min(n_ctx_train or DEFAULT_N_CTX, DEFAULT_N_CTX)
         cp.n_batch = cp.n_ubatch = min(params.n_batch, cp.n_ctx)
         cp.n_seq_max = 1
-        threads = params.n_threads or default_threads()
+        threads = params.n_threads or protocol.default_threads()
         cp.n_threads = cp.n_threads_batch = threads
         cp.flash_attn_type = {None: ll.LLAMA_FLASH_ATTN_TYPE_AUTO, True: ll.LLAMA_FLASH_ATTN_TYPE_ENABLED,
                               False: ll.LLAMA_FLASH_ATTN_TYPE_DISABLED}[params.flash_attn]
@@ -116,6 +108,11 @@ class Model:
         self.template = params.chat_template or self.model_template or chat_template.CHATML
         self.threads = threads
         self.gpu_offload = bool(ll.llama_supports_gpu_offload()) and params.n_gpu_layers != 0
+
+    def set_threads(self, n: int) -> None:
+        """Use ``n`` CPU threads from the next decode on (never more than configured)."""
+        n = max(1, min(n, self.threads))
+        self.ll.llama_set_n_threads(self.ctx, n, n)
 
     def info(self) -> dict[str, Any]:
         return {
@@ -444,6 +441,8 @@ class Worker:
                 self.cancel_ids.add(rid)
             else:
                 self.pending = deque(m for m in self.pending if m["id"] != rid)
+        elif msg["op"] == "threads" and self.model is not None:
+            self.model.set_threads(msg["n"])
         elif msg["op"] in ("tokenize", "detokenize") and self.model is not None:
             self.send(self.model.answer(msg))  # answered at once, between two tokens if need be
 

@@ -15,7 +15,7 @@ from typing import Any
 from ..answer import Finish, Piece
 from ..engine.protocol import GenerationRequest
 from ..errors import InvalidRequest
-from .params import SAMPLING, Param, Parsed
+from .params import SAMPLING, Param, Parsed, read_sampling
 
 ANTHROPIC_SAMPLING = {"temperature": Param(float, 0, 1), "top_p": Param(float, 0, 1), "top_k": SAMPLING["top_k"]}
 UNSUPPORTED = ("tools", "tool_choice")
@@ -79,16 +79,7 @@ def parse(body: dict[str, Any]) -> Parsed:
         messages.append(msg)
 
     req = GenerationRequest(messages=messages, max_tokens=max_tokens)
-    explicit: set[str] = set()
-    for name, param in ANTHROPIC_SAMPLING.items():
-        value = body.get(name)
-        if value is None:
-            continue
-        problem = param.problem(value)
-        if problem:
-            raise InvalidRequest(f"{name}: {problem}, got {value!r}", name)
-        setattr(req, name, value)
-        explicit.add(name)
+    explicit = read_sampling(body, req, ANTHROPIC_SAMPLING, anthropic=True)
     stops = body.get("stop_sequences")
     if stops is not None:
         if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops) or len(stops) > MAX_STOP:

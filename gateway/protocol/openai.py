@@ -17,7 +17,7 @@ from typing import Any
 from ..answer import Finish, Piece
 from ..engine.protocol import GenerationRequest
 from ..errors import InvalidRequest
-from .params import SAMPLING, Parsed, apply_defaults  # noqa: F401 (apply_defaults: re-exported)
+from .params import SAMPLING, Parsed, apply_defaults, read_sampling  # noqa: F401 (apply_defaults: re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -47,20 +47,6 @@ def require_model(body: dict[str, Any]) -> str:
     if not isinstance(model, str) or not model.strip():
         raise InvalidRequest("`model` is required: the name of a model on this gateway (see /v1/models)", "model")
     return model
-
-
-def _sampling(body: dict[str, Any], req: GenerationRequest, explicit: set[str]) -> None:
-    for name, param in SAMPLING.items():
-        if name == "max_tokens":
-            continue
-        value = body.get(name)
-        if value is None:
-            continue
-        problem = param.problem(value)
-        if problem:
-            raise InvalidRequest(f"`{name}` {problem}, got {value!r}", name)
-        setattr(req, name, value)
-        explicit.add(name)
 
 
 def _max_tokens(body: dict[str, Any], names: tuple[str, ...]) -> int | None:
@@ -112,8 +98,7 @@ def _common(body: dict[str, Any], req: GenerationRequest) -> tuple[bool, bool, s
     if not isinstance(ignore_eos, bool):
         raise InvalidRequest("`ignore_eos` must be true or false", "ignore_eos")
     req.ignore_eos = ignore_eos
-    explicit: set[str] = set()
-    _sampling(body, req, explicit)
+    explicit = read_sampling(body, req, SAMPLING)
     req.stop = _stop(body)
     return stream, include_usage, explicit
 

@@ -43,6 +43,26 @@ SAMPLING: dict[str, Param] = {
 }
 
 
+def read_sampling(body: dict[str, Any], req: GenerationRequest, params: dict[str, Param], *,
+                  anthropic: bool = False) -> set[str]:
+    """Copy the sampling fields ``body`` sets into ``req``, checked against ``params``; returns
+    the names it set (they beat a model's defaults). A bad value is a 400 naming the field."""
+    from ..errors import InvalidRequest
+
+    explicit: set[str] = set()
+    for name, param in params.items():
+        value = body.get(name)
+        if value is None or name == "max_tokens":
+            continue
+        problem = param.problem(value)
+        if problem:
+            where = f"{name}:" if anthropic else f"`{name}`"
+            raise InvalidRequest(f"{where} {problem}, got {value!r}", name)
+        setattr(req, name, value)
+        explicit.add(name)
+    return explicit
+
+
 @dataclass
 class Parsed:
     """A validated request: what to run, and how to answer."""
