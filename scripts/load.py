@@ -164,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=60)
     p.add_argument("--threads", type=int, help="n_threads for each scripted model (default: the gateway's)")
     p.add_argument("--json", type=Path, help="write the report here too")
+    p.add_argument("--server-log", type=Path, help="write the started gateway's log here")
     args = p.parse_args(argv)
     if args.url:
         host = args.url.split("//", 1)[-1].split(":")[0].split("/")[0]
@@ -194,10 +195,13 @@ def main(argv: list[str] | None = None) -> int:
                 code, log = srv.stop()
                 report["server_exit_code"] = code
                 report["server_tracebacks"] = log.count("Traceback")
+                if args.server_log:
+                    args.server_log.write_text(log)
     print(json.dumps(report, indent=2))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
-    ok = report["errors_5xx"] == 0 and report["lost_or_truncated_streams"] == 0
+    ok = report["errors_5xx"] == 0 and report["lost_or_truncated_streams"] == 0 and \
+        not report.get("server_tracebacks")
     return 0 if ok else 1
 
 

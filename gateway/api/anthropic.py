@@ -13,7 +13,7 @@ from ..events import observation
 from ..protocol import anthropic as anth
 from ..protocol.params import apply_defaults
 from ..sse import EventStream
-from .openai import apply_limits, read_json_object
+from .openai import ignore_gone, apply_limits, read_json_object
 
 log = logging.getLogger(__name__)
 
@@ -80,12 +80,13 @@ async def _stream(request: web.Request, render: anth.Renderer, items, input_toke
             await sse.send({"type": "message_stop"}, event="message_stop")
     except ApiError as err:  # the worker failed mid-answer: Anthropic's in-band error event
         log.warning("stream %s ended by an error: %s", render.id, err.message)
-        await sse.send(err.anthropic_body(), event="error")
+        await ignore_gone(sse.send(err.anthropic_body(), event="error"))
     except ConnectionResetError:
         log.info("client disconnected from stream %s", render.id)
         observation(request).disconnected = True
         return sse.response
-    return await sse.close()
+    await ignore_gone(sse.close())
+    return sse.response
 
 
 async def count_tokens(request: web.Request) -> web.Response:

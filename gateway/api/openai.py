@@ -125,17 +125,26 @@ async def _stream(request: web.Request, render: oai.Renderer, parsed: oai.Parsed
                 await sse.send(render.usage_chunk(finishes))
         except ApiError as err:  # the worker failed mid-answer: say so in-band, then end the stream
             log.warning("stream %s ended by an error: %s", render.id, err.message)
-            await sse.send(render.final_chunk("error"))
-            await sse.send(err.openai_body())
+            await ignore_gone(sse.send(render.final_chunk("error")))
+            await ignore_gone(sse.send(err.openai_body()))
         except ConnectionResetError:  # the client went away; closing the generations cancels the work
             log.info("client disconnected from stream %s", render.id)
             observation(request).disconnected = True
             return sse.response
-        await sse.send("[DONE]")
-        return await sse.close()
+        await ignore_gone(sse.send("[DONE]"))
+        await ignore_gone(sse.close())
+        return sse.response
     finally:
         for gen in gens:
             gen.close()
+
+
+async def ignore_gone(write) -> None:
+    """A last write to a client that has just gone away: nothing left to tell it."""
+    try:
+        await write
+    except ConnectionResetError:
+        pass
 
 
 async def embeddings(request: web.Request) -> web.Response:
