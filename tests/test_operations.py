@@ -177,48 +177,41 @@ def test_sd_notify_ready_watchdog_stopping_in_order(tmp_path, files, write_confi
     assert received.index("STOPPING=1") > max(i for i, m in enumerate(received) if m == "READY=1")
 
 
-def _sse_lines(resp):
-    return [line.decode().strip() for line in resp if line.strip()]
-
-
-@pytest.mark.slow
-def test_sigterm_lets_a_stream_finish_within_the_drain_time(files, write_config):
+def stream_through_sigterm(config_path, path: str, body: dict) -> tuple[list[str], int, str]:
+    """Start a stream on a real server, SIGTERM the server after its first chunk, read the rest.
+    Returns every non-empty SSE line, the server's exit code and its log."""
     import urllib.request
 
-    cfg = write_config(f"server:\n  drain_seconds: 30\nmodels:\n  loop:\n    path: {files}/loop.gguf\n"
-                       f"    n_ctx: 32768\n")
-    server = ServerProcess("--config", str(cfg))
+    server = ServerProcess("--config", str(config_path))
     with server:
-        req = urllib.request.Request(server.url + "/v1/completions", data=json.dumps(
-            {"model": "loop", "prompt": "go\n", "max_tokens": 30000, "stream": True}).encode())
+        req = urllib.request.Request(server.url + path, data=json.dumps({**body, "stream": True}).encode())
         with urllib.request.urlopen(req) as resp:
             first = resp.readline()
             assert first.startswith(b"data: ")
             server.proc.send_signal(signal.SIGTERM)
-            lines = _sse_lines(resp)
-        code, err = server.stop()
+            lines = [first.decode().strip()] + [line.decode().strip() for line in resp if line.strip()]
+        code, log = server.stop()
+    return lines, code, log
+
+
+@pytest.mark.slow
+def test_sigterm_lets_a_stream_finish_within_the_drain_time(files, write_config):
+    cfg = write_config(f"server:\n  drain_seconds: 30\nmodels:\n  loop:\n    path: {files}/loop.gguf\n"
+                       f"    n_ctx: 32768\n")
+    lines, code, log = stream_through_sigterm(cfg, "/v1/completions",
+                                              {"model": "loop", "prompt": "go\n", "max_tokens": 30000})
     assert lines[-1] == "data: [DONE]"
     assert '"finish_reason":"length"' in lines[-2]
-    text = "".join(json.loads(line[6:])["choices"][0]["text"] for line in [first.decode().strip(), *lines[:-1]])
+    text = "".join(json.loads(line[6:])["choices"][0]["text"] for line in lines[:-1])
     assert text.count("tick") == 15000  # every token arrived
-    assert code == 0 and "Traceback" not in err
+    assert code == 0 and "Traceback" not in log
 
 
 @pytest.mark.slow
 def test_a_stream_longer_than_the_drain_time_gets_a_final_error_event(files, write_config):
-    import urllib.request
-
     cfg = write_config(f"server:\n  drain_seconds: 0.3\nmodels:\n  loop:\n    path: {files}/loop.gguf\n"
                        f"    n_ctx: 65536\n")
-    server = ServerProcess("--config", str(cfg))
-    with server:
-        req = urllib.request.Request(server.url + "/v1/chat/completions", data=json.dumps(
-            {"model": "loop", "messages": HI, "stream": True}).encode())
-        with urllib.request.urlopen(req) as resp:
-            resp.readline()
-            server.proc.send_signal(signal.SIGTERM)
-            lines = _sse_lines(resp)
-        code, err = server.stop()
+    lines, code, _ = stream_through_sigterm(cfg, "/v1/chat/completions", {"model": "loop", "messages": HI})
     assert lines[-1] == "data: [DONE]"
     assert json.loads(lines[-2][6:])["error"]["code"] == "shutting_down"
     assert json.loads(lines[-3][6:])["choices"][0]["finish_reason"] == "error"
