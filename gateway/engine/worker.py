@@ -314,7 +314,10 @@ class Model:
                 break
             common += 1
         common = min(common, n_prompt - 1)
-        self.ll.llama_memory_seq_rm(self.mem, 0, common, -1)
+        if not self.ll.llama_memory_seq_rm(self.mem, 0, common, -1):
+            # recurrent and hybrid models cannot cut a sequence in the middle: start afresh
+            self.ll.llama_memory_clear(self.mem, True)
+            common = 0
         del self.cached[common:]
         sampler = self._sampler(req)  # before "start": a grammar that does not parse is a plain 400
         try:
