@@ -78,6 +78,7 @@ class ModelSpec:
     preload: bool = False
     n_threads: int | None = None  # None: the CPUs this process may use (at most 16)
     n_batch: int = 512
+    parallel: int = 4  # sequence slots decoded together; each holds n_ctx tokens
     flash_attn: bool | None = None  # None: llama.cpp decides
     use_mmap: bool = True
     chat_template: str | None = None  # Jinja source overriding the GGUF's own template
@@ -401,6 +402,7 @@ class _Parser:
             "preload": self.boolean,
             "n_threads": self.integer(minimum=1, what="a positive integer"),
             "n_batch": self.integer(minimum=1, what="a positive integer"),
+            "parallel": self.integer(minimum=1, maximum=64, what="an integer from 1 to 64"),
             "flash_attn": self.boolean,
             "use_mmap": self.boolean,
             "chat_template": self.string,

@@ -48,6 +48,11 @@ BACKOFF_FIRST, BACKOFF_MAX = 5.0, 300.0
 UNLOADED, LOADING, READY, FAILED = "unloaded", "loading", "ready", "failed"
 
 
+def _slots(spec: ModelSpec) -> int:
+    """Requests a model's worker decodes at once; the rest wait in its queue."""
+    return 1 if spec.embeddings else spec.parallel
+
+
 @dataclass
 class Slot:
     spec: ModelSpec
@@ -177,7 +182,7 @@ class Registry:
         rows = []
         for spec in self._specs:
             slot = self.state(spec)
-            behind = max(0, slot.worker.in_flight - 1) if slot.worker is not None else 0
+            behind = max(0, slot.worker.in_flight - _slots(spec)) if slot.worker is not None else 0
             rows.append((spec.name, slot.state, slot.in_flight, slot.waiting + behind))
         return rows
 
@@ -208,7 +213,7 @@ class Registry:
             raise ApiError(f"model {spec.name!r} {what}", status=501, param="model", code="unsupported_model")
         slot = self.slot(spec)
         limit = self.config.server.max_queue
-        if slot.waiting + slot.in_flight - (1 if slot.in_flight else 0) >= limit and (slot.in_flight or slot.waiting):
+        if slot.waiting + slot.in_flight - _slots(spec) >= limit:  # all slots taken and `limit` waiting
             raise ApiError(f"model {spec.name!r} already has {limit} request(s) waiting (server.max_queue); "
                            "retry shortly", status=429, param="model", code="queue_full", headers={"Retry-After": "2"})
         slot.waiting += 1
@@ -260,7 +265,7 @@ class Registry:
             await asyncio.to_thread(discovery.INFO_CACHE.get, spec.path)  # a bad file fails here, before a spawn
             worker = WorkerProcess(LoadParams(
                 name=spec.name, path=str(spec.path), n_ctx=spec.n_ctx, n_gpu_layers=spec.n_gpu_layers,
-                n_threads=spec.n_threads, n_batch=spec.n_batch, flash_attn=spec.flash_attn,
+                n_threads=spec.n_threads, n_batch=spec.n_batch, parallel=spec.parallel, flash_attn=spec.flash_attn,
                 use_mmap=spec.use_mmap, chat_template=spec.chat_template, embeddings=spec.embeddings,
             ), on_exit=self._worker_exited, on_busy=self._share_cpus)
             await worker.start()

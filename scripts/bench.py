@@ -1,39 +1,56 @@
 #!/usr/bin/env python3
-"""Speed, side by side, on one GGUF with one thread count, in one run.
+"""Speed and memory, side by side, on one GGUF with one thread count, in one run.
 
-    .venv/bin/python scripts/bench.py                    # the 81M random-weight qwen2-vocab model
-    .venv/bin/python scripts/bench.py --model X.gguf --threads 4 --tokens 256 --json out.json
+    .venv/bin/python scripts/bench.py                      # the 81M random-weight qwen2-vocab model
+    .venv/bin/python scripts/bench.py --llama-server ~/llama.cpp/build/bin/llama-server --json out.json
+    .venv/bin/python scripts/bench.py --model X.gguf --threads 8 --tokens 256 --only gateway
 
-Measured now, for each contender: single-stream decode tok/s and time to first token of a
-greedy completion (the same prompt and token count everywhere):
-- gateway: a real `gguf-gateway serve` process, streamed over HTTP (SSE) from a client in
-  this process, so the number includes the HTTP, the pipe and the worker;
-- llama-cpp-python: `Llama.create_completion(stream=True)` in this process (its high-level API).
-Ratios are against the first alternative (llama-cpp-python). Contenders run one after
-another, never at once, so they do not share the cores.
+Contenders, each a real server process driven over HTTP through the same OpenAI
+`/v1/completions` requests, one after another (never at once, so they do not share cores):
+- gateway: `gguf-gateway serve` (parallel 4, n_ctx 4096 per slot);
+- llama-server: when given `--llama-server PATH` or found on PATH (`--parallel 4 -c 16384`:
+  the same 4 slots of 4096 tokens);
+- llama-cpp-python: its own server (`pip install 'llama-cpp-python[server]'`, or
+  `pip install -e '.[bench]'`), n_ctx 4096.
+
+Measured for each (greedy unless --sampled):
+- single stream: decode tok/s after the first token, and time to first token (streamed);
+- aggregate tok/s of 1, 2, 4 and 8 concurrent completions (whole answers, tokens from `usage`);
+- time to first token of a ~1,500-token prompt sent twice: cold, then warm (the prefix cache);
+- on a tiny scripted model: p50/p95 latency of a 1-token completion (the server's own overhead);
+- resident memory (VmRSS): the server process alone, and with its model workers.
+Ratios are against the first alternative (llama-server when present).
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
+import os
+import shutil
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
-import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
 
 from gateway import testmodels as tm  # noqa: E402
 
 PROMPT = "The history of the city begins with a small settlement on the river, where"
-# --sampled: llama-server's default chain, the same on every contender
 SAMPLED = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "seed": 1}
 GREEDY = {"temperature": 0}
+N_CTX = 4096
+PARALLEL = 4
+STREAMS = (1, 2, 4, 8)
+WORDS = ("river city people market bridge winter summer stone house garden road north south light water "
+         "music story table window letter morning evening school church harbor forest field mountain").split()
 
 
 def bench_model() -> Path:
@@ -46,86 +63,310 @@ def bench_model() -> Path:
     return path
 
 
-def _rates(stamps: list[float], start: float) -> tuple[float, float]:
-    """(time to first token in ms, decode tok/s after the first token)."""
-    ttft = (stamps[0] - start) * 1000
-    tps = (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 else 0.0
-    return ttft, tps
+def tiny_model() -> Path:
+    path = tm.data_dir() / "bench" / "tiny-scripted.gguf"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tm.plain(path.with_suffix(".part"))
+        path.with_suffix(".part").replace(path)
+    return path
 
 
-def run_llama_cpp_python(model: Path, threads: int, tokens: int, repeats: int, sampling: dict
-                         ) -> list[tuple[float, float]]:
-    import llama_cpp
+def long_prompt(words: int, salt: str) -> str:
+    """About one token per word with a BPE vocabulary; ``salt`` makes the prefix unseen."""
+    return salt + " " + " ".join(WORDS[(i * 7 + i // 29) % len(WORDS)] for i in range(words))
 
-    llm = llama_cpp.Llama(str(model), n_ctx=2048, n_threads=threads, n_threads_batch=threads, verbose=False)
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rss_kib(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def descendants(pid: int) -> list[int]:
     out = []
-    for i in range(repeats + 1):
-        llm.reset()  # no prompt cache between runs: every run pays for its prompt
+    try:
+        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return out
+    for k in map(int, kids):
+        out += [k, *descendants(k)]
+    return out
+
+
+class Server:
+    """A contender: a server process on a free port, stopped on exit."""
+
+    def __init__(self, name: str, cmd: list[str], health: str, model_name: str, env: dict | None = None):
+        self.name, self.cmd, self.health, self.model_name = name, cmd, health, model_name
+        self.port = free_port()
+        self.cmd = [c.replace("{port}", str(self.port)) for c in cmd]
+        self.env = env
+        self.log = tempfile.NamedTemporaryFile("w+", prefix=f"bench-{name}-", suffix=".log", delete=False)
+
+    def __enter__(self) -> "Server":
+        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT, env=self.env,
+                                     start_new_session=True)
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"{self.name} exited at start; its log: {self.log.name}")
+            try:
+                if self.request("GET", self.health)[0] == 200:
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise SystemExit(f"{self.name} did not become ready; its log: {self.log.name}")
+
+    def __exit__(self, *exc) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        os.unlink(self.log.name)
+
+    def connect(self) -> http.client.HTTPConnection:
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
+
+    def request(self, method: str, path: str, body: dict | None = None, conn=None) -> tuple[int, bytes]:
+        c = conn or self.connect()
+        c.request(method, path, body=None if body is None else json.dumps(body),
+                  headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        data = r.read()
+        if conn is None:
+            c.close()
+        return r.status, data
+
+    def complete(self, body: dict, conn=None) -> dict:
+        status, data = self.request("POST", "/v1/completions", {"model": self.model_name, **body}, conn)
+        if status != 200:
+            raise SystemExit(f"{self.name}: HTTP {status}: {data[:300]!r}")
+        return json.loads(data)
+
+    def stream(self, body: dict) -> tuple[float, list[float]]:
+        """Send a streamed completion; (start time, arrival time of each chunk with text)."""
+        c = self.connect()
         start = time.perf_counter()
-        stamps = [time.perf_counter() for _ in llm.create_completion(PROMPT, max_tokens=tokens, stream=True,
-                                                                     **sampling)]
-        if i:  # the first run warms up
-            out.append(_rates(stamps, start))
-    llm.close()
+        c.request("POST", "/v1/completions", body=json.dumps({"model": self.model_name, "stream": True, **body}),
+                  headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        if r.status != 200:
+            raise SystemExit(f"{self.name}: HTTP {r.status}: {r.read()[:300]!r}")
+        stamps = []
+        for line in r:
+            if line.startswith(b"data: {"):
+                chunk = json.loads(line[6:])
+                if any(ch.get("text") for ch in chunk.get("choices", ())):
+                    stamps.append(time.perf_counter())
+        c.close()
+        return start, stamps
+
+    def memory(self) -> tuple[int, int]:
+        """(RSS of the server process, RSS of it and every process it started) in KiB."""
+        own = rss_kib(self.proc.pid)
+        return own, own + sum(rss_kib(p) for p in descendants(self.proc.pid))
+
+
+def gateway(model: Path, threads: int, tmp: Path, name: str = "bench") -> Server:
+    cfg = tmp / f"{name}.yaml"
+    cfg.write_text(f"server:\n  discover_default_stores: false\nmodels:\n  {name}:\n    path: {model}\n"
+                   f"    n_ctx: {N_CTX}\n    n_threads: {threads}\n    parallel: {PARALLEL}\n")
+    env = {**os.environ, "HOME": str(tmp)}  # no models of the user's own are discovered
+    return Server("gateway", [sys.executable, "-m", "gateway", "serve", "--config", str(cfg), "--port", "{port}",
+                              "--log-level", "warning"], "/health", name, env)
+
+
+def llama_server(path: str, model: Path, threads: int) -> Server:
+    return Server("llama-server", [path, "-m", str(model), "--host", "127.0.0.1", "--port", "{port}",
+                                   "-t", str(threads), "-tb", str(threads), "--parallel", str(PARALLEL),
+                                   "-c", str(N_CTX * PARALLEL), "--no-webui", "-lv", "1"], "/health", "bench")
+
+
+def llama_cpp_python(model: Path, threads: int) -> Server:
+    return Server("llama-cpp-python", [sys.executable, "-m", "llama_cpp.server", "--model", str(model),
+                                       "--host", "127.0.0.1", "--port", "{port}", "--n_ctx", str(N_CTX),
+                                       "--n_threads", str(threads), "--n_threads_batch", str(threads),
+                                       "--model_alias", "bench", "--verbose", "false"], "/v1/models", "bench")
+
+
+def measure(srv: Server, args, sampling: dict) -> dict:
+    out: dict = {}
+    warm = {"prompt": "warm up " + PROMPT, "max_tokens": 16, **sampling}
+    srv.complete(warm)
+
+    # single stream, streamed: time to first token and decode rate
+    runs = []
+    for i in range(args.repeats):
+        start, stamps = srv.stream({"prompt": f"{i} {PROMPT}", "max_tokens": args.tokens, "ignore_eos": True,
+                                    **sampling})
+        if len(stamps) > 1:
+            runs.append(((stamps[0] - start) * 1000, (len(stamps) - 1) / (stamps[-1] - stamps[0])))
+    out["ttft_ms"] = statistics.median(r[0] for r in runs)
+    out["decode_tok_s"] = statistics.median(r[1] for r in runs)
+
+    # concurrent whole answers: aggregate completion tokens per second
+    out["aggregate_tok_s"] = {}
+    for n in STREAMS:
+        rates = []
+        for rep in range(args.repeats):
+            tokens = [0] * n
+
+            def one(k: int) -> None:
+                body = {"prompt": f"{rep} {k} {PROMPT}", "max_tokens": args.tokens, "ignore_eos": True, **sampling}
+                tokens[k] = srv.complete(body)["usage"]["completion_tokens"]
+
+            threads = [threading.Thread(target=one, args=(k,)) for k in range(n)]
+            t0 = time.perf_counter()
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            rates.append(sum(tokens) / (time.perf_counter() - t0))
+        out["aggregate_tok_s"][str(n)] = statistics.median(rates)
+
+    # a long prompt twice: the second finds its prefix cached
+    cold, warm_ = [], []
+    for rep in range(args.repeats):
+        prompt = long_prompt(args.long_prompt, f"run {rep} {time.time()}")
+        for into in (cold, warm_):
+            start, stamps = srv.stream({"prompt": prompt, "max_tokens": 2, "ignore_eos": True, **sampling})
+            into.append((stamps[0] - start) * 1000)
+    out["long_prompt_tokens"] = srv.complete({"prompt": prompt, "max_tokens": 1, **sampling})["usage"]["prompt_tokens"]
+    out["cold_ttft_ms"] = statistics.median(cold)
+    out["warm_ttft_ms"] = statistics.median(warm_)
+    out["rss_kib"], out["rss_all_kib"] = srv.memory()
     return out
 
 
-def run_gateway(model: Path, threads: int, tokens: int, repeats: int, sampling: dict) -> list[tuple[float, float]]:
-    from helpers import ServerProcess
+def overhead(srv: Server, n: int) -> dict:
+    """Latency of a 1-token completion over one kept-alive connection (the tiny model costs
+    microseconds; the rest is the server)."""
+    conn = srv.connect()
+    body = {"prompt": "Hi", "max_tokens": 1, "temperature": 0}
+    for _ in range(20):
+        srv.complete(body, conn)
+    lat = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        srv.complete(body, conn)
+        lat.append((time.perf_counter() - t0) * 1000)
+    conn.close()
+    lat.sort()
+    return {"p50_ms": lat[len(lat) // 2], "p95_ms": lat[int(len(lat) * 0.95)]}
 
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg = Path(tmp) / "models.yaml"
-        cfg.write_text(f"models:\n  bench:\n    path: {model}\n    n_ctx: 2048\n    n_threads: {threads}\n")
-        with ServerProcess("--config", str(cfg), "--log-level", "warning") as srv:
-            out = []
-            for i in range(repeats + 1):
-                body = {"model": "bench", "prompt": PROMPT, "max_tokens": tokens, "stream": True,
-                        "ignore_eos": True, **sampling}
-                if i:  # a different first word each run: no prefix reuse flatters the first token
-                    body["prompt"] = f"{i} " + PROMPT
-                req = urllib.request.Request(srv.url + "/v1/completions", data=json.dumps(body).encode(),
-                                             headers={"Content-Type": "application/json"})
-                start = time.perf_counter()
-                stamps = []
-                with urllib.request.urlopen(req) as r:
-                    for line in r:
-                        if line.startswith(b"data: {") and b'"text":""' not in line:
-                            stamps.append(time.perf_counter())
-                if i:
-                    out.append(_rates(stamps, start))
-    return out
+
+def find_llama_server(given: str | None) -> str | None:
+    if given:
+        if not (os.path.isfile(given) and os.access(given, os.X_OK)):
+            raise SystemExit(f"--llama-server {given}: not an executable file")
+        return given
+    return shutil.which("llama-server")
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, help="GGUF to measure (default: generate the 81M random model)")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--tokens", type=int, default=200, help="tokens per completion")
-    p.add_argument("--repeats", type=int, default=3, help="measured runs per contender (after one warm-up)")
+    p.add_argument("--tokens", type=int, default=128, help="tokens per completion")
+    p.add_argument("--repeats", type=int, default=3, help="runs per figure (the median is reported)")
+    p.add_argument("--long-prompt", type=int, default=1500, help="words in the long prompt (~tokens)")
+    p.add_argument("--overhead-requests", type=int, default=300, help="1-token completions for the overhead figure")
     p.add_argument("--sampled", action="store_true", help="sample (temperature 0.8, top-k 40, top-p 0.95, "
                    "min-p 0.05) instead of greedy decoding")
+    p.add_argument("--llama-server", help="llama.cpp's llama-server binary (default: llama-server on PATH)")
+    p.add_argument("--only", action="append", choices=("gateway", "llama-server", "llama-cpp-python"),
+                   help="measure only these contenders (repeatable)")
     p.add_argument("--json", type=Path, help="write every figure here")
     args = p.parse_args(argv)
     model = args.model or bench_model()
+    sampling = SAMPLED if args.sampled else GREEDY
+    wanted = set(args.only or ("gateway", "llama-server", "llama-cpp-python"))
 
-    results = {}
-    for name, fn in (("llama-cpp-python", run_llama_cpp_python), ("gateway", run_gateway)):
-        print(f"measuring {name} ...", file=sys.stderr)
-        runs = fn(model, args.threads, args.tokens, args.repeats, SAMPLED if args.sampled else GREEDY)
-        results[name] = {"ttft_ms": statistics.median(r[0] for r in runs),
-                         "decode_tok_s": statistics.median(r[1] for r in runs), "runs": runs}
+    with tempfile.TemporaryDirectory() as tmp_:
+        tmp = Path(tmp_)
+        makers: list = [("gateway", lambda m: gateway(m, args.threads, tmp))]
+        ls = find_llama_server(args.llama_server) if "llama-server" in wanted else None
+        if ls:
+            makers.append(("llama-server", lambda m: llama_server(ls, m, args.threads)))
+        elif "llama-server" in wanted:
+            print("llama-server: not measured (give --llama-server PATH or put it on PATH)", file=sys.stderr)
+        if "llama-cpp-python" in wanted:
+            try:
+                import llama_cpp.server  # noqa: F401
+                makers.append(("llama-cpp-python", lambda m: llama_cpp_python(m, args.threads)))
+            except ImportError:
+                print("llama-cpp-python's server: not measured (pip install -e '.[bench]')", file=sys.stderr)
+        makers = [m for m in makers if m[0] in wanted]
 
-    base = results["llama-cpp-python"]
-    mode = "sampled" if args.sampled else "greedy"
-    print(f"\nmodel {model.name}, {args.threads} threads, {args.tokens} tokens, {mode}, median of {args.repeats}")
-    print(f"{'contender':<18} {'decode tok/s':>12} {'ratio':>6} {'TTFT ms':>9} {'ratio':>6}")
-    for name, r in results.items():
-        print(f"{name:<18} {r['decode_tok_s']:>12.1f} {r['decode_tok_s'] / base['decode_tok_s']:>5.2f}x "
-              f"{r['ttft_ms']:>9.1f} {r['ttft_ms'] / base['ttft_ms']:>5.2f}x")
+        results: dict[str, dict] = {}
+        for name, make in makers:
+            print(f"measuring {name} ...", file=sys.stderr)
+            with make(model) as srv:
+                results[name] = measure(srv, args, sampling)
+            with make(tiny_model()) as srv:
+                results[name]["overhead"] = overhead(srv, args.overhead_requests)
+                if name == "gateway":
+                    # the gateway process alone, after its worker is gone
+                    srv.request("POST", "/models/unload", {"model": srv.model_name})
+                    time.sleep(0.5)
+                    results[name]["rss_idle_kib"] = srv.memory()[0]
+
+    print_table(results, model, args, "sampled" if args.sampled else "greedy")
     if args.json:
         args.json.write_text(json.dumps({"model": str(model), "threads": args.threads, "tokens": args.tokens,
-                                         "mode": mode, "results": results}, indent=2))
+                                         "mode": "sampled" if args.sampled else "greedy",
+                                         "parallel": PARALLEL, "n_ctx": N_CTX, "results": results}, indent=2))
     return 0
+
+
+def print_table(results: dict, model: Path, args, mode: str) -> None:
+    names = list(results)
+    base = next((n for n in names if n != "gateway"), names[0])
+    rows: list[tuple[str, str, callable]] = [
+        ("decode tok/s, 1 stream", "{:.1f}", lambda r: r["decode_tok_s"]),
+        ("time to first token, ms", "{:.1f}", lambda r: r["ttft_ms"]),
+        *[(f"aggregate tok/s, {n} streams", "{:.1f}", (lambda n: lambda r: r["aggregate_tok_s"][str(n)])(n))
+          for n in STREAMS],
+        ("long prompt TTFT cold, ms", "{:.1f}", lambda r: r["cold_ttft_ms"]),
+        ("long prompt TTFT warm, ms", "{:.1f}", lambda r: r["warm_ttft_ms"]),
+        ("warm / cold", "{:.3f}", lambda r: r["warm_ttft_ms"] / r["cold_ttft_ms"]),
+        ("1-token completion p50, ms", "{:.2f}", lambda r: r["overhead"]["p50_ms"]),
+        ("1-token completion p95, ms", "{:.2f}", lambda r: r["overhead"]["p95_ms"]),
+        ("RSS server process, MiB", "{:.1f}", lambda r: r["rss_kib"] / 1024),
+        ("RSS with workers, MiB", "{:.1f}", lambda r: r["rss_all_kib"] / 1024),
+    ]
+    print(f"\n{model.name}, {args.threads} threads, {args.tokens} tokens per completion, {mode}, "
+          f"median of {args.repeats}; long prompt "
+          f"{results[names[0]]['long_prompt_tokens']} tokens; ratios: contender / {base}")
+    head = f"| {'':<28} |" + "".join(f" {n:>16} |" for n in names)
+    print(head)
+    print("|" + "-" * 30 + "|" + "".join("-" * 18 + "|" for _ in names))
+    for label, fmt, get in rows:
+        cells = []
+        for n in names:
+            v = get(results[n])
+            cell = fmt.format(v)
+            if n != base and label != "warm / cold":
+                b = get(results[base])
+                cell += f" ({v / b:.2f}x)" if b else ""
+            cells.append(f" {cell:>16} |")
+        print(f"| {label:<28} |" + "".join(cells))
+    if "gateway" in results and "rss_idle_kib" in results["gateway"]:
+        print(f"gateway process with no model loaded: {results['gateway']['rss_idle_kib'] / 1024:.1f} MiB RSS")
 
 
 if __name__ == "__main__":

@@ -23,9 +23,9 @@ def files(tmp_path_factory):
     return d
 
 
-def app_for(write_config, files, server: str = "", models: str = ""):
+def app_for(write_config, files, server: str = "", models: str = "", loop: str = ""):
     body = "server:\n" + (server or "  discover_default_stores: false\n")
-    body += f"models:\n  plain: {files}/plain.gguf\n  loop:\n    path: {files}/loop.gguf\n    n_ctx: 16384\n" + models
+    body += f"models:\n  plain: {files}/plain.gguf\n  loop:\n    path: {files}/loop.gguf\n    n_ctx: 16384\n{loop}" + models
     return create_app(load_config(write_config(body)))
 
 
@@ -125,16 +125,21 @@ async def test_too_many_messages_is_a_400_before_any_inference(aiohttp_client, f
 
 
 async def test_a_full_queue_answers_429_with_retry_after(aiohttp_client, files, write_config):
-    client = await aiohttp_client(app_for(write_config, files, "  max_queue: 1\n"),
+    # two slots decoding, one request waiting (max_queue 1): the next one is refused
+    client = await aiohttp_client(app_for(write_config, files, "  max_queue: 1\n", loop="    parallel: 2\n"),
                                   server_kwargs={"handler_cancellation": True})
-    running = await client.post("/v1/chat/completions", json={"model": "loop", "messages": HI, "stream": True})
-    await running.content.readline()
+    running = [await client.post("/v1/chat/completions", json={"model": "loop", "messages": HI, "stream": True})
+               for _ in range(2)]
+    for r in running:
+        await r.content.readline()
     waiting = asyncio.create_task(client.post("/v1/chat/completions",
                                               json={"model": "loop", "messages": HI, "max_tokens": 2}))
     for _ in range(200):
-        if client.app[REGISTRY].state(client.app[REGISTRY].resolve("loop")).in_flight == 2:
+        if client.app[REGISTRY].state(client.app[REGISTRY].resolve("loop")).in_flight == 3:
             break
         await asyncio.sleep(0.01)
+    metrics = await (await client.get("/metrics")).text()
+    assert re.search(r'gguf_gateway_requests_queued\{model="loop"\} 1\.0', metrics), metrics
     r = await client.post("/v1/chat/completions", json={"model": "loop", "messages": HI})
     body = await r.json()
     assert r.status == 429 and body["error"]["code"] == "queue_full" and r.headers["Retry-After"] == "2"
@@ -142,9 +147,11 @@ async def test_a_full_queue_answers_429_with_retry_after(aiohttp_client, files, 
     r = await client.post("/v1/messages", json={"model": "loop", "max_tokens": 3, "messages": HI})
     assert r.status == 429 and (await r.json())["error"]["type"] == "rate_limit_error"
     assert (await client.post("/v1/chat/completions", json={"model": "plain", "messages": HI})).status == 200
-    running.close()  # the stream ends; the queued request runs
+    assert not waiting.done()
+    running[0].close()  # one stream ends; the queued request takes its slot
     done = await waiting
     assert done.status == 200 and (await done.json())["choices"][0]["message"]["content"] == " tick tock"
+    running[1].close()
     metrics = await (await client.get("/metrics")).text()
     assert re.search(r'gguf_gateway_rejected_requests_total\{reason="queue_full"\} 2\.0', metrics)
 

@@ -18,7 +18,7 @@ Parent -> worker
 Worker -> parent
   {"ev": "ready", "info": {...}}  or  {"ev": "load_failed", "error": "..."}
   per request, in order:
-  {"ev": "start", "id": N, "prompt_tokens": P, "cached_tokens": C}
+  {"ev": "start", "id": N, "prompt_tokens": P, "cached_tokens": C, "slot": S, "prompt_tail": "..."}
   {"ev": "text", "id": N, "text": "...", "tokens": T,    zero or more; T = tokens so far;
    "logprobs"?: [{"token", "bytes", "logprob", "top_logprobs": [...]}, ...]}  (when asked)
   {"ev": "done", "id": N, "finish_reason": "stop"|"length"|"cancelled",
@@ -28,8 +28,11 @@ Worker -> parent
   or instead of start/done: {"ev": "error", "id": N, "status": S, "message": "...",
    "param": ..., "code": ...}  (a request the worker refused, e.g. a context overflow)
 
-Requests run one at a time in arrival order; a cancel ends a running request at the next
-token (finish_reason "cancelled") and drops a queued one without a start event.
+Requests take the model's free sequence slots in arrival order (``parallel`` of them, decoded
+together: continuous batching; the start event names the slot and how many prompt tokens its
+cache already held); the others wait. A cancel ends a running request at the next step
+(finish_reason "cancelled") and drops a waiting one without a start event. The worker writes
+the events of one step together.
 """
 
 from __future__ import annotations
@@ -83,8 +86,8 @@ def _read_exact(fd: int, n: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def write_frame_blocking(fd: int, msg: dict[str, Any]) -> None:
-    view = memoryview(encode(msg))
+def write_all_blocking(fd: int, data: bytes) -> None:
+    view = memoryview(data)
     while view:
         n = os.write(fd, view)
         view = view[n:]
@@ -102,6 +105,7 @@ class LoadParams:
     use_mmap: bool = True
     chat_template: str | None = None
     embeddings: bool = False  # an embedding context (pooled vectors) instead of a generating one
+    parallel: int = 4  # sequence slots decoded together (continuous batching); 1 for embeddings
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -29,6 +29,97 @@ from . import protocol
 
 DEFAULT_N_CTX = 4096
 PROMPT_TAIL = 256
+MAX_SLOTS = 64
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class Slot:
+    """One sequence of the context (llama.cpp seq_id ``id``) and the tokens now cached in it."""
+
+    def __init__(self, sid: int):
+        self.id = sid
+        self.cached: list[int] = []
+        self.seq: Sequence | None = None
+
+
+class Sequence:
+    """One generation in a slot: its prompt, sampler chain, stop state and progress."""
+
+    _order = 0
+
+    def __init__(self, rid: int, req: dict[str, Any], tokens: list[int], slot: Slot, common: int,
+                 prompt_tail: str, sampler, limit: int):
+        Sequence._order += 1
+        self.order = Sequence._order  # admission order: the oldest prompt is prefilled first
+        self.rid, self.req, self.tokens, self.slot = rid, req, tokens, slot
+        self.common, self.next, self.prompt_tail = common, common, prompt_tail
+        self.sampler, self.limit = sampler, limit
+        self.top_n = req.get("logprobs")  # None: no log-probabilities; N: the chosen token's and N alternatives
+        self.deadline = req.get("deadline")
+        self.utf8, self.stops = Utf8Stream(), StopMatcher(req.get("stop") or [])
+        self.pending: int | None = None  # the last sampled token, decoded in the next step
+        self.logit_index = -1
+        self.n_gen = 0
+        self.probs: list[dict[str, Any]] = []
+        self.matched: str | None = None
+        self.cancelled = False
+
+    def text_event(self, text: str) -> dict[str, Any]:
+        event = {"ev": "text", "id": self.rid, "text": text, "tokens": self.n_gen}
+        if self.probs:
+            event["logprobs"], self.probs = self.probs, []
+        return event
+
+
+class Batch:
+    """A reusable ``llama_batch`` over numpy arrays: filling it costs slice copies, not a
+    ctypes call per token. Each token belongs to one sequence; ``seq_id[i]`` points into a
+    fixed array of sequence ids."""
+
+    def __init__(self, ll, capacity: int, n_seqs: int):
+        import numpy as np
+
+        self.np = np
+        self.token = np.zeros(capacity, np.int32)
+        self.pos = np.zeros(capacity, np.int32)
+        self.n_seq_id = np.ones(capacity, np.int32)
+        self.logits = np.zeros(capacity, np.int8)
+        self.seq_ids = np.arange(n_seqs, dtype=np.int32)
+        self.seq_ptr = np.zeros(capacity, np.uintp)
+        self.addr = [self.seq_ids.ctypes.data + 4 * i for i in range(n_seqs)]
+        b = self.struct = ll.llama_batch()
+        b.token = self.token.ctypes.data_as(ctypes.POINTER(ll.llama_token))
+        b.pos = self.pos.ctypes.data_as(ctypes.POINTER(ll.llama_pos))
+        b.n_seq_id = self.n_seq_id.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        b.seq_id = ctypes.cast(self.seq_ptr.ctypes.data, ctypes.POINTER(ctypes.POINTER(ll.llama_seq_id)))
+        b.logits = self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+        b.n_tokens = 0
+
+    def clear(self) -> None:
+        self.struct.n_tokens = 0
+
+    def add(self, tokens: list[int], pos: int, seq: int, want_logits: bool) -> int:
+        """Append ``tokens`` of sequence ``seq`` from position ``pos``; the index of the last one."""
+        a = self.struct.n_tokens
+        b = a + len(tokens)
+        if len(tokens) == 1:
+            self.token[a], self.pos[a] = tokens[0], pos
+        else:
+            self.token[a:b] = tokens
+            self.pos[a:b] = self.np.arange(pos, pos + len(tokens), dtype=self.np.int32)
+        self.seq_ptr[a:b] = self.addr[seq]
+        self.logits[a:b] = 0
+        self.logits[b - 1] = want_logits
+        self.struct.n_tokens = b
+        return b - 1
 
 
 class Refused(Exception):
@@ -71,9 +162,14 @@ class Model:
         self.vocab = ll.llama_model_get_vocab(self.model)
         n_ctx_train = ll.llama_model_n_ctx_train(self.model)
         cp = ll.llama_context_default_params()
-        cp.n_ctx = params.n_ctx or min(n_ctx_train or DEFAULT_N_CTX, DEFAULT_N_CTX)
-        cp.n_batch = cp.n_ubatch = min(params.n_batch, cp.n_ctx)
-        cp.n_seq_max = 1
+        n_ctx = params.n_ctx or min(n_ctx_train or DEFAULT_N_CTX, DEFAULT_N_CTX)
+        # One cache stream of n_ctx cells per slot (llama-server's --parallel without --kv-unified):
+        # every request may use the whole context, and a batch attends only to its own cells.
+        n_slots = 1 if params.embeddings else max(1, min(params.parallel, MAX_SLOTS))
+        cp.n_seq_max = n_slots
+        cp.kv_unified = False
+        cp.n_ctx = n_ctx * n_slots
+        cp.n_batch = cp.n_ubatch = max(min(params.n_batch, n_ctx), n_slots)
         threads = params.n_threads or protocol.default_threads()
         cp.n_threads = cp.n_threads_batch = threads
         cp.flash_attn_type = {None: ll.LLAMA_FLASH_ATTN_TYPE_AUTO, True: ll.LLAMA_FLASH_ATTN_TYPE_ENABLED,
@@ -93,7 +189,7 @@ class Model:
                                "(not enough memory?)")
         self.n_embd = ll.llama_model_n_embd(self.model)
         self.mem = ll.llama_get_memory(self.ctx)
-        self.n_ctx = ll.llama_n_ctx(self.ctx)
+        self.n_ctx = ll.llama_n_ctx_seq(self.ctx)  # per slot
         self.n_batch = cp.n_batch
         self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
         self.bos = ll.llama_vocab_bos(self.vocab)
@@ -102,7 +198,8 @@ class Model:
         self._pieces: dict[int, bytes] = {}
         self._eog: list[int] | None = None
         self._piece_buf = ctypes.create_string_buffer(256)
-        self.cached: list[int] = []  # tokens whose keys and values are in the context now
+        self.slots = [Slot(i) for i in range(n_slots)]
+        self.batch = Batch(ll, cp.n_batch, n_slots)
         tmpl = ll.llama_model_chat_template(self.model, None)
         self.model_template = tmpl.decode("utf-8", "replace") if tmpl else None
         self.template = params.chat_template or self.model_template or chat_template.CHATML
@@ -116,7 +213,7 @@ class Model:
 
     def info(self) -> dict[str, Any]:
         return {
-            "n_ctx": self.n_ctx, "n_vocab": self.n_vocab, "n_threads": self.threads,
+            "n_ctx": self.n_ctx, "n_vocab": self.n_vocab, "n_threads": self.threads, "parallel": len(self.slots),
             "n_ctx_train": self.ll.llama_model_n_ctx_train(self.model),
             "chat_template": self.template, "has_model_template": self.model_template is not None,
             "gpu_offload": self.gpu_offload, "pid": os.getpid(),
@@ -242,7 +339,8 @@ class Model:
             vec = [float(ptr[j]) for j in range(self.n_embd)]
             norm = math.sqrt(sum(x * x for x in vec)) or 1.0
             vectors.append([x / norm for x in vec])
-        self.cached = []
+        for slot in self.slots:
+            slot.cached = []
         out.send({"ev": "embeddings", "id": rid, "data": vectors, "prompt_tokens": total})
 
     def eog_tokens(self) -> list[int]:
@@ -250,14 +348,7 @@ class Model:
             self._eog = [t for t in range(self.n_vocab) if self.ll.llama_vocab_is_eog(self.vocab, t)]
         return self._eog
 
-    # --- decoding ---
-    def _decode(self, tokens: list[int]) -> None:
-        arr = (self.ll.llama_token * len(tokens))(*tokens)
-        rc = self.ll.llama_decode(self.ctx, self.ll.llama_batch_get_one(arr, len(tokens)))
-        if rc != 0:
-            raise Refused(500, f"llama_decode failed with status {rc}", None, "decode_failed")
-        self.cached.extend(tokens)
-
+    # --- decoding: slots, sequences, one llama_decode per step ---
     def _sampler(self, req: dict[str, Any]):
         ll = self.ll
         grammar = None
@@ -290,7 +381,9 @@ class Model:
         add(ll.llama_sampler_init_dist(seed))
         return chain
 
-    def generate(self, rid: int, req: dict[str, Any], out: "Worker") -> None:
+    def admit(self, rid: int, req: dict[str, Any]) -> "Sequence":
+        """Check a request, give it the free slot whose cache shares the longest prefix with its
+        prompt, and drop the rest of that slot's cache. Raises ``Refused``."""
         tokens, prompt_tail = self.prompt_tokens(req)
         n_prompt = len(tokens)
         if n_prompt == 0:
@@ -305,86 +398,123 @@ class Model:
                 f"{want} tokens ({n_prompt} in the prompt, {max_tokens or 0} for the completion). "
                 "Please reduce the prompt or max_tokens.",
                 "messages" if req.get("messages") is not None else "prompt", "context_length_exceeded")
-        limit = max_tokens if max_tokens is not None else room
-
-        # Reuse the longest cached prefix; at least one prompt token is decoded for fresh logits.
-        common = 0
-        for a, b in zip(self.cached, tokens):
-            if a != b:
-                break
-            common += 1
-        common = min(common, n_prompt - 1)
-        if not self.ll.llama_memory_seq_rm(self.mem, 0, common, -1):
-            # recurrent and hybrid models cannot cut a sequence in the middle: start afresh
-            self.ll.llama_memory_clear(self.mem, True)
-            common = 0
-        del self.cached[common:]
         sampler = self._sampler(req)  # before "start": a grammar that does not parse is a plain 400
-        try:
-            self._run(rid, req, tokens, common, prompt_tail, sampler, limit, out)
-        finally:
-            self.ll.llama_sampler_free(sampler)
+        slot = max(self.free_slots(), key=lambda s: (_common_prefix(s.cached, tokens), -s.id))
+        # At least one prompt token is decoded, for fresh logits.
+        common = min(_common_prefix(slot.cached, tokens), n_prompt - 1)
+        if not self.ll.llama_memory_seq_rm(self.mem, slot.id, common, -1):
+            # recurrent and hybrid models cannot cut a sequence in the middle: start it afresh
+            self.ll.llama_memory_seq_rm(self.mem, slot.id, -1, -1)
+            common = 0
+        del slot.cached[common:]
+        seq = slot.seq = Sequence(rid, req, tokens, slot, common, prompt_tail, sampler,
+                                  max_tokens if max_tokens is not None else room)
+        return seq
 
-    def _run(self, rid: int, req: dict[str, Any], tokens: list[int], common: int, prompt_tail: str,
-             sampler, limit: int, out: "Worker") -> None:
-        n_prompt = len(tokens)
-        start = {"ev": "start", "id": rid, "prompt_tokens": n_prompt, "cached_tokens": common,
-                 "prompt_tail": prompt_tail}
-        if req.get("echo"):
-            start["prompt_text"] = req["prompt"] if req.get("prompt") is not None else self.detokenize(tokens)
-        out.send(start)
-        for i in range(common, n_prompt, self.n_batch):
-            if out.cancelled(rid):
-                return out.done(rid, "cancelled", None, n_prompt, 0)
-            if req.get("deadline") is not None and time.time() >= req["deadline"]:
-                return out.done(rid, "length", None, n_prompt, 0)
-            self._decode(tokens[i:i + self.n_batch])
+    def free_slots(self) -> list["Slot"]:
+        return [s for s in self.slots if s.seq is None]
 
-        top_n = req.get("logprobs")  # None: no log-probabilities; N: the chosen token's and N alternatives
-        deadline = req.get("deadline")
-        utf8, stops = Utf8Stream(), StopMatcher(req.get("stop") or [])
-        n_gen, finish, matched, probs = 0, "length", None, []
-        while True:
-            tok = self.ll.llama_sampler_sample(sampler, self.ctx, -1)
-            if self.ll.llama_vocab_is_eog(self.vocab, tok):
-                finish = "stop"
+    def active(self) -> list["Sequence"]:
+        return [s.seq for s in self.slots if s.seq is not None]
+
+    def step(self, out: "Worker") -> None:
+        """One llama_decode that advances every active sequence: the token each generating
+        sequence sampled last, then as many prompt tokens of the prefilling ones as the batch
+        holds (oldest first), so a long prompt never stops the streams already running."""
+        now = time.time()
+        running = []
+        for seq in self.active():
+            if seq.cancelled:
+                self.finish(seq, "cancelled", out)
+            elif seq.deadline is not None and now >= seq.deadline:
+                self.finish(seq, "length", out)  # server.request_timeout
+            else:
+                running.append(seq)
+        if not running:
+            return
+        budget = self.n_batch
+        chunks: list[tuple[Sequence, list[int], bool]] = []
+        for seq in running:
+            if seq.pending is not None:
+                chunks.append((seq, [seq.pending], True))
+                budget -= 1
+        for seq in sorted((s for s in running if s.pending is None), key=lambda s: s.order):
+            if budget <= 0:
                 break
-            n_gen += 1
-            if top_n is not None:
-                probs.append(self._logprobs(tok, top_n))
-            text, matched = stops.feed(utf8.feed(self.piece(tok)))
-            if text:
-                event = {"ev": "text", "id": rid, "text": text, "tokens": n_gen}
-                if probs:
-                    event["logprobs"], probs = probs, []
-                out.send(event)
-            if matched is not None:
-                finish = "stop"
-                break
-            if n_gen >= limit or (deadline is not None and time.time() >= deadline):
-                break  # "length": max_tokens, the context, or server.request_timeout ran out
-            if out.cancelled(rid):
-                finish = "cancelled"
-                break
-            self._decode([tok])
-        if matched is None and finish != "cancelled":
-            tail, matched = stops.feed(utf8.flush())
-            tail += stops.flush()
+            part = seq.tokens[seq.next:seq.next + budget]
+            chunks.append((seq, part, seq.next + len(part) == len(seq.tokens)))
+            budget -= len(part)
+        # llama.cpp splits a batch over separate per-sequence caches into runs of consecutive
+        # sequence ids: ordered by slot, neighbours share one pass over the weights.
+        chunks.sort(key=lambda c: c[0].slot.id)
+        batch = self.batch
+        batch.clear()
+        for seq, part, want in chunks:
+            seq.logit_index = batch.add(part, len(seq.slot.cached), seq.slot.id, want)
+        rc = self.ll.llama_decode(self.ctx, batch.struct)
+        if rc != 0:
+            for seq, _, _ in chunks:
+                self.ll.llama_memory_seq_rm(self.mem, seq.slot.id, -1, -1)
+                seq.slot.cached = []
+                self.drop(seq)
+                out.send({"ev": "error", "id": seq.rid, "status": 500, "param": None, "code": "decode_failed",
+                          "message": f"llama_decode failed with status {rc}"})
+            return
+        for seq, part, want in chunks:
+            seq.slot.cached.extend(part)
+            if seq.pending is None:
+                seq.next += len(part)
+            if want:
+                try:
+                    self._next_token(seq, out)
+                except Exception as e:  # a bug here must fail one request, not the others
+                    seq.slot.cached = []
+                    self.ll.llama_memory_seq_rm(self.mem, seq.slot.id, -1, -1)
+                    self.drop(seq)
+                    out.send({"ev": "error", "id": seq.rid, "status": 500, "param": None, "code": "worker_error",
+                              "message": f"{type(e).__name__}: {e}"})
+
+    def _next_token(self, seq: "Sequence", out: "Worker") -> None:
+        ll = self.ll
+        tok = ll.llama_sampler_sample(seq.sampler, self.ctx, seq.logit_index)
+        if ll.llama_vocab_is_eog(self.vocab, tok):
+            return self.finish(seq, "stop", out)
+        seq.n_gen += 1
+        if seq.top_n is not None:
+            seq.probs.append(self._logprobs(tok, seq.top_n, seq.logit_index))
+        text, matched = seq.stops.feed(seq.utf8.feed(self.piece(tok)))
+        if text:
+            out.send(seq.text_event(text))
+        if matched is not None:
+            seq.matched = matched
+            return self.finish(seq, "stop", out)
+        if seq.n_gen >= seq.limit or (seq.deadline is not None and time.time() >= seq.deadline):
+            return self.finish(seq, "length", out)  # max_tokens, the context, or server.request_timeout
+        seq.pending = tok
+
+    def finish(self, seq: "Sequence", finish: str, out: "Worker") -> None:
+        if seq.matched is None and finish != "cancelled":
+            tail, matched = seq.stops.feed(seq.utf8.flush())
+            tail += seq.stops.flush()
             if tail:
-                event = {"ev": "text", "id": rid, "text": tail, "tokens": n_gen}
-                if probs:
-                    event["logprobs"] = probs
-                out.send(event)
+                out.send(seq.text_event(tail))
             if matched is not None:
-                finish = "stop"
-        out.done(rid, finish, matched, n_prompt, n_gen)
+                seq.matched, finish = matched, "stop"
+        self.drop(seq)
+        out.done(seq.rid, finish, seq.matched, len(seq.tokens), seq.n_gen)
 
-    def _logprobs(self, token: int, top_n: int) -> dict[str, Any]:
+    def drop(self, seq: "Sequence") -> None:
+        """Free the sequence's slot; its cache stays for the next request to reuse."""
+        if seq.slot.seq is seq:
+            seq.slot.seq = None
+            self.ll.llama_sampler_free(seq.sampler)
+
+    def _logprobs(self, token: int, top_n: int, index: int) -> dict[str, Any]:
         """The model's log-probability of ``token`` and of its ``top_n`` likeliest alternatives, read
         from the logits in place (a numpy view, no copy) only when a request asks for them."""
         import numpy as np
 
-        logits = np.ctypeslib.as_array(self.ll.llama_get_logits_ith(self.ctx, -1), shape=(self.n_vocab,))
+        logits = np.ctypeslib.as_array(self.ll.llama_get_logits_ith(self.ctx, index), shape=(self.n_vocab,))
         peak = float(logits.max())
         lse = peak + float(np.log(np.exp(logits - peak).sum()))
         def info(t: int) -> dict[str, Any]:
@@ -401,15 +531,15 @@ class Model:
 
 
 class Worker:
-    """The process's main loop: commands arrive on a reader thread, work runs here."""
+    """The process's main loop: commands arrive on a reader thread; admission, decoding and
+    every answer happen here, between two steps of the batch."""
 
     def __init__(self, cmd_fd: int, ev_fd: int):
         self.cmd_fd, self.ev_fd = cmd_fd, ev_fd
         self.inbox: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self.pending: deque[dict[str, Any]] = deque()
-        self.cancel_ids: set[int] = set()
-        self.current: int | None = None
         self.model: Model | None = None
+        self._out: list[bytes] = []
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -423,38 +553,81 @@ class Worker:
                 return
 
     def send(self, msg: dict[str, Any]) -> None:
+        """Queue an event; ``flush`` writes a step's events in one write."""
+        self._out.append(protocol.encode(msg))
+
+    def flush(self) -> None:
+        if not self._out:
+            return
+        data, self._out = b"".join(self._out), []
         try:
-            protocol.write_frame_blocking(self.ev_fd, msg)
+            protocol.write_all_blocking(self.ev_fd, data)
         except (BrokenPipeError, OSError):
             os._exit(0)  # the gateway is gone
 
     def done(self, rid: int, finish: str, stop: str | None, n_prompt: int, n_gen: int) -> None:
-        self.cancel_ids.discard(rid)
         self.send({"ev": "done", "id": rid, "finish_reason": finish, "stop": stop,
                    "prompt_tokens": n_prompt, "completion_tokens": n_gen})
 
     def _take(self, msg: dict[str, Any] | None) -> None:
         if msg is None or msg.get("op") == "exit":
+            self.flush()
             os._exit(0)
-        if msg["op"] in ("generate", "embed"):
+        op = msg["op"]
+        if op in ("generate", "embed"):
             self.pending.append(msg)
-        elif msg["op"] == "cancel":
+        elif op == "cancel":
             rid = msg["id"]
-            if rid == self.current:
-                self.cancel_ids.add(rid)
-            else:
-                self.pending = deque(m for m in self.pending if m["id"] != rid)
-        elif msg["op"] == "threads" and self.model is not None:
+            self.pending = deque(m for m in self.pending if m["id"] != rid)
+            for seq in self.model.active() if self.model else ():
+                if seq.rid == rid:
+                    seq.cancelled = True
+        elif op == "threads" and self.model is not None:
             self.model.set_threads(msg["n"])
-        elif msg["op"] in ("tokenize", "detokenize") and self.model is not None:
-            self.send(self.model.answer(msg))  # answered at once, between two tokens if need be
+        elif op in ("tokenize", "detokenize") and self.model is not None:
+            self.send(self.model.answer(msg))  # answered at once, between two steps if need be
 
-    def cancelled(self, rid: int) -> bool:
+    def _poll(self, block: bool) -> None:
+        if block:
+            self._take(self.inbox.get())
         while True:
             try:
                 self._take(self.inbox.get_nowait())
             except queue.Empty:
-                return rid in self.cancel_ids
+                return
+
+    def _admit(self, model: Model) -> None:
+        """Start waiting requests in free slots, in arrival order. An embedding request runs alone."""
+        while self.pending:
+            msg = self.pending[0]
+            rid = msg["id"]
+            if msg["op"] == "embed":
+                if model.active():
+                    return
+                self.pending.popleft()
+                self._guard(rid, lambda: model.embed(rid, msg["inputs"], self))
+                continue
+            if not model.free_slots():
+                return
+            self.pending.popleft()
+            self._guard(rid, lambda: self._start(model, rid, msg["request"]))
+
+    def _start(self, model: Model, rid: int, req: dict[str, Any]) -> None:
+        seq = model.admit(rid, req)
+        start = {"ev": "start", "id": rid, "prompt_tokens": len(seq.tokens), "cached_tokens": seq.common,
+                 "prompt_tail": seq.prompt_tail, "slot": seq.slot.id}
+        if req.get("echo"):
+            start["prompt_text"] = req["prompt"] if req.get("prompt") is not None else model.detokenize(seq.tokens)
+        self.send(start)
+
+    def _guard(self, rid: int, work) -> None:
+        try:
+            work()
+        except Refused as r:
+            self.send({**r.event, "id": rid})
+        except Exception as e:  # a bug here must fail one request, not the worker
+            self.send({"ev": "error", "id": rid, "status": 500, "message": f"{type(e).__name__}: {e}",
+                       "param": None, "code": "worker_error"})
 
     def run(self) -> None:
         first = self.inbox.get()
@@ -464,26 +637,16 @@ class Worker:
             model = self.model = Model(protocol.LoadParams(**first["model"]))
         except Exception as e:  # report, then leave: a failed load has nothing to serve
             self.send({"ev": "load_failed", "error": str(e)})
+            self.flush()
             os._exit(0)
         self.send({"ev": "ready", "info": model.info()})
+        self.flush()
         while True:
-            if not self.pending:
-                self._take(self.inbox.get())
-                continue
-            msg = self.pending.popleft()
-            rid = self.current = msg["id"]
-            try:
-                if msg["op"] == "embed":
-                    model.embed(rid, msg["inputs"], self)
-                else:
-                    model.generate(rid, msg["request"], self)
-            except Refused as r:
-                self.send({**r.event, "id": rid})
-            except Exception as e:  # a bug here must fail one request, not the worker
-                self.send({"ev": "error", "id": rid, "status": 500, "message": f"{type(e).__name__}: {e}",
-                           "param": None, "code": "worker_error"})
-            self.cancel_ids.discard(rid)
-            self.current = None
+            self._poll(block=not self.pending and not model.active())
+            self._admit(model)
+            if model.active():
+                model.step(self)
+            self.flush()
 
 
 def main(argv: list[str]) -> None:
