@@ -6,7 +6,9 @@
     .venv/bin/python scripts/bench.py --model X.gguf --threads 8 --tokens 256 --only gateway
 
 Contenders, each a real server process driven over HTTP through the same OpenAI
-`/v1/completions` requests, one after another (never at once, so they do not share cores):
+`/v1/completions` requests. All are started, then measured in turns: each figure is taken
+from every contender in rounds whose order rotates (one request or one concurrent group at a
+time, never two contenders at once), so a slow spell of a shared machine spreads over all:
 - gateway: `gguf-gateway serve` (parallel 4, n_ctx 4096 per slot);
 - llama-server: when given `--llama-server PATH` or found on PATH (`--parallel 4 -c 16384`:
   the same 4 slots of 4096 tokens);
@@ -25,6 +27,7 @@ Ratios are against the first alternative (llama-server when present).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
@@ -203,53 +206,71 @@ def llama_cpp_python(model: Path, threads: int) -> Server:
                                        "--model_alias", "bench", "--verbose", "false"], "/v1/models", "bench")
 
 
-def measure(srv: Server, args, sampling: dict) -> dict:
-    out: dict = {}
-    warm = {"prompt": "warm up " + PROMPT, "max_tokens": 16, **sampling}
-    srv.complete(warm)
+def single_stream(srv: Server, args, sampling: dict, rep: int) -> tuple[float, float]:
+    """(time to first token in ms, decode tok/s after it) of one streamed completion."""
+    start, stamps = srv.stream({"prompt": f"{rep} {PROMPT}", "max_tokens": args.tokens, "ignore_eos": True,
+                                **sampling})
+    return (stamps[0] - start) * 1000, (len(stamps) - 1) / (stamps[-1] - stamps[0])
 
-    # single stream, streamed: time to first token and decode rate
-    runs = []
-    for i in range(args.repeats):
-        start, stamps = srv.stream({"prompt": f"{i} {PROMPT}", "max_tokens": args.tokens, "ignore_eos": True,
-                                    **sampling})
-        if len(stamps) > 1:
-            runs.append(((stamps[0] - start) * 1000, (len(stamps) - 1) / (stamps[-1] - stamps[0])))
-    out["ttft_ms"] = statistics.median(r[0] for r in runs)
-    out["decode_tok_s"] = statistics.median(r[1] for r in runs)
 
-    # concurrent whole answers: aggregate completion tokens per second
-    out["aggregate_tok_s"] = {}
-    for n in STREAMS:
-        rates = []
-        for rep in range(args.repeats):
-            tokens = [0] * n
+def aggregate(srv: Server, args, sampling: dict, rep: int, n: int) -> float:
+    """Completion tokens per second of ``n`` whole completions sent at once."""
+    tokens = [0] * n
 
-            def one(k: int) -> None:
-                body = {"prompt": f"{rep} {k} {PROMPT}", "max_tokens": args.tokens, "ignore_eos": True, **sampling}
-                tokens[k] = srv.complete(body)["usage"]["completion_tokens"]
+    def one(k: int) -> None:
+        body = {"prompt": f"{rep} {k} {PROMPT}", "max_tokens": args.tokens, "ignore_eos": True, **sampling}
+        tokens[k] = srv.complete(body)["usage"]["completion_tokens"]
 
-            threads = [threading.Thread(target=one, args=(k,)) for k in range(n)]
-            t0 = time.perf_counter()
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            rates.append(sum(tokens) / (time.perf_counter() - t0))
-        out["aggregate_tok_s"][str(n)] = statistics.median(rates)
+    threads = [threading.Thread(target=one, args=(k,)) for k in range(n)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(tokens) / (time.perf_counter() - t0)
 
-    # a long prompt twice: the second finds its prefix cached
-    cold, warm_ = [], []
-    for rep in range(args.repeats):
-        prompt = long_prompt(args.long_prompt, f"run {rep} {time.time()}")
-        for into in (cold, warm_):
-            start, stamps = srv.stream({"prompt": prompt, "max_tokens": 2, "ignore_eos": True, **sampling})
-            into.append((stamps[0] - start) * 1000)
-    out["long_prompt_tokens"] = srv.complete({"prompt": prompt, "max_tokens": 1, **sampling})["usage"]["prompt_tokens"]
-    out["cold_ttft_ms"] = statistics.median(cold)
-    out["warm_ttft_ms"] = statistics.median(warm_)
-    out["rss_kib"], out["rss_all_kib"] = srv.memory()
+
+def cold_warm(srv: Server, args, sampling: dict, rep: int) -> tuple[float, float, int]:
+    """Time to first token of a long prompt never seen before, then of the same prompt again."""
+    prompt = long_prompt(args.long_prompt, f"{srv.name} run {rep} {time.time()}")
+    ttft = []
+    for _ in range(2):
+        start, stamps = srv.stream({"prompt": prompt, "max_tokens": 2, "ignore_eos": True, **sampling})
+        ttft.append((stamps[0] - start) * 1000)
+    n = srv.complete({"prompt": prompt, "max_tokens": 1, **sampling})["usage"]["prompt_tokens"]
+    return ttft[0], ttft[1], n
+
+
+def interleaved(servers: list[Server], repeats: int, fn) -> dict[str, list]:
+    """``fn(server, rep)`` for every server, ``repeats`` rounds, the order rotating each round,
+    so a slow spell of the machine does not land on one contender."""
+    out: dict[str, list] = {s.name: [] for s in servers}
+    for rep in range(repeats):
+        for srv in servers[rep % len(servers):] + servers[:rep % len(servers)]:
+            out[srv.name].append(fn(srv, rep))
     return out
+
+
+def measure(servers: list[Server], args, sampling: dict) -> dict[str, dict]:
+    res: dict[str, dict] = {s.name: {"aggregate_tok_s": {}} for s in servers}
+    med = statistics.median
+    for srv in servers:
+        srv.complete({"prompt": "warm up " + PROMPT, "max_tokens": 16, **sampling})
+    print("  single stream ...", file=sys.stderr)
+    for name, runs in interleaved(servers, args.repeats, lambda s, r: single_stream(s, args, sampling, r)).items():
+        res[name].update(ttft_ms=med(x[0] for x in runs), decode_tok_s=med(x[1] for x in runs))
+    for n in STREAMS:
+        print(f"  {n} concurrent ...", file=sys.stderr)
+        for name, runs in interleaved(servers, args.repeats,
+                                      lambda s, r: aggregate(s, args, sampling, r, n)).items():
+            res[name]["aggregate_tok_s"][str(n)] = med(runs)
+    print("  long prompt, cold and warm ...", file=sys.stderr)
+    for name, runs in interleaved(servers, args.repeats, lambda s, r: cold_warm(s, args, sampling, r)).items():
+        res[name].update(cold_ttft_ms=med(x[0] for x in runs), warm_ttft_ms=med(x[1] for x in runs),
+                         long_prompt_tokens=runs[0][2])
+    for srv in servers:
+        res[srv.name]["rss_kib"], res[srv.name]["rss_all_kib"] = srv.memory()
+    return res
 
 
 def overhead(srv: Server, n: int) -> dict:
@@ -312,18 +333,21 @@ def main(argv: list[str] | None = None) -> int:
                 print("llama-cpp-python's server: not measured (pip install -e '.[bench]')", file=sys.stderr)
         makers = [m for m in makers if m[0] in wanted]
 
-        results: dict[str, dict] = {}
-        for name, make in makers:
-            print(f"measuring {name} ...", file=sys.stderr)
-            with make(model) as srv:
-                results[name] = measure(srv, args, sampling)
-            with make(tiny_model()) as srv:
-                results[name]["overhead"] = overhead(srv, args.overhead_requests)
-                if name == "gateway":
+        print(f"measuring {', '.join(m[0] for m in makers)}, interleaved ...", file=sys.stderr)
+        with contextlib.ExitStack() as stack:
+            servers = [stack.enter_context(make(model)) for _, make in makers]
+            results = measure(servers, args, sampling)
+        print("  1-token completions on a tiny model ...", file=sys.stderr)
+        with contextlib.ExitStack() as stack:
+            servers = [stack.enter_context(make(tiny_model())) for _, make in makers]
+            for name, runs in interleaved(servers, 3, lambda s, r: overhead(s, args.overhead_requests // 3)).items():
+                results[name]["overhead"] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+            for srv in servers:
+                if srv.name == "gateway":
                     # the gateway process alone, after its worker is gone
                     srv.request("POST", "/models/unload", {"model": srv.model_name})
                     time.sleep(0.5)
-                    results[name]["rss_idle_kib"] = srv.memory()[0]
+                    results["gateway"]["rss_idle_kib"] = srv.memory()[0]
 
     print_table(results, model, args, "sampled" if args.sampled else "greedy")
     if args.json:

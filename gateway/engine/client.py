@@ -23,6 +23,7 @@ from . import protocol
 
 log = logging.getLogger(__name__)
 
+_LEN = struct.Struct(">I")
 _TERMINAL = ("done", "error", "tokens", "detokenized", "embeddings")
 
 
@@ -75,11 +76,11 @@ class WorkerProcess:
         finally:
             os.close(cmd_r)
             os.close(ev_w)
-        reader = asyncio.StreamReader(limit=protocol.MAX_FRAME)
-        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(ev_r, "rb", 0))
+        closed = loop.create_future()
+        await loop.connect_read_pipe(lambda: _Frames(self._dispatch, closed), os.fdopen(ev_r, "rb", 0))
         self._transport, _ = await loop.connect_write_pipe(asyncio.Protocol, os.fdopen(cmd_w, "wb", 0))
         self._ready = loop.create_future()
-        self._reader_task = asyncio.create_task(self._read_loop(reader), name=f"worker-{self.params.name}")
+        self._reader_task = asyncio.create_task(self._wait_exit(closed), name=f"worker-{self.params.name}")
         self._send({"op": "load", "model": self.params.to_dict()})
         try:
             self.info = await self._ready
@@ -94,24 +95,21 @@ class WorkerProcess:
         if self._transport is not None and not self._transport.is_closing():
             self._transport.write(protocol.encode(msg))
 
-    async def _read_loop(self, reader: asyncio.StreamReader) -> None:
-        try:
-            while True:
-                (n,) = struct.unpack(">I", await reader.readexactly(4))
-                msg = protocol.decode(await reader.readexactly(n))
-                ev = msg.get("ev")
-                if ev == "ready" and self._ready and not self._ready.done():
-                    self._ready.set_result(msg["info"])
-                elif ev == "load_failed" and self._ready and not self._ready.done():
-                    self._ready.set_exception(LoadFailed(msg["error"]))
-                else:
-                    if ev == "done":
-                        self.finished.append(msg)
-                        del self.finished[:-100]
-                    if (q := self._queues.get(msg.get("id"))) is not None:
-                        q.put_nowait(msg)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
+    def _dispatch(self, msg: dict[str, Any]) -> None:
+        ev = msg.get("ev")
+        if ev == "ready" and self._ready and not self._ready.done():
+            self._ready.set_result(msg["info"])
+        elif ev == "load_failed" and self._ready and not self._ready.done():
+            self._ready.set_exception(LoadFailed(msg["error"]))
+        else:
+            if ev == "done":
+                self.finished.append(msg)
+                del self.finished[:-100]
+            if (q := self._queues.get(msg.get("id"))) is not None:
+                q.put_nowait(msg)
+
+    async def _wait_exit(self, closed: asyncio.Future) -> None:
+        await closed  # the worker's end of the event pipe closed: it exited or is exiting
         assert self.proc is not None
         rc = await self.proc.wait()
         self._gone(rc)
@@ -209,6 +207,31 @@ class WorkerProcess:
     def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.proc is not None and self.proc.returncode is None:
             self.proc.send_signal(sig)
+
+
+class _Frames(asyncio.Protocol):
+    """The event pipe: frames are parsed as bytes arrive and handed on at once (no reader task
+    between the pipe and the requests: one event-loop pass per token, not two)."""
+
+    def __init__(self, dispatch: Callable[[dict[str, Any]], None], closed: asyncio.Future):
+        self._dispatch, self._closed = dispatch, closed
+        self._buf = bytearray()
+
+    def data_received(self, data: bytes) -> None:
+        buf = self._buf
+        buf += data
+        at = 0
+        while len(buf) - at >= 4:
+            (n,) = _LEN.unpack_from(buf, at)
+            if len(buf) - at - 4 < n:
+                break
+            self._dispatch(protocol.decode(buf[at + 4:at + 4 + n]))
+            at += 4 + n
+        del buf[:at]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self._closed.done():
+            self._closed.set_result(None)
 
 
 class Generation:

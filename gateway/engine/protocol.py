@@ -53,7 +53,6 @@ def default_threads() -> int:
     except AttributeError:  # macOS
         n = os.cpu_count() or 1
     return max(1, min(n, 16))
-MAX_FRAME = 256 * 1024 * 1024
 
 
 def encode(msg: dict[str, Any]) -> bytes:
