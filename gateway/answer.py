@@ -26,6 +26,7 @@ class Finish:
     prompt_tokens: int
     completion_tokens: int
     reasoning_tokens: int
+    cached_tokens: int = 0  # prompt tokens reused from the slot's cache (not decoded again)
 
 
 def error_from(event: dict[str, Any]) -> ApiError:
@@ -84,7 +85,7 @@ async def pieces(gen: Generation, splitter: ReasoningSplitter | None,
                 yield Piece(kind, text, probs or None)
                 probs = []
             finish = Finish(event["finish_reason"], event.get("stop"), event["prompt_tokens"],
-                            event["completion_tokens"], reasoning)
+                            event["completion_tokens"], reasoning, event.get("cached_tokens", 0))
             if obs is not None:
                 obs.finished(finish)
             yield finish

@@ -82,7 +82,8 @@ def _record(app: web.Application, obs: Observation, status: int, request: web.Re
         m.ttft.labels(obs.model).observe(obs.first_token - obs.started)
     for gap in obs.gaps:
         m.itl.labels(obs.model).observe(gap)
-    for counter, n in ((m.prompt_tokens, obs.prompt_tokens), (m.completion_tokens, obs.completion_tokens),
+    for counter, n in ((m.prompt_tokens, obs.prompt_tokens), (m.cached_tokens, obs.cached_tokens),
+                       (m.completion_tokens, obs.completion_tokens),
                        (m.reasoning_tokens, obs.reasoning_tokens)):
         if n:
             counter.labels(obs.model).inc(n)

@@ -38,6 +38,7 @@ class Observation:
     model: str = "-"
     principal: str = "anonymous"
     prompt_tokens: int = 0
+    cached_tokens: int = 0
     completion_tokens: int = 0
     reasoning_tokens: int = 0
     first_token: float | None = None
@@ -58,6 +59,7 @@ class Observation:
 
     def finished(self, finish: Any) -> None:
         self.prompt_tokens += finish.prompt_tokens
+        self.cached_tokens += finish.cached_tokens
         self.completion_tokens += finish.completion_tokens
         self.reasoning_tokens += finish.reasoning_tokens
         self.finish_reason = finish.reason
@@ -66,7 +68,7 @@ class Observation:
         return {
             "event": "inference", "request_id": self.request_id, "model": self.model, "endpoint": self.endpoint,
             "principal": self.principal, "status": status, "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens, "reasoning_tokens": self.reasoning_tokens,
+            "cached_tokens": self.cached_tokens, "completion_tokens": self.completion_tokens, "reasoning_tokens": self.reasoning_tokens,
             "time_to_first_token_s": round(self.first_token - self.started, 6) if self.first_token else None,
             "duration_s": round(duration, 6), "finish_reason": self.finish_reason,
             "client_disconnected": self.disconnected, "time": time.time(),

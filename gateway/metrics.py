@@ -39,6 +39,8 @@ class Metrics:
         self.itl = Histogram(p + "inter_token_latency_seconds", "Time between generated tokens",
                              ["model"], buckets=ITL_BUCKETS, registry=r)
         self.prompt_tokens = Counter(p + "prompt_tokens", "Prompt tokens processed", ["model"], registry=r)
+        self.cached_tokens = Counter(p + "cached_prompt_tokens", "Prompt tokens found in a slot's cache (not decoded "
+                                     "again)", ["model"], registry=r)
         self.completion_tokens = Counter(p + "completion_tokens", "Tokens generated", ["model"], registry=r)
         self.reasoning_tokens = Counter(p + "reasoning_tokens", "Generated tokens that were thinking",
                                         ["model"], registry=r)

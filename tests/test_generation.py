@@ -117,6 +117,10 @@ async def test_streamed_text_equals_the_whole_answer(client, model):
     assert len({e["id"] for e in chunks + [usage_chunk]}) == 1 and chunks[0]["id"] != whole["id"]
     text = "".join(e["choices"][0]["delta"].get("content") or "" for e in chunks)
     assert text == whole["choices"][0]["message"]["content"]
+    # the same prompt again: all of it but the last token comes from the slot's cache
+    cached = usage_chunk["usage"].pop("prompt_tokens_details")["cached_tokens"]
+    whole["usage"].pop("prompt_tokens_details")
+    assert cached == whole["usage"]["prompt_tokens"] - 1
     assert usage_chunk["choices"] == [] and usage_chunk["usage"] == whole["usage"]
 
 

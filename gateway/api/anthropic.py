@@ -30,7 +30,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
             begun, splitter = await answer.start(gen, spec.reasoning)
             items = answer.pieces(gen, splitter, obs)
             if parsed.stream:
-                return await _stream(request, render, items, begun["prompt_tokens"])
+                return await _stream(request, render, items, begun["prompt_tokens"], begun.get("cached_tokens", 0))
             blocks: list[dict] = []
             async for item in items:
                 if isinstance(item, answer.Piece):
@@ -40,11 +40,12 @@ async def messages(request: web.Request) -> web.StreamResponse:
                 else:
                     if not any(b["type"] == "text" for b in blocks):
                         blocks.append(render.block("content"))
-                    return web.json_response(render.message(blocks, item, item.prompt_tokens))
+                    return web.json_response(render.message(blocks, item, item.prompt_tokens, item.cached_tokens))
     raise ApiError("the model worker ended the answer without finishing it", status=500)
 
 
-async def _stream(request: web.Request, render: anth.Renderer, items, input_tokens: int) -> web.StreamResponse:
+async def _stream(request: web.Request, render: anth.Renderer, items, prompt_tokens: int,
+                  cached_tokens: int) -> web.StreamResponse:
     sse = EventStream(request)
     await sse.open()
     index, kind = -1, None  # the open content block
@@ -61,7 +62,7 @@ async def _stream(request: web.Request, render: anth.Renderer, items, input_toke
                        event="content_block_start")
 
     try:
-        await sse.send({"type": "message_start", "message": render.message([], None, input_tokens)},
+        await sse.send({"type": "message_start", "message": render.message([], None, prompt_tokens, cached_tokens)},
                        event="message_start")
         await sse.send({"type": "ping"}, event="ping")
         async for item in items:

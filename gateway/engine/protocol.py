@@ -22,7 +22,8 @@ Worker -> parent
   {"ev": "text", "id": N, "text": "...", "tokens": T,    zero or more; T = tokens so far;
    "logprobs"?: [{"token", "bytes", "logprob", "top_logprobs": [...]}, ...]}  (when asked)
   {"ev": "done", "id": N, "finish_reason": "stop"|"length"|"cancelled",
-   "stop": matched-or-null, "prompt_tokens": P, "completion_tokens": T}
+   "stop": matched-or-null, "prompt_tokens": P, "completion_tokens": T, "cached_tokens": C}
+   (C: prompt tokens found in the slot's cache and not decoded again)
   {"ev": "tokens", "id": N, "tokens": [...], "pieces"?: [...]}  /  {"ev": "detokenized", "id": N, "text": "..."}
   {"ev": "embeddings", "id": N, "data": [[float, ...], ...], "prompt_tokens": P}
   or instead of start/done: {"ev": "error", "id": N, "status": S, "message": "...",

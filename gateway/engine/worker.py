@@ -48,6 +48,15 @@ class Slot:
         self.id = sid
         self.cached: list[int] = []
         self.seq: Sequence | None = None
+        self.last_used = 0.0
+
+
+def _slot_score(slot: Slot, tokens: list[int]) -> tuple[float, float, int]:
+    """How good a free slot is for a prompt: the prompt tokens its cache saves, less half of the
+    cached tokens it would throw away (another conversation's history is not traded for a
+    shared opening line); then the least recently used; then the lowest id."""
+    common = _common_prefix(slot.cached, tokens)
+    return common - (len(slot.cached) - common) / 2, -slot.last_used, -slot.id
 
 
 class Sequence:
@@ -406,7 +415,7 @@ class Model:
                 "Please reduce the prompt or max_tokens.",
                 "messages" if req.get("messages") is not None else "prompt", "context_length_exceeded")
         sampler = self._sampler(req)  # before "start": a grammar that does not parse is a plain 400
-        slot = max(self.free_slots(), key=lambda s: (_common_prefix(s.cached, tokens), -s.id))
+        slot = max(self.free_slots(), key=lambda s: _slot_score(s, tokens))
         # At least one prompt token is decoded, for fresh logits.
         common = min(_common_prefix(slot.cached, tokens), n_prompt - 1)
         if not self.ll.llama_memory_seq_rm(self.mem, slot.id, common, -1):
@@ -516,12 +525,13 @@ class Model:
             if matched is not None:
                 seq.matched, finish = matched, "stop"
         self.drop(seq)
-        out.done(seq.rid, finish, seq.matched, len(seq.tokens), seq.n_gen)
+        out.done(seq.rid, finish, seq.matched, len(seq.tokens), seq.n_gen, seq.common)
 
     def drop(self, seq: "Sequence") -> None:
         """Free the sequence's slot; its cache stays for the next request to reuse."""
         if seq.slot.seq is seq:
             seq.slot.seq = None
+            seq.slot.last_used = time.monotonic()
             if seq.sampler is not None:
                 self.ll.llama_sampler_free(seq.sampler)
 
@@ -593,9 +603,9 @@ class Worker:
         except (BrokenPipeError, OSError):
             os._exit(0)  # the gateway is gone
 
-    def done(self, rid: int, finish: str, stop: str | None, n_prompt: int, n_gen: int) -> None:
+    def done(self, rid: int, finish: str, stop: str | None, n_prompt: int, n_gen: int, n_cached: int) -> None:
         self.send({"ev": "done", "id": rid, "finish_reason": finish, "stop": stop,
-                   "prompt_tokens": n_prompt, "completion_tokens": n_gen})
+                   "prompt_tokens": n_prompt, "completion_tokens": n_gen, "cached_tokens": n_cached})
 
     def _take(self, msg: dict[str, Any] | None) -> None:
         if msg is None or msg.get("op") == "exit":

@@ -113,11 +113,16 @@ class Renderer:
     id: str = field(default_factory=lambda: f"msg_{uuid.uuid4().hex}")
     created: float = field(default_factory=time.time)
 
-    def message(self, blocks: list[dict[str, Any]], finish: Finish | None, input_tokens: int) -> dict[str, Any]:
+    def message(self, blocks: list[dict[str, Any]], finish: Finish | None, prompt_tokens: int,
+                cached_tokens: int) -> dict[str, Any]:
+        """``usage`` as Anthropic counts it: input_tokens are the prompt tokens read afresh, the
+        ones found in the cache are cache_read_input_tokens."""
         reason, seq = stop_reason(finish) if finish else (None, None)
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": blocks,
                 "stop_reason": reason, "stop_sequence": seq,
-                "usage": {"input_tokens": input_tokens, "output_tokens": finish.completion_tokens if finish else 0}}
+                "usage": {"input_tokens": prompt_tokens - cached_tokens, "cache_read_input_tokens": cached_tokens,
+                          "cache_creation_input_tokens": 0,
+                          "output_tokens": finish.completion_tokens if finish else 0}}
 
     @staticmethod
     def block(kind: str, text: str = "") -> dict[str, Any]:

@@ -310,7 +310,8 @@ def usage(finishes: list[Finish], chat: bool) -> dict[str, Any]:
     prompt = sum(f.prompt_tokens for f in finishes)
     completion = sum(f.completion_tokens for f in finishes)
     out: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
-                           "total_tokens": prompt + completion}
+                           "total_tokens": prompt + completion,
+                           "prompt_tokens_details": {"cached_tokens": sum(f.cached_tokens for f in finishes)}}
     if chat:
         out["completion_tokens_details"] = {"reasoning_tokens": sum(f.reasoning_tokens for f in finishes)}
     return out
