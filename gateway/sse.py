@@ -8,6 +8,9 @@ from typing import Any
 from aiohttp import web
 
 
+_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode  # made once, used per token
+
+
 class EventStream:
     def __init__(self, request: web.Request, headers: dict[str, str] | None = None):
         self.request = request
@@ -22,7 +25,7 @@ class EventStream:
         await self.response.prepare(self.request)
 
     async def send(self, data: dict[str, Any] | str, event: str | None = None) -> None:
-        payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+        payload = data if isinstance(data, str) else _encode(data)
         frame = (f"event: {event}\n" if event else "") + f"data: {payload}\n\n"
         await self.response.write(frame.encode())
 

@@ -10,6 +10,7 @@ a new one on the next request.
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 import os
@@ -41,7 +42,7 @@ class WorkerProcess:
         self.proc: asyncio.subprocess.Process | None = None
         self._on_exit = on_exit
         self._ids = itertools.count(1)
-        self._queues: dict[int, asyncio.Queue[dict[str, Any]]] = {}
+        self._queues: dict[int, _Inbox] = {}
         self._ready: asyncio.Future[dict[str, Any]] | None = None
         self._transport: asyncio.WriteTransport | None = None
         self._reader_task: asyncio.Task | None = None
@@ -147,7 +148,7 @@ class WorkerProcess:
             self.threads = n
             self._send({"op": "threads", "n": n})
 
-    def _track(self, rid: int, q: asyncio.Queue | None) -> None:
+    def _track(self, rid: int, q: _Inbox | None) -> None:
         was = self.busy
         if q is None:
             self._queues.pop(rid, None)
@@ -158,7 +159,7 @@ class WorkerProcess:
 
     def generate(self, request: protocol.GenerationRequest) -> "Generation":
         rid = next(self._ids)
-        q: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        q: _Inbox = _Inbox()
         self._track(rid, q)
         if not self.alive:
             q.put_nowait({"ev": "error", "id": rid, "status": 503, "code": "model_unavailable", "param": None,
@@ -170,7 +171,7 @@ class WorkerProcess:
     async def ask(self, msg: dict[str, Any]) -> dict[str, Any]:
         """One question with one answer (tokenize, detokenize); an error event raises ``ApiError``."""
         rid = next(self._ids)
-        q: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        q: _Inbox = _Inbox()
         self._track(rid, q)
         try:
             if not self.alive:
@@ -209,6 +210,31 @@ class WorkerProcess:
             self.proc.send_signal(sig)
 
 
+class _Inbox:
+    """One request's events from the worker: asyncio.Queue's put_nowait/get, without its
+    generality (no size bound, one reader), which costs on every token."""
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: collections.deque[dict[str, Any]] = collections.deque()
+        self._waiter: asyncio.Future | None = None
+
+    def put_nowait(self, msg: dict[str, Any]) -> None:
+        self._items.append(msg)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def get(self) -> dict[str, Any]:
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._items.popleft()
+
+
 class _Frames(asyncio.Protocol):
     """The event pipe: frames are parsed as bytes arrive and handed on at once (no reader task
     between the pipe and the requests: one event-loop pass per token, not two)."""
@@ -237,7 +263,7 @@ class _Frames(asyncio.Protocol):
 class Generation:
     """One request's events. Leaving the ``async with`` early cancels it in the worker."""
 
-    def __init__(self, worker: WorkerProcess, rid: int, queue: asyncio.Queue[dict[str, Any]]):
+    def __init__(self, worker: WorkerProcess, rid: int, queue: _Inbox):
         self.worker, self.id, self._q = worker, rid, queue
         self.finished = False
 

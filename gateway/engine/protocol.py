@@ -45,6 +45,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 _HEADER = struct.Struct(">I")
+_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode  # made once: used per token
+_unjson = json.JSONDecoder().decode
 
 
 def default_threads() -> int:
@@ -57,12 +59,12 @@ def default_threads() -> int:
 
 
 def encode(msg: dict[str, Any]) -> bytes:
-    data = json.dumps(msg, separators=(",", ":"), ensure_ascii=False).encode()
+    data = _json(msg).encode()
     return _HEADER.pack(len(data)) + data
 
 
-def decode(data: bytes) -> dict[str, Any]:
-    return json.loads(data)
+def decode(data: bytes | bytearray) -> dict[str, Any]:
+    return _unjson(data.decode())
 
 
 def read_frame_blocking(fd: int) -> dict[str, Any] | None:
