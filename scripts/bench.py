@@ -302,8 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, help="GGUF to measure (default: generate the 81M random model)")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--tokens", type=int, default=128, help="tokens per completion")
-    p.add_argument("--repeats", type=int, default=3, help="runs per figure (the median is reported)")
+    p.add_argument("--tokens", type=int, default=200, help="tokens per completion")
+    p.add_argument("--repeats", type=int, default=5, help="rounds per figure (the median is reported)")
     p.add_argument("--long-prompt", type=int, default=1500, help="words in the long prompt (~tokens)")
     p.add_argument("--overhead-requests", type=int, default=300, help="1-token completions for the overhead figure")
     p.add_argument("--sampled", action="store_true", help="sample (temperature 0.8, top-k 40, top-p 0.95, "
