@@ -75,7 +75,8 @@ class Sequence:
         self.deadline = req.get("deadline")
         self.utf8, self.stops = Utf8Stream(), StopMatcher(req.get("stop") or [])
         self.pending: int | None = None  # the last sampled token, decoded in the next step
-        self.logit_index = -1
+        self.logit_index = -1  # this step's batch entry with its logits (for llama_sampler_sample)
+        self.logit_row = 0  # and its row among the step's outputs
         self.n_gen = 0
         self.probs: list[dict[str, Any]] = []
         self.matched: str | None = None
@@ -210,6 +211,7 @@ class Model:
         self.slots = [Slot(i) for i in range(n_slots)]
         self.batch = Batch(ll, cp.n_batch, n_slots)
         self._views: dict[int, Any] = {}
+        self._logits_base: int | None = None
         tmpl = ll.llama_model_chat_template(self.model, None)
         self.model_template = tmpl.decode("utf-8", "replace") if tmpl else None
         self.template = params.chat_template or self.model_template or chat_template.CHATML
@@ -465,9 +467,12 @@ class Model:
         chunks.sort(key=lambda c: c[0].slot.id)
         batch = self.batch
         batch.clear()
+        row = 0
         for seq, part, want in chunks:
             seq.logit_index = batch.add(part, len(seq.slot.cached), seq.slot.id, want)
+            seq.logit_row, row = row, row + want  # outputs are stored in batch order
         rc = self.ll.llama_decode(self.ctx, batch.struct)
+        self._logits_base = None
         if rc != 0:
             for seq, _, _ in chunks:
                 self.ll.llama_memory_seq_rm(self.mem, seq.slot.id, -1, -1)
@@ -495,7 +500,7 @@ class Model:
         if seq.sampler is not None:
             tok = ll.llama_sampler_sample(seq.sampler, self.ctx, seq.logit_index)
         else:
-            logits = self._logits(seq.logit_index)
+            logits = self._logits(seq.logit_row)
             tok = int(logits.argmax())  # the first of equal maxima, as llama.cpp's greedy sampler
             if seq.req.get("ignore_eos") and ll.llama_vocab_is_eog(self.vocab, tok):
                 logits = logits.copy()
@@ -505,7 +510,7 @@ class Model:
             return self.finish(seq, "stop", out)
         seq.n_gen += 1
         if seq.top_n is not None:
-            seq.probs.append(self._logprobs(tok, seq.top_n, seq.logit_index))
+            seq.probs.append(self._logprobs(tok, seq.top_n, seq.logit_row))
         text, matched = seq.stops.feed(seq.utf8.feed(self.piece(tok)))
         if text:
             out.send(seq.text_event(text))
@@ -535,10 +540,13 @@ class Model:
             if seq.sampler is not None:
                 self.ll.llama_sampler_free(seq.sampler)
 
-    def _logits(self, index: int):
-        """The logits of batch entry ``index``: a numpy view of llama.cpp's buffer, no copy. Views
-        are kept by address (making one costs more than the argmax over it)."""
-        addr = ctypes.cast(self.ll.llama_get_logits_ith(self.ctx, index), ctypes.c_void_p).value
+    def _logits(self, row: int):
+        """The logits of the step's output ``row`` (outputs are stored in batch order): a numpy
+        view of llama.cpp's buffer, no copy. Views are kept by address (making one costs more
+        than the argmax over it)."""
+        if self._logits_base is None:
+            self._logits_base = ctypes.cast(self.ll.llama_get_logits(self.ctx), ctypes.c_void_p).value
+        addr = self._logits_base + row * self.n_vocab * 4
         view = self._views.get(addr)
         if view is None:
             if len(self._views) > 4 * len(self.slots) + 16:
@@ -547,12 +555,12 @@ class Model:
                 (ctypes.c_float * self.n_vocab).from_address(addr))
         return view
 
-    def _logprobs(self, token: int, top_n: int, index: int) -> dict[str, Any]:
+    def _logprobs(self, token: int, top_n: int, row: int) -> dict[str, Any]:
         """The model's log-probability of ``token`` and of its ``top_n`` likeliest alternatives, read
         from the logits in place (a numpy view, no copy) only when a request asks for them."""
         import numpy as np
 
-        logits = self._logits(index)
+        logits = self._logits(row)
         peak = float(logits.max())
         lse = peak + float(np.log(np.exp(logits - peak).sum()))
         def info(t: int) -> dict[str, Any]:
