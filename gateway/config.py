@@ -110,6 +110,9 @@ class ServerConfig:
     events_path: Path | None = None  # append one JSON line per request here
     drain_seconds: float = 30.0  # on SIGTERM, how long requests in flight may take to finish
     metrics_public: bool = False  # /metrics without an API key
+    # how long a streamed token may wait to go out with the next ones (a fast model's tokens
+    # then reach the gateway process in twos or threes: fewer wake-ups); 0: each at once
+    stream_interval_ms: int = 5
 
 
 @dataclass(frozen=True)
@@ -333,6 +336,7 @@ class _Parser:
             "events_path": self.path_field,
             "drain_seconds": self.seconds,
             "metrics_public": self.boolean,
+            "stream_interval_ms": self.integer(minimum=0, maximum=1000, what="an integer from 0 to 1000"),
         })
 
         keys = list(server.pop("api_keys", ()))

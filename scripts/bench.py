@@ -4,12 +4,14 @@
     .venv/bin/python scripts/bench.py                      # the 81M random-weight qwen2-vocab model
     .venv/bin/python scripts/bench.py --llama-server ~/llama.cpp/build/bin/llama-server --json out.json
     .venv/bin/python scripts/bench.py --model X.gguf --threads 8 --tokens 256 --only gateway
+    .venv/bin/python scripts/bench.py --only gateway --only llama-server --stream-interval 0,5
 
 Contenders, each a real server process driven over HTTP through the same OpenAI
 `/v1/completions` requests. All are started, then measured in turns: each figure is taken
 from every contender in rounds whose order rotates (one request or one concurrent group at a
 time, never two contenders at once), so a slow spell of a shared machine spreads over all:
-- gateway: `gguf-gateway serve` (parallel 4, n_ctx 4096 per slot);
+- gateway: `gguf-gateway serve` (parallel 4, n_ctx 4096 per slot); with `--stream-interval 0,5`
+  one gateway contender per value of `server.stream_interval_ms`;
 - llama-server: when given `--llama-server PATH` or found on PATH (`--parallel 4 -c 16384`:
   the same 4 slots of 4096 tokens);
 - llama-cpp-python: its own server (`pip install 'llama-cpp-python[server]'`, or
@@ -184,12 +186,14 @@ class Server:
         return own, own + sum(rss_kib(p) for p in descendants(self.proc.pid))
 
 
-def gateway(model: Path, threads: int, tmp: Path, name: str = "bench") -> Server:
-    cfg = tmp / f"{name}.yaml"
-    cfg.write_text(f"server:\n  discover_default_stores: false\nmodels:\n  {name}:\n    path: {model}\n"
+def gateway(model: Path, threads: int, tmp: Path, name: str = "bench", interval: int | None = None,
+            label: str = "gateway") -> Server:
+    cfg = tmp / f"{name}-{label}.yaml"
+    server = "" if interval is None else f"  stream_interval_ms: {interval}\n"
+    cfg.write_text(f"server:\n  discover_default_stores: false\n{server}models:\n  {name}:\n    path: {model}\n"
                    f"    n_ctx: {N_CTX}\n    n_threads: {threads}\n    parallel: {PARALLEL}\n")
     env = {**os.environ, "HOME": str(tmp)}  # no models of the user's own are discovered
-    return Server("gateway", [sys.executable, "-m", "gateway", "serve", "--config", str(cfg), "--port", "{port}",
+    return Server(label, [sys.executable, "-m", "gateway", "serve", "--config", str(cfg), "--port", "{port}",
                               "--log-level", "warning"], "/health", name, env)
 
 
@@ -311,6 +315,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--llama-server", help="llama.cpp's llama-server binary (default: llama-server on PATH)")
     p.add_argument("--only", action="append", choices=("gateway", "llama-server", "llama-cpp-python"),
                    help="measure only these contenders (repeatable)")
+    p.add_argument("--stream-interval", type=lambda v: [int(x) for x in v.split(",")], metavar="MS[,MS...]",
+                   help="the gateway's server.stream_interval_ms (default: its own default); several values "
+                   "measure one gateway contender each, side by side")
     p.add_argument("--json", type=Path, help="write every figure here")
     args = p.parse_args(argv)
     model = args.model or bench_model()
@@ -319,7 +326,9 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp_:
         tmp = Path(tmp_)
-        makers: list = [("gateway", lambda m: gateway(m, args.threads, tmp))]
+        intervals = args.stream_interval or [None]
+        makers: list = [("gateway", (lambda iv, label: lambda m: gateway(m, args.threads, tmp, interval=iv, label=label))(
+            iv, "gateway" if len(intervals) == 1 else f"gateway {iv}ms")) for iv in intervals]
         ls = find_llama_server(args.llama_server) if "llama-server" in wanted else None
         if ls:
             makers.append(("llama-server", lambda m: llama_server(ls, m, args.threads)))
@@ -343,11 +352,11 @@ def main(argv: list[str] | None = None) -> int:
             for name, runs in interleaved(servers, 3, lambda s, r: overhead(s, args.overhead_requests // 3)).items():
                 results[name]["overhead"] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
             for srv in servers:
-                if srv.name == "gateway":
+                if srv.name.startswith("gateway"):
                     # the gateway process alone, after its worker is gone
                     srv.request("POST", "/models/unload", {"model": srv.model_name})
                     time.sleep(0.5)
-                    results["gateway"]["rss_idle_kib"] = srv.memory()[0]
+                    results[srv.name]["rss_idle_kib"] = srv.memory()[0]
 
     print_table(results, model, args, "sampled" if args.sampled else "greedy")
     if args.json:
@@ -359,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_table(results: dict, model: Path, args, mode: str) -> None:
     names = list(results)
-    base = next((n for n in names if n != "gateway"), names[0])
+    base = next((n for n in names if not n.startswith("gateway")), names[0])
     rows: list[tuple[str, str, callable]] = [
         ("decode tok/s, 1 stream", "{:.1f}", lambda r: r["decode_tok_s"]),
         ("time to first token, ms", "{:.1f}", lambda r: r["ttft_ms"]),
@@ -389,8 +398,9 @@ def print_table(results: dict, model: Path, args, mode: str) -> None:
                 cell += f" ({v / b:.2f}x)" if b else ""
             cells.append(f" {cell:>16} |")
         print(f"| {label:<28} |" + "".join(cells))
-    if "gateway" in results and "rss_idle_kib" in results["gateway"]:
-        print(f"gateway process with no model loaded: {results['gateway']['rss_idle_kib'] / 1024:.1f} MiB RSS")
+    for name in names:
+        if "rss_idle_kib" in results[name]:
+            print(f"{name} process with no model loaded: {results[name]['rss_idle_kib'] / 1024:.1f} MiB RSS")
 
 
 if __name__ == "__main__":

@@ -32,9 +32,9 @@ def files(tmp_path_factory):
 
 @pytest.fixture
 async def client(aiohttp_client, files, write_config):
-    async def make(loop: str = "", scripts: str = ""):
+    async def make(loop: str = "", scripts: str = "", server: str = ""):
         d, _ = files
-        cfg = write_config(f"server:\n  discover_default_stores: false\n  max_queue: 100\nmodels:\n"
+        cfg = write_config(f"server:\n  discover_default_stores: false\n  max_queue: 100\n{server}models:\n"
                            f"  loop:\n    path: {d}/loop.gguf\n    n_ctx: 8192\n{loop}"
                            f"  scripts:\n    path: {d}/scripts.gguf\n{scripts}")
         return await aiohttp_client(create_app(load_config(cfg)), server_kwargs={"handler_cancellation": True})
@@ -112,6 +112,19 @@ async def test_exact_outputs_are_unchanged_by_batching(client, files):
     random.Random(7).shuffle(jobs)
     together = await asyncio.gather(*(complete(*job) for job in jobs))
     assert [expected[job[0]] for job in jobs] == together
+
+
+async def test_a_fast_models_tokens_go_out_in_groups_within_the_stream_interval(client):
+    c = await client(server="  stream_interval_ms: 60\n")
+    r = await c.post("/v1/chat/completions", json=chat(3000))
+    times = await stream_times(r)
+    assert len(times) == 3000  # every token is still its own chunk
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    # the first token is never held; the next ones wait for the tokens of the following steps
+    # (this model decodes a token in well under a millisecond)
+    assert gaps[0] > 0.03, gaps[:5]
+    bursts = 1 + sum(g > 0.02 for g in gaps)
+    assert bursts >= 2 and len(times) / bursts >= 5, (bursts, len(times))
 
 
 async def test_a_long_prompt_is_prefilled_in_chunks_while_streams_flow(client):

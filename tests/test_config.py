@@ -103,6 +103,7 @@ def test_paths_expand_home_env_and_resolve_relative_to_the_file(write_config, tm
     ("server:\n  load_timeout: -1\n", "server.load_timeout: must be a number of seconds >= 0, got -1"),
     ("server:\n  max_loaded_models: -1\n", "server.max_loaded_models: must be an integer >= 0"),
     ("server:\n  discover_default_stores: maybe\n", "server.discover_default_stores: must be true or false"),
+    ("server:\n  stream_interval_ms: -1\n", "server.stream_interval_ms: must be an integer from 0 to 1000, got -1"),
     ("server: [1]\n", "server: must be a mapping"),
     ("models: [a, b]\n", "models: must be a mapping"),
     ("models:\n  m: 42\n", "models.m: must be a file path or a mapping with `path`, got 42"),
@@ -191,6 +192,7 @@ def test_the_example_file_loads_through_the_real_loader():
     assert (llama3.keep_alive, llama3.preload) == (float("inf"), True)
     assert (cfg.server.keep_alive, cfg.server.load_timeout, cfg.server.max_loaded_models) == (300, 300, 3)
     assert cfg.server.discover_default_stores is True
+    assert cfg.server.stream_interval_ms == 5
     assert cfg.server.reasoning_fields == ("reasoning_content", "reasoning") and llama3.reasoning == "auto"
 
 

@@ -30,7 +30,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
             begun, splitter = await answer.start(gen, spec.reasoning)
             items = answer.pieces(gen, splitter, obs)
             if parsed.stream:
-                return await _stream(request, render, items, begun["prompt_tokens"], begun.get("cached_tokens", 0))
+                return await _stream(request, render, gen, items, begun["prompt_tokens"], begun.get("cached_tokens", 0))
             blocks: list[dict] = []
             async for item in items:
                 if isinstance(item, answer.Piece):
@@ -44,10 +44,11 @@ async def messages(request: web.Request) -> web.StreamResponse:
     raise ApiError("the model worker ended the answer without finishing it", status=500)
 
 
-async def _stream(request: web.Request, render: anth.Renderer, items, prompt_tokens: int,
+async def _stream(request: web.Request, render: anth.Renderer, gen, items, prompt_tokens: int,
                   cached_tokens: int) -> web.StreamResponse:
     sse = EventStream(request)
     await sse.open()
+    gen.on_idle = sse.flush  # the deltas of events that arrived together go out in one write
     index, kind = -1, None  # the open content block
 
     async def close_block() -> None:
@@ -70,7 +71,7 @@ async def _stream(request: web.Request, render: anth.Renderer, items, prompt_tok
                 if kind != item.kind:
                     await open_block(item.kind)
                 await sse.send({"type": "content_block_delta", "index": index, "delta": render.delta(item)},
-                               event="content_block_delta")
+                               event="content_block_delta", hold=True)
                 continue
             if kind != "content":
                 await open_block("content")  # every answer has a text block, if empty

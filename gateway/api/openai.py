@@ -101,6 +101,8 @@ async def _stream(request: web.Request, render: oai.Renderer, parsed: oai.Parsed
         first, splitter = await answer.start(gens[0], reasoning)  # a refusal is still a plain error response
         sse = EventStream(request)
         await sse.open()
+        for gen in gens:
+            gen.on_idle = sse.flush  # the deltas of events that arrived together go out in one write
         finishes = []
         try:
             if (chunk := render.first_chunk()) is not None:
@@ -116,7 +118,7 @@ async def _stream(request: web.Request, render: oai.Renderer, parsed: oai.Parsed
                     offset = len(echo)
                 async for item in answer.pieces(gen, splitter, observation(request)):
                     if isinstance(item, answer.Piece):
-                        await sse.send(render.delta_chunk(item, index, offset))
+                        await sse.send(render.delta_chunk(item, index, offset), hold=True)
                         offset += len(item.text)
                     else:
                         await sse.send(render.final_chunk(item.reason, index))

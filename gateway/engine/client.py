@@ -17,7 +17,7 @@ import os
 import signal
 import struct
 import sys
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from ..errors import ApiError
 from . import protocol
@@ -25,7 +25,6 @@ from . import protocol
 log = logging.getLogger(__name__)
 
 _LEN = struct.Struct(">I")
-READ_INTERVAL = 0.004  # seconds between reads of a worker's events while its answers stream
 _TERMINAL = ("done", "error", "tokens", "detokenized", "embeddings")
 
 
@@ -44,7 +43,6 @@ class WorkerProcess:
         self._on_exit = on_exit
         self._ids = itertools.count(1)
         self._queues: dict[int, _Inbox] = {}
-        self._streaming: set[int] = set()  # requests between their start and done events
         self._ready: asyncio.Future[dict[str, Any]] | None = None
         self._transport: asyncio.WriteTransport | None = None
         self._reader_task: asyncio.Task | None = None
@@ -80,7 +78,7 @@ class WorkerProcess:
             os.close(cmd_r)
             os.close(ev_w)
         closed = loop.create_future()
-        await loop.connect_read_pipe(lambda: _Frames(self._dispatch, closed, self._streaming),
+        await loop.connect_read_pipe(lambda: _Frames(self._dispatch, closed),
                                      os.fdopen(ev_r, "rb", 0))
         self._transport, _ = await loop.connect_write_pipe(asyncio.Protocol, os.fdopen(cmd_w, "wb", 0))
         self._ready = loop.create_future()
@@ -101,10 +99,6 @@ class WorkerProcess:
 
     def _dispatch(self, msg: dict[str, Any]) -> None:
         ev = msg.get("ev")
-        if ev == "start":
-            self._streaming.add(msg["id"])
-        elif ev in ("done", "error"):
-            self._streaming.discard(msg.get("id"))
         if ev == "ready" and self._ready and not self._ready.done():
             self._ready.set_result(msg["info"])
         elif ev == "load_failed" and self._ready and not self._ready.done():
@@ -227,6 +221,9 @@ class _Inbox:
         self._items: collections.deque[dict[str, Any]] = collections.deque()
         self._waiter: asyncio.Future | None = None
 
+    def __len__(self) -> int:
+        return len(self._items)
+
     def put_nowait(self, msg: dict[str, Any]) -> None:
         self._items.append(msg)
         if self._waiter is not None and not self._waiter.done():
@@ -244,44 +241,25 @@ class _Inbox:
 
 class _Frames(asyncio.Protocol):
     """The event pipe: frames are parsed as bytes arrive and handed on at once (no reader task
-    between the pipe and the requests: one event-loop pass per read, not two).
+    between the pipe and the requests: one event-loop pass per read, not two). How often it is
+    read is the worker's doing: it writes a fast model's tokens in twos or threes
+    (``stream_interval``)."""
 
-    While answers stream, the pipe is read at most every ``READ_INTERVAL`` seconds: a model
-    faster than that has its tokens handed on in twos or threes (each still its own SSE event),
-    so the gateway wakes ~250 times a second, not once per token. Wake-ups cost CPU that, on a
-    machine whose cores all decode, comes out of llama.cpp's threads (measured on 2 cores: one
-    stream 0.95x llama-server per token, 1.06x read every 4 ms). A first token, a start and an
-    answer's end are never held: the pause follows only a read that carried text while
-    answers are still running."""
-
-    def __init__(self, dispatch: Callable[[dict[str, Any]], None], closed: asyncio.Future, streaming: set[int]):
-        self._dispatch, self._closed, self._streaming = dispatch, closed, streaming
+    def __init__(self, dispatch: Callable[[dict[str, Any]], None], closed: asyncio.Future):
+        self._dispatch, self._closed = dispatch, closed
         self._buf = bytearray()
-        self._transport: asyncio.ReadTransport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]
-
-    def _resume(self) -> None:
-        if self._transport is not None and not self._transport.is_closing():
-            self._transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
         buf = self._buf
         buf += data
-        at, text = 0, False
+        at = 0
         while len(buf) - at >= 4:
             (n,) = _LEN.unpack_from(buf, at)
             if len(buf) - at - 4 < n:
                 break
-            msg = protocol.decode(buf[at + 4:at + 4 + n])
-            text = text or msg.get("ev") == "text"
-            self._dispatch(msg)
+            self._dispatch(protocol.decode(buf[at + 4:at + 4 + n]))
             at += 4 + n
         del buf[:at]
-        if text and self._streaming and self._transport is not None:
-            self._transport.pause_reading()
-            asyncio.get_running_loop().call_later(READ_INTERVAL, self._resume)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self._closed.done():
@@ -294,8 +272,13 @@ class Generation:
     def __init__(self, worker: WorkerProcess, rid: int, queue: _Inbox):
         self.worker, self.id, self._q = worker, rid, queue
         self.finished = False
+        # awaited before waiting for an event that has not arrived yet: a streamed answer writes
+        # what it holds (the pieces of events that came together go out in one write)
+        self.on_idle: Callable[[], Awaitable[None]] | None = None
 
     async def next(self) -> dict[str, Any]:
+        if self.on_idle is not None and not self._q:
+            await self.on_idle()
         msg = await self._q.get()
         if msg["ev"] in _TERMINAL:
             self.finished = True

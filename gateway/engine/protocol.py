@@ -33,7 +33,9 @@ Requests take the model's free sequence slots in arrival order (``parallel`` of 
 together: continuous batching; the start event names the slot and how many prompt tokens its
 cache already held); the others wait. A cancel ends a running request at the next step
 (finish_reason "cancelled") and drops a waiting one without a start event. The worker writes
-the events of one step together.
+the events of one step together; an answer's text after its first may wait for the next steps'
+(up to ``stream_interval`` seconds, and never across a step that reads a prompt), so a fast
+model's tokens arrive in twos or threes, each still its own text event.
 """
 
 from __future__ import annotations
@@ -108,6 +110,7 @@ class LoadParams:
     chat_template: str | None = None
     embeddings: bool = False  # an embedding context (pooled vectors) instead of a generating one
     parallel: int = 4  # sequence slots decoded together (continuous batching); 1 for embeddings
+    stream_interval: float = 0.0  # seconds an answer's text may be held to go out with the next tokens'
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -81,12 +81,17 @@ class Sequence:
         self.probs: list[dict[str, Any]] = []
         self.matched: str | None = None
         self.cancelled = False
+        self.shown = False  # a text event has been sent (the first one is never held back)
 
     def text_event(self, text: str) -> dict[str, Any]:
         event = {"ev": "text", "id": self.rid, "text": text, "tokens": self.n_gen}
         if self.probs:
             event["logprobs"], self.probs = self.probs, []
         return event
+
+    def send_text(self, text: str, out: "Worker") -> None:
+        out.send(self.text_event(text), hold=self.shown)
+        self.shown = True
 
 
 class Batch:
@@ -212,6 +217,7 @@ class Model:
         self.batch = Batch(ll, cp.n_batch, n_slots)
         self._views: dict[int, Any] = {}
         self._logits_base: int | None = None
+        self.last_step = 0.0  # seconds the last decode step took, sampling included
         tmpl = ll.llama_model_chat_template(self.model, None)
         self.model_template = tmpl.decode("utf-8", "replace") if tmpl else None
         self.template = params.chat_template or self.model_template or chat_template.CHATML
@@ -450,6 +456,7 @@ class Model:
                 running.append(seq)
         if not running:
             return
+        t0 = time.monotonic()
         budget = self.n_batch
         chunks: list[tuple[Sequence, list[int], bool]] = []
         for seq in running:
@@ -462,6 +469,8 @@ class Model:
             part = seq.tokens[seq.next:seq.next + budget]
             chunks.append((seq, part, seq.next + len(part) == len(seq.tokens)))
             budget -= len(part)
+        if out.holding and any(seq.pending is None for seq, _, _ in chunks):
+            out.flush()  # a prompt chunk makes this step long: held text goes out first
         # llama.cpp splits a batch over separate per-sequence caches into runs of consecutive
         # sequence ids: ordered by slot, neighbours share one pass over the weights.
         chunks.sort(key=lambda c: c[0].slot.id)
@@ -494,6 +503,7 @@ class Model:
                     self.drop(seq)
                     out.send({"ev": "error", "id": seq.rid, "status": 500, "param": None, "code": "worker_error",
                               "message": f"{type(e).__name__}: {e}"})
+        self.last_step = time.monotonic() - t0
 
     def _next_token(self, seq: "Sequence", out: "Worker") -> None:
         ll = self.ll
@@ -513,7 +523,7 @@ class Model:
             seq.probs.append(self._logprobs(tok, seq.top_n, seq.logit_row))
         text, matched = seq.stops.feed(seq.utf8.feed(self.piece(tok)))
         if text:
-            out.send(seq.text_event(text))
+            seq.send_text(text, out)
         if matched is not None:
             seq.matched = matched
             return self.finish(seq, "stop", out)
@@ -526,7 +536,7 @@ class Model:
             tail, matched = seq.stops.feed(seq.utf8.flush())
             tail += seq.stops.flush()
             if tail:
-                out.send(seq.text_event(tail))
+                out.send(seq.text_event(tail))  # with the done event that follows
             if matched is not None:
                 seq.matched, finish = matched, "stop"
         self.drop(seq)
@@ -586,6 +596,9 @@ class Worker:
         self.pending: deque[dict[str, Any]] = deque()
         self.model: Model | None = None
         self._out: list[bytes] = []
+        self._urgent = False  # an event that goes out at the end of this step is queued
+        self._held_since = 0.0  # when the oldest held text event was queued
+        self.holding = False  # a held text event is queued
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -598,14 +611,21 @@ class Worker:
             if msg is None:
                 return
 
-    def send(self, msg: dict[str, Any]) -> None:
-        """Queue an event; ``flush`` writes a step's events in one write."""
+    def send(self, msg: dict[str, Any], hold: bool = False) -> None:
+        """Queue an event; ``flush`` writes the queued events in one write. A ``hold`` event (an
+        answer's text after its first) may wait for later steps' events, up to the model's
+        ``stream_interval`` (see ``run``); any other event goes out at the end of this step."""
+        if hold:
+            if not self.holding:
+                self._held_since, self.holding = time.monotonic(), True
+        else:
+            self._urgent = True
         self._out.append(protocol.encode(msg))
 
     def flush(self) -> None:
         if not self._out:
             return
-        data, self._out = b"".join(self._out), []
+        data, self._out, self._urgent, self.holding = b"".join(self._out), [], False, False
         try:
             protocol.write_all_blocking(self.ev_fd, data)
         except (BrokenPipeError, OSError):
@@ -687,12 +707,19 @@ class Worker:
             os._exit(0)
         self.send({"ev": "ready", "info": model.info()})
         self.flush()
+        interval = model.params.stream_interval
         while True:
             self._poll(block=not self.pending and not model.active())
             self._admit(model)
             if model.active():
                 model.step(self)
-            self.flush()
+            # Held text goes out once waiting for the next step would hold it past the interval:
+            # a model faster than that streams its tokens in twos or threes (each still its own
+            # event), so the gateway process wakes fewer times. Its wake-ups cost CPU that, on a
+            # machine whose cores all decode, comes out of llama.cpp's threads.
+            if self._out and (self._urgent or not model.active()
+                              or time.monotonic() - self._held_since + model.last_step >= interval):
+                self.flush()
 
 
 def main(argv: list[str]) -> None:
