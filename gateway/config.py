@@ -112,7 +112,7 @@ class ServerConfig:
     metrics_public: bool = False  # /metrics without an API key
     # how long a streamed token may wait to go out with the next ones (a fast model's tokens
     # then reach the gateway process in twos or threes: fewer wake-ups); 0: each at once
-    stream_interval_ms: int = 5
+    stream_interval_ms: int = 10
 
 
 @dataclass(frozen=True)

@@ -192,7 +192,7 @@ def test_the_example_file_loads_through_the_real_loader():
     assert (llama3.keep_alive, llama3.preload) == (float("inf"), True)
     assert (cfg.server.keep_alive, cfg.server.load_timeout, cfg.server.max_loaded_models) == (300, 300, 3)
     assert cfg.server.discover_default_stores is True
-    assert cfg.server.stream_interval_ms == 5
+    assert cfg.server.stream_interval_ms == 10
     assert cfg.server.reasoning_fields == ("reasoning_content", "reasoning") and llama3.reasoning == "auto"
 
 
