@@ -2,7 +2,10 @@
 
 Transport: two pipes, one each way, on file descriptors handed to the child (never its
 stdout, which llama.cpp or a library could write to). Each message is a frame: a 4-byte
-big-endian length, then that many bytes of UTF-8 JSON.
+big-endian length, then that many bytes of UTF-8 JSON. The one message sent for nearly every
+token, a text event without log-probabilities, has a frame of its own that needs no JSON: its
+body is a zero byte, the request id (8 bytes) and the token count (4 bytes), big-endian, then
+the text in UTF-8 (``text_frame``; ``decode`` reads either kind).
 
 Parent -> worker
   {"op": "load", "model": {...LoadParams...}}            first message, exactly once
@@ -47,6 +50,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 _HEADER = struct.Struct(">I")
+_TEXT = struct.Struct(">IBQI")  # frame length, 0 (where JSON has "{"), request id, tokens so far
+_TEXT_BODY = struct.Struct(">xQI")
 _json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode  # made once: used per token
 _unjson = json.JSONDecoder().decode
 
@@ -65,7 +70,16 @@ def encode(msg: dict[str, Any]) -> bytes:
     return _HEADER.pack(len(data)) + data
 
 
+def text_frame(rid: int, text: str, tokens: int) -> bytes:
+    """``encode({"ev": "text", "id": rid, "text": text, "tokens": tokens})``, without JSON."""
+    data = text.encode()
+    return _TEXT.pack(len(data) + _TEXT_BODY.size, 0, rid, tokens) + data
+
+
 def decode(data: bytes | bytearray) -> dict[str, Any]:
+    if data[0] == 0:
+        rid, tokens = _TEXT_BODY.unpack_from(data)
+        return {"ev": "text", "id": rid, "text": data[_TEXT_BODY.size:].decode(), "tokens": tokens}
     return _unjson(data.decode())
 
 

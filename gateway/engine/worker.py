@@ -90,7 +90,10 @@ class Sequence:
         return event
 
     def send_text(self, text: str, out: "Worker") -> None:
-        out.send(self.text_event(text), hold=self.shown)
+        if self.probs:
+            out.send(self.text_event(text), hold=self.shown)
+        else:
+            out.put(protocol.text_frame(self.rid, text, self.n_gen), hold=self.shown)
         self.shown = True
 
 
@@ -211,12 +214,16 @@ class Model:
         self.eos = ll.llama_vocab_eos(self.vocab)
         self.add_bos = bool(ll.llama_vocab_get_add_bos(self.vocab))
         self._pieces: dict[int, bytes] = {}
+        self._is_eog: dict[int, bool] = {}
         self._eog: list[int] | None = None
         self._piece_buf = ctypes.create_string_buffer(256)
         self.slots = [Slot(i) for i in range(n_slots)]
         self.batch = Batch(ll, cp.n_batch, n_slots)
         self._views: dict[int, Any] = {}
         self._logits_base: int | None = None
+        # llama_get_logits returning a plain address: llama-cpp-python's binding returns a float
+        # pointer object, and making it and casting it cost more than the argmax that follows
+        self._get_logits = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(("llama_get_logits", ll.llama_cpp._lib))
         self.last_step = 0.0  # seconds the last decode step took, sampling included
         tmpl = ll.llama_model_chat_template(self.model, None)
         self.model_template = tmpl.decode("utf-8", "replace") if tmpl else None
@@ -360,6 +367,12 @@ class Model:
         for slot in self.slots:
             slot.cached = []
         out.send({"ev": "embeddings", "id": rid, "data": vectors, "prompt_tokens": total})
+
+    def is_eog(self, token: int) -> bool:
+        eog = self._is_eog.get(token)
+        if eog is None:
+            eog = self._is_eog[token] = bool(self.ll.llama_vocab_is_eog(self.vocab, token))
+        return eog
 
     def eog_tokens(self) -> list[int]:
         if self._eog is None:
@@ -512,11 +525,11 @@ class Model:
         else:
             logits = self._logits(seq.logit_row)
             tok = int(logits.argmax())  # the first of equal maxima, as llama.cpp's greedy sampler
-            if seq.req.get("ignore_eos") and ll.llama_vocab_is_eog(self.vocab, tok):
+            if seq.req.get("ignore_eos") and self.is_eog(tok):
                 logits = logits.copy()
                 logits[self.eog_tokens()] = float("-inf")
                 tok = int(logits.argmax())
-        if ll.llama_vocab_is_eog(self.vocab, tok):
+        if self.is_eog(tok):
             return self.finish(seq, "stop", out)
         seq.n_gen += 1
         if seq.top_n is not None:
@@ -555,7 +568,7 @@ class Model:
         view of llama.cpp's buffer, no copy. Views are kept by address (making one costs more
         than the argmax over it)."""
         if self._logits_base is None:
-            self._logits_base = ctypes.cast(self.ll.llama_get_logits(self.ctx), ctypes.c_void_p).value
+            self._logits_base = self._get_logits(self.ctx)
         addr = self._logits_base + row * self.n_vocab * 4
         view = self._views.get(addr)
         if view is None:
@@ -615,12 +628,16 @@ class Worker:
         """Queue an event; ``flush`` writes the queued events in one write. A ``hold`` event (an
         answer's text after its first) may wait for later steps' events, up to the model's
         ``stream_interval`` (see ``run``); any other event goes out at the end of this step."""
+        self.put(protocol.encode(msg), hold)
+
+    def put(self, frame: bytes, hold: bool = False) -> None:
+        """``send`` for an event already framed."""
         if hold:
             if not self.holding:
                 self._held_since, self.holding = time.monotonic(), True
         else:
             self._urgent = True
-        self._out.append(protocol.encode(msg))
+        self._out.append(frame)
 
     def flush(self) -> None:
         if not self._out:
