@@ -162,6 +162,16 @@ def _silence_llama_logs(llama_cpp) -> None:
     llama_cpp.llama_log_set(log, ctypes.c_void_p(0))
 
 
+def _address_of_logits(ll):
+    """``llama_get_logits`` returning a plain address. llama-cpp-python's binding returns a float
+    pointer object, and making it and casting it cost more than the argmax that follows; its
+    library handle is private, so an unknown binding gets the cast."""
+    lib = getattr(getattr(ll, "llama_cpp", None), "_lib", None)
+    if isinstance(lib, ctypes.CDLL):
+        return ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(("llama_get_logits", lib))
+    return lambda ctx: ctypes.cast(ll.llama_get_logits(ctx), ctypes.c_void_p).value
+
+
 class Model:
     def __init__(self, params: protocol.LoadParams):
         import llama_cpp
@@ -221,9 +231,7 @@ class Model:
         self.batch = Batch(ll, cp.n_batch, n_slots)
         self._views: dict[int, Any] = {}
         self._logits_base: int | None = None
-        # llama_get_logits returning a plain address: llama-cpp-python's binding returns a float
-        # pointer object, and making it and casting it cost more than the argmax that follows
-        self._get_logits = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(("llama_get_logits", ll.llama_cpp._lib))
+        self._get_logits = _address_of_logits(ll)
         self.last_step = 0.0  # seconds the last decode step took, sampling included
         tmpl = ll.llama_model_chat_template(self.model, None)
         self.model_template = tmpl.decode("utf-8", "replace") if tmpl else None
