@@ -80,6 +80,13 @@ class ModelSpec:
     n_batch: int = 512
     parallel: int = 4  # sequence slots decoded together; each holds n_ctx tokens
     flash_attn: bool | None = None  # None: llama.cpp decides
+    # llama.cpp's repacked CPU weight layouts: faster kernels on some CPUs, but a token's logits
+    # then depend on how many other tokens share its batch (greedy answers change under load)
+    repack: bool = False
+    # sliding-window layers keep every position (llama.cpp's C default): a prefix is reused however
+    # far back a prompt leaves it, and answers do not depend on how a prompt was split; false
+    # keeps only the window (llama-server's default), far less memory
+    swa_full: bool = True
     use_mmap: bool = True
     chat_template: str | None = None  # Jinja source overriding the GGUF's own template
     reasoning: str = "auto"  # auto | think | channel | harmony | none: how thinking is marked
@@ -408,6 +415,8 @@ class _Parser:
             "n_batch": self.integer(minimum=1, what="a positive integer"),
             "parallel": self.integer(minimum=1, maximum=64, what="an integer from 1 to 64"),
             "flash_attn": self.boolean,
+            "repack": self.boolean,
+            "swa_full": self.boolean,
             "use_mmap": self.boolean,
             "chat_template": self.string,
             "reasoning": self.one_of(REASONING_MODES),

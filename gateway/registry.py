@@ -266,7 +266,7 @@ class Registry:
             worker = WorkerProcess(LoadParams(
                 name=spec.name, path=str(spec.path), n_ctx=spec.n_ctx, n_gpu_layers=spec.n_gpu_layers,
                 n_threads=spec.n_threads, n_batch=spec.n_batch, parallel=spec.parallel, flash_attn=spec.flash_attn,
-                use_mmap=spec.use_mmap, chat_template=spec.chat_template, embeddings=spec.embeddings,
+                repack=spec.repack, swa_full=spec.swa_full, use_mmap=spec.use_mmap, chat_template=spec.chat_template, embeddings=spec.embeddings,
                 stream_interval=self.config.server.stream_interval_ms / 1000,
             ), on_exit=self._worker_exited, on_busy=self._share_cpus)
             await worker.start()

@@ -291,15 +291,22 @@ def _words(text: str) -> list[str]:
 # --- random-weight benchmark model ------------------------------------------------------
 
 def find_vocab(name: str = "qwen2", cache_dir: str | os.PathLike | None = None) -> Path:
-    """Path to llama.cpp's vocab-only ``ggml-vocab-NAME.gguf``.
+    """Path to llama.cpp's vocab-only ``ggml-vocab-NAME.gguf`` (see ``llama_cpp_source_file``)."""
+    return llama_cpp_source_file(f"models/ggml-vocab-{name}.gguf",
+                                 Path(cache_dir) if cache_dir else data_dir() / "vocab")
 
-    They ship in llama-cpp-python's source distribution (not its wheels), so the matching
-    sdist is fetched once with pip (pip's own cache keeps it) and the one file extracted.
+
+def llama_cpp_source_file(member: str, cache: Path) -> Path:
+    """A file of the llama.cpp that llama-cpp-python vendors, by its path under ``llama.cpp/``
+    (``models/templates/google-gemma-2-2b-it.jinja``), copied into ``cache`` once.
+
+    These files (real tokenizers as vocab-only GGUFs, real chat templates) ship in
+    llama-cpp-python's source distribution, not its wheels: the matching sdist is fetched
+    once with pip (pip's own cache keeps it) and the one file extracted.
     """
     from importlib import metadata
 
-    cache = Path(cache_dir) if cache_dir else data_dir() / "vocab"
-    target = cache / f"ggml-vocab-{name}.gguf"
+    target = cache / Path(member).name
     if target.exists():
         return target
     version = metadata.version("llama-cpp-python")
@@ -312,10 +319,10 @@ def find_vocab(name: str = "qwen2", cache_dir: str | os.PathLike | None = None) 
         )
         sdist = next(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
         with tarfile.open(sdist, mode="r|gz") as tar:  # streamed: stop at the one member
-            member = next((m for m in tar if m.name.endswith(f"/models/ggml-vocab-{name}.gguf")), None)
-            if member is None:
-                raise FileNotFoundError(f"no ggml-vocab-{name}.gguf in {sdist.name}")
-            src = tar.extractfile(member)
+            found = next((m for m in tar if m.name.endswith(f"/vendor/llama.cpp/{member}")), None)
+            if found is None:
+                raise FileNotFoundError(f"no {member} in {sdist.name}")
+            src = tar.extractfile(found)
             assert src is not None
             partial = target.with_suffix(".part")
             with open(partial, "wb") as dst:

@@ -9,19 +9,14 @@ from __future__ import annotations
 import copy
 import functools
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 
-def _spec_path() -> Path:
-    """``$OPENAI_OPENAPI_SPEC``, else ``shared/specs/`` beside the checkout (where CI puts it) or in it."""
-    if os.environ.get("OPENAI_OPENAPI_SPEC"):
-        return Path(os.environ["OPENAI_OPENAPI_SPEC"])
-    repo = Path(__file__).resolve().parents[1]
-    candidates = [repo.parent / "shared" / "specs" / "openai-openapi.json", repo / "shared" / "specs" / "openai-openapi.json"]
-    return next((p for p in candidates if p.exists()), candidates[0])
+# The schemas the tests use, trimmed from OpenAI's document (specs/SOURCE names it; specs/
+# trim_openapi.py makes the file again). Nothing outside the repository is read.
+SPEC = Path(__file__).resolve().parent / "specs" / "openai-openapi.trimmed.json"
 
 
 def _nullable_to_null(node: Any) -> Any:
@@ -37,7 +32,7 @@ def _nullable_to_null(node: Any) -> Any:
 
 @functools.lru_cache(maxsize=1)
 def _spec() -> dict[str, Any]:
-    return _nullable_to_null(json.loads(_spec_path().read_text()))
+    return _nullable_to_null(json.loads(SPEC.read_text()))
 
 
 @functools.lru_cache(maxsize=None)

@@ -187,6 +187,16 @@ async def detokenize(request: web.Request) -> web.Response:
     return web.json_response({"content": reply["text"]})
 
 
+async def apply_template(request: web.Request) -> web.Response:
+    """llama-server's /apply-template: a chat request's messages through the model's chat
+    template, unrun -> {"prompt": text}."""
+    parsed = oai.parse_chat(await read_json_object(request))
+    apply_limits(request, parsed)
+    async with request.app[REGISTRY].lease(parsed.model, embeddings=None) as (_spec, worker):
+        reply = await worker.ask({"op": "apply_template", "request": parsed.request.to_dict()})
+    return web.json_response({"prompt": reply["text"]})
+
+
 def setup(app: web.Application) -> None:
     app.router.add_get("/v1/models", list_models)
     app.router.add_post("/v1/chat/completions", chat_completions)
@@ -195,3 +205,4 @@ def setup(app: web.Application) -> None:
     for prefix in ("", "/v1"):
         app.router.add_post(f"{prefix}/tokenize", tokenize)
         app.router.add_post(f"{prefix}/detokenize", detokenize)
+        app.router.add_post(f"{prefix}/apply-template", apply_template)

@@ -25,7 +25,7 @@ from . import protocol
 log = logging.getLogger(__name__)
 
 _LEN = struct.Struct(">I")
-_TERMINAL = ("done", "error", "tokens", "detokenized", "embeddings")
+_TERMINAL = ("done", "error", "tokens", "detokenized", "prompt", "embeddings")
 
 
 class LoadFailed(Exception):

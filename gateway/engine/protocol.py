@@ -120,6 +120,8 @@ class LoadParams:
     n_threads: int | None = None
     n_batch: int = 512
     flash_attn: bool | None = None  # None: llama.cpp decides
+    repack: bool = False  # llama.cpp's repacked CPU weights (use_extra_bufts)
+    swa_full: bool = True  # a full-size cache for sliding-window layers
     use_mmap: bool = True
     chat_template: str | None = None
     embeddings: bool = False  # an embedding context (pooled vectors) instead of a generating one

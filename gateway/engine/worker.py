@@ -183,6 +183,9 @@ class Model:
         mp = ll.llama_model_default_params()
         mp.n_gpu_layers = 999 if params.n_gpu_layers < 0 else params.n_gpu_layers
         mp.use_mmap = params.use_mmap
+        # Off by default: with repacked weights a matrix kernel takes rows in groups, so a token's
+        # logits change with the batch it shares (a greedy answer then depends on the load).
+        mp.use_extra_bufts = params.repack
         self.model = ll.llama_model_load_from_file(params.path.encode(), mp)
         if not self.model:
             raise RuntimeError(f"llama.cpp could not load {params.path} (unsupported or damaged file, "
@@ -203,6 +206,11 @@ class Model:
         cp.flash_attn_type = {None: ll.LLAMA_FLASH_ATTN_TYPE_AUTO, True: ll.LLAMA_FLASH_ATTN_TYPE_ENABLED,
                               False: ll.LLAMA_FLASH_ATTN_TYPE_DISABLED}[params.flash_attn]
         cp.no_perf = True
+        # By default every position of a sliding-window layer is kept (llama.cpp's C default);
+        # llama-server's default keeps the window and a batch: far less memory, but a prompt that
+        # leaves the cached one early must be read again (``_holds_window``), and the cache's cells
+        # wrap, so sums run in another order than a cold read's.
+        cp.swa_full = params.swa_full
         if params.embeddings:
             # a pooled embedding needs its whole input in one micro-batch
             cp.embeddings = True
@@ -216,6 +224,7 @@ class Model:
             raise RuntimeError(f"llama.cpp could not create a context of {cp.n_ctx} tokens for {params.path} "
                                "(not enough memory?)")
         self.n_embd = ll.llama_model_n_embd(self.model)
+        self.n_swa = 0 if params.swa_full else ll.llama_model_n_swa(self.model)
         self.mem = ll.llama_get_memory(self.ctx)
         self.n_ctx = ll.llama_n_ctx_seq(self.ctx)  # per slot
         self.n_batch = cp.n_batch
@@ -307,26 +316,29 @@ class Model:
             if bad is not None:
                 raise Refused(400, f"token id {bad} is outside the vocabulary (0..{self.n_vocab - 1})", "prompt")
             return tokens, ""
-        if req.get("messages") is not None:
-            try:
-                text = chat_template.render(
-                    self.template, req["messages"],
-                    bos_token=self.piece(self.bos).decode("utf-8", "replace") if self.bos >= 0 else "",
-                    eos_token=self.piece(self.eos).decode("utf-8", "replace") if self.eos >= 0 else "",
-                    extra=req.get("chat_template_kwargs") or {},
-                )
-            except chat_template.TemplateInputError as e:
-                raise Refused(400, f"the model's chat template refused these messages: {e}", "messages") from None
-            except chat_template.TemplateBroken as e:
-                raise Refused(500, f"model {self.params.name!r}: {e}", None, "chat_template_error") from None
-        else:
-            text = req.get("prompt") or ""
+        text = self.render(req) if req.get("messages") is not None else req.get("prompt") or ""
         return self.tokenize(text, add_special=req.get("add_special", True)), text[-PROMPT_TAIL:]
 
+    def render(self, req: dict[str, Any]) -> str:
+        """The request's messages through the model's chat template, as the prompt's text."""
+        try:
+            return chat_template.render(
+                self.template, req["messages"],
+                bos_token=self.piece(self.bos).decode("utf-8", "replace") if self.bos >= 0 else "",
+                eos_token=self.piece(self.eos).decode("utf-8", "replace") if self.eos >= 0 else "",
+                extra=req.get("chat_template_kwargs") or {},
+            )
+        except chat_template.TemplateInputError as e:
+            raise Refused(400, f"the model's chat template refused these messages: {e}", "messages") from None
+        except chat_template.TemplateBroken as e:
+            raise Refused(500, f"model {self.params.name!r}: {e}", None, "chat_template_error") from None
+
     def answer(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """A quick question that needs no decoding: tokenize or detokenize."""
+        """A quick question that needs no decoding: tokenize, detokenize or apply a chat template."""
         rid = msg["id"]
         try:
+            if msg["op"] == "apply_template":
+                return {"ev": "prompt", "id": rid, "text": self.render(msg["request"])}
             if msg["op"] == "tokenize":
                 tokens, _ = self.prompt_tokens(msg["request"])
                 out: dict[str, Any] = {"ev": "tokens", "id": rid, "tokens": tokens}
@@ -447,14 +459,25 @@ class Model:
         slot = max(self.free_slots(), key=lambda s: _slot_score(s, tokens))
         # At least one prompt token is decoded, for fresh logits.
         common = min(_common_prefix(slot.cached, tokens), n_prompt - 1)
-        if not self.ll.llama_memory_seq_rm(self.mem, slot.id, common, -1):
-            # recurrent and hybrid models cannot cut a sequence in the middle: start it afresh
+        if not self.ll.llama_memory_seq_rm(self.mem, slot.id, common, -1) or not self._holds_window(slot, common):
+            # recurrent and hybrid models cannot cut a sequence in the middle, and a sliding-window
+            # cache may have dropped positions the next token attends to: start it afresh
             self.ll.llama_memory_seq_rm(self.mem, slot.id, -1, -1)
             common = 0
         del slot.cached[common:]
         seq = slot.seq = Sequence(rid, req, tokens, slot, common, prompt_tail, sampler,
                                   max_tokens if max_tokens is not None else room)
         return seq
+
+    def _holds_window(self, slot: Slot, common: int) -> bool:
+        """Whether the slot's cache still holds every position that a token at ``common`` attends
+        to. A sliding-window layer's cache (without ``swa_full``) overwrites positions that fell
+        out of the window of the sequence's newest token; cutting the sequence back to ``common``
+        moves the window back onto them. llama-server's test: the oldest position still held is at
+        most ``common - n_swa``."""
+        if not self.n_swa or common == 0:
+            return True
+        return self.ll.llama_memory_seq_pos_min(self.mem, slot.id) <= max(0, common - self.n_swa)
 
     def free_slots(self) -> list["Slot"]:
         return [s for s in self.slots if s.seq is None]
@@ -463,9 +486,15 @@ class Model:
         return [s.seq for s in self.slots if s.seq is not None]
 
     def step(self, out: "Worker") -> None:
-        """One llama_decode that advances every active sequence: the token each generating
-        sequence sampled last, then as many prompt tokens of the prefilling ones as the batch
-        holds (oldest first), so a long prompt never stops the streams already running."""
+        """Advance every active sequence: one llama_decode for the token each generating sequence
+        sampled last, then prompt chunks of the prefilling ones (oldest first) while the step's
+        budget of ``n_batch`` tokens lasts, so a long prompt never stops the streams running.
+
+        Each prompt chunk is its own llama_decode of ``n_batch`` tokens from where the sequence
+        stands, exactly as when the request runs alone: llama.cpp splits a batch over several
+        sequences into micro-batches of equal counts per sequence, and a token's logits depend
+        (in the last bits) on the shape of the micro-batch it was read in. Decoded this way a
+        greedy answer does not change with the load (with the kernels of ``repack: false``)."""
         now = time.time()
         running = []
         for seq in self.active():
@@ -478,23 +507,27 @@ class Model:
         if not running:
             return
         t0 = time.monotonic()
-        budget = self.n_batch
-        chunks: list[tuple[Sequence, list[int], bool]] = []
-        for seq in running:
-            if seq.pending is not None:
-                chunks.append((seq, [seq.pending], True))
-                budget -= 1
-        for seq in sorted((s for s in running if s.pending is None), key=lambda s: s.order):
-            if budget <= 0:
-                break
-            part = seq.tokens[seq.next:seq.next + budget]
-            chunks.append((seq, part, seq.next + len(part) == len(seq.tokens)))
-            budget -= len(part)
-        if out.holding and any(seq.pending is None for seq, _, _ in chunks):
+        generating = [(seq, [seq.pending], True) for seq in running if seq.pending is not None]
+        prefilling = sorted((s for s in running if s.pending is None), key=lambda s: s.order)
+        if out.holding and prefilling:
             out.flush()  # a prompt chunk makes this step long: held text goes out first
-        # llama.cpp splits a batch over separate per-sequence caches into runs of consecutive
-        # sequence ids: ordered by slot, neighbours share one pass over the weights.
-        chunks.sort(key=lambda c: c[0].slot.id)
+        budget = self.n_batch
+        if generating:
+            # llama.cpp splits a batch over separate per-sequence caches into runs of consecutive
+            # sequence ids: ordered by slot, neighbours share one pass over the weights.
+            self._decode(sorted(generating, key=lambda c: c[0].slot.id), out)
+            budget -= len(generating)
+        for seq in prefilling:
+            if budget <= 0:  # never before the first: a prefilling slot leaves budget
+                break
+            part = seq.tokens[seq.next:seq.next + self.n_batch]
+            self._decode([(seq, part, seq.next + len(part) == len(seq.tokens))], out)
+            budget -= len(part)
+        self.last_step = time.monotonic() - t0
+
+    def _decode(self, chunks: list[tuple["Sequence", list[int], bool]], out: "Worker") -> None:
+        """One llama_decode of ``chunks`` (sequence, tokens, whether its last token's logits are
+        wanted), then the next token of each sequence whose logits came back."""
         batch = self.batch
         batch.clear()
         row = 0
@@ -524,7 +557,6 @@ class Model:
                     self.drop(seq)
                     out.send({"ev": "error", "id": seq.rid, "status": 500, "param": None, "code": "worker_error",
                               "message": f"{type(e).__name__}: {e}"})
-        self.last_step = time.monotonic() - t0
 
     def _next_token(self, seq: "Sequence", out: "Worker") -> None:
         ll = self.ll
@@ -675,7 +707,7 @@ class Worker:
                     seq.cancelled = True
         elif op == "threads" and self.model is not None:
             self.model.set_threads(msg["n"])
-        elif op in ("tokenize", "detokenize") and self.model is not None:
+        elif op in ("tokenize", "detokenize", "apply_template") and self.model is not None:
             self.send(self.model.answer(msg))  # answered at once, between two steps if need be
 
     def _poll(self, block: bool) -> None:

