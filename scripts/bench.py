@@ -23,7 +23,11 @@ Measured for each (greedy unless --sampled):
 - time to first token of a ~1,500-token prompt sent twice: cold, then warm (the prefix cache);
 - on a tiny scripted model: p50/p95 latency of a 1-token completion (the server's own overhead);
 - resident memory (VmRSS): the server process alone, and with its model workers.
-Ratios are against the first alternative (llama-server when present).
+Every figure is the median over rounds; each ratio is the median of the per-round ratios
+(contender / the first alternative, llama-server when present, both from the same round) with
+their spread, min..max: one run says whether a change moved anything beyond this machine's noise.
+`--model` takes any GGUF, for example the real tier's Gemma 3 270M:
+    .venv/bin/python scripts/bench.py --model .cache/models/gemma-3-270m-q4_k_m.gguf --llama-server PATH
 """
 
 from __future__ import annotations
@@ -256,24 +260,40 @@ def interleaved(servers: list[Server], repeats: int, fn) -> dict[str, list]:
 
 
 def measure(servers: list[Server], args, sampling: dict) -> dict[str, dict]:
-    res: dict[str, dict] = {s.name: {"aggregate_tok_s": {}} for s in servers}
+    """Each figure per round, for every server: ``res[name]["rounds"][figure] = [round 0, ...]``,
+    plus the medians under the figure's own name."""
+    res: dict[str, dict] = {s.name: {"aggregate_tok_s": {}, "rounds": {}} for s in servers}
     med = statistics.median
+
+    def record(figure: str, runs: dict[str, list], pick=lambda x: x) -> None:
+        for name, values in runs.items():
+            res[name]["rounds"][figure] = [pick(v) for v in values]
+
     for srv in servers:
         srv.complete({"prompt": "warm up " + PROMPT, "max_tokens": 16, **sampling})
     print("  single stream ...", file=sys.stderr)
-    for name, runs in interleaved(servers, args.repeats, lambda s, r: single_stream(s, args, sampling, r)).items():
-        res[name].update(ttft_ms=med(x[0] for x in runs), decode_tok_s=med(x[1] for x in runs))
+    runs = interleaved(servers, args.repeats, lambda s, r: single_stream(s, args, sampling, r))
+    record("ttft_ms", runs, lambda x: x[0])
+    record("decode_tok_s", runs, lambda x: x[1])
     for n in STREAMS:
         print(f"  {n} concurrent ...", file=sys.stderr)
-        for name, runs in interleaved(servers, args.repeats,
-                                      lambda s, r: aggregate(s, args, sampling, r, n)).items():
-            res[name]["aggregate_tok_s"][str(n)] = med(runs)
+        record(f"aggregate_tok_s_{n}", interleaved(servers, args.repeats,
+                                                   lambda s, r: aggregate(s, args, sampling, r, n)))
     print("  long prompt, cold and warm ...", file=sys.stderr)
-    for name, runs in interleaved(servers, args.repeats, lambda s, r: cold_warm(s, args, sampling, r)).items():
-        res[name].update(cold_ttft_ms=med(x[0] for x in runs), warm_ttft_ms=med(x[1] for x in runs),
-                         long_prompt_tokens=runs[0][2])
+    runs = interleaved(servers, args.repeats, lambda s, r: cold_warm(s, args, sampling, r))
+    record("cold_ttft_ms", runs, lambda x: x[0])
+    record("warm_ttft_ms", runs, lambda x: x[1])
+    record("warm_over_cold", runs, lambda x: x[1] / x[0])
+    for name, values in runs.items():
+        res[name]["long_prompt_tokens"] = values[0][2]
     for srv in servers:
-        res[srv.name]["rss_kib"], res[srv.name]["rss_all_kib"] = srv.memory()
+        r = res[srv.name]
+        for figure, values in r["rounds"].items():
+            if figure.startswith("aggregate_tok_s_"):
+                r["aggregate_tok_s"][figure.rsplit("_", 1)[1]] = med(values)
+            else:
+                r[figure] = med(values)
+        r["rss_kib"], r["rss_all_kib"] = srv.memory()
     return res
 
 
@@ -307,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", type=Path, help="GGUF to measure (default: generate the 81M random model)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--tokens", type=int, default=200, help="tokens per completion")
-    p.add_argument("--repeats", type=int, default=5, help="rounds per figure (the median is reported)")
+    p.add_argument("--repeats", type=int, default=8, help="rounds per figure (medians are reported)")
     p.add_argument("--long-prompt", type=int, default=1500, help="words in the long prompt (~tokens)")
     p.add_argument("--overhead-requests", type=int, default=300, help="1-token completions for the overhead figure")
     p.add_argument("--sampled", action="store_true", help="sample (temperature 0.8, top-k 40, top-p 0.95, "
@@ -320,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
                    "measure one gateway contender each, side by side")
     p.add_argument("--json", type=Path, help="write every figure here")
     args = p.parse_args(argv)
-    model = args.model or bench_model()
+    model = (args.model or bench_model()).resolve()  # the gateway reads paths relative to its config
     sampling = SAMPLED if args.sampled else GREEDY
     wanted = set(args.only or ("gateway", "llama-server", "llama-cpp-python"))
 
@@ -351,6 +371,8 @@ def main(argv: list[str] | None = None) -> int:
             servers = [stack.enter_context(make(tiny_model())) for _, make in makers]
             for name, runs in interleaved(servers, 3, lambda s, r: overhead(s, args.overhead_requests // 3)).items():
                 results[name]["overhead"] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+                for k in runs[0]:
+                    results[name]["rounds"][f"overhead_{k}"] = [r[k] for r in runs]
             for srv in servers:
                 if srv.name.startswith("gateway"):
                     # the gateway process alone, after its worker is gone
@@ -367,36 +389,37 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_table(results: dict, model: Path, args, mode: str) -> None:
+    """Medians, and each contender's median per-round ratio to the base with its min..max."""
     names = list(results)
     base = next((n for n in names if not n.startswith("gateway")), names[0])
-    rows: list[tuple[str, str, callable]] = [
-        ("decode tok/s, 1 stream", "{:.1f}", lambda r: r["decode_tok_s"]),
-        ("time to first token, ms", "{:.1f}", lambda r: r["ttft_ms"]),
-        *[(f"aggregate tok/s, {n} streams", "{:.1f}", (lambda n: lambda r: r["aggregate_tok_s"][str(n)])(n))
-          for n in STREAMS],
-        ("long prompt TTFT cold, ms", "{:.1f}", lambda r: r["cold_ttft_ms"]),
-        ("long prompt TTFT warm, ms", "{:.1f}", lambda r: r["warm_ttft_ms"]),
-        ("warm / cold", "{:.3f}", lambda r: r["warm_ttft_ms"] / r["cold_ttft_ms"]),
-        ("1-token completion p50, ms", "{:.2f}", lambda r: r["overhead"]["p50_ms"]),
-        ("1-token completion p95, ms", "{:.2f}", lambda r: r["overhead"]["p95_ms"]),
-        ("RSS server process, MiB", "{:.1f}", lambda r: r["rss_kib"] / 1024),
-        ("RSS with workers, MiB", "{:.1f}", lambda r: r["rss_all_kib"] / 1024),
+    rows: list[tuple[str, str, str | None, callable]] = [  # label, format, per-round figure, median
+        ("decode tok/s, 1 stream", "{:.1f}", "decode_tok_s", lambda r: r["decode_tok_s"]),
+        ("time to first token, ms", "{:.1f}", "ttft_ms", lambda r: r["ttft_ms"]),
+        *[(f"aggregate tok/s, {n} streams", "{:.1f}", f"aggregate_tok_s_{n}",
+           (lambda n: lambda r: r["aggregate_tok_s"][str(n)])(n)) for n in STREAMS],
+        ("long prompt TTFT cold, ms", "{:.1f}", "cold_ttft_ms", lambda r: r["cold_ttft_ms"]),
+        ("long prompt TTFT warm, ms", "{:.1f}", "warm_ttft_ms", lambda r: r["warm_ttft_ms"]),
+        ("warm / cold", "{:.3f}", None, lambda r: r["warm_over_cold"]),
+        ("1-token completion p50, ms", "{:.2f}", "overhead_p50_ms", lambda r: r["overhead"]["p50_ms"]),
+        ("1-token completion p95, ms", "{:.2f}", "overhead_p95_ms", lambda r: r["overhead"]["p95_ms"]),
+        ("RSS server process, MiB", "{:.1f}", None, lambda r: r["rss_kib"] / 1024),
+        ("RSS with workers, MiB", "{:.1f}", None, lambda r: r["rss_all_kib"] / 1024),
     ]
     print(f"\n{model.name}, {args.threads} threads, {args.tokens} tokens per completion, {mode}, "
-          f"median of {args.repeats}; long prompt "
-          f"{results[names[0]]['long_prompt_tokens']} tokens; ratios: contender / {base}")
-    head = f"| {'':<28} |" + "".join(f" {n:>16} |" for n in names)
-    print(head)
-    print("|" + "-" * 30 + "|" + "".join("-" * 18 + "|" for _ in names))
-    for label, fmt, get in rows:
+          f"{args.repeats} alternating rounds; long prompt {results[names[0]]['long_prompt_tokens']} tokens; "
+          f"medians, and ratios to {base}: median of per-round ratios [min..max]")
+    width = 30
+    print(f"| {'':<28} |" + "".join(f" {n:>{width}} |" for n in names))
+    print("|" + "-" * 30 + "|" + "".join("-" * (width + 2) + "|" for _ in names))
+    for label, fmt, figure, get in rows:
         cells = []
         for n in names:
-            v = get(results[n])
-            cell = fmt.format(v)
-            if n != base and label != "warm / cold":
-                b = get(results[base])
-                cell += f" ({v / b:.2f}x)" if b else ""
-            cells.append(f" {cell:>16} |")
+            cell = fmt.format(get(results[n]))
+            if n != base and figure is not None:
+                ratios = [a / b for a, b in zip(results[n]["rounds"][figure], results[base]["rounds"][figure]) if b]
+                if ratios:
+                    cell += f" ({statistics.median(ratios):.2f}x [{min(ratios):.2f}..{max(ratios):.2f}])"
+            cells.append(f" {cell:>{width}} |")
         print(f"| {label:<28} |" + "".join(cells))
     for name in names:
         if "rss_idle_kib" in results[name]:

@@ -2,6 +2,7 @@
 every figure it promises. It asserts no speed: the figures are the script's to report."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -16,7 +17,7 @@ def test_bench_script_measures_every_figure(tmp_path):
     model = tm.plain(tmp_path / "plain.gguf").path
     out = tmp_path / "bench.json"
     r = subprocess.run([sys.executable, str(REPO / "scripts" / "bench.py"), "--only", "gateway", "--model", str(model),
-                        "--threads", "1", "--tokens", "8", "--repeats", "1", "--long-prompt", "40",
+                        "--threads", "1", "--tokens", "8", "--repeats", "2", "--long-prompt", "40",
                         "--overhead-requests", "12", "--stream-interval", "0,5", "--json", str(out)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -25,6 +26,7 @@ def test_bench_script_measures_every_figure(tmp_path):
     for g in data["results"].values():
         check_figures(g)
     assert "| decode tok/s, 1 stream" in r.stdout and "gateway 5ms" in r.stdout
+    assert re.search(r"\(\d+\.\d\dx \[\d+\.\d\d\.\.\d+\.\d\d\]\)", r.stdout)  # a per-round ratio and its spread
 
 
 def check_figures(g: dict) -> None:
@@ -33,3 +35,6 @@ def check_figures(g: dict) -> None:
     assert g["long_prompt_tokens"] > 40 and g["cold_ttft_ms"] > 0 and g["warm_ttft_ms"] > 0
     assert 0 < g["overhead"]["p50_ms"] <= g["overhead"]["p95_ms"]
     assert 0 < g["rss_idle_kib"] and 0 < g["rss_kib"] < g["rss_all_kib"]
+    rounds = g["rounds"]  # every ratio comes from figures of the same round
+    assert {"decode_tok_s", "ttft_ms", "cold_ttft_ms", "warm_ttft_ms", "overhead_p50_ms"} <= set(rounds)
+    assert all(len(v) >= 1 and all(x > 0 for x in v) for v in rounds.values())

@@ -94,6 +94,8 @@ def test_paths_expand_home_env_and_resolve_relative_to_the_file(write_config, tm
     ("models:\n  m:\n    path: x.gguf\n    n_threads: 0\n", "models.m.n_threads: must be a positive integer, got 0"),
     ("models:\n  m:\n    path: x.gguf\n    parallel: 65\n", "models.m.parallel: must be an integer from 1 to 64, got 65"),
     ("models:\n  m:\n    path: x.gguf\n    flash_attn: auto\n", 'models.m.flash_attn: must be true or false, got "auto"'),
+    ("models:\n  m:\n    path: x.gguf\n    swa_full: 1\n", 'models.m.swa_full: must be true or false, got 1'),
+    ("models:\n  m:\n    path: x.gguf\n    repack: yes please\n", 'models.m.repack: must be true or false, got "yes please"'),
     ("server:\n  port: 70000\n", "server.port: must be a port number (1-65535), got 70000"),
     ("server:\n  port: true\n", "server.port: must be a port number (1-65535), got true"),
     ("server:\n  models_dirs: ~/models\n", 'server.models_dirs: must be a list'),
@@ -188,6 +190,8 @@ def test_the_example_file_loads_through_the_real_loader():
     assert (llama3.n_ctx, llama3.n_gpu_layers, llama3.embeddings) == (8192, -1, False)
     assert (llama3.n_threads, llama3.n_batch, llama3.flash_attn, llama3.use_mmap) == (8, 512, True, True)
     assert llama3.parallel == 4 and next(m for m in cfg.models if m.name == "qwen3").parallel == 4
+    qwen3 = next(m for m in cfg.models if m.name == "qwen3")
+    assert (llama3.repack, llama3.swa_full) == (qwen3.repack, qwen3.swa_full) == (False, True)  # the defaults
     assert llama3.defaults["temperature"] == 0.7 and llama3.defaults["max_tokens"] == 2048
     assert (llama3.keep_alive, llama3.preload) == (float("inf"), True)
     assert (cfg.server.keep_alive, cfg.server.load_timeout, cfg.server.max_loaded_models) == (300, 300, 3)
