@@ -13,6 +13,7 @@ from typing import Awaitable, Callable
 from aiohttp import web
 
 from .config import Config
+from .connections import ConnectionGuard, Limits
 from .errors import ApiError
 from .events import ERROR_CODE, OBSERVATION, PRINCIPAL, EventSink, Observation, request_id
 from .metrics import Metrics
@@ -25,6 +26,7 @@ REGISTRY = web.AppKey("registry", Registry)
 METRICS = web.AppKey("metrics", Metrics)
 EVENTS = web.AppKey("events", EventSink)
 LIFECYCLE = web.AppKey("lifecycle", dict)  # {"draining": bool}
+CONNECTIONS = web.AppKey("connections", ConnectionGuard)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 OPEN_PATHS = frozenset({"/health"})
@@ -45,6 +47,26 @@ def endpoint_of(request: web.Request) -> str:
     route = request.match_info.route
     resource = route.resource if route is not None else None
     return resource.canonical if resource is not None else "other"
+
+
+@web.middleware
+async def connection_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Tell the connection guard a handler runs: its header and keep-alive deadlines pause."""
+    guard, transport = request.app[CONNECTIONS], request.transport
+    guard.begin(transport)
+    try:
+        return await handler(request)
+    finally:
+        guard.end(transport)
+
+
+def server_settings(config: Config) -> dict:
+    """aiohttp's per-connection settings for serving ``create_app(config)``: bodies arrive as
+    sent (``api/body.py`` decodes them, bounded), keep-alive as configured, and a handler is
+    cancelled when its client goes away."""
+    keepalive = config.server.keepalive_timeout
+    return {"auto_decompress": False, "keepalive_timeout": keepalive if keepalive else 3630,
+            "handler_cancellation": True, "access_log": None}
 
 
 @web.middleware
@@ -204,7 +226,7 @@ def auth_middleware(keys: tuple[tuple[str, str], ...], open_paths: frozenset[str
 def create_app(config: Config, registry: Registry | None = None) -> web.Application:
     from .api import admin, anthropic, openai
 
-    middlewares = [observe_middleware, errors_middleware]
+    middlewares = [connection_middleware, observe_middleware, errors_middleware]
     if is_loopback(config.server.host):
         middlewares.append(host_check_middleware())
     if config.server.cors_origins:
@@ -220,6 +242,10 @@ def create_app(config: Config, registry: Registry | None = None) -> web.Applicat
     app[METRICS].watch_models(app[REGISTRY].metrics_rows)
     app[EVENTS] = EventSink(config.server.events_path)
     app[LIFECYCLE] = {"draining": False}
+    server = config.server
+    app[CONNECTIONS] = ConnectionGuard(Limits(server.header_timeout, server.keepalive_timeout, server.max_connections),
+                                       on_close=lambda reason: app[METRICS].connections_closed.labels(reason).inc())
+    app[METRICS].watch_connections(lambda: len(app[CONNECTIONS].conns))
     app.cleanup_ctx.append(_workers_ctx)
     admin.setup(app)
     openai.setup(app)

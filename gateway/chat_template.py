@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 import jinja2
+import jinja2.defaults
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 CHATML = (
@@ -22,6 +23,12 @@ CHATML = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
+
+
+# Names a caller's chat_template_kwargs may not use: what render() sets, what a template reads
+# as the request's own (tools), Jinja's globals and ours, and render()'s own parameter.
+RESERVED = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token", "tools", "tool_choice",
+                      "documents", "raise_exception", "strftime_now", "self"}) | frozenset(jinja2.defaults.DEFAULT_NAMESPACE)
 
 
 class TemplateInputError(Exception):

@@ -202,7 +202,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
                   "Set server.api_keys (or $GGUF_GATEWAY_API_KEYS), bind 127.0.0.1, or pass "
                   "--allow-unauthenticated", host)
         return 2
-    config = dataclasses.replace(config, server=dataclasses.replace(config.server, host=host, port=port))
+    from .connections import QuietConnectionLogs, raise_fd_limit
+
+    QuietConnectionLogs().install()
+    server = dataclasses.replace(config.server, host=host, port=port)
+    fds = raise_fd_limit()
+    if fds is not None and server.max_connections > fds - 64:  # leave room for workers, models and logs
+        log.warning("server.max_connections %d is over what %d open files allow: using %d",
+                    server.max_connections, fds, max(1, fds - 64))
+        server = dataclasses.replace(server, max_connections=max(1, fds - 64))
+    config = dataclasses.replace(config, server=server)
     try:
         return asyncio.run(_serve(config, host, port))
     except KeyboardInterrupt:  # a second Ctrl-C while shutting down
@@ -212,25 +221,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
 async def _serve(config: Config, host: str, port: int) -> int:
     from aiohttp import web
 
-    from .app import LIFECYCLE, create_app
+    from .app import CONNECTIONS, LIFECYCLE, create_app, server_settings
     from .registry import Registry
     from .systemd import Notifier
 
     notifier = Notifier()
     registry = await asyncio.to_thread(Registry, config, allow_demo=True)
     app = create_app(config, registry)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True,
-                           shutdown_timeout=2.0)
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=2.0, **server_settings(config))
     await runner.setup()  # preloads models (cleanup_ctx) before anything listens
-    site = web.TCPSite(runner, host, port)
+    loop = asyncio.get_running_loop()
+    guard = app[CONNECTIONS]
     try:
-        await site.start()
+        listener = await loop.create_server(guard.wrap(runner.server), host, port, backlog=128)
     except OSError as e:
         log.error("cannot listen on %s:%s: %s", host, port, e.strerror or e)
         await runner.cleanup()
         return 1
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     handlers = {signal.SIGINT: stop.set, signal.SIGTERM: stop.set,
                 getattr(signal, "SIGHUP", None): lambda: asyncio.ensure_future(registry.reload(config.path))}
     for sig, handler in handlers.items():
@@ -246,17 +254,18 @@ async def _serve(config: Config, host: str, port: int) -> int:
     watchdog = asyncio.ensure_future(notifier.watchdog())
     await stop.wait()
     notifier.notify("STOPPING=1")
-    await _drain(app[LIFECYCLE], registry, site, config.server.drain_seconds)
+    await _drain(app[LIFECYCLE], registry, listener, config.server.drain_seconds)
     watchdog.cancel()
+    guard.stop()
     await runner.cleanup()
     log.info("stopped")
     return 0
 
 
-async def _drain(lifecycle: dict, registry, site, seconds: float) -> None:
+async def _drain(lifecycle: dict, registry, listener: asyncio.AbstractServer, seconds: float) -> None:
     """Stop taking requests, give those in flight ``seconds`` to finish, then end the rest with an error."""
     lifecycle["draining"] = True
-    await site.stop()  # no new connections; a kept-alive one gets 503 and Connection: close
+    listener.close()  # no new connections; a kept-alive one gets 503 and Connection: close
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
     if registry.in_flight():

@@ -114,6 +114,14 @@ class ServerConfig:
     max_messages: int = 4096
     max_queue: int = 64  # per model: requests waiting beyond this get 429
     request_timeout: float = 600.0  # seconds a request may run; 0: no limit
+    # Connections (a timeout of 0: none). A client that stops reading a stream for write_timeout
+    # is treated as gone; a connection must send a request's headers within header_timeout of
+    # opening (or of its first byte after a response) and may sit idle for keepalive_timeout.
+    write_timeout: float = 30.0
+    header_timeout: float = 10.0
+    keepalive_timeout: float = 30.0
+    body_timeout: float = 60.0  # a request's body must arrive whole within this
+    max_connections: int = 512  # open connections past this are refused with a 503
     events_path: Path | None = None  # append one JSON line per request here
     drain_seconds: float = 30.0  # on SIGTERM, how long requests in flight may take to finish
     metrics_public: bool = False  # /metrics without an API key
@@ -335,6 +343,11 @@ class _Parser:
             "max_messages": self.integer(minimum=1, what="a positive integer"),
             "max_queue": self.integer(minimum=0, what="an integer >= 0"),
             "request_timeout": self.seconds,
+            "write_timeout": self.seconds,
+            "header_timeout": self.seconds,
+            "keepalive_timeout": self.seconds,
+            "body_timeout": self.seconds,
+            "max_connections": self.integer(minimum=1, what="a positive integer"),
             "discover_default_stores": self.boolean,
             "keep_alive": self.duration,
             "load_timeout": self.seconds,

@@ -53,6 +53,10 @@ class Metrics:
                                    ["model", "endpoint"], registry=r)
         self.rejected = Counter(p + "rejected_requests", "Requests refused before any work, by reason",
                                 ["reason"], registry=r)
+        self.connections_closed = Counter(p + "connections_closed", "Connections this gateway closed or refused "
+                                          "itself, by reason (header_timeout, keepalive_timeout, max_connections)",
+                                          ["reason"], registry=r)
+        self.connections_open = Gauge(p + "connections_open", "Client connections open now", registry=r)
         info = Gauge(p + "build_info", "Versions of this gateway and what it runs on",
                      ["version", "python", "llama_cpp_python"], registry=r)
         info.labels(__version__, platform.python_version(), _llama_cpp_version()).set(1)
@@ -62,6 +66,9 @@ class Metrics:
         """Per-model gauges read at scrape time: rows of (model, state, in_flight, queued)."""
         self._model_collector = _ModelCollector(rows)
         self.registry.register(self._model_collector)
+
+    def watch_connections(self, count: "callable[[], int]") -> None:
+        self.connections_open.set_function(count)
 
     def scrape(self) -> bytes:
         return generate_latest(self.registry)

@@ -249,12 +249,17 @@ class Registry:
         if slot.load is None:
             slot.load = asyncio.ensure_future(self._load(slot))
             slot.load.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved here, raised to waiters
-        try:
-            # shield: a caller that gives up must not abort a load others may be waiting on
-            return await asyncio.wait_for(asyncio.shield(slot.load), self.config.server.load_timeout)
-        except asyncio.TimeoutError:
+        load = slot.load
+        # asyncio.wait: a caller that gives up does not cancel a load others may be waiting on,
+        # and a load cancelled under it (an unload, shutdown) is told apart from the caller's own
+        done, _ = await asyncio.wait({load}, timeout=self.config.server.load_timeout)
+        if not done:
             raise ApiError(f"model {slot.spec.name!r} is loading; retry shortly", status=503, param="model",
-                           code="model_loading", headers={"Retry-After": "5"}) from None
+                           code="model_loading", headers={"Retry-After": "5"})
+        if load.cancelled():
+            raise ApiError(f"model {slot.spec.name!r} was unloaded while it loaded; retry", status=503,
+                           param="model", code="model_unloaded", headers={"Retry-After": "1"})
+        return load.result()
 
     async def _load(self, slot: Slot) -> WorkerProcess:
         spec = slot.spec

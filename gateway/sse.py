@@ -1,8 +1,13 @@
 """Server-sent events: headers once, one ``data:`` frame per message; frames sent with ``hold``
-wait for the next frame without it, or ``flush``, and go out in one write with it."""
+wait for the next frame without it, or ``flush``, and go out in one write with it.
+
+A write that cannot finish within ``write_timeout`` seconds (the client stopped reading and
+the socket's buffers are full) aborts the connection and raises ``ConnectionResetError``:
+to the handler, the client has gone, so its slot and its place in the queue are freed."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -13,8 +18,10 @@ _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode  # 
 
 
 class EventStream:
-    def __init__(self, request: web.Request, headers: dict[str, str] | None = None):
+    def __init__(self, request: web.Request, headers: dict[str, str] | None = None, write_timeout: float = 0.0):
         self.request = request
+        self.write_timeout = write_timeout  # 0: none
+        self.stalled = False
         self.response = web.StreamResponse(headers={
             "Content-Type": "text/event-stream; charset=utf-8",
             "Cache-Control": "no-cache",
@@ -36,9 +43,26 @@ class EventStream:
         if self._held:
             data = self._held[0] if len(self._held) == 1 else b"".join(self._held)
             self._held.clear()
-            await self.response.write(data)
+            await self._bounded(self.response.write(data))
 
     async def close(self) -> web.StreamResponse:
         await self.flush()
-        await self.response.write_eof()
+        await self._bounded(self.response.write_eof())
         return self.response
+
+    async def _bounded(self, write) -> None:
+        if not self.write_timeout:
+            return await write
+        timer = asyncio.get_running_loop().call_later(self.write_timeout, self._stall)
+        try:
+            await write
+        finally:
+            timer.cancel()
+        if self.stalled:
+            raise ConnectionResetError(f"the client read nothing for {self.write_timeout:g} s")
+
+    def _stall(self) -> None:
+        self.stalled = True
+        transport = self.request.transport
+        if transport is not None:
+            transport.abort()

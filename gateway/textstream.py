@@ -28,10 +28,16 @@ class StopMatcher:
 
     ``feed`` returns ``(safe_text, matched)``: ``safe_text`` can be sent now; ``matched``
     is the stop string once one has appeared (everything from it on is dropped).
+
+    Each stop string is followed by a Knuth-Morris-Pratt automaton whose state is the longest
+    prefix of it that the text ends with, so the work per character is bounded by the number
+    of stop strings, never by their length or the text's.
     """
 
     def __init__(self, stops: Sequence[str]):
         self.stops = [s for s in stops if s]
+        self._fail = [_failure(s) for s in self.stops]
+        self._state = [0] * len(self.stops)
         self._held = ""
         self.matched: str | None = None
 
@@ -40,27 +46,42 @@ class StopMatcher:
             return "", self.matched
         if not self.stops:
             return text, None
+        stops, fail, state = self.stops, self._fail, self._state
+        for i, ch in enumerate(text):
+            done = -1
+            for j, s in enumerate(stops):
+                k = state[j]
+                while k and s[k] != ch:
+                    k = fail[j][k - 1]
+                if s[k] == ch:
+                    k += 1
+                if k == len(s):
+                    # the first to complete wins; of those completing here, the one that starts first
+                    if done < 0 or len(s) > len(stops[done]):
+                        done = j
+                    k = fail[j][k - 1]
+                state[j] = k
+            if done >= 0:
+                buf = self._held + text[: i + 1]
+                self._held, self.matched = "", stops[done]
+                return buf[: len(buf) - len(self.matched)], self.matched
         buf = self._held + text
-        # The first stop string to be *completed* wins (generation would have ended there),
-        # then the one that starts first.
-        best = None
-        for s in self.stops:
-            i = buf.find(s)
-            if i >= 0 and (best is None or (i + len(s), i) < (best[0] + len(best[1]), best[0])):
-                best = (i, s)
-        if best is not None:
-            self._held = ""
-            self.matched = best[1]
-            return buf[: best[0]], self.matched
-        keep = 0
-        for s in self.stops:  # the longest tail of buf that starts some stop string
-            for k in range(min(len(s) - 1, len(buf)), keep, -1):
-                if buf.endswith(s[:k]):
-                    keep = k
-                    break
+        keep = max(state)  # the longest tail of the text that starts some stop string
         self._held = buf[len(buf) - keep:] if keep else ""
         return buf[: len(buf) - keep], None
 
     def flush(self) -> str:
         out, self._held = ("" if self.matched is not None else self._held), ""
         return out
+
+
+def _failure(s: str) -> list[int]:
+    """KMP's table: for each prefix of ``s``, the length of its longest proper border."""
+    table, k = [0] * len(s), 0
+    for i in range(1, len(s)):
+        while k and s[i] != s[k]:
+            k = table[k - 1]
+        if s[i] == s[k]:
+            k += 1
+        table[i] = k
+    return table

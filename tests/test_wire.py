@@ -187,7 +187,7 @@ async def test_501_for_the_wrong_kind_of_model(client):
     ({"model": "embed"}, "input"), ({"model": "embed", "input": []}, "input"),
     ({"model": "embed", "input": [1, "a"]}, "input"), ({"model": "embed", "input": "x", "encoding_format": "hex"},
                                                         "encoding_format"),
-    ({"model": "embed", "input": [10 ** 9]}, "prompt"),
+    ({"model": "embed", "input": [10 ** 9]}, "input"),
 ])
 async def test_bad_embedding_requests(client, body, param):
     status, out = await post(client, "/v1/embeddings", body)

@@ -12,7 +12,7 @@ from .. import __version__
 from ..app import LIFECYCLE, METRICS, REGISTRY
 from ..errors import InvalidRequest
 from ..registry import Registry
-from .openai import read_json_object
+from .body import read_json_object
 
 
 async def health(request: web.Request) -> web.Response:

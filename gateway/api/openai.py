@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from typing import Any
 
 from aiohttp import web
 
@@ -15,6 +13,7 @@ from ..events import observation
 from ..errors import ApiError, InvalidRequest
 from ..protocol import openai as oai
 from ..sse import EventStream
+from .body import read_json_object
 
 log = logging.getLogger(__name__)
 
@@ -28,17 +27,6 @@ async def list_models(request: web.Request) -> web.Response:
             created = 0
         data.append({"id": spec.name, "object": "model", "created": created, "owned_by": "local"})
     return web.json_response({"object": "list", "data": data})
-
-
-async def read_json_object(request: web.Request) -> dict[str, Any]:
-    raw = await request.read()
-    try:
-        body = json.loads(raw) if raw else None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InvalidRequest(f"The request body is not valid JSON: {e}", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise InvalidRequest("The request body must be a JSON object", code="invalid_json")
-    return body
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -99,7 +87,7 @@ async def _stream(request: web.Request, render: oai.Renderer, parsed: oai.Parsed
     gens = [worker.generate(req) for req in parsed.requests]  # queued in order in the worker
     try:
         first, splitter = await answer.start(gens[0], reasoning)  # a refusal is still a plain error response
-        sse = EventStream(request)
+        sse = EventStream(request, write_timeout=request.app[CONFIG].server.write_timeout)
         await sse.open()
         for gen in gens:
             gen.on_idle = sse.flush  # the deltas of events that arrived together go out in one write
@@ -169,7 +157,8 @@ async def tokenize(request: web.Request) -> web.Response:
         if not isinstance(value, bool):
             raise InvalidRequest(f"`{key}` must be true or false", key)
     async with request.app[REGISTRY].lease(oai.require_model(body), embeddings=None) as (_spec, worker):
-        reply = await worker.ask({"op": "tokenize", "request": {"prompt": content, "add_special": flags["add_special"]},
+        reply = await worker.ask({"op": "tokenize", "request": {"prompt": content, "add_special": flags["add_special"],
+                                                              "param": "content"},
                                   "with_pieces": flags["with_pieces"]})
     if flags["with_pieces"]:
         return web.json_response({"tokens": [{"id": t, "piece": p} for t, p in zip(reply["tokens"], reply["pieces"])]})

@@ -179,7 +179,11 @@ class WorkerProcess:
                 raise ApiError(f"model {self.params.name!r} is not running; retry", status=503,
                                code="model_unavailable")
             self._send({**msg, "id": rid})
-            answer = await q.get()
+            try:
+                answer = await q.get()
+            except asyncio.CancelledError:  # the caller left: a question not begun is skipped
+                self._send({"op": "cancel", "id": rid})
+                raise
         finally:
             self._track(rid, None)
         if answer["ev"] == "error":

@@ -235,10 +235,12 @@ class Model:
         self._pieces: dict[int, bytes] = {}
         self._is_eog: dict[int, bool] = {}
         self._eog: list[int] | None = None
-        self._piece_buf = ctypes.create_string_buffer(256)
+        self._longest_piece: int | None = None  # bytes; found on the first prompt that needs it
+        self._scan_lock = threading.Lock()
         self.slots = [Slot(i) for i in range(n_slots)]
         self.batch = Batch(ll, cp.n_batch, n_slots)
         self._views: dict[int, Any] = {}
+        self._cand = self._cand_ids = self._cand_arr = None  # the sampler chains' candidate array
         self._logits_base: int | None = None
         self._get_logits = _address_of_logits(ll)
         self.last_step = 0.0  # seconds the last decode step took, sampling included
@@ -271,15 +273,40 @@ class Model:
     def piece(self, token: int) -> bytes:
         p = self._pieces.get(token)
         if p is None:
-            n = self.ll.llama_token_to_piece(self.vocab, token, self._piece_buf, len(self._piece_buf), 0, True)
-            if n < 0:
-                buf = ctypes.create_string_buffer(-n)
-                n = self.ll.llama_token_to_piece(self.vocab, token, buf, -n, 0, True)
-                p = buf.raw[:n]
-            else:
-                p = self._piece_buf.raw[:n]
-            self._pieces[token] = p
+            p = self._pieces[token] = self._render_piece(token, ctypes.create_string_buffer(256))
         return p
+
+    def _render_piece(self, token: int, buf) -> bytes:
+        """A token's text, special tokens shown (``buf``: the caller's, as threads call this)."""
+        n = self.ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = self.ll.llama_token_to_piece(self.vocab, token, buf, -n, 0, True)
+        return buf.raw[:n]
+
+    def longest_piece(self) -> int:
+        """The most bytes any one token stands for: a text of more than ``n_ctx`` times this
+        cannot fit in the context, whatever it tokenizes to."""
+        with self._scan_lock:
+            if self._longest_piece is None:
+                buf = ctypes.create_string_buffer(256)
+                self._longest_piece = max(1, max((len(self._render_piece(t, buf)) for t in range(self.n_vocab)),
+                                                 default=1))
+            return self._longest_piece
+
+    def check_fits(self, text: str, param: str) -> None:
+        """Refuse, before tokenizing it, a text that cannot fit in a slot's context (tokenizing
+        costs time that grows faster than the text on some vocabularies)."""
+        size = len(text.encode("utf-8", "replace"))
+        if size <= self.n_ctx:  # fits whatever the vocabulary (no scan for it)
+            return
+        longest = self.longest_piece()
+        if size > self.n_ctx * longest:
+            least = -(-size // longest)
+            raise Refused(400, f"This model's maximum context length is {self.n_ctx} tokens. However, the "
+                               f"{param} is {size} bytes long, at least {least} tokens (no token of this model "
+                               f"stands for more than {longest} bytes). Please reduce the {param}.",
+                          param, "context_length_exceeded")
 
     def tokenize(self, text: str, add_special: bool) -> list[int]:
         data = text.encode("utf-8")
@@ -309,32 +336,69 @@ class Model:
 
     def prompt_tokens(self, req: dict[str, Any]) -> tuple[list[int], str]:
         """The prompt as tokens, and the end of its text (where a chat template may have opened
-        a thinking block for the answer)."""
+        a thinking block for the answer). Thread-safe: prep threads call it. A text that cannot
+        fit is refused untokenized; ``req["param"]`` names the field in the refusal."""
+        param = req.get("param") or ("messages" if req.get("messages") is not None else "prompt")
         if req.get("prompt_tokens") is not None:
             tokens = list(req["prompt_tokens"])
             bad = next((t for t in tokens if not isinstance(t, int) or not 0 <= t < self.n_vocab), None)
             if bad is not None:
-                raise Refused(400, f"token id {bad} is outside the vocabulary (0..{self.n_vocab - 1})", "prompt")
+                raise Refused(400, f"token id {bad} is outside the vocabulary (0..{self.n_vocab - 1})", param)
             return tokens, ""
         text = self.render(req) if req.get("messages") is not None else req.get("prompt") or ""
+        self.check_fits(text, param)
         return self.tokenize(text, add_special=req.get("add_special", True)), text[-PROMPT_TAIL:]
 
+    def prepare(self, req: dict[str, Any]) -> tuple[list[int], str]:
+        """What admission needs from the prompt, worked out off the decode loop (in a prep
+        thread): its tokens and text tail, checked against the context. Raises ``Refused``."""
+        tokens, prompt_tail = self.prompt_tokens(req)
+        n_prompt = len(tokens)
+        if n_prompt == 0:
+            raise Refused(400, "the prompt is empty", "prompt")
+        max_tokens = req.get("max_tokens")
+        room = self.n_ctx - n_prompt
+        if room < 1 or (max_tokens is not None and max_tokens > room):
+            want = n_prompt + (max_tokens or 0)
+            raise Refused(
+                400,
+                f"This model's maximum context length is {self.n_ctx} tokens. However, you requested "
+                f"{want} tokens ({n_prompt} in the prompt, {max_tokens or 0} for the completion). "
+                "Please reduce the prompt or max_tokens.",
+                "messages" if req.get("messages") is not None else "prompt", "context_length_exceeded")
+        return tokens, prompt_tail
+
     def render(self, req: dict[str, Any]) -> str:
-        """The request's messages through the model's chat template, as the prompt's text."""
-        try:
+        """The request's messages through the model's chat template, as the prompt's text. A
+        template that fails only with the caller's ``chat_template_kwargs`` is the caller's
+        mistake (400); one that fails without them is the model's (500)."""
+        extra = req.get("chat_template_kwargs") or {}
+
+        def run(variables: dict[str, Any]) -> str:
             return chat_template.render(
                 self.template, req["messages"],
                 bos_token=self.piece(self.bos).decode("utf-8", "replace") if self.bos >= 0 else "",
                 eos_token=self.piece(self.eos).decode("utf-8", "replace") if self.eos >= 0 else "",
-                extra=req.get("chat_template_kwargs") or {},
-            )
+                extra=variables)
+
+        try:
+            return run(extra)
         except chat_template.TemplateInputError as e:
             raise Refused(400, f"the model's chat template refused these messages: {e}", "messages") from None
         except chat_template.TemplateBroken as e:
+            if extra:
+                try:
+                    run({})
+                except (chat_template.TemplateInputError, chat_template.TemplateBroken):
+                    pass
+                else:
+                    raise Refused(400, f"the model's chat template failed with these chat_template_kwargs: {e}",
+                                  "chat_template_kwargs") from None
             raise Refused(500, f"model {self.params.name!r}: {e}", None, "chat_template_error") from None
 
     def answer(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """A quick question that needs no decoding: tokenize, detokenize or apply a chat template."""
+        """A question that needs no decoding: tokenize, detokenize or apply a chat template (on a
+        prep thread)."""
         rid = msg["id"]
         try:
             if msg["op"] == "apply_template":
@@ -352,6 +416,9 @@ class Model:
             return {"ev": "detokenized", "id": rid, "text": self.detokenize(tokens)}
         except Refused as r:
             return {**r.event, "id": rid}
+        except Exception as e:  # a bug here must fail one question, not leave it unanswered
+            return {"ev": "error", "id": rid, "status": 500, "message": f"{type(e).__name__}: {e}", "param": None,
+                    "code": "worker_error"}
 
     def embed(self, rid: int, inputs: list[Any], out: "Worker") -> None:
         """One L2-normalized, pooled vector per input (text or token ids)."""
@@ -360,8 +427,10 @@ class Model:
         ll = self.ll
         vectors, total = [], 0
         for i, item in enumerate(inputs):
+            if isinstance(item, str):
+                self.check_fits(item, "input")
             tokens = self.tokenize(item, add_special=True) if isinstance(item, str) else \
-                self.prompt_tokens({"prompt_tokens": item})[0]
+                self.prompt_tokens({"prompt_tokens": item, "param": "input"})[0]
             if not tokens:
                 raise Refused(400, f"input {i} is empty", "input")
             if len(tokens) > self.n_ctx:
@@ -438,23 +507,12 @@ class Model:
         add(ll.llama_sampler_init_dist(seed))
         return chain
 
-    def admit(self, rid: int, req: dict[str, Any]) -> "Sequence":
-        """Check a request, give it the free slot whose cache shares the longest prefix with its
-        prompt, and drop the rest of that slot's cache. Raises ``Refused``."""
-        tokens, prompt_tail = self.prompt_tokens(req)
+    def admit(self, rid: int, req: dict[str, Any], tokens: list[int], prompt_tail: str) -> "Sequence":
+        """Give a prepared request (``prepare``) the free slot whose cache shares the longest
+        prefix with its prompt, and drop the rest of that slot's cache. Raises ``Refused``."""
         n_prompt = len(tokens)
-        if n_prompt == 0:
-            raise Refused(400, "the prompt is empty", "prompt")
         max_tokens = req.get("max_tokens")
         room = self.n_ctx - n_prompt
-        if room < 1 or (max_tokens is not None and max_tokens > room):
-            want = n_prompt + (max_tokens or 0)
-            raise Refused(
-                400,
-                f"This model's maximum context length is {self.n_ctx} tokens. However, you requested "
-                f"{want} tokens ({n_prompt} in the prompt, {max_tokens or 0} for the completion). "
-                "Please reduce the prompt or max_tokens.",
-                "messages" if req.get("messages") is not None else "prompt", "context_length_exceeded")
         sampler = self._sampler(req)  # before "start": a grammar that does not parse is a plain 400
         slot = max(self.free_slots(), key=lambda s: _slot_score(s, tokens))
         # At least one prompt token is decoded, for fresh logits.
@@ -558,10 +616,39 @@ class Model:
                     out.send({"ev": "error", "id": seq.rid, "status": 500, "param": None, "code": "worker_error",
                               "message": f"{type(e).__name__}: {e}"})
 
+    def _sample(self, seq: "Sequence") -> int | None:
+        """``llama_sampler_sample``, except that a token the chain left at -inf is never accepted:
+        that is what a grammar leaves when it is complete and the end of generation is banned
+        (``ignore_eos``), or when no token can continue it, and llama.cpp's grammar throws (and
+        the throw aborts the process) on accepting it. None then: the answer ends there."""
+        ll = self.ll
+        if self._cand is None:
+            np = self.batch.np
+            self._cand = np.zeros(self.n_vocab, np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")]))
+            self._cand_ids = np.arange(self.n_vocab, dtype=np.int32)
+            self._cand_arr = ll.llama_token_data_array()
+        cand, arr = self._cand, self._cand_arr
+        cand["id"] = self._cand_ids
+        cand["logit"] = self._logits(seq.logit_row)
+        cand["p"] = 0
+        arr.data = cand.ctypes.data_as(ctypes.POINTER(ll.llama_token_data))
+        arr.size, arr.selected, arr.sorted = self.n_vocab, -1, False
+        ll.llama_sampler_apply(seq.sampler, ctypes.byref(arr))
+        if not 0 <= arr.selected < arr.size:
+            return None
+        chosen = arr.data[arr.selected]
+        if chosen.logit == float("-inf"):
+            return None
+        if not self.is_eog(chosen.id):  # the answer ends at an end-of-generation token: nothing to accept
+            ll.llama_sampler_accept(seq.sampler, chosen.id)
+        return chosen.id
+
     def _next_token(self, seq: "Sequence", out: "Worker") -> None:
         ll = self.ll
         if seq.sampler is not None:
-            tok = ll.llama_sampler_sample(seq.sampler, self.ctx, seq.logit_index)
+            tok = self._sample(seq)
+            if tok is None:
+                return self.finish(seq, "stop", out)
         else:
             logits = self._logits(seq.logit_row)
             tok = int(logits.argmax())  # the first of equal maxima, as llama.cpp's greedy sampler
@@ -639,14 +726,27 @@ class Model:
         return entry
 
 
+PREP_THREADS = 2  # one long prompt being read does not hold up a short one behind it
+
+
 class Worker:
     """The process's main loop: commands arrive on a reader thread; admission, decoding and
-    every answer happen here, between two steps of the batch."""
+    every event sent happen here, between two steps of the batch. Reading a prompt (chat
+    template, tokenizer) and answering tokenize/detokenize/apply_template happen on prep
+    threads, so a long prompt never stalls the decoding of the others (llama.cpp's tokenizer
+    only reads the vocabulary, and llama-server tokenizes on its HTTP threads too); their
+    results come back through the inbox as ``_prepared`` / ``_reply`` messages."""
 
     def __init__(self, cmd_fd: int, ev_fd: int):
+        from concurrent.futures import ThreadPoolExecutor
+
         self.cmd_fd, self.ev_fd = cmd_fd, ev_fd
         self.inbox: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        # generate and embed messages in arrival order; a generate one carries "_prepared"
+        # (tokens, prompt tail) once a prep thread has read its prompt
         self.pending: deque[dict[str, Any]] = deque()
+        self.prep = ThreadPoolExecutor(PREP_THREADS, thread_name_prefix="prep")
+        self.asking: dict[int, bool] = {}  # questions on the prep threads -> whether their asker left
         self.model: Model | None = None
         self._out: list[bytes] = []
         self._urgent = False  # an event that goes out at the end of this step is queued
@@ -699,8 +799,25 @@ class Worker:
         op = msg["op"]
         if op in ("generate", "embed"):
             self.pending.append(msg)
+            if op == "generate":
+                self.prep.submit(self._prepare, msg)
+        elif op == "_prepared":
+            source = msg["msg"]
+            if isinstance(msg["result"], Refused):
+                if not source.get("_cancelled"):
+                    self.pending.remove(source)
+                    self.send({**msg["result"].event, "id": source["id"]})
+            else:
+                source["_prepared"] = msg["result"]
+        elif op == "_reply":
+            self.send(msg["event"])
         elif op == "cancel":
             rid = msg["id"]
+            if rid in self.asking:
+                self.asking[rid] = True  # not started yet: skipped; started: its answer is dropped
+            for m in self.pending:
+                if m["id"] == rid:
+                    m["_cancelled"] = True
             self.pending = deque(m for m in self.pending if m["id"] != rid)
             for seq in self.model.active() if self.model else ():
                 if seq.rid == rid:
@@ -708,7 +825,32 @@ class Worker:
         elif op == "threads" and self.model is not None:
             self.model.set_threads(msg["n"])
         elif op in ("tokenize", "detokenize", "apply_template") and self.model is not None:
-            self.send(self.model.answer(msg))  # answered at once, between two steps if need be
+            self.asking[msg["id"]] = False
+            self.prep.submit(self._answer, msg)
+
+    def _answer(self, msg: dict[str, Any]) -> None:
+        """On a prep thread: a question's answer, unless its asker left before it began."""
+        if not self.asking.get(msg["id"]):
+            event = self.model.answer(msg)
+            if not self.asking.get(msg["id"]):
+                self.inbox.put({"op": "_reply", "event": event})
+        self.asking.pop(msg["id"], None)
+
+    def _prepare(self, msg: dict[str, Any]) -> None:
+        """On a prep thread: read a generate request's prompt; the result goes to the inbox."""
+        if msg.get("_cancelled"):
+            return
+        try:
+            result: Any = self.model.prepare(msg["request"])
+        except Refused as r:
+            result = r
+        except Exception as e:  # a bug here must fail one request, not the worker
+            result = Refused(500, f"{type(e).__name__}: {e}", None, "worker_error")
+        self.inbox.put({"op": "_prepared", "msg": msg, "result": result})
+
+    def _admissible(self, model: Model) -> bool:
+        """A waiting request could start now, or waits only for a slot to free."""
+        return any(m["op"] == "embed" or "_prepared" in m for m in self.pending)
 
     def _poll(self, block: bool) -> None:
         if block:
@@ -720,23 +862,25 @@ class Worker:
                 return
 
     def _admit(self, model: Model) -> None:
-        """Start waiting requests in free slots, in arrival order. An embedding request runs alone."""
-        while self.pending:
-            msg = self.pending[0]
+        """Start waiting requests in free slots, in arrival order; one whose prompt is still
+        being read lets those behind it go first. An embedding request runs alone."""
+        for msg in list(self.pending):
             rid = msg["id"]
             if msg["op"] == "embed":
                 if model.active():
                     return
-                self.pending.popleft()
+                self.pending.remove(msg)
                 self._guard(rid, lambda: model.embed(rid, msg["inputs"], self))
+                continue
+            if "_prepared" not in msg:
                 continue
             if not model.free_slots():
                 return
-            self.pending.popleft()
-            self._guard(rid, lambda: self._start(model, rid, msg["request"]))
+            self.pending.remove(msg)
+            self._guard(rid, lambda: self._start(model, rid, msg["request"], *msg["_prepared"]))
 
-    def _start(self, model: Model, rid: int, req: dict[str, Any]) -> None:
-        seq = model.admit(rid, req)
+    def _start(self, model: Model, rid: int, req: dict[str, Any], tokens: list[int], prompt_tail: str) -> None:
+        seq = model.admit(rid, req, tokens, prompt_tail)
         start = {"ev": "start", "id": rid, "prompt_tokens": len(seq.tokens), "cached_tokens": seq.common,
                  "prompt_tail": seq.prompt_tail, "slot": seq.slot.id}
         if req.get("echo"):
@@ -766,7 +910,7 @@ class Worker:
         self.flush()
         interval = model.params.stream_interval
         while True:
-            self._poll(block=not self.pending and not model.active())
+            self._poll(block=not model.active() and not self._admissible(model))
             self._admit(model)
             if model.active():
                 model.step(self)

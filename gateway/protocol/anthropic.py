@@ -15,11 +15,10 @@ from typing import Any
 from ..answer import Finish, Piece
 from ..engine.protocol import GenerationRequest
 from ..errors import InvalidRequest
-from .params import SAMPLING, Param, Parsed, read_sampling
+from .params import SAMPLING, Param, Parsed, read_sampling, read_stops, shown
 
 ANTHROPIC_SAMPLING = {"temperature": Param(float, 0, 1), "top_p": Param(float, 0, 1), "top_k": SAMPLING["top_k"]}
 UNSUPPORTED = ("tools", "tool_choice")
-MAX_STOP = 16
 
 
 def _text_blocks(value: Any, where: str, *, thinking_ok: bool) -> tuple[str, str]:
@@ -54,7 +53,7 @@ def parse(body: dict[str, Any]) -> Parsed:
         raise InvalidRequest("max_tokens: Field required", "max_tokens")
     problem = SAMPLING["max_tokens"].problem(max_tokens)
     if problem:
-        raise InvalidRequest(f"max_tokens: {problem}, got {max_tokens!r}", "max_tokens")
+        raise InvalidRequest(f"max_tokens: {problem}, got {shown(max_tokens)}", "max_tokens")
     for name in UNSUPPORTED:
         if body.get(name):
             raise InvalidRequest(f"{name}: tool use is not supported by this server yet", name)
@@ -80,11 +79,7 @@ def parse(body: dict[str, Any]) -> Parsed:
 
     req = GenerationRequest(messages=messages, max_tokens=max_tokens)
     explicit = read_sampling(body, req, ANTHROPIC_SAMPLING, anthropic=True)
-    stops = body.get("stop_sequences")
-    if stops is not None:
-        if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops) or len(stops) > MAX_STOP:
-            raise InvalidRequest(f"stop_sequences: must be a list of at most {MAX_STOP} strings", "stop_sequences")
-        req.stop = [s for s in stops if s]
+    req.stop = read_stops(body.get("stop_sequences"), "stop_sequences", anthropic=True)
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise InvalidRequest("stream: must be true or false", "stream")

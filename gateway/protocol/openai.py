@@ -9,19 +9,20 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import chat_template
 from ..answer import Finish, Piece
 from ..engine.protocol import GenerationRequest
 from ..errors import InvalidRequest
-from .params import SAMPLING, Parsed, apply_defaults, read_sampling  # noqa: F401 (apply_defaults: re-exported)
+from .params import SAMPLING, Parsed, apply_defaults, read_sampling, read_stops, shown  # noqa: F401 (apply_defaults: re-exported)
 
 log = logging.getLogger(__name__)
 
-MAX_STOP = 16
 ROLES = ("system", "developer", "user", "assistant", "tool")
 KNOWN_CHAT = {
     "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "stream",
@@ -32,14 +33,19 @@ KNOWN_CHAT = {
 REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")  # llama-server's values; all but none split
 KNOWN_COMPLETION = KNOWN_CHAT - {"messages", "max_completion_tokens", "chat_template_kwargs",
                                  "reasoning_format", "top_logprobs"} | {"prompt"}
-_logged_unknown: set[str] = set()
+MAX_LOGGED_UNKNOWN = 256
+_logged_unknown: set[str] = set()  # bounded: names come from callers
 
 
 def _log_unknown(body: dict[str, Any], known: set[str]) -> None:
-    for key in body.keys() - known:
-        if key not in _logged_unknown:
+    """Name each unsupported field once in the debug log (at most MAX_LOGGED_UNKNOWN names
+    are ever remembered: a caller can send any number of unique ones)."""
+    for key in body:
+        if len(_logged_unknown) >= MAX_LOGGED_UNKNOWN:
+            return
+        if key not in known and key not in _logged_unknown:
             _logged_unknown.add(key)
-            log.debug("ignoring unsupported request field %r", key)
+            log.debug("ignoring unsupported request field %s", shown(key))
 
 
 def require_model(body: dict[str, Any]) -> str:
@@ -56,28 +62,15 @@ def _max_tokens(body: dict[str, Any], names: tuple[str, ...]) -> int | None:
             continue
         problem = SAMPLING["max_tokens"].problem(value)
         if problem:
-            raise InvalidRequest(f"`{name}` {problem}, got {value!r}", name)
+            raise InvalidRequest(f"`{name}` {problem}, got {shown(value)}", name)
         return value
     return None
-
-
-def _stop(body: dict[str, Any]) -> list[str]:
-    stop = body.get("stop")
-    if stop is None:
-        return []
-    if isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-        raise InvalidRequest("`stop` must be a string or a list of strings", "stop")
-    if len(stop) > MAX_STOP:
-        raise InvalidRequest(f"`stop` may hold at most {MAX_STOP} strings, got {len(stop)}", "stop")
-    return [s for s in stop if s]
 
 
 def _common(body: dict[str, Any], req: GenerationRequest) -> tuple[bool, bool, set[str]]:
     n = body.get("n")
     if n is not None and (isinstance(n, bool) or n != 1):
-        raise InvalidRequest(f"`n` must be 1 (one choice per request), got {n!r}", "n")
+        raise InvalidRequest(f"`n` must be 1 (one choice per request), got {shown(n)}", "n")
     stream = body.get("stream", False)
     if stream is None:
         stream = False
@@ -99,7 +92,7 @@ def _common(body: dict[str, Any], req: GenerationRequest) -> tuple[bool, bool, s
         raise InvalidRequest("`ignore_eos` must be true or false", "ignore_eos")
     req.ignore_eos = ignore_eos
     explicit = read_sampling(body, req, SAMPLING)
-    req.stop = _stop(body)
+    req.stop = read_stops(body.get("stop"), "stop")
     return stream, include_usage, explicit
 
 
@@ -109,10 +102,29 @@ def _chat_logprobs(body: dict[str, Any]) -> int | None:
         raise InvalidRequest("`logprobs` must be true or false", "logprobs")
     if top is not None:
         if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20:
-            raise InvalidRequest(f"`top_logprobs` must be an integer from 0 to 20, got {top!r}", "top_logprobs")
+            raise InvalidRequest(f"`top_logprobs` must be an integer from 0 to 20, got {shown(top)}", "top_logprobs")
         if not want:
             raise InvalidRequest("`top_logprobs` needs `logprobs: true`", "top_logprobs")
     return (top or 0) if want else None
+
+
+MAX_GRAMMAR_CHARS = 256 * 1024
+MAX_GRAMMAR_DEPTH = 256  # nested groups: llama.cpp's grammar parser recurses once per level
+_GBNF_OPAQUE = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|#[^\n]*')  # literals, classes, comments
+
+
+def check_grammar(grammar: str, param: str) -> str:
+    """A GBNF grammar llama.cpp can parse without exhausting its stack: bounded in size and in
+    the nesting of its groups (parentheses inside literals, classes and comments do not count)."""
+    if len(grammar) > MAX_GRAMMAR_CHARS:
+        raise InvalidRequest(f"`{param}` may be at most {MAX_GRAMMAR_CHARS} characters, got {len(grammar)}", param)
+    depth = deepest = 0
+    for match in re.finditer(r"[()]", _GBNF_OPAQUE.sub("", grammar)):
+        depth += 1 if match.group() == "(" else -1
+        deepest = max(deepest, depth)
+    if deepest > MAX_GRAMMAR_DEPTH:
+        raise InvalidRequest(f"`{param}` nests groups {deepest} deep; at most {MAX_GRAMMAR_DEPTH}", param)
+    return grammar
 
 
 def _grammar(body: dict[str, Any]) -> str | None:
@@ -123,7 +135,7 @@ def _grammar(body: dict[str, Any]) -> str | None:
             raise InvalidRequest("`grammar` must be a GBNF grammar in a string", "grammar")
         if fmt not in (None, {"type": "text"}):
             raise InvalidRequest("give `grammar` or `response_format`, not both", "grammar")
-        return grammar
+        return check_grammar(grammar, "grammar")
     if fmt is None:
         return None
     if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
@@ -140,7 +152,9 @@ def _grammar(body: dict[str, Any]) -> str | None:
         raise InvalidRequest("`response_format.json_schema.schema` must be a JSON Schema object",
                              "response_format.json_schema.schema")
     try:
-        return llama_grammar.json_schema_to_gbnf(json.dumps(schema))
+        return check_grammar(llama_grammar.json_schema_to_gbnf(json.dumps(schema)), "response_format")
+    except InvalidRequest:
+        raise
     except Exception as e:  # the converter asserts, raises KeyError, ValueError, ... on what it cannot read
         raise InvalidRequest(f"`response_format.json_schema.schema` is not a schema this server can follow: {e}",
                              "response_format") from None
@@ -175,7 +189,7 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
             raise InvalidRequest(f"`{where}` must be an object", where)
         role = m.get("role")
         if role not in ROLES:
-            raise InvalidRequest(f"`{where}.role` must be one of {', '.join(ROLES)}, got {role!r}", f"{where}.role")
+            raise InvalidRequest(f"`{where}.role` must be one of {', '.join(ROLES)}, got {shown(role)}", f"{where}.role")
         content = m.get("content")
         if content is None and role == "assistant":
             content = ""
@@ -202,13 +216,16 @@ def parse_chat(body: dict[str, Any]) -> Parsed:
     if kwargs is not None:
         if not isinstance(kwargs, dict):
             raise InvalidRequest("`chat_template_kwargs` must be an object", "chat_template_kwargs")
-        req.chat_template_kwargs = {k: v for k, v in kwargs.items()
-                                    if k not in ("messages", "add_generation_prompt", "bos_token", "eos_token")}
+        taken = next((k for k in kwargs if k in chat_template.RESERVED), None)
+        if taken is not None:
+            raise InvalidRequest(f"`chat_template_kwargs.{taken}` is a name the chat template's renderer sets "
+                                 "itself; it cannot be given", f"chat_template_kwargs.{taken}")
+        req.chat_template_kwargs = dict(kwargs)
     req.grammar = _grammar(body)
     req.logprobs = _chat_logprobs(body)
     fmt = body.get("reasoning_format")
     if fmt is not None and fmt not in REASONING_FORMATS:
-        raise InvalidRequest(f"`reasoning_format` must be one of {', '.join(REASONING_FORMATS)}, got {fmt!r}",
+        raise InvalidRequest(f"`reasoning_format` must be one of {', '.join(REASONING_FORMATS)}, got {shown(fmt)}",
                              "reasoning_format")
     _log_unknown(body, KNOWN_CHAT)
     return Parsed(model, req, stream, include_usage, explicit, fmt or "auto")
@@ -241,7 +258,7 @@ def parse_completion(body: dict[str, Any]) -> Parsed:
         raise InvalidRequest("`echo` must be true or false", "echo")
     logprobs = body.get("logprobs")
     if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int) or not 0 <= logprobs <= 5):
-        raise InvalidRequest(f"`logprobs` must be an integer from 0 to 5, got {logprobs!r}", "logprobs")
+        raise InvalidRequest(f"`logprobs` must be an integer from 0 to 5, got {shown(logprobs)}", "logprobs")
     if echo and logprobs is not None:
         raise InvalidRequest("`echo` together with `logprobs` (log-probabilities of the prompt) is not supported",
                              "logprobs")

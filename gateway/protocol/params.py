@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine.protocol import GenerationRequest
 
 
+FLOAT_MAX = 3.4028234663852886e38  # a C float, as llama.cpp takes every real parameter
+INT32_MAX = 2**31 - 1
+
+
 @dataclass(frozen=True)
 class Param:
+    """A numeric field. With no bound of its own a value must still fit the C type llama.cpp
+    reads it into (a float, a 32-bit int): JSON numbers have no size limit."""
+
     kind: type  # int or float (an int is accepted where a float is asked)
     low: float | None = None
     high: float | None = None
@@ -20,13 +28,23 @@ class Param:
         ok_type = isinstance(value, (int, float)) if self.kind is float else isinstance(value, int)
         if isinstance(value, bool) or not ok_type:
             return f"must be {'a number' if self.kind is float else 'an integer'}"
-        if value != value:  # NaN
-            return "must be a number"
-        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
-            return f"must be {'>' if self.low_open else '>='} {self.low:g}"
-        if self.high is not None and value > self.high:
-            return f"must be <= {self.high:g}"
+        if isinstance(value, float) and not math.isfinite(value):
+            return "must be a finite number"
+        limit = FLOAT_MAX if self.kind is float else INT32_MAX
+        low = -limit if self.low is None else self.low
+        high = limit if self.high is None else self.high
+        show = (lambda x: f"{x:g}") if self.kind is float else (lambda x: str(int(x)))
+        if value < low or (self.low_open and value == low):
+            return f"must be {'>' if self.low_open else '>='} {show(low)}"
+        if value > high:
+            return f"must be <= {show(high)}"
         return None
+
+
+def shown(value: object, limit: int = 60) -> str:
+    """A caller's value for an error message, cut to ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 # Ranges follow OpenAI where it defines the field, llama.cpp's server otherwise.
@@ -38,7 +56,7 @@ SAMPLING: dict[str, Param] = {
     "repeat_penalty": Param(float, 0, low_open=True),
     "presence_penalty": Param(float, -2, 2),
     "frequency_penalty": Param(float, -2, 2),
-    "seed": Param(int),
+    "seed": Param(int, -(2**63), 2**64 - 1),  # any 64-bit seed (OpenAI's is int64); llama.cpp takes 32 bits
     "max_tokens": Param(int, 1),
 }
 
@@ -57,10 +75,34 @@ def read_sampling(body: dict[str, Any], req: GenerationRequest, params: dict[str
         problem = param.problem(value)
         if problem:
             where = f"{name}:" if anthropic else f"`{name}`"
-            raise InvalidRequest(f"{where} {problem}, got {value!r}", name)
+            raise InvalidRequest(f"{where} {problem}, got {shown(value)}", name)
         setattr(req, name, value)
         explicit.add(name)
     return explicit
+
+
+MAX_STOPS = 16
+MAX_STOP_CHARS = 4096  # all stop strings together: each is matched against every token's text
+
+
+def read_stops(value: Any, name: str, *, anthropic: bool = False) -> list[str]:
+    """``stop`` (a string or a list of strings) or ``stop_sequences`` (a list), bounded in
+    count and in total length; empty strings are dropped."""
+    from ..errors import InvalidRequest
+
+    where = f"{name}:" if anthropic else f"`{name}`"
+    if value is None:
+        return []
+    if isinstance(value, str) and not anthropic:
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise InvalidRequest(f"{where} must be {'' if anthropic else 'a string or '}a list of strings", name)
+    if len(value) > MAX_STOPS:
+        raise InvalidRequest(f"{where} may hold at most {MAX_STOPS} strings, got {len(value)}", name)
+    total = sum(len(s) for s in value)
+    if total > MAX_STOP_CHARS:
+        raise InvalidRequest(f"{where} may hold at most {MAX_STOP_CHARS} characters in all, got {total}", name)
+    return [s for s in value if s]
 
 
 @dataclass

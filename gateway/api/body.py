@@ -1,0 +1,137 @@
+"""The one reader of request bodies: every route that takes JSON reads it through
+``read_json_object``, so every route refuses the same hostile shapes the same way.
+
+A body is read within ``server.body_timeout`` (a body that never ends is a 408), decoded
+when it says ``Content-Encoding: gzip`` or ``deflate`` (never past ``server.max_body_bytes``:
+a small compressed body cannot expand without bound; any other encoding is a 415), and parsed
+as strict JSON: no ``NaN``/``Infinity``, numbers Python can hold, at most ``MAX_DEPTH`` levels
+of nesting, and no lone UTF-16 surrogate in any string or key (``"\\ud800"`` is valid JSON but not
+text: it cannot be encoded, tokenized or logged). Each refusal is a 4xx naming what is wrong;
+none reaches a handler. Large bodies are parsed off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import zlib
+from typing import Any
+
+from aiohttp import web
+
+from ..app import CONFIG
+from ..errors import ApiError, InvalidRequest
+
+MAX_DEPTH = 100  # JSON nesting; a chat request needs about 6, a JSON schema rarely 30
+OFF_LOOP_BYTES = 256 * 1024  # bodies larger than this are decoded and parsed in a thread
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_ENCODINGS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+
+
+async def read_json_object(request: web.Request) -> dict[str, Any]:
+    """The request's body as a JSON object, checked as the module says; raises ``ApiError``."""
+    server = request.app[CONFIG].server
+    try:
+        raw = await asyncio.wait_for(request.read(), server.body_timeout or None)
+    except asyncio.TimeoutError:
+        raise ApiError(f"The request body did not arrive within server.body_timeout ({server.body_timeout:g} s)",
+                       status=408, code="request_timeout", headers={"Connection": "close"}) from None
+    except web.HTTPException:  # 413 past server.max_body_bytes
+        raise
+    except Exception as e:  # a malformed or cut body: bad chunk sizes, a reset connection
+        raise InvalidRequest(f"The request body could not be read: {type(e).__name__}",
+                             code="invalid_body") from None
+    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+    if len(raw) > OFF_LOOP_BYTES:
+        return await asyncio.to_thread(parse_body, raw, encoding, server.max_body_bytes)
+    return parse_body(raw, encoding, server.max_body_bytes)
+
+
+def parse_body(raw: bytes, encoding: str, limit: int) -> dict[str, Any]:
+    """Decode and parse one body (pure: a test calls it with bytes)."""
+    body = parse_json(decode(raw, encoding, limit))
+    if not isinstance(body, dict):
+        raise InvalidRequest("The request body must be a JSON object", code="invalid_json")
+    return body
+
+
+def decode(raw: bytes, encoding: str, limit: int) -> bytes:
+    if encoding in ("", "identity"):
+        return raw
+    wbits = _ENCODINGS.get(encoding)
+    if wbits is None:
+        raise ApiError(f"Content-Encoding {encoding[:40]!r} is not supported: send the body as is, or gzip or "
+                       "deflate", status=415, code="unsupported_content_encoding")
+    d = zlib.decompressobj(wbits)
+    try:
+        out = d.decompress(raw, limit + 1)
+    except zlib.error:
+        raise InvalidRequest(f"The request body is not valid {encoding} data (Content-Encoding: {encoding})",
+                             code="invalid_body") from None
+    if len(out) > limit or d.unconsumed_tail:
+        raise ApiError(f"The request body is larger than server.max_body_bytes ({limit} bytes) once decoded",
+                       status=413, code="request_too_large")
+    if not d.eof:
+        raise InvalidRequest(f"The request body is cut short: incomplete {encoding} data", code="invalid_body")
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_json(raw: bytes) -> Any:
+    try:
+        value = json.loads(raw, parse_constant=_no_constant) if raw else None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InvalidRequest(f"The request body is not valid JSON: {e}", code="invalid_json") from None
+    except RecursionError:
+        raise InvalidRequest(f"The request body is nested more than {MAX_DEPTH} levels deep",
+                             code="invalid_json") from None
+    except ValueError as e:  # NaN and Infinity; integers longer than Python converts (4300 digits)
+        raise InvalidRequest(f"The request body is not valid JSON: {str(e)[:200]}", code="invalid_json") from None
+    check_tree(value)
+    return value
+
+
+def check_tree(value: Any) -> None:
+    """Depth and lone surrogates, without recursion. The refusal names the offending place
+    (``messages[0].content``), built only when there is one."""
+    stack: list[tuple[Any, Any, Any, int]] = [(value, None, None, 0)]  # (value, parent entry, key, depth)
+    while stack:
+        entry = stack.pop()
+        v, _, _, depth = entry
+        if isinstance(v, str):
+            if not v.isascii() and _SURROGATE.search(v):
+                raise InvalidRequest(f"`{_path(entry)}` holds a lone UTF-16 surrogate (such as \\ud800): "
+                                     "not valid Unicode text", _path(entry), "invalid_unicode")
+            continue
+        if isinstance(v, dict):
+            items: Any = v.items()
+        elif isinstance(v, list):
+            items = enumerate(v)
+        else:
+            continue
+        if depth >= MAX_DEPTH:
+            raise InvalidRequest(f"The request body is nested more than {MAX_DEPTH} levels deep", _path(entry) or None,
+                                 "invalid_json")
+        for k, x in items:
+            if isinstance(k, str) and not k.isascii() and _SURROGATE.search(k):
+                raise InvalidRequest(f"A key in `{_path(entry) or 'the body'}` holds a lone UTF-16 surrogate: "
+                                     "not valid Unicode text", _path(entry) or None, "invalid_unicode")
+            if isinstance(x, (str, dict, list)):
+                stack.append((x, entry, k, depth + 1))
+
+
+def _path(entry: tuple[Any, Any, Any, int]) -> str:
+    parts = []
+    while entry[1] is not None:
+        _, parent, key, _ = entry
+        parts.append(f"[{key}]" if isinstance(key, int) else f".{_printable(key)}")
+        entry = parent
+    return "".join(reversed(parts)).lstrip(".")
+
+
+def _printable(key: str) -> str:
+    return _SURROGATE.sub("\ufffd", key[:64])
