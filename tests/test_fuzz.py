@@ -1,6 +1,12 @@
-"""Generated JSON bodies at every endpoint of a real server: never a 500, every error in its wire shape."""
+"""Generated JSON bodies at every endpoint of a real server: never a 500, every error in its wire
+shape, no worker lost, and the gateway's memory bounded after the run.
+
+Besides ordinary JSON the strategies draw the shapes that once got through: lone surrogates,
+numbers past any C type, nesting past the reader's depth, huge strings and maps, names the chat
+template reserves, and grammars that finish early or cannot start."""
 
 import json
+import os
 import urllib.error
 import urllib.request
 
@@ -8,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gateway import chat_template
 from gateway import testmodels as tm
 from helpers import ServerProcess
 from openapi import validate
@@ -31,21 +38,74 @@ ENDPOINTS = {
     "/models/unload": ["model"],
 }
 
+def nested(depth: int):
+    value: object = 1
+    for i in range(depth):
+        value = [value] if i % 2 else {"a": value}
+    return value
+
+
+hostile = st.one_of(
+    st.sampled_from(["\ud800", "a\udfffb", "\udbff\udc00\ud800"]),  # lone surrogates (a pair is fine)
+    st.sampled_from([10 ** 400, -(2 ** 1024), 2 ** 63, 2 ** 31, 1e308, -1e38]),  # past any C type
+    st.integers(90, 400).map(nested),  # near and past the reader's depth
+    st.integers(10_000, 200_000).map(lambda n: "x" * n),  # longer than any context here
+    st.integers(1_000, 40_000).map(lambda n: {f"k{i}": i for i in range(n)}),  # many unique keys
+)
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**40, 2**40), st.floats(allow_nan=False, width=32),
-                    st.text(max_size=12), st.sampled_from(["plain", "emb", "user", "assistant", "text", "json_object"]))
+                    st.text(max_size=12), st.sampled_from(["plain", "emb", "user", "assistant", "text", "json_object"]),
+                    hostile)
 json_values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
                                                              st.dictionaries(st.text(max_size=8), inner, max_size=4)),
                            max_leaves=12)
+grammars = st.sampled_from(['root ::= "a"', "root ::= [\\x00]", 'root ::= ""', "root ::= (", 'root ::= "a" root',
+                            "root ::= " + "(" * 300 + '"a"' + ")" * 300])
+template_kwargs = st.dictionaries(st.sampled_from(sorted(chat_template.RESERVED) + ["enable_thinking", "x"]),
+                                  json_values, max_size=3)
 message = st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "system", "x"]),
                                  "content": st.one_of(st.text(max_size=20), json_values)})
 
 
-def bodies(keys):
+HI = [{"role": "user", "content": "hi"}]
+VALID = {  # a request each endpoint answers 200, for one field at a time to be spoiled
+    "/v1/chat/completions": {"model": "plain", "messages": HI, "max_tokens": 3},
+    "/v1/completions": {"model": "plain", "prompt": "hi", "max_tokens": 3},
+    "/v1/embeddings": {"model": "emb", "input": "hi"},
+    "/v1/messages": {"model": "plain", "messages": HI, "max_tokens": 3},
+    "/v1/messages/count_tokens": {"model": "plain", "messages": HI},
+    "/tokenize": {"model": "plain", "content": "hi"},
+    "/detokenize": {"model": "plain", "tokens": [1, 2]},
+    "/models/load": {"model": "plain"},
+    "/models/unload": {"model": "emb"},
+}
+
+
+def spoiled(path: str):
+    """A valid request with one field (or the first message's content) replaced: hostile values
+    reach the code behind validation far more often than in a body drawn whole."""
+    def build(key: str, value: object) -> dict:
+        body = json.loads(json.dumps(VALID[path]))
+        if key == "messages[0].content":
+            body["messages"][0]["content"] = value
+        else:
+            body[key] = value
+        return body
+
+    keys = ENDPOINTS[path] + (["messages[0].content"] * 4 if "messages" in VALID[path] else [])
+    return st.builds(build, st.sampled_from(keys), st.one_of(hostile, grammars, template_kwargs, json_values))
+
+
+def bodies(path: str):
+    keys = ENDPOINTS[path]
     field_values = {k: json_values for k in keys}
     field_values["model"] = st.one_of(st.sampled_from(["plain", "emb", "PLAIN", "missing"]), json_values)
     field_values["messages"] = st.one_of(st.lists(message, max_size=3), json_values)
+    for key, special in (("grammar", grammars), ("chat_template_kwargs", template_kwargs),
+                         ("ignore_eos", st.booleans())):
+        if key in field_values:
+            field_values[key] = st.one_of(special, json_values)
     structured = st.fixed_dictionaries({}, optional=field_values)
-    return st.one_of(structured, json_values)
+    return st.one_of(structured, json_values, spoiled(path), spoiled(path))
 
 
 @pytest.fixture(scope="module")
@@ -57,10 +117,29 @@ def server(tmp_path_factory):
                    f"  plain:\n    path: {d}/plain.gguf\n    n_ctx: 512\n"
                    f"  emb:\n    path: {d}/plain.gguf\n    n_ctx: 512\n    embeddings: true\n")
     with ServerProcess("--config", str(cfg)) as srv:
+        for path in ENDPOINTS:  # every route once, both models loaded: the baseline for memory
+            post(srv.url + path, json.dumps({"model": "plain", "messages": [{"role": "user", "content": "hi"}],
+                                             "prompt": "hi", "input": "hi", "content": "hi", "tokens": [1],
+                                             "max_tokens": 2}).encode())
+        post(srv.url + "/v1/embeddings", b'{"model": "emb", "input": "hi"}')
+        before = rss(srv.proc.pid)
         yield srv
+        grown = rss(srv.proc.pid) - before
+        health = srv.get("/health")[1]
         code, err = srv.stop()
         assert code == 0
         assert "Traceback" not in err and "unhandled error" not in err, err[-3000:]
+        assert health["worker_failures"] == 0, health
+        assert grown < 128 * 2**20, f"the gateway's RSS grew {grown / 2**20:.0f} MiB over the fuzz run"
+
+
+def rss(pid: int) -> int:
+    """Resident bytes of the gateway process (Linux; 0 elsewhere, which bounds nothing)."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
 
 
 def post(url: str, raw: bytes) -> tuple[int, bytes]:
@@ -75,7 +154,7 @@ def post(url: str, raw: bytes) -> tuple[int, bytes]:
 @pytest.mark.parametrize("path", list(ENDPOINTS))
 def test_fuzzed_bodies_never_500(server, path):
     @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-    @given(bodies(ENDPOINTS[path]))
+    @given(bodies(path))
     def check(body):
         status, raw = post(server.url + path, json.dumps(body).encode())
         assert status != 500 and status < 600, (status, raw[:500])

@@ -240,7 +240,7 @@ class Model:
         self.slots = [Slot(i) for i in range(n_slots)]
         self.batch = Batch(ll, cp.n_batch, n_slots)
         self._views: dict[int, Any] = {}
-        self._cand = self._cand_ids = self._cand_arr = None  # the sampler chains' candidate array
+        self._cand = self._cand_ids = self._cand_arr = self._cand_ptr = None  # the sampler chains' candidates
         self._logits_base: int | None = None
         self._get_logits = _address_of_logits(ll)
         self.last_step = 0.0  # seconds the last decode step took, sampling included
@@ -627,12 +627,11 @@ class Model:
             self._cand = np.zeros(self.n_vocab, np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")]))
             self._cand_ids = np.arange(self.n_vocab, dtype=np.int32)
             self._cand_arr = ll.llama_token_data_array()
+            self._cand_ptr = self._cand.ctypes.data_as(ctypes.POINTER(ll.llama_token_data))
         cand, arr = self._cand, self._cand_arr
-        cand["id"] = self._cand_ids
-        cand["logit"] = self._logits(seq.logit_row)
-        cand["p"] = 0
-        arr.data = cand.ctypes.data_as(ctypes.POINTER(ll.llama_token_data))
-        arr.size, arr.selected, arr.sorted = self.n_vocab, -1, False
+        cand["id"] = self._cand_ids  # a sampler may have sorted the last call's candidates
+        cand["logit"] = self._logits(seq.logit_row)  # (p: every sampler that reads it sets it first)
+        arr.data, arr.size, arr.selected, arr.sorted = self._cand_ptr, self.n_vocab, -1, False
         ll.llama_sampler_apply(seq.sampler, ctypes.byref(arr))
         if not 0 <= arr.selected < arr.size:
             return None
