@@ -40,7 +40,10 @@ def is_anthropic(request: web.Request) -> bool:
 def error_response(request: web.Request, err: ApiError) -> web.Response:
     request[ERROR_CODE] = err.code or f"http_{err.status}"
     body = err.anthropic_body() if is_anthropic(request) else err.openai_body()
-    return web.json_response(body, status=err.status, headers=err.headers)
+    response = web.json_response(body, status=err.status, headers=err.headers)
+    if err.headers.get("Connection") == "close":  # the header alone leaves aiohttp's connection open
+        response.force_close()
+    return response
 
 
 def endpoint_of(request: web.Request) -> str:

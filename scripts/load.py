@@ -3,6 +3,7 @@
 
     .venv/bin/python scripts/load.py --clients 16 --seconds 300
     .venv/bin/python scripts/load.py --url http://127.0.0.1:8080 --models a,b --seconds 60
+    .venv/bin/python scripts/load.py --hostile --clients 16 --seconds 60 --stalled 4 --idle 200
 
 Without --url it starts `gguf-gateway serve` on scripted models it writes itself (three
 models, so several workers run at once). N clients loop for T seconds over a mix of
@@ -12,6 +13,18 @@ lost or truncated streams (a stream that ended without its terminator and was no
 by us), p50/p95 latency, and the resident memory of the gateway and its workers at
 start and end. It only ever talks to the address given (loopback by default) and stops
 by itself.
+
+--hostile (only with the gateway it starts: it needs its scripted models and short connection
+limits, and reads the server's sockets from /proc) runs hostile actors beside the same normal
+clients until the same deadline: stalled readers (a streamed answer never read, on a 4 KiB
+receive buffer), idle and slow sockets (silent, partial headers, a header line a second, a
+chunked body that never ends), and a few clients looping over request bodies the gateway
+must refuse (or, for grammars that finish at once, answer with finish_reason "stop"). The
+normal clients' figures stay apart from theirs. The exit code is 0 only when every check in
+the report's "checks" passes: no 5xx and no lost stream for normal requests, no server
+traceback, no worker failure, RSS at the end within --rss-bound-mib of the start, and in
+hostile mode no hostile request answered other than expected and every stalled or idle
+socket closed by the server in time.
 """
 
 from __future__ import annotations
@@ -20,13 +33,18 @@ import argparse
 import asyncio
 import collections
 import json
+import itertools
 import os
 import random
+import socket
 import statistics
 import sys
 import tempfile
 import time
+import urllib.parse
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -126,8 +144,403 @@ async def client_loop(url, models, stats, deadline, seed):
             await one(session, url, models, stats, rng)
 
 
-async def run(url: str, models: list[str], clients: int, seconds: float, pid: int | None) -> dict:
-    stats = Stats()
+# --- hostile mode ---------------------------------------------------------------------------------
+# Short server limits, so a short run reaches each of them many times (max_connections is set
+# above every socket the run opens: no normal client is ever refused).
+HOSTILE_LIMITS = {"write_timeout": 2, "header_timeout": 2, "keepalive_timeout": 5, "body_timeout": 5}
+# A stalled reader: a 4 KiB receive buffer, and a small MSS. On loopback (64 KiB segments) the
+# server's send buffer otherwise grows to tcp_wmem's maximum (4 MiB, ~25,000 streamed tokens, more
+# than a busy run generates in its seconds) before any write stalls; with 536-byte segments it
+# stays near 100 KB, as for a slow client far away. The answer (16,000 tokens, ~2.6 MB) must not
+# fit in what the server buffers, or it is sent whole and nothing stalls.
+STALL_RCVBUF = 4096
+STALL_MSS = 536
+STALL_MAX_TOKENS = 16000
+LOOP_N_CTX = 16384
+HI = [{"role": "user", "content": "hi"}]
+CHAT, TEXT = "/v1/chat/completions", "/v1/completions"
+
+
+@dataclass(frozen=True)
+class Hostile:
+    """A hostile request body and the answers right for it; ``body(n)`` makes the n-th one sent
+    (bytes, headers)."""
+
+    name: str
+    path: str
+    body: Callable[[int], tuple[bytes, dict]]
+    expect: frozenset[str]  # statuses that are right
+    finishes: bool = False  # a 200 must end cleanly with finish_reason "stop"
+
+
+def _json(body: dict) -> tuple[bytes, dict]:
+    return json.dumps(body).encode(), {}
+
+
+def _grammar(path: str, grammar: str) -> Callable[[int], tuple[bytes, dict]]:
+    # every other one streamed: both ways of answering must end the answer, not the worker
+    def body(n: int):
+        rest = {"messages": HI} if path == CHAT else {"prompt": "go\n"}
+        return _json({"model": "loop", "grammar": grammar, "ignore_eos": True, "stream": n % 2 == 1, **rest})
+    return body
+
+
+def _unknown_keys(n: int):
+    # unique names on every body: nothing a request names may be kept (interned, cached)
+    body = {f"k{n}_{i}": 1 for i in range(50_000)}
+    return _json({**body, "model": "plain", "prompt": "x", "max_tokens": 1})
+
+
+_PLAIN_CHAT = json.dumps({"model": "plain", "messages": HI}).encode()
+HOSTILE: tuple[Hostile, ...] = (
+    Hostile("grammar_a/chat", CHAT, _grammar(CHAT, 'root ::= "a"'), frozenset({"200"}), True),
+    Hostile("grammar_a/completions", TEXT, _grammar(TEXT, 'root ::= "a"'), frozenset({"200"}), True),
+    Hostile("grammar_x00/chat", CHAT, _grammar(CHAT, "root ::= [\\x00]"), frozenset({"200"}), True),
+    Hostile("grammar_x00/completions", TEXT, _grammar(TEXT, "root ::= [\\x00]"), frozenset({"200"}), True),
+    Hostile("lone_surrogate/chat", CHAT, lambda n: (
+        b'{"model": "plain", "messages": [{"role": "user", "content": "\\ud800"}], "max_tokens": 3}', {}),
+        frozenset({"400"})),
+    Hostile("lone_surrogate/completions", TEXT, lambda n: (
+        b'{"model": "plain", "prompt": "\\ud800", "max_tokens": 3}', {}), frozenset({"400"})),
+    Hostile("nested_100000", CHAT, lambda n: (b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}", {}),
+            frozenset({"400"})),
+    Hostile("number_5000_digits", TEXT, lambda n: (
+        b'{"model": "plain", "prompt": "x", "max_tokens": ' + b"9" * 5000 + b"}", {}), frozenset({"400"})),
+    Hostile("repeat_penalty_1e400", CHAT, lambda n: _json({"model": "plain", "messages": HI,
+                                                         "repeat_penalty": 10 ** 400}), frozenset({"400"})),
+    Hostile("prompt_400kb/completions", TEXT, lambda n: _json({"model": "plain", "prompt": "y" * 400_000}),
+            frozenset({"400"})),
+    Hostile("prompt_400kb/chat", CHAT, lambda n: _json({
+        "model": "plain", "messages": [{"role": "user", "content": "x" * 400_000}]}), frozenset({"400"})),
+    Hostile("stop_300000_chars", TEXT, lambda n: _json({"model": "loop", "prompt": "go\n", "stop": ["x" * 300_000]}),
+            frozenset({"400"})),
+    # the gateway ignores (and logs) unknown keys: the request itself is fine
+    Hostile("unknown_keys_50000", TEXT, _unknown_keys, frozenset({"200"})),
+    Hostile("template_kwargs_self", CHAT, lambda n: _json({"model": "plain", "messages": HI,
+                                                         "chat_template_kwargs": {"self": 1}}), frozenset({"400"})),
+    Hostile("gzip_not_compressed", CHAT, lambda n: (_PLAIN_CHAT, {"Content-Encoding": "gzip"}), frozenset({"400"})),
+    Hostile("content_encoding_br", CHAT, lambda n: (_PLAIN_CHAT, {"Content-Encoding": "br"}), frozenset({"415"})),
+)
+
+# Idle and slow sockets: (first bytes, bytes sent again every DRIP_SECONDS, the answer expected
+# before the server closes it: "none" is a close without a word).
+IDLE_MODES = {
+    "silent": (b"", b"", "none"),
+    "partial_headers": (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n", b"", "none"),
+    "slowloris": (b"GET /health HTTP/1.1\r\nHost: localhost\r\n", b"X-Slow: 1\r\n", "none"),
+    "endless_body": (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n"
+                     b"Content-Type: application/json\r\n\r\n5\r\n{\"a\":\r\n", b"1\r\n \r\n", "408"),
+}
+DRIP_SECONDS = 1.0  # under header_timeout, so each slow socket does send again before its close
+SLACK_SECONDS = 3.0  # the server's sweep runs once a second; the rest is for a busy 2-core machine
+
+
+@dataclass(frozen=True)
+class HostileOptions:
+    stalled: int = 4
+    idle: int = 200
+    clients: int = 2
+    limits: dict = field(default_factory=lambda: dict(HOSTILE_LIMITS))
+
+    def idle_bound(self, mode: str) -> float:
+        """Seconds an idle socket in ``mode`` may stay open: its timeouts and a slack. A chunked body
+        that never ends gets its 408 at body_timeout, and the connection then waits out
+        keepalive_timeout (or header_timeout once more bytes come)."""
+        lim = self.limits
+        if mode == "endless_body":
+            return lim["body_timeout"] + max(lim["keepalive_timeout"], lim["header_timeout"]) + SLACK_SECONDS
+        return lim["header_timeout"] + SLACK_SECONDS
+
+    @property
+    def stall_bound(self) -> float:
+        """Seconds a stalled reader may stay open after its answer began: filling the server's
+        buffers (~100 KB of tokens, which a busy model takes a while to make), then write_timeout."""
+        return self.limits["write_timeout"] + 10
+
+
+class HostileStats:
+    def __init__(self) -> None:
+        self.sent: collections.Counter[str] = collections.Counter()
+        self.statuses: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+        self.unexpected: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+        self.stalled: collections.Counter[str] = collections.Counter()
+        self.stalled_seconds: list[float] = []  # from an answer's first bytes to the server's close
+        self.idle: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+        self.idle_seconds: dict[str, list[float]] = collections.defaultdict(list)
+        self.serial = itertools.count()  # numbers each hostile body, for unique field names
+
+
+def answer_status(answer: bytes) -> str:
+    if not answer:
+        return "none"
+    return answer[9:12].decode("latin-1") if answer.startswith(b"HTTP/1.") else "not_http"
+
+
+def ended_cleanly(content_type: str, text: str) -> bool:
+    """A 200 answer that ends as a finished one must: finish_reason "stop", and [DONE] when streamed."""
+    if "text/event-stream" in content_type:
+        return '"finish_reason":"stop"' in text and text.rstrip().endswith("data: [DONE]")
+    try:
+        return json.loads(text)["choices"][0]["finish_reason"] == "stop"
+    except (ValueError, KeyError, IndexError, TypeError):
+        return False
+
+
+async def hostile_request(session: aiohttp.ClientSession, url: str, kind: Hostile, hs: HostileStats) -> None:
+    data, headers = kind.body(next(hs.serial))
+    hs.sent[kind.name] += 1
+    try:
+        async with session.post(url + kind.path, data=data,
+                                headers={"Content-Type": "application/json", **headers}) as r:
+            text = await r.text()
+            status = str(r.status)
+            if r.status == 200 and kind.finishes and not ended_cleanly(r.content_type, text):
+                status = "200_unclean"
+    except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+        status = type(e).__name__
+    hs.statuses[kind.name][status] += 1
+    if status not in kind.expect:
+        hs.unexpected[kind.name][status] += 1
+
+
+async def hostile_client(url: str, hs: HostileStats, deadline: float, offset: int) -> None:
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        for i in itertools.count(offset):  # each client starts elsewhere in the list
+            if time.monotonic() >= deadline:
+                return
+            await hostile_request(session, url, HOSTILE[i % len(HOSTILE)], hs)
+
+
+def established_server_side(port: int) -> set[int]:
+    """Client ports whose connection to ``port`` is ESTABLISHED on the server's side (Linux)."""
+    suffix, ports = f":{port:04X}", set()
+    with open("/proc/net/tcp") as f:
+        next(f)
+        for line in f:
+            parts = line.split(None, 4)  # sl, local address, remote address, state, ...
+            if parts[1].endswith(suffix) and parts[3] == "01":
+                ports.add(int(parts[2].rsplit(":", 1)[1], 16))
+    return ports
+
+
+class ServerSide:
+    """Which connections the server still holds, as the kernel sees its sockets. A stalled reader
+    must not read, so it cannot see the server's close: the FIN waits behind the unread answer.
+    The server's socket leaving ESTABLISHED (FIN_WAIT1, with that answer still queued) is the close.
+    One read of /proc/net/tcp serves every reader for POLL_SECONDS."""
+
+    POLL_SECONDS = 0.25
+
+    def __init__(self, port: int):
+        self.port, self._at, self._ports = port, float("-inf"), set()
+
+    def holds(self, client_port: int, since: float) -> bool:
+        """Whether the server holds the connection from ``client_port``, open since ``since``
+        (a snapshot older than that cannot know it)."""
+        now = time.monotonic()
+        if now - self._at >= self.POLL_SECONDS or self._at < since:
+            self._ports, self._at = established_server_side(self.port), now
+        return client_port in self._ports
+
+
+async def raw_connection(host: str, port: int, rcvbuf: int | None = None, mss: int | None = None):
+    """Asyncio streams on a socket of our own. ``rcvbuf`` and ``mss`` are set before connecting:
+    the receive window (and its scale) and the segment size are agreed in the handshake."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        if rcvbuf:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        if mss:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, mss)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, (host, port))
+        return await asyncio.open_connection(sock=sock, limit=rcvbuf or 2**16)
+    except BaseException:
+        sock.close()
+        raise
+
+
+async def drain(reader: asyncio.StreamReader) -> bytes:
+    """Read to the end; the last bytes."""
+    tail = b""
+    while chunk := await reader.read(2**16):
+        tail = (tail + chunk)[-64:]
+    return tail
+
+
+async def stalled_reader(host: str, port: int, opts: HostileOptions, hs: HostileStats, server: ServerSide) -> None:
+    body = json.dumps({"model": "loop", "prompt": "go\n", "max_tokens": STALL_MAX_TOKENS, "stream": True}).encode()
+    request = (b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+               b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    while True:
+        try:
+            reader, writer = await raw_connection(host, port, STALL_RCVBUF, STALL_MSS)
+        except OSError:
+            hs.stalled["connect_errors"] += 1
+            await asyncio.sleep(0.5)
+            continue
+        hs.stalled["opened"] += 1
+        since = None
+        try:
+            writer.write(request)
+            status = answer_status(await reader.readexactly(12))
+            if status != "200":
+                hs.unexpected["stalled_reader"][status] += 1
+                await asyncio.sleep(0.5)
+                continue
+            # From here nothing is read (asyncio would otherwise take what comes, up to its limit).
+            writer.transport.pause_reading()
+            since = time.monotonic()
+            client_port = writer.get_extra_info("sockname")[1]
+            while server.holds(client_port, since):
+                await asyncio.sleep(ServerSide.POLL_SECONDS)
+            seconds, since = time.monotonic() - since, None
+            hs.stalled_seconds.append(seconds)
+            hs.stalled["closed_by_server"] += 1
+            if seconds > opts.stall_bound:
+                hs.stalled["overstayed"] += 1
+            # What the kernel still held comes, then the end: [DONE] in it means the whole answer
+            # fitted in the buffers and the close was keep-alive's, not write_timeout's.
+            writer.transport.resume_reading()
+            try:
+                tail = await asyncio.wait_for(drain(reader), 10)
+                hs.stalled["closed_after_whole_answer" if b"data: [DONE]" in tail else "closed_mid_answer"] += 1
+            except ConnectionError:
+                hs.stalled["closed_mid_answer"] += 1
+            except asyncio.TimeoutError:
+                hs.stalled["undrained"] += 1
+        except asyncio.CancelledError:  # the deadline
+            if since is not None:
+                late = time.monotonic() - since > opts.stall_bound
+                hs.stalled["overstayed" if late else "open_at_deadline"] += 1
+            raise
+        except (OSError, asyncio.IncompleteReadError) as e:
+            hs.unexpected["stalled_reader"][type(e).__name__] += 1
+            await asyncio.sleep(0.5)
+        finally:
+            writer.close()
+
+
+async def drip(writer: asyncio.StreamWriter, data: bytes) -> None:
+    try:
+        while True:
+            await asyncio.sleep(DRIP_SECONDS)
+            writer.write(data)
+            await writer.drain()
+    except OSError:
+        pass  # closed on it, as it should be
+
+
+async def idle_socket(host: str, port: int, mode: str, opts: HostileOptions, hs: HostileStats,
+                      delay: float = 0.0) -> None:
+    first, again, expect = IDLE_MODES[mode]
+    counts, bound = hs.idle[mode], opts.idle_bound(mode)
+    await asyncio.sleep(delay)  # not all at once: the listen backlog is 128
+    while True:
+        try:
+            reader, writer = await raw_connection(host, port)
+        except OSError:
+            counts["connect_errors"] += 1
+            await asyncio.sleep(0.5)
+            continue
+        counts["opened"] += 1
+        opened, dripping = time.monotonic(), None
+        try:
+            if first:
+                writer.write(first)
+            if again:
+                dripping = asyncio.ensure_future(drip(writer, again))
+            try:
+                answer = await reader.read(-1)  # whatever the server says, up to its close
+            except ConnectionError:
+                answer = b""
+            seconds = time.monotonic() - opened
+            counts["closed_by_server"] += 1
+            hs.idle_seconds[mode].append(seconds)
+            if seconds > bound:
+                counts["overstayed"] += 1
+            if answer_status(answer) != expect:
+                hs.unexpected[f"idle/{mode}"][answer_status(answer)] += 1
+        except asyncio.CancelledError:  # the deadline
+            counts["overstayed" if time.monotonic() - opened > bound else "open_at_deadline"] += 1
+            raise
+        finally:
+            if dripping is not None:
+                dripping.cancel()
+            writer.close()
+
+
+async def until(deadline: float, coro) -> None:
+    """Run ``coro`` (an endless actor) and cancel it at ``deadline``: it stops by itself."""
+    try:
+        await asyncio.wait_for(coro, max(0.0, deadline - time.monotonic()))
+    except asyncio.TimeoutError:
+        pass
+
+
+def hostile_actors(url: str, opts: HostileOptions, hs: HostileStats, deadline: float) -> list:
+    parts = urllib.parse.urlsplit(url)
+    host, port = parts.hostname, parts.port
+    server = ServerSide(port)
+    modes = list(IDLE_MODES)
+    return [
+        *(hostile_client(url, hs, deadline, i * 5) for i in range(opts.clients)),
+        *(until(deadline, stalled_reader(host, port, opts, hs, server)) for _ in range(opts.stalled)),
+        *(until(deadline, idle_socket(host, port, modes[i % len(modes)], opts, hs, i * 0.005))
+          for i in range(opts.idle)),
+    ]
+
+
+def seconds_summary(values: list[float]) -> dict:
+    v = sorted(values)
+    return {"p50": round(v[len(v) // 2], 2), "max": round(v[-1], 2)} if v else {}
+
+
+def hostile_report(hs: HostileStats, opts: HostileOptions) -> dict:
+    idle_totals: collections.Counter[str] = collections.Counter()
+    for counts in hs.idle.values():
+        idle_totals.update(counts)
+    unexpected = {k: dict(v) for k, v in sorted(hs.unexpected.items()) if v}
+    return {
+        "hostile_limits": opts.limits,
+        "hostile_clients": opts.clients,
+        "hostile_sent": dict(sorted(hs.sent.items())),
+        "hostile_statuses": {k: dict(v) for k, v in sorted(hs.statuses.items())},
+        "hostile_expected": {k.name: sorted(k.expect) for k in HOSTILE},
+        "hostile_unexpected": unexpected,
+        "hostile_5xx": sum(n for v in hs.unexpected.values() for s, n in v.items() if s.startswith("5")),
+        "stalled_readers": {
+            "sockets": opts.stalled,
+            **{k: hs.stalled[k] for k in ("opened", "closed_by_server", "closed_mid_answer",
+                                          "closed_after_whole_answer", "undrained", "open_at_deadline",
+                                          "overstayed", "connect_errors")},
+            "seconds_to_close": seconds_summary(hs.stalled_seconds),
+            "bound_s": opts.stall_bound,
+        },
+        "idle_sockets": {
+            "sockets": opts.idle,
+            **{k: idle_totals[k] for k in ("opened", "closed_by_server", "open_at_deadline", "overstayed",
+                                           "connect_errors")},
+            "by_mode": {mode: {**dict(hs.idle[mode]), "seconds_open": seconds_summary(hs.idle_seconds[mode]),
+                               "bound_s": opts.idle_bound(mode), "expected_answer": IDLE_MODES[mode][2]}
+                        for mode in IDLE_MODES},
+        },
+    }
+
+
+async def worker_failures(url: str) -> int | None:
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+            async with session.get(url + "/health") as r:
+                return (await r.json()).get("worker_failures")
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        return None
+
+
+async def run(url: str, models: list[str], clients: int, seconds: float, pid: int | None,
+              hostile: HostileOptions | None = None) -> dict:
+    stats, hs = Stats(), HostileStats()
     rss_start = rss_tree(pid) if pid else None
     deadline = time.monotonic() + seconds
     samples = []
@@ -138,10 +551,14 @@ async def run(url: str, models: list[str], clients: int, seconds: float, pid: in
             if pid:
                 samples.append(rss_tree(pid))
 
-    await asyncio.gather(sample_memory(), *(client_loop(url, models, stats, deadline, i) for i in range(clients)))
+    actors = hostile_actors(url, hostile, hs, deadline) if hostile else []
+    await asyncio.gather(sample_memory(), *(client_loop(url, models, stats, deadline, i) for i in range(clients)),
+                         *actors)
+    rss_end = rss_tree(pid) if pid else None
     lat = sorted(stats.latencies)
     pct = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] if lat else None  # noqa: E731
-    return {
+    report = {
+        "hostile": hostile is not None,
         "clients": clients, "seconds": seconds, "requests_done": stats.done,
         "requests_per_second": round(stats.done / seconds, 1),
         "deliberate_disconnects": stats.disconnected, "errors": dict(stats.errors),
@@ -152,8 +569,68 @@ async def run(url: str, models: list[str], clients: int, seconds: float, pid: in
         "latency_p95_s_by_kind": {k: round(sorted(v)[int(0.95 * len(v))], 4) for k, v in sorted(stats.by_kind.items())},
         "rss_start_mib": round(rss_start / 2**20, 1) if rss_start else None,
         "rss_samples_mib": [round(s / 2**20, 1) for s in samples if s],
-        "rss_end_mib": round(rss_tree(pid) / 2**20, 1) if pid and rss_tree(pid) else None,
+        "rss_end_mib": round(rss_end / 2**20, 1) if rss_end else None,
+        "worker_failures": await worker_failures(url),
     }
+    if hostile:
+        report.update(hostile_report(hs, hostile))
+    return report
+
+
+def checks(report: dict, rss_bound_mib: float, own_server: bool) -> dict[str, bool]:
+    """What must hold for the exit code to be 0; each by name, so a failure says which."""
+    start, end = report["rss_start_mib"], report["rss_end_mib"]
+    out = {
+        "normal_no_5xx": report["errors_5xx"] == 0,
+        "normal_no_lost_streams": report["lost_or_truncated_streams"] == 0,
+        "no_server_tracebacks": not report.get("server_tracebacks"),
+        # a gateway we did not start may have had failures before this run: reported, not judged
+        "no_worker_failures": report["worker_failures"] == 0 or (not own_server and report["worker_failures"] is None),
+        "rss_bound_ok": start is None or end is None or end <= start + rss_bound_mib,
+    }
+    if report["hostile"]:
+        stalled, idle = report["stalled_readers"], report["idle_sockets"]
+        out.update({
+            "hostile_no_5xx": report["hostile_5xx"] == 0,
+            "hostile_all_as_expected": not report["hostile_unexpected"],
+            # none asked for (--stalled 0, --idle 0): nothing to judge
+            "stalled_readers_closed_by_server": stalled["overstayed"] == 0 and (
+                stalled["closed_mid_answer"] > 0 or not stalled["sockets"]),
+            "idle_sockets_closed_by_server": idle["overstayed"] == 0 and (
+                idle["closed_by_server"] > 0 or not idle["sockets"]),
+        })
+    return out
+
+
+def raise_fd_limit(need: int) -> int:
+    """The soft limit on open files, raised towards the hard one when ``need`` is more."""
+    try:
+        import resource
+    except ImportError:
+        return need  # no such limit to raise (Windows)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return need
+    want = need if hard == resource.RLIM_INFINITY else min(hard, max(need, 4096))
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        return want
+    except (ValueError, OSError):
+        return soft
+
+
+def write_config(d: Path, threads: int | None, hostile: HostileOptions | None) -> Path:
+    per_model: dict[str, str] = {m: f"    path: {d}/{m}.gguf\n" for m in ("plain", "thinker", "loop")}
+    if threads:
+        per_model = {m: t + f"    n_threads: {threads}\n" for m, t in per_model.items()}
+    server = "server:\n  discover_default_stores: false\n"
+    if hostile:
+        server += "".join(f"  {k}: {v}\n" for k, v in hostile.limits.items())
+        per_model["plain"] += "    n_ctx: 1024\n"  # a 400 KB prompt is then refused by its size
+        per_model["loop"] += f"    n_ctx: {LOOP_N_CTX}\n"  # room for a stalled reader's long answer
+    cfg = d / "models.yaml"
+    cfg.write_text(server + "models:\n" + "".join(f"  {m}:\n{t}" for m, t in per_model.items()))
+    return cfg
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,7 +642,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, help="n_threads for each scripted model (default: the gateway's)")
     p.add_argument("--json", type=Path, help="write the report here too")
     p.add_argument("--server-log", type=Path, help="write the started gateway's log here")
+    p.add_argument("--rss-bound-mib", type=float, default=200, help="most the RSS may grow from start to end")
+    p.add_argument("--hostile", action="store_true", help="run hostile actors beside the normal clients")
+    p.add_argument("--stalled", type=int, default=4, help="stalled readers at a time (with --hostile)")
+    p.add_argument("--idle", type=int, default=200, help="idle and slow sockets at a time (with --hostile)")
+    p.add_argument("--hostile-clients", type=int, default=2, help="clients sending hostile bodies (with --hostile)")
     args = p.parse_args(argv)
+    hostile = None
+    if args.hostile:
+        if args.url:
+            p.error("--hostile starts its own gateway (scripted models, short limits, its sockets read from "
+                    "/proc); it cannot be used with --url")
+        if not os.path.exists("/proc/net/tcp"):
+            p.error("--hostile needs Linux's /proc/net/tcp to see the server close a stalled reader")
+    # Every socket open at once, with room for aiohttp's pools, the workers' pipes and the log.
+    sockets = args.clients * 2 + (args.stalled + args.idle + args.hostile_clients * 2 if args.hostile else 0)
+    if raise_fd_limit(sockets + 64) < sockets + 64:
+        p.error(f"needs {sockets + 64} open files; lower --idle or raise `ulimit -n`")
+    if args.hostile:
+        limits = {**HOSTILE_LIMITS, "max_connections": max(512, sockets + 64)}
+        hostile = HostileOptions(stalled=args.stalled, idle=args.idle, clients=args.hostile_clients, limits=limits)
     if args.url:
         host = args.url.split("//", 1)[-1].split(":")[0].split("/")[0]
         if host not in ("127.0.0.1", "localhost", "::1", "[::1]") and not host.startswith("127."):
@@ -179,10 +675,7 @@ def main(argv: list[str] | None = None) -> int:
             tm.plain(d / "plain.gguf", ["Hello", ",", " world", "!"])
             tm.thinking(d / "thinker.gguf", "Let me think about it.", "The answer is 4.")
             tm.endless(d / "loop.gguf", [" tick", " tock"])
-            cfg = d / "models.yaml"
-            threads = f"\n    n_threads: {args.threads}" if args.threads else ""
-            cfg.write_text("server:\n  discover_default_stores: false\nmodels:\n" + "".join(
-                f"  {m}:\n    path: {d}/{m}.gguf{threads}\n" for m in ("plain", "thinker", "loop")))
+            cfg = write_config(d, args.threads, hostile)
             with ServerProcess("--config", str(cfg), "--log-level", "warning", env={"HOME": tmp}) as srv:
                 for m in ("plain", "thinker", "loop"):  # load all three before measuring memory
                     srv.get("/health")
@@ -191,18 +684,19 @@ def main(argv: list[str] | None = None) -> int:
                     urllib.request.urlopen(urllib.request.Request(
                         srv.url + "/models/load", data=json.dumps({"model": m}).encode())).read()
                 report = asyncio.run(run(srv.url, ["plain", "thinker", "loop"], args.clients, args.seconds,
-                                         srv.proc.pid))
+                                         srv.proc.pid, hostile))
                 code, log = srv.stop()
                 report["server_exit_code"] = code
                 report["server_tracebacks"] = log.count("Traceback")
                 if args.server_log:
                     args.server_log.write_text(log)
+    report["rss_bound_mib"] = args.rss_bound_mib
+    report["checks"] = checks(report, args.rss_bound_mib, own_server=not args.url)
+    report["rss_bound_ok"] = report["checks"]["rss_bound_ok"]
     print(json.dumps(report, indent=2))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
-    ok = report["errors_5xx"] == 0 and report["lost_or_truncated_streams"] == 0 and \
-        not report.get("server_tracebacks")
-    return 0 if ok else 1
+    return 0 if all(report["checks"].values()) else 1
 
 
 if __name__ == "__main__":

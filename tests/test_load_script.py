@@ -1,0 +1,40 @@
+"""scripts/load.py --hostile runs end to end: normal clients beside stalled readers, idle and slow
+sockets and hostile request bodies, on the gateway it starts; the normal figures stay clean and
+apart, and every hostile actor met the limit meant for it."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from helpers import REPO
+
+
+@pytest.mark.slow
+def test_hostile_load_leaves_normal_traffic_clean(tmp_path):
+    out = tmp_path / "load.json"
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "load.py"), "--hostile", "--clients", "4",
+                        "--seconds", "12", "--idle", "20", "--stalled", "2", "--json", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["hostile"] is True and all(data["checks"].values()), data["checks"]
+
+    # the normal clients: their own figures, none of the hostile ones in them
+    assert data["requests_done"] > 0 and data["errors_5xx"] == 0 and data["lost_or_truncated_streams"] == 0
+    assert data["worker_failures"] == 0 and data["server_tracebacks"] == 0 and data["server_exit_code"] == 0
+    assert data["rss_bound_ok"] and data["rss_start_mib"] and data["rss_end_mib"]
+
+    # stalled readers dropped mid-answer by write_timeout, idle and slow sockets by their timeouts
+    stalled, idle = data["stalled_readers"], data["idle_sockets"]
+    assert stalled["closed_mid_answer"] >= 1 and stalled["overstayed"] == 0, stalled
+    assert idle["closed_by_server"] >= 20 and idle["overstayed"] == 0, idle
+    assert all(m["closed_by_server"] >= 1 for m in idle["by_mode"].values()), idle["by_mode"]
+
+    # every hostile body was sent and answered only as expected (4xx, or a 200 that ends with "stop")
+    assert set(data["hostile_sent"]) == set(data["hostile_expected"])
+    for kind, expected in data["hostile_expected"].items():
+        statuses = data["hostile_statuses"][kind]
+        assert statuses and set(statuses) <= set(expected), (kind, statuses)
+    assert data["hostile_unexpected"] == {} and data["hostile_5xx"] == 0
