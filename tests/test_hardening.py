@@ -159,6 +159,7 @@ async def test_a_full_queue_answers_429_with_retry_after(aiohttp_client, files, 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_request_timeout_ends_a_runaway_generation_with_length(aiohttp_client, files, write_config, stream):
     client = await aiohttp_client(app_for(write_config, files, "  request_timeout: 0.3\n"))
+    assert (await client.post("/models/load", json={"model": "loop"})).status == 200  # the clock is for decoding
     r = await client.post("/v1/chat/completions", json={"model": "loop", "messages": HI, "stream": stream})
     assert r.status == 200
     if stream:
