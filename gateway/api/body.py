@@ -33,7 +33,10 @@ async def read_json_object(request: web.Request) -> dict[str, Any]:
     """The request's body as a JSON object, checked as the module says; raises ``ApiError``."""
     server = request.app[CONFIG].server
     try:
-        raw = await asyncio.wait_for(request.read(), server.body_timeout or None)
+        if request.content.is_eof() or not server.body_timeout:  # all here already: no timer needed
+            raw = await request.read()
+        else:
+            raw = await asyncio.wait_for(request.read(), server.body_timeout)
     except asyncio.TimeoutError:
         raise ApiError(f"The request body did not arrive within server.body_timeout ({server.body_timeout:g} s)",
                        status=408, code="request_timeout", headers={"Connection": "close"}) from None
