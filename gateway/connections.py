@@ -246,6 +246,7 @@ class QuietConnectionLogs(logging.Filter):
         else:
             return True
         record.exc_info = record.exc_text = None
+        record.levelno, record.levelname = logging.WARNING, "WARNING"  # the client's fault, or the host's
         now = time.monotonic()
         if now - self._last.get(kind, float("-inf")) < self.interval:
             self._skipped[kind] = self._skipped.get(kind, 0) + 1

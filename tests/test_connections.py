@@ -50,3 +50,29 @@ def test_past_the_limit_a_connection_gets_a_503_and_is_closed():
     assert not guard.opened(extra)
     assert extra.closed and extra.written.startswith(b"HTTP/1.1 503") and b"too_many_connections" in extra.written
     assert len(guard.conns) == 3 and guard.refused == 1
+
+
+def test_connection_noise_is_one_line_without_the_bytes_and_rate_limited():
+    import logging
+
+    from aiohttp.http_exceptions import LineTooLong
+
+    from gateway.connections import QuietConnectionLogs
+
+    quiet = QuietConnectionLogs(interval=60)
+
+    def record(name, msg, exc):
+        return logging.LogRecord(name, logging.ERROR, __file__, 1, msg, ("127.0.0.1",), (type(exc), exc, None))
+
+    bad = LineTooLong(b"Authorization: Bearer sk-SECRET" * 10, 8190)
+    first = record("aiohttp.server", "Error handling request from %s", bad)
+    assert quiet.filter(first)
+    line = first.getMessage()
+    assert line == "malformed HTTP request (LineTooLong, status 400)" and first.exc_info is None
+    assert first.levelno == logging.WARNING
+    assert not quiet.filter(record("aiohttp.server", "Error handling request from %s", bad))  # within the interval
+    accept = record("asyncio", "socket.accept() out of system resource", OSError(24, "Too many open files"))
+    assert quiet.filter(accept) and "out of file descriptors" in accept.getMessage() and accept.exc_info is None
+    assert not quiet.filter(record("asyncio", "socket.accept() out of system resource", OSError(24, "x")))
+    other = record("aiohttp.server", "Error handling request from %s", RuntimeError("a bug"))
+    assert quiet.filter(other) and other.exc_info is not None  # a real fault keeps its traceback

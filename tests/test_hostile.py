@@ -320,6 +320,7 @@ def test_malformed_http_is_one_line_in_the_log_and_never_the_header(files):
             b"GET /health HTTP/1.1\r\nAuthorization: Bearer " + secret.encode() + b"\r\nHost: localhost\r\n\r\n",
             b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",
             b"GET /health HTTP/9.9\r\n\r\n",
+            b"GET /health HTTP/1.1\r\n\r\n",  # no Host
         ]:
             s = socket.create_connection(("127.0.0.1", srv.port))
             s.sendall(raw)
