@@ -68,8 +68,10 @@ def server_settings(config: Config) -> dict:
     sent (``api/body.py`` decodes them, bounded), keep-alive as configured, and a handler is
     cancelled when its client goes away."""
     keepalive = config.server.keepalive_timeout
+    # lingering: after an answer given before its body was read (a 413, a 408), the rest of the
+    # body is read and dropped this long, so the client sees the answer and not a reset
     return {"auto_decompress": False, "keepalive_timeout": keepalive if keepalive else 3630,
-            "handler_cancellation": True, "access_log": None}
+            "handler_cancellation": True, "access_log": None, "lingering_time": 2.0}
 
 
 @web.middleware
