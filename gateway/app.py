@@ -70,7 +70,8 @@ def server_settings(config: Config) -> dict:
     keepalive = config.server.keepalive_timeout
     # lingering: after an answer given before its body was read (a 413, a 408), the rest of the
     # body is read and dropped this long, so the client sees the answer and not a reset
-    return {"auto_decompress": False, "keepalive_timeout": keepalive if keepalive else 3630,
+    # aiohttp's own keep-alive is only a backstop: the connection guard closes idle ones (and counts them)
+    return {"auto_decompress": False, "keepalive_timeout": keepalive + 5 if keepalive else 3630,
             "handler_cancellation": True, "access_log": None, "lingering_time": 2.0}
 
 

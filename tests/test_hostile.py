@@ -111,6 +111,7 @@ class Neighbour:
 FINISHING_GRAMMARS = [
     {"grammar": 'root ::= "a"', "ignore_eos": True},
     {"grammar": "root ::= [\\x00]"},
+    # JSON's grammar allows whitespace without end after the object: sampled, it may run to max_tokens
     {"response_format": {"type": "json_object"}, "ignore_eos": True, "max_tokens": 400},
     {"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {"enum": ["a"]}}},
      "ignore_eos": True},
@@ -126,14 +127,15 @@ def test_a_grammar_that_is_complete_or_unsatisfiable_ends_the_answer(server, pat
     status, out, _ = request(server.url + path, body)
     assert status == 200, out
     choice = out["choices"][0]
-    assert choice["finish_reason"] == "stop"
+    endings = {"stop", "length"} if extra.get("response_format", {}).get("type") == "json_object" else {"stop"}
+    assert choice["finish_reason"] in endings, out
     text = choice["message"]["content"] if "chat" in path else choice["text"]
     assert text in ("", "a", '"a"') or text.startswith("{"), text
     req = urllib.request.Request(server.url + path, data=json.dumps({**body, "stream": True}).encode(),
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=60) as r:
         lines = r.read().decode()
-    assert '"finish_reason":"stop"' in lines and lines.rstrip().endswith("data: [DONE]")
+    assert any(f'"finish_reason":"{e}"' in lines for e in endings) and lines.rstrip().endswith("data: [DONE]")
     neighbour.check()
     assert health(server)["worker_failures"] == 0
 
