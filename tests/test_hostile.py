@@ -45,6 +45,28 @@ def config(d, server: str = "") -> str:
     return str(path)
 
 
+@pytest.fixture
+def sockets():
+    """Raw sockets a test opens, closed however it ends (a leaked one fails a later test)."""
+    opened: list[socket.socket] = []
+
+    def connect(port: int, first: bytes = b"", rcvbuf: int | None = None) -> socket.socket:
+        s = socket.socket()
+        opened.append(s)
+        if rcvbuf:  # a reader that stalls: a small window, and small segments (on loopback the
+            # server's send buffer otherwise grows to megabytes before any write blocks)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, 536)
+        s.connect(("127.0.0.1", port))
+        if first:
+            s.sendall(first)
+        return s
+
+    yield connect
+    for s in opened:
+        s.close()
+
+
 @pytest.fixture(scope="module")
 def server(files):
     with ServerProcess("--config", config(files)) as srv:
@@ -218,17 +240,12 @@ def test_a_long_prompt_being_tokenized_does_not_hold_up_a_short_one(server):
 
 # --- a client that stops reading ------------------------------------------------------------------
 
-def test_a_stalled_reader_is_dropped_after_write_timeout(server):
+def test_a_stalled_reader_is_dropped_after_write_timeout(server, sockets):
     before = metric(server, "gguf_gateway_client_disconnects_total", model="loop", endpoint="/v1/completions")
-    stalled = []
-    for _ in range(3):
-        s = socket.socket()
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        s.connect(("127.0.0.1", server.port))
-        body = json.dumps({"model": "loop", "prompt": "go\n", "max_tokens": 16000, "stream": True}).encode()
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-        stalled.append(s)  # never read
+    body = json.dumps({"model": "loop", "prompt": "go\n", "max_tokens": 16000, "stream": True}).encode()
+    for _ in range(3):  # never read
+        sockets(server.port, b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json"
+                             b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body), rcvbuf=4096)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and health(server)["in_flight"] < 3:
         time.sleep(0.05)
@@ -240,8 +257,6 @@ def test_a_stalled_reader_is_dropped_after_write_timeout(server):
     assert status == 200, out  # nothing holds it
     after = metric(server, "gguf_gateway_client_disconnects_total", model="loop", endpoint="/v1/completions")
     assert after - before == 3
-    for s in stalled:
-        s.close()
 
 
 # --- connections ----------------------------------------------------------------------------------
@@ -262,12 +277,9 @@ def closed_within(sock: socket.socket, seconds: float) -> bytes | None:
         return got
 
 
-def test_idle_slow_and_endless_connections_are_closed(server):
+def test_idle_slow_and_endless_connections_are_closed(server, sockets):
     def connect(first: bytes = b"") -> socket.socket:
-        s = socket.create_connection(("127.0.0.1", server.port))
-        if first:
-            s.sendall(first)
-        return s
+        return sockets(server.port, first)
 
     idle = connect()
     partial = connect(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n")
@@ -291,30 +303,24 @@ def test_idle_slow_and_endless_connections_are_closed(server):
     assert answer is not None and answer.startswith(b"HTTP/1.1 200")
     assert metric(server, "gguf_gateway_connections_closed_total", reason="header_timeout") >= 3
     assert metric(server, "gguf_gateway_connections_closed_total", reason="keepalive_timeout") >= 1
-    for s in (idle, partial, drip, endless, kept):
-        s.close()
 
 
-def test_connections_past_the_limit_are_refused_and_the_rest_keep_working(files):
+def test_connections_past_the_limit_are_refused_and_the_rest_keep_working(files, sockets):
     with ServerProcess("--config", config(files, "  max_connections: 20\n  header_timeout: 30\n")) as srv:
-        held = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(20)]
+        held = [sockets(srv.port) for _ in range(20)]
         time.sleep(0.3)
-        extra = socket.create_connection(("127.0.0.1", srv.port))
-        answer = closed_within(extra, 5)
-        extra.close()
+        answer = closed_within(sockets(srv.port), 5)
         assert answer is not None and answer.startswith(b"HTTP/1.1 503") and b"too_many_connections" in answer
         for s in held[:5]:
             s.close()
         time.sleep(0.3)
         status, out, _ = request(srv.url + "/v1/chat/completions", {"model": "plain", "messages": HI})
         assert status == 200 and out["choices"][0]["message"]["content"] == "Hello, world!"
-        for s in held[5:]:
-            s.close()
         code, log = srv.stop()
     assert log.count("refused") == 1 and "Traceback" not in log
 
 
-def test_malformed_http_is_one_line_in_the_log_and_never_the_header(files):
+def test_malformed_http_is_one_line_in_the_log_and_never_the_header(files, sockets):
     secret = "sk-" + "S3CRET" * 10_000
     with ServerProcess("--config", config(files)) as srv:
         for raw in [
@@ -324,11 +330,8 @@ def test_malformed_http_is_one_line_in_the_log_and_never_the_header(files):
             b"GET /health HTTP/9.9\r\n\r\n",
             b"GET /health HTTP/1.1\r\n\r\n",  # no Host
         ]:
-            s = socket.create_connection(("127.0.0.1", srv.port))
-            s.sendall(raw)
-            answer = closed_within(s, 10)
+            answer = closed_within(sockets(srv.port, raw), 10)
             assert answer is not None and re.match(rb"HTTP/1\.[01] 400 ", answer), answer[:200]
-            s.close()
         assert srv.get("/health")[0] == 200
         code, log = srv.stop()
     assert "Traceback" not in log and "S3CRET" not in log, log[-2000:]
