@@ -12,6 +12,8 @@ from typing import Awaitable, Callable
 
 from aiohttp import web
 
+from .api import admin, anthropic, openai
+from .appkeys import CONFIG, CONNECTIONS, EVENTS, LIFECYCLE, METRICS, REGISTRY
 from .config import Config
 from .connections import ConnectionGuard, Limits
 from .errors import ApiError
@@ -19,14 +21,9 @@ from .events import ERROR_CODE, OBSERVATION, PRINCIPAL, EventSink, Observation, 
 from .metrics import Metrics
 from .registry import Registry
 
-log = logging.getLogger(__name__)
+__all__ = ["CONFIG", "CONNECTIONS", "EVENTS", "LIFECYCLE", "METRICS", "REGISTRY", "create_app", "server_settings"]
 
-CONFIG = web.AppKey("config", Config)
-REGISTRY = web.AppKey("registry", Registry)
-METRICS = web.AppKey("metrics", Metrics)
-EVENTS = web.AppKey("events", EventSink)
-LIFECYCLE = web.AppKey("lifecycle", dict)  # {"draining": bool}
-CONNECTIONS = web.AppKey("connections", ConnectionGuard)
+log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 OPEN_PATHS = frozenset({"/health"})
@@ -230,8 +227,6 @@ def auth_middleware(keys: tuple[tuple[str, str], ...], open_paths: frozenset[str
 
 
 def create_app(config: Config, registry: Registry | None = None) -> web.Application:
-    from .api import admin, anthropic, openai
-
     middlewares = [connection_middleware, observe_middleware, errors_middleware]
     if is_loopback(config.server.host):
         middlewares.append(host_check_middleware())

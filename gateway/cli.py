@@ -67,21 +67,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "check-config":
         return cmd_check_config(args)
     if args.command in ("status", "chat"):
-        return cmd_operator(args)
+        return cmd_console(args)
     return cmd_models(args)
 
 
-def cmd_operator(args: argparse.Namespace) -> int:
-    from . import operator
+def cmd_console(args: argparse.Namespace) -> int:
+    from . import console
 
     config = _load(args, check_files=False) if (args.config or find_config_path(None)) else None
-    gw = operator.Gateway.from_args(args, config)
+    gw = console.Gateway.from_args(args, config)
     try:
         if args.command == "status":
-            return operator.status(gw)
+            return console.status(gw)
         color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
-        return operator.chat(gw, args.model, args.system, color)
-    except operator.Unreachable as e:
+        return console.chat(gw, args.model, args.system, color)
+    except console.Unreachable as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except RuntimeError as e:

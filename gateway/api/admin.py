@@ -9,9 +9,9 @@ from typing import Any
 from aiohttp import web
 
 from .. import __version__
-from ..app import LIFECYCLE, METRICS, REGISTRY
-from ..errors import InvalidRequest
+from ..appkeys import LIFECYCLE, METRICS, REGISTRY
 from ..registry import Registry
+from ..protocol.params import require_model
 from .body import read_json_object
 
 
@@ -62,11 +62,7 @@ async def list_models(request: web.Request) -> web.Response:
 
 
 async def _model_field(request: web.Request) -> str:
-    body = await read_json_object(request)
-    name = body.get("model")
-    if not isinstance(name, str) or not name.strip():
-        raise InvalidRequest("`model` is required: the name of a model on this gateway", "model")
-    return name
+    return require_model(await read_json_object(request))
 
 
 async def load_model(request: web.Request) -> web.Response:

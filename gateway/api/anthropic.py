@@ -7,14 +7,13 @@ import logging
 from aiohttp import web
 
 from .. import answer
-from ..app import CONFIG, REGISTRY
+from ..appkeys import REGISTRY
 from ..errors import ApiError
 from ..events import observation
 from ..protocol import anthropic as anth
 from ..protocol.params import apply_defaults
-from ..sse import EventStream
 from .body import read_json_object
-from .openai import ignore_gone, apply_limits
+from .common import apply_limits, event_stream, ignore_gone
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +46,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
 
 async def _stream(request: web.Request, render: anth.Renderer, gen, items, prompt_tokens: int,
                   cached_tokens: int) -> web.StreamResponse:
-    sse = EventStream(request, write_timeout=request.app[CONFIG].server.write_timeout)
+    sse = event_stream(request)
     await sse.open()
     gen.on_idle = sse.flush  # the deltas of events that arrived together go out in one write
     index, kind = -1, None  # the open content block

@@ -20,7 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ..app import CONFIG
+from ..appkeys import CONFIG
 from ..errors import ApiError, InvalidRequest
 
 MAX_DEPTH = 100  # JSON nesting; a chat request needs about 6, a JSON schema rarely 30

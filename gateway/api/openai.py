@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import logging
-import time
 
 from aiohttp import web
 
 from .. import answer
-from ..app import CONFIG, REGISTRY
+from ..appkeys import CONFIG, REGISTRY
 from ..events import observation
 from ..errors import ApiError, InvalidRequest
 from ..protocol import openai as oai
-from ..sse import EventStream
+from ..protocol.params import require_model
 from .body import read_json_object
+from .common import apply_limits, event_stream, ignore_gone
 
 log = logging.getLogger(__name__)
 
@@ -35,19 +35,6 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def completions(request: web.Request) -> web.StreamResponse:
     return await _complete(request, oai.parse_completion(await read_json_object(request)), "completion")
-
-
-def apply_limits(request: web.Request, parsed) -> None:
-    """server.max_messages before any work, and server.request_timeout as each request's deadline."""
-    server = request.app[CONFIG].server
-    messages = parsed.request.messages
-    if messages is not None and len(messages) > server.max_messages:
-        raise InvalidRequest(f"`messages` holds {len(messages)} messages; this server takes at most "
-                             f"{server.max_messages} (server.max_messages)", "messages")
-    if server.request_timeout:
-        deadline = time.time() + server.request_timeout
-        for req in parsed.requests:
-            req.deadline = deadline
 
 
 async def _complete(request: web.Request, parsed: oai.Parsed, kind: str) -> web.StreamResponse:
@@ -87,7 +74,7 @@ async def _stream(request: web.Request, render: oai.Renderer, parsed: oai.Parsed
     gens = [worker.generate(req) for req in parsed.requests]  # queued in order in the worker
     try:
         first, splitter = await answer.start(gens[0], reasoning)  # a refusal is still a plain error response
-        sse = EventStream(request, write_timeout=request.app[CONFIG].server.write_timeout)
+        sse = event_stream(request)
         await sse.open()
         for gen in gens:
             gen.on_idle = sse.flush  # the deltas of events that arrived together go out in one write
@@ -129,14 +116,6 @@ async def _stream(request: web.Request, render: oai.Renderer, parsed: oai.Parsed
             gen.close()
 
 
-async def ignore_gone(write) -> None:
-    """A last write to a client that has just gone away: nothing left to tell it."""
-    try:
-        await write
-    except ConnectionResetError:
-        pass
-
-
 async def embeddings(request: web.Request) -> web.Response:
     model, inputs, fmt = oai.parse_embeddings(await read_json_object(request))
     async with request.app[REGISTRY].lease(model, embeddings=True) as (spec, worker):
@@ -156,7 +135,7 @@ async def tokenize(request: web.Request) -> web.Response:
     for key, value in flags.items():
         if not isinstance(value, bool):
             raise InvalidRequest(f"`{key}` must be true or false", key)
-    async with request.app[REGISTRY].lease(oai.require_model(body), embeddings=None) as (_spec, worker):
+    async with request.app[REGISTRY].lease(require_model(body), embeddings=None) as (_spec, worker):
         reply = await worker.ask({"op": "tokenize", "request": {"prompt": content, "add_special": flags["add_special"],
                                                               "param": "content"},
                                   "with_pieces": flags["with_pieces"]})
@@ -171,7 +150,7 @@ async def detokenize(request: web.Request) -> web.Response:
     tokens = body.get("tokens")
     if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
         raise InvalidRequest("`tokens` must be an array of token ids", "tokens")
-    async with request.app[REGISTRY].lease(oai.require_model(body), embeddings=None) as (_spec, worker):
+    async with request.app[REGISTRY].lease(require_model(body), embeddings=None) as (_spec, worker):
         reply = await worker.ask({"op": "detokenize", "tokens": tokens})
     return web.json_response({"content": reply["text"]})
 

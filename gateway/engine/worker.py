@@ -643,7 +643,6 @@ class Model:
         return chosen.id
 
     def _next_token(self, seq: "Sequence", out: "Worker") -> None:
-        ll = self.ll
         if seq.sampler is not None:
             tok = self._sample(seq)
             if tok is None:

@@ -15,7 +15,7 @@ from typing import Any
 from ..answer import Finish, Piece
 from ..engine.protocol import GenerationRequest
 from ..errors import InvalidRequest
-from .params import SAMPLING, Param, Parsed, read_sampling, read_stops, shown
+from .params import SAMPLING, Param, Parsed, read_sampling, read_stops, require_model, shown
 
 ANTHROPIC_SAMPLING = {"temperature": Param(float, 0, 1), "top_p": Param(float, 0, 1), "top_k": SAMPLING["top_k"]}
 UNSUPPORTED = ("tools", "tool_choice")
@@ -45,9 +45,7 @@ def _text_blocks(value: Any, where: str, *, thinking_ok: bool) -> tuple[str, str
 
 
 def parse(body: dict[str, Any]) -> Parsed:
-    model = body.get("model")
-    if not isinstance(model, str) or not model.strip():
-        raise InvalidRequest("model: Field required (the name of a model on this gateway)", "model")
+    model = require_model(body, anthropic=True)
     max_tokens = body.get("max_tokens")
     if max_tokens is None:
         raise InvalidRequest("max_tokens: Field required", "max_tokens")

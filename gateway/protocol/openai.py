@@ -19,7 +19,7 @@ from .. import chat_template
 from ..answer import Finish, Piece
 from ..engine.protocol import GenerationRequest
 from ..errors import InvalidRequest
-from .params import SAMPLING, Parsed, apply_defaults, read_sampling, read_stops, shown  # noqa: F401 (apply_defaults: re-exported)
+from .params import SAMPLING, Parsed, apply_defaults, read_sampling, read_stops, require_model, shown  # noqa: F401 (apply_defaults: re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +46,6 @@ def _log_unknown(body: dict[str, Any], known: set[str]) -> None:
         if key not in known and key not in _logged_unknown:
             _logged_unknown.add(key)
             log.debug("ignoring unsupported request field %s", shown(key))
-
-
-def require_model(body: dict[str, Any]) -> str:
-    model = body.get("model")
-    if not isinstance(model, str) or not model.strip():
-        raise InvalidRequest("`model` is required: the name of a model on this gateway (see /v1/models)", "model")
-    return model
 
 
 def _max_tokens(body: dict[str, Any], names: tuple[str, ...]) -> int | None:

@@ -81,6 +81,17 @@ def read_sampling(body: dict[str, Any], req: GenerationRequest, params: dict[str
     return explicit
 
 
+def require_model(body: dict[str, Any], *, anthropic: bool = False) -> str:
+    """The request's model name: required on every route that names one."""
+    from ..errors import InvalidRequest
+
+    model = body.get("model")
+    if not isinstance(model, str) or not model.strip():
+        where = "model: Field required" if anthropic else "`model` is required"
+        raise InvalidRequest(f"{where}: the name of a model on this gateway (see /v1/models)", "model")
+    return model
+
+
 MAX_STOPS = 16
 MAX_STOP_CHARS = 4096  # all stop strings together: each is matched against every token's text
 

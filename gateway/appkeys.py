@@ -1,0 +1,19 @@
+"""The application's typed state, one key each: handlers import these, never ``app.py``
+(which imports the handlers)."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from .config import Config
+from .connections import ConnectionGuard
+from .events import EventSink
+from .metrics import Metrics
+from .registry import Registry
+
+CONFIG = web.AppKey("config", Config)
+REGISTRY = web.AppKey("registry", Registry)
+METRICS = web.AppKey("metrics", Metrics)
+EVENTS = web.AppKey("events", EventSink)
+LIFECYCLE = web.AppKey("lifecycle", dict)  # {"draining": bool}
+CONNECTIONS = web.AppKey("connections", ConnectionGuard)
