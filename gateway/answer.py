@@ -3,8 +3,9 @@ pieces and a finish. Streamed and whole answers both consume this, so they canno
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any
 
 from .engine.client import Generation
 from .errors import ApiError

@@ -6,9 +6,9 @@ import asyncio
 import hashlib
 import hmac
 import ipaddress
-import time
 import logging
-from typing import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 

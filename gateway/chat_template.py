@@ -28,7 +28,8 @@ CHATML = (
 # Names a caller's chat_template_kwargs may not use: what render() sets, what a template reads
 # as the request's own (tools), Jinja's globals and ours, and render()'s own parameter.
 RESERVED = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token", "tools", "tool_choice",
-                      "documents", "raise_exception", "strftime_now", "self"}) | frozenset(jinja2.defaults.DEFAULT_NAMESPACE)
+                      "documents", "raise_exception", "strftime_now", "self"}) \
+    | frozenset(jinja2.defaults.DEFAULT_NAMESPACE)
 
 
 class TemplateInputError(Exception):

@@ -11,7 +11,7 @@ import logging
 import os
 import signal
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from . import __version__
 from .config import Config, ConfigError, find_config_path, load_config

@@ -14,7 +14,8 @@ import os
 import sys
 import urllib.error
 import urllib.request
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from .config import Config
 
@@ -31,7 +32,7 @@ class Gateway:
         self.api_key = api_key
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace, config: Config | None) -> "Gateway":
+    def from_args(cls, args: argparse.Namespace, config: Config | None) -> Gateway:
         url = args.url or os.environ.get("GGUF_GATEWAY_URL")
         if not url:
             host = config.server.host if config else "127.0.0.1"

@@ -65,7 +65,8 @@ def default_stores(env: dict[str, str] | None = None) -> list[Root]:
     roots.append(Root("dir", Path(env["LLAMA_CACHE"]) if env.get("LLAMA_CACHE") else home / ".cache" / "llama.cpp"))
     hf_home = Path(env["HF_HOME"]) if env.get("HF_HOME") else home / ".cache" / "huggingface"
     roots.append(Root("huggingface", Path(env["HF_HUB_CACHE"]) if env.get("HF_HUB_CACHE") else hf_home / "hub"))
-    roots += [Root("lmstudio", home / ".lmstudio" / "models"), Root("lmstudio", home / ".cache" / "lm-studio" / "models")]
+    roots += [Root("lmstudio", home / ".lmstudio" / "models"),
+              Root("lmstudio", home / ".cache" / "lm-studio" / "models")]
     if env.get("OLLAMA_MODELS"):
         roots.append(Root("ollama", Path(env["OLLAMA_MODELS"])))
     else:
@@ -209,7 +210,7 @@ class Catalog:
     conflicts: dict[str, list[Found]]  # name -> every claimant, the winner first
 
     @classmethod
-    def build(cls, found: list[Found], taken: set[str]) -> "Catalog":
+    def build(cls, found: list[Found], taken: set[str]) -> Catalog:
         claims: dict[str, list[tuple[tuple, Found]]] = {}
         for f in found:
             depth = len(f.path.parts)

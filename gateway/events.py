@@ -68,7 +68,8 @@ class Observation:
         return {
             "event": "inference", "request_id": self.request_id, "model": self.model, "endpoint": self.endpoint,
             "principal": self.principal, "status": status, "prompt_tokens": self.prompt_tokens,
-            "cached_tokens": self.cached_tokens, "completion_tokens": self.completion_tokens, "reasoning_tokens": self.reasoning_tokens,
+            "cached_tokens": self.cached_tokens, "completion_tokens": self.completion_tokens,
+            "reasoning_tokens": self.reasoning_tokens,
             "time_to_first_token_s": round(self.first_token - self.started, 6) if self.first_token else None,
             "duration_s": round(duration, 6), "finish_reason": self.finish_reason,
             "client_disconnected": self.disconnected, "time": time.time(),

@@ -19,7 +19,7 @@ chat template that opens ``<think>`` (or a channel) in the prompt starts the ans
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 THINKING, CONTENT = "thinking", "content"
 COLLECT, IDLE = "collect", "idle"  # internal states: gather a header; drop text between messages
@@ -30,19 +30,19 @@ Transition = Callable[["ReasoningSplitter"], str]
 
 
 def _to(state: str, reset: bool = False) -> Transition:
-    def go(s: "ReasoningSplitter") -> str:
+    def go(s: ReasoningSplitter) -> str:
         if reset:
             s.header = ""
         return state
     return go
 
 
-def _channel_named(s: "ReasoningSplitter") -> str:
+def _channel_named(s: ReasoningSplitter) -> str:
     name, s.header = s.header.strip().lower(), ""
     return THINKING if name in THOUGHT_CHANNELS else CONTENT
 
 
-def _harmony_body(s: "ReasoningSplitter") -> str:
+def _harmony_body(s: ReasoningSplitter) -> str:
     words, s.header = s.header.split(), ""
     return THINKING if words and words[0].lower() == "analysis" else CONTENT
 

@@ -28,14 +28,14 @@ import logging
 import math
 import os
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import AsyncIterator
 
 from . import discovery, testmodels
 from .config import Config, ConfigError, ModelSpec, load_config, normalize_name
-from .engine.client import LoadFailed, WorkerProcess
 from .engine import protocol
+from .engine.client import LoadFailed, WorkerProcess
 from .engine.protocol import LoadParams
 from .errors import ApiError, ModelNotFound
 from .ggufmeta import GGUFInfo, ModelFileError
@@ -202,7 +202,8 @@ class Registry:
         return self._slots.get(spec.name) or Slot(spec)
 
     @contextlib.asynccontextmanager
-    async def lease(self, name: object, *, embeddings: bool | None = False) -> AsyncIterator[tuple[ModelSpec, WorkerProcess]]:
+    async def lease(self, name: object, *,
+                    embeddings: bool | None = False) -> AsyncIterator[tuple[ModelSpec, WorkerProcess]]:
         """The model's running worker for one request; the model stays loaded meanwhile.
         ``embeddings``: the request wants vectors (True) or text (False); a model serves one or
         the other, the wrong one is a 501. None: either (tokenize)."""
@@ -271,7 +272,8 @@ class Registry:
             worker = WorkerProcess(LoadParams(
                 name=spec.name, path=str(spec.path), n_ctx=spec.n_ctx, n_gpu_layers=spec.n_gpu_layers,
                 n_threads=spec.n_threads, n_batch=spec.n_batch, parallel=spec.parallel, flash_attn=spec.flash_attn,
-                repack=spec.repack, swa_full=spec.swa_full, use_mmap=spec.use_mmap, chat_template=spec.chat_template, embeddings=spec.embeddings,
+                repack=spec.repack, swa_full=spec.swa_full, use_mmap=spec.use_mmap,
+                chat_template=spec.chat_template, embeddings=spec.embeddings,
                 stream_interval=self.config.server.stream_interval_ms / 1000,
             ), on_exit=self._worker_exited, on_busy=self._share_cpus)
             await worker.start()

@@ -13,7 +13,6 @@ from typing import Any
 
 from aiohttp import web
 
-
 _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode  # made once, used per token
 
 

@@ -30,14 +30,13 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence, Union
 
 import numpy as np
 
 from .chat_template import CHATML as CHATML_TEMPLATE
-
 
 # SentencePiece token types, as llama.cpp reads them from tokenizer.ggml.token_type.
 _NORMAL, _UNKNOWN, _CONTROL, _BYTE = 1, 2, 3, 6
@@ -52,7 +51,7 @@ class Special:
     text: str
 
 
-Step = Union[str, bytes, Special]
+Step = str | bytes | Special
 
 
 @dataclass

@@ -7,7 +7,7 @@ same text by construction.
 from __future__ import annotations
 
 import codecs
-from typing import Sequence
+from collections.abc import Sequence
 
 
 class Utf8Stream:

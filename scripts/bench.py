@@ -123,7 +123,7 @@ class Server:
         self.env = env
         self.log = tempfile.NamedTemporaryFile("w+", prefix=f"bench-{name}-", suffix=".log", delete=False)
 
-    def __enter__(self) -> "Server":
+    def __enter__(self) -> Server:
         self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT, env=self.env,
                                      start_new_session=True)
         deadline = time.time() + 300
@@ -278,7 +278,7 @@ def measure(servers: list[Server], args, sampling: dict) -> dict[str, dict]:
     for n in STREAMS:
         print(f"  {n} concurrent ...", file=sys.stderr)
         record(f"aggregate_tok_s_{n}", interleaved(servers, args.repeats,
-                                                   lambda s, r: aggregate(s, args, sampling, r, n)))
+                                                   lambda s, r, n=n: aggregate(s, args, sampling, r, n)))
     print("  long prompt, cold and warm ...", file=sys.stderr)
     runs = interleaved(servers, args.repeats, lambda s, r: cold_warm(s, args, sampling, r))
     record("cold_ttft_ms", runs, lambda x: x[0])
@@ -347,8 +347,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp_:
         tmp = Path(tmp_)
         intervals = args.stream_interval or [None]
-        makers: list = [("gateway", (lambda iv, label: lambda m: gateway(m, args.threads, tmp, interval=iv, label=label))(
-            iv, "gateway" if len(intervals) == 1 else f"gateway {iv}ms")) for iv in intervals]
+        labels = {iv: "gateway" if len(intervals) == 1 else f"gateway {iv}ms" for iv in intervals}
+        makers: list = [("gateway", lambda m, iv=iv: gateway(m, args.threads, tmp, interval=iv, label=labels[iv]))
+                        for iv in intervals]
         ls = find_llama_server(args.llama_server) if "llama-server" in wanted else None
         if ls:
             makers.append(("llama-server", lambda m: llama_server(ls, m, args.threads)))
@@ -396,7 +397,7 @@ def print_table(results: dict, model: Path, args, mode: str) -> None:
         ("decode tok/s, 1 stream", "{:.1f}", "decode_tok_s", lambda r: r["decode_tok_s"]),
         ("time to first token, ms", "{:.1f}", "ttft_ms", lambda r: r["ttft_ms"]),
         *[(f"aggregate tok/s, {n} streams", "{:.1f}", f"aggregate_tok_s_{n}",
-           (lambda n: lambda r: r["aggregate_tok_s"][str(n)])(n)) for n in STREAMS],
+           lambda r, n=n: r["aggregate_tok_s"][str(n)]) for n in STREAMS],
         ("long prompt TTFT cold, ms", "{:.1f}", "cold_ttft_ms", lambda r: r["cold_ttft_ms"]),
         ("long prompt TTFT warm, ms", "{:.1f}", "warm_ttft_ms", lambda r: r["warm_ttft_ms"]),
         ("warm / cold", "{:.3f}", None, lambda r: r["warm_over_cold"]),

@@ -32,8 +32,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import json
 import itertools
+import json
 import os
 import random
 import socket
@@ -42,9 +42,9 @@ import sys
 import tempfile
 import time
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))

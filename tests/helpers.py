@@ -90,7 +90,7 @@ class ServerProcess:
             self.log.close()
         return self.proc.returncode, self._final
 
-    def __enter__(self) -> "ServerProcess":
+    def __enter__(self) -> ServerProcess:
         try:
             self.wait_ready()
         except BaseException:

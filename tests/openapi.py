@@ -35,7 +35,7 @@ def _spec() -> dict[str, Any]:
     return _nullable_to_null(json.loads(SPEC.read_text()))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _validator(name: str) -> jsonschema.Draft202012Validator:
     spec = _spec()
     schema = copy.deepcopy(spec["components"]["schemas"][name])

@@ -3,9 +3,9 @@
 import anthropic
 import openai
 import pytest
+from helpers import ServerProcess
 
 from gateway import testmodels as tm
-from helpers import ServerProcess
 
 pytestmark = pytest.mark.slow
 

@@ -1,9 +1,9 @@
 import pytest
+from openapi import validate
 
 from gateway.app import create_app
 from gateway.config import load_config
 from gateway.registry import Registry
-from openapi import validate
 
 
 @pytest.fixture

@@ -11,11 +11,11 @@ import time
 
 import aiohttp
 import pytest
+from openapi import validate
 
 from gateway import testmodels as tm
 from gateway.app import REGISTRY, create_app
 from gateway.config import load_config
-from openapi import validate
 
 SCRIPTS = [tm.Script(["The", " first", " answer", "."], trigger="\n"),
            tm.Script(["Second", " reply", " here", "!"], trigger="?"),

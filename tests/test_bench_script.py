@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 import pytest
+from helpers import REPO
 
 from gateway import testmodels as tm
-from helpers import REPO
 
 
 @pytest.mark.slow

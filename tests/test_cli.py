@@ -1,7 +1,6 @@
 import json
 
 import pytest
-
 from helpers import run_cli
 
 

@@ -1,9 +1,9 @@
 from pathlib import Path
 
 import pytest
-
-from gateway.config import ConfigError, ENV_CONFIG, find_config_path, load_config
 from helpers import REPO
+
+from gateway.config import ENV_CONFIG, ConfigError, find_config_path, load_config
 
 
 def problems_of(path) -> list[str]:

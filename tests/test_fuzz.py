@@ -11,13 +11,13 @@ import urllib.error
 import urllib.request
 
 import pytest
+from helpers import ServerProcess
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from openapi import validate
 
 from gateway import chat_template
 from gateway import testmodels as tm
-from helpers import ServerProcess
-from openapi import validate
 
 pytestmark = pytest.mark.slow
 

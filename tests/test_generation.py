@@ -6,11 +6,11 @@ import os
 import signal
 
 import pytest
+from openapi import validate, validate_completion_chunk
 
 from gateway import testmodels as tm
 from gateway.app import REGISTRY, create_app
 from gateway.config import load_config
-from openapi import validate, validate_completion_chunk
 
 HI = [{"role": "user", "content": "hi"}]
 UTF8_TOKENS = 1 + 6 + 7 + 7 + 5  # "Price:" is one token; every other word is spelled in bytes

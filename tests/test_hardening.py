@@ -5,12 +5,12 @@ import json
 import re
 
 import pytest
+from helpers import ServerProcess, free_port, run_cli
+from openapi import validate
 
 from gateway import testmodels as tm
 from gateway.app import REGISTRY, create_app
 from gateway.config import load_config
-from helpers import ServerProcess, free_port, run_cli
-from openapi import validate
 
 HI = [{"role": "user", "content": "hi"}]
 

@@ -16,9 +16,9 @@ import urllib.request
 import zlib
 
 import pytest
+from helpers import ServerProcess
 
 from gateway import testmodels as tm
-from helpers import ServerProcess
 
 pytestmark = pytest.mark.slow
 
@@ -271,7 +271,7 @@ def closed_within(sock: socket.socket, seconds: float) -> bytes | None:
             if not chunk:
                 return got
             got += chunk
-    except socket.timeout:
+    except TimeoutError:
         return None
     except ConnectionResetError:
         return got
@@ -442,7 +442,7 @@ def test_unloading_a_model_while_it_loads_answers_its_waiters_503(server):
     for t in waiters:
         t.join(60)
     assert [r[0] for r in results] == [503] * 3, results
-    for status, out, headers in results:
+    for _status, out, headers in results:
         assert out["error"]["code"] == "model_unloaded" and headers["Retry-After"] == "1"
     status, out, _ = request(server.url + "/v1/chat/completions", {"model": "plain", "messages": HI})
     assert status == 200

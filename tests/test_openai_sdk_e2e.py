@@ -5,9 +5,9 @@ import signal
 
 import openai
 import pytest
+from helpers import ServerProcess
 
 from gateway import testmodels as tm
-from helpers import ServerProcess
 
 pytestmark = pytest.mark.slow
 

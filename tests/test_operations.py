@@ -11,12 +11,12 @@ import threading
 import time
 
 import pytest
+from helpers import REPO, ServerProcess, run_cli
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway import testmodels as tm
 from gateway.app import create_app
 from gateway.config import load_config
-from helpers import REPO, ServerProcess, run_cli
 
 HI = [{"role": "user", "content": "hi"}]
 
@@ -155,7 +155,7 @@ def test_sd_notify_ready_watchdog_stopping_in_order(tmp_path, files, write_confi
             while not stop.is_set():
                 try:
                     received.append(sock.recv(4096).decode())
-                except (socket.timeout, OSError):
+                except (TimeoutError, OSError):
                     pass
 
         t = threading.Thread(target=listen, daemon=True)

@@ -8,10 +8,10 @@ import threading
 import urllib.request
 
 import pytest
-
-from gateway import testmodels as tm
 from helpers import ServerProcess, run_cli
 from realmodel import CACHE, Reference, gemma_path
+
+from gateway import testmodels as tm
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 

@@ -5,13 +5,13 @@ import json
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from openapi import validate
 
 from gateway import testmodels as tm
 from gateway.app import create_app
 from gateway.config import load_config
 from gateway.protocol.openai import parse_chat
 from gateway.reasoning import ReasoningSplitter, detect
-from openapi import validate
 
 HI = [{"role": "user", "content": "hi"}]
 S = tm.Special

@@ -7,6 +7,7 @@ import os
 import shutil
 
 import pytest
+from openapi import validate
 
 from gateway import registry as registry_mod
 from gateway import testmodels as tm
@@ -14,7 +15,6 @@ from gateway.app import REGISTRY, create_app
 from gateway.config import load_config
 from gateway.engine import client as engine_client
 from gateway.registry import Registry
-from openapi import validate
 
 HI = [{"role": "user", "content": "hi"}]
 

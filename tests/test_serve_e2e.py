@@ -4,7 +4,6 @@ import signal
 import socket
 
 import pytest
-
 from helpers import ServerProcess, run_cli
 from openapi import validate
 

@@ -2,10 +2,10 @@
 
 import llama_cpp
 import pytest
+from helpers import REPO
 
 from gateway import testmodels as tm
 from gateway.ggufmeta import read_info
-from helpers import REPO
 
 CHAT_PROMPT = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 

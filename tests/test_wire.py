@@ -6,12 +6,12 @@ import struct
 
 import jsonschema
 import pytest
+from helpers import REPO
+from openapi import validate
 
 from gateway import testmodels as tm
 from gateway.app import create_app
 from gateway.config import load_config
-from helpers import REPO
-from openapi import validate
 
 S = tm.Special
 HI = [{"role": "user", "content": "hi"}]

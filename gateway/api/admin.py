@@ -10,8 +10,8 @@ from aiohttp import web
 
 from .. import __version__
 from ..appkeys import LIFECYCLE, METRICS, REGISTRY
-from ..registry import Registry
 from ..protocol.params import require_model
+from ..registry import Registry
 from .body import read_json_object
 
 

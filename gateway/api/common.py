@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Awaitable
+from collections.abc import Awaitable
 
 from aiohttp import web
 

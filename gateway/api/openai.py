@@ -8,8 +8,8 @@ from aiohttp import web
 
 from .. import answer
 from ..appkeys import CONFIG, REGISTRY
-from ..events import observation
 from ..errors import ApiError, InvalidRequest
+from ..events import observation
 from ..protocol import openai as oai
 from ..protocol.params import require_model
 from .body import read_json_object

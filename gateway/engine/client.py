@@ -17,7 +17,8 @@ import os
 import signal
 import struct
 import sys
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from ..errors import ApiError
 from . import protocol
@@ -33,8 +34,8 @@ class LoadFailed(Exception):
 
 
 class WorkerProcess:
-    def __init__(self, params: protocol.LoadParams, *, on_exit: Callable[["WorkerProcess", bool], None] | None = None,
-                 on_busy: Callable[["WorkerProcess"], None] | None = None):
+    def __init__(self, params: protocol.LoadParams, *, on_exit: Callable[[WorkerProcess, bool], None] | None = None,
+                 on_busy: Callable[[WorkerProcess], None] | None = None):
         self.params = params
         self._on_busy = on_busy  # called when the worker goes from idle to busy or back
         self.threads: int | None = None  # what the worker was last told to use
@@ -158,7 +159,7 @@ class WorkerProcess:
         if was != self.busy and self._on_busy is not None:
             self._on_busy(self)
 
-    def generate(self, request: protocol.GenerationRequest) -> "Generation":
+    def generate(self, request: protocol.GenerationRequest) -> Generation:
         rid = next(self._ids)
         q: _Inbox = _Inbox()
         self._track(rid, q)
@@ -288,7 +289,7 @@ class Generation:
             self.finished = True
         return msg
 
-    def __aiter__(self) -> "Generation":
+    def __aiter__(self) -> Generation:
         return self
 
     async def __anext__(self) -> dict[str, Any]:
@@ -296,7 +297,7 @@ class Generation:
             raise StopAsyncIteration
         return await self.next()
 
-    async def __aenter__(self) -> "Generation":
+    async def __aenter__(self) -> Generation:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:

@@ -89,7 +89,7 @@ class Sequence:
             event["logprobs"], self.probs = self.probs, []
         return event
 
-    def send_text(self, text: str, out: "Worker") -> None:
+    def send_text(self, text: str, out: Worker) -> None:
         if self.probs:
             out.send(self.text_event(text), hold=self.shown)
         else:
@@ -420,7 +420,7 @@ class Model:
             return {"ev": "error", "id": rid, "status": 500, "message": f"{type(e).__name__}: {e}", "param": None,
                     "code": "worker_error"}
 
-    def embed(self, rid: int, inputs: list[Any], out: "Worker") -> None:
+    def embed(self, rid: int, inputs: list[Any], out: Worker) -> None:
         """One L2-normalized, pooled vector per input (text or token ids)."""
         import math
 
@@ -507,7 +507,7 @@ class Model:
         add(ll.llama_sampler_init_dist(seed))
         return chain
 
-    def admit(self, rid: int, req: dict[str, Any], tokens: list[int], prompt_tail: str) -> "Sequence":
+    def admit(self, rid: int, req: dict[str, Any], tokens: list[int], prompt_tail: str) -> Sequence:
         """Give a prepared request (``prepare``) the free slot whose cache shares the longest
         prefix with its prompt, and drop the rest of that slot's cache. Raises ``Refused``."""
         n_prompt = len(tokens)
@@ -537,13 +537,13 @@ class Model:
             return True
         return self.ll.llama_memory_seq_pos_min(self.mem, slot.id) <= max(0, common - self.n_swa)
 
-    def free_slots(self) -> list["Slot"]:
+    def free_slots(self) -> list[Slot]:
         return [s for s in self.slots if s.seq is None]
 
-    def active(self) -> list["Sequence"]:
+    def active(self) -> list[Sequence]:
         return [s.seq for s in self.slots if s.seq is not None]
 
-    def step(self, out: "Worker") -> None:
+    def step(self, out: Worker) -> None:
         """Advance every active sequence: one llama_decode for the token each generating sequence
         sampled last, then prompt chunks of the prefilling ones (oldest first) while the step's
         budget of ``n_batch`` tokens lasts, so a long prompt never stops the streams running.
@@ -583,7 +583,7 @@ class Model:
             budget -= len(part)
         self.last_step = time.monotonic() - t0
 
-    def _decode(self, chunks: list[tuple["Sequence", list[int], bool]], out: "Worker") -> None:
+    def _decode(self, chunks: list[tuple[Sequence, list[int], bool]], out: Worker) -> None:
         """One llama_decode of ``chunks`` (sequence, tokens, whether its last token's logits are
         wanted), then the next token of each sequence whose logits came back."""
         batch = self.batch
@@ -616,7 +616,7 @@ class Model:
                     out.send({"ev": "error", "id": seq.rid, "status": 500, "param": None, "code": "worker_error",
                               "message": f"{type(e).__name__}: {e}"})
 
-    def _sample(self, seq: "Sequence") -> int | None:
+    def _sample(self, seq: Sequence) -> int | None:
         """``llama_sampler_sample``, except that a token the chain left at -inf is never accepted:
         that is what a grammar leaves when it is complete and the end of generation is banned
         (``ignore_eos``), or when no token can continue it, and llama.cpp's grammar throws (and
@@ -642,7 +642,7 @@ class Model:
             ll.llama_sampler_accept(seq.sampler, chosen.id)
         return chosen.id
 
-    def _next_token(self, seq: "Sequence", out: "Worker") -> None:
+    def _next_token(self, seq: Sequence, out: Worker) -> None:
         if seq.sampler is not None:
             tok = self._sample(seq)
             if tok is None:
@@ -669,7 +669,7 @@ class Model:
             return self.finish(seq, "length", out)  # max_tokens, the context, or server.request_timeout
         seq.pending = tok
 
-    def finish(self, seq: "Sequence", finish: str, out: "Worker") -> None:
+    def finish(self, seq: Sequence, finish: str, out: Worker) -> None:
         if seq.matched is None and finish != "cancelled":
             tail, matched = seq.stops.feed(seq.utf8.flush())
             tail += seq.stops.flush()
@@ -680,7 +680,7 @@ class Model:
         self.drop(seq)
         out.done(seq.rid, finish, seq.matched, len(seq.tokens), seq.n_gen, seq.common)
 
-    def drop(self, seq: "Sequence") -> None:
+    def drop(self, seq: Sequence) -> None:
         """Free the sequence's slot; its cache stays for the next request to reuse."""
         if seq.slot.seq is seq:
             seq.slot.seq = None
@@ -894,14 +894,14 @@ class Worker:
                 if model.active():
                     return
                 self.pending.remove(msg)
-                self._guard(rid, lambda: model.embed(rid, msg["inputs"], self))
+                self._guard(rid, model.embed, rid, msg["inputs"], self)
                 continue
             if "_prepared" not in msg:
                 continue
             if not model.free_slots():
                 return
             self.pending.remove(msg)
-            self._guard(rid, lambda: self._start(model, rid, msg["request"], *msg["_prepared"]))
+            self._guard(rid, self._start, model, rid, msg["request"], *msg["_prepared"])
 
     def _start(self, model: Model, rid: int, req: dict[str, Any], tokens: list[int], prompt_tail: str) -> None:
         seq = model.admit(rid, req, tokens, prompt_tail)
@@ -911,9 +911,10 @@ class Worker:
             start["prompt_text"] = req["prompt"] if req.get("prompt") is not None else model.detokenize(seq.tokens)
         self.send(start)
 
-    def _guard(self, rid: int, work) -> None:
+    def _guard(self, rid: int, work, *args: Any) -> None:
+        """``work(*args)``; a refusal or a bug there fails request ``rid`` alone."""
         try:
-            work()
+            work(*args)
         except Refused as r:
             self.send({**r.event, "id": rid})
         except Exception as e:  # a bug here must fail one request, not the worker

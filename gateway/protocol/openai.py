@@ -182,7 +182,8 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
             raise InvalidRequest(f"`{where}` must be an object", where)
         role = m.get("role")
         if role not in ROLES:
-            raise InvalidRequest(f"`{where}.role` must be one of {', '.join(ROLES)}, got {shown(role)}", f"{where}.role")
+            raise InvalidRequest(f"`{where}.role` must be one of {', '.join(ROLES)}, got {shown(role)}",
+                                 f"{where}.role")
         content = m.get("content")
         if content is None and role == "assistant":
             content = ""

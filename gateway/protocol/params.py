@@ -8,7 +8,6 @@ from typing import Any
 
 from ..engine.protocol import GenerationRequest
 
-
 FLOAT_MAX = 3.4028234663852886e38  # a C float, as llama.cpp takes every real parameter
 INT32_MAX = 2**31 - 1
 
