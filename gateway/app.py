@@ -178,8 +178,8 @@ def cors_middleware(origins: tuple[str, ...]):
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        origin = request.headers.get("Origin")
-        ok = origin is not None and ("*" in allowed or origin in allowed)
+        origin = request.headers.get("Origin", "")
+        ok = bool(origin) and ("*" in allowed or origin in allowed)
         if request.method == "OPTIONS" and request.headers.get("Access-Control-Request-Method"):
             if not ok:
                 raise ApiError(f"Origin {origin!r} is not in server.cors_origins", status=403, code="forbidden_origin")

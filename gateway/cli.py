@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from . import __version__
 from .config import Config, ConfigError, find_config_path, load_config
@@ -140,7 +141,7 @@ def cmd_models(args: argparse.Namespace) -> int:
     rows = []
     for spec in registry.specs():
         names = registry.names_of(spec)
-        row = {"name": spec.name, "aliases": names[1:], "source": spec.source, "file": str(spec.path),
+        row: dict[str, Any] = {"name": spec.name, "aliases": names[1:], "source": spec.source, "file": str(spec.path),
                "conflicts": {n: [str(p) for p in lost] for n, lost in registry.conflicts_won(spec).items()}}
         try:
             info = read_info(spec.path)
@@ -165,9 +166,9 @@ def cmd_models(args: argparse.Namespace) -> int:
         else:
             table.append((name, r["source"], _human(r["size"]), r["architecture"] or "?",
                           r["quantization"] or "?", r["file"]))
-    widths = [max(len(row[i]) for row in table) for i in range(5)]
-    for row in table:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[5])
+    widths = [max(len(line[i]) for line in table) for i in range(5)]
+    for line in table:
+        print("  ".join(c.ljust(w) for c, w in zip(line, widths)) + "  " + line[5])
     for r in rows:
         for name, lost in r["conflicts"].items():
             print(f"name {name!r}: {r['file']} won over {', '.join(lost)}")
@@ -233,6 +234,7 @@ async def _serve(config: Config, host: str, port: int) -> int:
     loop = asyncio.get_running_loop()
     guard = app[CONNECTIONS]
     try:
+        assert runner.server is not None  # made by setup()
         listener = await loop.create_server(guard.wrap(runner.server), host, port, backlog=128)
     except OSError as e:
         log.error("cannot listen on %s:%s: %s", host, port, e.strerror or e)

@@ -214,12 +214,13 @@ class Catalog:
         claims: dict[str, list[tuple[tuple, Found]]] = {}
         for f in found:
             depth = len(f.path.parts)
-            for cls_, names in ((0, f.names), (1, f.fallback)):
-                for n in names:
+            for cls_, claimed in ((0, f.names), (1, f.fallback)):
+                for n in claimed:
                     key = normalize_name(n)
                     if key and key not in taken:
                         claims.setdefault(key, []).append(((cls_, f.order, depth, str(f.path)), f))
-        names, conflicts = {}, {}
+        names: dict[str, Found] = {}
+        conflicts: dict[str, list[Found]] = {}
         for key, lst in claims.items():
             lst.sort(key=lambda c: c[0])
             names[key] = lst[0][1]

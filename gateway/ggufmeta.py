@@ -75,7 +75,7 @@ class _Walker:
 
         self.buf, self.path, self.pos = buf, path, 0
         self.T = gguf.GGUFValueType
-        self.fixed = {self.T.UINT8: "B", self.T.INT8: "b", self.T.UINT16: "H", self.T.INT16: "h",
+        self.fixed: dict[int, str] = {self.T.UINT8: "B", self.T.INT8: "b", self.T.UINT16: "H", self.T.INT16: "h",
                       self.T.UINT32: "I", self.T.INT32: "i", self.T.FLOAT32: "f", self.T.BOOL: "?",
                       self.T.UINT64: "Q", self.T.INT64: "q", self.T.FLOAT64: "d"}
 

@@ -8,7 +8,7 @@ named none that resolves), ``endpoint`` is a route template, never a raw path.
 from __future__ import annotations
 
 import platform
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -62,12 +62,12 @@ class Metrics:
         info.labels(__version__, platform.python_version(), _llama_cpp_version()).set(1)
         self._model_collector: _ModelCollector | None = None
 
-    def watch_models(self, rows: callable[[], Iterable[tuple[str, str, int, int]]]) -> None:
+    def watch_models(self, rows: Callable[[], Iterable[tuple[str, str, int, int]]]) -> None:
         """Per-model gauges read at scrape time: rows of (model, state, in_flight, queued)."""
         self._model_collector = _ModelCollector(rows)
         self.registry.register(self._model_collector)
 
-    def watch_connections(self, count: callable[[], int]) -> None:
+    def watch_connections(self, count: Callable[[], int]) -> None:
         self.connections_open.set_function(count)
 
     def scrape(self) -> bytes:

@@ -39,6 +39,7 @@ from .engine.client import LoadFailed, WorkerProcess
 from .engine.protocol import LoadParams
 from .errors import ApiError, ModelNotFound
 from .ggufmeta import GGUFInfo, ModelFileError
+from .metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ class Registry:
         self._retired: list[Slot] = []
         self._released: asyncio.Event | None = None
         self.worker_failures = 0  # workers that exited without being asked to
-        self.metrics = None  # a metrics.Metrics, when an app serves this registry
+        self.metrics: Metrics | None = None  # when an app serves this registry
         self.refresh()
 
     # --- names ---------------------------------------------------------------------------

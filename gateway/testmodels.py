@@ -252,6 +252,8 @@ def plain(path: str | os.PathLike, answer: Sequence[Step] = ("Hello", ",", " wor
 def thinking(path: str | os.PathLike, reasoning: str = "Let me think.", answer: str = "The answer is 4.",
              *, split_markers: bool = False, **kw) -> ScriptedModel:
     """``<think>reasoning</think>answer``; markers as special tokens, or split over ordinary ones."""
+    open_: list[Step]
+    close: list[Step]
     if split_markers:
         open_, close = ["<th", "ink", ">"], ["</", "think", ">"]
     else:
@@ -362,7 +364,7 @@ def write_random_model(
     if "tokenizer.chat_template" not in reader.fields:
         w.add_chat_template(CHATML_TEMPLATE)
     rng = np.random.default_rng(seed)
-    rand = lambda *shape: (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float16)  # noqa: E731
+    rand = lambda *shape: (rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)).astype(np.float16)  # noqa: E731
     w.add_name(f"random-{Path(vocab_path).stem}")
     w.add_context_length(context_length)
     w.add_embedding_length(n_embd)

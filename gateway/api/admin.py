@@ -20,7 +20,7 @@ async def health(request: web.Request) -> web.Response:
     draining = request.app[LIFECYCLE]["draining"]
     return web.json_response({"status": "draining" if draining else "ok", "version": __version__,
                               "models": len(registry.specs()), "in_flight": registry.in_flight(),
-                              "workers": {name: w.proc.pid for name, w in sorted(registry.loaded().items())},
+                              "workers": {name: w.pid for name, w in sorted(registry.loaded().items())},
                               "worker_failures": registry.worker_failures},
                              status=503 if draining else 200)
 
@@ -46,8 +46,8 @@ def describe(registry: Registry, spec) -> dict[str, Any]:
         "id": spec.name, "aliases": list(spec.aliases), "source": spec.source, "path": str(spec.path),
         "state": slot.state, "error": slot.error if slot.state == "failed" else (found.error if found else None),
         "retry_after": max(1, math.ceil(retry)) if slot.state == "failed" and retry > 0 else None,
-        "in_flight": slot.in_flight, "pid": worker.proc.pid if worker else None,
-        "memory_bytes": rss_bytes(worker.proc.pid) if worker else None,
+        "in_flight": slot.in_flight, "pid": worker.pid if worker else None,
+        "memory_bytes": rss_bytes(worker.pid) if worker and worker.pid else None,
         "file_size": info.file_size if info else None,
         "architecture": info.architecture if info else None,
         "quantization": info.quantization if info else None,

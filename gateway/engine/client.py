@@ -53,6 +53,10 @@ class WorkerProcess:
         self.finished: list[dict[str, Any]] = []
 
     @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.returncode is None and self.exit_reason is None
 
@@ -108,7 +112,7 @@ class WorkerProcess:
             if ev == "done":
                 self.finished.append(msg)
                 del self.finished[:-100]
-            if (q := self._queues.get(msg.get("id"))) is not None:
+            if (q := self._queues.get(msg.get("id", 0))) is not None:
                 q.put_nowait(msg)
 
     async def _wait_exit(self, closed: asyncio.Future) -> None:
@@ -124,7 +128,7 @@ class WorkerProcess:
         if self._ready and not self._ready.done():
             self._ready.set_exception(LoadFailed(f"the model worker exited during load ({how})"))
         elif not expected:
-            log.error("model %r worker (pid %s) exited unexpectedly: %s", self.params.name, self.proc.pid, how)
+            log.error("model %r worker (pid %s) exited unexpectedly: %s", self.params.name, self.pid, how)
         for rid, q in self._queues.items():
             q.put_nowait({"ev": "error", "id": rid, "status": 500, "code": "worker_crashed", "param": None,
                           "message": f"the worker for model {self.params.name!r} exited unexpectedly ({how}); "

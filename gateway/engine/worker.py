@@ -148,6 +148,9 @@ class Refused(Exception):
         self.event = {"ev": "error", "status": status, "message": message, "param": param, "code": code}
 
 
+_LOG_CALLBACKS: list[Any] = []
+
+
 def _silence_llama_logs(llama_cpp) -> None:
     """Keep llama.cpp's per-load chatter out of the gateway log; errors still reach stderr."""
 
@@ -158,7 +161,7 @@ def _silence_llama_logs(llama_cpp) -> None:
         if level == ggml_log_level_error:
             sys.stderr.write(text.decode("utf-8", "replace"))
 
-    _silence_llama_logs.keep = log  # the callback must outlive this function
+    _LOG_CALLBACKS.append(log)  # the callback must outlive this function
     llama_cpp.llama_log_set(log, ctypes.c_void_p(0))
 
 
@@ -240,7 +243,11 @@ class Model:
         self.slots = [Slot(i) for i in range(n_slots)]
         self.batch = Batch(ll, cp.n_batch, n_slots)
         self._views: dict[int, Any] = {}
-        self._cand = self._cand_ids = self._cand_arr = self._cand_ptr = None  # the sampler chains' candidates
+        # the sampler chains' candidates: made on the first sampled token
+        self._cand: Any = None
+        self._cand_ids: Any = None
+        self._cand_arr: Any = None
+        self._cand_ptr: Any = None
         self._logits_base: int | None = None
         self._get_logits = _address_of_logits(ll)
         self.last_step = 0.0  # seconds the last decode step took, sampling included
@@ -837,7 +844,7 @@ class Worker:
 
     def _answer(self, msg: dict[str, Any]) -> None:
         """On a prep thread: a question's answer, unless its asker left before it began."""
-        if not self.asking.get(msg["id"]):
+        if not self.asking.get(msg["id"]) and self.model is not None:
             event = self.model.answer(msg)
             if not self.asking.get(msg["id"]):
                 self.inbox.put({"op": "_reply", "event": event})
@@ -865,6 +872,7 @@ class Worker:
                 self.inbox.put({"op": "_prepared", "msg": msg, "result": None, "threaded": True})
             return
         try:
+            assert self.model is not None  # generate messages are taken only once it is loaded
             result: Any = self.model.prepare(msg["request"])
         except Refused as r:
             result = r

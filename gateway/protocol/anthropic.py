@@ -83,9 +83,9 @@ def parse(body: dict[str, Any]) -> Parsed:
         raise InvalidRequest("stream: must be true or false", "stream")
     if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
         raise InvalidRequest("metadata: must be an object", "metadata")
-    thinking = body.get("thinking")
-    if thinking is not None:
-        kind = thinking.get("type") if isinstance(thinking, dict) else None
+    thinking_field = body.get("thinking")
+    if thinking_field is not None:
+        kind = thinking_field.get("type") if isinstance(thinking_field, dict) else None
         if kind not in ("enabled", "disabled", "adaptive"):
             raise InvalidRequest("thinking.type: must be enabled or disabled", "thinking.type")
         req.chat_template_kwargs["enable_thinking"] = kind != "disabled"

@@ -25,7 +25,7 @@ class Param:
     def problem(self, value: object) -> str | None:
         """Why ``value`` is not acceptable, or None."""
         ok_type = isinstance(value, (int, float)) if self.kind is float else isinstance(value, int)
-        if isinstance(value, bool) or not ok_type:
+        if isinstance(value, bool) or not ok_type or not isinstance(value, (int, float)):
             return f"must be {'a number' if self.kind is float else 'an integer'}"
         if isinstance(value, float) and not math.isfinite(value):
             return "must be a finite number"
