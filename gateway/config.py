@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from .protocol.params import SAMPLING
+from .sampling import SAMPLING
 
 ENV_CONFIG = "GGUF_GATEWAY_CONFIG"
 ENV_KEYS = "GGUF_GATEWAY_API_KEYS"  # comma-separated, each "key" or "name=key"
