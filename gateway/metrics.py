@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily
 
 from . import __version__
+from .lifecycle import ModelState
 
 NO_MODEL = "-"
 # Latency buckets fit for LLM serving, milliseconds to minutes (after vLLM's).
@@ -23,7 +24,7 @@ ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05,
                0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
 DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
 LOAD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
-STATES = ("unloaded", "loading", "ready", "failed")
+STATES = tuple(s.value for s in ModelState)
 
 
 class Metrics:

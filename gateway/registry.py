@@ -7,10 +7,7 @@ Resolution, names trimmed and compared case-insensitively:
   then a ``name:tag`` that matched nothing tries ``name``.
 A name is only ever a key into these tables, never joined to a path.
 
-Each model has a slot with a state:
-  unloaded --request--> loading --worker ready--> ready --idle keep_alive / evicted--> unloaded
-                        loading --load failed--> failed --back-off passed, request--> loading
-                        ready --worker died--> unloaded (the next request reloads it)
+Each model has a record (``Slot``) whose state moves as ``lifecycle.py`` draws it.
 One load runs per model however many requests wait for it (single flight). A request
 waits up to ``server.load_timeout`` for a load, then gets 503 ``model_loading``; a failed
 model answers 503 ``model_load_failed`` with ``Retry-After`` until its back-off (5 s,
@@ -32,13 +29,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import discovery, testmodels
+from . import discovery, lifecycle, placement, testmodels
 from .config import Config, ConfigError, ModelSpec, load_config, normalize_name
 from .engine import protocol
 from .engine.client import LoadFailed, WorkerProcess
 from .engine.protocol import LoadParams
 from .errors import ApiError, ModelNotFound
 from .ggufmeta import GGUFInfo, ModelFileError
+from .lifecycle import ModelState
 from .metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -46,7 +44,7 @@ log = logging.getLogger(__name__)
 DEMO_NAME = "demo"
 RESCAN_SECONDS = 5.0
 BACKOFF_FIRST, BACKOFF_MAX = 5.0, 300.0
-UNLOADED, LOADING, READY, FAILED = "unloaded", "loading", "ready", "failed"
+UNLOADED, LOADING, READY, FAILED = ModelState.UNLOADED, ModelState.LOADING, ModelState.READY, ModelState.FAILED
 
 
 def _slots(spec: ModelSpec) -> int:
@@ -57,7 +55,11 @@ def _slots(spec: ModelSpec) -> int:
 @dataclass
 class Slot:
     spec: ModelSpec
-    state: str = UNLOADED
+    state: ModelState = UNLOADED
+
+    def move(self, new: ModelState) -> None:
+        """The one place a model's state changes (``lifecycle.MOVES`` says where it may go)."""
+        self.state = lifecycle.move(self.state, new)
     worker: WorkerProcess | None = None
     load: asyncio.Task | None = None
     error: str | None = None
@@ -184,7 +186,7 @@ class Registry:
         for spec in self._specs:
             slot = self.state(spec)
             behind = max(0, slot.worker.in_flight - _slots(spec)) if slot.worker is not None else 0
-            rows.append((spec.name, slot.state, slot.in_flight, slot.waiting + behind))
+            rows.append((spec.name, slot.state.value, slot.in_flight, slot.waiting + behind))
         return rows
 
     def in_flight(self) -> int:
@@ -265,7 +267,7 @@ class Registry:
 
     async def _load(self, slot: Slot) -> WorkerProcess:
         spec = slot.spec
-        slot.state = LOADING
+        slot.move(LOADING)
         began = time.monotonic()
         try:
             await self._make_room(slot)
@@ -281,17 +283,19 @@ class Registry:
         except (ModelFileError, LoadFailed) as e:
             slot.failures += 1
             backoff = min(BACKOFF_FIRST * 2 ** (slot.failures - 1), BACKOFF_MAX)
-            slot.state, slot.error, slot.retry_at = FAILED, str(e), time.monotonic() + backoff
+            slot.move(FAILED)
+            slot.error, slot.retry_at = str(e), time.monotonic() + backoff
             if self.metrics is not None:
                 self.metrics.load_failures.labels(spec.name).inc()
             log.error("model %r failed to load: %s (next attempt in %.0f s)", spec.name, e, backoff)
             raise _load_failed(spec, str(e), backoff) from None
         except BaseException:
-            slot.state = UNLOADED
+            slot.move(UNLOADED)
             raise
         finally:
             slot.load = None
-        slot.worker, slot.state, slot.error, slot.failures = worker, READY, None, 0
+        slot.move(READY)
+        slot.worker, slot.error, slot.failures = worker, None, 0
         if self.metrics is not None:
             self.metrics.load_duration.labels(spec.name).observe(time.monotonic() - began)
         slot.last_used = time.monotonic()
@@ -305,13 +309,13 @@ class Registry:
             return
         deadline = time.monotonic() + max(self.config.server.load_timeout, 60.0)
         while True:
-            others = [s for s in [*self._slots.values(), *self._retired]
-                      if s is not slot and s.state in (LOADING, READY)]
-            if len(others) < limit:
+            others = [s for s in [*self._slots.values(), *self._retired] if s is not slot]
+            room, name = placement.make_room(
+                [placement.Resident(str(id(s)), s.state, s.in_flight, s.last_used) for s in others], limit)
+            if room is placement.Room.FITS:
                 return
-            idle = [s for s in others if s.state == READY and s.in_flight == 0]
-            if idle:
-                victim = min(idle, key=lambda s: s.last_used)
+            if room is placement.Room.EVICT:
+                victim = next(s for s in others if str(id(s)) == name)
                 log.info("unloading %r (least recently used) to make room for %r", victim.spec.name, slot.spec.name)
                 await self._unload(victim)
                 continue
@@ -347,7 +351,7 @@ class Registry:
             slot.timer = None
         worker, slot.worker = slot.worker, None
         if slot.state == READY:
-            slot.state = UNLOADED
+            slot.move(UNLOADED)
         if worker is not None:
             log.info("unloading model %r", slot.spec.name)
             await worker.stop()
@@ -368,16 +372,13 @@ class Registry:
         return slot
 
     def _share_cpus(self, _changed: WorkerProcess | None = None) -> None:
-        """Split the CPUs among the workers busy right now. llama.cpp's threads spin while they
-        wait for each other, so two workers each using every core slow each other down badly
-        (measured with scripts/load.py: 13 requests/s with 2 threads each on 2 cores, 930 with 1)."""
+        """Split the CPUs among the workers busy right now (``placement.cpu_shares``)."""
         workers = [s.worker for s in [*self._slots.values(), *self._retired] if s.worker is not None]
-        busy = [w for w in workers if w.busy and w.alive]
-        if not busy:
-            return
-        share = max(1, protocol.default_threads() // len(busy))
-        for w in busy:
-            w.set_threads(min(share, w.params.n_threads or share))
+        busy = {str(id(w)): w for w in workers if w.busy and w.alive}
+        shares = placement.cpu_shares([(key, w.params.n_threads) for key, w in busy.items()],
+                                      protocol.default_threads())
+        for key, threads in shares.items():
+            busy[key].set_threads(threads)
 
     def _worker_exited(self, worker: WorkerProcess, expected: bool) -> None:
         if not expected:
@@ -388,7 +389,7 @@ class Registry:
             if slot.worker is worker:
                 slot.worker = None
                 if slot.state == READY:
-                    slot.state = UNLOADED
+                    slot.move(UNLOADED)
 
     def _retire(self, slot: Slot) -> None:
         slot.retiring = True

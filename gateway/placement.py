@@ -1,0 +1,52 @@
+"""Placement policy: pure functions of the state they are handed, so a test can hand them a
+state and read the decision. The registry gathers the state and carries the decision out."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+from .lifecycle import ModelState
+
+
+@dataclass(frozen=True)
+class Resident:
+    """A model that holds memory, or is about to: what placement needs to know of it."""
+
+    name: str
+    state: ModelState
+    in_flight: int = 0
+    last_used: float = 0.0
+
+
+class Room(Enum):
+    FITS = "fits"  # load now
+    EVICT = "evict"  # unload the named model first, then ask again
+    WAIT = "wait"  # every loaded model is busy: wait for one to go idle
+
+
+def make_room(others: Sequence[Resident], limit: int) -> tuple[Room, str | None]:
+    """Whether one more model may load beside ``others`` under ``server.max_loaded_models``
+    (``limit``; 0: no limit). Loading models count. Past the limit, the least recently used
+    ready model with nothing in flight is evicted (the first of equals); a model with requests
+    in flight never is."""
+    loaded = [r for r in others if r.state in (ModelState.LOADING, ModelState.READY)]
+    if not limit or len(loaded) < limit:
+        return Room.FITS, None
+    idle = [r for r in loaded if r.state is ModelState.READY and r.in_flight == 0]
+    if not idle:
+        return Room.WAIT, None
+    return Room.EVICT, min(idle, key=lambda r: r.last_used).name
+
+
+def cpu_shares(busy: Sequence[tuple[str, int | None]], cpus: int) -> dict[str, int]:
+    """Threads for each busy model, from (name, its configured n_threads or None): the CPUs
+    split evenly among them, at least one each, never more than a model is configured for.
+    llama.cpp's threads spin while they wait for each other, so two models each using every
+    core slow each other down badly (scripts/load.py: 13 requests/s with 2 threads each on 2
+    cores, 930 with 1)."""
+    if not busy:
+        return {}
+    share = max(1, cpus // len(busy))
+    return {name: min(share, n_threads or share) for name, n_threads in busy}

@@ -1,0 +1,46 @@
+"""The placement policy and the lifecycle's moves, as pure functions: a state in, a decision out."""
+
+import pytest
+
+from gateway.lifecycle import MOVES, ModelState, move
+from gateway.placement import Resident, Room, cpu_shares, make_room
+
+U, L, R, F = ModelState.UNLOADED, ModelState.LOADING, ModelState.READY, ModelState.FAILED
+
+
+@pytest.mark.parametrize("others, limit, decision", [
+    ([], 1, (Room.FITS, None)),
+    ([Resident("a", R)], 0, (Room.FITS, None)),  # 0: no limit
+    ([Resident("a", R), Resident("b", R)], 3, (Room.FITS, None)),
+    ([Resident("a", U), Resident("b", F)], 1, (Room.FITS, None)),  # neither holds memory
+    ([Resident("a", R, last_used=5), Resident("b", R, last_used=2)], 2, (Room.EVICT, "b")),  # least recently used
+    ([Resident("a", R, in_flight=1, last_used=1), Resident("b", R, last_used=9)], 2, (Room.EVICT, "b")),
+    ([Resident("a", R, in_flight=1), Resident("b", L)], 2, (Room.WAIT, None)),  # busy, and a load under way
+    ([Resident("a", L)], 1, (Room.WAIT, None)),  # a loading model counts and cannot be evicted
+    ([Resident("a", R, last_used=3), Resident("b", R, last_used=3)], 1, (Room.EVICT, "a")),  # first of equals
+    ([Resident("a", R, last_used=1), Resident("b", R, last_used=2), Resident("c", R, last_used=3)], 2,
+     (Room.EVICT, "a")),  # over the limit (lowered by a reload): one at a time
+])
+def test_make_room(others, limit, decision):
+    assert make_room(others, limit) == decision
+
+
+@pytest.mark.parametrize("busy, cpus, shares", [
+    ([], 8, {}),
+    ([("a", None)], 8, {"a": 8}),
+    ([("a", None), ("b", None)], 8, {"a": 4, "b": 4}),
+    ([("a", 2), ("b", None)], 8, {"a": 2, "b": 4}),  # never more than configured
+    ([("a", None), ("b", None), ("c", None)], 2, {"a": 1, "b": 1, "c": 1}),  # at least one each
+    ([("a", None), ("b", None), ("c", None)], 16, {"a": 5, "b": 5, "c": 5}),
+])
+def test_cpu_shares(busy, cpus, shares):
+    assert cpu_shares(busy, cpus) == shares
+
+
+def test_the_lifecycle_moves():
+    assert move(U, L) is L and move(L, R) is R and move(R, U) is U and move(L, F) is F and move(F, L) is L
+    assert move(R, R) is R  # staying is not a move
+    for bad in [(U, R), (U, F), (R, L), (R, F), (F, R), (F, U)]:
+        with pytest.raises(ValueError):
+            move(*bad)
+    assert set(MOVES) == set(ModelState)
