@@ -1,11 +1,8 @@
 """Name -> ModelSpec -> a running worker, and the lifecycle of every loaded model.
 
-Resolution, names trimmed and compared case-insensitively:
-  1. models loaded or loading now (by name and alias);
-  2. models.yaml entries and their aliases;
-  3. discovery (a miss rescans, at most every RESCAN_SECONDS);
-  then a ``name:tag`` that matched nothing tries ``name``.
-A name is only ever a key into these tables, never joined to a path.
+Resolution: models loaded or loading now (by name and alias), then the catalog
+(``catalog.py``: models.yaml, then discovery; a miss rescans the stores, at most every
+``rescan_seconds``); a ``name:tag`` that matched nothing tries ``name``.
 
 Each model has a record (``Slot``) whose state moves as ``lifecycle.py`` draws it.
 One load runs per model however many requests wait for it (single flight). A request
@@ -23,13 +20,13 @@ import asyncio
 import contextlib
 import logging
 import math
-import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import discovery, lifecycle, placement, testmodels
+from . import discovery, lifecycle, placement
+from .catalog import DEMO_NAME, ModelCatalog, ensure_demo_model  # noqa: F401 (DEMO_NAME, ensure_demo_model: re-exported)
 from .config import Config, ConfigError, ModelSpec, load_config, normalize_name
 from .engine import protocol
 from .engine.client import LoadFailed, WorkerProcess
@@ -41,9 +38,6 @@ from .metrics import Metrics
 
 log = logging.getLogger(__name__)
 
-DEMO_NAME = "demo"
-RESCAN_SECONDS = 5.0
-BACKOFF_FIRST, BACKOFF_MAX = 5.0, 300.0
 UNLOADED, LOADING, READY, FAILED = ModelState.UNLOADED, ModelState.LOADING, ModelState.READY, ModelState.FAILED
 
 
@@ -73,103 +67,58 @@ class Slot:
 
 
 class Registry:
-    def __init__(self, config: Config, *, demo_dir: Path | None = None, allow_demo: bool = False):
+    def __init__(self, config: Config, *, demo_dir: Path | None = None, allow_demo: bool = False,
+                 rescan_seconds: float = 5.0, backoff: tuple[float, float] = (5.0, 300.0)):
         self.config = config
-        self._demo_dir = demo_dir
-        self._allow_demo = allow_demo
-        self._specs: list[ModelSpec] = []
-        self._configured: dict[str, ModelSpec] = {}
-        self._discovered: dict[str, ModelSpec] = {}
-        self.catalog = discovery.Catalog([], {}, {})
-        self.found: dict[str, discovery.Found] = {}  # spec name -> discovery record
-        self._scanned_at = -math.inf
+        self.catalog = ModelCatalog(config, demo_dir=demo_dir, allow_demo=allow_demo, rescan_seconds=rescan_seconds)
+        self.backoff = backoff  # a failed load's first wait before the next attempt, and its cap
         self._slots: dict[str, Slot] = {}
         self._retired: list[Slot] = []
         self._released: asyncio.Event | None = None
         self.worker_failures = 0  # workers that exited without being asked to
         self.metrics: Metrics | None = None  # when an app serves this registry
-        self.refresh()
 
-    # --- names ---------------------------------------------------------------------------
+    # --- names (the catalog's, loaded models first) ------------------------------------------
     def refresh(self) -> None:
         """Re-read the stores (blocking I/O: call it off the event loop when serving)."""
-        cfg = self.config
-        configured = {normalize_name(n): s for s in cfg.models for n in s.names}
-        configured_paths = {os.path.realpath(s.path): s for s in cfg.models}
-        found = discovery.scan(discovery.roots_for(cfg.server.models_dirs, cfg.server.discover_default_stores))
-        same_file = [f for f in found if os.path.realpath(f.path) in configured_paths]
-        catalog = discovery.Catalog.build([f for f in found if f not in same_file], set(configured))
-        discovered: dict[str, ModelSpec] = {}
-        self.found = {}
-        for f in catalog.models:
-            won = [n for n in [*f.names, *f.fallback] if catalog.names.get(normalize_name(n)) is f]
-            won = list(dict.fromkeys(won))
-            spec = ModelSpec(name=won[0], path=f.path, aliases=tuple(won[1:]), source=f.source,
-                             embeddings=bool(f.info and f.info.pooling))
-            self.found[spec.name] = f
-            for n in won:
-                discovered[normalize_name(n)] = spec
-        for f in same_file:  # a configured file found on disk too: its store names reach the entry
-            for n in f.names:
-                discovered.setdefault(normalize_name(n), configured_paths[os.path.realpath(f.path)])
-        specs = list(cfg.models) + [s for s in _unique(discovered.values()) if all(s is not c for c in cfg.models)]
-        if not specs and self._allow_demo:
-            demo = ensure_demo_model(self._demo_dir)
-            if [s.source for s in self._specs] != ["demo"]:
-                log.info("no models configured or found: serving the built-in demo model as %r (%s)",
-                         DEMO_NAME, demo.path)
-            specs, configured = [demo], {DEMO_NAME: demo}
-        self._specs, self._configured, self._discovered = specs, configured, discovered
-        self.catalog = catalog
-        self._scanned_at = time.monotonic()
+        self.catalog.refresh()
+
+    @property
+    def found(self) -> dict[str, discovery.Found]:
+        return self.catalog.found
 
     def resolve(self, name: object, *, loaded_first: bool = True) -> ModelSpec | None:
-        if not isinstance(name, str):
-            return None
-        key = normalize_name(name)
-        if not key:
-            return None
-        for attempt in (key, key.split(":", 1)[0] if ":" in key else None):
-            if attempt is None:
-                continue
-            for slot in self._slots.values() if loaded_first else ():  # 1. loaded or loading now
-                if slot.state in (LOADING, READY) and attempt in map(normalize_name, slot.spec.names):
+        """A loaded (or loading) model by any of its names first, then the catalog's answer; a
+        ``name:tag`` that matched nothing tries ``name``."""
+        for key in self.catalog.keys(name):
+            for slot in self._slots.values() if loaded_first else ():
+                if slot.state in (LOADING, READY) and key in map(normalize_name, slot.spec.names):
                     return slot.spec
-            spec = self._configured.get(attempt) or self._discovered.get(attempt)  # 2. models.yaml, 3. discovery
-            if spec is not None:
+            if (spec := self.catalog.get(key)) is not None:
                 return spec
         return None
 
     async def lookup(self, name: object) -> ModelSpec:
-        """``resolve``, rescanning the stores once on a miss (at most every RESCAN_SECONDS)."""
+        """``resolve``, rescanning the stores once on a miss (at most every ``rescan_seconds``)."""
         spec = self.resolve(name)
-        if spec is None and time.monotonic() - self._scanned_at >= RESCAN_SECONDS:
-            await asyncio.to_thread(self.refresh)
+        if spec is None and self.catalog.stale():
+            await asyncio.to_thread(self.catalog.refresh)
             spec = self.resolve(name)
         if spec is None:
             raise ModelNotFound(name if isinstance(name, str) else repr(name))
         return spec
 
     def specs(self) -> list[ModelSpec]:
-        return list(self._specs)
+        return self.catalog.specs()
 
     def names_of(self, spec: ModelSpec) -> list[str]:
-        """Every name that resolves to ``spec``, its own name first."""
-        names = list(spec.names)
-        names += [k for k, s in {**self._discovered, **self._configured}.items() if s is spec]
-        return list(dict.fromkeys(normalize_name(n) for n in names))
+        return self.catalog.names_of(spec)
 
     def conflicts_won(self, spec: ModelSpec) -> dict[str, list[Path]]:
-        """Names ``spec`` won over other files: name -> the files that lost it."""
-        found = self.found.get(spec.name)
-        return {name: [f.path for f in claimants[1:]] for name, claimants in self.catalog.conflicts.items()
-                if found is not None and claimants[0] is found}
+        return self.catalog.conflicts_won(spec)
 
     def info(self, spec: ModelSpec) -> GGUFInfo | None:
-        try:
-            return discovery.INFO_CACHE.get(spec.path)
-        except ModelFileError:
-            return None
+        return self.catalog.info(spec)
 
     # --- lifecycle -------------------------------------------------------------------------
     def slot(self, spec: ModelSpec) -> Slot:
@@ -183,7 +132,7 @@ class Registry:
     def metrics_rows(self) -> list[tuple[str, str, int, int]]:
         """(model, state, requests in flight, requests queued) for every resolvable model."""
         rows = []
-        for spec in self._specs:
+        for spec in self.specs():
             slot = self.state(spec)
             behind = max(0, slot.worker.in_flight - _slots(spec)) if slot.worker is not None else 0
             rows.append((spec.name, slot.state.value, slot.in_flight, slot.waiting + behind))
@@ -282,7 +231,8 @@ class Registry:
             await worker.start()
         except (ModelFileError, LoadFailed) as e:
             slot.failures += 1
-            backoff = min(BACKOFF_FIRST * 2 ** (slot.failures - 1), BACKOFF_MAX)
+            first, most = self.backoff
+            backoff = min(first * 2 ** (slot.failures - 1), most)
             slot.move(FAILED)
             slot.error, slot.retry_at = str(e), time.monotonic() + backoff
             if self.metrics is not None:
@@ -408,13 +358,13 @@ class Registry:
             return False
         for line in config.warnings:
             log.warning("%s", line)
-        self.config = config
-        await asyncio.to_thread(self.refresh)
+        self.config = self.catalog.config = config
+        await asyncio.to_thread(self.catalog.refresh)
         for name, slot in list(self._slots.items()):
             if self.resolve(name, loaded_first=False) != slot.spec:
                 del self._slots[name]
                 self._retire(slot)
-        log.info("configuration reloaded: %d models", len(self._specs))
+        log.info("configuration reloaded: %d models", len(self.specs()))
         return True
 
     async def preload(self) -> None:
@@ -423,7 +373,7 @@ class Registry:
                 await self.load(spec.name)
             except ApiError as e:
                 log.error("preload of %r failed: %s", spec.name, e.message)
-        await asyncio.gather(*(one(s) for s in self._specs if s.preload))
+        await asyncio.gather(*(one(s) for s in self.specs() if s.preload))
 
     async def close(self) -> None:
         """Stop every worker (at shutdown)."""
@@ -435,25 +385,6 @@ class Registry:
         await asyncio.gather(*(self._unload(s) for s in slots), return_exceptions=True)
 
 
-def _unique(specs) -> list[ModelSpec]:
-    out: list[ModelSpec] = []
-    for s in specs:
-        if all(s is not o for o in out):
-            out.append(s)
-    return out
-
-
 def _load_failed(spec: ModelSpec, reason: str, retry_after: float) -> ApiError:
     return ApiError(f"model {spec.name!r} failed to load: {reason}", status=503, param="model",
                     code="model_load_failed", headers={"Retry-After": str(max(1, math.ceil(retry_after)))})
-
-
-def ensure_demo_model(directory: Path | None = None) -> ModelSpec:
-    directory = directory or testmodels.data_dir()
-    path = directory / "demo.gguf"
-    if not path.is_file():
-        directory.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".part")
-        testmodels.demo(tmp)
-        tmp.replace(path)
-    return ModelSpec(name=DEMO_NAME, path=path, source="demo")

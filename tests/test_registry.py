@@ -9,7 +9,6 @@ import shutil
 import pytest
 from openapi import validate
 
-from gateway import registry as registry_mod
 from gateway import testmodels as tm
 from gateway.app import REGISTRY, create_app
 from gateway.config import load_config
@@ -246,8 +245,7 @@ async def test_load_timeout_zero_answers_503_at_once_then_serves(aiohttp_client,
     assert body["choices"][0]["message"]["content"] == "Alpha here"
 
 
-async def test_a_failed_load_backs_off_before_the_next_attempt(aiohttp_client, tmp_path, write_config, count_spawns,
-                                                               monkeypatch):
+async def test_a_failed_load_backs_off_before_the_next_attempt(aiohttp_client, tmp_path, write_config, count_spawns):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF" + b"\x00" * 100)
     client = await aiohttp_client(create_app(config_for(write_config, f"models:\n  bad: {bad}\n")))
@@ -257,7 +255,7 @@ async def test_a_failed_load_backs_off_before_the_next_attempt(aiohttp_client, t
     assert int(first[2]["Retry-After"]) == 5 and 1 <= int(second[2]["Retry-After"]) <= 5
     slot = client.app[REGISTRY].state(client.app[REGISTRY].resolve("bad"))
     assert slot.failures == 1  # the second request did not try again inside the back-off
-    monkeypatch.setattr(registry_mod, "BACKOFF_FIRST", 0.0)
+    client.app[REGISTRY].backoff = (0.0, 300.0)
     slot.retry_at = 0
     third = await chat(client, "bad")
     assert third[0] == 503 and slot.failures == 2 and int(third[2]["Retry-After"]) >= 1
@@ -312,10 +310,9 @@ async def test_a_loaded_model_keeps_answering_after_its_file_vanishes(aiohttp_cl
     assert status == 200 and body["choices"][0]["message"]["content"] == "Alpha here"
 
 
-async def test_a_miss_rescans_the_stores(aiohttp_client, scripted, tmp_path, write_config, monkeypatch):
-    monkeypatch.setattr(registry_mod, "RESCAN_SECONDS", 0.0)
-    client = await aiohttp_client(create_app(config_for(write_config, models_dirs=[str(tmp_path)],
-                                                        discover_default_stores=False)))
+async def test_a_miss_rescans_the_stores(aiohttp_client, scripted, tmp_path, write_config):
+    config = config_for(write_config, models_dirs=[str(tmp_path)], discover_default_stores=False)
+    client = await aiohttp_client(create_app(config, Registry(config, rescan_seconds=0.0)))
     assert (await chat(client, "beta"))[0] == 404
     shutil.copy(scripted / "beta.gguf", tmp_path / "beta.gguf")
     status, body, _ = await chat(client, "beta")

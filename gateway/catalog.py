@@ -1,0 +1,137 @@
+"""Names -> model specs: models.yaml's entries, what discovery finds in the model stores, and
+the built-in demo model when there is nothing else. Names are trimmed and compared
+case-insensitively, and are only ever keys into these tables, never joined to a path.
+
+Which loaded model a name means first is the registry's business (``Registry.resolve``); the
+catalog answers for everything that can be loaded.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from pathlib import Path
+
+from . import discovery, testmodels
+from .config import Config, ModelSpec, normalize_name
+from .ggufmeta import GGUFInfo, ModelFileError
+
+log = logging.getLogger(__name__)
+
+DEMO_NAME = "demo"
+
+
+class ModelCatalog:
+    def __init__(self, config: Config, *, demo_dir: Path | None = None, allow_demo: bool = False,
+                 rescan_seconds: float = 5.0):
+        self.config = config
+        self.rescan_seconds = rescan_seconds  # a miss rescans the stores at most this often
+        self._demo_dir = demo_dir
+        self._allow_demo = allow_demo
+        self._specs: list[ModelSpec] = []
+        self._configured: dict[str, ModelSpec] = {}
+        self._discovered: dict[str, ModelSpec] = {}
+        self.table = discovery.Catalog([], {}, {})  # discovery's names and their conflicts
+        self.found: dict[str, discovery.Found] = {}  # spec name -> discovery record
+        self._scanned_at = -math.inf
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Re-read the stores (blocking I/O: call it off the event loop when serving)."""
+        cfg = self.config
+        configured = {normalize_name(n): s for s in cfg.models for n in s.names}
+        configured_paths = {os.path.realpath(s.path): s for s in cfg.models}
+        found = discovery.scan(discovery.roots_for(cfg.server.models_dirs, cfg.server.discover_default_stores))
+        same_file = [f for f in found if os.path.realpath(f.path) in configured_paths]
+        table = discovery.Catalog.build([f for f in found if f not in same_file], set(configured))
+        discovered: dict[str, ModelSpec] = {}
+        self.found = {}
+        for f in table.models:
+            won = [n for n in [*f.names, *f.fallback] if table.names.get(normalize_name(n)) is f]
+            won = list(dict.fromkeys(won))
+            spec = ModelSpec(name=won[0], path=f.path, aliases=tuple(won[1:]), source=f.source,
+                             embeddings=bool(f.info and f.info.pooling))
+            self.found[spec.name] = f
+            for n in won:
+                discovered[normalize_name(n)] = spec
+        for f in same_file:  # a configured file found on disk too: its store names reach the entry
+            for n in f.names:
+                discovered.setdefault(normalize_name(n), configured_paths[os.path.realpath(f.path)])
+        specs = list(cfg.models) + [s for s in _unique(discovered.values()) if all(s is not c for c in cfg.models)]
+        if not specs and self._allow_demo:
+            demo = ensure_demo_model(self._demo_dir)
+            if [s.source for s in self._specs] != ["demo"]:
+                log.info("no models configured or found: serving the built-in demo model as %r (%s)",
+                         DEMO_NAME, demo.path)
+            specs, configured = [demo], {DEMO_NAME: demo}
+        self._specs, self._configured, self._discovered = specs, configured, discovered
+        self.table = table
+        self._scanned_at = time.monotonic()
+
+    def stale(self) -> bool:
+        """Whether a miss may rescan the stores now."""
+        return time.monotonic() - self._scanned_at >= self.rescan_seconds
+
+    @staticmethod
+    def keys(name: object) -> list[str]:
+        """The normalized keys ``name`` is looked up by, in order: itself, then for a
+        ``name:tag`` the name without its tag."""
+        if not isinstance(name, str):
+            return []
+        key = normalize_name(name)
+        if not key:
+            return []
+        return [key, key.split(":", 1)[0]] if ":" in key else [key]
+
+    def get(self, key: str) -> ModelSpec | None:
+        """models.yaml's entry for a normalized key, else discovery's."""
+        return self._configured.get(key) or self._discovered.get(key)
+
+    def resolve(self, name: object) -> ModelSpec | None:
+        for key in self.keys(name):
+            if (spec := self.get(key)) is not None:
+                return spec
+        return None
+
+    def specs(self) -> list[ModelSpec]:
+        return list(self._specs)
+
+    def names_of(self, spec: ModelSpec) -> list[str]:
+        """Every name that resolves to ``spec``, its own name first."""
+        names = list(spec.names)
+        names += [k for k, s in {**self._discovered, **self._configured}.items() if s is spec]
+        return list(dict.fromkeys(normalize_name(n) for n in names))
+
+    def conflicts_won(self, spec: ModelSpec) -> dict[str, list[Path]]:
+        """Names ``spec`` won over other files: name -> the files that lost it."""
+        found = self.found.get(spec.name)
+        return {name: [f.path for f in claimants[1:]] for name, claimants in self.table.conflicts.items()
+                if found is not None and claimants[0] is found}
+
+    @staticmethod
+    def info(spec: ModelSpec) -> GGUFInfo | None:
+        try:
+            return discovery.INFO_CACHE.get(spec.path)
+        except ModelFileError:
+            return None
+
+
+def _unique(specs) -> list[ModelSpec]:
+    out: list[ModelSpec] = []
+    for s in specs:
+        if all(s is not o for o in out):
+            out.append(s)
+    return out
+
+
+def ensure_demo_model(directory: Path | None = None) -> ModelSpec:
+    directory = directory or testmodels.data_dir()
+    path = directory / "demo.gguf"
+    if not path.is_file():
+        directory.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".part")
+        testmodels.demo(tmp)
+        tmp.replace(path)
+    return ModelSpec(name=DEMO_NAME, path=path, source="demo")

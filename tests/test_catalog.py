@@ -1,0 +1,45 @@
+"""The catalog alone: names -> specs from models.yaml, discovery and the demo, no server."""
+
+import shutil
+
+from gateway import testmodels as tm
+from gateway.catalog import DEMO_NAME, ModelCatalog
+from gateway.config import load_config
+
+
+def test_models_yaml_beats_discovery_and_a_tag_falls_back(tmp_path, write_config):
+    store = tmp_path / "store"
+    store.mkdir()
+    tm.plain(store / "alpha.gguf")
+    tm.plain(store / "beta.gguf")
+    config = load_config(write_config(f"server:\n  discover_default_stores: false\n  models_dirs: [{store}]\n"
+                                      f"models:\n  alpha:\n    path: {store}/beta.gguf\n    aliases: [First]\n"))
+    catalog = ModelCatalog(config)
+    assert catalog.resolve("ALPHA ").path.name == "beta.gguf"  # the configured entry, not the file named alpha
+    assert catalog.resolve("first").name == "alpha" and catalog.resolve("first:latest").name == "alpha"
+    assert catalog.resolve("beta").name == "alpha"  # the configured file's store name reaches its entry
+    assert catalog.resolve("llama").path.name == "alpha.gguf"  # name taken: the architecture, last resort
+    assert catalog.resolve("../alpha") is None and catalog.resolve(None) is None and catalog.resolve(" ") is None
+    assert catalog.keys("Llama3:8B") == ["llama3:8b", "llama3"]
+    assert {s.name for s in catalog.specs()} == {"alpha", "llama"}
+    assert catalog.names_of(catalog.resolve("alpha"))[:2] == ["alpha", "first"]
+
+
+def test_rescans_are_paced_and_find_new_files(tmp_path, write_config):
+    config = load_config(write_config(f"server:\n  discover_default_stores: false\n  models_dirs: [{tmp_path}]\n"))
+    paced, eager = ModelCatalog(config, rescan_seconds=3600), ModelCatalog(config, rescan_seconds=0)
+    assert not paced.stale() and eager.stale()
+    tm.plain(tmp_path / "late.gguf")
+    assert eager.resolve("late") is None  # nothing is read until a refresh
+    eager.refresh()
+    assert eager.resolve("late").path == tmp_path / "late.gguf"
+
+
+def test_the_demo_only_when_nothing_else_and_only_when_asked(tmp_path, write_config):
+    config = load_config(write_config("server:\n  discover_default_stores: false\n"))
+    assert ModelCatalog(config).specs() == []
+    catalog = ModelCatalog(config, demo_dir=tmp_path, allow_demo=True)
+    assert [s.name for s in catalog.specs()] == [DEMO_NAME] and catalog.resolve("demo").source == "demo"
+    shutil.copy(catalog.resolve("demo").path, tmp_path / "other.gguf")
+    config = load_config(write_config(f"models:\n  other: {tmp_path}/other.gguf\nserver:\n  discover_default_stores: false\n"))
+    assert [s.name for s in ModelCatalog(config, demo_dir=tmp_path, allow_demo=True).specs()] == ["other"]
