@@ -4,7 +4,7 @@ Resolution: models loaded or loading now (by name and alias), then the catalog
 (``catalog.py``: models.yaml, then discovery; a miss rescans the stores, at most every
 ``rescan_seconds``); a ``name:tag`` that matched nothing tries ``name``.
 
-Each model has a record (``Slot``) whose state moves as ``lifecycle.py`` draws it.
+Each model has a record (``ModelRecord``) whose state moves as ``lifecycle.py`` draws it.
 One load runs per model however many requests wait for it (single flight). A request
 waits up to ``server.load_timeout`` for a load, then gets 503 ``model_loading``; a failed
 model answers 503 ``model_load_failed`` with ``Retry-After`` until its back-off (5 s,
@@ -41,19 +41,17 @@ log = logging.getLogger(__name__)
 UNLOADED, LOADING, READY, FAILED = ModelState.UNLOADED, ModelState.LOADING, ModelState.READY, ModelState.FAILED
 
 
-def _slots(spec: ModelSpec) -> int:
+def _parallel(spec: ModelSpec) -> int:
     """Requests a model's worker decodes at once; the rest wait in its queue."""
     return 1 if spec.embeddings else spec.parallel
 
 
 @dataclass
-class Slot:
+class ModelRecord:
+    """What the registry keeps of one model: its state, its worker, its load and its requests."""
+
     spec: ModelSpec
     state: ModelState = UNLOADED
-
-    def move(self, new: ModelState) -> None:
-        """The one place a model's state changes (``lifecycle.MOVES`` says where it may go)."""
-        self.state = lifecycle.move(self.state, new)
     worker: WorkerProcess | None = None
     load: asyncio.Task | None = None
     error: str | None = None
@@ -65,6 +63,10 @@ class Slot:
     retiring: bool = False  # replaced by a reload: unload once idle
     waiting: int = 0  # requests waiting for this model to load
 
+    def move(self, new: ModelState) -> None:
+        """The one place a model's state changes (``lifecycle.MOVES`` says where it may go)."""
+        self.state = lifecycle.move(self.state, new)
+
 
 class Registry:
     def __init__(self, config: Config, *, demo_dir: Path | None = None, allow_demo: bool = False,
@@ -72,8 +74,8 @@ class Registry:
         self.config = config
         self.catalog = ModelCatalog(config, demo_dir=demo_dir, allow_demo=allow_demo, rescan_seconds=rescan_seconds)
         self.backoff = backoff  # a failed load's first wait before the next attempt, and its cap
-        self._slots: dict[str, Slot] = {}
-        self._retired: list[Slot] = []
+        self._records: dict[str, ModelRecord] = {}
+        self._retired: list[ModelRecord] = []
         self._released: asyncio.Event | None = None
         self.worker_failures = 0  # workers that exited without being asked to
         self.metrics: Metrics | None = None  # when an app serves this registry
@@ -91,9 +93,9 @@ class Registry:
         """A loaded (or loading) model by any of its names first, then the catalog's answer; a
         ``name:tag`` that matched nothing tries ``name``."""
         for key in self.catalog.keys(name):
-            for slot in self._slots.values() if loaded_first else ():
-                if slot.state in (LOADING, READY) and key in map(normalize_name, slot.spec.names):
-                    return slot.spec
+            for record in self._records.values() if loaded_first else ():
+                if record.state in (LOADING, READY) and key in map(normalize_name, record.spec.names):
+                    return record.spec
             if (spec := self.catalog.get(key)) is not None:
                 return spec
         return None
@@ -121,37 +123,37 @@ class Registry:
         return self.catalog.info(spec)
 
     # --- lifecycle -------------------------------------------------------------------------
-    def slot(self, spec: ModelSpec) -> Slot:
-        slot = self._slots.get(spec.name)
-        if slot is None or slot.spec != spec:
-            if slot is not None:
-                self._retire(slot)
-            slot = self._slots[spec.name] = Slot(spec)
-        return slot
+    def record(self, spec: ModelSpec) -> ModelRecord:
+        record = self._records.get(spec.name)
+        if record is None or record.spec != spec:
+            if record is not None:
+                self._retire(record)
+            record = self._records[spec.name] = ModelRecord(spec)
+        return record
 
     def metrics_rows(self) -> list[tuple[str, str, int, int]]:
         """(model, state, requests in flight, requests queued) for every resolvable model."""
         rows = []
         for spec in self.specs():
-            slot = self.state(spec)
-            behind = max(0, slot.worker.in_flight - _slots(spec)) if slot.worker is not None else 0
-            rows.append((spec.name, slot.state.value, slot.in_flight, slot.waiting + behind))
+            record = self.state(spec)
+            behind = max(0, record.worker.in_flight - _parallel(spec)) if record.worker is not None else 0
+            rows.append((spec.name, record.state.value, record.in_flight, record.waiting + behind))
         return rows
 
     def in_flight(self) -> int:
-        return sum(s.in_flight for s in [*self._slots.values(), *self._retired])
+        return sum(s.in_flight for s in [*self._records.values(), *self._retired])
 
     def abort_all(self, message: str) -> None:
         """End every request in flight now with an error (the drain time ran out)."""
-        for slot in [*self._slots.values(), *self._retired]:
-            if slot.worker is not None:
-                slot.worker.abort_all(message)
+        for record in [*self._records.values(), *self._retired]:
+            if record.worker is not None:
+                record.worker.abort_all(message)
 
     def loaded(self) -> dict[str, WorkerProcess]:
-        return {s.spec.name: s.worker for s in self._slots.values() if s.worker is not None and s.worker.alive}
+        return {s.spec.name: s.worker for s in self._records.values() if s.worker is not None and s.worker.alive}
 
-    def state(self, spec: ModelSpec) -> Slot:
-        return self._slots.get(spec.name) or Slot(spec)
+    def state(self, spec: ModelSpec) -> ModelRecord:
+        return self._records.get(spec.name) or ModelRecord(spec)
 
     @contextlib.asynccontextmanager
     async def lease(self, name: object, *,
@@ -164,62 +166,62 @@ class Registry:
             what = ("cannot embed: give it `embeddings: true` in models.yaml" if embeddings else
                     "is an embedding model: use /v1/embeddings")
             raise ApiError(f"model {spec.name!r} {what}", status=501, param="model", code="unsupported_model")
-        slot = self.slot(spec)
+        record = self.record(spec)
         limit = self.config.server.max_queue
-        if slot.waiting + slot.in_flight - _slots(spec) >= limit:  # all slots taken and `limit` waiting
+        if record.waiting + record.in_flight - _parallel(spec) >= limit:  # every sequence busy and `limit` waiting
             raise ApiError(f"model {spec.name!r} already has {limit} request(s) waiting (server.max_queue); "
                            "retry shortly", status=429, param="model", code="queue_full", headers={"Retry-After": "2"})
-        slot.waiting += 1
+        record.waiting += 1
         try:
-            worker = await self._ready(slot)
+            worker = await self._ready(record)
         finally:
-            slot.waiting -= 1
-        slot.in_flight += 1
-        if slot.timer is not None:
-            slot.timer.cancel()
-            slot.timer = None
+            record.waiting -= 1
+        record.in_flight += 1
+        if record.timer is not None:
+            record.timer.cancel()
+            record.timer = None
         try:
             yield spec, worker
         finally:
-            slot.in_flight -= 1
-            slot.last_used = time.monotonic()
-            if slot.in_flight == 0:
-                self._idle(slot)
+            record.in_flight -= 1
+            record.last_used = time.monotonic()
+            if record.in_flight == 0:
+                self._idle(record)
 
-    async def load(self, name: object) -> Slot:
+    async def load(self, name: object) -> ModelRecord:
         """Load a model without a request (admin API, preload)."""
         spec = await self.lookup(name)
-        slot = self.slot(spec)
-        await self._ready(slot)
-        return slot
+        record = self.record(spec)
+        await self._ready(record)
+        return record
 
-    async def _ready(self, slot: Slot) -> WorkerProcess:
-        if slot.worker is not None and slot.worker.alive:
-            return slot.worker
+    async def _ready(self, record: ModelRecord) -> WorkerProcess:
+        if record.worker is not None and record.worker.alive:
+            return record.worker
         now = time.monotonic()
-        if slot.state == FAILED and now < slot.retry_at and slot.load is None:
-            raise _load_failed(slot.spec, slot.error or "unknown error", slot.retry_at - now)
-        if slot.load is None:
-            slot.load = asyncio.ensure_future(self._load(slot))
-            slot.load.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved here, raised to waiters
-        load = slot.load
+        if record.state == FAILED and now < record.retry_at and record.load is None:
+            raise _load_failed(record.spec, record.error or "unknown error", record.retry_at - now)
+        if record.load is None:
+            record.load = asyncio.ensure_future(self._load(record))
+            record.load.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved here, raised to waiters
+        load = record.load
         # asyncio.wait: a caller that gives up does not cancel a load others may be waiting on,
         # and a load cancelled under it (an unload, shutdown) is told apart from the caller's own
         done, _ = await asyncio.wait({load}, timeout=self.config.server.load_timeout)
         if not done:
-            raise ApiError(f"model {slot.spec.name!r} is loading; retry shortly", status=503, param="model",
+            raise ApiError(f"model {record.spec.name!r} is loading; retry shortly", status=503, param="model",
                            code="model_loading", headers={"Retry-After": "5"})
         if load.cancelled():
-            raise ApiError(f"model {slot.spec.name!r} was unloaded while it loaded; retry", status=503,
+            raise ApiError(f"model {record.spec.name!r} was unloaded while it loaded; retry", status=503,
                            param="model", code="model_unloaded", headers={"Retry-After": "1"})
         return load.result()
 
-    async def _load(self, slot: Slot) -> WorkerProcess:
-        spec = slot.spec
-        slot.move(LOADING)
+    async def _load(self, record: ModelRecord) -> WorkerProcess:
+        spec = record.spec
+        record.move(LOADING)
         began = time.monotonic()
         try:
-            await self._make_room(slot)
+            await self._make_room(record)
             await asyncio.to_thread(discovery.INFO_CACHE.get, spec.path)  # a bad file fails here, before a spawn
             worker = WorkerProcess(LoadParams(
                 name=spec.name, path=str(spec.path), n_ctx=spec.n_ctx, n_gpu_layers=spec.n_gpu_layers,
@@ -230,43 +232,43 @@ class Registry:
             ), on_exit=self._worker_exited, on_busy=self._share_cpus)
             await worker.start()
         except (ModelFileError, LoadFailed) as e:
-            slot.failures += 1
+            record.failures += 1
             first, most = self.backoff
-            backoff = min(first * 2 ** (slot.failures - 1), most)
-            slot.move(FAILED)
-            slot.error, slot.retry_at = str(e), time.monotonic() + backoff
+            backoff = min(first * 2 ** (record.failures - 1), most)
+            record.move(FAILED)
+            record.error, record.retry_at = str(e), time.monotonic() + backoff
             if self.metrics is not None:
                 self.metrics.load_failures.labels(spec.name).inc()
             log.error("model %r failed to load: %s (next attempt in %.0f s)", spec.name, e, backoff)
             raise _load_failed(spec, str(e), backoff) from None
         except BaseException:
-            slot.move(UNLOADED)
+            record.move(UNLOADED)
             raise
         finally:
-            slot.load = None
-        slot.move(READY)
-        slot.worker, slot.error, slot.failures = worker, None, 0
+            record.load = None
+        record.move(READY)
+        record.worker, record.error, record.failures = worker, None, 0
         if self.metrics is not None:
             self.metrics.load_duration.labels(spec.name).observe(time.monotonic() - began)
-        slot.last_used = time.monotonic()
-        if slot.in_flight == 0:
-            self._idle(slot)  # loaded without a request (preload, admin): keep_alive starts now
+        record.last_used = time.monotonic()
+        if record.in_flight == 0:
+            self._idle(record)  # loaded without a request (preload, admin): keep_alive starts now
         return worker
 
-    async def _make_room(self, slot: Slot) -> None:
+    async def _make_room(self, record: ModelRecord) -> None:
         limit = self.config.server.max_loaded_models
         if not limit:
             return
         deadline = time.monotonic() + max(self.config.server.load_timeout, 60.0)
         while True:
-            others = [s for s in [*self._slots.values(), *self._retired] if s is not slot]
+            others = [s for s in [*self._records.values(), *self._retired] if s is not record]
             room, name = placement.make_room(
                 [placement.Resident(str(id(s)), s.state, s.in_flight, s.last_used) for s in others], limit)
             if room is placement.Room.FITS:
                 return
             if room is placement.Room.EVICT:
                 victim = next(s for s in others if str(id(s)) == name)
-                log.info("unloading %r (least recently used) to make room for %r", victim.spec.name, slot.spec.name)
+                log.info("unloading %r (least recently used) to make room for %r", victim.spec.name, record.spec.name)
                 await self._unload(victim)
                 continue
             if self._released is None:
@@ -279,51 +281,51 @@ class Registry:
                                status=503, param="model", code="model_capacity",
                                headers={"Retry-After": "5"}) from None
 
-    def _idle(self, slot: Slot) -> None:
+    def _idle(self, record: ModelRecord) -> None:
         if self._released is not None:
             self._released.set()
-        if slot.retiring:
-            asyncio.ensure_future(self._unload(slot))
+        if record.retiring:
+            asyncio.ensure_future(self._unload(record))
             return
-        keep = slot.spec.keep_alive if slot.spec.keep_alive is not None else self.config.server.keep_alive
-        if math.isinf(keep) or slot.state != READY:
+        keep = record.spec.keep_alive if record.spec.keep_alive is not None else self.config.server.keep_alive
+        if math.isinf(keep) or record.state != READY:
             return
-        if slot.timer is not None:
-            slot.timer.cancel()
-        slot.timer = asyncio.get_running_loop().call_later(
-            keep, lambda: asyncio.ensure_future(self._unload(slot, only_if_idle=True)))
+        if record.timer is not None:
+            record.timer.cancel()
+        record.timer = asyncio.get_running_loop().call_later(
+            keep, lambda: asyncio.ensure_future(self._unload(record, only_if_idle=True)))
 
-    async def _unload(self, slot: Slot, only_if_idle: bool = False) -> None:
-        if only_if_idle and slot.in_flight:
+    async def _unload(self, record: ModelRecord, only_if_idle: bool = False) -> None:
+        if only_if_idle and record.in_flight:
             return
-        if slot.timer is not None:
-            slot.timer.cancel()
-            slot.timer = None
-        worker, slot.worker = slot.worker, None
-        if slot.state == READY:
-            slot.move(UNLOADED)
+        if record.timer is not None:
+            record.timer.cancel()
+            record.timer = None
+        worker, record.worker = record.worker, None
+        if record.state == READY:
+            record.move(UNLOADED)
         if worker is not None:
-            log.info("unloading model %r", slot.spec.name)
+            log.info("unloading model %r", record.spec.name)
             await worker.stop()
-        if slot in self._retired:
-            self._retired.remove(slot)
+        if record in self._retired:
+            self._retired.remove(record)
 
-    async def unload(self, name: object) -> Slot:
+    async def unload(self, name: object) -> ModelRecord:
         """Unload now (admin API); 409 while requests are in flight."""
         spec = await self.lookup(name)
-        slot = self.state(spec)
-        if slot.in_flight:
-            raise ApiError(f"model {spec.name!r} has {slot.in_flight} request(s) in flight; try again when idle",
+        record = self.state(spec)
+        if record.in_flight:
+            raise ApiError(f"model {spec.name!r} has {record.in_flight} request(s) in flight; try again when idle",
                            status=409, param="model", code="model_busy")
-        if slot.load is not None:
-            slot.load.cancel()
-            await asyncio.gather(slot.load, return_exceptions=True)
-        await self._unload(slot)
-        return slot
+        if record.load is not None:
+            record.load.cancel()
+            await asyncio.gather(record.load, return_exceptions=True)
+        await self._unload(record)
+        return record
 
     def _share_cpus(self, _changed: WorkerProcess | None = None) -> None:
         """Split the CPUs among the workers busy right now (``placement.cpu_shares``)."""
-        workers = [s.worker for s in [*self._slots.values(), *self._retired] if s.worker is not None]
+        workers = [s.worker for s in [*self._records.values(), *self._retired] if s.worker is not None]
         busy = {str(id(w)): w for w in workers if w.busy and w.alive}
         shares = placement.cpu_shares([(key, w.params.n_threads) for key, w in busy.items()],
                                       protocol.default_threads())
@@ -335,18 +337,18 @@ class Registry:
             self.worker_failures += 1
             if self.metrics is not None:
                 self.metrics.worker_restarts.labels(worker.params.name).inc()
-        for slot in [*self._slots.values(), *self._retired]:
-            if slot.worker is worker:
-                slot.worker = None
-                if slot.state == READY:
-                    slot.move(UNLOADED)
+        for record in [*self._records.values(), *self._retired]:
+            if record.worker is worker:
+                record.worker = None
+                if record.state == READY:
+                    record.move(UNLOADED)
 
-    def _retire(self, slot: Slot) -> None:
-        slot.retiring = True
-        if slot.state in (READY, LOADING) or slot.in_flight:
-            self._retired.append(slot)
-            if slot.in_flight == 0 and slot.load is None:
-                asyncio.ensure_future(self._unload(slot))
+    def _retire(self, record: ModelRecord) -> None:
+        record.retiring = True
+        if record.state in (READY, LOADING) or record.in_flight:
+            self._retired.append(record)
+            if record.in_flight == 0 and record.load is None:
+                asyncio.ensure_future(self._unload(record))
 
     async def reload(self, path: Path | None) -> bool:
         """Re-read models.yaml and rescan; a broken file is reported and the old configuration stays."""
@@ -360,10 +362,10 @@ class Registry:
             log.warning("%s", line)
         self.config = self.catalog.config = config
         await asyncio.to_thread(self.catalog.refresh)
-        for name, slot in list(self._slots.items()):
-            if self.resolve(name, loaded_first=False) != slot.spec:
-                del self._slots[name]
-                self._retire(slot)
+        for name, record in list(self._records.items()):
+            if self.resolve(name, loaded_first=False) != record.spec:
+                del self._records[name]
+                self._retire(record)
         log.info("configuration reloaded: %d models", len(self.specs()))
         return True
 
@@ -377,12 +379,12 @@ class Registry:
 
     async def close(self) -> None:
         """Stop every worker (at shutdown)."""
-        slots = [*self._slots.values(), *self._retired]
-        for slot in slots:
-            if slot.load is not None:
-                slot.load.cancel()
-        await asyncio.gather(*(s.load for s in slots if s.load is not None), return_exceptions=True)
-        await asyncio.gather(*(self._unload(s) for s in slots), return_exceptions=True)
+        records = [*self._records.values(), *self._retired]
+        for record in records:
+            if record.load is not None:
+                record.load.cancel()
+        await asyncio.gather(*(s.load for s in records if s.load is not None), return_exceptions=True)
+        await asyncio.gather(*(self._unload(s) for s in records), return_exceptions=True)
 
 
 def _load_failed(spec: ModelSpec, reason: str, retry_after: float) -> ApiError:

@@ -37,16 +37,16 @@ def rss_bytes(pid: int) -> int | None:
 
 
 def describe(registry: Registry, spec) -> dict[str, Any]:
-    slot = registry.state(spec)
+    record = registry.state(spec)
     info = registry.info(spec)
     found = registry.found.get(spec.name)
-    worker = slot.worker if slot.worker is not None and slot.worker.alive else None
-    retry = slot.retry_at - time.monotonic()
+    worker = record.worker if record.worker is not None and record.worker.alive else None
+    retry = record.retry_at - time.monotonic()
     return {
         "id": spec.name, "aliases": list(spec.aliases), "source": spec.source, "path": str(spec.path),
-        "state": slot.state, "error": slot.error if slot.state == "failed" else (found.error if found else None),
-        "retry_after": max(1, math.ceil(retry)) if slot.state == "failed" and retry > 0 else None,
-        "in_flight": slot.in_flight, "pid": worker.pid if worker else None,
+        "state": record.state, "error": record.error if record.state == "failed" else (found.error if found else None),
+        "retry_after": max(1, math.ceil(retry)) if record.state == "failed" and retry > 0 else None,
+        "in_flight": record.in_flight, "pid": worker.pid if worker else None,
         "memory_bytes": rss_bytes(worker.pid) if worker and worker.pid else None,
         "file_size": info.file_size if info else None,
         "architecture": info.architecture if info else None,
@@ -67,14 +67,14 @@ async def _model_field(request: web.Request) -> str:
 
 async def load_model(request: web.Request) -> web.Response:
     registry = request.app[REGISTRY]
-    slot = await registry.load(await _model_field(request))
-    return web.json_response(describe(registry, slot.spec))
+    record = await registry.load(await _model_field(request))
+    return web.json_response(describe(registry, record.spec))
 
 
 async def unload_model(request: web.Request) -> web.Response:
     registry = request.app[REGISTRY]
-    slot = await registry.unload(await _model_field(request))
-    return web.json_response(describe(registry, slot.spec))
+    record = await registry.unload(await _model_field(request))
+    return web.json_response(describe(registry, record.spec))
 
 
 async def metrics(request: web.Request) -> web.Response:
