@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from .engine import protocol
 from .engine.client import Generation
 from .errors import ApiError
 from .events import Observation
@@ -30,9 +31,9 @@ class Finish:
     cached_tokens: int = 0  # prompt tokens reused from the slot's cache (not decoded again)
 
 
-def error_from(event: dict[str, Any]) -> ApiError:
-    return ApiError(event["message"], status=event.get("status", 500), param=event.get("param"),
-                    code=event.get("code"))
+def api_error(event: protocol.Error) -> ApiError:
+    """The one translation of a worker's error event into what the caller is told."""
+    return ApiError(event.message, status=event.status, param=event.param, code=event.code)
 
 
 def reasoning_format(configured: str, info: dict[str, Any]) -> str | None:
@@ -45,15 +46,17 @@ def reasoning_format(configured: str, info: dict[str, Any]) -> str | None:
     return detect(info.get("chat_template"), info.get("special_tokens", []))
 
 
-async def start(gen: Generation, reasoning: str | None) -> tuple[dict[str, Any], ReasoningSplitter | None]:
+async def start(gen: Generation, reasoning: str | None) -> tuple[protocol.Start, ReasoningSplitter | None]:
     """Wait for the worker to accept the request (a refusal raises its error); returns its
     start event (prompt_tokens, prompt_text for echo, ...) and the splitter for the answer's
     thinking (``reasoning``: the model's setting; None: do not split)."""
     event = await gen.next()
-    if event["ev"] == "error":
-        raise error_from(event)
+    if isinstance(event, protocol.Error):
+        raise api_error(event)
+    if not isinstance(event, protocol.Start):
+        raise ApiError(f"the model worker answered {type(event).__name__} before starting", status=500)
     fmt = reasoning_format(reasoning, gen.worker.info) if reasoning else None
-    return event, ReasoningSplitter(fmt, event.get("prompt_tail", "")) if fmt else None
+    return event, ReasoningSplitter(fmt, event.prompt_tail) if fmt else None
 
 
 async def pieces(gen: Generation, splitter: ReasoningSplitter | None,
@@ -64,29 +67,29 @@ async def pieces(gen: Generation, splitter: ReasoningSplitter | None,
     seen = reasoning = 0
     probs: list[dict[str, Any]] = []
     async for event in gen:
-        ev = event["ev"]
-        if ev == "error":
-            raise error_from(event)
-        if ev == "text":
-            n, seen = event["tokens"] - seen, event["tokens"]
+        if isinstance(event, protocol.Error):
+            raise api_error(event)
+        if isinstance(event, protocol.Text):
+            n, seen = event.tokens - seen, event.tokens
             if obs is not None:
                 obs.tokens(n)
-            probs += event.get("logprobs", ())
+            if event.logprobs:
+                probs += event.logprobs
             if splitter is None:
-                segments = [("content", event["text"])]
+                segments = [("content", event.text)]
             else:
-                segments = splitter.feed(event["text"])
+                segments = splitter.feed(event.text)
                 if splitter.thinking or any(kind == "thinking" for kind, _ in segments):
                     reasoning += n
             for kind, text in segments:
                 yield Piece(kind, text, probs or None)
                 probs = []
-        elif ev == "done":
+        elif isinstance(event, protocol.Done):
             for kind, text in splitter.flush() if splitter else ():
                 yield Piece(kind, text, probs or None)
                 probs = []
-            finish = Finish(event["finish_reason"], event.get("stop"), event["prompt_tokens"],
-                            event["completion_tokens"], reasoning, event.get("cached_tokens", 0))
+            finish = Finish(event.finish_reason, event.stop, event.prompt_tokens, event.completion_tokens,
+                            reasoning, event.cached_tokens)
             if obs is not None:
                 obs.finished(finish)
             yield finish

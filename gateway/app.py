@@ -12,10 +12,12 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from .answer import api_error
 from .api import admin, anthropic, openai
 from .appkeys import CONFIG, CONNECTIONS, EVENTS, LIFECYCLE, METRICS, REGISTRY
 from .config import Config
 from .connections import ConnectionGuard, Limits
+from .engine.client import RequestFailed
 from .errors import ApiError
 from .events import ERROR_CODE, OBSERVATION, PRINCIPAL, EventSink, Observation, request_id
 from .metrics import Metrics
@@ -127,6 +129,8 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return await handler(request)
     except ApiError as err:
         return error_response(request, err)
+    except RequestFailed as failed:  # a question the model's worker refused (tokenize, embed, ...)
+        return error_response(request, api_error(failed.event))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

@@ -75,7 +75,7 @@ async def test_two_streams_on_one_model_progress_together(client, parallel):
             break
         await asyncio.sleep(0.01)
     # the worker's own record, in the order the answers ended
-    (first, second) = [(d["completion_tokens"], d["finish_reason"]) for d in worker.finished]
+    (first, second) = [(d.completion_tokens, d.finish_reason) for d in worker.finished]
     if parallel == 2:
         # each decode step advanced both: the short answer ended first, and the long one had
         # gone on meanwhile (by at least the short one's 20 tokens)

@@ -1,4 +1,4 @@
-"""The worker pipe's framing: JSON frames and the JSON-free text frame, cut anywhere."""
+"""The worker pipe's framing and typed events: JSON frames and the JSON-free text frame, cut anywhere."""
 
 import asyncio
 
@@ -12,20 +12,31 @@ TEXTS = ["Hello", "", "naïve 日本語 🙂", '{"not": json}', "\x00\n\"\\", "x
 
 @pytest.mark.parametrize("text", TEXTS)
 def test_a_text_frame_reads_back_as_the_json_text_event(text):
-    event = {"ev": "text", "id": 2**40 + 7, "text": text, "tokens": 123}
-    frame = protocol.text_frame(event["id"], text, event["tokens"])
-    assert protocol.decode(frame[4:]) == event
-    assert protocol.decode(protocol.encode(event)[4:]) == event
+    event = protocol.Text(2**40 + 7, text, 123)
+    frame = protocol.text_frame(event.id, text, event.tokens)
+    assert protocol.decode_event(frame[4:]) == event
+    assert protocol.decode_event(protocol.encode_event(event)[4:]) == event
     assert int.from_bytes(frame[:4], "big") == len(frame) - 4
 
 
+def test_every_event_kind_reads_back_as_itself():
+    events = [protocol.Ready({"n_ctx": 8}), protocol.LoadFailed("bad file"),
+              protocol.Start(1, 3, 0, 2, "é", None), protocol.Start(2, 3, 1, 0, "", "echo"),
+              protocol.Text(1, "p", 7, [{"token": "p", "logprob": -0.5}]),
+              protocol.Done(1, "stop", "\n", 3, 7, 0), protocol.Error(4, 400, "no", "prompt", "bad"),
+              protocol.Tokens(5, [1, 2], ["a", "b"]), protocol.Tokens(6, [1], None),
+              protocol.Detokenized(7, "ab"), protocol.Prompt(8, "<s>hi"), protocol.Embeddings(9, [[0.5, -1.0]], 2)]
+    assert {type(e) for e in events} == set(protocol._KINDS.values())
+    for event in events:
+        assert protocol.decode_event(protocol.encode_event(event)[4:]) == event
+
+
 async def test_the_parent_splits_mixed_frames_however_the_pipe_cuts_them():
-    events = [{"ev": "start", "id": 1, "prompt_tokens": 3, "cached_tokens": 0, "slot": 0, "prompt_tail": "é"}]
-    events += [{"ev": "text", "id": 1, "text": t, "tokens": i + 1} for i, t in enumerate(TEXTS)]
-    events += [{"ev": "text", "id": 1, "text": "p", "tokens": 7, "logprobs": [{"token": "p", "logprob": -0.5}]},
-               {"ev": "done", "id": 1, "finish_reason": "stop"}]
-    stream = b"".join(protocol.text_frame(e["id"], e["text"], e["tokens"])
-                      if e["ev"] == "text" and "logprobs" not in e else protocol.encode(e) for e in events)
+    events: list = [protocol.Start(1, 3, 0, 0, "é")]
+    events += [protocol.Text(1, t, i + 1) for i, t in enumerate(TEXTS)]
+    events += [protocol.Text(1, "p", 7, [{"token": "p", "logprob": -0.5}]), protocol.Done(1, "stop", None, 3, 8, 0)]
+    stream = b"".join(protocol.text_frame(e.id, e.text, e.tokens)
+                      if isinstance(e, protocol.Text) and not e.logprobs else protocol.encode_event(e) for e in events)
     for cut in (1, 3, 13, 4096, len(stream)):
         got = []
         frames = _Frames(got.append, asyncio.get_running_loop().create_future())

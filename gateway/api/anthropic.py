@@ -30,7 +30,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
             begun, splitter = await answer.start(gen, spec.reasoning)
             items = answer.pieces(gen, splitter, obs)
             if parsed.stream:
-                return await _stream(request, render, gen, items, begun["prompt_tokens"], begun.get("cached_tokens", 0))
+                return await _stream(request, render, gen, items, begun.prompt_tokens, begun.cached_tokens)
             blocks: list[dict] = []
             async for item in items:
                 if isinstance(item, answer.Piece):
@@ -97,8 +97,8 @@ async def count_tokens(request: web.Request) -> web.Response:
     parsed = anth.parse(body)
     async with request.app[REGISTRY].lease(parsed.model) as (spec, worker):
         observation(request).model = spec.name
-        reply = await worker.ask({"op": "tokenize", "request": parsed.request.to_dict()})
-    return web.json_response({"input_tokens": len(reply["tokens"])})
+        reply = await worker.tokenize(parsed.request.to_dict())
+    return web.json_response({"input_tokens": len(reply.tokens)})
 
 
 def setup(app: web.Application) -> None:

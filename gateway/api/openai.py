@@ -65,7 +65,7 @@ async def _run(request: web.Request, parsed: oai.Parsed, kind: str, spec, worker
                         probs += item.logprobs
                     continue
                 choices.append(render.choice(index, "".join(text["content"]), "".join(text["thinking"]), item,
-                                             probs, begun.get("prompt_text", "")))
+                                             probs, begun.prompt_text or ""))
                 finishes.append(item)
     return web.json_response(render.whole(choices, finishes))
 
@@ -87,8 +87,8 @@ async def _stream(request: web.Request, render: oai.Renderer, parsed: oai.Parsed
                 if begun is None:
                     begun, splitter = await answer.start(gen, reasoning)
                 offset = 0
-                if begun.get("prompt_text"):
-                    echo = begun["prompt_text"]
+                if begun.prompt_text:
+                    echo = begun.prompt_text
                     await sse.send(render.delta_chunk(answer.Piece("content", echo), index))
                     offset = len(echo)
                 async for item in answer.pieces(gen, splitter, observation(request)):
@@ -120,9 +120,9 @@ async def embeddings(request: web.Request) -> web.Response:
     model, inputs, fmt = oai.parse_embeddings(await read_json_object(request))
     async with request.app[REGISTRY].lease(model, embeddings=True) as (spec, worker):
         observation(request).model = spec.name
-        reply = await worker.ask({"op": "embed", "inputs": inputs})
-        observation(request).prompt_tokens = reply["prompt_tokens"]
-    return web.json_response(oai.embeddings_body(spec.name, reply["data"], fmt, reply["prompt_tokens"]))
+        reply = await worker.embed(inputs)
+        observation(request).prompt_tokens = reply.prompt_tokens
+    return web.json_response(oai.embeddings_body(spec.name, reply.data, fmt, reply.prompt_tokens))
 
 
 async def tokenize(request: web.Request) -> web.Response:
@@ -136,12 +136,11 @@ async def tokenize(request: web.Request) -> web.Response:
         if not isinstance(value, bool):
             raise InvalidRequest(f"`{key}` must be true or false", key)
     async with request.app[REGISTRY].lease(require_model(body), embeddings=None) as (_spec, worker):
-        reply = await worker.ask({"op": "tokenize", "request": {"prompt": content, "add_special": flags["add_special"],
-                                                              "param": "content"},
-                                  "with_pieces": flags["with_pieces"]})
-    if flags["with_pieces"]:
-        return web.json_response({"tokens": [{"id": t, "piece": p} for t, p in zip(reply["tokens"], reply["pieces"])]})
-    return web.json_response({"tokens": reply["tokens"]})
+        reply = await worker.tokenize({"prompt": content, "add_special": flags["add_special"], "param": "content"},
+                                      with_pieces=flags["with_pieces"])
+    if reply.pieces is not None:
+        return web.json_response({"tokens": [{"id": t, "piece": p} for t, p in zip(reply.tokens, reply.pieces)]})
+    return web.json_response({"tokens": reply.tokens})
 
 
 async def detokenize(request: web.Request) -> web.Response:
@@ -151,8 +150,8 @@ async def detokenize(request: web.Request) -> web.Response:
     if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
         raise InvalidRequest("`tokens` must be an array of token ids", "tokens")
     async with request.app[REGISTRY].lease(require_model(body), embeddings=None) as (_spec, worker):
-        reply = await worker.ask({"op": "detokenize", "tokens": tokens})
-    return web.json_response({"content": reply["text"]})
+        reply = await worker.detokenize(tokens)
+    return web.json_response({"content": reply.text})
 
 
 async def apply_template(request: web.Request) -> web.Response:
@@ -161,8 +160,8 @@ async def apply_template(request: web.Request) -> web.Response:
     parsed = oai.parse_chat(await read_json_object(request))
     apply_limits(request, parsed)
     async with request.app[REGISTRY].lease(parsed.model, embeddings=None) as (_spec, worker):
-        reply = await worker.ask({"op": "apply_template", "request": parsed.request.to_dict()})
-    return web.json_response({"prompt": reply["text"]})
+        reply = await worker.apply_template(parsed.request.to_dict())
+    return web.json_response({"prompt": reply.text})
 
 
 def setup(app: web.Application) -> None:

@@ -20,17 +20,23 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..errors import ApiError
 from . import protocol
+from .protocol import Error, Event
 
 log = logging.getLogger(__name__)
 
 _LEN = struct.Struct(">I")
-_TERMINAL = ("done", "error", "tokens", "detokenized", "prompt", "embeddings")
-
-
 class LoadFailed(Exception):
     """The worker could not load its model; the message says why."""
+
+
+class RequestFailed(Exception):
+    """A question to the worker (``ask``) that it refused or could not answer: ``event`` says why
+    (the gateway turns it into an API error: ``answer.api_error``)."""
+
+    def __init__(self, event: Error):
+        super().__init__(event.message)
+        self.event = event
 
 
 class WorkerProcess:
@@ -44,13 +50,14 @@ class WorkerProcess:
         self._on_exit = on_exit
         self._ids = itertools.count(1)
         self._queues: dict[int, _Inbox] = {}
+        # the last hundred finished requests, cancelled ones included (what operators and tests
+        # can read of requests whose clients have gone)
+        self.finished: list[protocol.Done] = []
         self._ready: asyncio.Future[dict[str, Any]] | None = None
         self._transport: asyncio.WriteTransport | None = None
         self._reader_task: asyncio.Task | None = None
         self._stopping = False
         self.exit_reason: str | None = None
-        # Every finished request, cancelled ones included: {"id", "finish_reason", "completion_tokens", ...}
-        self.finished: list[dict[str, Any]] = []
 
     @property
     def pid(self) -> int | None:
@@ -102,18 +109,19 @@ class WorkerProcess:
         if self._transport is not None and not self._transport.is_closing():
             self._transport.write(protocol.encode(msg))
 
-    def _dispatch(self, msg: dict[str, Any]) -> None:
-        ev = msg.get("ev")
-        if ev == "ready" and self._ready and not self._ready.done():
-            self._ready.set_result(msg["info"])
-        elif ev == "load_failed" and self._ready and not self._ready.done():
-            self._ready.set_exception(LoadFailed(msg["error"]))
+    def _dispatch(self, event: Event) -> None:
+        if isinstance(event, protocol.Ready):
+            if self._ready and not self._ready.done():
+                self._ready.set_result(event.info)
+        elif isinstance(event, protocol.LoadFailed):
+            if self._ready and not self._ready.done():
+                self._ready.set_exception(LoadFailed(event.error))
         else:
-            if ev == "done":
-                self.finished.append(msg)
+            if isinstance(event, protocol.Done):
+                self.finished.append(event)
                 del self.finished[:-100]
-            if (q := self._queues.get(msg.get("id", 0))) is not None:
-                q.put_nowait(msg)
+            if (q := self._queues.get(event.id)) is not None:
+                q.put_nowait(event)
 
     async def _wait_exit(self, closed: asyncio.Future) -> None:
         await closed  # the worker's end of the event pipe closed: it exited or is exiting
@@ -130,9 +138,8 @@ class WorkerProcess:
         elif not expected:
             log.error("model %r worker (pid %s) exited unexpectedly: %s", self.params.name, self.pid, how)
         for rid, q in self._queues.items():
-            q.put_nowait({"ev": "error", "id": rid, "status": 500, "code": "worker_crashed", "param": None,
-                          "message": f"the worker for model {self.params.name!r} exited unexpectedly ({how}); "
-                                     "the model reloads on the next request"})
+            q.put_nowait(Error(rid, 500, f"the worker for model {self.params.name!r} exited unexpectedly ({how}); "
+                                         "the model reloads on the next request", None, "worker_crashed"))
         if self._transport is not None:
             self._transport.close()
         if self._on_exit is not None:
@@ -141,8 +148,7 @@ class WorkerProcess:
     def abort_all(self, message: str) -> None:
         """Fail every request of this worker at once with ``message`` (503), cancelling its work."""
         for rid, q in list(self._queues.items()):
-            q.put_nowait({"ev": "error", "id": rid, "status": 503, "code": "shutting_down", "param": None,
-                          "message": message})
+            q.put_nowait(Error(rid, 503, message, None, "shutting_down"))
             self._send({"op": "cancel", "id": rid})
 
     @property
@@ -168,21 +174,22 @@ class WorkerProcess:
         q: _Inbox = _Inbox()
         self._track(rid, q)
         if not self.alive:
-            q.put_nowait({"ev": "error", "id": rid, "status": 503, "code": "model_unavailable", "param": None,
-                          "message": f"model {self.params.name!r} is not running; retry"})
+            q.put_nowait(self._unavailable(rid))
         else:
             self._send({"op": "generate", "id": rid, "request": request.to_dict()})
         return Generation(self, rid, q)
 
-    async def ask(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """One question with one answer (tokenize, detokenize); an error event raises ``ApiError``."""
+    def _unavailable(self, rid: int) -> Error:
+        return Error(rid, 503, f"model {self.params.name!r} is not running; retry", None, "model_unavailable")
+
+    async def ask(self, msg: dict[str, Any]) -> Event:
+        """One question with one answer; an error event raises ``RequestFailed``."""
         rid = next(self._ids)
         q: _Inbox = _Inbox()
         self._track(rid, q)
         try:
             if not self.alive:
-                raise ApiError(f"model {self.params.name!r} is not running; retry", status=503,
-                               code="model_unavailable")
+                raise RequestFailed(self._unavailable(rid))
             self._send({**msg, "id": rid})
             try:
                 answer = await q.get()
@@ -191,10 +198,24 @@ class WorkerProcess:
                 raise
         finally:
             self._track(rid, None)
-        if answer["ev"] == "error":
-            raise ApiError(answer["message"], status=answer.get("status", 500), param=answer.get("param"),
-                           code=answer.get("code"))
+        if isinstance(answer, Error):
+            raise RequestFailed(answer)
         return answer
+
+    async def tokenize(self, request: dict[str, Any], with_pieces: bool = False) -> protocol.Tokens:
+        """A prompt (``{"prompt"|"messages", "add_special"?, "param"?}``) as the model's tokens."""
+        return _expect(await self.ask({"op": "tokenize", "request": request, "with_pieces": with_pieces}),
+                       protocol.Tokens)
+
+    async def detokenize(self, tokens: list[int]) -> protocol.Detokenized:
+        return _expect(await self.ask({"op": "detokenize", "tokens": tokens}), protocol.Detokenized)
+
+    async def apply_template(self, request: dict[str, Any]) -> protocol.Prompt:
+        """A chat request's messages through the model's template, as the prompt's text."""
+        return _expect(await self.ask({"op": "apply_template", "request": request}), protocol.Prompt)
+
+    async def embed(self, inputs: list[Any]) -> protocol.Embeddings:
+        return _expect(await self.ask({"op": "embed", "inputs": inputs}), protocol.Embeddings)
 
     def _release(self, rid: int, finished: bool) -> None:
         self._track(rid, None)
@@ -220,6 +241,12 @@ class WorkerProcess:
             self.proc.send_signal(sig)
 
 
+def _expect(event: Event, kind: type[protocol.TEvent]) -> protocol.TEvent:
+    if not isinstance(event, kind):
+        raise TypeError(f"the worker answered {type(event).__name__} where {kind.__name__} was due")
+    return event
+
+
 class _Inbox:
     """One request's events from the worker: asyncio.Queue's put_nowait/get, without its
     generality (no size bound, one reader), which costs on every token."""
@@ -227,18 +254,18 @@ class _Inbox:
     __slots__ = ("_items", "_waiter")
 
     def __init__(self) -> None:
-        self._items: collections.deque[dict[str, Any]] = collections.deque()
+        self._items: collections.deque[Event] = collections.deque()
         self._waiter: asyncio.Future | None = None
 
     def __len__(self) -> int:
         return len(self._items)
 
-    def put_nowait(self, msg: dict[str, Any]) -> None:
+    def put_nowait(self, msg: Event) -> None:
         self._items.append(msg)
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
-    async def get(self) -> dict[str, Any]:
+    async def get(self) -> Event:
         while not self._items:
             self._waiter = asyncio.get_running_loop().create_future()
             try:
@@ -254,7 +281,7 @@ class _Frames(asyncio.Protocol):
     read is the worker's doing: it writes a fast model's tokens in twos or threes
     (``stream_interval``)."""
 
-    def __init__(self, dispatch: Callable[[dict[str, Any]], None], closed: asyncio.Future):
+    def __init__(self, dispatch: Callable[[Event], None], closed: asyncio.Future):
         self._dispatch, self._closed = dispatch, closed
         self._buf = bytearray()
 
@@ -266,7 +293,7 @@ class _Frames(asyncio.Protocol):
             (n,) = _LEN.unpack_from(buf, at)
             if len(buf) - at - 4 < n:
                 break
-            self._dispatch(protocol.decode(buf[at + 4:at + 4 + n]))
+            self._dispatch(protocol.decode_event(buf[at + 4:at + 4 + n]))
             at += 4 + n
         del buf[:at]
 
@@ -285,18 +312,18 @@ class Generation:
         # what it holds (the pieces of events that came together go out in one write)
         self.on_idle: Callable[[], Awaitable[None]] | None = None
 
-    async def next(self) -> dict[str, Any]:
+    async def next(self) -> Event:
         if self.on_idle is not None and not self._q:
             await self.on_idle()
-        msg = await self._q.get()
-        if msg["ev"] in _TERMINAL:
+        event = await self._q.get()
+        if isinstance(event, protocol.TERMINAL):
             self.finished = True
-        return msg
+        return event
 
     def __aiter__(self) -> Generation:
         return self
 
-    async def __anext__(self) -> dict[str, Any]:
+    async def __anext__(self) -> Event:
         if self.finished:
             raise StopAsyncIteration
         return await self.next()

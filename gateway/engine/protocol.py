@@ -18,7 +18,8 @@ Parent -> worker
   {"op": "embed", "id": N, "inputs": [text or [ids], ...]}  queued like generate (embedding models)
   {"op": "exit"}                                         (EOF on the pipe means the same)
 
-Worker -> parent
+Worker -> parent: each event is a class below (``Ready``, ``Start``, ``Text``, ``Done``, ``Error``,
+...), framed by ``encode_event`` and read back by ``decode_event``; on the wire:
   {"ev": "ready", "info": {...}}  or  {"ev": "load_failed", "error": "..."}
   per request, in order:
   {"ev": "start", "id": N, "prompt_tokens": P, "cached_tokens": C, "slot": S, "prompt_tail": "..."}
@@ -46,8 +47,8 @@ from __future__ import annotations
 import json
 import os
 import struct
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, TypeVar
 
 _HEADER = struct.Struct(">I")
 _TEXT = struct.Struct(">IBQI")  # frame length, 0 (where JSON has "{"), request id, tokens so far
@@ -65,32 +66,130 @@ def default_threads() -> int:
     return max(1, min(n, 16))
 
 
+# --- worker -> parent: one class per event --------------------------------------------------
+
+@dataclass(slots=True)
+class Ready:
+    info: dict[str, Any]
+
+
+@dataclass(slots=True)
+class LoadFailed:
+    error: str
+
+
+@dataclass(slots=True)
+class Start:
+    id: int
+    prompt_tokens: int
+    cached_tokens: int  # prompt tokens found in the slot's cache and not decoded again
+    slot: int
+    prompt_tail: str = ""
+    prompt_text: str | None = None  # the prompt's text, when the request asked for its echo
+
+
+@dataclass(slots=True)
+class Text:
+    id: int
+    text: str
+    tokens: int  # generated so far
+    logprobs: list[dict[str, Any]] | None = None
+
+
+@dataclass(slots=True)
+class Done:
+    id: int
+    finish_reason: str  # stop | length | cancelled
+    stop: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+@dataclass(slots=True)
+class Error:
+    """A request the worker refused or failed (the gateway turns it into an API error in one
+    place: ``answer.api_error``)."""
+
+    id: int
+    status: int
+    message: str
+    param: str | None = None
+    code: str | None = None
+
+
+@dataclass(slots=True)
+class Tokens:
+    id: int
+    tokens: list[int]
+    pieces: list[str] | None = None
+
+
+@dataclass(slots=True)
+class Detokenized:
+    id: int
+    text: str
+
+
+@dataclass(slots=True)
+class Prompt:
+    id: int
+    text: str
+
+
+@dataclass(slots=True)
+class Embeddings:
+    id: int
+    data: list[list[float]]
+    prompt_tokens: int
+
+
+Event = Ready | LoadFailed | Start | Text | Done | Error | Tokens | Detokenized | Prompt | Embeddings
+_KINDS: dict[str, type] = {"ready": Ready, "load_failed": LoadFailed, "start": Start, "text": Text, "done": Done,
+                           "error": Error, "tokens": Tokens, "detokenized": Detokenized, "prompt": Prompt,
+                           "embeddings": Embeddings}
+_NAMES = {cls: (name, tuple(f.name for f in fields(cls))) for name, cls in _KINDS.items()}
+TERMINAL = (Done, Error, Tokens, Detokenized, Prompt, Embeddings)  # the last event of a request
+TEvent = TypeVar("TEvent", Ready, LoadFailed, Start, Text, Done, Error, Tokens, Detokenized, Prompt, Embeddings)
+
+
 def encode(msg: dict[str, Any]) -> bytes:
     data = _json(msg).encode()
     return _HEADER.pack(len(data)) + data
 
 
+def encode_event(event: Event) -> bytes:
+    """An event's frame: JSON ``{"ev": KIND, FIELD: VALUE, ...}``."""
+    name, names = _NAMES[type(event)]
+    msg = {"ev": name}
+    for f in names:
+        msg[f] = getattr(event, f)
+    return encode(msg)
+
+
 def text_frame(rid: int, text: str, tokens: int) -> bytes:
-    """``encode({"ev": "text", "id": rid, "text": text, "tokens": tokens})``, without JSON."""
+    """``encode_event(Text(rid, text, tokens))``, without JSON."""
     data = text.encode()
     return _TEXT.pack(len(data) + _TEXT_BODY.size, 0, rid, tokens) + data
 
 
-def decode(data: bytes | bytearray) -> dict[str, Any]:
+def decode_event(data: bytes | bytearray) -> Event:
+    """One worker event from a frame's body (either kind of frame)."""
     if data[0] == 0:
         rid, tokens = _TEXT_BODY.unpack_from(data)
-        return {"ev": "text", "id": rid, "text": data[_TEXT_BODY.size:].decode(), "tokens": tokens}
-    return _unjson(data.decode())
+        return Text(rid, data[_TEXT_BODY.size:].decode(), tokens)
+    msg = _unjson(data.decode())
+    return _KINDS[msg.pop("ev")](**msg)
 
 
 def read_frame_blocking(fd: int) -> dict[str, Any] | None:
-    """One message from ``fd``, or None at end of file (worker side)."""
+    """One command from ``fd``, or None at end of file (worker side)."""
     header = _read_exact(fd, _HEADER.size)
     if header is None:
         return None
     (n,) = _HEADER.unpack(header)
     body = _read_exact(fd, n)
-    return None if body is None else decode(body)
+    return None if body is None else _unjson(body.decode())
 
 
 def _read_exact(fd: int, n: int) -> bytes | None:

@@ -83,10 +83,9 @@ class Sequence:
         self.cancelled = False
         self.shown = False  # a text event has been sent (the first one is never held back)
 
-    def text_event(self, text: str) -> dict[str, Any]:
-        event = {"ev": "text", "id": self.rid, "text": text, "tokens": self.n_gen}
-        if self.probs:
-            event["logprobs"], self.probs = self.probs, []
+    def text_event(self, text: str) -> protocol.Text:
+        event = protocol.Text(self.rid, text, self.n_gen, self.probs or None)
+        self.probs = []
         return event
 
     def send_text(self, text: str, out: Worker) -> None:
@@ -145,7 +144,15 @@ class Refused(Exception):
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
         super().__init__(message)
-        self.event = {"ev": "error", "status": status, "message": message, "param": param, "code": code}
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    def event(self, rid: int) -> protocol.Error:
+        return protocol.Error(rid, self.status, self.message, self.param, self.code)
+
+
+def failure(rid: int, e: Exception) -> protocol.Error:
+    """A bug met while serving request ``rid``: it fails that request alone."""
+    return protocol.Error(rid, 500, f"{type(e).__name__}: {e}", None, "worker_error")
 
 
 _LOG_CALLBACKS: list[Any] = []
@@ -403,29 +410,26 @@ class Model:
                                   "chat_template_kwargs") from None
             raise Refused(500, f"model {self.params.name!r}: {e}", None, "chat_template_error") from None
 
-    def answer(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def answer(self, msg: dict[str, Any]) -> protocol.Event:
         """A question that needs no decoding: tokenize, detokenize or apply a chat template (on a
         prep thread)."""
         rid = msg["id"]
         try:
             if msg["op"] == "apply_template":
-                return {"ev": "prompt", "id": rid, "text": self.render(msg["request"])}
+                return protocol.Prompt(rid, self.render(msg["request"]))
             if msg["op"] == "tokenize":
                 tokens, _ = self.prompt_tokens(msg["request"])
-                out: dict[str, Any] = {"ev": "tokens", "id": rid, "tokens": tokens}
-                if msg.get("with_pieces"):
-                    out["pieces"] = [self.piece(t).decode("utf-8", "replace") for t in tokens]
-                return out
+                pieces = [self.piece(t).decode("utf-8", "replace") for t in tokens] if msg.get("with_pieces") else None
+                return protocol.Tokens(rid, tokens, pieces)
             tokens = msg["tokens"]
             bad = next((t for t in tokens if not isinstance(t, int) or not 0 <= t < self.n_vocab), None)
             if bad is not None:
                 raise Refused(400, f"token id {bad} is outside the vocabulary (0..{self.n_vocab - 1})", "tokens")
-            return {"ev": "detokenized", "id": rid, "text": self.detokenize(tokens)}
+            return protocol.Detokenized(rid, self.detokenize(tokens))
         except Refused as r:
-            return {**r.event, "id": rid}
+            return r.event(rid)
         except Exception as e:  # a bug here must fail one question, not leave it unanswered
-            return {"ev": "error", "id": rid, "status": 500, "message": f"{type(e).__name__}: {e}", "param": None,
-                    "code": "worker_error"}
+            return failure(rid, e)
 
     def embed(self, rid: int, inputs: list[Any], out: Worker) -> None:
         """One L2-normalized, pooled vector per input (text or token ids)."""
@@ -462,7 +466,7 @@ class Model:
             vectors.append([x / norm for x in vec])
         for slot in self.slots:
             slot.cached = []
-        out.send({"ev": "embeddings", "id": rid, "data": vectors, "prompt_tokens": total})
+        out.send(protocol.Embeddings(rid, vectors, total))
 
     def is_eog(self, token: int) -> bool:
         eog = self._is_eog.get(token)
@@ -606,8 +610,7 @@ class Model:
                 self.ll.llama_memory_seq_rm(self.mem, seq.slot.id, -1, -1)
                 seq.slot.cached = []
                 self.drop(seq)
-                out.send({"ev": "error", "id": seq.rid, "status": 500, "param": None, "code": "decode_failed",
-                          "message": f"llama_decode failed with status {rc}"})
+                out.send(protocol.Error(seq.rid, 500, f"llama_decode failed with status {rc}", None, "decode_failed"))
             return
         for seq, part, want in chunks:
             seq.slot.cached.extend(part)
@@ -620,8 +623,7 @@ class Model:
                     seq.slot.cached = []
                     self.ll.llama_memory_seq_rm(self.mem, seq.slot.id, -1, -1)
                     self.drop(seq)
-                    out.send({"ev": "error", "id": seq.rid, "status": 500, "param": None, "code": "worker_error",
-                              "message": f"{type(e).__name__}: {e}"})
+                    out.send(failure(seq.rid, e))
 
     def _sample(self, seq: Sequence) -> int | None:
         """``llama_sampler_sample``, except that a token the chain left at -inf is never accepted:
@@ -771,11 +773,11 @@ class Worker:
             if msg is None:
                 return
 
-    def send(self, msg: dict[str, Any], hold: bool = False) -> None:
+    def send(self, event: protocol.Event, hold: bool = False) -> None:
         """Queue an event; ``flush`` writes the queued events in one write. A ``hold`` event (an
         answer's text after its first) may wait for later steps' events, up to the model's
         ``stream_interval`` (see ``run``); any other event goes out at the end of this step."""
-        self.put(protocol.encode(msg), hold)
+        self.put(protocol.encode_event(event), hold)
 
     def put(self, frame: bytes, hold: bool = False) -> None:
         """``send`` for an event already framed."""
@@ -796,8 +798,7 @@ class Worker:
             os._exit(0)  # the gateway is gone
 
     def done(self, rid: int, finish: str, stop: str | None, n_prompt: int, n_gen: int, n_cached: int) -> None:
-        self.send({"ev": "done", "id": rid, "finish_reason": finish, "stop": stop,
-                   "prompt_tokens": n_prompt, "completion_tokens": n_gen, "cached_tokens": n_cached})
+        self.send(protocol.Done(rid, finish, stop, n_prompt, n_gen, n_cached))
 
     def _take(self, msg: dict[str, Any] | None) -> None:
         if msg is None or msg.get("op") == "exit":
@@ -820,7 +821,7 @@ class Worker:
                 pass  # dropped from pending by its cancel; nothing is sent for it
             elif isinstance(msg["result"], Refused):
                 self.pending.remove(source)
-                self.send({**msg["result"].event, "id": source["id"]})
+                self.send(msg["result"].event(source["id"]))
             else:
                 source["_prepared"] = msg["result"]
         elif op == "_reply":
@@ -877,7 +878,7 @@ class Worker:
         except Refused as r:
             result = r
         except Exception as e:  # a bug here must fail one request, not the worker
-            result = Refused(500, f"{type(e).__name__}: {e}", None, "worker_error")
+            result = Refused(500, f"{type(e).__name__}: {e}", None, "worker_error")  # as failure() says it
         self.inbox.put({"op": "_prepared", "msg": msg, "result": result, "threaded": threaded})
 
     def _admissible(self, model: Model) -> bool:
@@ -913,21 +914,19 @@ class Worker:
 
     def _start(self, model: Model, rid: int, req: dict[str, Any], tokens: list[int], prompt_tail: str) -> None:
         seq = model.admit(rid, req, tokens, prompt_tail)
-        start = {"ev": "start", "id": rid, "prompt_tokens": len(seq.tokens), "cached_tokens": seq.common,
-                 "prompt_tail": seq.prompt_tail, "slot": seq.slot.id}
+        echo = None
         if req.get("echo"):
-            start["prompt_text"] = req["prompt"] if req.get("prompt") is not None else model.detokenize(seq.tokens)
-        self.send(start)
+            echo = req["prompt"] if req.get("prompt") is not None else model.detokenize(seq.tokens)
+        self.send(protocol.Start(rid, len(seq.tokens), seq.common, seq.slot.id, seq.prompt_tail, echo))
 
     def _guard(self, rid: int, work, *args: Any) -> None:
         """``work(*args)``; a refusal or a bug there fails request ``rid`` alone."""
         try:
             work(*args)
         except Refused as r:
-            self.send({**r.event, "id": rid})
+            self.send(r.event(rid))
         except Exception as e:  # a bug here must fail one request, not the worker
-            self.send({"ev": "error", "id": rid, "status": 500, "message": f"{type(e).__name__}: {e}",
-                       "param": None, "code": "worker_error"})
+            self.send(failure(rid, e))
 
     def run(self) -> None:
         first = self.inbox.get()
@@ -936,10 +935,10 @@ class Worker:
         try:
             model = self.model = Model(protocol.LoadParams(**first["model"]))
         except Exception as e:  # report, then leave: a failed load has nothing to serve
-            self.send({"ev": "load_failed", "error": str(e)})
+            self.send(protocol.LoadFailed(str(e)))
             self.flush()
             os._exit(0)
-        self.send({"ev": "ready", "info": model.info()})
+        self.send(protocol.Ready(model.info()))
         self.flush()
         interval = model.params.stream_interval
         while True:
