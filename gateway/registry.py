@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import discovery, lifecycle, placement
+from .backend import CHAT, EMBEDDINGS, TOKENIZE, Backend
 from .catalog import DEMO_NAME, ModelCatalog, ensure_demo_model  # noqa: F401 (DEMO_NAME, ensure_demo_model: re-exported)
 from .config import Config, ConfigError, ModelSpec, load_config, normalize_name
 from .engine import protocol
@@ -157,10 +158,11 @@ class Registry:
 
     @contextlib.asynccontextmanager
     async def lease(self, name: object, *,
-                    embeddings: bool | None = False) -> AsyncIterator[tuple[ModelSpec, WorkerProcess]]:
-        """The model's running worker for one request; the model stays loaded meanwhile.
+                    embeddings: bool | None = False) -> AsyncIterator[tuple[ModelSpec, Backend]]:
+        """The model's running backend for one request; the model stays loaded meanwhile.
         ``embeddings``: the request wants vectors (True) or text (False); a model serves one or
-        the other, the wrong one is a 501. None: either (tokenize)."""
+        the other, the wrong one is a 501 (known from the spec before any load, and checked
+        against what the backend says it serves). None: either (tokenize)."""
         spec = await self.lookup(name)
         if embeddings is not None and spec.embeddings != embeddings:
             what = ("cannot embed: give it `embeddings: true` in models.yaml" if embeddings else
@@ -176,6 +178,10 @@ class Registry:
             worker = await self._ready(record)
         finally:
             record.waiting -= 1
+        wanted = {True: EMBEDDINGS, False: CHAT, None: TOKENIZE}[embeddings]
+        if wanted not in worker.serves:
+            raise ApiError(f"model {spec.name!r} does not serve {wanted} requests", status=501, param="model",
+                           code="unsupported_model")
         record.in_flight += 1
         if record.timer is not None:
             record.timer.cancel()
@@ -195,7 +201,7 @@ class Registry:
         await self._ready(record)
         return record
 
-    async def _ready(self, record: ModelRecord) -> WorkerProcess:
+    async def _ready(self, record: ModelRecord) -> Backend:
         if record.worker is not None and record.worker.alive:
             return record.worker
         now = time.monotonic()

@@ -60,6 +60,17 @@ class WorkerProcess:
         self.exit_reason: str | None = None
 
     @property
+    def serves(self) -> frozenset[str]:
+        """The kinds of request this model answers (``backend.py``'s names)."""
+        if self.params.embeddings:
+            return frozenset({"embeddings", "tokenize"})
+        return frozenset({"chat", "completions", "tokenize"})
+
+    @property
+    def device(self) -> str:
+        return str(self.info.get("device", "cpu"))
+
+    @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
 
@@ -101,8 +112,8 @@ class WorkerProcess:
         except BaseException:
             await self.stop()
             raise
-        log.info("model %r loaded (pid %s, n_ctx %s, %s)", self.params.name, self.proc.pid,
-                 self.info.get("n_ctx"), "GPU offload" if self.info.get("gpu_offload") else "CPU")
+        log.info("model %r loaded (pid %s, n_ctx %s, device %s)", self.params.name, self.proc.pid,
+                 self.info.get("n_ctx"), self.device)
         return self.info
 
     def _send(self, msg: dict[str, Any]) -> None:

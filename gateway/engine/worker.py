@@ -158,6 +158,14 @@ def failure(rid: int, e: Exception) -> protocol.Error:
 _LOG_CALLBACKS: list[Any] = []
 
 
+def _device(ll) -> str:
+    """The accelerator llama.cpp was built for, from its system info ("CPU : ... | CUDA : ARCHS =
+    ..." lists one backend per "NAME : ..." part): cuda, metal, vulkan, ...; cpu if none."""
+    info = ll.llama_print_system_info().decode("utf-8", "replace")
+    names = [part.split(" : ", 1)[0].strip().lower() for part in info.split("|") if " : " in part]
+    return next((n for n in names if n and n != "cpu"), "cpu")
+
+
 def _silence_llama_logs(llama_cpp) -> None:
     """Keep llama.cpp's per-load chatter out of the gateway log; errors still reach stderr."""
 
@@ -263,6 +271,7 @@ class Model:
         self.template = params.chat_template or self.model_template or chat_template.CHATML
         self.threads = threads
         self.gpu_offload = bool(ll.llama_supports_gpu_offload()) and params.n_gpu_layers != 0
+        self.device = _device(ll) if self.gpu_offload else "cpu"
 
     def set_threads(self, n: int) -> None:
         """Use ``n`` CPU threads from the next decode on (never more than configured)."""
@@ -274,7 +283,7 @@ class Model:
             "n_ctx": self.n_ctx, "n_vocab": self.n_vocab, "n_threads": self.threads, "parallel": len(self.slots),
             "n_ctx_train": self.ll.llama_model_n_ctx_train(self.model),
             "chat_template": self.template, "has_model_template": self.model_template is not None,
-            "gpu_offload": self.gpu_offload, "pid": os.getpid(),
+            "gpu_offload": self.gpu_offload, "device": self.device, "pid": os.getpid(),
             "special_tokens": [m for m in MARKER_TOKENS if self._single_token(m)],
             "n_embd": self.n_embd, "embeddings": self.params.embeddings,
         }
