@@ -63,3 +63,20 @@ def test_no_import_cycle_in_the_package():
     graph = {name: imports(name, path, known) for name, path in known.items()}
     assert "gateway.app" in graph and graph["gateway.app"]  # the walk sees the package
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
+
+
+def test_the_http_process_does_not_load_llama_cpp():
+    """llama.cpp lives in the workers: the gateway process parses every request, structured
+    output included, without loading it."""
+    import subprocess
+    import sys
+
+    code = ("import sys, gateway.app, gateway.cli\n"
+            "from gateway.protocol import openai\n"
+            "p = openai.parse_chat({'model': 'm', 'messages': [{'role': 'user', 'content': 'hi'}],\n"
+            "    'response_format': {'type': 'json_schema', 'json_schema': {'schema': {'type': 'object'}}}})\n"
+            "assert p.request.response_format == 'json_schema'\n"
+            "print('llama_cpp' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"

@@ -255,6 +255,8 @@ class GenerationRequest:
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False  # llama-server's extension: generate max_tokens whatever the model says
     grammar: str | None = None  # GBNF constraining every sampled token
+    response_format: str | None = None  # json_object | json_schema: the worker makes the grammar
+    json_schema: dict[str, Any] | None = None  # for json_schema
     logprobs: int | None = None  # None: none; N: each token's log-probability and its N likeliest alternatives
     echo: bool = False  # the start event carries the prompt's text
     deadline: float | None = None  # wall-clock time (time.time()) at which the answer ends with "length"

@@ -23,6 +23,7 @@ from collections import deque
 from typing import Any
 
 from .. import chat_template
+from ..grammar import grammar_problem
 from ..reasoning import MARKER_TOKENS
 from ..textstream import StopMatcher, Utf8Stream
 from . import protocol
@@ -148,6 +149,26 @@ class Refused(Exception):
 
     def event(self, rid: int) -> protocol.Error:
         return protocol.Error(rid, self.status, self.message, self.param, self.code)
+
+
+def structured_grammar(kind: str, schema: dict[str, Any] | None) -> str:
+    """The GBNF for a ``response_format``: llama-cpp-python's JSON grammar, or its converter's
+    output for a JSON schema. Raises ``Refused`` for a schema it cannot follow."""
+    import json
+
+    from llama_cpp import llama_grammar
+
+    if kind == "json_object":
+        return llama_grammar.JSON_GBNF
+    try:
+        grammar = llama_grammar.json_schema_to_gbnf(json.dumps(schema))
+    except Exception as e:  # the converter asserts, raises KeyError, ValueError, RecursionError, ...
+        raise Refused(400, f"`response_format.json_schema.schema` is not a schema this server can follow: {e}",
+                      "response_format") from None
+    if (problem := grammar_problem(grammar)) is not None:
+        raise Refused(400, f"the grammar made from `response_format.json_schema.schema` {problem}",
+                      "response_format")
+    return grammar
 
 
 def failure(rid: int, e: Exception) -> protocol.Error:
@@ -373,8 +394,11 @@ class Model:
         return self.tokenize(text, add_special=req.get("add_special", True)), text[-PROMPT_TAIL:]
 
     def prepare(self, req: dict[str, Any]) -> tuple[list[int], str]:
-        """What admission needs from the prompt, worked out off the decode loop (in a prep
-        thread): its tokens and text tail, checked against the context. Raises ``Refused``."""
+        """What admission needs, worked out off the decode loop (in a prep thread): the grammar
+        of a ``response_format``, and the prompt's tokens and text tail, checked against the
+        context. Raises ``Refused``."""
+        if req.get("response_format"):
+            req["grammar"] = structured_grammar(req["response_format"], req.get("json_schema"))
         tokens, prompt_tail = self.prompt_tokens(req)
         n_prompt = len(tokens)
         if n_prompt == 0:

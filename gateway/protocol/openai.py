@@ -7,9 +7,7 @@ Fields are mapped one by one into a ``GenerationRequest``; unknown fields are ac
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -19,6 +17,7 @@ from .. import chat_template
 from ..answer import Finish, Piece
 from ..engine.protocol import GenerationRequest
 from ..errors import InvalidRequest
+from ..grammar import grammar_problem
 from .params import SAMPLING, Parsed, apply_defaults, read_sampling, read_stops, require_model, shown  # noqa: F401 (apply_defaults: re-exported)
 
 log = logging.getLogger(__name__)
@@ -101,56 +100,33 @@ def _chat_logprobs(body: dict[str, Any]) -> int | None:
     return (top or 0) if want else None
 
 
-MAX_GRAMMAR_CHARS = 256 * 1024
-MAX_GRAMMAR_DEPTH = 256  # nested groups: llama.cpp's grammar parser recurses once per level
-_GBNF_OPAQUE = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|#[^\n]*')  # literals, classes, comments
-
-
-def check_grammar(grammar: str, param: str) -> str:
-    """A GBNF grammar llama.cpp can parse without exhausting its stack: bounded in size and in
-    the nesting of its groups (parentheses inside literals, classes and comments do not count)."""
-    if len(grammar) > MAX_GRAMMAR_CHARS:
-        raise InvalidRequest(f"`{param}` may be at most {MAX_GRAMMAR_CHARS} characters, got {len(grammar)}", param)
-    depth = deepest = 0
-    for match in re.finditer(r"[()]", _GBNF_OPAQUE.sub("", grammar)):
-        depth += 1 if match.group() == "(" else -1
-        deepest = max(deepest, depth)
-    if deepest > MAX_GRAMMAR_DEPTH:
-        raise InvalidRequest(f"`{param}` nests groups {deepest} deep; at most {MAX_GRAMMAR_DEPTH}", param)
-    return grammar
-
-
-def _grammar(body: dict[str, Any]) -> str | None:
-    """GBNF from ``grammar`` (llama.cpp's field) or ``response_format`` (json_object, json_schema)."""
+def _grammar(body: dict[str, Any], req: GenerationRequest) -> None:
+    """``grammar`` (llama.cpp's GBNF field) or ``response_format`` (json_object, json_schema)
+    into ``req``. A schema becomes a grammar in the model's worker (the converter is
+    llama-cpp-python's, which this process does not load); one it cannot follow is a 400 there."""
     grammar, fmt = body.get("grammar"), body.get("response_format")
     if grammar is not None:
         if not isinstance(grammar, str) or not grammar.strip():
             raise InvalidRequest("`grammar` must be a GBNF grammar in a string", "grammar")
         if fmt not in (None, {"type": "text"}):
             raise InvalidRequest("give `grammar` or `response_format`, not both", "grammar")
-        return check_grammar(grammar, "grammar")
+        if (problem := grammar_problem(grammar)) is not None:
+            raise InvalidRequest(f"`grammar` {problem}", "grammar")
+        req.grammar = grammar
+        return
     if fmt is None:
-        return None
+        return
     if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
         raise InvalidRequest("`response_format.type` must be text, json_object or json_schema", "response_format")
-    if fmt["type"] == "text":
-        return None
-    from llama_cpp import llama_grammar
-
-    if fmt["type"] == "json_object":
-        return llama_grammar.JSON_GBNF
-    spec = fmt.get("json_schema")
-    schema = spec.get("schema") if isinstance(spec, dict) else None
-    if not isinstance(schema, dict):
-        raise InvalidRequest("`response_format.json_schema.schema` must be a JSON Schema object",
-                             "response_format.json_schema.schema")
-    try:
-        return check_grammar(llama_grammar.json_schema_to_gbnf(json.dumps(schema)), "response_format")
-    except InvalidRequest:
-        raise
-    except Exception as e:  # the converter asserts, raises KeyError, ValueError, ... on what it cannot read
-        raise InvalidRequest(f"`response_format.json_schema.schema` is not a schema this server can follow: {e}",
-                             "response_format") from None
+    if fmt["type"] == "json_schema":
+        spec = fmt.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise InvalidRequest("`response_format.json_schema.schema` must be a JSON Schema object",
+                                 "response_format.json_schema.schema")
+        req.json_schema = schema
+    if fmt["type"] != "text":
+        req.response_format = fmt["type"]
 
 
 def _text_content(content: Any, where: str) -> str:
@@ -215,7 +191,7 @@ def parse_chat(body: dict[str, Any]) -> Parsed:
             raise InvalidRequest(f"`chat_template_kwargs.{taken}` is a name the chat template's renderer sets "
                                  "itself; it cannot be given", f"chat_template_kwargs.{taken}")
         req.chat_template_kwargs = dict(kwargs)
-    req.grammar = _grammar(body)
+    _grammar(body, req)
     req.logprobs = _chat_logprobs(body)
     fmt = body.get("reasoning_format")
     if fmt is not None and fmt not in REASONING_FORMATS:
@@ -258,7 +234,7 @@ def parse_completion(body: dict[str, Any]) -> Parsed:
                              "logprobs")
     req = GenerationRequest(echo=echo, logprobs=logprobs)
     stream, include_usage, explicit = _common(body, req)
-    req.grammar = _grammar(body)
+    _grammar(body, req)
     req.max_tokens = _max_tokens(body, ("max_tokens",))
     if req.max_tokens is None:
         req.max_tokens = 16  # OpenAI's default for /v1/completions
