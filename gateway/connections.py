@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from aiohttp.http_exceptions import HttpProcessingError
+
 log = logging.getLogger(__name__)
 
 SWEEP_SECONDS = 1.0
@@ -235,8 +237,6 @@ class QuietConnectionLogs(logging.Filter):
         self._skipped: dict[str, int] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from aiohttp.http_exceptions import HttpProcessingError
-
         exc = record.exc_info[1] if record.exc_info else None
         if record.name == "aiohttp.server" and isinstance(exc, HttpProcessingError):
             kind = "malformed"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import platform
 from collections.abc import Callable, Iterable
+from importlib import metadata
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -99,8 +100,6 @@ class _ModelCollector:
 
 
 def _llama_cpp_version() -> str:
-    from importlib import metadata
-
     try:
         return metadata.version("llama-cpp-python")
     except metadata.PackageNotFoundError:

@@ -451,10 +451,13 @@ async def idle_socket(host: str, port: int, mode: str, opts: HostileOptions, hs:
                 writer.write(first)
             if again:
                 dripping = asyncio.ensure_future(drip(writer, again))
-            try:
-                answer = await reader.read(-1)  # whatever the server says, up to its close
+            answer = b""
+            try:  # whatever the server says, up to its close; a reset (the server closed with our
+                # drip unread) keeps what had already arrived
+                while chunk := await reader.read(65536):
+                    answer += chunk
             except ConnectionError:
-                answer = b""
+                pass
             seconds = time.monotonic() - opened
             counts["closed_by_server"] += 1
             hs.idle_seconds[mode].append(seconds)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+import os
 import time
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from .. import __version__
 from ..appkeys import LIFECYCLE, METRICS, REGISTRY
@@ -29,8 +31,6 @@ def rss_bytes(pid: int) -> int | None:
     """Resident memory of a process (Linux /proc; None elsewhere)."""
     try:
         with open(f"/proc/{pid}/statm") as f:
-            import os
-
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return None
@@ -78,8 +78,6 @@ async def unload_model(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    from prometheus_client import CONTENT_TYPE_LATEST
-
     return web.Response(body=request.app[METRICS].scrape(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 

@@ -14,12 +14,15 @@ special tokens shown, so control-token markers such as ``<|channel|>`` reach the
 from __future__ import annotations
 
 import ctypes
+import json
+import math
 import os
 import queue
 import sys
 import threading
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .. import chat_template
@@ -154,8 +157,6 @@ class Refused(Exception):
 def structured_grammar(kind: str, schema: dict[str, Any] | None) -> str:
     """The GBNF for a ``response_format``: llama-cpp-python's JSON grammar, or its converter's
     output for a JSON schema. Raises ``Refused`` for a schema it cannot follow."""
-    import json
-
     from llama_cpp import llama_grammar
 
     if kind == "json_object":
@@ -466,8 +467,6 @@ class Model:
 
     def embed(self, rid: int, inputs: list[Any], out: Worker) -> None:
         """One L2-normalized, pooled vector per input (text or token ids)."""
-        import math
-
         ll = self.ll
         vectors, total = [], 0
         for i, item in enumerate(inputs):
@@ -779,8 +778,6 @@ class Worker:
     results come back through the inbox as ``_prepared`` / ``_reply`` messages."""
 
     def __init__(self, cmd_fd: int, ev_fd: int):
-        from concurrent.futures import ThreadPoolExecutor
-
         self.cmd_fd, self.ev_fd = cmd_fd, ev_fd
         self.inbox: queue.Queue[dict[str, Any] | None] = queue.Queue()
         # generate and embed messages in arrival order; a generate one carries "_prepared"

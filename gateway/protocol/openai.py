@@ -6,8 +6,10 @@ Fields are mapped one by one into a ``GenerationRequest``; unknown fields are ac
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import logging
+import struct
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -276,9 +278,6 @@ def parse_embeddings(body: dict[str, Any]) -> tuple[str, list[Any], str]:
 
 
 def embeddings_body(model: str, vectors: list[list[float]], fmt: str, prompt_tokens: int) -> dict[str, Any]:
-    import base64
-    import struct
-
     def encode(v: list[float]) -> Any:
         return base64.b64encode(struct.pack(f"<{len(v)}f", *v)).decode() if fmt == "base64" else v
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine.protocol import GenerationRequest
+from ..errors import InvalidRequest
 from ..sampling import SAMPLING, Param  # noqa: F401 (re-exported to the request parsers)
 
 
@@ -20,8 +21,6 @@ def read_sampling(body: dict[str, Any], req: GenerationRequest, params: dict[str
                   anthropic: bool = False) -> set[str]:
     """Copy the sampling fields ``body`` sets into ``req``, checked against ``params``; returns
     the names it set (they beat a model's defaults). A bad value is a 400 naming the field."""
-    from ..errors import InvalidRequest
-
     explicit: set[str] = set()
     for name, param in params.items():
         value = body.get(name)
@@ -38,8 +37,6 @@ def read_sampling(body: dict[str, Any], req: GenerationRequest, params: dict[str
 
 def require_model(body: dict[str, Any], *, anthropic: bool = False) -> str:
     """The request's model name: required on every route that names one."""
-    from ..errors import InvalidRequest
-
     model = body.get("model")
     if not isinstance(model, str) or not model.strip():
         where = "model: Field required" if anthropic else "`model` is required"
@@ -54,8 +51,6 @@ MAX_STOP_CHARS = 4096  # all stop strings together: each is matched against ever
 def read_stops(value: Any, name: str, *, anthropic: bool = False) -> list[str]:
     """``stop`` (a string or a list of strings) or ``stop_sequences`` (a list), bounded in
     count and in total length; empty strings are dropped."""
-    from ..errors import InvalidRequest
-
     where = f"{name}:" if anthropic else f"`{name}`"
     if value is None:
         return []
