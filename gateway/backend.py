@@ -11,9 +11,17 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from .engine.client import Generation
-from .engine.protocol import Detokenized, Embeddings, GenerationRequest, Prompt, Tokens
-
-CHAT, COMPLETIONS, EMBEDDINGS, TOKENIZE = "chat", "completions", "embeddings", "tokenize"
+from .engine.protocol import (  # noqa: F401 (the kinds: re-exported)
+    CHAT,
+    COMPLETIONS,
+    EMBEDDINGS,
+    TOKENIZE,
+    Detokenized,
+    Embeddings,
+    GenerationRequest,
+    Prompt,
+    Tokens,
+)
 
 
 class Backend(Protocol):

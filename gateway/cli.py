@@ -208,10 +208,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     QuietConnectionLogs().install()
     server = dataclasses.replace(config.server, host=host, port=port)
     fds = raise_fd_limit()
-    if fds is not None and server.max_connections > fds - 64:  # leave room for workers, models and logs
+    allowed = None if fds is None else max(1, fds - 64)  # room left for workers, models and logs
+    if allowed is not None and server.max_connections > allowed:
         log.warning("server.max_connections %d is over what %d open files allow: using %d",
-                    server.max_connections, fds, max(1, fds - 64))
-        server = dataclasses.replace(server, max_connections=max(1, fds - 64))
+                    server.max_connections, fds, allowed)
+        server = dataclasses.replace(server, max_connections=allowed)
     config = dataclasses.replace(config, server=server)
     try:
         return asyncio.run(_serve(config, host, port))

@@ -106,7 +106,7 @@ def check_tree(value: Any) -> None:
         entry = stack.pop()
         v, _, _, depth = entry
         if isinstance(v, str):
-            if not v.isascii() and _SURROGATE.search(v):
+            if _lone_surrogate(v):
                 raise InvalidRequest(f"`{_path(entry)}` holds a lone UTF-16 surrogate (such as \\ud800): "
                                      "not valid Unicode text", _path(entry), "invalid_unicode")
             continue
@@ -120,11 +120,15 @@ def check_tree(value: Any) -> None:
             raise InvalidRequest(f"The request body is nested more than {MAX_DEPTH} levels deep", _path(entry) or None,
                                  "invalid_json")
         for k, x in items:
-            if isinstance(k, str) and not k.isascii() and _SURROGATE.search(k):
+            if isinstance(k, str) and _lone_surrogate(k):
                 raise InvalidRequest(f"A key in `{_path(entry) or 'the body'}` holds a lone UTF-16 surrogate: "
                                      "not valid Unicode text", _path(entry) or None, "invalid_unicode")
             if isinstance(x, (str, dict, list)):
                 stack.append((x, entry, k, depth + 1))
+
+
+def _lone_surrogate(text: str) -> bool:
+    return not text.isascii() and _SURROGATE.search(text) is not None
 
 
 def _path(entry: tuple[Any, Any, Any, int]) -> str:

@@ -61,10 +61,10 @@ class WorkerProcess:
 
     @property
     def serves(self) -> frozenset[str]:
-        """The kinds of request this model answers (``backend.py``'s names)."""
+        """The kinds of request this model answers."""
         if self.params.embeddings:
-            return frozenset({"embeddings", "tokenize"})
-        return frozenset({"chat", "completions", "tokenize"})
+            return frozenset({protocol.EMBEDDINGS, protocol.TOKENIZE})
+        return frozenset({protocol.CHAT, protocol.COMPLETIONS, protocol.TOKENIZE})
 
     @property
     def device(self) -> str:

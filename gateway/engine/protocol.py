@@ -210,6 +210,10 @@ def write_all_blocking(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
+# The kinds of request a model may serve (``WorkerProcess.serves``, ``backend.Backend``).
+CHAT, COMPLETIONS, EMBEDDINGS, TOKENIZE = "chat", "completions", "embeddings", "tokenize"
+
+
 @dataclass(frozen=True)
 class LoadParams:
     name: str

@@ -385,14 +385,17 @@ class Model:
         fit is refused untokenized; ``req["param"]`` names the field in the refusal."""
         param = req.get("param") or ("messages" if req.get("messages") is not None else "prompt")
         if req.get("prompt_tokens") is not None:
-            tokens = list(req["prompt_tokens"])
-            bad = next((t for t in tokens if not isinstance(t, int) or not 0 <= t < self.n_vocab), None)
-            if bad is not None:
-                raise Refused(400, f"token id {bad} is outside the vocabulary (0..{self.n_vocab - 1})", param)
-            return tokens, ""
+            return self.known_ids(req["prompt_tokens"], param), ""
         text = self.render(req) if req.get("messages") is not None else req.get("prompt") or ""
         self.check_fits(text, param)
         return self.tokenize(text, add_special=req.get("add_special", True)), text[-PROMPT_TAIL:]
+
+    def known_ids(self, tokens: list[Any], param: str) -> list[int]:
+        """``tokens`` as a list, if every one is an id of this vocabulary; else a 400 naming ``param``."""
+        bad = next((t for t in tokens if not isinstance(t, int) or not 0 <= t < self.n_vocab), None)
+        if bad is not None:
+            raise Refused(400, f"token id {bad} is outside the vocabulary (0..{self.n_vocab - 1})", param)
+        return list(tokens)
 
     def prepare(self, req: dict[str, Any]) -> tuple[list[int], str]:
         """What admission needs, worked out off the decode loop (in a prep thread): the grammar
@@ -455,11 +458,7 @@ class Model:
                 tokens, _ = self.prompt_tokens(msg["request"])
                 pieces = [self.piece(t).decode("utf-8", "replace") for t in tokens] if msg.get("with_pieces") else None
                 return protocol.Tokens(rid, tokens, pieces)
-            tokens = msg["tokens"]
-            bad = next((t for t in tokens if not isinstance(t, int) or not 0 <= t < self.n_vocab), None)
-            if bad is not None:
-                raise Refused(400, f"token id {bad} is outside the vocabulary (0..{self.n_vocab - 1})", "tokens")
-            return protocol.Detokenized(rid, self.detokenize(tokens))
+            return protocol.Detokenized(rid, self.detokenize(self.known_ids(msg["tokens"], "tokens")))
         except Refused as r:
             return r.event(rid)
         except Exception as e:  # a bug here must fail one question, not leave it unanswered
@@ -470,10 +469,8 @@ class Model:
         ll = self.ll
         vectors, total = [], 0
         for i, item in enumerate(inputs):
-            if isinstance(item, str):
-                self.check_fits(item, "input")
-            tokens = self.tokenize(item, add_special=True) if isinstance(item, str) else \
-                self.prompt_tokens({"prompt_tokens": item, "param": "input"})[0]
+            source = {"prompt": item} if isinstance(item, str) else {"prompt_tokens": item}
+            tokens, _ = self.prompt_tokens({**source, "param": "input"})
             if not tokens:
                 raise Refused(400, f"input {i} is empty", "input")
             if len(tokens) > self.n_ctx:
@@ -849,9 +846,9 @@ class Worker:
                 self.preparing -= 1
             if source.get("_cancelled"):
                 pass  # dropped from pending by its cancel; nothing is sent for it
-            elif isinstance(msg["result"], Refused):
+            elif isinstance(msg["result"], protocol.Error):
                 self.pending.remove(source)
-                self.send(msg["result"].event(source["id"]))
+                self.send(msg["result"])
             else:
                 source["_prepared"] = msg["result"]
         elif op == "_reply":
@@ -906,12 +903,12 @@ class Worker:
             assert self.model is not None  # generate messages are taken only once it is loaded
             result: Any = self.model.prepare(msg["request"])
         except Refused as r:
-            result = r
+            result = r.event(msg["id"])
         except Exception as e:  # a bug here must fail one request, not the worker
-            result = Refused(500, f"{type(e).__name__}: {e}", None, "worker_error")  # as failure() says it
+            result = failure(msg["id"], e)
         self.inbox.put({"op": "_prepared", "msg": msg, "result": result, "threaded": threaded})
 
-    def _admissible(self, model: Model) -> bool:
+    def _admissible(self) -> bool:
         """A waiting request could start now, or waits only for a slot to free."""
         return any(m["op"] == "embed" or "_prepared" in m for m in self.pending)
 
@@ -972,7 +969,7 @@ class Worker:
         self.flush()
         interval = model.params.stream_interval
         while True:
-            self._poll(block=not model.active() and not self._admissible(model))
+            self._poll(block=not model.active() and not self._admissible())
             self._admit(model)
             if model.active():
                 model.step(self)

@@ -257,14 +257,11 @@ def parse_embeddings(body: dict[str, Any]) -> tuple[str, list[Any], str]:
     model = require_model(body)
     raw = body.get("input")
 
-    def ids(x: Any) -> bool:
-        return isinstance(x, list) and bool(x) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
-
     if isinstance(raw, str):
         inputs: list[Any] = [raw]
-    elif ids(raw):
+    elif _is_ids(raw):
         inputs = [raw]
-    elif isinstance(raw, list) and raw and all(isinstance(x, str) or ids(x) for x in raw):
+    elif isinstance(raw, list) and raw and all(isinstance(x, str) or _is_ids(x) for x in raw):
         inputs = raw
     else:
         raise InvalidRequest("`input` must be a string, an array of strings, an array of token ids, "
