@@ -390,8 +390,13 @@ async def test_a_killed_worker_fails_a_whole_answer_with_a_5xx(client):
 
 
 async def test_the_event_loop_keeps_answering_during_a_generation(client):
-    task = asyncio.create_task(chat(client, model="loop", max_tokens=3000))
-    await asyncio.sleep(0.3)
+    # as long an answer as the context holds (thousands of tokens: far longer than /health takes)
+    task = asyncio.create_task(chat(client, model="loop", max_tokens=8000))
+    registry = client.app[REGISTRY]
+    for _ in range(1000):  # until the answer is under way (the model loaded and the request taken)
+        if "loop" in registry.loaded() and registry.loaded()["loop"].in_flight:
+            break
+        await asyncio.sleep(0.005)
     r = await client.get("/health")
     assert r.status == 200 and not task.done()
     status, _ = await task
