@@ -34,6 +34,7 @@ ENDPOINTS = {
     "/v1/messages/count_tokens": ["model", "messages", "system"],
     "/tokenize": ["model", "content", "add_special", "with_pieces"],
     "/detokenize": ["model", "tokens"],
+    "/apply-template": ["model", "messages", "chat_template_kwargs", "max_tokens"],
     "/models/load": ["model"],
     "/models/unload": ["model"],
 }
@@ -75,6 +76,7 @@ VALID = {  # a request each endpoint answers 200, for one field at a time to be 
     "/v1/messages/count_tokens": {"model": "plain", "messages": HI},
     "/tokenize": {"model": "plain", "content": "hi"},
     "/detokenize": {"model": "plain", "tokens": [1, 2]},
+    "/apply-template": {"model": "plain", "messages": HI},
     "/models/load": {"model": "plain"},
     "/models/unload": {"model": "emb"},
 }
