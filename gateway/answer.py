@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from .backend import GenerationEvents
 from .engine import protocol
-from .engine.client import Generation
 from .errors import ApiError
 from .events import Observation
 from .reasoning import ReasoningSplitter, detect
@@ -46,20 +46,22 @@ def reasoning_format(configured: str, info: dict[str, Any]) -> str | None:
     return detect(info.get("chat_template"), info.get("special_tokens", []))
 
 
-async def start(gen: Generation, reasoning: str | None) -> tuple[protocol.Start, ReasoningSplitter | None]:
-    """Wait for the worker to accept the request (a refusal raises its error); returns its
+async def start(gen: GenerationEvents, reasoning: str | None,
+                info: dict[str, Any]) -> tuple[protocol.Start, ReasoningSplitter | None]:
+    """Wait for the backend to accept the request (a refusal raises its error); returns its
     start event (prompt_tokens, prompt_text for echo, ...) and the splitter for the answer's
-    thinking (``reasoning``: the model's setting; None: do not split)."""
+    thinking (``reasoning``: the model's setting; None: do not split; ``info``: what the
+    backend reported at load, read for ``auto``)."""
     event = await gen.next()
     if isinstance(event, protocol.Error):
         raise api_error(event)
     if not isinstance(event, protocol.Start):
         raise ApiError(f"the model worker answered {type(event).__name__} before starting", status=500)
-    fmt = reasoning_format(reasoning, gen.worker.info) if reasoning else None
+    fmt = reasoning_format(reasoning, info) if reasoning else None
     return event, ReasoningSplitter(fmt, event.prompt_tail) if fmt else None
 
 
-async def pieces(gen: Generation, splitter: ReasoningSplitter | None,
+async def pieces(gen: GenerationEvents, splitter: ReasoningSplitter | None,
                  obs: Observation | None = None) -> AsyncIterator[Piece | Finish]:
     """Thinking and content pieces, then the finish. Token log-probabilities ride on the next
     piece to leave (a marker held back by the splitter delays them, never drops them).

@@ -2,15 +2,20 @@
 
 A backend serves some kinds of request (``serves``), runs on a device (``device``: cpu,
 cuda, metal, ...), and answers with typed events (``engine/protocol.py``). The local llama.cpp
-worker (``engine.client.WorkerProcess``) is the first implementation; one that forwards to
-another machine's server implements the same calls, and no handler changes.
+worker (``engine.client.WorkerProcess``, started by ``start_local``) is the first
+implementation; one that forwards to another machine's server implements the same calls and
+its own ``BackendFactory``, and no handler changes.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
-from .engine.client import Generation
+from . import discovery
+from .config import ModelSpec, ServerConfig
+from .engine.client import LoadFailed, WorkerProcess
 from .engine.protocol import (  # noqa: F401 (the kinds: re-exported)
     CHAT,
     COMPLETIONS,
@@ -18,10 +23,34 @@ from .engine.protocol import (  # noqa: F401 (the kinds: re-exported)
     TOKENIZE,
     Detokenized,
     Embeddings,
+    Event,
     GenerationRequest,
+    LoadParams,
     Prompt,
     Tokens,
 )
+from .ggufmeta import ModelFileError
+
+
+class StartFailed(Exception):
+    """A backend could not start (a bad file, a worker that died loading, a server not there)."""
+
+
+class GenerationEvents(Protocol):
+    """One generation's events (``Start``, ``Text``..., then ``Done``; or ``Error``), in order.
+    Leaving the ``async with`` before the last one cancels the generation."""
+
+    # awaited before waiting for an event that has not arrived yet: a streamed answer writes
+    # what it holds then
+    on_idle: Callable[[], Awaitable[None]] | None
+
+    async def next(self) -> Event: ...
+
+    def __aiter__(self) -> AsyncIterator[Event]: ...
+
+    async def __aenter__(self) -> GenerationEvents: ...
+
+    async def __aexit__(self, *exc: Any) -> None: ...
 
 
 class Backend(Protocol):
@@ -42,7 +71,14 @@ class Backend(Protocol):
     @property
     def in_flight(self) -> int: ...
 
-    def generate(self, request: GenerationRequest) -> Generation: ...
+    @property
+    def pid(self) -> int | None: ...  # the process on this machine that runs it, if any
+
+    def set_threads(self, n: int) -> None: ...  # a backend on this machine's CPUs decodes with n threads
+
+    def abort_all(self, message: str) -> None: ...  # end every request in flight with an error
+
+    def generate(self, request: GenerationRequest) -> GenerationEvents: ...
 
     async def tokenize(self, request: dict[str, Any], with_pieces: bool = False) -> Tokens: ...
 
@@ -53,3 +89,29 @@ class Backend(Protocol):
     async def embed(self, inputs: list[Any]) -> Embeddings: ...
 
     async def stop(self, timeout: float = 5.0) -> None: ...
+
+
+class BackendFactory(Protocol):
+    """Starts the backend for a model. ``on_exit(expected)``: the backend went away (expected:
+    asked to stop); ``on_busy()``: it went from idle to busy or back."""
+
+    async def __call__(self, spec: ModelSpec, server: ServerConfig, *, on_exit: Callable[[Backend, bool], None],
+                       on_busy: Callable[[], None]) -> Backend: ...
+
+
+async def start_local(spec: ModelSpec, server: ServerConfig, *, on_exit: Callable[[Backend, bool], None],
+                      on_busy: Callable[[], None]) -> Backend:
+    """A llama.cpp worker process on this machine; raises ``StartFailed``."""
+    try:
+        await asyncio.to_thread(discovery.INFO_CACHE.get, spec.path)  # a bad file fails here, before a spawn
+        worker = WorkerProcess(LoadParams(
+            name=spec.name, path=str(spec.path), n_ctx=spec.n_ctx, n_gpu_layers=spec.n_gpu_layers,
+            n_threads=spec.n_threads, n_batch=spec.n_batch, parallel=spec.parallel, flash_attn=spec.flash_attn,
+            repack=spec.repack, swa_full=spec.swa_full, use_mmap=spec.use_mmap,
+            chat_template=spec.chat_template, embeddings=spec.embeddings,
+            stream_interval=server.stream_interval_ms / 1000,
+        ), on_exit=on_exit, on_busy=lambda _worker: on_busy())
+        await worker.start()
+    except (ModelFileError, LoadFailed) as e:
+        raise StartFailed(str(e)) from None
+    return worker

@@ -1,17 +1,19 @@
-"""Name -> ModelSpec -> a running worker, and the lifecycle of every loaded model.
+"""Name -> ModelSpec -> a running backend, for every model the gateway serves.
 
-Resolution: models loaded or loading now (by name and alias), then the catalog
-(``catalog.py``: models.yaml, then discovery; a miss rescans the stores, at most every
-``rescan_seconds``); a ``name:tag`` that matched nothing tries ``name``.
+The registry joins three parts, each with one job:
+- the catalog (``catalog.py``): names -> specs. Resolution looks at models loaded or loading
+  now (by name and alias) first, then the catalog (models.yaml, then discovery; a miss
+  rescans the stores, at most every ``rescan_seconds``); a ``name:tag`` that matched nothing
+  tries ``name``;
+- one supervisor per model (``supervisor.py``): its lifecycle, single-flight load, back-off,
+  keep-alive and retirement;
+- the placement policy (``placement.py``): which idle model to unload when
+  ``server.max_loaded_models`` is reached, and how busy models share the CPUs.
 
-Each model has a record (``ModelRecord``) whose state moves as ``lifecycle.py`` draws it.
-One load runs per model however many requests wait for it (single flight). A request
-waits up to ``server.load_timeout`` for a load, then gets 503 ``model_loading``; a failed
-model answers 503 ``model_load_failed`` with ``Retry-After`` until its back-off (5 s,
-doubling to 5 min) has passed. With ``server.max_loaded_models`` reached, the least
-recently used idle model is unloaded first; a model with requests in flight never is.
-A reload (SIGHUP) swaps the tables; a loaded model whose entry changed or vanished
-finishes its requests and is unloaded when idle.
+The registry gathers the state placement decides on and carries its decisions out, starts
+backends through its ``BackendFactory`` (``backend.start_local`` unless told otherwise), and
+reports loads and crashes to the metrics. A reload (SIGHUP) swaps the tables; a loaded model
+whose entry changed or vanished finishes its requests and is unloaded when idle.
 """
 
 from __future__ import annotations
@@ -19,66 +21,43 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 
-from . import discovery, lifecycle, placement
-from .backend import CHAT, EMBEDDINGS, TOKENIZE, Backend
+from . import discovery, placement
+from .backend import CHAT, EMBEDDINGS, TOKENIZE, Backend, BackendFactory, start_local
 from .catalog import DEMO_NAME, ModelCatalog, ensure_demo_model  # noqa: F401 (DEMO_NAME, ensure_demo_model: re-exported)
 from .config import Config, ConfigError, ModelSpec, load_config, normalize_name
 from .engine import protocol
-from .engine.client import LoadFailed, WorkerProcess
-from .engine.protocol import LoadParams
 from .errors import ApiError, ModelNotFound
-from .ggufmeta import GGUFInfo, ModelFileError
+from .ggufmeta import GGUFInfo
 from .lifecycle import ModelState
 from .metrics import Metrics
+from .supervisor import ModelSupervisor, Timing
 
 log = logging.getLogger(__name__)
 
-UNLOADED, LOADING, READY, FAILED = ModelState.UNLOADED, ModelState.LOADING, ModelState.READY, ModelState.FAILED
+_LIVE = (ModelState.LOADING, ModelState.READY)
 
 
 def _parallel(spec: ModelSpec) -> int:
-    """Requests a model's worker decodes at once; the rest wait in its queue."""
+    """Requests a model's backend decodes at once; the rest wait in its queue."""
     return 1 if spec.embeddings else spec.parallel
-
-
-@dataclass
-class ModelRecord:
-    """What the registry keeps of one model: its state, its worker, its load and its requests."""
-
-    spec: ModelSpec
-    state: ModelState = UNLOADED
-    worker: WorkerProcess | None = None
-    load: asyncio.Task | None = None
-    error: str | None = None
-    failures: int = 0
-    retry_at: float = 0.0
-    in_flight: int = 0
-    last_used: float = 0.0
-    timer: asyncio.TimerHandle | None = None
-    retiring: bool = False  # replaced by a reload: unload once idle
-    waiting: int = 0  # requests waiting for this model to load
-
-    def move(self, new: ModelState) -> None:
-        """The one place a model's state changes (``lifecycle.MOVES`` says where it may go)."""
-        self.state = lifecycle.move(self.state, new)
 
 
 class Registry:
     def __init__(self, config: Config, *, demo_dir: Path | None = None, allow_demo: bool = False,
-                 rescan_seconds: float = 5.0, backoff: tuple[float, float] = (5.0, 300.0)):
+                 rescan_seconds: float = 5.0, backoff: tuple[float, float] = (5.0, 300.0),
+                 backends: BackendFactory = start_local):
         self.config = config
         self.catalog = ModelCatalog(config, demo_dir=demo_dir, allow_demo=allow_demo, rescan_seconds=rescan_seconds)
         self.backoff = backoff  # a failed load's first wait before the next attempt, and its cap
-        self._records: dict[str, ModelRecord] = {}
-        self._retired: list[ModelRecord] = []
+        self.backends = backends
+        self._models: dict[str, ModelSupervisor] = {}
+        self._retired: list[ModelSupervisor] = []  # replaced by a reload, still holding something
         self._released: asyncio.Event | None = None
-        self.worker_failures = 0  # workers that exited without being asked to
+        self.worker_failures = 0  # backends that exited without being asked to
         self.metrics: Metrics | None = None  # when an app serves this registry
 
     # --- names (the catalog's, loaded models first) ------------------------------------------
@@ -94,9 +73,9 @@ class Registry:
         """A loaded (or loading) model by any of its names first, then the catalog's answer; a
         ``name:tag`` that matched nothing tries ``name``."""
         for key in self.catalog.keys(name):
-            for record in self._records.values() if loaded_first else ():
-                if record.state in (LOADING, READY) and key in map(normalize_name, record.spec.names):
-                    return record.spec
+            for model in self._models.values() if loaded_first else ():
+                if model.state in _LIVE and key in map(normalize_name, model.spec.names):
+                    return model.spec
             if (spec := self.catalog.get(key)) is not None:
                 return spec
         return None
@@ -123,38 +102,48 @@ class Registry:
     def info(self, spec: ModelSpec) -> GGUFInfo | None:
         return self.catalog.info(spec)
 
-    # --- lifecycle -------------------------------------------------------------------------
-    def record(self, spec: ModelSpec) -> ModelRecord:
-        record = self._records.get(spec.name)
-        if record is None or record.spec != spec:
-            if record is not None:
-                self._retire(record)
-            record = self._records[spec.name] = ModelRecord(spec)
-        return record
+    # --- supervisors ---------------------------------------------------------------------------
+    def _timing(self, spec: ModelSpec) -> Timing:
+        server = self.config.server
+        keep = spec.keep_alive if spec.keep_alive is not None else server.keep_alive
+        return Timing(load_timeout=server.load_timeout, keep_alive=keep, backoff=self.backoff)
+
+    def supervisor(self, spec: ModelSpec) -> ModelSupervisor:
+        """The model's supervisor, made on first use; a spec that changed retires the old one."""
+        model = self._models.get(spec.name)
+        if model is None or model.spec != spec:
+            if model is not None:
+                self._retire(model)
+            model = self._models[spec.name] = ModelSupervisor(spec, self, self._timing(spec), _parallel(spec))
+        return model
+
+    def state(self, spec: ModelSpec) -> ModelSupervisor:
+        """The model's supervisor, or a fresh (unloaded) one that is not kept."""
+        return self._models.get(spec.name) or ModelSupervisor(spec, self, self._timing(spec), _parallel(spec))
+
+    def _all(self) -> list[ModelSupervisor]:
+        self._retired = [m for m in self._retired if m.holds]
+        return [*self._models.values(), *self._retired]
 
     def metrics_rows(self) -> list[tuple[str, str, int, int]]:
         """(model, state, requests in flight, requests queued) for every resolvable model."""
         rows = []
         for spec in self.specs():
-            record = self.state(spec)
-            behind = max(0, record.worker.in_flight - _parallel(spec)) if record.worker is not None else 0
-            rows.append((spec.name, record.state.value, record.in_flight, record.waiting + behind))
+            model = self.state(spec)
+            rows.append((spec.name, model.state.value, model.in_flight, model.queued()))
         return rows
 
     def in_flight(self) -> int:
-        return sum(s.in_flight for s in [*self._records.values(), *self._retired])
+        return sum(m.in_flight for m in self._all())
 
     def abort_all(self, message: str) -> None:
         """End every request in flight now with an error (the drain time ran out)."""
-        for record in [*self._records.values(), *self._retired]:
-            if record.worker is not None:
-                record.worker.abort_all(message)
+        for model in self._all():
+            if model.backend is not None:
+                model.backend.abort_all(message)
 
-    def loaded(self) -> dict[str, WorkerProcess]:
-        return {s.spec.name: s.worker for s in self._records.values() if s.worker is not None and s.worker.alive}
-
-    def state(self, spec: ModelSpec) -> ModelRecord:
-        return self._records.get(spec.name) or ModelRecord(spec)
+    def loaded(self) -> dict[str, Backend]:
+        return {m.spec.name: m.backend for m in self._models.values() if m.backend is not None and m.backend.alive}
 
     @contextlib.asynccontextmanager
     async def lease(self, name: object, *,
@@ -168,114 +157,44 @@ class Registry:
             what = ("cannot embed: give it `embeddings: true` in models.yaml" if embeddings else
                     "is an embedding model: use /v1/embeddings")
             raise ApiError(f"model {spec.name!r} {what}", status=501, param="model", code="unsupported_model")
-        record = self.record(spec)
-        limit = self.config.server.max_queue
-        if record.waiting + record.in_flight - _parallel(spec) >= limit:  # every sequence busy and `limit` waiting
-            raise ApiError(f"model {spec.name!r} already has {limit} request(s) waiting (server.max_queue); "
-                           "retry shortly", status=429, param="model", code="queue_full", headers={"Retry-After": "2"})
-        record.waiting += 1
-        try:
-            worker = await self._ready(record)
-        finally:
-            record.waiting -= 1
-        wanted = {True: EMBEDDINGS, False: CHAT, None: TOKENIZE}[embeddings]
-        if wanted not in worker.serves:
-            raise ApiError(f"model {spec.name!r} does not serve {wanted} requests", status=501, param="model",
-                           code="unsupported_model")
-        record.in_flight += 1
-        if record.timer is not None:
-            record.timer.cancel()
-            record.timer = None
-        try:
-            yield spec, worker
-        finally:
-            record.in_flight -= 1
-            record.last_used = time.monotonic()
-            if record.in_flight == 0:
-                self._idle(record)
+        kind = {True: EMBEDDINGS, False: CHAT, None: TOKENIZE}[embeddings]
+        async with self.supervisor(spec).lease(kind, self.config.server.max_queue) as backend:
+            yield spec, backend
 
-    async def load(self, name: object) -> ModelRecord:
+    async def load(self, name: object) -> ModelSupervisor:
         """Load a model without a request (admin API, preload)."""
-        spec = await self.lookup(name)
-        record = self.record(spec)
-        await self._ready(record)
-        return record
+        model = self.supervisor(await self.lookup(name))
+        await model.ready()
+        return model
 
-    async def _ready(self, record: ModelRecord) -> Backend:
-        if record.worker is not None and record.worker.alive:
-            return record.worker
-        now = time.monotonic()
-        if record.state == FAILED and now < record.retry_at and record.load is None:
-            raise _load_failed(record.spec, record.error or "unknown error", record.retry_at - now)
-        if record.load is None:
-            record.load = asyncio.ensure_future(self._load(record))
-            record.load.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved here, raised to waiters
-        load = record.load
-        # asyncio.wait: a caller that gives up does not cancel a load others may be waiting on,
-        # and a load cancelled under it (an unload, shutdown) is told apart from the caller's own
-        done, _ = await asyncio.wait({load}, timeout=self.config.server.load_timeout)
-        if not done:
-            raise ApiError(f"model {record.spec.name!r} is loading; retry shortly", status=503, param="model",
-                           code="model_loading", headers={"Retry-After": "5"})
-        if load.cancelled():
-            raise ApiError(f"model {record.spec.name!r} was unloaded while it loaded; retry", status=503,
-                           param="model", code="model_unloaded", headers={"Retry-After": "1"})
-        return load.result()
+    async def unload(self, name: object) -> ModelSupervisor:
+        """Unload now (admin API); 409 while requests are in flight."""
+        model = self.state(await self.lookup(name))
+        await model.stop()
+        return model
 
-    async def _load(self, record: ModelRecord) -> WorkerProcess:
-        spec = record.spec
-        record.move(LOADING)
-        began = time.monotonic()
-        try:
-            await self._make_room(record)
-            await asyncio.to_thread(discovery.INFO_CACHE.get, spec.path)  # a bad file fails here, before a spawn
-            worker = WorkerProcess(LoadParams(
-                name=spec.name, path=str(spec.path), n_ctx=spec.n_ctx, n_gpu_layers=spec.n_gpu_layers,
-                n_threads=spec.n_threads, n_batch=spec.n_batch, parallel=spec.parallel, flash_attn=spec.flash_attn,
-                repack=spec.repack, swa_full=spec.swa_full, use_mmap=spec.use_mmap,
-                chat_template=spec.chat_template, embeddings=spec.embeddings,
-                stream_interval=self.config.server.stream_interval_ms / 1000,
-            ), on_exit=self._worker_exited, on_busy=self._share_cpus)
-            await worker.start()
-        except (ModelFileError, LoadFailed) as e:
-            record.failures += 1
-            first, most = self.backoff
-            backoff = min(first * 2 ** (record.failures - 1), most)
-            record.move(FAILED)
-            record.error, record.retry_at = str(e), time.monotonic() + backoff
-            if self.metrics is not None:
-                self.metrics.load_failures.labels(spec.name).inc()
-            log.error("model %r failed to load: %s (next attempt in %.0f s)", spec.name, e, backoff)
-            raise _load_failed(spec, str(e), backoff) from None
-        except BaseException:
-            record.move(UNLOADED)
-            raise
-        finally:
-            record.load = None
-        record.move(READY)
-        record.worker, record.error, record.failures = worker, None, 0
-        if self.metrics is not None:
-            self.metrics.load_duration.labels(spec.name).observe(time.monotonic() - began)
-        record.last_used = time.monotonic()
-        if record.in_flight == 0:
-            self._idle(record)  # loaded without a request (preload, admin): keep_alive starts now
-        return worker
+    # --- what supervisors ask of the registry (supervisor.Host) --------------------------------
+    async def start_backend(self, model: ModelSupervisor) -> Backend:
+        return await self.backends(model.spec, self.config.server,
+                                   on_exit=lambda backend, expected: self._backend_exited(model, backend, expected),
+                                   on_busy=self._share_cpus)
 
-    async def _make_room(self, record: ModelRecord) -> None:
+    async def make_room(self, model: ModelSupervisor) -> None:
+        """Carry out ``placement.make_room`` until the model fits, waiting while every loaded
+        model is busy (503 ``model_capacity`` after the load timeout, and at least a minute)."""
         limit = self.config.server.max_loaded_models
         if not limit:
             return
         deadline = time.monotonic() + max(self.config.server.load_timeout, 60.0)
         while True:
-            others = [s for s in [*self._records.values(), *self._retired] if s is not record]
-            room, name = placement.make_room(
-                [placement.Resident(str(id(s)), s.state, s.in_flight, s.last_used) for s in others], limit)
+            others = {str(id(m)): m for m in self._all() if m is not model}
+            room, name = placement.make_room([m.resident(key) for key, m in others.items()], limit)
             if room is placement.Room.FITS:
                 return
-            if room is placement.Room.EVICT:
-                victim = next(s for s in others if str(id(s)) == name)
-                log.info("unloading %r (least recently used) to make room for %r", victim.spec.name, record.spec.name)
-                await self._unload(victim)
+            if room is placement.Room.EVICT and name is not None:
+                victim = others[name]
+                log.info("unloading %r (least recently used) to make room for %r", victim.spec.name, model.spec.name)
+                await victim.unload()
                 continue
             if self._released is None:
                 self._released = asyncio.Event()
@@ -287,74 +206,39 @@ class Registry:
                                status=503, param="model", code="model_capacity",
                                headers={"Retry-After": "5"}) from None
 
-    def _idle(self, record: ModelRecord) -> None:
+    def went_idle(self, model: ModelSupervisor) -> None:
         if self._released is not None:
             self._released.set()
-        if record.retiring:
-            asyncio.ensure_future(self._unload(record))
-            return
-        keep = record.spec.keep_alive if record.spec.keep_alive is not None else self.config.server.keep_alive
-        if math.isinf(keep) or record.state != READY:
-            return
-        if record.timer is not None:
-            record.timer.cancel()
-        record.timer = asyncio.get_running_loop().call_later(
-            keep, lambda: asyncio.ensure_future(self._unload(record, only_if_idle=True)))
 
-    async def _unload(self, record: ModelRecord, only_if_idle: bool = False) -> None:
-        if only_if_idle and record.in_flight:
+    def load_finished(self, model: ModelSupervisor, seconds: float | None) -> None:
+        if self.metrics is None:
             return
-        if record.timer is not None:
-            record.timer.cancel()
-            record.timer = None
-        worker, record.worker = record.worker, None
-        if record.state == READY:
-            record.move(UNLOADED)
-        if worker is not None:
-            log.info("unloading model %r", record.spec.name)
-            await worker.stop()
-        if record in self._retired:
-            self._retired.remove(record)
+        if seconds is None:
+            self.metrics.load_failures.labels(model.spec.name).inc()
+        else:
+            self.metrics.load_duration.labels(model.spec.name).observe(seconds)
 
-    async def unload(self, name: object) -> ModelRecord:
-        """Unload now (admin API); 409 while requests are in flight."""
-        spec = await self.lookup(name)
-        record = self.state(spec)
-        if record.in_flight:
-            raise ApiError(f"model {spec.name!r} has {record.in_flight} request(s) in flight; try again when idle",
-                           status=409, param="model", code="model_busy")
-        if record.load is not None:
-            record.load.cancel()
-            await asyncio.gather(record.load, return_exceptions=True)
-        await self._unload(record)
-        return record
-
-    def _share_cpus(self, _changed: WorkerProcess | None = None) -> None:
-        """Split the CPUs among the workers busy right now (``placement.cpu_shares``)."""
-        workers = [s.worker for s in [*self._records.values(), *self._retired] if s.worker is not None]
-        busy = {str(id(w)): w for w in workers if w.busy and w.alive}
-        shares = placement.cpu_shares([(key, w.params.n_threads) for key, w in busy.items()],
+    def _share_cpus(self) -> None:
+        """Split the CPUs among the backends busy right now (``placement.cpu_shares``)."""
+        busy = {str(id(m)): m for m in self._all() if m.backend is not None and m.backend.busy and m.backend.alive}
+        shares = placement.cpu_shares([(key, m.spec.n_threads) for key, m in busy.items()],
                                       protocol.default_threads())
         for key, threads in shares.items():
-            busy[key].set_threads(threads)
+            backend = busy[key].backend
+            if backend is not None:
+                backend.set_threads(threads)
 
-    def _worker_exited(self, worker: WorkerProcess, expected: bool) -> None:
+    def _backend_exited(self, model: ModelSupervisor, backend: Backend, expected: bool) -> None:
         if not expected:
             self.worker_failures += 1
             if self.metrics is not None:
-                self.metrics.worker_restarts.labels(worker.params.name).inc()
-        for record in [*self._records.values(), *self._retired]:
-            if record.worker is worker:
-                record.worker = None
-                if record.state == READY:
-                    record.move(UNLOADED)
+                self.metrics.worker_restarts.labels(model.spec.name).inc()
+        model.backend_exited(backend)
 
-    def _retire(self, record: ModelRecord) -> None:
-        record.retiring = True
-        if record.state in (READY, LOADING) or record.in_flight:
-            self._retired.append(record)
-            if record.in_flight == 0 and record.load is None:
-                asyncio.ensure_future(self._unload(record))
+    def _retire(self, model: ModelSupervisor) -> None:
+        model.retire()
+        if model.holds:
+            self._retired.append(model)
 
     async def reload(self, path: Path | None) -> bool:
         """Re-read models.yaml and rescan; a broken file is reported and the old configuration stays."""
@@ -368,10 +252,12 @@ class Registry:
             log.warning("%s", line)
         self.config = self.catalog.config = config
         await asyncio.to_thread(self.catalog.refresh)
-        for name, record in list(self._records.items()):
-            if self.resolve(name, loaded_first=False) != record.spec:
-                del self._records[name]
-                self._retire(record)
+        for name, model in list(self._models.items()):
+            if self.resolve(name, loaded_first=False) != model.spec:
+                del self._models[name]
+                self._retire(model)
+            else:
+                model.timing = self._timing(model.spec)
         log.info("configuration reloaded: %d models", len(self.specs()))
         return True
 
@@ -384,15 +270,7 @@ class Registry:
         await asyncio.gather(*(one(s) for s in self.specs() if s.preload))
 
     async def close(self) -> None:
-        """Stop every worker (at shutdown)."""
-        records = [*self._records.values(), *self._retired]
-        for record in records:
-            if record.load is not None:
-                record.load.cancel()
-        await asyncio.gather(*(s.load for s in records if s.load is not None), return_exceptions=True)
-        await asyncio.gather(*(self._unload(s) for s in records), return_exceptions=True)
-
-
-def _load_failed(spec: ModelSpec, reason: str, retry_after: float) -> ApiError:
-    return ApiError(f"model {spec.name!r} failed to load: {reason}", status=503, param="model",
-                    code="model_load_failed", headers={"Retry-After": str(max(1, math.ceil(retry_after)))})
+        """Stop every backend (at shutdown)."""
+        models = self._all()
+        await asyncio.gather(*(m.cancel_load() for m in models), return_exceptions=True)
+        await asyncio.gather(*(m.unload() for m in models), return_exceptions=True)

@@ -11,8 +11,8 @@ from openapi import validate
 
 from gateway import testmodels as tm
 from gateway.app import REGISTRY, create_app
+from gateway.backend import start_local
 from gateway.config import load_config
-from gateway.engine import client as engine_client
 from gateway.registry import Registry
 
 HI = [{"role": "user", "content": "hi"}]
@@ -168,24 +168,20 @@ async def test_a_broken_file_beside_good_ones(aiohttp_client, scripted, tmp_path
 
 # --- lifecycle ------------------------------------------------------------------------------
 
-@pytest.fixture
-def count_spawns(monkeypatch):
-    spawned = []
-    real = engine_client.WorkerProcess.start
-
-    async def start(self):
-        spawned.append(self.params.name)
-        return await real(self)
-
-    monkeypatch.setattr(engine_client.WorkerProcess, "start", start)
-    return spawned
+def counting(spawned: list[str]):
+    """The local backend factory, noting each model it starts."""
+    async def backends(spec, server, **hooks):
+        spawned.append(spec.name)
+        return await start_local(spec, server, **hooks)
+    return backends
 
 
-async def test_concurrent_first_requests_start_one_load(aiohttp_client, scripted, write_config, count_spawns):
-    client = await aiohttp_client(create_app(config_for(write_config, f"models:\n  a: {scripted}/alpha.gguf\n")))
+async def test_concurrent_first_requests_start_one_load(aiohttp_client, scripted, write_config):
+    config, spawned = config_for(write_config, f"models:\n  a: {scripted}/alpha.gguf\n"), []
+    client = await aiohttp_client(create_app(config, Registry(config, backends=counting(spawned))))
     results = await asyncio.gather(*(chat(client, "a") for _ in range(6)))
     assert [r[0] for r in results] == [200] * 6
-    assert count_spawns == ["a"]
+    assert spawned == ["a"]
 
 
 async def test_lru_eviction_never_takes_a_busy_model(aiohttp_client, scripted, write_config):
@@ -245,20 +241,22 @@ async def test_load_timeout_zero_answers_503_at_once_then_serves(aiohttp_client,
     assert body["choices"][0]["message"]["content"] == "Alpha here"
 
 
-async def test_a_failed_load_backs_off_before_the_next_attempt(aiohttp_client, tmp_path, write_config, count_spawns):
+async def test_a_failed_load_backs_off_before_the_next_attempt(aiohttp_client, tmp_path, write_config):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF" + b"\x00" * 100)
-    client = await aiohttp_client(create_app(config_for(write_config, f"models:\n  bad: {bad}\n")))
+    config, spawned = config_for(write_config, f"models:\n  bad: {bad}\n"), []
+    client = await aiohttp_client(create_app(config, Registry(config, backends=counting(spawned),
+                                                              backoff=(1.0, 300.0))))
     first = await chat(client, "bad")
     second = await chat(client, "bad")
     assert first[0] == second[0] == 503 and first[1]["error"]["code"] == "model_load_failed"
-    assert int(first[2]["Retry-After"]) == 5 and 1 <= int(second[2]["Retry-After"]) <= 5
-    slot = client.app[REGISTRY].state(client.app[REGISTRY].resolve("bad"))
-    assert slot.failures == 1  # the second request did not try again inside the back-off
-    client.app[REGISTRY].backoff = (0.0, 300.0)
-    slot.retry_at = 0
+    assert first[2]["Retry-After"] == second[2]["Retry-After"] == "1"
+    assert spawned == ["bad"]  # the second request did not try again inside the back-off
+    await asyncio.sleep(1.05)
     third = await chat(client, "bad")
-    assert third[0] == 503 and slot.failures == 2 and int(third[2]["Retry-After"]) >= 1
+    assert third[0] == 503 and spawned == ["bad", "bad"] and third[2]["Retry-After"] == "2"  # tried, waits twice as long
+    listing = await (await client.get("/models")).json()
+    assert listing["data"][0]["state"] == "failed" and "bad.gguf" in listing["data"][0]["error"]
 
 
 async def test_admin_api(aiohttp_client, scripted, write_config):

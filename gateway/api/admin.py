@@ -37,22 +37,22 @@ def rss_bytes(pid: int) -> int | None:
 
 
 def describe(registry: Registry, spec) -> dict[str, Any]:
-    record = registry.state(spec)
+    model = registry.state(spec)
     info = registry.info(spec)
     found = registry.found.get(spec.name)
-    worker = record.worker if record.worker is not None and record.worker.alive else None
-    retry = record.retry_at - time.monotonic()
+    backend = model.backend if model.backend is not None and model.backend.alive else None
+    retry = model.retry_at - time.monotonic()
     return {
         "id": spec.name, "aliases": list(spec.aliases), "source": spec.source, "path": str(spec.path),
-        "state": record.state, "error": record.error if record.state == "failed" else (found.error if found else None),
-        "retry_after": max(1, math.ceil(retry)) if record.state == "failed" and retry > 0 else None,
-        "in_flight": record.in_flight, "pid": worker.pid if worker else None,
-        "memory_bytes": rss_bytes(worker.pid) if worker and worker.pid else None,
+        "state": model.state, "error": model.error if model.state == "failed" else (found.error if found else None),
+        "retry_after": max(1, math.ceil(retry)) if model.state == "failed" and retry > 0 else None,
+        "in_flight": model.in_flight, "pid": backend.pid if backend else None,
+        "memory_bytes": rss_bytes(backend.pid) if backend and backend.pid else None,
         "file_size": info.file_size if info else None,
         "architecture": info.architecture if info else None,
         "quantization": info.quantization if info else None,
         "context_length": info.context_length if info else None,
-        "n_ctx": worker.info.get("n_ctx") if worker else None,
+        "n_ctx": backend.info.get("n_ctx") if backend else None,
     }
 
 
@@ -67,14 +67,14 @@ async def _model_field(request: web.Request) -> str:
 
 async def load_model(request: web.Request) -> web.Response:
     registry = request.app[REGISTRY]
-    record = await registry.load(await _model_field(request))
-    return web.json_response(describe(registry, record.spec))
+    model = await registry.load(await _model_field(request))
+    return web.json_response(describe(registry, model.spec))
 
 
 async def unload_model(request: web.Request) -> web.Response:
     registry = request.app[REGISTRY]
-    record = await registry.unload(await _model_field(request))
-    return web.json_response(describe(registry, record.spec))
+    model = await registry.unload(await _model_field(request))
+    return web.json_response(describe(registry, model.spec))
 
 
 async def metrics(request: web.Request) -> web.Response:

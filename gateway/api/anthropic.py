@@ -22,12 +22,12 @@ async def messages(request: web.Request) -> web.StreamResponse:
     parsed = anth.parse(await read_json_object(request))
     apply_limits(request, parsed)
     obs = observation(request)
-    async with request.app[REGISTRY].lease(parsed.model) as (spec, worker):
+    async with request.app[REGISTRY].lease(parsed.model) as (spec, backend):
         obs.model = spec.name
         apply_defaults(parsed, spec.defaults)
         render = anth.Renderer(spec.name, id=f"msg_{obs.request_id}")
-        async with worker.generate(parsed.request) as gen:
-            begun, splitter = await answer.start(gen, spec.reasoning)
+        async with backend.generate(parsed.request) as gen:
+            begun, splitter = await answer.start(gen, spec.reasoning, backend.info)
             items = answer.pieces(gen, splitter, obs)
             if parsed.stream:
                 return await _stream(request, render, gen, items, begun.prompt_tokens, begun.cached_tokens)
@@ -95,9 +95,9 @@ async def count_tokens(request: web.Request) -> web.Response:
     body = await read_json_object(request)
     body.setdefault("max_tokens", 1)  # not part of count_tokens
     parsed = anth.parse(body)
-    async with request.app[REGISTRY].lease(parsed.model) as (spec, worker):
+    async with request.app[REGISTRY].lease(parsed.model) as (spec, backend):
         observation(request).model = spec.name
-        reply = await worker.tokenize(parsed.request.to_dict())
+        reply = await backend.tokenize(parsed.request.to_dict())
     return web.json_response({"input_tokens": len(reply.tokens)})
 
 

@@ -39,23 +39,23 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 async def _complete(request: web.Request, parsed: oai.Parsed, kind: str) -> web.StreamResponse:
     apply_limits(request, parsed)
-    async with request.app[REGISTRY].lease(parsed.model) as (spec, worker):
+    async with request.app[REGISTRY].lease(parsed.model) as (spec, backend):
         observation(request).model = spec.name
         oai.apply_defaults(parsed, spec.defaults)
-        return await _run(request, parsed, kind, spec, worker)
+        return await _run(request, parsed, kind, spec, backend)
 
 
-async def _run(request: web.Request, parsed: oai.Parsed, kind: str, spec, worker) -> web.StreamResponse:
+async def _run(request: web.Request, parsed: oai.Parsed, kind: str, spec, backend) -> web.StreamResponse:
     obs = observation(request)
     render = oai.Renderer(kind, spec.name, fields=request.app[CONFIG].server.reasoning_fields,
                           id=f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{obs.request_id}")
     reasoning = spec.reasoning if kind == "chat" and parsed.reasoning_format != "none" else None
     if parsed.stream:
-        return await _stream(request, render, parsed, worker, reasoning)
+        return await _stream(request, render, parsed, backend, reasoning)
     choices, finishes = [], []
     for index, req in enumerate(parsed.requests):  # a batch of prompts runs one after another
-        async with worker.generate(req) as gen:
-            begun, splitter = await answer.start(gen, reasoning)
+        async with backend.generate(req) as gen:
+            begun, splitter = await answer.start(gen, reasoning, backend.info)
             text: dict[str, list[str]] = {"content": [], "thinking": []}
             probs: list[dict] | None = [] if req.logprobs is not None else None
             async for item in answer.pieces(gen, splitter, obs):
@@ -70,10 +70,11 @@ async def _run(request: web.Request, parsed: oai.Parsed, kind: str, spec, worker
     return web.json_response(render.whole(choices, finishes))
 
 
-async def _stream(request: web.Request, render: oai.Renderer, parsed: oai.Parsed, worker, reasoning):
-    gens = [worker.generate(req) for req in parsed.requests]  # queued in order in the worker
+async def _stream(request: web.Request, render: oai.Renderer, parsed: oai.Parsed, backend, reasoning):
+    gens = [backend.generate(req) for req in parsed.requests]  # queued in order in the worker
     try:
-        first, splitter = await answer.start(gens[0], reasoning)  # a refusal is still a plain error response
+        # a refusal is still a plain error response
+        first, splitter = await answer.start(gens[0], reasoning, backend.info)
         sse = event_stream(request)
         await sse.open()
         for gen in gens:
@@ -85,7 +86,7 @@ async def _stream(request: web.Request, render: oai.Renderer, parsed: oai.Parsed
             for index, gen in enumerate(gens):
                 begun = first if index == 0 else None
                 if begun is None:
-                    begun, splitter = await answer.start(gen, reasoning)
+                    begun, splitter = await answer.start(gen, reasoning, backend.info)
                 offset = 0
                 if begun.prompt_text:
                     echo = begun.prompt_text
@@ -118,9 +119,9 @@ async def _stream(request: web.Request, render: oai.Renderer, parsed: oai.Parsed
 
 async def embeddings(request: web.Request) -> web.Response:
     model, inputs, fmt = oai.parse_embeddings(await read_json_object(request))
-    async with request.app[REGISTRY].lease(model, embeddings=True) as (spec, worker):
+    async with request.app[REGISTRY].lease(model, embeddings=True) as (spec, backend):
         observation(request).model = spec.name
-        reply = await worker.embed(inputs)
+        reply = await backend.embed(inputs)
         observation(request).prompt_tokens = reply.prompt_tokens
     return web.json_response(oai.embeddings_body(spec.name, reply.data, fmt, reply.prompt_tokens))
 
@@ -135,8 +136,8 @@ async def tokenize(request: web.Request) -> web.Response:
     for key, value in flags.items():
         if not isinstance(value, bool):
             raise InvalidRequest(f"`{key}` must be true or false", key)
-    async with request.app[REGISTRY].lease(require_model(body), embeddings=None) as (_spec, worker):
-        reply = await worker.tokenize({"prompt": content, "add_special": flags["add_special"], "param": "content"},
+    async with request.app[REGISTRY].lease(require_model(body), embeddings=None) as (_spec, backend):
+        reply = await backend.tokenize({"prompt": content, "add_special": flags["add_special"], "param": "content"},
                                       with_pieces=flags["with_pieces"])
     if reply.pieces is not None:
         return web.json_response({"tokens": [{"id": t, "piece": p} for t, p in zip(reply.tokens, reply.pieces)]})
@@ -149,8 +150,8 @@ async def detokenize(request: web.Request) -> web.Response:
     tokens = body.get("tokens")
     if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
         raise InvalidRequest("`tokens` must be an array of token ids", "tokens")
-    async with request.app[REGISTRY].lease(require_model(body), embeddings=None) as (_spec, worker):
-        reply = await worker.detokenize(tokens)
+    async with request.app[REGISTRY].lease(require_model(body), embeddings=None) as (_spec, backend):
+        reply = await backend.detokenize(tokens)
     return web.json_response({"content": reply.text})
 
 
@@ -159,8 +160,8 @@ async def apply_template(request: web.Request) -> web.Response:
     template, unrun -> {"prompt": text}."""
     parsed = oai.parse_chat(await read_json_object(request))
     apply_limits(request, parsed)
-    async with request.app[REGISTRY].lease(parsed.model, embeddings=None) as (_spec, worker):
-        reply = await worker.apply_template(parsed.request.to_dict())
+    async with request.app[REGISTRY].lease(parsed.model, embeddings=None) as (_spec, backend):
+        reply = await backend.apply_template(parsed.request.to_dict())
     return web.json_response({"prompt": reply.text})
 
 
