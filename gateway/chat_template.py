@@ -60,6 +60,43 @@ def compile_template(source: str) -> jinja2.Template:
         raise TemplateBroken(f"chat template does not compile: {e}") from None
 
 
+_PROBE_ARGS = {"probe_arg": "probe-value"}
+_PROBE: list[dict[str, Any]] = [
+    {"role": "user", "content": "probe"},
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_probe", "type": "function", "function": {"name": "probe_tool", "arguments": _PROBE_ARGS}}]},
+    {"role": "tool", "tool_call_id": "call_probe", "name": "probe_tool", "content": "ok"},
+]
+
+
+@functools.lru_cache(maxsize=16)
+def arguments_as_string(source: str) -> bool:
+    """Whether a template reads a call's ``arguments`` as a JSON string rather than an object.
+    Most (Qwen, Llama, Mistral, Hermes) write the object with ``tojson``; some (DeepSeek) add
+    it to a string, which fails for an object, and some print it, which would show Python's
+    ``{'k': 'v'}``. Found once per template by rendering a probe call both ways, as llama.cpp's
+    minja does."""
+    def shows_json(arguments: Any) -> bool:
+        calls = [{**_PROBE[1], "tool_calls": [{**_PROBE[1]["tool_calls"][0],
+                                                "function": {"name": "probe_tool", "arguments": arguments}}]}]
+        try:
+            out = _render(source, [_PROBE[0], *calls, _PROBE[2]], {})
+        except (TemplateInputError, TemplateBroken):
+            return False
+        return "probe-value" in out and "'probe_arg'" not in out
+    return not shows_json(_PROBE_ARGS) and shows_json(json.dumps(_PROBE_ARGS))
+
+
+def _with_string_arguments(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for m in messages:
+        if m.get("tool_calls"):
+            m = {**m, "tool_calls": [{**c, "function": {**c["function"], "arguments": json.dumps(
+                c["function"]["arguments"], ensure_ascii=False)}} for c in m["tool_calls"]]}
+        out.append(m)
+    return out
+
+
 def render(
     source: str,
     messages: list[dict[str, Any]],
@@ -67,13 +104,24 @@ def render(
     bos_token: str = "",
     eos_token: str = "",
     add_generation_prompt: bool = True,
+    tools: list[dict[str, Any]] | None = None,
     extra: dict[str, Any] | None = None,
 ) -> str:
-    template = compile_template(source)
+    """``messages`` (and ``tools``, both in Hugging Face's convention: see protocol/tools.py)
+    through the template. A call's arguments are objects in ``messages``; a template that reads
+    them as strings gets strings."""
+    if any(m.get("tool_calls") for m in messages) and arguments_as_string(source):
+        messages = _with_string_arguments(messages)
     variables = dict(extra or {})
     variables.update(messages=messages, bos_token=bos_token, eos_token=eos_token,
-                     add_generation_prompt=add_generation_prompt)
-    variables.setdefault("tools", None)
+                     add_generation_prompt=add_generation_prompt, tools=tools or None)
+    return _render(source, messages, variables)
+
+
+def _render(source: str, messages: list[dict[str, Any]], variables: dict[str, Any]) -> str:
+    template = compile_template(source)
+    variables = {"tools": None, "bos_token": "", "eos_token": "", "add_generation_prompt": True, **variables,
+                 "messages": messages}
     try:
         return template.render(**variables)
     except TemplateInputError:

@@ -30,6 +30,8 @@ DEFAULT_LOAD_TIMEOUT = 300.0
 DEFAULT_MAX_LOADED = 3  # as Ollama's OLLAMA_MAX_LOADED_MODELS on a CPU; 0 = no limit
 
 REASONING_MODES = ("auto", "think", "channel", "harmony", "none")
+# toolcalls.FORMATS, and auto (read from the chat template) and none (refuse tools)
+TOOL_FORMATS = ("auto", "hermes", "qwen3_coder", "llama3", "mistral", "harmony", "deepseek", "plain", "none")
 REASONING_FIELDS = ("reasoning_content", "reasoning")
 _DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 
@@ -91,6 +93,7 @@ class ModelSpec:
     use_mmap: bool = True
     chat_template: str | None = None  # Jinja source overriding the GGUF's own template
     reasoning: str = "auto"  # auto | think | channel | harmony | none: how thinking is marked
+    tool_format: str = "auto"  # how the model writes tool calls (TOOL_FORMATS)
     defaults: dict[str, float] = field(default_factory=dict)  # sampling defaults for requests
     source: str = "models.yaml"  # models.yaml | discovered | demo
 
@@ -434,6 +437,7 @@ class _Parser:
             "use_mmap": self.boolean,
             "chat_template": self.string,
             "reasoning": self.one_of(REASONING_MODES),
+            "tool_format": self.one_of(TOOL_FORMATS),
             "defaults": self.defaults,
         })
         if "path" not in fields and "path" not in raw:

@@ -262,6 +262,11 @@ class GenerationRequest:
     response_format: str | None = None  # json_object | json_schema: the worker makes the grammar
     json_schema: dict[str, Any] | None = None  # for json_schema
     logprobs: int | None = None  # None: none; N: each token's log-probability and its N likeliest alternatives
+    tools: list[dict[str, Any]] | None = None  # function tools (protocol/tools.py's shape)
+    tool_choice: str = "auto"  # auto | required (none: the wire layer leaves tools out)
+    tool_name: str | None = None  # with required: this tool only
+    parallel_tool_calls: bool = True
+    tool_format: str | None = None  # the model's call format (toolcalls.py), set once the model is known
     echo: bool = False  # the start event carries the prompt's text
     deadline: float | None = None  # wall-clock time (time.time()) at which the answer ends with "length"
 

@@ -15,33 +15,57 @@ from typing import Any
 from ..answer import Finish, Piece
 from ..engine.protocol import GenerationRequest
 from ..errors import InvalidRequest
+from . import tools as wire_tools
 from .params import SAMPLING, Param, Parsed, read_sampling, read_stops, require_model, shown
 
 ANTHROPIC_SAMPLING = {"temperature": Param(float, 0, 1), "top_p": Param(float, 0, 1), "top_k": SAMPLING["top_k"]}
-UNSUPPORTED = ("tools", "tool_choice")
 
 
-def _text_blocks(value: Any, where: str, *, thinking_ok: bool) -> tuple[str, str]:
-    """(text, thinking) from a string or a list of content blocks."""
+@dataclass
+class _Blocks:
+    text: str = ""
+    thinking: str = ""
+    calls: list[dict[str, Any]] = field(default_factory=list)  # tool_use blocks (assistant)
+    results: list[dict[str, Any]] = field(default_factory=list)  # tool_result blocks (user), as tool messages
+
+
+def _blocks(value: Any, where: str, *, role: str, ledger: wire_tools.CallLedger | None = None) -> _Blocks:
+    """A string or a list of content blocks, read by kind."""
     if isinstance(value, str):
-        return value, ""
+        return _Blocks(value)
     if not isinstance(value, list):
         raise InvalidRequest(f"{where}: must be a string or a list of content blocks", where)
-    text, thinking = [], []
+    out, text, thinking = _Blocks(), [], []
     for j, block in enumerate(value):
         at = f"{where}.{j}"
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text" and isinstance(block.get("text"), str):
             text.append(block["text"])
-        elif kind == "thinking" and thinking_ok and isinstance(block.get("thinking"), str):
+        elif kind == "thinking" and role == "assistant" and isinstance(block.get("thinking"), str):
             thinking.append(block["thinking"])
-        elif kind == "redacted_thinking" and thinking_ok:
+        elif kind == "redacted_thinking" and role == "assistant":
             continue
         elif kind in ("text", "thinking"):
             raise InvalidRequest(f"{at}: a {kind} block needs a string `{kind}`", at)
+        elif kind == "tool_use" and role == "assistant" and ledger is not None:
+            if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
+                raise InvalidRequest(f"{at}: a tool_use block needs a string `id` and `name`", at)
+            if not isinstance(block.get("input", {}), dict):
+                raise InvalidRequest(f"{at}.input: must be an object", f"{at}.input")
+            out.calls.append({"id": block["id"], "type": "function",
+                              "function": {"name": block["name"], "arguments": block.get("input", {})}})
+        elif kind == "tool_result" and role == "user" and ledger is not None:
+            name = ledger.name_of(block.get("tool_use_id"), f"{at}.tool_use_id")
+            content = _blocks(block.get("content", ""), f"{at}.content", role="tool").text
+            is_error = block.get("is_error", False)
+            if not isinstance(is_error, bool):
+                raise InvalidRequest(f"{at}.is_error: must be true or false", f"{at}.is_error")
+            out.results.append({"role": "tool", "tool_call_id": block["tool_use_id"], "name": name,
+                                "content": f"Error: {content}" if is_error else content})
         else:
-            raise InvalidRequest(f"{at}.type: {kind!r} blocks are not supported by this server", f"{at}.type")
-    return "".join(text), "".join(thinking)
+            raise InvalidRequest(f"{at}.type: {kind!r} blocks are not supported here by this server", f"{at}.type")
+    out.text, out.thinking = "".join(text), "".join(thinking)
+    return out
 
 
 def parse(body: dict[str, Any]) -> Parsed:
@@ -52,30 +76,39 @@ def parse(body: dict[str, Any]) -> Parsed:
     problem = SAMPLING["max_tokens"].problem(max_tokens)
     if problem:
         raise InvalidRequest(f"max_tokens: {problem}, got {shown(max_tokens)}", "max_tokens")
-    for name in UNSUPPORTED:
-        if body.get(name):
-            raise InvalidRequest(f"{name}: tool use is not supported by this server yet", name)
+    tools = wire_tools.anthropic_tools(body)
+    choice = wire_tools.anthropic_tool_choice(body, tools)
 
     messages: list[dict[str, Any]] = []
     system = body.get("system")
     if system is not None:
-        text, _ = _text_blocks(system, "system", thinking_ok=False)
+        text = _blocks(system, "system", role="system").text
         if text:
             messages.append({"role": "system", "content": text})
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
         raise InvalidRequest("messages: must be a non-empty list", "messages")
+    ledger = wire_tools.CallLedger()
     for i, m in enumerate(raw):
         where = f"messages.{i}"
         if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
             raise InvalidRequest(f"{where}.role: must be user or assistant", f"{where}.role")
-        text, thinking = _text_blocks(m.get("content"), f"{where}.content", thinking_ok=m["role"] == "assistant")
-        msg: dict[str, Any] = {"role": m["role"], "content": text}
-        if thinking:
-            msg["reasoning_content"] = msg["thinking"] = thinking
+        blocks = _blocks(m.get("content"), f"{where}.content", role=m["role"], ledger=ledger)
+        messages += blocks.results  # a user turn's tool results come before its text
+        if blocks.results and not blocks.text:
+            continue
+        msg: dict[str, Any] = {"role": m["role"], "content": blocks.text}
+        if blocks.thinking:
+            msg["reasoning_content"] = msg["thinking"] = blocks.thinking
+        if blocks.calls:
+            msg["tool_calls"] = blocks.calls
+            ledger.add(blocks.calls)
         messages.append(msg)
 
     req = GenerationRequest(messages=messages, max_tokens=max_tokens)
+    if tools and choice.mode != "none":
+        req.tools, req.tool_choice, req.tool_name, req.parallel_tool_calls = (tools, choice.mode, choice.name,
+                                                                             choice.parallel)
     explicit = read_sampling(body, req, ANTHROPIC_SAMPLING, anthropic=True)
     req.stop = read_stops(body.get("stop_sequences"), "stop_sequences", anthropic=True)
     stream = body.get("stream", False)

@@ -20,6 +20,7 @@ from ..answer import Finish, Piece
 from ..engine.protocol import GenerationRequest
 from ..errors import InvalidRequest
 from ..grammar import grammar_problem
+from . import tools as wire_tools
 from .params import SAMPLING, Parsed, apply_defaults, read_sampling, read_stops, require_model, shown  # noqa: F401 (apply_defaults: re-exported)
 
 log = logging.getLogger(__name__)
@@ -29,10 +30,11 @@ KNOWN_CHAT = {
     "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "stream",
     "stream_options", "seed", "presence_penalty", "frequency_penalty", "n", "user", "top_k", "min_p",
     "repeat_penalty", "chat_template_kwargs", "ignore_eos", "reasoning_format", "response_format", "grammar",
-    "logprobs", "top_logprobs",
+    "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
 }
 REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")  # llama-server's values; all but none split
-KNOWN_COMPLETION = KNOWN_CHAT - {"messages", "max_completion_tokens", "chat_template_kwargs",
+KNOWN_COMPLETION = KNOWN_CHAT - {"messages", "max_completion_tokens", "chat_template_kwargs", "tools", "tool_choice",
+                                 "parallel_tool_calls",
                                  "reasoning_format", "top_logprobs"} | {"prompt"}
 MAX_LOGGED_UNKNOWN = 256
 _logged_unknown: set[str] = set()  # bounded: names come from callers
@@ -154,6 +156,7 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("`messages` must be a non-empty array of messages", "messages")
     out = []
+    ledger = wire_tools.CallLedger()
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(m, dict):
@@ -165,9 +168,15 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         content = m.get("content")
         if content is None and role == "assistant":
             content = ""
-        msg = {"role": role, "content": _text_content(content, f"{where}.content")}
+        msg: dict[str, Any] = {"role": role, "content": _text_content(content, f"{where}.content")}
         if isinstance(m.get("name"), str):
             msg["name"] = m["name"]
+        if role == "assistant" and m.get("tool_calls") is not None:
+            msg["tool_calls"] = wire_tools.openai_calls(m["tool_calls"], f"{where}.tool_calls")
+            ledger.add(msg["tool_calls"])
+        if role == "tool":
+            msg["name"] = ledger.name_of(m.get("tool_call_id"), f"{where}.tool_call_id")
+            msg["tool_call_id"] = m["tool_call_id"]
         for key in ("reasoning_content", "reasoning"):  # earlier thinking, handed to the template as such
             value = m.get(key)
             if value is None:
@@ -194,6 +203,13 @@ def parse_chat(body: dict[str, Any]) -> Parsed:
                                  "itself; it cannot be given", f"chat_template_kwargs.{taken}")
         req.chat_template_kwargs = dict(kwargs)
     _grammar(body, req)
+    tools = wire_tools.openai_tools(body)
+    choice = wire_tools.openai_tool_choice(body, tools)
+    if tools and choice.mode != "none":
+        if req.grammar is not None or req.response_format is not None:
+            raise InvalidRequest("give `tools` or a `grammar` / `response_format`, not both", "tools")
+        req.tools, req.tool_choice, req.tool_name, req.parallel_tool_calls = (tools, choice.mode, choice.name,
+                                                                             choice.parallel)
     req.logprobs = _chat_logprobs(body)
     fmt = body.get("reasoning_format")
     if fmt is not None and fmt not in REASONING_FORMATS:

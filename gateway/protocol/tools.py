@@ -1,0 +1,204 @@
+"""Tools on the wire: OpenAI's and Anthropic's tool definitions, tool choice and tool history,
+read into one shape (the convention of Hugging Face's chat templates, which llama.cpp's own
+server follows too):
+
+- a tool: ``{"type": "function", "function": {"name", "description", "parameters"}}``;
+- an assistant's calls: ``{"role": "assistant", "content": ..., "tool_calls": [{"id", "type":
+  "function", "function": {"name", "arguments": {...}}}]}`` (arguments as an object; the chat
+  template renderer hands them as a JSON string to templates that read them as one);
+- a result: ``{"role": "tool", "tool_call_id", "name", "content"}``.
+
+A choice is one of ``auto``, ``none``, ``required`` and optionally a tool's name (which makes
+it ``required`` for that one tool). Every mistake is an ``InvalidRequest`` naming the param.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InvalidRequest
+from .params import shown
+
+MAX_TOOLS = 128  # OpenAI's own limit
+NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")  # OpenAI allows [A-Za-z0-9_-]{1,64}; MCP names add . and :
+CHOICES = ("auto", "none", "required")
+
+
+@dataclass
+class ToolChoice:
+    mode: str = "auto"  # auto | none | required
+    name: str | None = None  # with required: this tool and no other
+    parallel: bool = True  # several calls in one answer
+
+
+def _schema(value: Any, where: str) -> dict[str, Any]:
+    if value is None:
+        return {"type": "object", "properties": {}}
+    if not isinstance(value, dict) or value.get("type", "object") != "object":
+        raise InvalidRequest(f"`{where}` must be a JSON Schema object with type \"object\"", where)
+    return value
+
+
+def _tool(name: Any, description: Any, parameters: Any, where: str, *, name_at: str, schema_at: str) -> dict[str, Any]:
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise InvalidRequest(f"`{name_at}` must be a name of 1 to 128 letters, digits, _ . : or -, got {shown(name)}",
+                             name_at)
+    if description is not None and not isinstance(description, str):
+        raise InvalidRequest(f"`{where}.description` must be a string", f"{where}.description")
+    function = {"name": name, "parameters": _schema(parameters, schema_at)}
+    if description:
+        function["description"] = description
+    return {"type": "function", "function": function}
+
+
+def _checked(tools: list[dict[str, Any]], param: str) -> list[dict[str, Any]]:
+    seen: set[str] = set()
+    for i, tool in enumerate(tools):
+        name = tool["function"]["name"]
+        if name in seen:
+            raise InvalidRequest(f"`{param}` names the tool {name!r} twice", f"{param}[{i}]")
+        seen.add(name)
+    return tools
+
+
+def _list(value: Any, param: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise InvalidRequest(f"`{param}` must be an array of tools", param)
+    if len(value) > MAX_TOOLS:
+        raise InvalidRequest(f"`{param}` may hold at most {MAX_TOOLS} tools, got {len(value)}", param)
+    return value
+
+
+# --- OpenAI ------------------------------------------------------------------------------------
+
+def openai_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
+    value = body.get("tools")
+    if value is None:
+        return None
+    tools = []
+    for i, t in enumerate(_list(value, "tools")):
+        where = f"tools[{i}]"
+        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("function"), dict):
+            raise InvalidRequest(f"`{where}` must be {{\"type\": \"function\", \"function\": {{...}}}}",
+                                 f"{where}.type")
+        f = t["function"]
+        tools.append(_tool(f.get("name"), f.get("description"), f.get("parameters"), f"{where}.function",
+                           name_at=f"{where}.function.name", schema_at=f"{where}.function.parameters"))
+    return _checked(tools, "tools") or None
+
+
+def openai_tool_choice(body: dict[str, Any], tools: list[dict[str, Any]] | None) -> ToolChoice:
+    choice, parallel = body.get("tool_choice"), body.get("parallel_tool_calls", True)
+    if parallel is None:
+        parallel = True
+    if not isinstance(parallel, bool):
+        raise InvalidRequest("`parallel_tool_calls` must be true or false", "parallel_tool_calls")
+    if choice is None:
+        return ToolChoice("auto", None, parallel)
+    if isinstance(choice, str):
+        if choice not in CHOICES:
+            raise InvalidRequest(f"`tool_choice` must be one of {', '.join(CHOICES)} or a named function, "
+                                 f"got {shown(choice)}", "tool_choice")
+        if choice == "required" and not tools:
+            raise InvalidRequest("`tool_choice` \"required\" needs `tools`", "tool_choice")
+        return ToolChoice(choice, None, parallel)
+    function = choice.get("function") if isinstance(choice, dict) and choice.get("type") == "function" else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(name, str):
+        raise InvalidRequest("`tool_choice` must be a string or "
+                             "{\"type\": \"function\", \"function\": {\"name\": ...}}", "tool_choice")
+    return ToolChoice("required", _known(name, tools, "tool_choice.function.name"), parallel)
+
+
+def _known(name: str, tools: list[dict[str, Any]] | None, param: str) -> str:
+    if not any(t["function"]["name"] == name for t in tools or ()):
+        raise InvalidRequest(f"`{param}` names {shown(name)}, which is not in `tools`", param)
+    return name
+
+
+def openai_calls(value: Any, where: str) -> list[dict[str, Any]]:
+    """An assistant message's ``tool_calls``, arguments read into objects."""
+    if not isinstance(value, list):
+        raise InvalidRequest(f"`{where}` must be an array of tool calls", where)
+    calls = []
+    for j, call in enumerate(value):
+        at = f"{where}[{j}]"
+        f = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(f, dict) or not isinstance(call.get("id"), str) or not isinstance(f.get("name"), str):
+            raise InvalidRequest(f"`{at}` must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\", "
+                                 "\"arguments\"}}}}", at)
+        args = f.get("arguments", "{}")
+        if isinstance(args, str):
+            try:
+                args = json.loads(args or "{}")
+            except ValueError:
+                raise InvalidRequest(f"`{at}.function.arguments` must be a JSON object in a string",
+                                     f"{at}.function.arguments") from None
+        if not isinstance(args, dict):
+            raise InvalidRequest(f"`{at}.function.arguments` must be a JSON object in a string",
+                                 f"{at}.function.arguments")
+        calls.append({"id": call["id"], "type": "function", "function": {"name": f["name"], "arguments": args}})
+    return calls
+
+
+class CallLedger:
+    """The calls made so far in a conversation, so a tool result can be matched to its call."""
+
+    def __init__(self) -> None:
+        self.names: dict[str, str] = {}
+
+    def add(self, calls: list[dict[str, Any]]) -> None:
+        for call in calls:
+            self.names[call["id"]] = call["function"]["name"]
+
+    def name_of(self, call_id: Any, param: str) -> str:
+        if not isinstance(call_id, str):
+            raise InvalidRequest(f"`{param}` must be the id of an earlier tool call", param)
+        if call_id not in self.names:
+            raise InvalidRequest(f"`{param}` {shown(call_id)} matches no tool call made earlier in `messages`", param)
+        return self.names[call_id]
+
+
+# --- Anthropic ---------------------------------------------------------------------------------
+
+def anthropic_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
+    value = body.get("tools")
+    if value is None:
+        return None
+    tools = []
+    for i, t in enumerate(_list(value, "tools")):
+        where = f"tools.{i}"
+        if not isinstance(t, dict):
+            raise InvalidRequest(f"{where}: must be an object", where)
+        if t.get("type") not in (None, "custom"):
+            raise InvalidRequest(f"{where}.type: {shown(t.get('type'))} tools are not supported by this server "
+                                 "(custom tools only)", f"{where}.type")
+        if "input_schema" not in t:
+            raise InvalidRequest(f"{where}.input_schema: Field required", f"{where}.input_schema")
+        tools.append(_tool(t.get("name"), t.get("description"), t["input_schema"], where,
+                           name_at=f"{where}.name", schema_at=f"{where}.input_schema"))
+    return _checked(tools, "tools") or None
+
+
+def anthropic_tool_choice(body: dict[str, Any], tools: list[dict[str, Any]] | None) -> ToolChoice:
+    choice = body.get("tool_choice")
+    if choice is None:
+        return ToolChoice("auto")
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind not in ("auto", "any", "tool", "none"):
+        raise InvalidRequest("tool_choice.type: must be auto, any, tool or none", "tool_choice.type")
+    parallel = choice.get("disable_parallel_tool_use", False)
+    if not isinstance(parallel, bool):
+        raise InvalidRequest("tool_choice.disable_parallel_tool_use: must be true or false",
+                             "tool_choice.disable_parallel_tool_use")
+    if kind in ("any", "tool") and not tools:
+        raise InvalidRequest(f"tool_choice.type: {kind!r} needs `tools`", "tool_choice.type")
+    if kind == "tool":
+        name = choice.get("name")
+        if not isinstance(name, str):
+            raise InvalidRequest("tool_choice.name: Field required", "tool_choice.name")
+        return ToolChoice("required", _known(name, tools, "tool_choice.name"), not parallel)
+    return ToolChoice("required" if kind == "any" else str(kind), None, not parallel)
