@@ -42,9 +42,6 @@ class Converter:
     def value(self, schema: dict[str, Any], name: str) -> str:
         return self._c.visit(schema, name)
 
-    def not_literal(self, text: str) -> str:
-        return self._c.not_literal(text)
-
     def rule(self, name: str, body: str) -> str:
         return self._c._add_rule(name, body)
 
@@ -54,6 +51,15 @@ class Converter:
 
 def lit(text: str) -> str:
     return json.dumps(text)  # a GBNF literal: JSON's escapes are GBNF's
+
+
+def until(stop: str) -> str:
+    """Any text without ``stop`` in it (a prefix of ``stop`` followed by a character that does
+    not continue it; that character is then taken, so a stop that overlaps itself could slip
+    through after a false start, which a model writing under the grammar does not do)."""
+    def cls(c: str) -> str:
+        return "[^" + ("\\" + c if c in "\\]^-[" else c) + "]"
+    return "(" + " | ".join((lit(stop[:i]) + " " if i else "") + cls(stop[i]) for i in range(len(stop))) + ")*"
 
 
 def _json_call(conv: Converter, tools: list[dict[str, Any]], args_key: str) -> str:
@@ -120,7 +126,7 @@ def build(fmt: str, tools: list[dict[str, Any]], *, required: bool, name: str | 
 def _xml_call(conv: Converter, tools: list[dict[str, Any]]) -> str:
     """Qwen3-Coder's ``<function=NAME>`` with one ``<parameter=P>`` per argument; a string
     argument is raw text up to ``</parameter>``, any other is JSON of its schema."""
-    text = conv.rule("param-text", f"{conv.not_literal('</parameter>')}*")
+    text = conv.rule("param-text", until("</parameter>"))
     alts = []
     for i, tool in enumerate(tools):
         params = (tool["function"].get("parameters") or {}).get("properties") or {}

@@ -1,0 +1,134 @@
+"""Each format's call grammar, run by llama.cpp's own grammar sampler over a real tokenizer
+(Qwen2's vocabulary): a well-formed call in the model's format is accepted token by token and
+may end there; a call that breaks its tool's schema is stopped at the token that breaks it;
+free text before a lazy grammar's trigger is never constrained."""
+
+import ctypes
+import math
+from pathlib import Path
+
+import llama_cpp as L
+import pytest
+
+from gateway import testmodels as tm
+from gateway.engine import toolgrammar
+
+REPO = Path(__file__).resolve().parent.parent
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}}
+NOW = {"type": "function", "function": {"name": "now"}}
+TOOLS = [WEATHER, NOW]
+
+CALLS = {  # a call as each format writes it, and the same call with "days" not an integer
+    "hermes": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>',
+    "plain": '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}</tool_call>',
+    "qwen3_coder": "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+                   "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>",
+    "llama3": '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris", "days": 2}}',
+    "mistral": '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "days": 2}',
+    "harmony": 'to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris", "days": 2}<|call|>',
+    "deepseek": '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris", "days": 2}'
+                '<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+}
+VARIANTS = {  # the other spellings a format's grammar allows
+    "mistral": '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}]',
+    "deepseek": '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n'
+                '{"city": "Paris", "days": 2}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+    "llama3": '{"name": "now", "parameters": {}}',
+}
+
+
+@L.llama_log_callback
+def _quiet(level, text, user_data):  # the grammar's debug lines cut UTF-8, which the binding's logger cannot print
+    pass
+
+
+@pytest.fixture(scope="module")
+def vocab():
+    path = tm.find_vocab("qwen2", cache_dir=REPO / ".cache" / "vocab")
+    L.llama_log_set(_quiet, ctypes.c_void_p(0))
+    L.llama_backend_init()
+    params = L.llama_model_default_params()
+    params.vocab_only = True
+    model = L.llama_model_load_from_file(str(path).encode(), params)
+    assert model
+    yield L.llama_model_get_vocab(model)
+    L.llama_model_free(model)
+
+
+def tokens(vocab, text: str) -> list[int]:
+    data = text.encode()
+    buf = (L.llama_token * (len(data) + 8))()
+    n = L.llama_tokenize(vocab, data, len(data), buf, len(buf), False, True)
+    assert n >= 0
+    return list(buf[:n])
+
+
+def sampler(vocab, grammar: toolgrammar.ToolGrammar):
+    if not grammar.lazy:
+        return L.llama_sampler_init_grammar(vocab, grammar.gbnf.encode(), b"root")
+    patterns = (ctypes.c_char_p * len(grammar.triggers))(*[t.encode() for t in grammar.triggers])
+    return L.llama_sampler_init_grammar_lazy_patterns(vocab, grammar.gbnf.encode(), b"root", patterns,
+                                                      len(grammar.triggers), None, 0)
+
+
+def allowed(smpl, token: int) -> bool:
+    data = (L.llama_token_data * 1)(L.llama_token_data(token, 0.0, 0.0))
+    arr = L.llama_token_data_array(data, 1, -1, False)
+    L.llama_sampler_apply(smpl, ctypes.byref(arr))
+    return data[0].logit != -math.inf
+
+
+def run(vocab, grammar, text: str) -> tuple[bool, bool]:
+    """(every token of ``text`` allowed, the answer may end after it)."""
+    smpl = sampler(vocab, grammar)
+    assert smpl, grammar.gbnf
+    try:
+        for t in tokens(vocab, text):
+            if not allowed(smpl, t):
+                return False, False
+            L.llama_sampler_accept(smpl, t)
+        return True, allowed(smpl, L.llama_vocab_eos(vocab))
+    finally:
+        L.llama_sampler_free(smpl)
+
+
+@pytest.mark.parametrize("fmt", sorted(CALLS))
+def test_a_call_in_the_format_is_accepted_and_may_end(vocab, fmt):
+    grammar = toolgrammar.build(fmt, TOOLS, required=False)
+    assert grammar.lazy and grammar.triggers
+    assert run(vocab, grammar, "Let me check the weather first. " + CALLS[fmt]) == (True, True)
+    if fmt in VARIANTS:
+        assert run(vocab, grammar, VARIANTS[fmt]) == (True, True)
+    required = toolgrammar.build(fmt, TOOLS, required=True)
+    assert not required.lazy and run(vocab, required, CALLS[fmt]) == (True, True)
+
+
+@pytest.mark.parametrize("fmt", sorted(CALLS))
+def test_a_call_that_breaks_the_schema_is_stopped(vocab, fmt):
+    grammar = toolgrammar.build(fmt, TOOLS, required=False)
+    bad = CALLS[fmt].replace("2", "soon") if fmt == "qwen3_coder" else CALLS[fmt].replace('"days": 2', '"days": "2"')
+    assert run(vocab, grammar, "Sure. " + bad)[0] is False
+    unknown = CALLS[fmt].replace("get_weather", "get_wether")
+    assert run(vocab, grammar, unknown)[0] is False
+
+
+def test_free_text_stays_free_until_the_trigger(vocab):
+    grammar = toolgrammar.build("hermes", TOOLS, required=False)
+    assert run(vocab, grammar, 'Any text {"name": at all}, no call.') == (True, True)
+
+
+def test_a_required_call_allows_no_text_first_and_a_named_one_only_that_tool(vocab):
+    required = toolgrammar.build("hermes", TOOLS, required=True)
+    assert run(vocab, required, "Sure. " + CALLS["hermes"])[0] is False
+    named = toolgrammar.build("hermes", TOOLS, required=True, name="now")
+    assert run(vocab, named, CALLS["hermes"])[0] is False
+    assert run(vocab, named, '<tool_call>{"name": "now", "arguments": {}}</tool_call>') == (True, True)
+
+
+def test_parallel_calls_only_when_allowed(vocab):
+    two = CALLS["hermes"] + "\n" + CALLS["hermes"]
+    assert run(vocab, toolgrammar.build("hermes", TOOLS, required=True), two) == (True, True)
+    single = toolgrammar.build("hermes", TOOLS, required=True, parallel=False)
+    assert run(vocab, single, CALLS["hermes"]) == (True, True)
+    assert run(vocab, single, two)[0] is False
