@@ -22,8 +22,28 @@ class Piece:
 
 
 @dataclass
+class Call:
+    """A tool call opens: its id and tool are known; its arguments follow as ``CallArgs``."""
+
+    index: int  # 0, 1, ... within the answer
+    id: str  # call_...
+    name: str
+
+
+@dataclass
+class CallArgs:
+    """A piece of a call's arguments, JSON text; a call's pieces together are one JSON object."""
+
+    index: int
+    text: str
+
+
+Item = Piece | Call | CallArgs  # what an answer yields before its Finish
+
+
+@dataclass
 class Finish:
-    reason: str  # stop | length | cancelled
+    reason: str  # stop | length | cancelled | tool_calls (the answer ended after its calls)
     stop: str | None
     prompt_tokens: int
     completion_tokens: int

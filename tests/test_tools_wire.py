@@ -123,3 +123,37 @@ def test_anthropic_tool_mistakes_name_their_param(body, param):
     with pytest.raises(InvalidRequest) as e:
         anthropic.parse({"model": "m", "max_tokens": 64, "messages": ASK, **body})
     assert e.value.param == param and e.value.status == 400
+
+
+# --- answers with calls, in each shape ---------------------------------------------------------
+
+def test_openai_calls_whole_and_streamed_fit_the_schema():
+    from openapi import validate
+
+    from gateway.answer import Call, CallArgs, Finish
+
+    render = openai.Renderer("chat", "m")
+    finish = Finish("tool_calls", None, 10, 5, 0)
+    calls = [{"id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'}]
+    body = render.whole([render.choice(0, "", "", finish, None, calls=calls)], [finish])
+    validate(body, "CreateChatCompletionResponse")
+    message = body["choices"][0]["message"]
+    assert message["content"] is None and body["choices"][0]["finish_reason"] == "tool_calls"
+    assert message["tool_calls"] == [{"id": "call_1", "type": "function",
+                                      "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]
+    opened = render.call_chunk(Call(0, "call_1", "get_weather"))
+    piece = render.call_chunk(CallArgs(0, '{"city": '))
+    for chunk in (opened, piece, render.final_chunk("tool_calls")):
+        validate(chunk, "CreateChatCompletionStreamResponse")
+    assert opened["choices"][0]["delta"]["tool_calls"] == [
+        {"index": 0, "id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": ""}}]
+    assert piece["choices"][0]["delta"]["tool_calls"] == [{"index": 0, "function": {"arguments": '{"city": '}}]
+
+
+def test_anthropic_tool_use_blocks():
+    from gateway.answer import Call, Finish
+
+    render = anthropic.Renderer("m")
+    block = render.tool_block(Call(0, "call_abc", "get_weather"), {"city": "Paris"})
+    assert block == {"type": "tool_use", "id": "toolu_abc", "name": "get_weather", "input": {"city": "Paris"}}
+    assert anthropic.stop_reason(Finish("tool_calls", None, 1, 1, 0)) == ("tool_use", None)

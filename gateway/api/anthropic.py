@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 
 from aiohttp import web
@@ -32,16 +33,31 @@ async def messages(request: web.Request) -> web.StreamResponse:
             if parsed.stream:
                 return await _stream(request, render, gen, items, begun.prompt_tokens, begun.cached_tokens)
             blocks: list[dict] = []
+            arguments: list[str] = []  # of the open tool_use block
             async for item in items:
                 if isinstance(item, answer.Piece):
                     if not blocks or blocks[-1]["type"] != ("thinking" if item.kind == "thinking" else "text"):
                         blocks.append(render.block(item.kind))
                     blocks[-1]["thinking" if item.kind == "thinking" else "text"] += item.text
+                elif isinstance(item, answer.Call):
+                    _fill(blocks, arguments)
+                    blocks.append(render.tool_block(item))
+                elif isinstance(item, answer.CallArgs):
+                    arguments.append(item.text)
                 else:
-                    if not any(b["type"] == "text" for b in blocks):
+                    _fill(blocks, arguments)
+                    if not any(b["type"] in ("text", "tool_use") for b in blocks):
                         blocks.append(render.block("content"))
                     return web.json_response(render.message(blocks, item, item.prompt_tokens, item.cached_tokens))
     raise ApiError("the model worker ended the answer without finishing it", status=500)
+
+
+def _fill(blocks: list[dict], arguments: list[str]) -> None:
+    """Give the last tool_use block the input its arguments spell (a call's arguments are always
+    one JSON object: answer.pieces checks them)."""
+    if arguments and blocks and blocks[-1]["type"] == "tool_use":
+        blocks[-1]["input"] = json.loads("".join(arguments))
+    arguments.clear()
 
 
 async def _stream(request: web.Request, render: anth.Renderer, gen, items, prompt_tokens: int,
@@ -55,12 +71,12 @@ async def _stream(request: web.Request, render: anth.Renderer, gen, items, promp
         if kind is not None:
             await sse.send({"type": "content_block_stop", "index": index}, event="content_block_stop")
 
-    async def open_block(new_kind: str) -> None:
+    async def open_block(new_kind: str, block: dict | None = None) -> None:
         nonlocal index, kind
         await close_block()
         index, kind = index + 1, new_kind
-        await sse.send({"type": "content_block_start", "index": index, "content_block": render.block(new_kind)},
-                       event="content_block_start")
+        await sse.send({"type": "content_block_start", "index": index,
+                        "content_block": block or render.block(new_kind)}, event="content_block_start")
 
     try:
         await sse.send({"type": "message_start", "message": render.message([], None, prompt_tokens, cached_tokens)},
@@ -73,8 +89,16 @@ async def _stream(request: web.Request, render: anth.Renderer, gen, items, promp
                 await sse.send({"type": "content_block_delta", "index": index, "delta": render.delta(item)},
                                event="content_block_delta", hold=True)
                 continue
-            if kind != "content":
-                await open_block("content")  # every answer has a text block, if empty
+            if isinstance(item, answer.Call):
+                await open_block("tool_use", render.tool_block(item))
+                continue
+            if isinstance(item, answer.CallArgs):
+                await sse.send({"type": "content_block_delta", "index": index,
+                                "delta": {"type": "input_json_delta", "partial_json": item.text}},
+                               event="content_block_delta", hold=True)
+                continue
+            if kind not in ("content", "tool_use"):
+                await open_block("content")  # every answer ends in a text block, if empty, or a call
             await close_block()
             reason, seq = anth.stop_reason(item)
             await sse.send({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": seq},

@@ -58,15 +58,20 @@ async def _run(request: web.Request, parsed: oai.Parsed, kind: str, spec, backen
             begun, splitter = await answer.start(gen, reasoning, backend.info)
             text: dict[str, list[str]] = {"content": [], "thinking": []}
             probs: list[dict] | None = [] if req.logprobs is not None else None
+            calls: list[dict] = []
             async for item in answer.pieces(gen, splitter, obs):
                 if isinstance(item, answer.Piece):
                     text[item.kind].append(item.text)
                     if probs is not None and item.logprobs:
                         probs += item.logprobs
-                    continue
-                choices.append(render.choice(index, "".join(text["content"]), "".join(text["thinking"]), item,
-                                             probs, begun.prompt_text or ""))
-                finishes.append(item)
+                elif isinstance(item, answer.Call):
+                    calls.append({"id": item.id, "name": item.name, "arguments": ""})
+                elif isinstance(item, answer.CallArgs):
+                    calls[-1]["arguments"] += item.text
+                else:
+                    choices.append(render.choice(index, "".join(text["content"]), "".join(text["thinking"]), item,
+                                                 probs, begun.prompt_text or "", calls))
+                    finishes.append(item)
     return web.json_response(render.whole(choices, finishes))
 
 
@@ -96,6 +101,8 @@ async def _stream(request: web.Request, render: oai.Renderer, parsed: oai.Parsed
                     if isinstance(item, answer.Piece):
                         await sse.send(render.delta_chunk(item, index, offset), hold=True)
                         offset += len(item.text)
+                    elif isinstance(item, answer.Call | answer.CallArgs):
+                        await sse.send(render.call_chunk(item, index), hold=True)
                     else:
                         await sse.send(render.final_chunk(item.reason, index))
                         finishes.append(item)

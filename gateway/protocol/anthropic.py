@@ -12,7 +12,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..answer import Finish, Piece
+from ..answer import Call, Finish, Piece
 from ..engine.protocol import GenerationRequest
 from ..errors import InvalidRequest
 from . import tools as wire_tools
@@ -130,7 +130,14 @@ def stop_reason(finish: Finish) -> tuple[str, str | None]:
         return "max_tokens", None
     if finish.stop is not None:
         return "stop_sequence", finish.stop
+    if finish.reason == "tool_calls":
+        return "tool_use", None
     return "end_turn", None
+
+
+def tool_use_id(call_id: str) -> str:
+    """Anthropic's spelling of a call's id (``toolu_...``)."""
+    return "toolu_" + call_id.removeprefix("call_")
 
 
 @dataclass
@@ -155,6 +162,12 @@ class Renderer:
         if kind == "thinking":
             return {"type": "thinking", "thinking": text, "signature": ""}
         return {"type": "text", "text": text}
+
+    @staticmethod
+    def tool_block(call: Call, arguments: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A ``tool_use`` block: whole with its ``input``; streamed, opened with ``{}`` and filled by
+        ``input_json_delta`` events."""
+        return {"type": "tool_use", "id": tool_use_id(call.id), "name": call.name, "input": arguments or {}}
 
     @staticmethod
     def delta(piece: Piece) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import chat_template
-from ..answer import Finish, Piece
+from ..answer import Call, CallArgs, Finish, Piece
 from ..engine.protocol import GenerationRequest
 from ..errors import InvalidRequest
 from ..grammar import grammar_problem
@@ -368,6 +368,16 @@ class Renderer:
             delta = {"content": piece.text}
         return self._chunk({"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": None})
 
+    def call_chunk(self, item: Call | CallArgs, index: int = 0) -> dict[str, Any]:
+        """A streamed call: its id, type and name first, then its arguments in pieces."""
+        if isinstance(item, Call):
+            call = {"index": item.index, "id": item.id, "type": "function",
+                    "function": {"name": item.name, "arguments": ""}}
+        else:
+            call = {"index": item.index, "function": {"arguments": item.text}}
+        return self._chunk({"index": index, "delta": {"tool_calls": [call]}, "logprobs": None,
+                            "finish_reason": None})
+
     def final_chunk(self, finish_reason: str, index: int = 0) -> dict[str, Any]:
         if self.kind == "chat":
             return self._chunk({"index": index, "delta": {}, "logprobs": None, "finish_reason": finish_reason})
@@ -377,11 +387,19 @@ class Renderer:
         return self._chunk({}, usage(finishes, self.kind == "chat"), choices=False)
 
     def choice(self, index: int, content: str, thinking: str, finish: Finish,
-               logprobs: list[dict[str, Any]] | None, echo: str = "") -> dict[str, Any]:
+               logprobs: list[dict[str, Any]] | None, echo: str = "",
+               calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """``calls``: the tool calls made, each ``{"id", "name", "arguments"}`` (arguments as
+        JSON text); with calls, ``content`` is the text before them, or null."""
         if self.kind == "chat":
             message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
             if thinking:
                 message.update({f: thinking for f in self.fields})
+            if calls:
+                message["content"] = content or None
+                message["tool_calls"] = [{"id": c["id"], "type": "function",
+                                          "function": {"name": c["name"], "arguments": c["arguments"]}}
+                                         for c in calls]
             return {"index": index, "message": message, "logprobs": self._logprobs(logprobs),
                     "finish_reason": finish.reason}
         return {"index": index, "text": echo + content, "logprobs": self._logprobs(logprobs, len(echo)),
