@@ -31,6 +31,26 @@ def test_every_event_kind_reads_back_as_itself():
         assert protocol.decode_event(protocol.encode_event(event)[4:]) == event
 
 
+def test_every_command_reads_back_as_itself():
+    commands = [protocol.Load(protocol.LoadParams("m", "/m.gguf", n_ctx=64, flash_attn=None)),
+                protocol.Generate(1, protocol.GenerationRequest(messages=[{"role": "user", "content": "é"}],
+                                                                stop=["\n"], json_schema={"type": "object"})),
+                protocol.Generate(2, protocol.GenerationRequest(prompt_tokens=[1, 2], deadline=1.5)),
+                protocol.Cancel(3), protocol.Tokenize(4, protocol.PromptRequest(prompt="hi", param="content"), True),
+                protocol.Detokenize(5, [1, 2]), protocol.ApplyTemplate(6, protocol.PromptRequest(messages=[])),
+                protocol.Threads(2), protocol.Embed(7, ["a", [1, 2]]), protocol.Exit()]
+    assert {type(c) for c in commands} == set(protocol._OPS.values())
+    for command in commands:
+        assert protocol.decode_command(protocol.encode_command(command)[4:]) == command
+
+
+def test_a_prompt_request_takes_the_prompt_fields_of_a_generation_request():
+    req = protocol.GenerationRequest(messages=[{"role": "user", "content": "hi"}], max_tokens=3,
+                                     chat_template_kwargs={"enable_thinking": False})
+    assert protocol.PromptRequest.of(req.to_dict()) == protocol.PromptRequest(
+        messages=req.messages, chat_template_kwargs={"enable_thinking": False})
+
+
 async def test_the_parent_splits_mixed_frames_however_the_pipe_cuts_them():
     events: list = [protocol.Start(1, 3, 0, 0, "é")]
     events += [protocol.Text(1, t, i + 1) for i, t in enumerate(TEXTS)]

@@ -21,11 +21,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from . import protocol
-from .protocol import Error, Event
+from .protocol import Command, Error, Event
 
 log = logging.getLogger(__name__)
 
 _LEN = struct.Struct(">I")
+Question = protocol.Tokenize | protocol.Detokenize | protocol.ApplyTemplate | protocol.Embed  # one answer each
+
+
 class LoadFailed(Exception):
     """The worker could not load its model; the message says why."""
 
@@ -106,7 +109,7 @@ class WorkerProcess:
         self._transport, _ = await loop.connect_write_pipe(asyncio.Protocol, os.fdopen(cmd_w, "wb", 0))
         self._ready = loop.create_future()
         self._reader_task = asyncio.create_task(self._wait_exit(closed), name=f"worker-{self.params.name}")
-        self._send({"op": "load", "model": self.params.to_dict()})
+        self._send(protocol.Load(self.params))
         try:
             self.info = await self._ready
         except BaseException:
@@ -116,9 +119,9 @@ class WorkerProcess:
                  self.info.get("n_ctx"), self.device)
         return self.info
 
-    def _send(self, msg: dict[str, Any]) -> None:
+    def _send(self, command: Command) -> None:
         if self._transport is not None and not self._transport.is_closing():
-            self._transport.write(protocol.encode(msg))
+            self._transport.write(protocol.encode_command(command))
 
     def _dispatch(self, event: Event) -> None:
         if isinstance(event, protocol.Ready):
@@ -160,7 +163,7 @@ class WorkerProcess:
         """Fail every request of this worker at once with ``message`` (503), cancelling its work."""
         for rid, q in list(self._queues.items()):
             q.put_nowait(Error(rid, 503, message, None, "shutting_down"))
-            self._send({"op": "cancel", "id": rid})
+            self._send(protocol.Cancel(rid))
 
     @property
     def busy(self) -> bool:
@@ -169,7 +172,7 @@ class WorkerProcess:
     def set_threads(self, n: int) -> None:
         if n != self.threads and self.alive:
             self.threads = n
-            self._send({"op": "threads", "n": n})
+            self._send(protocol.Threads(n))
 
     def _track(self, rid: int, q: _Inbox | None) -> None:
         was = self.busy
@@ -187,25 +190,26 @@ class WorkerProcess:
         if not self.alive:
             q.put_nowait(self._unavailable(rid))
         else:
-            self._send({"op": "generate", "id": rid, "request": request.to_dict()})
+            self._send(protocol.Generate(rid, request))
         return Generation(self, rid, q)
 
     def _unavailable(self, rid: int) -> Error:
         return Error(rid, 503, f"model {self.params.name!r} is not running; retry", None, "model_unavailable")
 
-    async def ask(self, msg: dict[str, Any]) -> Event:
-        """One question with one answer; an error event raises ``RequestFailed``."""
+    async def ask(self, question: Callable[[int], Question]) -> Event:
+        """One question (made with its request id) with one answer; an error event raises
+        ``RequestFailed``."""
         rid = next(self._ids)
         q: _Inbox = _Inbox()
         self._track(rid, q)
         try:
             if not self.alive:
                 raise RequestFailed(self._unavailable(rid))
-            self._send({**msg, "id": rid})
+            self._send(question(rid))
             try:
                 answer = await q.get()
             except asyncio.CancelledError:  # the caller left: a question not begun is skipped
-                self._send({"op": "cancel", "id": rid})
+                self._send(protocol.Cancel(rid))
                 raise
         finally:
             self._track(rid, None)
@@ -215,30 +219,31 @@ class WorkerProcess:
 
     async def tokenize(self, request: dict[str, Any], with_pieces: bool = False) -> protocol.Tokens:
         """A prompt (``{"prompt"|"messages", "add_special"?, "param"?}``) as the model's tokens."""
-        return _expect(await self.ask({"op": "tokenize", "request": request, "with_pieces": with_pieces}),
-                       protocol.Tokens)
+        prompt = protocol.PromptRequest.of(request)
+        return _expect(await self.ask(lambda rid: protocol.Tokenize(rid, prompt, with_pieces)), protocol.Tokens)
 
     async def detokenize(self, tokens: list[int]) -> protocol.Detokenized:
-        return _expect(await self.ask({"op": "detokenize", "tokens": tokens}), protocol.Detokenized)
+        return _expect(await self.ask(lambda rid: protocol.Detokenize(rid, tokens)), protocol.Detokenized)
 
     async def apply_template(self, request: dict[str, Any]) -> protocol.Prompt:
         """A chat request's messages through the model's template, as the prompt's text."""
-        return _expect(await self.ask({"op": "apply_template", "request": request}), protocol.Prompt)
+        prompt = protocol.PromptRequest.of(request)
+        return _expect(await self.ask(lambda rid: protocol.ApplyTemplate(rid, prompt)), protocol.Prompt)
 
     async def embed(self, inputs: list[Any]) -> protocol.Embeddings:
-        return _expect(await self.ask({"op": "embed", "inputs": inputs}), protocol.Embeddings)
+        return _expect(await self.ask(lambda rid: protocol.Embed(rid, inputs)), protocol.Embeddings)
 
     def _release(self, rid: int, finished: bool) -> None:
         self._track(rid, None)
         if not finished and self.alive:
-            self._send({"op": "cancel", "id": rid})
+            self._send(protocol.Cancel(rid))
 
     async def stop(self, timeout: float = 5.0) -> None:
         """Ask the worker to exit; kill it if it does not within ``timeout``."""
         self._stopping = True
         if self.proc is None or self.proc.returncode is not None:
             return
-        self._send({"op": "exit"})
+        self._send(protocol.Exit())
         try:
             await asyncio.wait_for(self.proc.wait(), timeout)
         except asyncio.TimeoutError:

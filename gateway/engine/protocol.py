@@ -7,12 +7,14 @@ token, a text event without log-probabilities, has a frame of its own that needs
 body is a zero byte, the request id (8 bytes) and the token count (4 bytes), big-endian, then
 the text in UTF-8 (``text_frame``; ``decode`` reads either kind).
 
-Parent -> worker
+Parent -> worker: each command is a class below (``Load``, ``Generate``, ``Cancel``, ...), framed
+by ``encode_command`` and read back by ``decode_command``; on the wire, {"op": KIND, FIELD: VALUE}:
   {"op": "load", "model": {...LoadParams...}}            first message, exactly once
   {"op": "generate", "id": N, "request": {...GenerationRequest...}}
   {"op": "cancel", "id": N}                              for a queued or running request
-  {"op": "tokenize", "id": N, "request": {messages|prompt, add_special?}, "with_pieces": bool}
+  {"op": "tokenize", "id": N, "request": {...PromptRequest...}, "with_pieces": bool}
   {"op": "detokenize", "id": N, "tokens": [...]}         both answered at once, even mid-generation
+  {"op": "apply_template", "id": N, "request": {...PromptRequest...}}  likewise
   {"op": "threads", "n": K}                              decode with K threads from now on (the
                                                          gateway shares the CPUs among busy workers)
   {"op": "embed", "id": N, "inputs": [text or [ids], ...]}  queued like generate (embedding models)
@@ -29,6 +31,7 @@ Worker -> parent: each event is a class below (``Ready``, ``Start``, ``Text``, `
    "stop": matched-or-null, "prompt_tokens": P, "completion_tokens": T, "cached_tokens": C}
    (C: prompt tokens found in the slot's cache and not decoded again)
   {"ev": "tokens", "id": N, "tokens": [...], "pieces"?: [...]}  /  {"ev": "detokenized", "id": N, "text": "..."}
+   /  {"ev": "prompt", "id": N, "text": "..."}  (the answers to tokenize, detokenize, apply_template)
   {"ev": "embeddings", "id": N, "data": [[float, ...], ...], "prompt_tokens": P}
   or instead of start/done: {"ev": "error", "id": N, "status": S, "message": "...",
    "param": ..., "code": ...}  (a request the worker refused, e.g. a context overflow)
@@ -47,8 +50,9 @@ from __future__ import annotations
 import json
 import os
 import struct
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any, TypeVar
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from typing import Any, TypeVar, get_type_hints
 
 _HEADER = struct.Struct(">I")
 _TEXT = struct.Struct(">IBQI")  # frame length, 0 (where JSON has "{"), request id, tokens so far
@@ -64,6 +68,178 @@ def default_threads() -> int:
     except AttributeError:  # macOS
         n = os.cpu_count() or 1
     return max(1, min(n, 16))
+
+
+# The kinds of request a model may serve (``WorkerProcess.serves``, ``backend.Backend``).
+CHAT, COMPLETIONS, EMBEDDINGS, TOKENIZE = "chat", "completions", "embeddings", "tokenize"
+
+
+# --- what commands carry ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LoadParams:
+    name: str
+    path: str
+    n_ctx: int | None = None
+    n_gpu_layers: int = -1
+    n_threads: int | None = None
+    n_batch: int = 512
+    flash_attn: bool | None = None  # None: llama.cpp decides
+    repack: bool = False  # llama.cpp's repacked CPU weights (use_extra_bufts)
+    swa_full: bool = True  # a full-size cache for sliding-window layers
+    use_mmap: bool = True
+    chat_template: str | None = None
+    embeddings: bool = False  # an embedding context (pooled vectors) instead of a generating one
+    parallel: int = 4  # sequence slots decoded together (continuous batching); 1 for embeddings
+    stream_interval: float = 0.0  # seconds an answer's text may be held to go out with the next tokens'
+
+
+@dataclass
+class GenerationRequest:
+    """The gateway's own request, whatever wire shape it came in.
+
+    Exactly one of ``messages`` (rendered with the chat template in the worker),
+    ``prompt`` (text) or ``prompt_tokens`` (ids) is set.
+    """
+
+    messages: list[dict[str, Any]] | None = None
+    prompt: str | None = None
+    prompt_tokens: list[int] | None = None
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    max_tokens: int | None = None  # None: until end of generation or the context is full
+    temperature: float = 0.8
+    top_p: float = 0.95
+    top_k: int = 40
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False  # llama-server's extension: generate max_tokens whatever the model says
+    grammar: str | None = None  # GBNF constraining every sampled token
+    response_format: str | None = None  # json_object | json_schema: the worker makes the grammar
+    json_schema: dict[str, Any] | None = None  # for json_schema
+    logprobs: int | None = None  # None: none; N: each token's log-probability and its N likeliest alternatives
+    tools: list[dict[str, Any]] | None = None  # function tools (protocol/tools.py's shape)
+    tool_choice: str = "auto"  # auto | required (none: the wire layer leaves tools out)
+    tool_name: str | None = None  # with required: this tool only
+    parallel_tool_calls: bool = True
+    tool_format: str | None = None  # the model's call format (toolcalls.py), set once the model is known
+    echo: bool = False  # the start event carries the prompt's text
+    deadline: float | None = None  # wall-clock time (time.time()) at which the answer ends with "length"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class PromptRequest:
+    """A prompt read without generating (tokenize, apply_template): exactly one of ``messages``,
+    ``prompt`` or ``prompt_tokens``, as in a ``GenerationRequest``."""
+
+    messages: list[dict[str, Any]] | None = None
+    prompt: str | None = None
+    prompt_tokens: list[int] | None = None
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    add_special: bool = True  # the tokenizer adds the model's special tokens (BOS) to a prompt text
+    param: str | None = None  # the field a refusal names (None: "messages" or "prompt")
+
+    @classmethod
+    def of(cls, request: dict[str, Any]) -> PromptRequest:
+        """The prompt's fields of ``request`` (a ``GenerationRequest``'s dict, or /tokenize's few)."""
+        return cls(**{name: request[name] for name in _PROMPT_FIELDS if name in request})
+
+
+_PROMPT_FIELDS = tuple(f.name for f in fields(PromptRequest))
+
+
+# --- parent -> worker: one class per command -------------------------------------------------
+
+@dataclass(slots=True)
+class Load:
+    model: LoadParams
+
+
+@dataclass(slots=True)
+class Generate:
+    id: int
+    request: GenerationRequest
+
+
+@dataclass(slots=True)
+class Cancel:
+    id: int
+
+
+@dataclass(slots=True)
+class Tokenize:
+    id: int
+    request: PromptRequest
+    with_pieces: bool = False  # each token's text too
+
+
+@dataclass(slots=True)
+class Detokenize:
+    id: int
+    tokens: list[int]
+
+
+@dataclass(slots=True)
+class ApplyTemplate:
+    id: int
+    request: PromptRequest
+
+
+@dataclass(slots=True)
+class Threads:
+    n: int
+
+
+@dataclass(slots=True)
+class Embed:
+    id: int
+    inputs: list[Any]  # each a text or a list of token ids
+
+
+@dataclass(slots=True)
+class Exit:
+    pass
+
+
+Command = Load | Generate | Cancel | Tokenize | Detokenize | ApplyTemplate | Threads | Embed | Exit
+_OPS: dict[str, type] = {"load": Load, "generate": Generate, "cancel": Cancel, "tokenize": Tokenize,
+                         "detokenize": Detokenize, "apply_template": ApplyTemplate, "threads": Threads,
+                         "embed": Embed, "exit": Exit}
+
+
+def _nested(cls: type) -> tuple[tuple[str, Callable[..., Any] | None], ...]:
+    """A command's fields, each with the dataclass it holds (sent as a JSON object) or None."""
+    hints = get_type_hints(cls)
+    return tuple((f.name, hints[f.name] if is_dataclass(hints[f.name]) else None) for f in fields(cls))
+
+
+_OP_FIELDS = {cls: (op, _nested(cls)) for op, cls in _OPS.items()}
+
+
+def encode_command(command: Command) -> bytes:
+    """A command's frame: JSON ``{"op": KIND, FIELD: VALUE, ...}``."""
+    op, names = _OP_FIELDS[type(command)]
+    msg: dict[str, Any] = {"op": op}
+    for name, nested in names:
+        value = getattr(command, name)
+        msg[name] = asdict(value) if nested is not None else value
+    return _encode(msg)
+
+
+def decode_command(data: bytes) -> Command:
+    """One command from a frame's body."""
+    msg = _unjson(data.decode())
+    cls = _OPS[msg.pop("op")]
+    for name, nested in _OP_FIELDS[cls][1]:
+        if nested is not None:
+            msg[name] = nested(**msg[name])
+    return cls(**msg)
 
 
 # --- worker -> parent: one class per event --------------------------------------------------
@@ -153,7 +329,7 @@ TERMINAL = (Done, Error, Tokens, Detokenized, Prompt, Embeddings)  # the last ev
 TEvent = TypeVar("TEvent", Ready, LoadFailed, Start, Text, Done, Error, Tokens, Detokenized, Prompt, Embeddings)
 
 
-def encode(msg: dict[str, Any]) -> bytes:
+def _encode(msg: dict[str, Any]) -> bytes:
     data = _json(msg).encode()
     return _HEADER.pack(len(data)) + data
 
@@ -164,7 +340,7 @@ def encode_event(event: Event) -> bytes:
     msg = {"ev": name}
     for f in names:
         msg[f] = getattr(event, f)
-    return encode(msg)
+    return _encode(msg)
 
 
 def text_frame(rid: int, text: str, tokens: int) -> bytes:
@@ -182,14 +358,16 @@ def decode_event(data: bytes | bytearray) -> Event:
     return _KINDS[msg.pop("ev")](**msg)
 
 
-def read_frame_blocking(fd: int) -> dict[str, Any] | None:
-    """One command from ``fd``, or None at end of file (worker side)."""
+# --- the pipes, worker side --------------------------------------------------------------------
+
+def read_command_blocking(fd: int) -> Command | None:
+    """One command from ``fd``, or None at end of file."""
     header = _read_exact(fd, _HEADER.size)
     if header is None:
         return None
     (n,) = _HEADER.unpack(header)
     body = _read_exact(fd, n)
-    return None if body is None else _unjson(body.decode())
+    return None if body is None else decode_command(body)
 
 
 def _read_exact(fd: int, n: int) -> bytes | None:
@@ -208,67 +386,3 @@ def write_all_blocking(fd: int, data: bytes) -> None:
     while view:
         n = os.write(fd, view)
         view = view[n:]
-
-
-# The kinds of request a model may serve (``WorkerProcess.serves``, ``backend.Backend``).
-CHAT, COMPLETIONS, EMBEDDINGS, TOKENIZE = "chat", "completions", "embeddings", "tokenize"
-
-
-@dataclass(frozen=True)
-class LoadParams:
-    name: str
-    path: str
-    n_ctx: int | None = None
-    n_gpu_layers: int = -1
-    n_threads: int | None = None
-    n_batch: int = 512
-    flash_attn: bool | None = None  # None: llama.cpp decides
-    repack: bool = False  # llama.cpp's repacked CPU weights (use_extra_bufts)
-    swa_full: bool = True  # a full-size cache for sliding-window layers
-    use_mmap: bool = True
-    chat_template: str | None = None
-    embeddings: bool = False  # an embedding context (pooled vectors) instead of a generating one
-    parallel: int = 4  # sequence slots decoded together (continuous batching); 1 for embeddings
-    stream_interval: float = 0.0  # seconds an answer's text may be held to go out with the next tokens'
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass
-class GenerationRequest:
-    """The gateway's own request, whatever wire shape it came in.
-
-    Exactly one of ``messages`` (rendered with the chat template in the worker),
-    ``prompt`` (text) or ``prompt_tokens`` (ids) is set.
-    """
-
-    messages: list[dict[str, Any]] | None = None
-    prompt: str | None = None
-    prompt_tokens: list[int] | None = None
-    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    max_tokens: int | None = None  # None: until end of generation or the context is full
-    temperature: float = 0.8
-    top_p: float = 0.95
-    top_k: int = 40
-    min_p: float = 0.05
-    repeat_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    seed: int | None = None
-    stop: list[str] = field(default_factory=list)
-    ignore_eos: bool = False  # llama-server's extension: generate max_tokens whatever the model says
-    grammar: str | None = None  # GBNF constraining every sampled token
-    response_format: str | None = None  # json_object | json_schema: the worker makes the grammar
-    json_schema: dict[str, Any] | None = None  # for json_schema
-    logprobs: int | None = None  # None: none; N: each token's log-probability and its N likeliest alternatives
-    tools: list[dict[str, Any]] | None = None  # function tools (protocol/tools.py's shape)
-    tool_choice: str = "auto"  # auto | required (none: the wire layer leaves tools out)
-    tool_name: str | None = None  # with required: this tool only
-    parallel_tool_calls: bool = True
-    tool_format: str | None = None  # the model's call format (toolcalls.py), set once the model is known
-    echo: bool = False  # the start event carries the prompt's text
-    deadline: float | None = None  # wall-clock time (time.time()) at which the answer ends with "length"
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)

@@ -23,6 +23,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from .. import chat_template
@@ -68,16 +69,16 @@ class Sequence:
 
     _order = 0
 
-    def __init__(self, rid: int, req: dict[str, Any], tokens: list[int], slot: Slot, common: int,
+    def __init__(self, rid: int, req: protocol.GenerationRequest, tokens: list[int], slot: Slot, common: int,
                  prompt_tail: str, sampler, limit: int):
         Sequence._order += 1
         self.order = Sequence._order  # admission order: the oldest prompt is prefilled first
         self.rid, self.req, self.tokens, self.slot = rid, req, tokens, slot
         self.common, self.next, self.prompt_tail = common, common, prompt_tail
         self.sampler, self.limit = sampler, limit
-        self.top_n = req.get("logprobs")  # None: no log-probabilities; N: the chosen token's and N alternatives
-        self.deadline = req.get("deadline")
-        self.utf8, self.stops = Utf8Stream(), StopMatcher(req.get("stop") or [])
+        self.top_n = req.logprobs  # None: no log-probabilities; N: the chosen token's and N alternatives
+        self.deadline = req.deadline
+        self.utf8, self.stops = Utf8Stream(), StopMatcher(req.stop or [])
         self.pending: int | None = None  # the last sampled token, decoded in the next step
         self.logit_index = -1  # this step's batch entry with its logits (for llama_sampler_sample)
         self.logit_row = 0  # and its row among the step's outputs
@@ -379,16 +380,17 @@ class Model:
             cap = -n
         raise Refused(500, "llama_detokenize failed", None, "detokenize_failed")
 
-    def prompt_tokens(self, req: dict[str, Any]) -> tuple[list[int], str]:
+    def prompt_tokens(self, req: protocol.GenerationRequest | protocol.PromptRequest, add_special: bool = True,
+                      param: str | None = None) -> tuple[list[int], str]:
         """The prompt as tokens, and the end of its text (where a chat template may have opened
         a thinking block for the answer). Thread-safe: prep threads call it. A text that cannot
-        fit is refused untokenized; ``req["param"]`` names the field in the refusal."""
-        param = req.get("param") or ("messages" if req.get("messages") is not None else "prompt")
-        if req.get("prompt_tokens") is not None:
-            return self.known_ids(req["prompt_tokens"], param), ""
-        text = self.render(req) if req.get("messages") is not None else req.get("prompt") or ""
+        fit is refused untokenized; ``param`` names the field in the refusal."""
+        param = param or ("messages" if req.messages is not None else "prompt")
+        if req.prompt_tokens is not None:
+            return self.known_ids(req.prompt_tokens, param), ""
+        text = self.render(req) if req.messages is not None else req.prompt or ""
         self.check_fits(text, param)
-        return self.tokenize(text, add_special=req.get("add_special", True)), text[-PROMPT_TAIL:]
+        return self.tokenize(text, add_special=add_special), text[-PROMPT_TAIL:]
 
     def known_ids(self, tokens: list[Any], param: str) -> list[int]:
         """``tokens`` as a list, if every one is an id of this vocabulary; else a 400 naming ``param``."""
@@ -397,17 +399,17 @@ class Model:
             raise Refused(400, f"token id {bad} is outside the vocabulary (0..{self.n_vocab - 1})", param)
         return list(tokens)
 
-    def prepare(self, req: dict[str, Any]) -> tuple[list[int], str]:
+    def prepare(self, req: protocol.GenerationRequest) -> tuple[list[int], str]:
         """What admission needs, worked out off the decode loop (in a prep thread): the grammar
         of a ``response_format``, and the prompt's tokens and text tail, checked against the
         context. Raises ``Refused``."""
-        if req.get("response_format"):
-            req["grammar"] = structured_grammar(req["response_format"], req.get("json_schema"))
+        if req.response_format:
+            req.grammar = structured_grammar(req.response_format, req.json_schema)
         tokens, prompt_tail = self.prompt_tokens(req)
         n_prompt = len(tokens)
         if n_prompt == 0:
             raise Refused(400, "the prompt is empty", "prompt")
-        max_tokens = req.get("max_tokens")
+        max_tokens = req.max_tokens
         room = self.n_ctx - n_prompt
         if room < 1 or (max_tokens is not None and max_tokens > room):
             want = n_prompt + (max_tokens or 0)
@@ -416,18 +418,18 @@ class Model:
                 f"This model's maximum context length is {self.n_ctx} tokens. However, you requested "
                 f"{want} tokens ({n_prompt} in the prompt, {max_tokens or 0} for the completion). "
                 "Please reduce the prompt or max_tokens.",
-                "messages" if req.get("messages") is not None else "prompt", "context_length_exceeded")
+                "messages" if req.messages is not None else "prompt", "context_length_exceeded")
         return tokens, prompt_tail
 
-    def render(self, req: dict[str, Any]) -> str:
+    def render(self, req: protocol.GenerationRequest | protocol.PromptRequest) -> str:
         """The request's messages through the model's chat template, as the prompt's text. A
         template that fails only with the caller's ``chat_template_kwargs`` is the caller's
         mistake (400); one that fails without them is the model's (500)."""
-        extra = req.get("chat_template_kwargs") or {}
+        extra = req.chat_template_kwargs or {}
 
         def run(variables: dict[str, Any]) -> str:
             return chat_template.render(
-                self.template, req["messages"],
+                self.template, req.messages or [],
                 bos_token=self.piece(self.bos).decode("utf-8", "replace") if self.bos >= 0 else "",
                 eos_token=self.piece(self.eos).decode("utf-8", "replace") if self.eos >= 0 else "",
                 extra=variables)
@@ -447,18 +449,20 @@ class Model:
                                   "chat_template_kwargs") from None
             raise Refused(500, f"model {self.params.name!r}: {e}", None, "chat_template_error") from None
 
-    def answer(self, msg: dict[str, Any]) -> protocol.Event:
+    def answer(self, question: Question) -> protocol.Event:
         """A question that needs no decoding: tokenize, detokenize or apply a chat template (on a
         prep thread)."""
-        rid = msg["id"]
+        rid = question.id
         try:
-            if msg["op"] == "apply_template":
-                return protocol.Prompt(rid, self.render(msg["request"]))
-            if msg["op"] == "tokenize":
-                tokens, _ = self.prompt_tokens(msg["request"])
-                pieces = [self.piece(t).decode("utf-8", "replace") for t in tokens] if msg.get("with_pieces") else None
-                return protocol.Tokens(rid, tokens, pieces)
-            return protocol.Detokenized(rid, self.detokenize(self.known_ids(msg["tokens"], "tokens")))
+            match question:
+                case protocol.ApplyTemplate(request=req):
+                    return protocol.Prompt(rid, self.render(req))
+                case protocol.Tokenize(request=req, with_pieces=with_pieces):
+                    tokens, _ = self.prompt_tokens(req, req.add_special, req.param)
+                    pieces = [self.piece(t).decode("utf-8", "replace") for t in tokens] if with_pieces else None
+                    return protocol.Tokens(rid, tokens, pieces)
+                case protocol.Detokenize(tokens=tokens):
+                    return protocol.Detokenized(rid, self.detokenize(self.known_ids(tokens, "tokens")))
         except Refused as r:
             return r.event(rid)
         except Exception as e:  # a bug here must fail one question, not leave it unanswered
@@ -469,8 +473,9 @@ class Model:
         ll = self.ll
         vectors, total = [], 0
         for i, item in enumerate(inputs):
-            source = {"prompt": item} if isinstance(item, str) else {"prompt_tokens": item}
-            tokens, _ = self.prompt_tokens({**source, "param": "input"})
+            source = protocol.PromptRequest(prompt=item) if isinstance(item, str) else \
+                protocol.PromptRequest(prompt_tokens=item)
+            tokens, _ = self.prompt_tokens(source, param="input")
             if not tokens:
                 raise Refused(400, f"input {i} is empty", "input")
             if len(tokens) > self.n_ctx:
@@ -509,49 +514,49 @@ class Model:
         return self._eog
 
     # --- decoding: slots, sequences, one llama_decode per step ---
-    def _sampler(self, req: dict[str, Any]):
+    def _sampler(self, req: protocol.GenerationRequest):
         """The request's native sampler chain; None for plain greedy decoding, which ``_next_token``
         does as an argmax over the logits in place (llama.cpp's chain first copies all n_vocab
         candidates: ~0.2 ms a token with a 152k vocabulary)."""
         ll = self.ll
-        if (req["temperature"] <= 0 and not req.get("grammar") and req["repeat_penalty"] == 1.0
-                and not req["frequency_penalty"] and not req["presence_penalty"]):
+        if (req.temperature <= 0 and not req.grammar and req.repeat_penalty == 1.0
+                and not req.frequency_penalty and not req.presence_penalty):
             return None
         grammar = None
-        if req.get("grammar"):
-            grammar = ll.llama_sampler_init_grammar(self.vocab, req["grammar"].encode(), b"root")
+        if req.grammar:
+            grammar = ll.llama_sampler_init_grammar(self.vocab, req.grammar.encode(), b"root")
             if not grammar:
                 raise Refused(400, "the grammar does not parse (GBNF, with a `root` rule)", "grammar")
         chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
         add = lambda s: ll.llama_sampler_chain_add(chain, s)  # noqa: E731
         if grammar:
             add(grammar)  # first, as llama.cpp's own samplers do: the rest choose among allowed tokens
-        if req.get("ignore_eos"):
+        if req.ignore_eos:
             eog = self.eog_tokens()
             bias = (ll.llama_logit_bias * len(eog))(*((t, float("-inf")) for t in eog))
             add(ll.llama_sampler_init_logit_bias(self.n_vocab, len(eog), bias))
-        if req["repeat_penalty"] != 1.0 or req["frequency_penalty"] or req["presence_penalty"]:
-            add(ll.llama_sampler_init_penalties(self.n_vocab, 64, req["repeat_penalty"],
-                                                req["frequency_penalty"], req["presence_penalty"]))
-        if req["temperature"] <= 0:
+        if req.repeat_penalty != 1.0 or req.frequency_penalty or req.presence_penalty:
+            add(ll.llama_sampler_init_penalties(self.n_vocab, 64, req.repeat_penalty,
+                                                req.frequency_penalty, req.presence_penalty))
+        if req.temperature <= 0:
             add(ll.llama_sampler_init_greedy())
             return chain
-        if req["top_k"] > 0:
-            add(ll.llama_sampler_init_top_k(req["top_k"]))
-        if req["top_p"] < 1.0:
-            add(ll.llama_sampler_init_top_p(req["top_p"], 1))
-        if req["min_p"] > 0:
-            add(ll.llama_sampler_init_min_p(req["min_p"], 1))
-        add(ll.llama_sampler_init_temp(req["temperature"]))
-        seed = ll.LLAMA_DEFAULT_SEED if req.get("seed") is None else req["seed"] & 0xFFFFFFFF
+        if req.top_k > 0:
+            add(ll.llama_sampler_init_top_k(req.top_k))
+        if req.top_p < 1.0:
+            add(ll.llama_sampler_init_top_p(req.top_p, 1))
+        if req.min_p > 0:
+            add(ll.llama_sampler_init_min_p(req.min_p, 1))
+        add(ll.llama_sampler_init_temp(req.temperature))
+        seed = ll.LLAMA_DEFAULT_SEED if req.seed is None else req.seed & 0xFFFFFFFF
         add(ll.llama_sampler_init_dist(seed))
         return chain
 
-    def admit(self, rid: int, req: dict[str, Any], tokens: list[int], prompt_tail: str) -> Sequence:
+    def admit(self, rid: int, req: protocol.GenerationRequest, tokens: list[int], prompt_tail: str) -> Sequence:
         """Give a prepared request (``prepare``) the free slot whose cache shares the longest
         prefix with its prompt, and drop the rest of that slot's cache. Raises ``Refused``."""
         n_prompt = len(tokens)
-        max_tokens = req.get("max_tokens")
+        max_tokens = req.max_tokens
         room = self.n_ctx - n_prompt
         sampler = self._sampler(req)  # before "start": a grammar that does not parse is a plain 400
         slot = max(self.free_slots(), key=lambda s: _slot_score(s, tokens))
@@ -688,7 +693,7 @@ class Model:
         else:
             logits = self._logits(seq.logit_row)
             tok = int(logits.argmax())  # the first of equal maxima, as llama.cpp's greedy sampler
-            if seq.req.get("ignore_eos") and self.is_eog(tok):
+            if seq.req.ignore_eos and self.is_eog(tok):
                 logits = logits.copy()
                 logits[self.eog_tokens()] = float("-inf")
                 tok = int(logits.argmax())
@@ -765,6 +770,34 @@ class Model:
 PREP_THREADS = 2  # one long prompt being read does not hold up a short one behind it
 INLINE_PREP_CHARS = 4096  # a prompt this short is read in the loop itself when nothing else runs
 
+Question = protocol.Tokenize | protocol.Detokenize | protocol.ApplyTemplate  # answered on a prep thread
+
+
+@dataclass(eq=False)
+class Queued:
+    """A generate or embed command waiting for a slot (``Worker.pending``, in arrival order)."""
+
+    command: protocol.Generate | protocol.Embed
+    prepared: tuple[list[int], str] | None = None  # a generate's prompt once read: tokens, text tail
+    cancelled: bool = False  # dropped from the queue by a cancel
+
+
+@dataclass(slots=True)
+class Prepared:
+    """Inbox message: a queued request's prompt has been read (``result``: the tokens and text
+    tail, or its refusal; None for a request cancelled before it was read)."""
+
+    job: Queued
+    result: tuple[list[int], str] | protocol.Error | None
+    threaded: bool  # read on a prep thread (not in the loop)
+
+
+@dataclass(slots=True)
+class Reply:
+    """Inbox message: the answer to a question, worked out on a prep thread."""
+
+    event: protocol.Event
+
 
 class Worker:
     """The process's main loop: commands arrive on a reader thread; admission, decoding and
@@ -772,14 +805,12 @@ class Worker:
     template, tokenizer) and answering tokenize/detokenize/apply_template happen on prep
     threads, so a long prompt never stalls the decoding of the others (llama.cpp's tokenizer
     only reads the vocabulary, and llama-server tokenizes on its HTTP threads too); their
-    results come back through the inbox as ``_prepared`` / ``_reply`` messages."""
+    results come back through the inbox as ``Prepared`` / ``Reply`` messages."""
 
     def __init__(self, cmd_fd: int, ev_fd: int):
         self.cmd_fd, self.ev_fd = cmd_fd, ev_fd
-        self.inbox: queue.Queue[dict[str, Any] | None] = queue.Queue()
-        # generate and embed messages in arrival order; a generate one carries "_prepared"
-        # (tokens, prompt tail) once a prep thread has read its prompt
-        self.pending: deque[dict[str, Any]] = deque()
+        self.inbox: queue.Queue[protocol.Command | Prepared | Reply | None] = queue.Queue()
+        self.pending: deque[Queued] = deque()  # generate and embed commands in arrival order
         self.prep = ThreadPoolExecutor(PREP_THREADS, thread_name_prefix="prep")
         self.asking: dict[int, bool] = {}  # questions on the prep threads -> whether their asker left
         self.preparing = 0  # prompts being read on the prep threads
@@ -793,7 +824,7 @@ class Worker:
     def _read(self) -> None:
         while True:
             try:
-                msg = protocol.read_frame_blocking(self.cmd_fd)
+                msg = protocol.read_command_blocking(self.cmd_fd)
             except OSError:
                 msg = None
             self.inbox.put(msg)
@@ -827,90 +858,92 @@ class Worker:
     def done(self, rid: int, finish: str, stop: str | None, n_prompt: int, n_gen: int, n_cached: int) -> None:
         self.send(protocol.Done(rid, finish, stop, n_prompt, n_gen, n_cached))
 
-    def _take(self, msg: dict[str, Any] | None) -> None:
-        if msg is None or msg.get("op") == "exit":
-            self.flush()
-            os._exit(0)
-        op = msg["op"]
-        if op in ("generate", "embed"):
-            self.pending.append(msg)
-            if op == "generate":
-                if self._quick(msg["request"]):
-                    self._prepare(msg)  # its result is the next message this loop takes
+    def _take(self, msg: protocol.Command | Prepared | Reply | None) -> None:
+        match msg:
+            case None | protocol.Exit():
+                self.flush()
+                os._exit(0)
+            case protocol.Generate() | protocol.Embed():
+                job = Queued(msg)
+                self.pending.append(job)
+                if isinstance(msg, protocol.Generate):
+                    if self._quick(msg.request):
+                        self._prepare(job)  # its result is the next message this loop takes
+                    else:
+                        self.preparing += 1
+                        self.prep.submit(self._prepare, job)
+            case Prepared(job=job, result=result, threaded=threaded):
+                if threaded:
+                    self.preparing -= 1
+                if job.cancelled:
+                    pass  # dropped from pending by its cancel; nothing is sent for it
+                elif isinstance(result, protocol.Error):
+                    self.pending.remove(job)
+                    self.send(result)
                 else:
-                    self.preparing += 1
-                    self.prep.submit(self._prepare, msg)
-        elif op == "_prepared":
-            source = msg["msg"]
-            if msg.get("threaded"):
-                self.preparing -= 1
-            if source.get("_cancelled"):
-                pass  # dropped from pending by its cancel; nothing is sent for it
-            elif isinstance(msg["result"], protocol.Error):
-                self.pending.remove(source)
-                self.send(msg["result"])
-            else:
-                source["_prepared"] = msg["result"]
-        elif op == "_reply":
-            self.send(msg["event"])
-        elif op == "cancel":
-            rid = msg["id"]
-            if rid in self.asking:
-                self.asking[rid] = True  # not started yet: skipped; started: its answer is dropped
-            for m in self.pending:
-                if m["id"] == rid:
-                    m["_cancelled"] = True
-            self.pending = deque(m for m in self.pending if m["id"] != rid)
-            for seq in self.model.active() if self.model else ():
-                if seq.rid == rid:
-                    seq.cancelled = True
-        elif op == "threads" and self.model is not None:
-            self.model.set_threads(msg["n"])
-        elif op in ("tokenize", "detokenize", "apply_template") and self.model is not None:
-            self.asking[msg["id"]] = False
-            self.prep.submit(self._answer, msg)
+                    job.prepared = result
+            case Reply(event=event):
+                self.send(event)
+            case protocol.Cancel(id=rid):
+                if rid in self.asking:
+                    self.asking[rid] = True  # not started yet: skipped; started: its answer is dropped
+                for job in self.pending:
+                    if job.command.id == rid:
+                        job.cancelled = True
+                self.pending = deque(job for job in self.pending if job.command.id != rid)
+                for seq in self.model.active() if self.model else ():
+                    if seq.rid == rid:
+                        seq.cancelled = True
+            case protocol.Threads(n=n) if self.model is not None:
+                self.model.set_threads(n)
+            case protocol.Tokenize() | protocol.Detokenize() | protocol.ApplyTemplate() if self.model is not None:
+                self.asking[msg.id] = False
+                self.prep.submit(self._answer, msg)
 
-    def _answer(self, msg: dict[str, Any]) -> None:
+    def _answer(self, question: Question) -> None:
         """On a prep thread: a question's answer, unless its asker left before it began."""
-        if not self.asking.get(msg["id"]) and self.model is not None:
-            event = self.model.answer(msg)
-            if not self.asking.get(msg["id"]):
-                self.inbox.put({"op": "_reply", "event": event})
-        self.asking.pop(msg["id"], None)
+        if not self.asking.get(question.id) and self.model is not None:
+            event = self.model.answer(question)
+            if not self.asking.get(question.id):
+                self.inbox.put(Reply(event))
+        self.asking.pop(question.id, None)
 
-    def _quick(self, req: dict[str, Any]) -> bool:
+    def _quick(self, req: protocol.GenerationRequest) -> bool:
         """Whether to read this prompt in the loop itself: only a short one, and only while the
         model decodes nothing and no prompt is being read (the hand-off to a prep thread and back
         costs about a tenth of a millisecond, a short prompt less)."""
         if self.model is None or self.preparing or self.model.active():
             return False
-        if req.get("prompt_tokens") is not None:
+        if req.prompt_tokens is not None:
             return True
-        if req.get("messages") is not None:
-            size = sum(len(m.get("content") or "") for m in req["messages"] if isinstance(m, dict))
-            return size <= INLINE_PREP_CHARS and len(req["messages"]) <= 64
-        return len(req.get("prompt") or "") <= INLINE_PREP_CHARS
+        if req.messages is not None:
+            size = sum(len(m.get("content") or "") for m in req.messages if isinstance(m, dict))
+            return size <= INLINE_PREP_CHARS and len(req.messages) <= 64
+        return len(req.prompt or "") <= INLINE_PREP_CHARS
 
-    def _prepare(self, msg: dict[str, Any]) -> None:
+    def _prepare(self, job: Queued) -> None:
         """Read a generate request's prompt (on a prep thread, or in the loop for ``_quick``
         ones); the result goes to the inbox."""
         threaded = threading.current_thread() is not threading.main_thread()
-        if msg.get("_cancelled"):
+        if job.cancelled:
             if threaded:
-                self.inbox.put({"op": "_prepared", "msg": msg, "result": None, "threaded": True})
+                self.inbox.put(Prepared(job, None, True))
             return
+        command = job.command
+        assert isinstance(command, protocol.Generate)
+        result: tuple[list[int], str] | protocol.Error
         try:
-            assert self.model is not None  # generate messages are taken only once it is loaded
-            result: Any = self.model.prepare(msg["request"])
+            assert self.model is not None  # generate commands are taken only once it is loaded
+            result = self.model.prepare(command.request)
         except Refused as r:
-            result = r.event(msg["id"])
+            result = r.event(command.id)
         except Exception as e:  # a bug here must fail one request, not the worker
-            result = failure(msg["id"], e)
-        self.inbox.put({"op": "_prepared", "msg": msg, "result": result, "threaded": threaded})
+            result = failure(command.id, e)
+        self.inbox.put(Prepared(job, result, threaded))
 
     def _admissible(self) -> bool:
         """A waiting request could start now, or waits only for a slot to free."""
-        return any(m["op"] == "embed" or "_prepared" in m for m in self.pending)
+        return any(isinstance(job.command, protocol.Embed) or job.prepared is not None for job in self.pending)
 
     def _poll(self, block: bool) -> None:
         if block:
@@ -924,26 +957,27 @@ class Worker:
     def _admit(self, model: Model) -> None:
         """Start waiting requests in free slots, in arrival order; one whose prompt is still
         being read lets those behind it go first. An embedding request runs alone."""
-        for msg in list(self.pending):
-            rid = msg["id"]
-            if msg["op"] == "embed":
+        for job in list(self.pending):
+            command = job.command
+            if isinstance(command, protocol.Embed):
                 if model.active():
                     return
-                self.pending.remove(msg)
-                self._guard(rid, model.embed, rid, msg["inputs"], self)
+                self.pending.remove(job)
+                self._guard(command.id, model.embed, command.id, command.inputs, self)
                 continue
-            if "_prepared" not in msg:
+            if job.prepared is None:
                 continue
             if not model.free_slots():
                 return
-            self.pending.remove(msg)
-            self._guard(rid, self._start, model, rid, msg["request"], *msg["_prepared"])
+            self.pending.remove(job)
+            self._guard(command.id, self._start, model, command.id, command.request, *job.prepared)
 
-    def _start(self, model: Model, rid: int, req: dict[str, Any], tokens: list[int], prompt_tail: str) -> None:
+    def _start(self, model: Model, rid: int, req: protocol.GenerationRequest, tokens: list[int],
+               prompt_tail: str) -> None:
         seq = model.admit(rid, req, tokens, prompt_tail)
         echo = None
-        if req.get("echo"):
-            echo = req["prompt"] if req.get("prompt") is not None else model.detokenize(seq.tokens)
+        if req.echo:
+            echo = req.prompt if req.prompt is not None else model.detokenize(seq.tokens)
         self.send(protocol.Start(rid, len(seq.tokens), seq.common, seq.slot.id, seq.prompt_tail, echo))
 
     def _guard(self, rid: int, work, *args: Any) -> None:
@@ -957,10 +991,10 @@ class Worker:
 
     def run(self) -> None:
         first = self.inbox.get()
-        if first is None or first.get("op") != "load":
+        if not isinstance(first, protocol.Load):
             os._exit(0)
         try:
-            model = self.model = Model(protocol.LoadParams(**first["model"]))
+            model = self.model = Model(first.model)
         except Exception as e:  # report, then leave: a failed load has nothing to serve
             self.send(protocol.LoadFailed(str(e)))
             self.flush()
