@@ -6,8 +6,8 @@ import pytest
 
 from gateway.backend import CHAT, COMPLETIONS, EMBEDDINGS, TOKENIZE
 from gateway.engine.client import WorkerProcess
+from gateway.engine.model import _device
 from gateway.engine.protocol import LoadParams
-from gateway.engine.worker import _device
 
 
 def test_a_model_serves_text_or_vectors():

@@ -1,5 +1,7 @@
 """The engine: one worker process per loaded model, which owns llama.cpp.
 
-``worker.py`` runs in the child, ``client.py`` is the parent's async side, and
-``protocol.py`` defines the messages between them.
+``client.py`` is the parent's async side, ``protocol.py`` defines the commands and events
+between them, and ``worker.py`` is the child's main loop, whose work lives in the modules it
+lists (``model``, ``vocab``, ``prompts``, ``sampling``, ``slots``, ``decoding``, ...): only
+the worker process imports those, and only they import llama_cpp.
 """

@@ -1,0 +1,192 @@
+"""The decode loop's work: continuous batching over the context's sequence slots.
+
+``Decoder.admit`` gives a prepared request the free slot whose cache shares the longest prefix
+with its prompt; ``Decoder.step`` advances every active sequence by one ``llama_decode`` for the
+tokens they sampled last, then prompt chunks while the step's budget lasts; each sequence's next
+token is chosen (``sampling``), its text matched against the stops and queued (``outbox``), and
+a sequence that ends (a stop, its length, a cancel, its deadline) frees its slot with a done
+event. Only the worker's main loop calls this, between two polls of its inbox.
+"""
+
+from __future__ import annotations
+
+import time
+
+from . import protocol
+from .model import Model
+from .outbox import Outbox
+from .refusals import failure
+from .sampling import Sampling
+from .slots import Batch, Sequence, Slot, common_prefix, slot_score
+
+
+class Decoder:
+    def __init__(self, model: Model, sampling: Sampling, out: Outbox):
+        self.ll, self.ctx, self.mem = model.ll, model.ctx, model.mem
+        self.n_ctx, self.n_batch, self.n_swa = model.n_ctx, model.n_batch, model.n_swa
+        self.sampling, self.out = sampling, out
+        self.slots = [Slot(i) for i in range(model.n_slots)]
+        self.batch = Batch(model.ll, model.n_batch, model.n_slots)
+        self.last_step = 0.0  # seconds the last decode step took, sampling included
+        # bound once: called for every token
+        self._logits, self._sample = sampling.logits, sampling.sample
+        self._is_eog, self._piece = model.vocab.is_eog, model.vocab.piece
+
+    def admit(self, rid: int, req: protocol.GenerationRequest, tokens: list[int], prompt_tail: str) -> Sequence:
+        """Give a prepared request (``Prompts.prepare``) the free slot whose cache shares the
+        longest prefix with its prompt, and drop the rest of that slot's cache. Raises ``Refused``."""
+        n_prompt = len(tokens)
+        max_tokens = req.max_tokens
+        room = self.n_ctx - n_prompt
+        chain = self.sampling.chain(req)  # before "start": a grammar that does not parse is a plain 400
+        slot = max(self.free_slots(), key=lambda s: slot_score(s, tokens))
+        # At least one prompt token is decoded, for fresh logits.
+        common = min(common_prefix(slot.cached, tokens), n_prompt - 1)
+        if not self.ll.llama_memory_seq_rm(self.mem, slot.id, common, -1) or not self._holds_window(slot, common):
+            # recurrent and hybrid models cannot cut a sequence in the middle, and a sliding-window
+            # cache may have dropped positions the next token attends to: start it afresh
+            self.ll.llama_memory_seq_rm(self.mem, slot.id, -1, -1)
+            common = 0
+        del slot.cached[common:]
+        seq = slot.seq = Sequence(rid, req, tokens, slot, common, prompt_tail, chain,
+                                  max_tokens if max_tokens is not None else room)
+        return seq
+
+    def _holds_window(self, slot: Slot, common: int) -> bool:
+        """Whether the slot's cache still holds every position that a token at ``common`` attends
+        to. A sliding-window layer's cache (without ``swa_full``) overwrites positions that fell
+        out of the window of the sequence's newest token; cutting the sequence back to ``common``
+        moves the window back onto them. llama-server's test: the oldest position still held is at
+        most ``common - n_swa``."""
+        if not self.n_swa or common == 0:
+            return True
+        return self.ll.llama_memory_seq_pos_min(self.mem, slot.id) <= max(0, common - self.n_swa)
+
+    def free_slots(self) -> list[Slot]:
+        return [s for s in self.slots if s.seq is None]
+
+    def active(self) -> list[Sequence]:
+        return [s.seq for s in self.slots if s.seq is not None]
+
+    def forget_cache(self) -> None:
+        """The context's memory was cleared (an embedding pass): no slot holds cached tokens."""
+        for slot in self.slots:
+            slot.cached = []
+
+    def step(self) -> None:
+        """Advance every active sequence: one llama_decode for the token each generating sequence
+        sampled last, then prompt chunks of the prefilling ones (oldest first) while the step's
+        budget of ``n_batch`` tokens lasts, so a long prompt never stops the streams running.
+
+        Each prompt chunk is its own llama_decode of ``n_batch`` tokens from where the sequence
+        stands, exactly as when the request runs alone: llama.cpp splits a batch over several
+        sequences into micro-batches of equal counts per sequence, and a token's logits depend
+        (in the last bits) on the shape of the micro-batch it was read in. Decoded this way a
+        greedy answer does not change with the load (with the kernels of ``repack: false``)."""
+        now = time.time()
+        running = []
+        for seq in self.active():
+            if seq.cancelled:
+                self.finish(seq, "cancelled")
+            elif seq.deadline is not None and now >= seq.deadline:
+                self.finish(seq, "length")  # server.request_timeout
+            else:
+                running.append(seq)
+        if not running:
+            return
+        t0 = time.monotonic()
+        generating = [(seq, [seq.pending], True) for seq in running if seq.pending is not None]
+        prefilling = sorted((s for s in running if s.pending is None), key=lambda s: s.order)
+        if self.out.holding and prefilling:
+            self.out.flush()  # a prompt chunk makes this step long: held text goes out first
+        budget = self.n_batch
+        if generating:
+            # llama.cpp splits a batch over separate per-sequence caches into runs of consecutive
+            # sequence ids: ordered by slot, neighbours share one pass over the weights.
+            self._decode(sorted(generating, key=lambda c: c[0].slot.id))
+            budget -= len(generating)
+        for seq in prefilling:
+            if budget <= 0:  # never before the first: a prefilling slot leaves budget
+                break
+            part = seq.tokens[seq.next:seq.next + self.n_batch]
+            self._decode([(seq, part, seq.next + len(part) == len(seq.tokens))])
+            budget -= len(part)
+        self.last_step = time.monotonic() - t0
+
+    def _decode(self, chunks: list[tuple[Sequence, list[int], bool]]) -> None:
+        """One llama_decode of ``chunks`` (sequence, tokens, whether its last token's logits are
+        wanted), then the next token of each sequence whose logits came back."""
+        batch = self.batch
+        batch.clear()
+        row = 0
+        for seq, part, want in chunks:
+            seq.logit_index = batch.add(part, len(seq.slot.cached), seq.slot.id, want)
+            seq.logit_row, row = row, row + want  # outputs are stored in batch order
+        rc = self.ll.llama_decode(self.ctx, batch.struct)
+        self.sampling.logits_base = None  # the decode may have moved llama.cpp's logits
+        if rc != 0:
+            for seq, _, _ in chunks:
+                self.ll.llama_memory_seq_rm(self.mem, seq.slot.id, -1, -1)
+                seq.slot.cached = []
+                self.drop(seq)
+                self.out.send(protocol.Error(seq.rid, 500, f"llama_decode failed with status {rc}", None,
+                                             "decode_failed"))
+            return
+        for seq, part, want in chunks:
+            seq.slot.cached.extend(part)
+            if seq.pending is None:
+                seq.next += len(part)
+            if want:
+                try:
+                    self._next_token(seq)
+                except Exception as e:  # a bug here must fail one request, not the others
+                    seq.slot.cached = []
+                    self.ll.llama_memory_seq_rm(self.mem, seq.slot.id, -1, -1)
+                    self.drop(seq)
+                    self.out.send(failure(seq.rid, e))
+
+    def _next_token(self, seq: Sequence) -> None:
+        if seq.chain is not None:
+            tok = self._sample(seq.chain, seq.logit_row)
+            if tok is None:
+                return self.finish(seq, "stop")
+        else:
+            logits = self._logits(seq.logit_row)
+            tok = int(logits.argmax())  # the first of equal maxima, as llama.cpp's greedy sampler
+            if seq.req.ignore_eos and self._is_eog(tok):
+                tok = self.sampling.argmax_without_eog(logits)
+        if self._is_eog(tok):
+            return self.finish(seq, "stop")
+        seq.n_gen += 1
+        if seq.top_n is not None:
+            seq.probs.append(self.sampling.logprobs(tok, seq.top_n, seq.logit_row))
+        text, matched = seq.stops.feed(seq.utf8.feed(self._piece(tok)))
+        if text:
+            seq.send_text(text, self.out)
+        if matched is not None:
+            seq.matched = matched
+            return self.finish(seq, "stop")
+        if seq.n_gen >= seq.limit or (seq.deadline is not None and time.time() >= seq.deadline):
+            return self.finish(seq, "length")  # max_tokens, the context, or server.request_timeout
+        seq.pending = tok
+
+    def finish(self, seq: Sequence, finish: str) -> None:
+        """End a sequence: the rest of its text (what the stop matcher and the UTF-8 decoder held
+        back, unless a stop matched or it was cancelled), then its done event."""
+        if seq.matched is None and finish != "cancelled":
+            tail, matched = seq.stops.feed(seq.utf8.flush())
+            tail += seq.stops.flush()
+            if tail:
+                self.out.send(seq.text_event(tail))  # with the done event that follows
+            if matched is not None:
+                seq.matched, finish = matched, "stop"
+        self.drop(seq)
+        self.out.send(protocol.Done(seq.rid, finish, seq.matched, len(seq.tokens), seq.n_gen, seq.common))
+
+    def drop(self, seq: Sequence) -> None:
+        """Free the sequence's slot; its cache stays for the next request to reuse."""
+        if seq.slot.seq is seq:
+            seq.slot.seq = None
+            seq.slot.last_used = time.monotonic()
+            if seq.chain is not None:
+                self.sampling.free(seq.chain)

@@ -1,0 +1,127 @@
+"""A loaded model: llama.cpp's weights and one context for them, made from ``LoadParams``.
+
+The context holds one cache stream per sequence slot (``parallel`` of them) of ``n_ctx`` cells
+each, so that every request may use the whole context. This module knows how the model was
+loaded (sizes, threads, device, chat template) and reports it (``info``, the ready event);
+reading prompts, sampling and decoding are other modules' jobs (``prompts``, ``sampling``,
+``decoding``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from typing import Any
+
+from .. import chat_template
+from ..reasoning import MARKER_TOKENS
+from . import protocol
+from .vocab import Vocab
+
+DEFAULT_N_CTX = 4096
+MAX_SLOTS = 64
+
+_LOG_CALLBACKS: list[Any] = []
+
+
+def _device(ll) -> str:
+    """The accelerator llama.cpp was built for, from its system info ("CPU : ... | CUDA : ARCHS =
+    ..." lists one backend per "NAME : ..." part): cuda, metal, vulkan, ...; cpu if none."""
+    info = ll.llama_print_system_info().decode("utf-8", "replace")
+    names = [part.split(" : ", 1)[0].strip().lower() for part in info.split("|") if " : " in part]
+    return next((n for n in names if n and n != "cpu"), "cpu")
+
+
+def _silence_llama_logs(llama_cpp) -> None:
+    """Keep llama.cpp's per-load chatter out of the gateway log; errors still reach stderr."""
+
+    ggml_log_level_error = 4  # enum ggml_log_level: NONE, DEBUG, INFO, WARN, ERROR, CONT
+
+    @llama_cpp.llama_log_callback
+    def log(level, text, _user_data):
+        if level == ggml_log_level_error:
+            sys.stderr.write(text.decode("utf-8", "replace"))
+
+    _LOG_CALLBACKS.append(log)  # the callback must outlive this function
+    llama_cpp.llama_log_set(log, ctypes.c_void_p(0))
+
+
+class Model:
+    def __init__(self, params: protocol.LoadParams):
+        import llama_cpp
+
+        self.ll = ll = llama_cpp
+        self.params = params
+        _silence_llama_logs(ll)
+        ll.llama_backend_init()
+        mp = ll.llama_model_default_params()
+        mp.n_gpu_layers = 999 if params.n_gpu_layers < 0 else params.n_gpu_layers
+        mp.use_mmap = params.use_mmap
+        # Off by default: with repacked weights a matrix kernel takes rows in groups, so a token's
+        # logits change with the batch it shares (a greedy answer then depends on the load).
+        mp.use_extra_bufts = params.repack
+        self.handle = ll.llama_model_load_from_file(params.path.encode(), mp)
+        if not self.handle:
+            raise RuntimeError(f"llama.cpp could not load {params.path} (unsupported or damaged file, "
+                               "or not enough memory)")
+        self.vocab = Vocab(ll, self.handle)
+        n_ctx_train = ll.llama_model_n_ctx_train(self.handle)
+        cp = ll.llama_context_default_params()
+        n_ctx = params.n_ctx or min(n_ctx_train or DEFAULT_N_CTX, DEFAULT_N_CTX)
+        # One cache stream of n_ctx cells per slot (llama-server's --parallel without --kv-unified):
+        # every request may use the whole context, and a batch attends only to its own cells.
+        self.n_slots = n_slots = 1 if params.embeddings else max(1, min(params.parallel, MAX_SLOTS))
+        cp.n_seq_max = n_slots
+        cp.kv_unified = False
+        cp.n_ctx = n_ctx * n_slots
+        cp.n_batch = cp.n_ubatch = max(min(params.n_batch, n_ctx), n_slots)
+        threads = params.n_threads or protocol.default_threads()
+        cp.n_threads = cp.n_threads_batch = threads
+        cp.flash_attn_type = {None: ll.LLAMA_FLASH_ATTN_TYPE_AUTO, True: ll.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+                              False: ll.LLAMA_FLASH_ATTN_TYPE_DISABLED}[params.flash_attn]
+        cp.no_perf = True
+        # By default every position of a sliding-window layer is kept (llama.cpp's C default);
+        # llama-server's default keeps the window and a batch: far less memory, but a prompt that
+        # leaves the cached one early must be read again (``Decoder._holds_window``), and the
+        # cache's cells wrap, so sums run in another order than a cold read's.
+        cp.swa_full = params.swa_full
+        if params.embeddings:
+            # a pooled embedding needs its whole input in one micro-batch
+            cp.embeddings = True
+            cp.n_batch = cp.n_ubatch = cp.n_ctx
+        self.ctx = ll.llama_init_from_model(self.handle, cp)
+        if self.ctx and params.embeddings and ll.llama_pooling_type(self.ctx) == ll.LLAMA_POOLING_TYPE_NONE:
+            ll.llama_free(self.ctx)  # a decoder with no pooling of its own: average its token states
+            cp.pooling_type = ll.LLAMA_POOLING_TYPE_MEAN
+            self.ctx = ll.llama_init_from_model(self.handle, cp)
+        if not self.ctx:
+            raise RuntimeError(f"llama.cpp could not create a context of {cp.n_ctx} tokens for {params.path} "
+                               "(not enough memory?)")
+        self.n_embd = ll.llama_model_n_embd(self.handle)
+        self.n_swa = 0 if params.swa_full else ll.llama_model_n_swa(self.handle)
+        self.mem = ll.llama_get_memory(self.ctx)
+        self.n_ctx = ll.llama_n_ctx_seq(self.ctx)  # per slot
+        self.n_batch = cp.n_batch
+        tmpl = ll.llama_model_chat_template(self.handle, None)
+        self.model_template = tmpl.decode("utf-8", "replace") if tmpl else None
+        self.template = params.chat_template or self.model_template or chat_template.CHATML
+        self.threads = threads
+        self.gpu_offload = bool(ll.llama_supports_gpu_offload()) and params.n_gpu_layers != 0
+        self.device = _device(ll) if self.gpu_offload else "cpu"
+
+    def set_threads(self, n: int) -> None:
+        """Use ``n`` CPU threads from the next decode on (never more than configured)."""
+        n = max(1, min(n, self.threads))
+        self.ll.llama_set_n_threads(self.ctx, n, n)
+
+    def info(self) -> dict[str, Any]:
+        """What the ready event reports of the model."""
+        return {
+            "n_ctx": self.n_ctx, "n_vocab": self.vocab.n_vocab, "n_threads": self.threads, "parallel": self.n_slots,
+            "n_ctx_train": self.ll.llama_model_n_ctx_train(self.handle),
+            "chat_template": self.template, "has_model_template": self.model_template is not None,
+            "gpu_offload": self.gpu_offload, "device": self.device, "pid": os.getpid(),
+            "special_tokens": [m for m in MARKER_TOKENS if self.vocab.single_token(m)],
+            "n_embd": self.n_embd, "embeddings": self.params.embeddings,
+        }

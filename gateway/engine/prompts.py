@@ -1,0 +1,126 @@
+"""Reading prompts: a request's messages through the model's chat template, a text refused
+before tokenizing when it cannot fit, the tokens, and the checks a generation needs before it
+takes a slot (``prepare``); also the answers to tokenize, detokenize and apply_template.
+
+Everything here is thread-safe and runs on the worker's prep threads (or in its loop for a
+short prompt while nothing decodes): reading a long prompt never stalls the decoding of others.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from .. import chat_template
+from . import protocol
+from .model import Model
+from .refusals import Refused, failure
+from .sampling import structured_grammar
+
+PROMPT_TAIL = 256  # characters of a prompt's text kept for the start event
+
+Question = protocol.Tokenize | protocol.Detokenize | protocol.ApplyTemplate  # answered without decoding
+Source = protocol.GenerationRequest | protocol.PromptRequest  # what a prompt is read from
+
+
+class PromptTokens(NamedTuple):
+    tokens: list[int]
+    tail: str  # the end of the prompt's text, where a chat template may have opened a thinking block
+
+
+class Prompts:
+    def __init__(self, model: Model):
+        self.model, self.vocab = model, model.vocab
+        self.n_ctx = model.n_ctx  # a slot's context
+
+    def tokens(self, req: Source, add_special: bool = True, param: str | None = None) -> PromptTokens:
+        """The prompt as tokens, and the end of its text. A text that cannot fit is refused
+        untokenized; ``param`` names the field in the refusal."""
+        param = param or ("messages" if req.messages is not None else "prompt")
+        if req.prompt_tokens is not None:
+            return PromptTokens(self.vocab.known_ids(req.prompt_tokens, param), "")
+        text = self.render(req) if req.messages is not None else req.prompt or ""
+        self.check_fits(text, param)
+        return PromptTokens(self.vocab.tokenize(text, add_special=add_special), text[-PROMPT_TAIL:])
+
+    def check_fits(self, text: str, param: str) -> None:
+        """Refuse, before tokenizing it, a text that cannot fit in a slot's context (tokenizing
+        costs time that grows faster than the text on some vocabularies)."""
+        size = len(text.encode("utf-8", "replace"))
+        if size <= self.n_ctx:  # fits whatever the vocabulary (no scan for it)
+            return
+        longest = self.vocab.longest_piece()
+        if size > self.n_ctx * longest:
+            least = -(-size // longest)
+            raise Refused(400, f"This model's maximum context length is {self.n_ctx} tokens. However, the "
+                               f"{param} is {size} bytes long, at least {least} tokens (no token of this model "
+                               f"stands for more than {longest} bytes). Please reduce the {param}.",
+                          param, "context_length_exceeded")
+
+    def prepare(self, req: protocol.GenerationRequest) -> PromptTokens:
+        """What admission needs, worked out off the decode loop (in a prep thread): the grammar
+        of a ``response_format``, and the prompt's tokens and text tail, checked against the
+        context. Raises ``Refused``."""
+        if req.response_format:
+            req.grammar = structured_grammar(req.response_format, req.json_schema)
+        prompt = self.tokens(req)
+        n_prompt = len(prompt.tokens)
+        if n_prompt == 0:
+            raise Refused(400, "the prompt is empty", "prompt")
+        max_tokens = req.max_tokens
+        room = self.n_ctx - n_prompt
+        if room < 1 or (max_tokens is not None and max_tokens > room):
+            want = n_prompt + (max_tokens or 0)
+            raise Refused(
+                400,
+                f"This model's maximum context length is {self.n_ctx} tokens. However, you requested "
+                f"{want} tokens ({n_prompt} in the prompt, {max_tokens or 0} for the completion). "
+                "Please reduce the prompt or max_tokens.",
+                "messages" if req.messages is not None else "prompt", "context_length_exceeded")
+        return prompt
+
+    def render(self, req: Source) -> str:
+        """The request's messages through the model's chat template, as the prompt's text. A
+        template that fails only with the caller's ``chat_template_kwargs`` is the caller's
+        mistake (400); one that fails without them is the model's (500)."""
+        extra = req.chat_template_kwargs or {}
+        vocab = self.vocab
+
+        def run(variables: dict[str, Any]) -> str:
+            return chat_template.render(
+                self.model.template, req.messages or [],
+                bos_token=vocab.piece(vocab.bos).decode("utf-8", "replace") if vocab.bos >= 0 else "",
+                eos_token=vocab.piece(vocab.eos).decode("utf-8", "replace") if vocab.eos >= 0 else "",
+                extra=variables)
+
+        try:
+            return run(extra)
+        except chat_template.TemplateInputError as e:
+            raise Refused(400, f"the model's chat template refused these messages: {e}", "messages") from None
+        except chat_template.TemplateBroken as e:
+            if extra:
+                try:
+                    run({})
+                except (chat_template.TemplateInputError, chat_template.TemplateBroken):
+                    pass
+                else:
+                    raise Refused(400, f"the model's chat template failed with these chat_template_kwargs: {e}",
+                                  "chat_template_kwargs") from None
+            raise Refused(500, f"model {self.model.params.name!r}: {e}", None, "chat_template_error") from None
+
+    def answer(self, question: Question) -> protocol.Event:
+        """A question that needs no decoding: tokenize, detokenize or apply a chat template."""
+        rid = question.id
+        try:
+            match question:
+                case protocol.ApplyTemplate(request=req):
+                    return protocol.Prompt(rid, self.render(req))
+                case protocol.Tokenize(request=req, with_pieces=with_pieces):
+                    tokens = self.tokens(req, req.add_special, req.param).tokens
+                    pieces = [self.vocab.piece(t).decode("utf-8", "replace") for t in tokens] if with_pieces else None
+                    return protocol.Tokens(rid, tokens, pieces)
+                case protocol.Detokenize(tokens=tokens):
+                    return protocol.Detokenized(rid, self.vocab.detokenize(self.vocab.known_ids(tokens, "tokens")))
+        except Refused as r:
+            return r.event(rid)
+        except Exception as e:  # a bug here must fail one question, not leave it unanswered
+            return failure(rid, e)
