@@ -12,9 +12,10 @@ import time
 import aiohttp
 import pytest
 from openapi import validate
+from workerevents import record_done
 
 from gateway import testmodels as tm
-from gateway.app import REGISTRY, create_app
+from gateway.app import create_app
 from gateway.config import load_config
 
 SCRIPTS = [tm.Script(["The", " first", " answer", "."], trigger="\n"),
@@ -61,7 +62,8 @@ def chat(max_tokens: int, stream: bool = True, content: str = "hi") -> dict:
 
 
 @pytest.mark.parametrize("parallel", [2, 1])
-async def test_two_streams_on_one_model_progress_together(client, parallel):
+async def test_two_streams_on_one_model_progress_together(client, parallel, monkeypatch):
+    finished = record_done(monkeypatch)
     c = await client(loop=f"    parallel: {parallel}\n")
     long = await c.post("/v1/chat/completions", json=chat(4000))
     for _ in range(4):  # the long answer is under way
@@ -69,13 +71,12 @@ async def test_two_streams_on_one_model_progress_together(client, parallel):
     short = await c.post("/v1/chat/completions", json=chat(20))
     assert len(await stream_times(short)) == 20
     long.close()  # the long answer is cancelled (if it has not finished yet)
-    worker = c.app[REGISTRY].loaded()["loop"]
     for _ in range(500):
-        if len(worker.finished) == 2:
+        if len(finished) == 2:
             break
         await asyncio.sleep(0.01)
-    # the worker's own record, in the order the answers ended
-    (first, second) = [(d.completion_tokens, d.finish_reason) for d in worker.finished]
+    # the worker's own done events, in the order the answers ended
+    (first, second) = [(d.completion_tokens, d.finish_reason) for d in finished]
     if parallel == 2:
         # each decode step advanced both: the short answer ended first, and the long one had
         # gone on meanwhile (by at least the short one's 20 tokens)

@@ -53,9 +53,6 @@ class WorkerProcess:
         self._on_exit = on_exit
         self._ids = itertools.count(1)
         self._queues: dict[int, _Inbox] = {}
-        # the last hundred finished requests, cancelled ones included (what operators and tests
-        # can read of requests whose clients have gone)
-        self.finished: list[protocol.Done] = []
         self._ready: asyncio.Future[dict[str, Any]] | None = None
         self._transport: asyncio.WriteTransport | None = None
         self._reader_task: asyncio.Task | None = None
@@ -130,12 +127,8 @@ class WorkerProcess:
         elif isinstance(event, protocol.LoadFailed):
             if self._ready and not self._ready.done():
                 self._ready.set_exception(LoadFailed(event.error))
-        else:
-            if isinstance(event, protocol.Done):
-                self.finished.append(event)
-                del self.finished[:-100]
-            if (q := self._queues.get(event.id)) is not None:
-                q.put_nowait(event)
+        elif (q := self._queues.get(event.id)) is not None:
+            q.put_nowait(event)  # (the events of a request already released are dropped)
 
     async def _wait_exit(self, closed: asyncio.Future) -> None:
         await closed  # the worker's end of the event pipe closed: it exited or is exiting
