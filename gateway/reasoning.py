@@ -15,13 +15,22 @@ Formats, as small state machines (state -> marker -> next state):
   message bodies go by channel (``analysis`` is thinking, others content).
 The starting state comes from the end of the prompt: feeding the prompt's tail first means a
 chat template that opens ``<think>`` (or a channel) in the prompt starts the answer inside it.
+
+Tool calls in harmony (``calls=True``, what ``toolcalls.ToolCallParser`` asks for): a message
+whose header, role part (``<|start|>assistant to=functions.f``) or channel part
+(``<|channel|>commentary to=functions.f <|constrain|>json``), names a recipient other than
+``assistant`` is a call: the splitter yields ``("recipient", "functions.f")`` when its body
+begins, then its body as ``("call", text)`` segments, whatever its channel. The call ends with
+the next segment of another kind (or the next recipient), or at the end of the answer. Without
+``calls`` such a body goes by its channel, as before.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
-THINKING, CONTENT = "thinking", "content"
+THINKING, CONTENT, CALL, RECIPIENT = "thinking", "content", "call", "recipient"
 COLLECT, IDLE = "collect", "idle"  # internal states: gather a header; drop text between messages
 THOUGHT_CHANNELS = frozenset({"thought", "analysis", "thinking", "reasoning"})
 FORMATS = ("think", "channel", "harmony")
@@ -42,14 +51,38 @@ def _channel_named(s: ReasoningSplitter) -> str:
     return THINKING if name in THOUGHT_CHANNELS else CONTENT
 
 
+_RECIPIENT = re.compile(r"\bto=([^\s<]+)")
+
+
 def _harmony_body(s: ReasoningSplitter) -> str:
-    words, s.header = s.header.split(), ""
+    words = s.header.split()
+    to = _RECIPIENT.findall(f"{s.role} {s.header}")
+    s.header = s.role = ""
+    if s.calls and to and to[-1] != "assistant":
+        s.recipient = to[-1]
+        return CALL
     return THINKING if words and words[0].lower() == "analysis" else CONTENT
 
 
+def _harmony_start(s: ReasoningSplitter) -> str:
+    s.header = s.role = ""
+    return COLLECT
+
+
+def _harmony_channel(s: ReasoningSplitter) -> str:
+    """The role part of the header (``assistant to=functions.f``) is kept for the recipient."""
+    s.role, s.header = f"{s.role} {s.header}", ""
+    return COLLECT
+
+
+def _harmony_end(s: ReasoningSplitter) -> str:
+    s.role = ""
+    return IDLE
+
+
 _HARMONY_ANYWHERE: dict[str, Transition] = {
-    "<|channel|>": _to(COLLECT, reset=True), "<|start|>": _to(COLLECT, reset=True),
-    "<|message|>": _harmony_body, "<|end|>": _to(IDLE), "<|return|>": _to(IDLE), "<|call|>": _to(IDLE),
+    "<|channel|>": _harmony_channel, "<|start|>": _harmony_start, "<|message|>": _harmony_body,
+    "<|end|>": _harmony_end, "<|return|>": _harmony_end, "<|call|>": _harmony_end,
 }
 
 RULES: dict[str, dict[str, dict[str, Transition]]] = {
@@ -63,17 +96,20 @@ RULES: dict[str, dict[str, dict[str, Transition]]] = {
         THINKING: {"<|channel>": _to(COLLECT, reset=True), "<channel|>": _to(CONTENT)},
         COLLECT: {"\n": _channel_named, "<channel|>": _to(CONTENT, reset=True), "<|channel>": _to(COLLECT, reset=True)},
     },
-    "harmony": {state: _HARMONY_ANYWHERE for state in (CONTENT, THINKING, COLLECT, IDLE)},
+    "harmony": {state: _HARMONY_ANYWHERE for state in (CONTENT, THINKING, COLLECT, IDLE, CALL)},
 }
 
 
 class ReasoningSplitter:
-    def __init__(self, fmt: str, prompt_tail: str = ""):
+    def __init__(self, fmt: str, prompt_tail: str = "", calls: bool = False):
         if fmt not in RULES:
             raise ValueError(f"unknown reasoning format {fmt!r}")
         self.rules = RULES[fmt]
+        self.calls = calls
         self.state = CONTENT
         self.header = ""
+        self.role = ""  # harmony: the header's part before <|channel|>
+        self.recipient = ""
         self._held = ""
         self._ws = ""  # trailing whitespace of thinking text, sent only if more thinking follows
         self._started: set[str] = set()
@@ -93,6 +129,12 @@ class ReasoningSplitter:
             return
         if self.state == COLLECT:
             self.header += text
+            return
+        if self.state == CALL:  # a call's body goes as written
+            if out and out[-1][0] == CALL:
+                out[-1] = (CALL, out[-1][1] + text)
+            else:
+                out.append((CALL, text))
             return
         if self.state not in (THINKING, CONTENT):
             return
@@ -130,6 +172,8 @@ class ReasoningSplitter:
             self.state = markers[marker](self)
             if self.state != THINKING:
                 self._ws = ""
+            if self.state == CALL:
+                out.append((RECIPIENT, self.recipient))
         keep = 0
         for marker in self.rules.get(self.state, {}):  # a tail that may still become a marker
             for k in range(min(len(marker) - 1, len(buf)), keep, -1):

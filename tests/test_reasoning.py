@@ -81,6 +81,31 @@ def test_a_template_that_opens_think_in_the_prompt_starts_inside_it():
     assert split("harmony", ["<|channel|>final<|message|>Hi"], tail="<|start|>assistant") == ("", "Hi")
 
 
+@pytest.mark.parametrize("tail, text, before", [
+    ("<|start|>assistant", "<|channel|>analysis<|message|>a<|end|><|start|>assistant to=functions.f<|channel|>commentary "
+                           "json<|message|>{}<|call|><|start|>assistant<|channel|>commentary to=assistant<|message|>b",
+     ("a", "{}b")),
+    ("<|start|>assistant", "<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>commentary to=functions.f "
+                           "<|constrain|>json<|message|>{}<|call|><|start|>assistant<|channel|>final<|message|>b",
+     ("a", "{}b")),
+    ("", "<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>analysis to=functions.f<|message|>{}"
+         "<|call|><|start|>assistant<|channel|>final<|message|>b", ("a{}", "b")),
+])
+def test_harmony_calls_name_their_recipient(tail, text, before):
+    want = [("thinking", "a"), ("recipient", "functions.f"), ("call", "{}"), ("content", "b")]
+    for pieces in ([text], list(text)):
+        s = ReasoningSplitter("harmony", tail, calls=True)
+        out = [seg for p in pieces for seg in s.feed(p)] + s.flush()
+        merged = []
+        for kind, t in out:
+            if merged and merged[-1][0] == kind and kind != "recipient":
+                merged[-1] = (kind, merged[-1][1] + t)
+            else:
+                merged.append((kind, t))
+        assert merged == want
+    assert split("harmony", [text], tail) == before  # without calls=True: the body goes by its channel, as before
+
+
 def test_detect_from_template_and_vocabulary():
     assert detect(None, ["<|channel|>", "<|message|>"]) == "harmony"
     assert detect("... <|channel>thought ...", []) == "channel"
