@@ -430,6 +430,8 @@ _OPENERS = {
     "llama3": (PYTHON_TAG,), "mistral": (TOOL_CALLS,), "deepseek": (*DS_CALLS_BEGIN_VARIANTS, DS_CALL_BEGIN),
     "harmony": (),
 }
+# where the rest of a malformed Qwen3-Coder function ends (True: the marker is part of it)
+_FUNCTION_ENDS = ((FUNCTION_END, True), (TOOL_CALL_END, False), (TOOL_CALL, False))
 _STRAYS = {  # closing or inner markers met outside a call: dropped
     "hermes": (TOOL_CALL_END,), "plain": (TOOL_CALL_END,), "qwen3_coder": (TOOL_CALL_END,),
     "llama3": (EOM, EOT), "mistral": (ARGS, CALL_ID), "deepseek": (DS_CALLS_END, DS_CALL_END, DS_SEP),
@@ -476,6 +478,12 @@ class ToolCallParser:
             D_BLOCK: self._s_d_block, D_HEAD: self._s_d_head, D_SEP: self._s_d_sep, D_NAME: self._s_d_name,
             D_FENCE: self._s_d_fence, D_TAIL: self._s_d_tail,
         }
+
+    @property
+    def _current(self) -> _Call:
+        """The call being read: the states that read one are entered only with one open."""
+        assert self._call is not None
+        return self._call
 
     # --- public ----------------------------------------------------------------------------
 
@@ -760,8 +768,7 @@ class ToolCallParser:
     def _scan(self, stop: int, emit: bool, final: bool) -> tuple[str, int]:
         """Consume the call's JSON until its depth comes back to ``stop`` (``_DONE``), a closer
         marker outside strings (``_CUT``), or the end of ``_buf`` (``_MORE``); and how much."""
-        call = self._call
-        assert call is not None
+        call = self._current
         buf, closers = self._buf, self._closers
         heads = {m[0] for m in closers}
         out: list[str] = []
@@ -789,8 +796,7 @@ class ToolCallParser:
         return status, i
 
     def _s_obj(self, final: bool) -> bool:
-        call = self._call
-        assert call is not None
+        call = self._current
         if call.phase == HEAD:
             r = _match_head(self._buf, self._arg_keys)
             if r == _MORE and not final and len(self._buf) < _HEAD_LIMIT:
@@ -891,8 +897,7 @@ class ToolCallParser:
         self._state = ARGS_ONLY
 
     def _s_args_only(self, final: bool) -> bool:
-        call = self._call
-        assert call is not None
+        call = self._current
         if not call.phase:
             if self._skip_ws():
                 return True
@@ -930,8 +935,7 @@ class ToolCallParser:
 
     # qwen3_coder: <function=NAME> <parameter=P>VALUE</parameter> </function>
     def _s_q_name(self, final: bool) -> bool:
-        call = self._call
-        assert call is not None
+        call = self._current
         r = self._read_name((">",), final, bad="\n<{}\"")
         if r == _MORE:
             return False
@@ -945,7 +949,7 @@ class ToolCallParser:
                     self._content(call.raw)
                 self._state = TEXT
                 return True
-            self._junk(((FUNCTION_END, True), (TOOL_CALL_END, False), (TOOL_CALL, False)), "a malformed function name")
+            self._junk(_FUNCTION_ENDS, "a malformed function name")
             self._after = BLOCK
             return True
         assert isinstance(r, tuple)
@@ -957,8 +961,7 @@ class ToolCallParser:
         return True
 
     def _end_function(self) -> None:
-        call = self._call
-        assert call is not None
+        call = self._current
         self._args(call, "}" if call.params else "{}")
         bare = call.bare
         self._end_call()
@@ -979,13 +982,12 @@ class ToolCallParser:
         return True
 
     def _s_q_pname(self, final: bool) -> bool:
-        call = self._call
-        assert call is not None
+        call = self._current
         r = self._read_name((">",), final, bad="\n<")
         if r == _MORE:
             return False
         if r == "bad":
-            self._junk(((FUNCTION_END, True), (TOOL_CALL_END, False), (TOOL_CALL, False)), "a malformed parameter")
+            self._junk(_FUNCTION_ENDS, "a malformed parameter")
             self._after = TEXT if call.bare else BLOCK
             return True
         assert isinstance(r, tuple)
@@ -1001,8 +1003,7 @@ class ToolCallParser:
         return True
 
     def _s_q_value(self, final: bool) -> bool:
-        call = self._call
-        assert call is not None
+        call = self._current
         if not call.value_begun:
             call.value_begun = True
             if self._buf.startswith("\n"):
@@ -1079,8 +1080,7 @@ class ToolCallParser:
         return True
 
     def _s_m_name(self, final: bool) -> bool:
-        call = self._call
-        assert call is not None
+        call = self._current
         r = self._read_name((ARGS, CALL_ID), final, bad="\n{}[]\"<>")
         if r == _MORE:
             return False
@@ -1180,8 +1180,7 @@ class ToolCallParser:
         return True
 
     def _s_d_sep(self, final: bool) -> bool:
-        call = self._call
-        assert call is not None
+        call = self._current
         if self._buf.lstrip(_WS).startswith("{"):  # V3.1: NAME<｜tool▁sep｜>{...}
             self._name(call, call.value.strip())
             self._args_only((DS_CALL_END, DS_CALLS_END, DS_CALL_BEGIN), after=D_BLOCK, end_at_json=False)
@@ -1192,8 +1191,7 @@ class ToolCallParser:
         return True
 
     def _s_d_name(self, final: bool) -> bool:
-        call = self._call
-        assert call is not None
+        call = self._current
         r = self._read_name(("\n", "`", "{"), final, bad="<>\"")
         if r == _MORE:
             return False
