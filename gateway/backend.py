@@ -92,8 +92,9 @@ class Backend(Protocol):
 
 
 class BackendFactory(Protocol):
-    """Starts the backend for a model. ``on_exit(expected)``: the backend went away (expected:
-    asked to stop); ``on_busy()``: it went from idle to busy or back."""
+    """Starts the backend for a model; raises ``StartFailed``. ``on_exit(backend, expected)``:
+    the backend went away (expected: asked to stop); ``on_busy()``: it went from idle to busy
+    or back."""
 
     async def __call__(self, spec: ModelSpec, server: ServerConfig, *, on_exit: Callable[[Backend, bool], None],
                        on_busy: Callable[[], None]) -> Backend: ...

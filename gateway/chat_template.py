@@ -60,11 +60,11 @@ def compile_template(source: str) -> jinja2.Template:
         raise TemplateBroken(f"chat template does not compile: {e}") from None
 
 
-_PROBE_ARGS = {"probe_arg": "probe-value"}
-_PROBE: list[dict[str, Any]] = [
+_PROBE: list[dict[str, Any]] = [  # one call, its arguments an object
     {"role": "user", "content": "probe"},
     {"role": "assistant", "content": "", "tool_calls": [
-        {"id": "call_probe", "type": "function", "function": {"name": "probe_tool", "arguments": _PROBE_ARGS}}]},
+        {"id": "call_probe", "type": "function",
+         "function": {"name": "probe_tool", "arguments": {"probe_arg": "probe-value"}}}]},
     {"role": "tool", "tool_call_id": "call_probe", "name": "probe_tool", "content": "ok"},
 ]
 
@@ -72,19 +72,17 @@ _PROBE: list[dict[str, Any]] = [
 @functools.lru_cache(maxsize=16)
 def arguments_as_string(source: str) -> bool:
     """Whether a template reads a call's ``arguments`` as a JSON string rather than an object.
-    Most (Qwen, Llama, Mistral, Hermes) write the object with ``tojson``; some (DeepSeek) add
-    it to a string, which fails for an object, and some print it, which would show Python's
+    Most (Qwen, Llama, Mistral, Hermes) write the object with ``tojson``; some add it to a
+    string, which fails for an object, and some print it, which would show Python's
     ``{'k': 'v'}``. Found once per template by rendering a probe call both ways, as llama.cpp's
     minja does."""
-    def shows_json(arguments: Any) -> bool:
-        calls = [{**_PROBE[1], "tool_calls": [{**_PROBE[1]["tool_calls"][0],
-                                                "function": {"name": "probe_tool", "arguments": arguments}}]}]
+    def shows_json(messages: list[dict[str, Any]]) -> bool:
         try:
-            out = _render(source, [_PROBE[0], *calls, _PROBE[2]], {})
+            out = _render(source, messages, {})
         except (TemplateInputError, TemplateBroken):
             return False
         return "probe-value" in out and "'probe_arg'" not in out
-    return not shows_json(_PROBE_ARGS) and shows_json(json.dumps(_PROBE_ARGS))
+    return not shows_json(_PROBE) and shows_json(_with_string_arguments(_PROBE))
 
 
 def _with_string_arguments(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -112,13 +110,12 @@ def render(
     them as strings gets strings."""
     if any(m.get("tool_calls") for m in messages) and arguments_as_string(source):
         messages = _with_string_arguments(messages)
-    variables = dict(extra or {})
-    variables.update(messages=messages, bos_token=bos_token, eos_token=eos_token,
-                     add_generation_prompt=add_generation_prompt, tools=tools or None)
-    return _render(source, messages, variables)
+    return _render(source, messages, {**(extra or {}), "bos_token": bos_token, "eos_token": eos_token,
+                                       "add_generation_prompt": add_generation_prompt, "tools": tools or None})
 
 
 def _render(source: str, messages: list[dict[str, Any]], variables: dict[str, Any]) -> str:
+    """``variables`` and ``messages`` through the template; unset names are render()'s defaults."""
     template = compile_template(source)
     variables = {"tools": None, "bos_token": "", "eos_token": "", "add_generation_prompt": True, **variables,
                  "messages": messages}

@@ -35,3 +35,41 @@ def test_hostile_templates_are_stopped_by_the_sandbox(tmpl):
 def test_a_template_that_does_not_compile():
     with pytest.raises(TemplateBroken, match="does not compile"):
         render("{% for %}", MSGS)
+
+
+# --- tools and tool history through real templates (llama.cpp's collection) ---------------------
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+TWO_TURNS = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+    {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "18 C"},
+]
+
+
+@pytest.fixture(scope="module")
+def real_template():
+    from realmodel import CACHE
+
+    from gateway import testmodels as tm
+
+    def read(name: str) -> str:
+        return tm.llama_cpp_source_file(f"models/templates/{name}.jinja", CACHE / "templates").read_text()
+    return read
+
+
+@pytest.mark.parametrize("name, as_string", [
+    ("Qwen-Qwen2.5-7B-Instruct", False), ("meta-llama-Llama-3.1-8B-Instruct", False),
+    ("deepseek-ai-DeepSeek-V3.1", False), ("meetkai-functionary-medium-v3.2", True),
+])
+def test_a_calls_arguments_reach_each_template_as_it_reads_them(real_template, name, as_string):
+    from gateway.chat_template import arguments_as_string
+
+    source = real_template(name)
+    assert arguments_as_string(source) is as_string
+    out = render(source, TWO_TURNS, tools=[WEATHER])
+    assert "get_weather" in out and "18 C" in out
+    assert '"city": "Paris"' in out and "'city'" not in out  # JSON, never Python's repr
+    assert '\\"city\\"' not in out  # nor a JSON string written inside JSON

@@ -157,3 +157,30 @@ def test_anthropic_tool_use_blocks():
     block = render.tool_block(Call(0, "call_abc", "get_weather"), {"city": "Paris"})
     assert block == {"type": "tool_use", "id": "toolu_abc", "name": "get_weather", "input": {"city": "Paris"}}
     assert anthropic.stop_reason(Finish("tool_calls", None, 1, 1, 0)) == ("tool_use", None)
+
+
+# --- through the real server: tools are part of the prompt ---------------------------------------
+
+async def test_tools_and_their_history_reach_the_models_template(aiohttp_client, tmp_path, write_config):
+    from realmodel import CACHE
+
+    from gateway import testmodels as tm
+    from gateway.app import create_app
+    from gateway.config import load_config
+
+    qwen = tm.llama_cpp_source_file("models/templates/Qwen-Qwen2.5-7B-Instruct.jinja", CACHE / "templates")
+    tm.plain(tmp_path / "q.gguf", chat_template=qwen.read_text())
+    client = await aiohttp_client(create_app(load_config(write_config(f"models:\n  q: {tmp_path}/q.gguf\n"))))
+    history = [*ASK, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 C"}]
+    r = await client.post("/apply-template", json={"model": "q", "messages": history, "tools": [WEATHER]})
+    prompt = (await r.json())["prompt"]
+    assert r.status == 200 and "<tools>" in prompt and '"name": "get_weather"' in prompt
+    assert '{"name": "get_weather", "arguments": {"city": "Paris"}}' in prompt and "18 C" in prompt
+    count = "/v1/messages/count_tokens"
+    without = await (await client.post(count, json={"model": "q", "messages": ASK})).json()
+    counted = await (await client.post(count, json={"model": "q", "messages": ASK, "tools": [ANTH_TOOL]})).json()
+    assert counted["input_tokens"] > without["input_tokens"]  # a count includes the tools the prompt lists
+    bad = await client.post("/apply-template", json={"model": "q", "messages": ASK, "tools": [{"type": "function"}]})
+    assert bad.status == 400 and (await bad.json())["error"]["param"] == "tools[0].type"

@@ -53,8 +53,9 @@ async def messages(request: web.Request) -> web.StreamResponse:
 
 
 def _fill(blocks: list[dict], arguments: list[str]) -> None:
-    """Give the last tool_use block the input its arguments spell (a call's arguments are always
-    one JSON object: answer.pieces checks them)."""
+    """Give the last tool_use block the input its arguments spell. A whole answer's calls must
+    come from a parser that holds each call until its arguments parse as one JSON object
+    (``toolcalls.AnswerParser(stream=False)``); the parser is not joined to answers yet."""
     if arguments and blocks and blocks[-1]["type"] == "tool_use":
         blocks[-1]["input"] = json.loads("".join(arguments))
     arguments.clear()

@@ -90,7 +90,7 @@ class Prompts:
                 self.model.template, req.messages or [],
                 bos_token=vocab.piece(vocab.bos).decode("utf-8", "replace") if vocab.bos >= 0 else "",
                 eos_token=vocab.piece(vocab.eos).decode("utf-8", "replace") if vocab.eos >= 0 else "",
-                extra=variables)
+                tools=req.tools, extra=variables)
 
         try:
             return run(extra)

@@ -142,6 +142,7 @@ class PromptRequest:
     prompt: str | None = None
     prompt_tokens: list[int] | None = None
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    tools: list[dict[str, Any]] | None = None  # part of the prompt: the template lists them
     add_special: bool = True  # the tokenizer adds the model's special tokens (BOS) to a prompt text
     param: str | None = None  # the field a refusal names (None: "messages" or "prompt")
 
