@@ -446,3 +446,48 @@ def test_unloading_a_model_while_it_loads_answers_its_waiters_503(server):
         assert out["error"]["code"] == "model_unloaded" and headers["Retry-After"] == "1"
     status, out, _ = request(server.url + "/v1/chat/completions", {"model": "plain", "messages": HI})
     assert status == 200
+
+
+# --- tools -----------------------------------------------------------------------------------------
+
+def _deep_schema(depth: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize("path, extra, param", [
+    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "x" * 100_000}}]},
+     "tools[0].function.name"),
+    ("/v1/chat/completions", {"tools": [TOOL], "tool_choice": 10 ** 400}, "tool_choice"),
+    ("/v1/chat/completions", {"tools": [TOOL] * 1000}, "tools"),
+    ("/v1/chat/completions", {"tools": [TOOL], "parallel_tool_calls": [[[]]]}, "parallel_tool_calls"),
+    ("/v1/chat/completions", {"messages": [*HI, {"role": "tool", "tool_call_id": 10 ** 400, "content": "r"}]},
+     "messages[1].tool_call_id"),
+    ("/v1/messages", {"tools": [{"name": "f", "input_schema": "\u00e9" * 10_000}]}, "tools.0.input_schema"),
+    ("/v1/messages", {"tools": [{"name": "f", "input_schema": {"type": "object"}}],
+                      "tool_choice": {"type": "tool", "name": ["f"]}}, "tool_choice.name"),
+    ("/v1/messages", {"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": {}}]}]},
+     "messages.0.content.0.tool_use_id"),
+])
+def test_hostile_tool_fields_are_a_400_naming_the_param(server, path, extra, param):
+    body = {"model": "plain", "messages": HI, "max_tokens": 3, **extra}
+    status, out, _ = request(server.url + path, body)
+    assert status == 400, out
+    if path == "/v1/messages":  # Anthropic's shape names the param at the head of the message
+        assert out["type"] == "error" and out["error"]["message"].startswith(param), out
+    else:
+        assert out["error"]["param"] == param, out
+
+
+def test_a_deeply_nested_tool_schema_is_served_or_refused_never_a_500(server):
+    for depth in (40, 95):  # the body reader takes JSON up to 100 deep
+        tools = [{"type": "function", "function": {"name": "f", "parameters": _deep_schema(depth)}}]
+        status, out, _ = request(server.url + "/v1/chat/completions",
+                                 {"model": "plain", "messages": HI, "max_tokens": 3, "tools": tools})
+        assert status in (200, 400), out
+    assert health(server)["worker_failures"] == 0

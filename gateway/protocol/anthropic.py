@@ -88,7 +88,7 @@ def parse(body: dict[str, Any]) -> Parsed:
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
         raise InvalidRequest("messages: must be a non-empty list", "messages")
-    ledger = wire_tools.CallLedger()
+    ledger = wire_tools.CallLedger(anthropic=True)
     for i, m in enumerate(raw):
         where = f"messages.{i}"
         if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):

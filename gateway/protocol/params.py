@@ -17,6 +17,12 @@ def shown(value: object, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+def named(param: str, anthropic: bool = False) -> str:
+    """How an error message names the field it is about: ``param:`` in Anthropic's shape, the
+    name in backquotes in OpenAI's."""
+    return f"{param}:" if anthropic else f"`{param}`"
+
+
 def read_sampling(body: dict[str, Any], req: GenerationRequest, params: dict[str, Param], *,
                   anthropic: bool = False) -> set[str]:
     """Copy the sampling fields ``body`` sets into ``req``, checked against ``params``; returns
@@ -28,8 +34,7 @@ def read_sampling(body: dict[str, Any], req: GenerationRequest, params: dict[str
             continue
         problem = param.problem(value)
         if problem:
-            where = f"{name}:" if anthropic else f"`{name}`"
-            raise InvalidRequest(f"{where} {problem}, got {shown(value)}", name)
+            raise InvalidRequest(f"{named(name, anthropic)} {problem}, got {shown(value)}", name)
         setattr(req, name, value)
         explicit.add(name)
     return explicit
@@ -51,7 +56,7 @@ MAX_STOP_CHARS = 4096  # all stop strings together: each is matched against ever
 def read_stops(value: Any, name: str, *, anthropic: bool = False) -> list[str]:
     """``stop`` (a string or a list of strings) or ``stop_sequences`` (a list), bounded in
     count and in total length; empty strings are dropped."""
-    where = f"{name}:" if anthropic else f"`{name}`"
+    where = named(name, anthropic)
     if value is None:
         return []
     if isinstance(value, str) and not anthropic:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidRequest
-from .params import shown
+from .params import named, shown
 
 MAX_TOOLS = 128  # OpenAI's own limit
 NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")  # OpenAI allows [A-Za-z0-9_-]{1,64}; MCP names add . and :
@@ -34,41 +34,43 @@ class ToolChoice:
     parallel: bool = True  # several calls in one answer
 
 
-def _schema(value: Any, where: str) -> dict[str, Any]:
+def _schema(value: Any, where: str, anthropic: bool) -> dict[str, Any]:
     if value is None:
         return {"type": "object", "properties": {}}
     if not isinstance(value, dict) or value.get("type", "object") != "object":
-        raise InvalidRequest(f"`{where}` must be a JSON Schema object with type \"object\"", where)
+        raise InvalidRequest(f"{named(where, anthropic)} must be a JSON Schema object with type \"object\"", where)
     return value
 
 
-def _tool(name: Any, description: Any, parameters: Any, where: str, *, name_at: str, schema_at: str) -> dict[str, Any]:
+def _tool(name: Any, description: Any, parameters: Any, where: str, *, name_at: str, schema_at: str,
+          anthropic: bool = False) -> dict[str, Any]:
     if not isinstance(name, str) or not NAME.fullmatch(name):
-        raise InvalidRequest(f"`{name_at}` must be a name of 1 to 128 letters, digits, _ . : or -, got {shown(name)}",
-                             name_at)
+        raise InvalidRequest(f"{named(name_at, anthropic)} must be a name of 1 to 128 letters, digits, _ . : or -, "
+                             f"got {shown(name)}", name_at)
     if description is not None and not isinstance(description, str):
-        raise InvalidRequest(f"`{where}.description` must be a string", f"{where}.description")
-    function = {"name": name, "parameters": _schema(parameters, schema_at)}
+        raise InvalidRequest(f"{named(where + '.description', anthropic)} must be a string", f"{where}.description")
+    function = {"name": name, "parameters": _schema(parameters, schema_at, anthropic)}
     if description:
         function["description"] = description
     return {"type": "function", "function": function}
 
 
-def _checked(tools: list[dict[str, Any]], param: str) -> list[dict[str, Any]]:
+def _checked(tools: list[dict[str, Any]], param: str, anthropic: bool = False) -> list[dict[str, Any]]:
     seen: set[str] = set()
     for i, tool in enumerate(tools):
         name = tool["function"]["name"]
         if name in seen:
-            raise InvalidRequest(f"`{param}` names the tool {name!r} twice", f"{param}[{i}]")
+            at = f"{param}.{i}" if anthropic else f"{param}[{i}]"
+            raise InvalidRequest(f"{named(param, anthropic)} names the tool {name!r} twice", at)
         seen.add(name)
     return tools
 
 
-def _list(value: Any, param: str) -> list[Any]:
+def _list(value: Any, param: str, anthropic: bool = False) -> list[Any]:
     if not isinstance(value, list):
-        raise InvalidRequest(f"`{param}` must be an array of tools", param)
+        raise InvalidRequest(f"{named(param, anthropic)} must be an array of tools", param)
     if len(value) > MAX_TOOLS:
-        raise InvalidRequest(f"`{param}` may hold at most {MAX_TOOLS} tools, got {len(value)}", param)
+        raise InvalidRequest(f"{named(param, anthropic)} may hold at most {MAX_TOOLS} tools, got {len(value)}", param)
     return value
 
 
@@ -113,9 +115,9 @@ def openai_tool_choice(body: dict[str, Any], tools: list[dict[str, Any]] | None)
     return ToolChoice("required", _known(name, tools, "tool_choice.function.name"), parallel)
 
 
-def _known(name: str, tools: list[dict[str, Any]] | None, param: str) -> str:
+def _known(name: str, tools: list[dict[str, Any]] | None, param: str, anthropic: bool = False) -> str:
     if not any(t["function"]["name"] == name for t in tools or ()):
-        raise InvalidRequest(f"`{param}` names {shown(name)}, which is not in `tools`", param)
+        raise InvalidRequest(f"{named(param, anthropic)} names {shown(name)}, which is not in `tools`", param)
     return name
 
 
@@ -147,8 +149,9 @@ def openai_calls(value: Any, where: str) -> list[dict[str, Any]]:
 class CallLedger:
     """The calls made so far in a conversation, so a tool result can be matched to its call."""
 
-    def __init__(self) -> None:
+    def __init__(self, anthropic: bool = False) -> None:
         self.names: dict[str, str] = {}
+        self.anthropic = anthropic  # how its errors name the param
 
     def add(self, calls: list[dict[str, Any]]) -> None:
         for call in calls:
@@ -156,9 +159,10 @@ class CallLedger:
 
     def name_of(self, call_id: Any, param: str) -> str:
         if not isinstance(call_id, str):
-            raise InvalidRequest(f"`{param}` must be the id of an earlier tool call", param)
+            raise InvalidRequest(f"{named(param, self.anthropic)} must be the id of an earlier tool call", param)
         if call_id not in self.names:
-            raise InvalidRequest(f"`{param}` {shown(call_id)} matches no tool call made earlier in `messages`", param)
+            raise InvalidRequest(f"{named(param, self.anthropic)} {shown(call_id)} matches no tool call made earlier "
+                                 "in `messages`", param)
         return self.names[call_id]
 
 
@@ -169,7 +173,7 @@ def anthropic_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
     if value is None:
         return None
     tools = []
-    for i, t in enumerate(_list(value, "tools")):
+    for i, t in enumerate(_list(value, "tools", anthropic=True)):
         where = f"tools.{i}"
         if not isinstance(t, dict):
             raise InvalidRequest(f"{where}: must be an object", where)
@@ -179,8 +183,8 @@ def anthropic_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
         if "input_schema" not in t:
             raise InvalidRequest(f"{where}.input_schema: Field required", f"{where}.input_schema")
         tools.append(_tool(t.get("name"), t.get("description"), t["input_schema"], where,
-                           name_at=f"{where}.name", schema_at=f"{where}.input_schema"))
-    return _checked(tools, "tools") or None
+                           name_at=f"{where}.name", schema_at=f"{where}.input_schema", anthropic=True))
+    return _checked(tools, "tools", anthropic=True) or None
 
 
 def anthropic_tool_choice(body: dict[str, Any], tools: list[dict[str, Any]] | None) -> ToolChoice:
@@ -200,5 +204,5 @@ def anthropic_tool_choice(body: dict[str, Any], tools: list[dict[str, Any]] | No
         name = choice.get("name")
         if not isinstance(name, str):
             raise InvalidRequest("tool_choice.name: Field required", "tool_choice.name")
-        return ToolChoice("required", _known(name, tools, "tool_choice.name"), not parallel)
+        return ToolChoice("required", _known(name, tools, "tool_choice.name", anthropic=True), not parallel)
     return ToolChoice("required" if kind == "any" else str(kind), None, not parallel)
