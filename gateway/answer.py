@@ -82,7 +82,7 @@ async def start(gen: GenerationEvents, reasoning: str | None,
 
 
 async def pieces(gen: GenerationEvents, splitter: ReasoningSplitter | None,
-                 obs: Observation | None = None) -> AsyncIterator[Piece | Finish]:
+                 obs: Observation | None = None) -> AsyncIterator[Item | Finish]:
     """Thinking and content pieces, then the finish. Token log-probabilities ride on the next
     piece to leave (a marker held back by the splitter delays them, never drops them).
     ``obs`` gets the token times and counts (time to first token, inter-token latency)."""

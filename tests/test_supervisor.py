@@ -45,7 +45,7 @@ class Host:
     def __init__(self):
         self.gate, self.fail = asyncio.Event(), None
         self.gate.set()
-        self.started, self.finished, self.idle = [], [], 0
+        self.started, self.finished = [], []
 
     async def make_room(self, supervisor):
         pass
@@ -59,7 +59,7 @@ class Host:
         return backend
 
     def went_idle(self, supervisor):
-        self.idle += 1
+        pass
 
     def load_finished(self, supervisor, seconds):
         self.finished.append(seconds)
