@@ -303,33 +303,47 @@ def llama_cpp_source_file(member: str, cache: Path) -> Path:
 
     These files (real tokenizers as vocab-only GGUFs, real chat templates) ship in
     llama-cpp-python's source distribution, not its wheels: the matching sdist is fetched
-    once with pip (pip's own cache keeps it) and the one file extracted.
+    once with pip and kept beside ``cache`` (tests read dozens of files from it), and each
+    file is extracted from it when first asked for.
     """
-    from importlib import metadata
-
     target = cache / Path(member).name
     if target.exists():
         return target
-    version = metadata.version("llama-cpp-python")
     cache.mkdir(parents=True, exist_ok=True)
+    sdist = _llama_cpp_sdist(cache.parent)
+    with tarfile.open(sdist, mode="r|gz") as tar:  # streamed: stop at the one member
+        found = next((m for m in tar if m.name.endswith(f"/vendor/llama.cpp/{member}")), None)
+        if found is None:
+            raise FileNotFoundError(f"no {member} in {sdist.name}")
+        src = tar.extractfile(found)
+        assert src is not None
+        partial = target.with_suffix(".part")
+        with open(partial, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        partial.replace(target)
+    return target
+
+
+def _llama_cpp_sdist(where: Path) -> Path:
+    """The installed llama-cpp-python's sdist in ``where``, downloaded by pip the first time
+    (pip's own cache keeps it across checkouts)."""
+    from importlib import metadata
+
+    version = metadata.version("llama-cpp-python")
+    kept = where / f"llama_cpp_python-{version}.tar.gz"
+    if kept.exists():
+        return kept
+    where.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run(
             [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
              "-q", "-d", tmp, f"llama-cpp-python=={version}"],
             check=True,
         )
-        sdist = next(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
-        with tarfile.open(sdist, mode="r|gz") as tar:  # streamed: stop at the one member
-            found = next((m for m in tar if m.name.endswith(f"/vendor/llama.cpp/{member}")), None)
-            if found is None:
-                raise FileNotFoundError(f"no {member} in {sdist.name}")
-            src = tar.extractfile(found)
-            assert src is not None
-            partial = target.with_suffix(".part")
-            with open(partial, "wb") as dst:
-                shutil.copyfileobj(src, dst)
-            partial.replace(target)
-    return target
+        partial = kept.with_suffix(".part")
+        shutil.copyfile(next(Path(tmp).glob("llama_cpp_python-*.tar.gz")), partial)
+        partial.replace(kept)
+    return kept
 
 
 def write_random_model(
