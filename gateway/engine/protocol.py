@@ -126,6 +126,8 @@ class GenerationRequest:
     tool_name: str | None = None  # with required: this tool only
     parallel_tool_calls: bool = True
     tool_format: str | None = None  # the model's call format (toolcalls.py), set once the model is known
+    reasoning: str | None = None  # the model's thinking format (reasoning.py), set once the model is known
+    thinking_budget: int | None = None  # most tokens of thinking; past it the worker ends the thinking block
     echo: bool = False  # the start event carries the prompt's text
     deadline: float | None = None  # wall-clock time (time.time()) at which the answer ends with "length"
 
@@ -143,6 +145,7 @@ class PromptRequest:
     prompt_tokens: list[int] | None = None
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     tools: list[dict[str, Any]] | None = None  # part of the prompt: the template lists them
+    tool_format: str | None = None  # how the tools reach the prompt (``plain``: a system message)
     add_special: bool = True  # the tokenizer adds the model's special tokens (BOS) to a prompt text
     param: str | None = None  # the field a refusal names (None: "messages" or "prompt")
 
