@@ -11,7 +11,9 @@ from .backend import GenerationEvents
 from .engine import protocol
 from .errors import ApiError
 from .events import Observation
-from .reasoning import ReasoningSplitter, detect
+from . import toolcalls
+from .reasoning import THINKING, detect
+from .toolcalls import AnswerParser
 
 
 @dataclass
@@ -66,28 +68,57 @@ def reasoning_format(configured: str, info: dict[str, Any]) -> str | None:
     return detect(info.get("chat_template"), info.get("special_tokens", []))
 
 
-async def start(gen: GenerationEvents, reasoning: str | None,
-                info: dict[str, Any]) -> tuple[protocol.Start, ReasoningSplitter | None]:
-    """Wait for the backend to accept the request (a refusal raises its error); returns its
-    start event (prompt_tokens, prompt_text for echo, ...) and the splitter for the answer's
-    thinking (``reasoning``: the model's setting; None: do not split; ``info``: what the
-    backend reported at load, read for ``auto``)."""
+def tool_format(configured: str, info: dict[str, Any]) -> str | None:
+    """The syntax the model writes calls in: the model's ``tool_format`` setting, or for ``auto``
+    what its chat template and vocabulary show, ``plain`` (the tools described in a system
+    message) for a template with no tool support; None for ``none`` (tools refused)."""
+    if configured == "none":
+        return None
+    if configured != "auto":
+        return configured
+    return toolcalls.detect(info.get("chat_template"), info.get("special_tokens", [])) or "plain"
+
+
+def prepare(req: protocol.GenerationRequest, model: str, reasoning: str | None, tools: str,
+            info: dict[str, Any]) -> None:
+    """Settle, once the model is known, how its answer is read: its thinking format (``reasoning``:
+    the model's setting; None: thinking is not split out) and, when the request has tools, their
+    call format (``tools``: the model's ``tool_format``). Raises 400 ``tools_unsupported`` for
+    tools on a model set to ``tool_format: none``."""
+    req.reasoning = reasoning_format(reasoning, info) if reasoning else None
+    if req.tools:
+        req.tool_format = tool_format(tools, info)
+        if req.tool_format is None:
+            raise ApiError(f"model {model!r} does not take tools (its tool_format is none)", status=400,
+                           param="tools", code="tools_unsupported")
+
+
+async def start(gen: GenerationEvents, req: protocol.GenerationRequest,
+                stream: bool) -> tuple[protocol.Start, AnswerParser]:
+    """Wait for the backend to accept ``req`` (a refusal raises its error); returns its start
+    event (prompt_tokens, prompt_text for echo, ...) and the parser that reads the answer by the
+    formats ``prepare`` settled. ``stream=False`` (whole answers): a call is given only once its
+    arguments parse, so a whole answer never carries a broken call."""
     event = await gen.next()
     if isinstance(event, protocol.Error):
         raise api_error(event)
     if not isinstance(event, protocol.Start):
         raise ApiError(f"the model worker answered {type(event).__name__} before starting", status=500)
-    fmt = reasoning_format(reasoning, info) if reasoning else None
-    return event, ReasoningSplitter(fmt, event.prompt_tail) if fmt else None
+    tools = req.tools if req.tool_format else None
+    return event, AnswerParser(req.tool_format if tools else None, tools, reasoning=req.reasoning,
+                               prompt_tail=event.prompt_tail, stream=stream)
 
 
-async def pieces(gen: GenerationEvents, splitter: ReasoningSplitter | None,
+async def pieces(gen: GenerationEvents, parser: AnswerParser,
                  obs: Observation | None = None) -> AsyncIterator[Item | Finish]:
-    """Thinking and content pieces, then the finish. Token log-probabilities ride on the next
-    piece to leave (a marker held back by the splitter delays them, never drops them).
-    ``obs`` gets the token times and counts (time to first token, inter-token latency)."""
+    """Thinking and content pieces and calls, then the finish. Token log-probabilities ride on
+    the next piece to leave (a marker held back by the parser delays them, never drops them).
+    ``obs`` gets the token times and counts (time to first token, inter-token latency) and the
+    calls that failed to parse."""
     seen = reasoning = 0
     probs: list[dict[str, Any]] = []
+    calls = 0
+    for_items = _Items()
     async for event in gen:
         if isinstance(event, protocol.Error):
             raise api_error(event)
@@ -97,21 +128,50 @@ async def pieces(gen: GenerationEvents, splitter: ReasoningSplitter | None,
                 obs.tokens(n)
             if event.logprobs:
                 probs += event.logprobs
-            if splitter is None:
-                segments = [("content", event.text)]
-            else:
-                segments = splitter.feed(event.text)
-                if splitter.thinking or any(kind == "thinking" for kind, _ in segments):
-                    reasoning += n
-            for kind, text in segments:
-                yield Piece(kind, text, probs or None)
-                probs = []
+            items = parser.feed(event.text)
+            if parser.thinking or any(isinstance(i, tuple) and i[0] == THINKING for i in items):
+                reasoning += n
+            for item in for_items(items):
+                if isinstance(item, Piece):
+                    item.logprobs, probs = probs or None, []
+                elif isinstance(item, Call):
+                    calls += 1
+                yield item
         elif isinstance(event, protocol.Done):
-            for kind, text in splitter.flush() if splitter else ():
-                yield Piece(kind, text, probs or None)
-                probs = []
-            finish = Finish(event.finish_reason, event.stop, event.prompt_tokens, event.completion_tokens,
+            for item in for_items(parser.flush()):
+                if isinstance(item, Piece):
+                    item.logprobs, probs = probs or None, []
+                elif isinstance(item, Call):
+                    calls += 1
+                yield item
+            reason = event.finish_reason
+            if calls and reason == "stop" and for_items.completed:
+                reason = "tool_calls"
+            finish = Finish(reason, event.stop, event.prompt_tokens, event.completion_tokens,
                             reasoning, event.cached_tokens)
             if obs is not None:
                 obs.finished(finish)
+                obs.tool_calls += for_items.completed
+                obs.tool_call_failures += parser.failed
             yield finish
+
+
+class _Items:
+    """The parser's items as the answer's: text segments as pieces, calls as ``Call`` and
+    ``CallArgs``; counts the calls that ended whole."""
+
+    def __init__(self) -> None:
+        self.completed = 0
+
+    def __call__(self, items: list[toolcalls.Item]) -> list[Item]:
+        out: list[Item] = []
+        for item in items:
+            if isinstance(item, tuple):
+                out.append(Piece(item[0], item[1]))
+            elif isinstance(item, toolcalls.CallStart):
+                out.append(Call(item.index, item.id, item.name))
+            elif isinstance(item, toolcalls.CallArgs):
+                out.append(CallArgs(item.index, item.text))
+            elif item.error is None:
+                self.completed += 1
+        return out

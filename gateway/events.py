@@ -46,6 +46,8 @@ class Observation:
     gaps: list[float] = field(default_factory=list)  # seconds between generated tokens
     finish_reason: str | None = None
     disconnected: bool = False
+    tool_calls: int = 0  # calls the answer made that parsed
+    tool_call_failures: list[str] = field(default_factory=list)  # why each call that did not parse failed
 
     def tokens(self, n: int) -> None:
         """``n`` more tokens arrived now (n > 1: several tokens in one piece of text)."""
@@ -72,7 +74,8 @@ class Observation:
             "reasoning_tokens": self.reasoning_tokens,
             "time_to_first_token_s": round(self.first_token - self.started, 6) if self.first_token else None,
             "duration_s": round(duration, 6), "finish_reason": self.finish_reason,
-            "client_disconnected": self.disconnected, "time": time.time(),
+            "client_disconnected": self.disconnected, "tool_calls": self.tool_calls,
+            "tool_call_failures": self.tool_call_failures, "time": time.time(),
         }
 
 

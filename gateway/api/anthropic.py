@@ -27,9 +27,10 @@ async def messages(request: web.Request) -> web.StreamResponse:
         obs.model = spec.name
         apply_defaults(parsed, spec.defaults)
         render = anth.Renderer(spec.name, id=f"msg_{obs.request_id}")
+        answer.prepare(parsed.request, spec.name, spec.reasoning, spec.tool_format, backend.info)
         async with backend.generate(parsed.request) as gen:
-            begun, splitter = await answer.start(gen, spec.reasoning, backend.info)
-            items = answer.pieces(gen, splitter, obs)
+            begun, parser = await answer.start(gen, parsed.request, stream=parsed.stream)
+            items = answer.pieces(gen, parser, obs)
             if parsed.stream:
                 return await _stream(request, render, gen, items, begun.prompt_tokens, begun.cached_tokens)
             blocks: list[dict] = []
@@ -53,9 +54,8 @@ async def messages(request: web.Request) -> web.StreamResponse:
 
 
 def _fill(blocks: list[dict], arguments: list[str]) -> None:
-    """Give the last tool_use block the input its arguments spell. A whole answer's calls must
-    come from a parser that holds each call until its arguments parse as one JSON object
-    (``toolcalls.AnswerParser(stream=False)``); the parser is not joined to answers yet."""
+    """Give the last tool_use block the input its arguments spell (a whole answer's calls come
+    from ``answer.start(stream=False)``: their arguments parse as one JSON object)."""
     if arguments and blocks and blocks[-1]["type"] == "tool_use":
         blocks[-1]["input"] = json.loads("".join(arguments))
     arguments.clear()
@@ -122,6 +122,7 @@ async def count_tokens(request: web.Request) -> web.Response:
     parsed = anth.parse(body)
     async with request.app[REGISTRY].lease(parsed.model) as (spec, backend):
         observation(request).model = spec.name
+        answer.prepare(parsed.request, spec.name, spec.reasoning, spec.tool_format, backend.info)
         reply = await backend.tokenize(parsed.request.to_dict())
     return web.json_response({"input_tokens": len(reply.tokens)})
 

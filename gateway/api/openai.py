@@ -50,16 +50,18 @@ async def _run(request: web.Request, parsed: oai.Parsed, kind: str, spec, backen
     render = oai.Renderer(kind, spec.name, fields=request.app[CONFIG].server.reasoning_fields,
                           id=f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{obs.request_id}")
     reasoning = spec.reasoning if kind == "chat" and parsed.reasoning_format != "none" else None
+    for req in parsed.requests:
+        answer.prepare(req, spec.name, reasoning, spec.tool_format, backend.info)
     if parsed.stream:
-        return await _stream(request, render, parsed, backend, reasoning)
+        return await _stream(request, render, parsed, backend)
     choices, finishes = [], []
     for index, req in enumerate(parsed.requests):  # a batch of prompts runs one after another
         async with backend.generate(req) as gen:
-            begun, splitter = await answer.start(gen, reasoning, backend.info)
+            begun, parser = await answer.start(gen, req, stream=False)
             text: dict[str, list[str]] = {"content": [], "thinking": []}
             probs: list[dict] | None = [] if req.logprobs is not None else None
             calls: list[dict] = []
-            async for item in answer.pieces(gen, splitter, obs):
+            async for item in answer.pieces(gen, parser, obs):
                 if isinstance(item, answer.Piece):
                     text[item.kind].append(item.text)
                     if probs is not None and item.logprobs:
@@ -75,11 +77,11 @@ async def _run(request: web.Request, parsed: oai.Parsed, kind: str, spec, backen
     return web.json_response(render.whole(choices, finishes))
 
 
-async def _stream(request: web.Request, render: oai.Renderer, parsed: oai.Parsed, backend, reasoning):
+async def _stream(request: web.Request, render: oai.Renderer, parsed: oai.Parsed, backend):
     gens = [backend.generate(req) for req in parsed.requests]  # queued in order in the worker
     try:
         # a refusal is still a plain error response
-        first, splitter = await answer.start(gens[0], reasoning, backend.info)
+        first, parser = await answer.start(gens[0], parsed.requests[0], stream=True)
         sse = event_stream(request)
         await sse.open()
         for gen in gens:
@@ -91,13 +93,13 @@ async def _stream(request: web.Request, render: oai.Renderer, parsed: oai.Parsed
             for index, gen in enumerate(gens):
                 begun = first if index == 0 else None
                 if begun is None:
-                    begun, splitter = await answer.start(gen, reasoning, backend.info)
+                    begun, parser = await answer.start(gen, parsed.requests[index], stream=True)
                 offset = 0
                 if begun.prompt_text:
                     echo = begun.prompt_text
                     await sse.send(render.delta_chunk(answer.Piece("content", echo), index))
                     offset = len(echo)
-                async for item in answer.pieces(gen, splitter, observation(request)):
+                async for item in answer.pieces(gen, parser, observation(request)):
                     if isinstance(item, answer.Piece):
                         await sse.send(render.delta_chunk(item, index, offset), hold=True)
                         offset += len(item.text)
@@ -167,7 +169,8 @@ async def apply_template(request: web.Request) -> web.Response:
     template, unrun -> {"prompt": text}."""
     parsed = oai.parse_chat(await read_json_object(request))
     apply_limits(request, parsed)
-    async with request.app[REGISTRY].lease(parsed.model, embeddings=None) as (_spec, backend):
+    async with request.app[REGISTRY].lease(parsed.model, embeddings=None) as (spec, backend):
+        answer.prepare(parsed.request, spec.name, spec.reasoning, spec.tool_format, backend.info)
         reply = await backend.apply_template(parsed.request.to_dict())
     return web.json_response({"prompt": reply.text})
 
