@@ -7,11 +7,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from . import toolcalls
 from .backend import GenerationEvents
 from .engine import protocol
 from .errors import ApiError
 from .events import Observation
-from . import toolcalls
 from .reasoning import THINKING, detect
 from .toolcalls import AnswerParser
 
