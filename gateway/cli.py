@@ -132,6 +132,8 @@ def _human(n: int) -> str:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
+    from .answer import tool_format
+    from .chat_template import CHATML
     from .registry import Registry
 
     config = _load(args, check_files=False)
@@ -146,9 +148,12 @@ def cmd_models(args: argparse.Namespace) -> int:
         try:
             info = read_info(spec.path)
             row.update(size=info.file_size, architecture=info.architecture, quantization=info.quantization,
-                       context_length=info.context_length, error=None)
+                       context_length=info.context_length, error=None,
+                       tool_format=tool_format(spec.tool_format,
+                                               {"chat_template": spec.chat_template or info.chat_template or CHATML}))
         except ModelFileError as e:
-            row.update(size=None, architecture=None, quantization=None, context_length=None, error=str(e))
+            row.update(size=None, architecture=None, quantization=None, context_length=None, error=str(e),
+                       tool_format=None)
         rows.append(row)
     if args.json:
         for row in rows:
@@ -158,17 +163,17 @@ def cmd_models(args: argparse.Namespace) -> int:
         print("no models configured or found (gguf-gateway serve would serve its built-in demo model)",
               file=sys.stderr)
         return 0
-    table = [("NAME", "SOURCE", "SIZE", "ARCH", "QUANT", "FILE")]
+    table = [("NAME", "SOURCE", "SIZE", "ARCH", "QUANT", "TOOLS", "FILE")]
     for r in rows:
         name = r["name"] + (f" ({', '.join(r['aliases'])})" if r["aliases"] else "")
         if r["error"]:
-            table.append((name, r["source"], "-", "-", "-", f"{r['file']}  [error: {r['error']}]"))
+            table.append((name, r["source"], "-", "-", "-", "-", f"{r['file']}  [error: {r['error']}]"))
         else:
             table.append((name, r["source"], _human(r["size"]), r["architecture"] or "?",
-                          r["quantization"] or "?", r["file"]))
-    widths = [max(len(line[i]) for line in table) for i in range(5)]
+                          r["quantization"] or "?", r["tool_format"] or "none", r["file"]))
+    widths = [max(len(line[i]) for line in table) for i in range(6)]
     for line in table:
-        print("  ".join(c.ljust(w) for c, w in zip(line, widths)) + "  " + line[5])
+        print("  ".join(c.ljust(w) for c, w in zip(line, widths)) + "  " + line[6])
     for r in rows:
         for name, lost in r["conflicts"].items():
             print(f"name {name!r}: {r['file']} won over {', '.join(lost)}")

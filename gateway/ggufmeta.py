@@ -44,6 +44,7 @@ class GGUFInfo:
     pooling: bool = False  # an embedding model (has a pooling type, or an encoder-only architecture)
     n_tensors: int = 0
     kind: str | None = None  # general.type: "model", "adapter", "mmproj", ... (often absent)
+    chat_template: str | None = None  # tokenizer.chat_template
 
 
 def split_parts(path: Path) -> list[Path]:
@@ -216,4 +217,5 @@ def read_info(path: str | Path) -> GGUFInfo:
         pooling=arch in ENCODER_ARCHS or num(f"{arch}.pooling_type") not in (None, 0),
         n_tensors=n_tensors,
         kind=text("general.type"),
+        chat_template=text("tokenizer.chat_template"),
     )

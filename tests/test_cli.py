@@ -47,21 +47,26 @@ def test_models_lists_names_with_header_metadata(write_config, model_dir):
           chat:
             path: {model_dir}/plain.gguf
             aliases: [chat:latest]
+          toolless:
+            path: {model_dir}/loop.gguf
+            tool_format: none
     """)
     r = run_cli("models", "--config", str(path), "--json")
     assert r.returncode == 0, r.stderr
     rows = {row["name"]: row for row in map(json.loads, r.stdout.splitlines())}
-    assert set(rows) == {"chat", "thinker", "loop"}  # chat is plain.gguf, found on disk too: one model
+    assert set(rows) == {"chat", "thinker", "toolless"}  # chat is plain.gguf, found on disk too: one model (toolless loop.gguf)
     assert rows["chat"]["aliases"] == ["chat:latest", "plain"] and rows["chat"]["source"] == "models.yaml"
     assert rows["thinker"]["source"] == "discovered"
     for row in rows.values():
         assert row["architecture"] == "llama" and row["quantization"] == "F16"
         assert row["size"] > 0 and row["error"] is None
+    # ChatML has no tool syntax: tools are described in a system message, unless the model says none
+    assert rows["chat"]["tool_format"] == "plain" and rows["toolless"]["tool_format"] is None
 
     table = run_cli("models", "--config", str(path))
     assert table.returncode == 0
     header, *lines = table.stdout.splitlines()
-    assert header.split()[:5] == ["NAME", "SOURCE", "SIZE", "ARCH", "QUANT"]
+    assert header.split()[:6] == ["NAME", "SOURCE", "SIZE", "ARCH", "QUANT", "TOOLS"]
     assert any(line.startswith("chat (chat:latest, plain)") and "llama" in line and "F16" in line for line in lines)
 
 
