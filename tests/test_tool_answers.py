@@ -43,6 +43,11 @@ def hermes(sp: bool) -> list[tm.Step]:
     return ["Let", " me", " check", ".", "\n", *m("<tool_call>", sp), "\n", *JSON_CALL, "\n", *m("</tool_call>", sp)]
 
 
+def qwen3(sp: bool) -> list[tm.Step]:  # thinks, then calls
+    return [*m("<think>", sp), "Paris", " weather", " needed.", *m("</think>", sp), "\n\n", *m("<tool_call>", sp),
+            "\n", *JSON_CALL, "\n", *m("</tool_call>", sp)]
+
+
 def qwen3_coder(sp: bool) -> list[tm.Step]:
     return [*m("<tool_call>", sp), "\n", "<function=get_weather>", "\n", "<parameter=city>", "\n", "Paris", "\n",
             "</parameter>", "\n", "</function>", "\n", *m("</tool_call>", sp)]
@@ -81,6 +86,7 @@ def plain(sp: bool) -> list[tm.Step]:  # Gemma 2 has no tool syntax: the gateway
 # format -> (real template, trigger (the last character of its generation prompt), script, text before the call)
 FAMILIES = {
     "hermes": ("Qwen-Qwen2.5-7B-Instruct", "\n", hermes, "Let me check."),
+    "qwen3": ("Qwen-Qwen3-0.6B", "\n", qwen3, None),
     "qwen3_coder": ("Qwen3-Coder", "\n", qwen3_coder, None),
     "llama3": ("meta-llama-Llama-3.1-8B-Instruct", "\n", llama3, None),
     "mistral": ("Mistral-Small-3.2-24B-Instruct-2506", "]", mistral, None),
@@ -89,7 +95,7 @@ FAMILIES = {
     "deepseek": ("deepseek-ai-DeepSeek-V3.1", ">", deepseek, None),
     "plain": ("google-gemma-2-2b-it", "\n", plain, None),
 }
-THINKING = {"harmony": "Need the weather."}
+THINKING = {"harmony": "Need the weather.", "qwen3": "Paris weather needed."}
 CASES = [(f, sp) for f in FAMILIES for sp in (True, False) if not (f == "plain" and sp)]
 
 
