@@ -26,7 +26,7 @@ CALLS = {  # a call as each format writes it, and the same call with "days" not 
                    "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>",
     "llama3": '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris", "days": 2}}',
     "mistral": '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "days": 2}',
-    "harmony": 'to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris", "days": 2}<|call|>',
+    "harmony": 'to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris", "days": 2}',
     "deepseek": '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris", "days": 2}'
                 '<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
 }
@@ -101,7 +101,9 @@ def test_a_call_in_the_format_is_accepted_and_may_end(vocab, fmt):
     if fmt in VARIANTS:
         assert run(vocab, grammar, VARIANTS[fmt]) == (True, True)
     required = toolgrammar.build(fmt, TOOLS, required=True)
-    assert not required.lazy and run(vocab, required, CALLS[fmt]) == (True, True)
+    # a required harmony call follows the prompt's "<|start|>assistant": the recipient comes first
+    call = " " + CALLS[fmt] if fmt == "harmony" else CALLS[fmt]
+    assert not required.lazy and run(vocab, required, call) == (True, True)
 
 
 @pytest.mark.parametrize("fmt", sorted(CALLS))
@@ -132,3 +134,18 @@ def test_parallel_calls_only_when_allowed(vocab):
     single = toolgrammar.build("hermes", TOOLS, required=True, parallel=False)
     assert run(vocab, single, CALLS["hermes"]) == (True, True)
     assert run(vocab, single, two)[0] is False
+
+
+def test_a_required_call_may_follow_the_models_thinking(vocab):
+    thought = "<think>\nThe user wants the weather.\n</think>\n\n"
+    assert run(vocab, toolgrammar.build("hermes", TOOLS, required=True), thought + CALLS["hermes"])[0] is False
+    optional = toolgrammar.build("hermes", TOOLS, required=True, think="optional")
+    assert run(vocab, optional, thought + CALLS["hermes"]) == (True, True)
+    assert run(vocab, optional, CALLS["hermes"]) == (True, True)
+    assert run(vocab, optional, thought + "It is sunny.")[0] is False  # thinking, then no call: refused
+    opened = toolgrammar.build("hermes", TOOLS, required=True, think="open")  # the prompt opened <think>
+    assert run(vocab, opened, thought.removeprefix("<think>") + CALLS["hermes"]) == (True, True)
+    analysis = "<|channel|>analysis<|message|>Weather, then.<|end|><|start|>assistant<|channel|>commentary "
+    harmony = toolgrammar.build("harmony", TOOLS, required=True)
+    assert run(vocab, harmony, analysis + CALLS["harmony"]) == (True, True)
+    assert run(vocab, harmony, "<|channel|>final<|message|>Sunny.")[0] is False

@@ -8,13 +8,17 @@ short prompt while nothing decodes): reading a long prompt never stalls the deco
 
 from __future__ import annotations
 
+import functools
+import json
 from typing import Any, NamedTuple
 
 from .. import chat_template
+from ..reasoning import ReasoningSplitter
 from . import protocol
 from .model import Model
 from .refusals import Refused, failure
 from .sampling import structured_grammar
+from .toolhistory import for_template
 
 PROMPT_TAIL = 256  # characters of a prompt's text kept for the start event
 
@@ -63,6 +67,13 @@ class Prompts:
         if req.response_format:
             req.grammar = structured_grammar(req.response_format, req.json_schema)
         prompt = self.tokens(req)
+        if req.tools and req.tool_format:
+            think = None
+            if req.reasoning == "think" and req.tool_choice == "required":
+                think = "open" if ReasoningSplitter("think", prompt.tail).thinking else "optional"
+            req.grammar, triggers = tool_grammar(req.tool_format, json.dumps(req.tools), req.tool_choice == "required",
+                                                 req.tool_name, req.parallel_tool_calls, think)
+            req.grammar_triggers = list(triggers)
         n_prompt = len(prompt.tokens)
         if n_prompt == 0:
             raise Refused(400, "the prompt is empty", "prompt")
@@ -84,13 +95,20 @@ class Prompts:
         mistake (400); one that fails without them is the model's (500)."""
         extra = req.chat_template_kwargs or {}
         vocab = self.vocab
+        candidates = for_template(req.messages or [], req.tools, req.tool_format, self.model.template)
 
-        def run(variables: dict[str, Any]) -> str:
-            return chat_template.render(
-                self.model.template, req.messages or [],
-                bos_token=vocab.piece(vocab.bos).decode("utf-8", "replace") if vocab.bos >= 0 else "",
-                eos_token=vocab.piece(vocab.eos).decode("utf-8", "replace") if vocab.eos >= 0 else "",
-                tools=req.tools, extra=variables)
+        def run(variables: dict[str, Any], candidate: int = 0) -> str:
+            messages, tools = candidates[candidate]
+            try:
+                return chat_template.render(
+                    self.model.template, messages,
+                    bos_token=vocab.piece(vocab.bos).decode("utf-8", "replace") if vocab.bos >= 0 else "",
+                    eos_token=vocab.piece(vocab.eos).decode("utf-8", "replace") if vocab.eos >= 0 else "",
+                    tools=tools, extra=variables)
+            except chat_template.TemplateInputError:
+                if candidate + 1 < len(candidates):  # e.g. a template that refuses the system message we added
+                    return run(variables, candidate + 1)
+                raise
 
         try:
             return run(extra)
@@ -124,3 +142,19 @@ class Prompts:
             return r.event(rid)
         except Exception as e:  # a bug here must fail one question, not leave it unanswered
             return failure(rid, e)
+
+
+@functools.lru_cache(maxsize=64)
+def tool_grammar(fmt: str, tools_json: str, required: bool, name: str | None, parallel: bool,
+                 think: str | None) -> tuple[str, tuple[str, ...]]:
+    """The GBNF and trigger patterns (none: constrained from the first token) for calls to the
+    tools; kept for the next request with the same tools, as an agent sends them every turn.
+    Raises ``Refused`` for a schema the converter cannot follow."""
+    from . import toolgrammar
+
+    try:
+        built = toolgrammar.build(fmt, json.loads(tools_json), required=required, name=name, parallel=parallel,
+                                  think=think)
+    except Exception as e:  # the converter asserts, raises KeyError, ValueError, RecursionError, ...
+        raise Refused(400, f"`tools` holds a parameter schema this server cannot follow: {e}", "tools") from None
+    return built.gbnf, built.triggers

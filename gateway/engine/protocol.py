@@ -117,7 +117,8 @@ class GenerationRequest:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False  # llama-server's extension: generate max_tokens whatever the model says
-    grammar: str | None = None  # GBNF constraining every sampled token
+    grammar: str | None = None  # GBNF constraining every sampled token (from the first trigger, if any)
+    grammar_triggers: list[str] = field(default_factory=list)  # patterns that switch a lazy grammar on
     response_format: str | None = None  # json_object | json_schema: the worker makes the grammar
     json_schema: dict[str, Any] | None = None  # for json_schema
     logprobs: int | None = None  # None: none; N: each token's log-probability and its N likeliest alternatives

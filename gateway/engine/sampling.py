@@ -76,7 +76,13 @@ class Sampling:
                 and not req.frequency_penalty and not req.presence_penalty):
             return None
         grammar = None
-        if req.grammar:
+        if req.grammar and req.grammar_triggers:  # lazy: free text until a pattern matches what was written
+            patterns = (ctypes.c_char_p * len(req.grammar_triggers))(*(t.encode() for t in req.grammar_triggers))
+            grammar = ll.llama_sampler_init_grammar_lazy_patterns(
+                self.vocab.handle, req.grammar.encode(), b"root", patterns, len(req.grammar_triggers), None, 0)
+            if not grammar:
+                raise Refused(400, "the grammar made from `tools` does not parse", "tools")
+        elif req.grammar:
             grammar = ll.llama_sampler_init_grammar(self.vocab.handle, req.grammar.encode(), b"root")
             if not grammar:
                 raise Refused(400, "the grammar does not parse (GBNF, with a `root` rule)", "grammar")

@@ -77,8 +77,12 @@ def _repeat(item: str, parallel: bool, sep: str = WS) -> str:
 
 
 def build(fmt: str, tools: list[dict[str, Any]], *, required: bool, name: str | None = None,
-          parallel: bool = True) -> ToolGrammar:
+          parallel: bool = True, think: str | None = None) -> ToolGrammar:
     """The grammar for calls in ``fmt`` to ``tools`` (only the one named ``name``, if given).
+    A required call (constrained from the first token) may follow the model's thinking:
+    ``think`` is ``"optional"`` for a ``<think>`` block the model may open, ``"open"`` when the
+    prompt already opened it (the answer starts inside it); gpt-oss's analysis message is always
+    allowed first. A lazy grammar starts at its trigger, after any thinking, so needs neither.
     Raises ``ValueError`` for a format without a grammar and whatever the converter raises for
     a schema it cannot follow."""
     if name is not None:
@@ -104,9 +108,14 @@ def build(fmt: str, tools: list[dict[str, Any]], *, required: bool, name: str | 
         root = f'"[TOOL_CALLS]" ({array} | {_repeat(named, parallel, sep=AGAIN)})'
         triggers = (r"\[TOOL_CALLS\]",)
     elif fmt == "harmony":
+        # The call ends with its arguments: <|call|> is an end-of-generation token, which the
+        # grammar lets through once it is complete (a literal here would have to be spelled out).
         named = " | ".join(f'{lit(t["function"]["name"])} header-rest {conv.args(t, i)}' for i, t in enumerate(tools))
         conv.rule("header-rest", '[^<]* ("<|constrain|>" [^<]* | "<|channel|>" [^<]*)* "<|message|>"')
-        root, triggers = f'"to=functions." ({named}) "<|call|>"', (r"(to=functions\.)",)
+        root, triggers = f'"to=functions." ({named})', (r"(to=functions\.)",)
+        if required:  # after the prompt's "<|start|>assistant": optional analysis, then the recipient
+            analysis = f'"<|channel|>analysis<|message|>" {until("<|end|>")} "<|end|><|start|>assistant"'
+            root = f'({analysis})? ("<|channel|>commentary " | " ") {root}'
     elif fmt == "deepseek":
         sep, begin, end = "<｜tool▁sep｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>"
         alts = []
@@ -119,6 +128,10 @@ def build(fmt: str, tools: list[dict[str, Any]], *, required: bool, name: str | 
         triggers = (r"<｜tool▁calls▁begin｜>",)
     else:
         raise ValueError(f"no tool-call grammar for the format {fmt!r}")
+    if required and think == "optional":
+        root = f'("<think>" {until("</think>")} "</think>" {WS})? {root}'
+    elif required and think == "open":
+        root = f'{until("</think>")} "</think>" {WS} {root}'
     conv.rule("root", root)
     return ToolGrammar(conv.grammar(), () if required else triggers, not required)
 
