@@ -149,3 +149,13 @@ def test_a_required_call_may_follow_the_models_thinking(vocab):
     harmony = toolgrammar.build("harmony", TOOLS, required=True)
     assert run(vocab, harmony, analysis + CALLS["harmony"]) == (True, True)
     assert run(vocab, harmony, "<|channel|>final<|message|>Sunny.")[0] is False
+
+
+def test_integer_bounds_hold_in_a_calls_arguments(vocab):
+    bounded = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"days": {"type": "integer", "minimum": 1, "maximum": 7}}}}}
+    grammar = toolgrammar.build("hermes", [bounded], required=True)
+    call = '<tool_call>{"name": "get_weather", "arguments": {"days": %s}}</tool_call>'
+    assert run(vocab, grammar, call % "7") == (True, True)
+    for bad in ("0", "8", "12", "-1"):
+        assert run(vocab, grammar, call % bad)[0] is False, bad

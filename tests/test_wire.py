@@ -212,10 +212,10 @@ async def test_tokenize_and_detokenize_round_trip(client):
 
 # --- structured output ---------------------------------------------------------------------
 
-# llama.cpp's schema-to-grammar converter does not bound numbers (minimum/maximum), so the
-# schema here holds only what a grammar can enforce.
+# Bounds on non-integer numbers are not enforced by the grammar, so the schema holds only what
+# a grammar can enforce (integer bounds included).
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["answer", "ok", "color", "tags"],
-          "properties": {"answer": {"type": "integer"}, "ok": {"type": "boolean"},
+          "properties": {"answer": {"type": "integer", "minimum": -5, "maximum": 40}, "ok": {"type": "boolean"},
                          "color": {"enum": ["red", "green", "blue"]},
                          "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3}}}
 

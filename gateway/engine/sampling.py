@@ -24,10 +24,12 @@ def structured_grammar(kind: str, schema: dict[str, Any] | None) -> str:
     output for a JSON schema. Raises ``Refused`` for a schema it cannot follow."""
     from llama_cpp import llama_grammar
 
+    from .schemagrammar import schema_grammar
+
     if kind == "json_object":
         return llama_grammar.JSON_GBNF
     try:
-        grammar = llama_grammar.json_schema_to_gbnf(json.dumps(schema))
+        grammar = schema_grammar(json.loads(json.dumps(schema)))  # a copy: the converter writes into $refs
     except Exception as e:  # the converter asserts, raises KeyError, ValueError, RecursionError, ...
         raise Refused(400, f"`response_format.json_schema.schema` is not a schema this server can follow: {e}",
                       "response_format") from None

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-WS = '[ \\t\\n]*'
+WS = '[ \\t\\n]{0,4}'  # bounded: an unconstrained model would run away in whitespace
 COMMA, SEMICOLON = f'{WS} "," {WS}', f'{WS} ";" {WS}'
 AGAIN = f'{WS} "[TOOL_CALLS]"'  # Mistral's name[ARGS] form repeats the marker before each call
 
@@ -31,9 +31,9 @@ class Converter:
     """llama-cpp-python's JSON-schema converter, holding every tool's argument rules."""
 
     def __init__(self) -> None:
-        from llama_cpp import llama_grammar
+        from .schemagrammar import Converter as SchemaConverter
 
-        self._c = llama_grammar.SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+        self._c = SchemaConverter()  # integer bounds enforced
 
     def args(self, tool: dict[str, Any], i: int) -> str:
         schema = self._c.resolve_refs(tool["function"].get("parameters") or {"type": "object"}, f"tool{i}")
