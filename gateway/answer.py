@@ -65,7 +65,8 @@ def reasoning_format(configured: str, info: dict[str, Any]) -> str | None:
         return None
     if configured != "auto":
         return configured
-    return detect(info.get("chat_template"), info.get("special_tokens", []))
+    # no marker shown: an answer may still open with <think> written as text (some fine-tunes)
+    return detect(info.get("chat_template"), info.get("special_tokens", [])) or "think_leading"
 
 
 def tool_format(configured: str, info: dict[str, Any]) -> str | None:

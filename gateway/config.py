@@ -29,7 +29,7 @@ DEFAULT_KEEP_ALIVE = 300.0  # seconds an idle model stays loaded, as Ollama's 5m
 DEFAULT_LOAD_TIMEOUT = 300.0
 DEFAULT_MAX_LOADED = 3  # as Ollama's OLLAMA_MAX_LOADED_MODELS on a CPU; 0 = no limit
 
-REASONING_MODES = ("auto", "think", "channel", "harmony", "none")
+REASONING_MODES = ("auto", "think", "think_mistral", "seed", "channel", "harmony", "none")
 # toolcalls.FORMATS, and auto (read from the chat template) and none (refuse tools)
 TOOL_FORMATS = ("auto", "hermes", "qwen3_coder", "llama3", "mistral", "harmony", "deepseek", "plain", "none")
 REASONING_FIELDS = ("reasoning_content", "reasoning")
@@ -92,7 +92,7 @@ class ModelSpec:
     swa_full: bool = True
     use_mmap: bool = True
     chat_template: str | None = None  # Jinja source overriding the GGUF's own template
-    reasoning: str = "auto"  # auto | think | channel | harmony | none: how thinking is marked
+    reasoning: str = "auto"  # REASONING_MODES, or a pair of markers (reasoning.pair_format): how thinking is marked
     tool_format: str = "auto"  # how the model writes tool calls (TOOL_FORMATS)
     defaults: dict[str, float] = field(default_factory=dict)  # sampling defaults for requests
     source: str = "models.yaml"  # models.yaml | discovered | demo
@@ -262,6 +262,18 @@ class _Parser:
                 return _INVALID
             return v
         return check
+
+    def reasoning(self, where: str, v: Any):
+        """One of REASONING_MODES, or the model's own ``[open, close]`` pair of thinking markers."""
+        if isinstance(v, list):
+            if len(v) == 2 and all(isinstance(m, str) and m.strip() for m in v) and v[0] != v[1]:
+                from .reasoning import pair_format
+
+                return pair_format(v[0], v[1])
+            self.error(where, f"a pair of markers must be two different non-empty strings [open, close], "
+                              f"got {_show(v)}")
+            return _INVALID
+        return self.one_of(REASONING_MODES)(where, v)
 
     def boolean(self, where: str, v: Any):
         if not isinstance(v, bool):
@@ -436,7 +448,7 @@ class _Parser:
             "swa_full": self.boolean,
             "use_mmap": self.boolean,
             "chat_template": self.string,
-            "reasoning": self.one_of(REASONING_MODES),
+            "reasoning": self.reasoning,
             "tool_format": self.one_of(TOOL_FORMATS),
             "defaults": self.defaults,
         })

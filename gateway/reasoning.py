@@ -7,6 +7,12 @@ marker is held back until it is known, and marker text never reaches either side
 
 Formats, as small state machines (state -> marker -> next state):
 - ``think``: ``<think>...</think>`` (Qwen3, DeepSeek-R1, QwQ, ...).
+- ``think_mistral``: ``[THINK]...[/THINK]`` (Magistral, Ministral reasoning).
+- ``seed``: ``<seed:think>...</seed:think>`` (Seed-OSS).
+- a model's own pair, named in models.yaml: the format is ``pair_format(open, close)``.
+- ``think_leading``: for a model that showed no marker at all: an answer that opens with
+  ``<think>`` written as plain text (some fine-tunes do) thinks until ``</think>``; ``<think>``
+  anywhere later is content.
 - ``channel``: Gemma 4's ``<|channel>NAME\\n...<channel|>``; the channel is thinking while
   NAME is thought/analysis/thinking/reasoning, content for any other name or once
   ``<channel|>`` closes it.
@@ -27,13 +33,17 @@ the next segment of another kind (or the next recipient), or at the end of the a
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 
 THINKING, CONTENT, CALL, RECIPIENT = "thinking", "content", "call", "recipient"
 COLLECT, IDLE = "collect", "idle"  # internal states: gather a header; drop text between messages
 THOUGHT_CHANNELS = frozenset({"thought", "analysis", "thinking", "reasoning"})
-FORMATS = ("think", "channel", "harmony")
+START = "start"  # think_leading: nothing but whitespace written yet
+PAIRS = {"think": ("<think>", "</think>"), "think_mistral": ("[THINK]", "[/THINK]"),
+         "seed": ("<seed:think>", "</seed:think>")}
+FORMATS = ("think", "think_mistral", "seed", "channel", "harmony", "think_leading")
 
 Transition = Callable[["ReasoningSplitter"], str]
 
@@ -85,12 +95,35 @@ _HARMONY_ANYWHERE: dict[str, Transition] = {
     "<|end|>": _harmony_end, "<|return|>": _harmony_end, "<|call|>": _harmony_end,
 }
 
-RULES: dict[str, dict[str, dict[str, Transition]]] = {
+def _pair(open_: str, close: str) -> dict[str, dict[str, Transition]]:
     # A marker that changes nothing (a stray </think> in the answer) is still dropped.
-    "think": {
-        CONTENT: {"<think>": _to(THINKING), "</think>": _to(CONTENT)},
-        THINKING: {"</think>": _to(CONTENT), "<think>": _to(THINKING)},
-    },
+    return {CONTENT: {open_: _to(THINKING), close: _to(CONTENT)}, THINKING: {close: _to(CONTENT), open_: _to(THINKING)}}
+
+
+def _open_leading(s: ReasoningSplitter) -> str:
+    s._lead = ""  # whitespace before the answer's <think> is nobody's
+    return THINKING
+
+
+def pair_format(open_: str, close: str) -> str:
+    """The format name of a model's own pair of thinking markers."""
+    return "pair:" + json.dumps([open_, close])
+
+
+def closing(fmt: str) -> str:
+    """The text that ends a thinking block in ``fmt`` (what the worker writes when a budget runs out)."""
+    if fmt == "harmony":
+        return "<|end|><|start|>assistant<|channel|>final<|message|>"
+    if fmt == "channel":
+        return "<channel|>"
+    if fmt.startswith("pair:"):
+        return json.loads(fmt[5:])[1]
+    return PAIRS.get(fmt, PAIRS["think"])[1] + ("\n\n" if fmt in ("think", "think_leading") else "")
+
+
+RULES: dict[str, dict[str, dict[str, Transition]]] = {
+    **{name: _pair(*pair) for name, pair in PAIRS.items()},
+    "think_leading": {START: {"<think>": _open_leading}, THINKING: {"</think>": _to(CONTENT)}},
     "channel": {
         CONTENT: {"<|channel>": _to(COLLECT, reset=True), "<channel|>": _to(CONTENT)},
         THINKING: {"<|channel>": _to(COLLECT, reset=True), "<channel|>": _to(CONTENT)},
@@ -102,12 +135,16 @@ RULES: dict[str, dict[str, dict[str, Transition]]] = {
 
 class ReasoningSplitter:
     def __init__(self, fmt: str, prompt_tail: str = "", calls: bool = False):
-        if fmt not in RULES:
+        if fmt.startswith("pair:"):
+            self.rules = _pair(*json.loads(fmt[5:]))
+        elif fmt in RULES:
+            self.rules = RULES[fmt]
+        else:
             raise ValueError(f"unknown reasoning format {fmt!r}")
-        self.rules = RULES[fmt]
         self.calls = calls
-        self.state = CONTENT
+        self.state = START if fmt == "think_leading" else CONTENT
         self.header = ""
+        self._lead = ""  # think_leading: the answer's leading whitespace, until what follows is known
         self.role = ""  # harmony: the header's part before <|channel|>
         self.recipient = ""
         self._held = ""
@@ -117,16 +154,25 @@ class ReasoningSplitter:
             self.feed(prompt_tail)
             self.flush()
             self._ws, self._started = "", set()
+            if fmt == "think_leading" and self.state != THINKING:  # the answer's own start decides
+                self.state, self._lead = START, ""
 
     @property
     def thinking(self) -> bool:
         return self.state == THINKING
 
-    def _emit(self, out: list[tuple[str, str]], text: str) -> None:
+    def _emit(self, out: list[tuple[str, str]], text: str, final: bool = False) -> None:
         """Route ``text`` by state. Whitespace that only separates markers from text is
         dropped: at the start of each side, and at the end of a thinking block."""
-        if not text:
+        if not text and not (final and self._lead):
             return
+        if self.state == START:  # whitespace is held: it is content unless <think> follows
+            self._lead += text
+            if not text.strip() and not final:
+                return
+            # the answer began with something else: it goes as written, and <think> is content from here
+            text, self._lead, self.state = self._lead, "", CONTENT
+            self._started.add(CONTENT)
         if self.state == COLLECT:
             self.header += text
             return
@@ -167,7 +213,11 @@ class ReasoningSplitter:
             if hit is None:
                 break
             i, marker = hit
+            before = self.state
             self._emit(out, buf[:i])
+            if self.state != before:  # text before the marker changed the state: the marker is read anew
+                buf = buf[i:]
+                continue
             buf = buf[i + len(marker):]
             self.state = markers[marker](self)
             if self.state != THINKING:
@@ -187,22 +237,28 @@ class ReasoningSplitter:
     def flush(self) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []
         held, self._held = self._held, ""
-        self._emit(out, held)
+        self._emit(out, held, final=True)
         return out
 
 
 def detect(template: str | None, special_tokens: list[str]) -> str | None:
     """The format a model uses, from its chat template and the markers its vocabulary has
     as single tokens; None when it shows none."""
-    seen = set(special_tokens) | {m for m in ("<|channel|>", "<|message|>", "<|channel>", "<think>", "</think>")
+    seen = set(special_tokens) | {m for m in ("<|channel|>", "<|message|>", "<|channel>", "<think>", "</think>",
+                                              "<seed:think>", "[THINK]")
                                   if template and m in template}
     if {"<|channel|>", "<|message|>"} <= seen:
         return "harmony"
     if "<|channel>" in seen:
         return "channel"
+    if "<seed:think>" in seen:
+        return "seed"
+    if "[THINK]" in seen:
+        return "think_mistral"
     if "<think>" in seen or "</think>" in seen:
         return "think"
     return None
 
 
-MARKER_TOKENS = ("<think>", "</think>", "<|channel>", "<channel|>", "<|channel|>", "<|message|>")
+MARKER_TOKENS = ("<think>", "</think>", "<|channel>", "<channel|>", "<|channel|>", "<|message|>", "[THINK]", "[/THINK]",
+                 "<seed:think>", "</seed:think>")

@@ -232,11 +232,64 @@ async def test_reasoning_format_none_returns_the_raw_text(client):
     assert r.status == 400 and (await r.json())["error"]["param"] == "reasoning_format"
 
 
-async def test_split_markers_need_the_format_named_or_they_stay_text(aiohttp_client, model_files, write_config):
-    cfg = load_config(write_config(f"models:\n  m: {model_files}/think-split.gguf\n"))
+async def test_an_answer_opening_with_think_as_text_is_split_on_a_model_that_showed_no_marker(
+        aiohttp_client, model_files, write_config):
+    cfg = load_config(write_config(f"""
+        models:
+          m: {model_files}/think-split.gguf
+          raw:
+            path: {model_files}/think-split.gguf
+            reasoning: none
+    """))
     client = await aiohttp_client(create_app(cfg))
-    body = await whole(client, "m")  # ChatML template, no <think> token in the vocabulary: auto finds nothing
-    assert body["choices"][0]["message"]["content"] == "<think>Let me think.</think>It is 4."
+    # ChatML template, no <think> token in the vocabulary: auto finds no marker, but the answer
+    # opens with <think> written as text, as some fine-tunes do
+    message = (await whole(client, "m"))["choices"][0]["message"]
+    assert (message["reasoning_content"], message["content"]) == ("Let me think.", "It is 4.")
+    raw = (await whole(client, "raw"))["choices"][0]["message"]
+    assert raw["content"] == "<think>Let me think.</think>It is 4." and "reasoning_content" not in raw
+
+
+def test_think_only_at_the_start_on_such_a_model():
+    from gateway.reasoning import ReasoningSplitter
+
+    later = ReasoningSplitter("think_leading", "<|im_start|>assistant\n")
+    assert later.feed(" Use <think> tags.") + later.flush() == [("content", " Use <think> tags.")]
+    cut = ReasoningSplitter("think_leading")
+    out = [seg for piece in ["\n <th", "ink", ">a", "</thi", "nk>b"] for seg in cut.feed(piece)] + cut.flush()
+    assert out == [("thinking", "a"), ("content", "b")]
+
+
+@pytest.mark.parametrize("fmt, text", [
+    ("think_mistral", "[THINK]Plan.[/THINK]Done."),
+    ("seed", "<seed:think>Plan.</seed:think>Done."),
+    ("pair:" + json.dumps(["<reasoning>", "</reasoning>"]), "<reasoning>Plan.</reasoning>Done."),
+])
+def test_more_thinking_formats_cut_anywhere(fmt, text):
+    from gateway.reasoning import ReasoningSplitter
+
+    for cut in range(1, len(text)):
+        r = ReasoningSplitter(fmt)
+        out = r.feed(text[:cut]) + r.feed(text[cut:]) + r.flush()
+        merged: list[tuple[str, str]] = []
+        for kind, piece in out:
+            if merged and merged[-1][0] == kind:
+                merged[-1] = (kind, merged[-1][1] + piece)
+            else:
+                merged.append((kind, piece))
+        assert merged == [("thinking", "Plan."), ("content", "Done.")], (cut, out)
+
+
+@pytest.mark.parametrize("name, fmt", [("mistralai-Ministral-3-14B-Reasoning-2512", "think_mistral"),
+                                       ("ByteDance-Seed-OSS", "seed")])
+def test_new_formats_are_detected_from_real_templates(name, fmt):
+    from realmodel import CACHE
+
+    from gateway import testmodels as tm
+    from gateway.reasoning import detect
+
+    source = tm.llama_cpp_source_file(f"models/templates/{name}.jinja", CACHE / "templates").read_text()
+    assert detect(source, []) == fmt
 
 
 async def test_a_template_that_opens_think_and_enable_thinking(client):
@@ -262,3 +315,14 @@ async def test_reasoning_fields_can_be_picked(aiohttp_client, model_files, write
     client = await aiohttp_client(create_app(cfg))
     message = (await whole(client, "t"))["choices"][0]["message"]
     assert message["reasoning"] == "Let me think." and "reasoning_content" not in message
+
+
+def test_a_model_names_its_own_pair_of_markers(write_config):
+    from gateway.config import ConfigError
+    from gateway.reasoning import pair_format
+
+    cfg = load_config(write_config('models:\n  m:\n    path: x.gguf\n    reasoning: ["<r>", "</r>"]\n'))
+    assert cfg.models[0].reasoning == pair_format("<r>", "</r>")
+    for bad in ('["<r>"]', '["<r>", "<r>"]', '["", "</r>"]', "sometimes"):
+        with pytest.raises(ConfigError, match="models.m.reasoning"):
+            load_config(write_config(f"models:\n  m:\n    path: x.gguf\n    reasoning: {bad}\n"))

@@ -16,6 +16,7 @@ from typing import Any
 
 from .. import chat_template
 from ..reasoning import MARKER_TOKENS
+from ..toolcalls import MARKER_TOKENS as CALL_MARKERS
 from . import protocol
 from .vocab import Vocab
 
@@ -122,6 +123,6 @@ class Model:
             "n_ctx_train": self.ll.llama_model_n_ctx_train(self.handle),
             "chat_template": self.template, "has_model_template": self.model_template is not None,
             "gpu_offload": self.gpu_offload, "device": self.device, "pid": os.getpid(),
-            "special_tokens": [m for m in MARKER_TOKENS if self.vocab.single_token(m)],
+            "special_tokens": [m for m in (*MARKER_TOKENS, *CALL_MARKERS) if self.vocab.single_token(m)],
             "n_embd": self.n_embd, "embeddings": self.params.embeddings,
         }
