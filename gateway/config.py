@@ -94,6 +94,9 @@ class ModelSpec:
     chat_template: str | None = None  # Jinja source overriding the GGUF's own template
     reasoning: str = "auto"  # REASONING_MODES, or a pair of markers (reasoning.pair_format): how thinking is marked
     tool_format: str = "auto"  # how the model writes tool calls (TOOL_FORMATS)
+    # thinking tokens per OpenAI reasoning_effort (minimal/low/medium/high; null: no cap), over
+    # protocol.params.DEFAULT_BUDGETS
+    reasoning_budgets: dict[str, int | None] = field(default_factory=dict)
     defaults: dict[str, float] = field(default_factory=dict)  # sampling defaults for requests
     source: str = "models.yaml"  # models.yaml | discovered | demo
 
@@ -275,6 +278,15 @@ class _Parser:
             return _INVALID
         return self.one_of(REASONING_MODES)(where, v)
 
+    def reasoning_budgets(self, where: str, v: Any):
+        efforts = ("minimal", "low", "medium", "high")
+        if not isinstance(v, dict) or any(k not in efforts for k in v) or any(
+                b is not None and (not isinstance(b, int) or isinstance(b, bool) or b < 0) for b in v.values()):
+            self.error(where, f"must map {', '.join(efforts)} to a number of tokens >= 0 (or null: no cap), "
+                              f"got {_show(v)}")
+            return _INVALID
+        return dict(v)
+
     def boolean(self, where: str, v: Any):
         if not isinstance(v, bool):
             self.error(where, f"must be true or false, got {_show(v)}")
@@ -450,6 +462,7 @@ class _Parser:
             "chat_template": self.string,
             "reasoning": self.reasoning,
             "tool_format": self.one_of(TOOL_FORMATS),
+            "reasoning_budgets": self.reasoning_budgets,
             "defaults": self.defaults,
         })
         if "path" not in fields and "path" not in raw:

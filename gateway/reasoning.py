@@ -118,7 +118,7 @@ def closing(fmt: str) -> str:
         return "<channel|>"
     if fmt.startswith("pair:"):
         return json.loads(fmt[5:])[1]
-    return PAIRS.get(fmt, PAIRS["think"])[1] + ("\n\n" if fmt in ("think", "think_leading") else "")
+    return PAIRS.get(fmt, PAIRS["think"])[1]
 
 
 RULES: dict[str, dict[str, dict[str, Transition]]] = {

@@ -11,7 +11,7 @@ from ..appkeys import CONFIG, REGISTRY
 from ..errors import ApiError, InvalidRequest
 from ..events import observation
 from ..protocol import openai as oai
-from ..protocol.params import require_model
+from ..protocol.params import apply_effort, require_model
 from .body import read_json_object
 from .common import apply_limits, event_stream, ignore_gone
 
@@ -52,6 +52,7 @@ async def _run(request: web.Request, parsed: oai.Parsed, kind: str, spec, backen
     reasoning = spec.reasoning if kind == "chat" and parsed.reasoning_format != "none" else None
     for req in parsed.requests:
         answer.prepare(req, spec.name, reasoning, spec.tool_format, backend.info)
+        apply_effort(req, parsed.reasoning_effort, spec.reasoning_budgets, req.reasoning)
     if parsed.stream:
         return await _stream(request, render, parsed, backend)
     choices, finishes = [], []

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 
+from ..reasoning import closing
 from . import protocol
 from .model import Model
 from .outbox import Outbox
@@ -31,6 +32,7 @@ class Decoder:
         # bound once: called for every token
         self._logits, self._sample = sampling.logits, sampling.sample
         self._is_eog, self._piece = model.vocab.is_eog, model.vocab.piece
+        self._tokenize = model.vocab.tokenize
 
     def admit(self, rid: int, req: protocol.GenerationRequest, tokens: list[int], prompt_tail: str) -> Sequence:
         """Give a prepared request (``Prompts.prepare``) the free slot whose cache shares the
@@ -146,7 +148,12 @@ class Decoder:
                     self.out.send(failure(seq.rid, e))
 
     def _next_token(self, seq: Sequence) -> None:
-        if seq.chain is not None:
+        tok: int | None
+        if seq.forced:  # a thinking budget ran out: its closing marker is written, not sampled
+            tok = seq.forced.pop(0)
+            if seq.chain is not None:
+                self.ll.llama_sampler_accept(seq.chain, tok)
+        elif seq.chain is not None:
             tok = self._sample(seq.chain, seq.logit_row)
             if tok is None:
                 return self.finish(seq, "stop")
@@ -160,7 +167,10 @@ class Decoder:
         seq.n_gen += 1
         if seq.top_n is not None:
             seq.probs.append(self.sampling.logprobs(tok, seq.top_n, seq.logit_row))
-        text, matched = seq.stops.feed(seq.utf8.feed(self._piece(tok)))
+        piece = self._piece(tok)
+        if seq.thinking is not None:
+            self._watch_thinking(seq, piece)
+        text, matched = seq.stops.feed(seq.utf8.feed(piece))
         if text:
             seq.send_text(text, self.out)
         if matched is not None:
@@ -169,6 +179,22 @@ class Decoder:
         if seq.n_gen >= seq.limit or (seq.deadline is not None and time.time() >= seq.deadline):
             return self.finish(seq, "length")  # max_tokens, the context, or server.request_timeout
         seq.pending = tok
+
+    def _watch_thinking(self, seq: Sequence, piece: bytes) -> None:
+        """Count the answer's thinking tokens; at the budget, queue the tokens that end the
+        thinking the way the model's format ends it (once: the watch stops there). A grammar
+        constraining from the first token (a required call) owns the answer, so no budget is
+        forced into it."""
+        watch = seq.thinking
+        assert watch is not None and seq.budget is not None
+        was = watch.thinking
+        watch.feed(piece.decode("utf-8", "replace"))
+        if was or watch.thinking:
+            seq.n_thinking += 1
+        if watch.thinking and seq.n_thinking >= seq.budget:
+            seq.thinking = None
+            if not (seq.req.grammar and not seq.req.grammar_triggers):
+                seq.forced = self._tokenize(closing(seq.req.reasoning or "think"), add_special=False)
 
     def finish(self, seq: Sequence, finish: str) -> None:
         """End a sequence: the rest of its text (what the stop matcher and the UTF-8 decoder held

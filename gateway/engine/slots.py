@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
+from ..reasoning import ReasoningSplitter
 from ..textstream import StopMatcher, Utf8Stream
 from . import protocol
 from .outbox import Outbox
@@ -68,6 +69,14 @@ class Sequence:
         self.matched: str | None = None
         self.cancelled = False
         self.shown = False  # a text event has been sent (the first one is never held back)
+        # a thinking budget: the answer's thinking is watched, and once it has taken the budget's
+        # tokens, ``forced`` holds the tokens that close it, written before anything is sampled
+        self.thinking = self.budget = None
+        if req.reasoning and req.thinking_budget is not None:
+            self.thinking = ReasoningSplitter(req.reasoning, prompt_tail)
+            self.budget = req.thinking_budget
+        self.n_thinking = 0
+        self.forced: list[int] = []
 
     def text_event(self, text: str) -> protocol.Text:
         event = protocol.Text(self.rid, text, self.n_gen, self.probs or None)

@@ -121,7 +121,17 @@ def parse(body: dict[str, Any]) -> Parsed:
         kind = thinking_field.get("type") if isinstance(thinking_field, dict) else None
         if kind not in ("enabled", "disabled", "adaptive"):
             raise InvalidRequest("thinking.type: must be enabled or disabled", "thinking.type")
-        req.chat_template_kwargs["enable_thinking"] = kind != "disabled"
+        if kind == "enabled":
+            budget = thinking_field.get("budget_tokens")
+            if not isinstance(budget, int) or isinstance(budget, bool) or budget < 0:
+                raise InvalidRequest("thinking.budget_tokens: must be an integer >= 0 (0: no thinking)",
+                                     "thinking.budget_tokens")
+            if budget >= max_tokens:
+                raise InvalidRequest(f"max_tokens must be greater than thinking.budget_tokens ({budget})",
+                                     "thinking.budget_tokens")
+            req.thinking_budget = budget
+            kind = "disabled" if budget == 0 else kind
+        req.chat_template_kwargs.setdefault("enable_thinking", kind != "disabled")
     return Parsed(model, req, stream, explicit=explicit)
 
 

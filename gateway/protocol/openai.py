@@ -21,7 +21,7 @@ from ..engine.protocol import GenerationRequest
 from ..errors import InvalidRequest
 from ..grammar import grammar_problem
 from . import tools as wire_tools
-from .params import SAMPLING, Parsed, apply_defaults, read_sampling, read_stops, require_model, shown  # noqa: F401 (apply_defaults: re-exported)
+from .params import EFFORTS, SAMPLING, Parsed, apply_defaults, read_sampling, read_stops, require_model, shown  # noqa: F401 (apply_defaults: re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,8 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 KNOWN_CHAT = {
     "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "stream",
     "stream_options", "seed", "presence_penalty", "frequency_penalty", "n", "user", "top_k", "min_p",
-    "repeat_penalty", "chat_template_kwargs", "ignore_eos", "reasoning_format", "response_format", "grammar",
+    "repeat_penalty", "chat_template_kwargs", "ignore_eos", "reasoning_format", "reasoning_effort", "response_format",
+    "grammar",
     "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
 }
 REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")  # llama-server's values; all but none split
@@ -215,8 +216,12 @@ def parse_chat(body: dict[str, Any]) -> Parsed:
     if fmt is not None and fmt not in REASONING_FORMATS:
         raise InvalidRequest(f"`reasoning_format` must be one of {', '.join(REASONING_FORMATS)}, got {shown(fmt)}",
                              "reasoning_format")
+    effort = body.get("reasoning_effort")
+    if effort is not None and effort not in EFFORTS:
+        raise InvalidRequest(f"`reasoning_effort` must be one of {', '.join(EFFORTS)}, got {shown(effort)}",
+                             "reasoning_effort")
     _log_unknown(body, KNOWN_CHAT)
-    return Parsed(model, req, stream, include_usage, explicit, fmt or "auto")
+    return Parsed(model, req, stream, include_usage, explicit, fmt or "auto", effort)
 
 
 MAX_PROMPTS = 64

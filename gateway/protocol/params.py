@@ -81,6 +81,7 @@ class Parsed:
     include_usage: bool = False
     explicit: set[str] = field(default_factory=set)  # sampling fields the caller set
     reasoning_format: str = "auto"  # "none": thinking stays in the content, markers and all
+    reasoning_effort: str | None = None  # OpenAI's: none | minimal | low | medium | high
     more: list[GenerationRequest] = field(default_factory=list)  # further prompts of a batch, one choice each
 
     @property
@@ -97,3 +98,30 @@ def apply_defaults(parsed: Parsed, defaults: dict[str, Any]) -> None:
                     req.max_tokens = value
             elif name not in parsed.explicit:
                 setattr(req, name, value)
+
+
+EFFORTS = ("none", "minimal", "low", "medium", "high")
+# Thinking tokens each effort allows (None: no cap), unless a model's models.yaml says otherwise:
+# "high" leaves a model its own judgement, the others cap it at sizes that suit an interactive answer.
+DEFAULT_BUDGETS: dict[str, int | None] = {"minimal": 256, "low": 1024, "medium": 4096, "high": None}
+
+
+def apply_effort(req: GenerationRequest, effort: str | None, budgets: dict[str, int | None],
+                 reasoning: str | None) -> None:
+    """OpenAI's ``reasoning_effort``, once the model is known: a thinking budget from the model's
+    ``reasoning_budgets`` (over ``DEFAULT_BUDGETS``); ``none`` turns thinking off where the
+    template allows (``enable_thinking``) and ends any thinking at once. gpt-oss's template takes
+    the effort itself (``reasoning_effort``: low, medium or high). A caller's own
+    ``chat_template_kwargs`` win."""
+    if effort is None:
+        return
+    kwargs = req.chat_template_kwargs
+    if effort == "none":
+        kwargs.setdefault("enable_thinking", False)
+        req.thinking_budget = 0
+        return
+    if reasoning == "harmony":
+        kwargs.setdefault("reasoning_effort", "low" if effort == "minimal" else effort)
+    budget = {**DEFAULT_BUDGETS, **budgets}.get(effort)
+    if budget is not None and req.thinking_budget is None:
+        req.thinking_budget = budget
