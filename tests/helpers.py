@@ -100,3 +100,17 @@ class ServerProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def tiny_random_model(vocab: str, seed: int) -> Path:
+    """A one-layer random-weight llama with llama.cpp's real ``vocab`` vocabulary, written once
+    into the repository's cache and kept between runs."""
+    from gateway import testmodels as tm
+
+    path = REPO / ".cache" / "models" / f"random-{vocab}-tiny.gguf"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        vocab_file = tm.find_vocab(vocab, cache_dir=REPO / ".cache" / "vocab")
+        tm.write_random_model(path.with_suffix(".part"), vocab_file, n_embd=64, n_layer=1, n_head=2, n_ff=64, seed=seed)
+        path.with_suffix(".part").replace(path)
+    return path

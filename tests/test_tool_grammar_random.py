@@ -3,18 +3,16 @@ the weights say, every call's arguments parse and validate against the tool's sc
 the worker samples them under the grammar made from it."""
 
 import json
-from pathlib import Path
 
 import jsonschema
 import pytest
+from helpers import tiny_random_model
 
-from gateway import testmodels as tm
 from gateway.app import create_app
 from gateway.config import load_config
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parent.parent
 PARAMS = {"type": "object", "additionalProperties": False, "required": ["city", "days", "unit", "tags"],
           "properties": {"city": {"type": "string", "maxLength": 12},
                          "days": {"type": "integer", "minimum": 1, "maximum": 14},
@@ -25,13 +23,7 @@ TOOL = {"type": "function", "function": {"name": "get_forecast", "description": 
 
 @pytest.fixture(scope="module")
 def model():
-    path = REPO / ".cache" / "models" / "random-qwen2-tiny.gguf"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        vocab = tm.find_vocab("qwen2", cache_dir=REPO / ".cache" / "vocab")
-        tm.write_random_model(path.with_suffix(".part"), vocab, n_embd=64, n_layer=1, n_head=2, n_ff=64, seed=7)
-        path.with_suffix(".part").replace(path)
-    return path
+    return tiny_random_model("qwen2", seed=7)
 
 
 async def test_twenty_seeded_required_calls_fit_the_schema(aiohttp_client, model, write_config):

@@ -6,7 +6,7 @@ import struct
 
 import jsonschema
 import pytest
-from helpers import REPO
+from helpers import REPO, tiny_random_model
 from openapi import validate
 
 from gateway import testmodels as tm
@@ -29,13 +29,7 @@ def files(tmp_path_factory):
 @pytest.fixture(scope="module")
 def random_model():
     """A small random-weight llama with llama.cpp's real 32k SentencePiece vocabulary (kept between runs)."""
-    path = REPO / ".cache" / "models" / "random-llama-spm-tiny.gguf"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        vocab = tm.find_vocab("llama-spm", cache_dir=REPO / ".cache" / "vocab")
-        tm.write_random_model(path.with_suffix(".part"), vocab, n_embd=64, n_layer=1, n_head=2, n_ff=64, seed=3)
-        path.with_suffix(".part").replace(path)
-    return path
+    return tiny_random_model("llama-spm", seed=3)
 
 
 @pytest.fixture
