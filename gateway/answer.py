@@ -3,6 +3,7 @@ pieces and a finish. Streamed and whole answers both consume this, so they canno
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -10,10 +11,11 @@ from typing import Any
 from . import toolcalls
 from .backend import GenerationEvents
 from .engine import protocol
-from .errors import ApiError
+from .errors import ApiError, from_event
 from .events import Observation
 from .reasoning import THINKING, detect
 from .toolcalls import AnswerParser
+from .upstream import NATIVE
 
 
 @dataclass
@@ -55,7 +57,7 @@ class Finish:
 
 def api_error(event: protocol.Error) -> ApiError:
     """The one translation of a worker's error event into what the caller is told."""
-    return ApiError(event.message, status=event.status, param=event.param, code=event.code)
+    return from_event(event)
 
 
 def reasoning_format(configured: str, info: dict[str, Any]) -> str | None:
@@ -73,6 +75,8 @@ def tool_format(configured: str, info: dict[str, Any]) -> str | None:
     """The syntax the model writes calls in: the model's ``tool_format`` setting, or for ``auto``
     what its chat template and vocabulary show, ``plain`` (the tools described in a system
     message) for a template with no tool support; None for ``none`` (tools refused)."""
+    if info.get("tool_calls") == NATIVE:  # the backend's server reads calls itself (an upstream)
+        return NATIVE
     if configured == "none":
         return None
     if configured != "auto":
@@ -105,7 +109,7 @@ async def start(gen: GenerationEvents, req: protocol.GenerationRequest,
         raise api_error(event)
     if not isinstance(event, protocol.Start):
         raise ApiError(f"the model worker answered {type(event).__name__} before starting", status=500)
-    tools = req.tools if req.tool_format else None
+    tools = req.tools if req.tool_format and req.tool_format != NATIVE else None
     return event, AnswerParser(req.tool_format if tools else None, tools, reasoning=req.reasoning,
                                prompt_tail=event.prompt_tail, stream=stream)
 
@@ -115,18 +119,21 @@ async def pieces(gen: GenerationEvents, parser: AnswerParser,
     """Thinking and content pieces and calls, then the finish. Token log-probabilities ride on
     the next piece to leave (a marker held back by the parser delays them, never drops them).
     ``obs`` gets the token times and counts (time to first token, inter-token latency) and the
-    calls that failed to parse."""
+    calls that failed to parse. Thinking and calls a backend received already split (an
+    upstream's) pass through; a whole answer holds such calls until their arguments parse."""
     seen = reasoning = 0
     probs: list[dict[str, Any]] = []
     calls = 0
     for_items = _Items()
+    native = _NativeCalls(hold=not parser.stream)
     async for event in gen:
         if isinstance(event, protocol.Error):
             raise api_error(event)
-        if isinstance(event, protocol.Text):
+        if isinstance(event, protocol.Text | protocol.Thinking):
             n, seen = event.tokens - seen, event.tokens
             if obs is not None:
                 obs.tokens(n)
+        if isinstance(event, protocol.Text):
             if event.logprobs:
                 probs += event.logprobs
             items = parser.feed(event.text)
@@ -138,6 +145,12 @@ async def pieces(gen: GenerationEvents, parser: AnswerParser,
                 elif isinstance(item, Call):
                     calls += 1
                 yield item
+        elif isinstance(event, protocol.Thinking):
+            reasoning += n
+            yield Piece(THINKING, event.text)
+        elif isinstance(event, protocol.CallDelta):
+            for item in native.feed(event):
+                yield item
         elif isinstance(event, protocol.Done):
             for item in for_items(parser.flush()):
                 if isinstance(item, Piece):
@@ -145,16 +158,64 @@ async def pieces(gen: GenerationEvents, parser: AnswerParser,
                 elif isinstance(item, Call):
                     calls += 1
                 yield item
+            for item in native.flush():
+                yield item
+            calls += native.calls
             reason = event.finish_reason
-            if calls and reason == "stop" and for_items.completed:
+            completed = for_items.completed + native.calls
+            if calls and reason == "stop" and completed:
                 reason = "tool_calls"
             finish = Finish(reason, event.stop, event.prompt_tokens, event.completion_tokens,
                             reasoning, event.cached_tokens)
             if obs is not None:
                 obs.finished(finish)
-                obs.tool_calls += for_items.completed
-                obs.tool_call_failures += parser.failed
+                obs.tool_calls += completed
+                obs.tool_call_failures += parser.failed + native.failed
             yield finish
+
+
+class _NativeCalls:
+    """Calls a backend received parsed (``CallDelta``), as ``Call`` and ``CallArgs``. ``hold``
+    (whole answers): each is given at the end, and only if its arguments are one JSON object;
+    otherwise its text becomes content and the failure is recorded."""
+
+    def __init__(self, hold: bool):
+        self.hold = hold
+        self.calls = 0
+        self.failed: list[str] = []
+        self._open: dict[int, tuple[str, str, list[str]]] = {}  # index -> (id, name, argument pieces)
+        self._index: dict[int, int] = {}  # the upstream's index -> the answer's
+
+    def feed(self, delta: protocol.CallDelta) -> list[Item]:
+        if delta.name is not None:
+            self._index[delta.index] = len(self._index)
+            self._open[delta.index] = (delta.call_id or f"call_{delta.id}_{delta.index}", delta.name, [])
+            if not self.hold:
+                self.calls += 1
+                out: list[Item] = [Call(self._index[delta.index], *self._open[delta.index][:2])]
+                return out + ([CallArgs(self._index[delta.index], delta.arguments)] if delta.arguments else [])
+        if delta.index not in self._open:
+            return []
+        self._open[delta.index][2].append(delta.arguments)
+        return [] if self.hold or not delta.arguments else [CallArgs(self._index[delta.index], delta.arguments)]
+
+    def flush(self) -> list[Item]:
+        if not self.hold:
+            return []
+        out: list[Item] = []
+        for call_id, name, pieces in self._open.values():
+            text = "".join(pieces)
+            try:
+                whole = json.loads(text or "{}")
+            except ValueError:
+                whole = None
+            if not isinstance(whole, dict):
+                self.failed.append(f"arguments of {name!r} are not a JSON object: {text[:200]!r}")
+                out.append(Piece("content", text))
+                continue
+            out += [Call(self.calls, call_id, name), CallArgs(self.calls, json.dumps(whole, ensure_ascii=False))]
+            self.calls += 1
+        return out
 
 
 class _Items:

@@ -245,6 +245,7 @@ def create_app(config: Config, registry: Registry | None = None) -> web.Applicat
     app[METRICS] = Metrics()
     app[REGISTRY].metrics = app[METRICS]
     app[METRICS].watch_models(app[REGISTRY].metrics_rows)
+    app[METRICS].watch_upstreams(app[REGISTRY].upstream_rows, app[REGISTRY].replica_rows)
     app[EVENTS] = EventSink(config.server.events_path)
     app[LIFECYCLE] = {"draining": False}
     server = config.server
@@ -259,7 +260,10 @@ def create_app(config: Config, registry: Registry | None = None) -> web.Applicat
 
 
 async def _workers_ctx(app: web.Application):
+    watch = asyncio.ensure_future(app[REGISTRY].upstreams.watch())  # upstreams' health, and the models they list
     await app[REGISTRY].preload()
     yield
+    watch.cancel()
+    await asyncio.gather(watch, return_exceptions=True)
     await app[REGISTRY].close()
     app[EVENTS].close()

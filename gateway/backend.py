@@ -52,6 +52,8 @@ class GenerationEvents(Protocol):
 
     async def __aexit__(self, *exc: Any) -> None: ...
 
+    def close(self) -> None: ...  # leave early: the rest of the answer is not wanted
+
 
 class Backend(Protocol):
     info: dict[str, Any]  # what the model reported at load (n_ctx, chat_template, special tokens, ...)
@@ -103,6 +105,8 @@ class BackendFactory(Protocol):
 async def start_local(spec: ModelSpec, server: ServerConfig, *, on_exit: Callable[[Backend, bool], None],
                       on_busy: Callable[[], None]) -> Backend:
     """A llama.cpp worker process on this machine; raises ``StartFailed``."""
+    if spec.path is None:
+        raise StartFailed(f"model {spec.name!r} has no file to run here")
     try:
         await asyncio.to_thread(discovery.INFO_CACHE.get, spec.path)  # a bad file fails here, before a spawn
         worker = WorkerProcess(LoadParams(

@@ -42,7 +42,7 @@ class ModelCatalog:
         """Re-read the stores (blocking I/O: call it off the event loop when serving)."""
         cfg = self.config
         configured = {normalize_name(n): s for s in cfg.models for n in s.names}
-        configured_paths = {os.path.realpath(s.path): s for s in cfg.models}
+        configured_paths = {os.path.realpath(s.path): s for s in cfg.models if s.path is not None}
         found = discovery.scan(discovery.roots_for(cfg.server.models_dirs, cfg.server.discover_default_stores))
         same_file = [f for f in found if os.path.realpath(f.path) in configured_paths]
         table = discovery.Catalog.build([f for f in found if f not in same_file], set(configured))
@@ -112,6 +112,9 @@ class ModelCatalog:
 
     @staticmethod
     def info(spec: ModelSpec) -> GGUFInfo | None:
+        """The GGUF header of a local model (None for one served elsewhere, or a bad file)."""
+        if spec.path is None:
+            return None
         try:
             return discovery.INFO_CACHE.get(spec.path)
         except ModelFileError:

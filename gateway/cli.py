@@ -107,12 +107,13 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         return 1
     problems = list(config.warnings)  # missing model files
     for spec in config.models:
-        if not spec.path.is_file():
-            continue
-        try:
-            read_info(spec.path)
-        except ModelFileError as e:
-            problems.append(f"{config.path}: models.{spec.name}: {e}")
+        for member in spec.members:
+            if member.path is None or not member.path.is_file():
+                continue
+            try:
+                read_info(member.path)
+            except ModelFileError as e:
+                problems.append(f"{config.path}: models.{spec.name}: {e}")
     for line in problems:
         print(f"error: {line}", file=sys.stderr)
     if problems:
@@ -145,6 +146,11 @@ def cmd_models(args: argparse.Namespace) -> int:
         names = registry.names_of(spec)
         row: dict[str, Any] = {"name": spec.name, "aliases": names[1:], "source": spec.source, "file": str(spec.path),
                "conflicts": {n: [str(p) for p in lost] for n, lost in registry.conflicts_won(spec).items()}}
+        if spec.path is None:  # served elsewhere, or by replicas: nothing on disk to read
+            row.update(size=None, architecture=None, quantization=None, context_length=None, error=None,
+                       tool_format=None, file=_served_by(spec))
+            rows.append(row)
+            continue
         try:
             info = read_info(spec.path)
             row.update(size=info.file_size, architecture=info.architecture, quantization=info.quantization,
@@ -168,6 +174,8 @@ def cmd_models(args: argparse.Namespace) -> int:
         name = r["name"] + (f" ({', '.join(r['aliases'])})" if r["aliases"] else "")
         if r["error"]:
             table.append((name, r["source"], "-", "-", "-", "-", f"{r['file']}  [error: {r['error']}]"))
+        elif r["size"] is None:
+            table.append((name, r["source"], "-", "-", "-", "-", r["file"]))
         else:
             table.append((name, r["source"], _human(r["size"]), r["architecture"] or "?",
                           r["quantization"] or "?", r["tool_format"] or "none", r["file"]))
@@ -178,6 +186,13 @@ def cmd_models(args: argparse.Namespace) -> int:
         for name, lost in r["conflicts"].items():
             print(f"name {name!r}: {r['file']} won over {', '.join(lost)}")
     return 0
+
+
+def _served_by(spec) -> str:
+    """Where a model that is not one local file runs: its upstream, or its replicas."""
+    if spec.upstream is not None:
+        return f"{spec.upstream.url} ({spec.upstream.model or spec.name})"
+    return "replicas: " + ", ".join(_served_by(m) if m.path is None else str(m.path) for m in spec.replicas)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import yaml
 
@@ -68,11 +69,30 @@ class ConfigError(Exception):
 
 
 @dataclass(frozen=True)
+class Upstream:
+    """Another machine's OpenAI-compatible server that answers for a model (``upstream:`` in
+    models.yaml). Its URL comes only from configuration, never from a request; its key is
+    never logged, shown or counted (``repr`` leaves it out)."""
+
+    url: str  # base URL, ending before /chat/completions (e.g. http://box:8080/v1)
+    model: str | None = None  # the upstream's name for the model; None: the entry's own name
+    api_key: str | None = field(default=None, repr=False)
+    discover: bool = False  # list the upstream's models under ``prefix``
+    prefix: str = ""  # discovered names are prefix + the upstream's model id
+    connect_timeout: float = 10.0  # seconds to open a connection
+    first_byte_timeout: float = 300.0  # seconds from sending a request to the answer's first event
+    idle_timeout: float = 120.0  # seconds between two events of an answer
+    max_connections: int = 32  # the pool's open connections to this upstream
+
+
+@dataclass(frozen=True)
 class ModelSpec:
-    """A model the gateway can serve: where it lives and how to load it."""
+    """A model the gateway can serve: where it lives and how to load it. Exactly one of
+    ``path`` (a GGUF run here), ``upstream`` (another server) or ``replicas`` (several of
+    those behind this one name) is set."""
 
     name: str
-    path: Path
+    path: Path | None = None
     aliases: tuple[str, ...] = ()
     n_ctx: int | None = None  # None: the model's trained context, capped (engine decides)
     n_gpu_layers: int = -1  # -1: every layer on the GPU when llama.cpp has one
@@ -98,11 +118,24 @@ class ModelSpec:
     # protocol.params.DEFAULT_BUDGETS
     reasoning_budgets: dict[str, int | None] = field(default_factory=dict)
     defaults: dict[str, float] = field(default_factory=dict)  # sampling defaults for requests
-    source: str = "models.yaml"  # models.yaml | discovered | demo
+    source: str = "models.yaml"  # models.yaml | discovered | demo | upstream
+    upstream: Upstream | None = None
+    replicas: tuple[ModelSpec, ...] = ()  # each a local or upstream spec, named NAME#1, NAME#2, ...
+    rpc: tuple[str, ...] = ()  # llama.cpp RPC servers (host:port) that hold part of a local model's layers
 
     @property
     def names(self) -> tuple[str, ...]:
         return (self.name, *self.aliases)
+
+    @property
+    def local(self) -> bool:
+        """Whether the model runs in a worker on this machine (and takes its memory)."""
+        return self.path is not None
+
+    @property
+    def members(self) -> tuple[ModelSpec, ...]:
+        """The specs that run: the replicas, or the spec itself."""
+        return self.replicas or (self,)
 
 
 @dataclass(frozen=True)
@@ -135,6 +168,9 @@ class ServerConfig:
     # how long a streamed token may wait to go out with the next ones (a fast model's tokens
     # then reach the gateway process in twos or threes: fewer wake-ups); 0: each at once
     stream_interval_ms: int = 10
+    # how often an upstream server (``upstream:``) is asked for its /models while it is not
+    # down (a down one is asked when its back-off ends); 0: only requests tell its health
+    upstream_check_seconds: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -385,6 +421,7 @@ class _Parser:
             "drain_seconds": self.seconds,
             "metrics_public": self.boolean,
             "stream_interval_ms": self.integer(minimum=0, maximum=1000, what="an integer from 0 to 1000"),
+            "upstream_check_seconds": self.seconds,
         })
 
         keys = list(server.pop("api_keys", ()))
@@ -424,8 +461,9 @@ class _Parser:
                     self.error(where, f"name {_show(n)} is already used by {seen[key]}")
                 else:
                     seen[key] = where
-            if check_files and not spec.path.is_file():
-                self.warnings.append(f"{self.file}: {where}: model file not found: {spec.path}")
+            for member in spec.members:
+                if check_files and member.path is not None and not member.path.is_file():
+                    self.warnings.append(f"{self.file}: {where}: model file not found: {member.path}")
             models.append(spec)
 
         if self.problems:
@@ -437,21 +475,78 @@ class _Parser:
         if not isinstance(name, str) or not name.strip():
             self.error(where, f"model name must be a non-empty string, got {_show(name)}")
             return None
+        name = name.strip()
         if isinstance(raw, str):
             path = self.path(where, raw)
-            return ModelSpec(name=name.strip(), path=path) if path else None
+            return ModelSpec(name=name, path=path) if path else None
         if not isinstance(raw, dict):
-            self.error(where, f"must be a file path or a mapping with `path`, got {_show(raw)}")
+            self.error(where, f"must be a file path or a mapping with `path` (or `upstream`, `replicas`), "
+                              f"got {_show(raw)}")
             return None
         before = len(self.problems)
-        fields = self.mapping(where, raw, {
-            "path": self.path_field,
+        kinds = [k for k in ("path", "upstream", "replicas") if k in raw]
+        if not kinds:
+            self.error(f"{where}.path", "required: the model's GGUF file (or `upstream`: another server's URL, "
+                                        "or `replicas`)")
+            return None
+        if len(kinds) > 1:
+            self.error(where, f"needs exactly one of `path`, `upstream` or `replicas`, got {', '.join(kinds)}")
+            return None
+        if kinds == ["replicas"]:
+            stray = sorted(k for k in raw if k not in self._common_keys() and k != "replicas")
+            if stray:
+                self.error(where, f"{', '.join(stray)}: set these on each replica, not on the entry")
+            fields = self.mapping(where, {k: v for k, v in raw.items() if k not in stray},
+                                  {**self._common_keys(), "replicas": self.list_of(lambda w, v: v)})
+            members = []
+            for i, item in enumerate(fields.get("replicas", ()), 1):
+                member = self.member(f"{where}.replicas[{i - 1}]", f"{name}#{i}", item)
+                if member is not None:
+                    members.append(member)
+            if not fields.get("replicas"):
+                self.error(f"{where}.replicas", "must list at least one replica")
+            fields["replicas"] = tuple(members)
+            fields["parallel"] = sum(m.parallel for m in members) or 1
+        else:
+            fields = self._kind_fields(where, raw, upstream=kinds == ["upstream"])
+        if len(self.problems) > before:
+            return None
+        return self._spec(where, name, fields)
+
+    def member(self, where: str, name: str, raw: Any) -> ModelSpec | None:
+        """One replica: a GGUF path, or a mapping for a local or an upstream backend."""
+        if isinstance(raw, str):
+            path = self.path(where, raw)
+            return ModelSpec(name=name, path=path) if path else None
+        if not isinstance(raw, dict):
+            self.error(where, f"must be a file path or a mapping with `path` or `upstream`, got {_show(raw)}")
+            return None
+        before = len(self.problems)
+        kinds = [k for k in ("path", "upstream") if k in raw]
+        if len(kinds) != 1:
+            self.error(where, f"needs exactly one of `path` or `upstream`, got {', '.join(kinds) or 'none'}")
+            return None
+        fields = self._kind_fields(where, raw, upstream=kinds == ["upstream"])
+        if len(self.problems) > before:
+            return None
+        return self._spec(where, name, fields)
+
+    def _common_keys(self) -> dict[str, Callable[[str, Any], Any]]:
+        return {
             "aliases": self.list_of(self.string),
-            "n_ctx": self.integer(minimum=1, what="a positive integer"),
-            "n_gpu_layers": self.integer(minimum=-1, what="an integer >= -1 (-1: all layers)"),
-            "embeddings": self.boolean,
             "keep_alive": self.duration,
             "preload": self.boolean,
+            "reasoning": self.reasoning,
+            "reasoning_budgets": self.reasoning_budgets,
+            "defaults": self.defaults,
+            "embeddings": self.boolean,
+        }
+
+    def _local_keys(self) -> dict[str, Callable[[str, Any], Any]]:
+        return {
+            "path": self.path_field,
+            "n_ctx": self.integer(minimum=1, what="a positive integer"),
+            "n_gpu_layers": self.integer(minimum=-1, what="an integer >= -1 (-1: all layers)"),
             "n_threads": self.integer(minimum=1, what="a positive integer"),
             "n_batch": self.integer(minimum=1, what="a positive integer"),
             "parallel": self.integer(minimum=1, maximum=64, what="an integer from 1 to 64"),
@@ -460,16 +555,97 @@ class _Parser:
             "swa_full": self.boolean,
             "use_mmap": self.boolean,
             "chat_template": self.string,
-            "reasoning": self.reasoning,
             "tool_format": self.one_of(TOOL_FORMATS),
-            "reasoning_budgets": self.reasoning_budgets,
-            "defaults": self.defaults,
-        })
-        if "path" not in fields and "path" not in raw:
-            self.error(f"{where}.path", "required: the model's GGUF file")
-        if len(self.problems) > before:
-            return None
-        return ModelSpec(name=name.strip(), **fields)
+            "rpc": self.list_of(self.rpc_server),
+            **self._common_keys(),
+        }
+
+    def _upstream_keys(self) -> dict[str, Callable[[str, Any], Any]]:
+        return {
+            "upstream": self.url,
+            "model": self.string,
+            "api_key": self.string,
+            "api_key_env": self.string,
+            "api_key_file": self.path_field,
+            "upstream_discover": self.boolean,
+            "prefix": self.string,
+            "timeouts": lambda w, v: self.mapping(w, v, {"connect": self.positive_seconds,
+                                                         "first_byte": self.positive_seconds,
+                                                         "idle": self.positive_seconds}),
+            "max_connections": self.integer(minimum=1, maximum=4096, what="an integer from 1 to 4096"),
+            "parallel": self.integer(minimum=1, maximum=1024, what="an integer from 1 to 1024"),
+            **self._common_keys(),
+        }
+
+    def _kind_fields(self, where: str, raw: dict[str, Any], *, upstream: bool) -> dict[str, Any]:
+        """A local or an upstream entry's fields; a key that belongs to the other kind of backend
+        is named as such (a typo'd config must not half-work)."""
+        table, other = (self._upstream_keys(), self._local_keys()) if upstream else (self._local_keys(),
+                                                                                     self._upstream_keys())
+        what = "a local model (`path`), not an upstream" if upstream else "an upstream (`upstream`), not a local model"
+        for key in raw:
+            if key not in table and key in other:
+                self.error(f"{where}.{key}", f"is for {what}")
+        keys = [k for k in ("api_key", "api_key_env", "api_key_file") if k in raw]
+        if len(keys) > 1:
+            self.error(where, f"give one of api_key, api_key_env, api_key_file, got {', '.join(keys)}")
+        return self.mapping(where, {k: v for k, v in raw.items() if k in table or k not in other}, table)
+
+    def _spec(self, where: str, name: str, fields: dict[str, Any]) -> ModelSpec | None:
+        """The spec from a checked entry's fields; an upstream's own keys become its ``Upstream``."""
+        if "upstream" not in fields:
+            return ModelSpec(name=name, **fields)
+        url = fields.pop("upstream")
+        key = fields.pop("api_key", None)
+        if (var := fields.pop("api_key_env", None)) is not None:
+            key = os.environ.get(var)
+            if not key:
+                self.error(f"{where}.api_key_env", f"environment variable {var} is not set")
+        if (file := fields.pop("api_key_file", None)) is not None:
+            try:
+                key = file.read_text(encoding="utf-8").strip().splitlines()[0].strip()
+            except (OSError, IndexError) as e:
+                self.error(f"{where}.api_key_file", f"cannot read a key from {file}: "
+                                                    f"{getattr(e, 'strerror', None) or 'empty file'}")
+        timeouts = fields.pop("timeouts", {})
+        discover = fields.pop("upstream_discover", False)
+        upstream = Upstream(url=url, model=fields.pop("model", None), api_key=key, discover=discover,
+                            prefix=fields.pop("prefix", f"{name}/"),
+                            connect_timeout=timeouts.get("connect", Upstream.connect_timeout),
+                            first_byte_timeout=timeouts.get("first_byte", Upstream.first_byte_timeout),
+                            idle_timeout=timeouts.get("idle", Upstream.idle_timeout),
+                            max_connections=fields.pop("max_connections", Upstream.max_connections))
+        return ModelSpec(name=name, upstream=upstream, source="upstream", **fields)
+
+    def url(self, where: str, v: Any):
+        """An http(s) base URL; a bare host gets OpenAI's ``/v1``."""
+        parts = urlsplit(v.strip()) if isinstance(v, str) else None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or parts.query or \
+                parts.fragment or parts.username or parts.password:
+            self.error(where, f"must be an http:// or https:// base URL such as http://host:8080/v1 "
+                              f"(no query, no credentials: give `api_key`), got {_show(v)}")
+            return _INVALID
+        try:
+            parts.port  # noqa: B018 (raises on a bad port)
+        except ValueError:
+            self.error(where, f"has a bad port: {_show(v)}")
+            return _INVALID
+        path = parts.path.rstrip("/") or "/v1"
+        return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+
+    def rpc_server(self, where: str, v: Any):
+        """``host:port`` of a llama.cpp ``rpc-server``."""
+        host, _, port = v.rpartition(":") if isinstance(v, str) else ("", "", "")
+        if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            self.error(where, f"must be host:port of an rpc-server, got {_show(v)}")
+            return _INVALID
+        return f"{host.strip()}:{int(port)}"
+
+    def positive_seconds(self, where: str, v: Any):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+            self.error(where, f"must be a number of seconds > 0, got {_show(v)}")
+            return _INVALID
+        return float(v)
 
 
 _INVALID = object()

@@ -7,6 +7,7 @@ depending on the route, so a handler never thinks about the shape.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 # HTTP status -> Anthropic's error type (https://docs.anthropic.com/en/api/errors).
@@ -59,6 +60,14 @@ class ApiError(Exception):
     def anthropic_body(self) -> dict[str, Any]:
         etype = _ANTHROPIC_TYPES.get(self.status, "api_error" if self.status >= 500 else "invalid_request_error")
         return {"type": "error", "error": {"type": etype, "message": self.message}}
+
+
+def from_event(event: Any) -> ApiError:
+    """A backend's error event (``engine.protocol.Error``: status, message, param, code,
+    retry_after) as what the caller is told."""
+    retry = getattr(event, "retry_after", None)
+    headers = {"Retry-After": str(max(1, math.ceil(retry)))} if retry is not None else None
+    return ApiError(event.message, status=event.status, param=event.param, code=event.code, headers=headers)
 
 
 class InvalidRequest(ApiError):

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from importlib import metadata
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from . import __version__
 from .lifecycle import ModelState
@@ -69,6 +69,12 @@ class Metrics:
         self._model_collector = _ModelCollector(rows)
         self.registry.register(self._model_collector)
 
+    def watch_upstreams(self, upstreams: Callable[[], Iterable[tuple[str, str]]],
+                        replicas: Callable[[], Iterable[tuple[str, str, bool, int, int]]]) -> None:
+        """Gauges and counters read at scrape time: rows of (upstream, health state), and of
+        (model, replica, up, requests, failovers)."""
+        self.registry.register(_UpstreamCollector(upstreams, replicas))
+
     def watch_connections(self, count: Callable[[], int]) -> None:
         self.connections_open.set_function(count)
 
@@ -97,6 +103,31 @@ class _ModelCollector:
             in_flight.add_metric([model], flying)
             queued.add_metric([model], waiting)
         yield from (state, in_flight, queued)
+
+
+class _UpstreamCollector:
+    def __init__(self, upstreams, replicas) -> None:
+        self.upstreams, self.replicas = upstreams, replicas
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        up = GaugeMetricFamily("gguf_gateway_upstream_up", "1 while an upstream server answers (0: down or not yet "
+                               "reached), by the models.yaml entry or replica it serves", labels=["upstream"])
+        for name, state in self.upstreams():
+            up.add_metric([name], 1.0 if state == "up" else 0.0)
+        replica_up = GaugeMetricFamily("gguf_gateway_replica_up", "1 while a replica of a model can answer",
+                                       labels=["model", "replica"])
+        requests = CounterMetricFamily("gguf_gateway_replica_requests", "Requests handed to each replica",
+                                       labels=["model", "replica"])
+        failovers = CounterMetricFamily("gguf_gateway_replica_failovers", "Requests a replica failed before "
+                                        "answering, passed on to another", labels=["model", "replica"])
+        for model, replica, alive, handed, passed in self.replicas():
+            replica_up.add_metric([model, replica], 1.0 if alive else 0.0)
+            requests.add_metric([model, replica], handed)
+            failovers.add_metric([model, replica], passed)
+        yield from (up, replica_up, requests, failovers)
 
 
 def _llama_cpp_version() -> str:

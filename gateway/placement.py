@@ -50,3 +50,21 @@ def cpu_shares(busy: Sequence[tuple[str, int | None]], cpus: int) -> dict[str, i
         return {}
     share = max(1, cpus // len(busy))
     return {name: min(share, n_threads or share) for name, n_threads in busy}
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One backend of a model with replicas: what choosing among them needs to know."""
+
+    name: str
+    ready: bool  # running, and not in an upstream's back-off
+    in_flight: int = 0
+    capacity: int = 1  # requests it answers at once (its ``parallel``)
+
+
+def replica_order(replicas: Sequence[Replica]) -> list[str]:
+    """The replicas to try for one request, best first: the ready ones by free capacity (free
+    slots, or fewest waiting past their slots), then fewest in flight; equals keep the
+    configured order. A replica that fails before answering passes the request to the next."""
+    ready = [r for r in replicas if r.ready]
+    return [r.name for r in sorted(ready, key=lambda r: (r.in_flight - r.capacity, r.in_flight))]

@@ -34,7 +34,9 @@ from .errors import ApiError, ModelNotFound
 from .ggufmeta import GGUFInfo
 from .lifecycle import ModelState
 from .metrics import Metrics
+from .replicas import ReplicaSet
 from .supervisor import ModelSupervisor, Timing
+from .upstream import Upstreams
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +51,14 @@ def _parallel(spec: ModelSpec) -> int:
 class Registry:
     def __init__(self, config: Config, *, demo_dir: Path | None = None, allow_demo: bool = False,
                  rescan_seconds: float = 5.0, backoff: tuple[float, float] = (5.0, 300.0),
-                 backends: BackendFactory = start_local):
+                 backends: BackendFactory = start_local, upstream_backoff: tuple[float, float] = (2.0, 60.0)):
         self.config = config
         self.catalog = ModelCatalog(config, demo_dir=demo_dir, allow_demo=allow_demo, rescan_seconds=rescan_seconds)
         self.backoff = backoff  # a failed load's first wait before the next attempt, and its cap
-        self.backends = backends
+        self.backends = backends  # starts a local model's backend
+        # other machines' servers: their health, probes and listed models
+        self.upstreams = Upstreams(upstream_backoff, config.server.upstream_check_seconds)
+        self.upstreams.sync(self.catalog.specs())
         self._models: dict[str, ModelSupervisor] = {}
         self._retired: list[ModelSupervisor] = []  # replaced by a reload, still holding something
         self._released: asyncio.Event | None = None
@@ -76,7 +81,7 @@ class Registry:
             for model in self._models.values() if loaded_first else ():
                 if model.state in _LIVE and key in map(normalize_name, model.spec.names):
                     return model.spec
-            if (spec := self.catalog.get(key)) is not None:
+            if (spec := self.catalog.get(key) or self.upstreams.resolve(key)) is not None:
                 return spec
         return None
 
@@ -85,13 +90,16 @@ class Registry:
         spec = self.resolve(name)
         if spec is None and self.catalog.stale():
             await asyncio.to_thread(self.catalog.refresh)
+            await self.upstreams.refresh(discover_only=True)
             spec = self.resolve(name)
         if spec is None:
             raise ModelNotFound(name if isinstance(name, str) else repr(name))
         return spec
 
     def specs(self) -> list[ModelSpec]:
-        return self.catalog.specs()
+        specs = self.catalog.specs()
+        taken = {normalize_name(n) for s in specs for n in s.names}
+        return specs + [s for s in self.upstreams.discovered() if normalize_name(s.name) not in taken]
 
     def names_of(self, spec: ModelSpec) -> list[str]:
         return self.catalog.names_of(spec)
@@ -153,7 +161,7 @@ class Registry:
         the other, the wrong one is a 501 (known from the spec before any load, and checked
         against what the backend says it serves). None: either (tokenize)."""
         spec = await self.lookup(name)
-        if embeddings is not None and spec.embeddings != embeddings:
+        if embeddings is not None and spec.local and spec.embeddings != embeddings:
             what = ("cannot embed: give it `embeddings: true` in models.yaml" if embeddings else
                     "is an embedding model: use /v1/embeddings")
             raise ApiError(f"model {spec.name!r} {what}", status=501, param="model", code="unsupported_model")
@@ -175,19 +183,36 @@ class Registry:
 
     # --- what supervisors ask of the registry (supervisor.Host) --------------------------------
     async def start_backend(self, model: ModelSupervisor) -> Backend:
-        return await self.backends(model.spec, self.config.server,
-                                   on_exit=lambda backend, expected: self._backend_exited(model, backend, expected),
-                                   on_busy=self._share_cpus)
+        def on_exit(backend: Backend, expected: bool) -> None:
+            self._backend_exited(model, backend, expected)
+
+        if model.spec.replicas:
+            return await ReplicaSet.start(model.spec, lambda spec, exited: self._start(spec, exited, model),
+                                          on_exit, self.backoff)
+        return await self._start(model.spec, on_exit, model)
+
+    async def _start(self, spec: ModelSpec, on_exit, model: ModelSupervisor) -> Backend:
+        """One backend: an upstream's, or a local worker through the factory."""
+        if spec.upstream is not None:
+            return self.upstreams.backend(spec)
+        if model.spec.replicas:  # a replica's crash is counted as the model's
+            def exited(backend: Backend, expected: bool) -> None:
+                if not expected:
+                    self._count_failure(model)
+                on_exit(backend, expected)
+            return await self.backends(spec, self.config.server, on_exit=exited, on_busy=self._share_cpus)
+        return await self.backends(spec, self.config.server, on_exit=on_exit, on_busy=self._share_cpus)
 
     async def make_room(self, model: ModelSupervisor) -> None:
         """Carry out ``placement.make_room`` until the model fits, waiting while every loaded
         model is busy (503 ``model_capacity`` after the load timeout, and at least a minute)."""
         limit = self.config.server.max_loaded_models
-        if not limit:
+        if not limit or not any(m.local for m in model.spec.members):  # another machine's memory
             return
         deadline = time.monotonic() + max(self.config.server.load_timeout, 60.0)
         while True:
-            others = {str(id(m)): m for m in self._all() if m is not model}
+            others = {str(id(m)): m for m in self._all()
+                      if m is not model and any(s.local for s in m.spec.members)}
             room, name = placement.make_room([m.resident(key) for key, m in others.items()], limit)
             if room is placement.Room.FITS:
                 return
@@ -229,11 +254,23 @@ class Registry:
                 backend.set_threads(threads)
 
     def _backend_exited(self, model: ModelSupervisor, backend: Backend, expected: bool) -> None:
-        if not expected:
-            self.worker_failures += 1
-            if self.metrics is not None:
-                self.metrics.worker_restarts.labels(model.spec.name).inc()
+        if not expected and not model.spec.replicas:
+            self._count_failure(model)
         model.backend_exited(backend)
+
+    def _count_failure(self, model: ModelSupervisor) -> None:
+        self.worker_failures += 1
+        if self.metrics is not None:
+            self.metrics.worker_restarts.labels(model.spec.name).inc()
+
+    def upstream_rows(self) -> list[tuple[str, str]]:
+        """(upstream, health state) for every upstream the configuration names."""
+        return [(h.name, h.state.value) for h in self.upstreams.known()]
+
+    def replica_rows(self) -> list[tuple[str, str, bool, int, int]]:
+        """(model, replica, up, requests, failovers) for every running model with replicas."""
+        return [(m.spec.name, *row) for m in self._all() if isinstance(m.backend, ReplicaSet)
+                for row in m.backend.rows()]
 
     def _retire(self, model: ModelSupervisor) -> None:
         model.retire()
@@ -252,6 +289,8 @@ class Registry:
             log.warning("%s", line)
         self.config = self.catalog.config = config
         await asyncio.to_thread(self.catalog.refresh)
+        self.upstreams.check_seconds = config.server.upstream_check_seconds
+        self.upstreams.sync(self.catalog.specs())
         for name, model in list(self._models.items()):
             if self.resolve(name, loaded_first=False) != model.spec:
                 del self._models[name]

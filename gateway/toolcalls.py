@@ -1258,6 +1258,7 @@ class AnswerParser:
     def __init__(self, tool_format: str | None, tools: Sequence[dict[str, Any]] | None = None, *,
                  reasoning: str | None = None, prompt_tail: str = "", stream: bool = True):
         harmony = tool_format == "harmony"
+        self.stream = stream
         self.tools = ToolCallParser(tool_format, tools, stream=stream, prompt_tail=prompt_tail) if tool_format else None
         self.splitter = None if harmony or not reasoning else ReasoningSplitter(reasoning, prompt_tail)
 

@@ -108,7 +108,7 @@ def test_paths_expand_home_env_and_resolve_relative_to_the_file(write_config, tm
     ("server:\n  stream_interval_ms: -1\n", "server.stream_interval_ms: must be an integer from 0 to 1000, got -1"),
     ("server: [1]\n", "server: must be a mapping"),
     ("models: [a, b]\n", "models: must be a mapping"),
-    ("models:\n  m: 42\n", "models.m: must be a file path or a mapping with `path`, got 42"),
+    ("models:\n  m: 42\n", "models.m: must be a file path or a mapping with `path` (or `upstream`, `replicas`), got 42"),
     ("models:\n  m:\n    aliases: [x]\n", "models.m.path: required"),
     ("- just\n- a list\n", "top level: must be a mapping"),
 ])
@@ -211,3 +211,63 @@ def test_api_keys_from_a_map_a_file_and_the_environment(write_config, tmp_path, 
     assert "server.api_keys_file: cannot read" in line
     (line,) = problems_of(write_config("server:\n  api_keys: {alice: 5}\n"))
     assert "server.api_keys.alice: must be a non-empty string" in line
+
+
+def test_upstreams_replicas_and_rpc(write_config, model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("BOX_KEY", "from-env")
+    (tmp_path / "key").write_text("from-file\n")
+    cfg = load_config(write_config(f"""
+        models:
+          far:
+            upstream: http://box:8080
+            model: qwen3:8b
+            api_key_env: BOX_KEY
+            timeouts: {{connect: 2, first_byte: 30, idle: 5}}
+            max_connections: 4
+            reasoning: think
+          all-of-box:
+            upstream: https://box.lan/api/v1/
+            api_key_file: key
+            upstream_discover: true
+          pair:
+            aliases: [p]
+            replicas:
+              - {model_dir}/plain.gguf
+              - {{upstream: "http://other:1234/v1", api_key: sk-1, parallel: 8}}
+          split:
+            path: {model_dir}/plain.gguf
+            rpc: ["10.0.0.2:50052", "gpu-box:50053"]
+    """))
+    far, box, pair, split = cfg.models
+    assert far.path is None and not far.local and far.reasoning == "think"
+    up = far.upstream
+    assert (up.url, up.model, up.api_key) == ("http://box:8080/v1", "qwen3:8b", "from-env")
+    assert (up.connect_timeout, up.first_byte_timeout, up.idle_timeout, up.max_connections) == (2, 30, 5, 4)
+    assert "from-env" not in repr(far)  # a key is never shown
+    assert box.upstream.url == "https://box.lan/api/v1" and box.upstream.api_key == "from-file"
+    assert box.upstream.discover and box.upstream.prefix == "all-of-box/"
+    assert [m.name for m in pair.replicas] == ["pair#1", "pair#2"] and pair.aliases == ("p",)
+    assert pair.replicas[0].local and pair.replicas[1].upstream.api_key == "sk-1"
+    assert pair.parallel == 4 + 8 and pair.members == pair.replicas and far.members == (far,)
+    assert split.rpc == ("10.0.0.2:50052", "gpu-box:50053")
+
+
+@pytest.mark.parametrize("entry, problem", [
+    ("{upstream: ftp://box/v1}", "models.m.upstream: must be an http:// or https:// base URL"),
+    ("{upstream: 'http://user:pw@box/v1'}", "no query, no credentials"),
+    ("{upstream: 'http://box:99999/v1'}", "bad port"),
+    ("{path: /x.gguf, upstream: 'http://box/v1'}", "needs exactly one of `path`"),
+    ("{aliases: [x]}", "models.m.path: required"),
+    ("{upstream: 'http://box/v1', n_ctx: 4}", "models.m.n_ctx: is for a local model"),
+    ("{path: /x.gguf, api_key: k}", "models.m.api_key: is for an upstream"),
+    ("{upstream: 'http://box/v1', api_key: k, api_key_env: K}", "give one of api_key, api_key_env"),
+    ("{upstream: 'http://box/v1', api_key_env: NOT_SET_ANYWHERE}", "environment variable NOT_SET_ANYWHERE is not set"),
+    ("{upstream: 'http://box/v1', timeouts: {connect: 0}}", "models.m.timeouts.connect: must be a number of seconds > 0"),
+    ("{replicas: []}", "must list at least one replica"),
+    ("{replicas: [{n_ctx: 4}]}", "models.m.replicas[0]: needs exactly one of `path` or `upstream`"),
+    ("{replicas: [/x.gguf], n_ctx: 5}", "n_ctx: set these on each replica"),
+    ("{path: /x.gguf, rpc: [box]}", "models.m.rpc[0]: must be host:port"),
+])
+def test_upstream_and_replica_mistakes_are_named(write_config, entry, problem):
+    found = problems_of(write_config(f"models:\n  m: {entry}\n"))
+    assert any(problem in p for p in found), found

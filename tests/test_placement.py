@@ -3,7 +3,7 @@
 import pytest
 
 from gateway.lifecycle import MOVES, ModelState, move
-from gateway.placement import Resident, Room, cpu_shares, make_room
+from gateway.placement import Replica, Resident, Room, cpu_shares, make_room, replica_order
 
 U, L, R, F = ModelState.UNLOADED, ModelState.LOADING, ModelState.READY, ModelState.FAILED
 
@@ -44,3 +44,16 @@ def test_the_lifecycle_moves():
         with pytest.raises(ValueError):
             move(*bad)
     assert set(MOVES) == set(ModelState)
+
+
+@pytest.mark.parametrize("replicas, order", [
+    ([], []),
+    ([Replica("a", True, 0, 4), Replica("b", True, 0, 4)], ["a", "b"]),  # equals keep the configured order
+    ([Replica("a", True, 3, 4), Replica("b", True, 1, 4)], ["b", "a"]),  # more free slots first
+    ([Replica("a", True, 2, 8), Replica("b", True, 1, 2)], ["a", "b"]),  # 6 free beats 1 free
+    ([Replica("a", True, 6, 4), Replica("b", True, 5, 2)], ["a", "b"]),  # 2 waiting beat 3 waiting
+    ([Replica("a", False, 0, 4), Replica("b", True, 9, 1)], ["b"]),  # not ready: never tried
+    ([Replica("a", True, 4, 4), Replica("b", True, 1, 1)], ["b", "a"]),  # both full: fewer in flight first
+])
+def test_replica_order(replicas, order):
+    assert replica_order(replicas) == order

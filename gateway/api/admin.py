@@ -14,6 +14,7 @@ from .. import __version__
 from ..appkeys import LIFECYCLE, METRICS, REGISTRY
 from ..protocol.params import require_model
 from ..registry import Registry
+from ..replicas import ReplicaSet
 from .body import read_json_object
 
 
@@ -22,8 +23,10 @@ async def health(request: web.Request) -> web.Response:
     draining = request.app[LIFECYCLE]["draining"]
     return web.json_response({"status": "draining" if draining else "ok", "version": __version__,
                               "models": len(registry.specs()), "in_flight": registry.in_flight(),
-                              "workers": {name: w.pid for name, w in sorted(registry.loaded().items())},
-                              "worker_failures": registry.worker_failures},
+                              "workers": {name: w.pid for name, w in sorted(registry.loaded().items())
+                                          if w.pid is not None},
+                              "worker_failures": registry.worker_failures,
+                              "upstreams": {name: state for name, state in registry.upstream_rows()}},
                              status=503 if draining else 200)
 
 
@@ -43,7 +46,8 @@ def describe(registry: Registry, spec) -> dict[str, Any]:
     backend = model.backend if model.backend is not None and model.backend.alive else None
     retry = model.retry_at - time.monotonic()
     return {
-        "id": spec.name, "aliases": list(spec.aliases), "source": spec.source, "path": str(spec.path),
+        "id": spec.name, "aliases": list(spec.aliases), "source": spec.source,
+        "path": str(spec.path) if spec.path is not None else None,
         "state": model.state, "error": model.error if model.state == "failed" else (found.error if found else None),
         "retry_after": max(1, math.ceil(retry)) if model.state == "failed" and retry > 0 else None,
         "in_flight": model.in_flight, "pid": backend.pid if backend else None,
@@ -53,7 +57,22 @@ def describe(registry: Registry, spec) -> dict[str, Any]:
         "quantization": info.quantization if info else None,
         "context_length": info.context_length if info else None,
         "n_ctx": backend.info.get("n_ctx") if backend else None,
+        **served_by(registry, spec, backend),
     }
+
+
+def served_by(registry: Registry, spec, backend) -> dict[str, Any]:
+    """Where a model that is not one local file runs, and how that is going: an upstream's
+    URL and health (never its key), or each replica's."""
+    if spec.upstream is not None:
+        return {"upstream": {"url": spec.upstream.url, "model": spec.upstream.model or spec.name,
+                             **registry.upstreams.health(spec).describe()}}
+    if spec.replicas:
+        if isinstance(backend, ReplicaSet):
+            return {"replicas": backend.describe()}
+        return {"replicas": [{"id": m.name, "up": None, "kind": "upstream" if m.upstream else "local"}
+                             for m in spec.replicas]}
+    return {"rpc": list(spec.rpc)} if spec.rpc else {}
 
 
 async def list_models(request: web.Request) -> web.Response:

@@ -22,10 +22,11 @@ async def list_models(request: web.Request) -> web.Response:
     data = []
     for spec in request.app[REGISTRY].specs():
         try:
-            created = int(spec.path.stat().st_mtime)
+            created = int(spec.path.stat().st_mtime) if spec.path is not None else 0
         except OSError:
             created = 0
-        data.append({"id": spec.name, "object": "model", "created": created, "owned_by": "local"})
+        data.append({"id": spec.name, "object": "model", "created": created,
+                     "owned_by": "local" if spec.local else "upstream" if spec.upstream else "replicas"})
     return web.json_response({"object": "list", "data": data})
 
 

@@ -116,6 +116,9 @@ class GenerationRequest:
     frequency_penalty: float = 0.0
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
+    # the sampling fields the caller or the model's defaults set (the rest are this gateway's
+    # defaults, which a request forwarded to another server leaves to that server)
+    given: list[str] = field(default_factory=list)
     ignore_eos: bool = False  # llama-server's extension: generate max_tokens whatever the model says
     grammar: str | None = None  # GBNF constraining every sampled token (from the first trigger, if any)
     grammar_triggers: list[str] = field(default_factory=list)  # patterns that switch a lazy grammar on
@@ -278,6 +281,28 @@ class Text:
 
 
 @dataclass(slots=True)
+class Thinking:
+    """Thinking a backend received already split from the answer (an upstream server's
+    ``reasoning_content``); a worker never sends it: its thinking is in its text."""
+
+    id: int
+    text: str
+    tokens: int  # generated so far
+
+
+@dataclass(slots=True)
+class CallDelta:
+    """A piece of a tool call a backend received already parsed (an upstream server's
+    ``delta.tool_calls``); a worker never sends it. A call's first piece carries its id and name."""
+
+    id: int
+    index: int  # 0, 1, ... within the answer
+    call_id: str | None
+    name: str | None
+    arguments: str  # a piece of the arguments' JSON text
+
+
+@dataclass(slots=True)
 class Done:
     id: int
     finish_reason: str  # stop | length | cancelled
@@ -297,6 +322,7 @@ class Error:
     message: str
     param: str | None = None
     code: str | None = None
+    retry_after: float | None = None  # seconds the caller should wait before trying again
 
 
 @dataclass(slots=True)
@@ -325,13 +351,15 @@ class Embeddings:
     prompt_tokens: int
 
 
-Event = Ready | LoadFailed | Start | Text | Done | Error | Tokens | Detokenized | Prompt | Embeddings
-_KINDS: dict[str, type] = {"ready": Ready, "load_failed": LoadFailed, "start": Start, "text": Text, "done": Done,
-                           "error": Error, "tokens": Tokens, "detokenized": Detokenized, "prompt": Prompt,
-                           "embeddings": Embeddings}
+Event = (Ready | LoadFailed | Start | Text | Thinking | CallDelta | Done | Error | Tokens | Detokenized | Prompt
+         | Embeddings)
+_KINDS: dict[str, type] = {"ready": Ready, "load_failed": LoadFailed, "start": Start, "text": Text,
+                           "thinking": Thinking, "call": CallDelta, "done": Done, "error": Error, "tokens": Tokens,
+                           "detokenized": Detokenized, "prompt": Prompt, "embeddings": Embeddings}
 _NAMES = {cls: (name, tuple(f.name for f in fields(cls))) for name, cls in _KINDS.items()}
 TERMINAL = (Done, Error, Tokens, Detokenized, Prompt, Embeddings)  # the last event of a request
-TEvent = TypeVar("TEvent", Ready, LoadFailed, Start, Text, Done, Error, Tokens, Detokenized, Prompt, Embeddings)
+TEvent = TypeVar("TEvent", Ready, LoadFailed, Start, Text, Thinking, CallDelta, Done, Error, Tokens, Detokenized,
+                 Prompt, Embeddings)
 
 
 def _encode(msg: dict[str, Any]) -> bytes:

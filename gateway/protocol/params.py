@@ -92,6 +92,7 @@ class Parsed:
 def apply_defaults(parsed: Parsed, defaults: dict[str, Any]) -> None:
     """A model's models.yaml defaults fill the sampling fields the caller did not set."""
     for req in parsed.requests:
+        req.given = sorted(parsed.explicit | set(defaults))
         for name, value in defaults.items():
             if name == "max_tokens":
                 if req.max_tokens is None:
