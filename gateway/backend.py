@@ -114,7 +114,7 @@ async def start_local(spec: ModelSpec, server: ServerConfig, *, on_exit: Callabl
             n_threads=spec.n_threads, n_batch=spec.n_batch, parallel=spec.parallel, flash_attn=spec.flash_attn,
             repack=spec.repack, swa_full=spec.swa_full, use_mmap=spec.use_mmap,
             chat_template=spec.chat_template, embeddings=spec.embeddings,
-            stream_interval=server.stream_interval_ms / 1000,
+            stream_interval=server.stream_interval_ms / 1000, rpc=spec.rpc,
         ), on_exit=on_exit, on_busy=lambda _worker: on_busy())
         await worker.start()
     except (ModelFileError, LoadFailed) as e:

@@ -145,7 +145,8 @@ class WorkerProcess:
         elif not expected:
             log.error("model %r worker (pid %s) exited unexpectedly: %s", self.params.name, self.pid, how)
         for rid, q in self._queues.items():
-            q.put_nowait(Error(rid, 500, f"the worker for model {self.params.name!r} exited unexpectedly ({how}); "
+            q.put_nowait(Error(rid, 500, f"the worker for model {self.params.name!r} exited unexpectedly ({how}"
+                                         f"{'; an rpc-server it uses may have gone' if self.params.rpc else ''}); "
                                          "the model reloads on the next request", None, "worker_crashed"))
         if self._transport is not None:
             self._transport.close()

@@ -17,7 +17,7 @@ from typing import Any
 from .. import chat_template
 from ..reasoning import MARKER_TOKENS
 from ..toolcalls import MARKER_TOKENS as CALL_MARKERS
-from . import protocol
+from . import protocol, rpc
 from .vocab import Vocab
 
 DEFAULT_N_CTX = 4096
@@ -56,9 +56,11 @@ class Model:
         self.params = params
         _silence_llama_logs(ll)
         ll.llama_backend_init()
+        self.rpc_devices = rpc.add_servers(ll, params.rpc) if params.rpc else 0
         mp = ll.llama_model_default_params()
         mp.n_gpu_layers = 999 if params.n_gpu_layers < 0 else params.n_gpu_layers
-        mp.use_mmap = params.use_mmap
+        if not params.use_mmap:  # read the file into memory (llama.cpp's default maps it where it can)
+            mp.load_mode = ll.LLAMA_LOAD_MODE_NONE
         # Off by default: with repacked weights a matrix kernel takes rows in groups, so a token's
         # logits change with the batch it shares (a greedy answer then depends on the load).
         mp.use_extra_bufts = params.repack
@@ -110,6 +112,8 @@ class Model:
         self.threads = threads
         self.gpu_offload = bool(ll.llama_supports_gpu_offload()) and params.n_gpu_layers != 0
         self.device = _device(ll) if self.gpu_offload else "cpu"
+        if self.rpc_devices:
+            self.device += f"+rpc:{self.rpc_devices}"
 
     def set_threads(self, n: int) -> None:
         """Use ``n`` CPU threads from the next decode on (never more than configured)."""
@@ -124,5 +128,5 @@ class Model:
             "chat_template": self.template, "has_model_template": self.model_template is not None,
             "gpu_offload": self.gpu_offload, "device": self.device, "pid": os.getpid(),
             "special_tokens": [m for m in (*MARKER_TOKENS, *CALL_MARKERS) if self.vocab.single_token(m)],
-            "n_embd": self.n_embd, "embeddings": self.params.embeddings,
+            "n_embd": self.n_embd, "embeddings": self.params.embeddings, "rpc": list(self.params.rpc),
         }

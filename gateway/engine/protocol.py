@@ -92,6 +92,7 @@ class LoadParams:
     embeddings: bool = False  # an embedding context (pooled vectors) instead of a generating one
     parallel: int = 4  # sequence slots decoded together (continuous batching); 1 for embeddings
     stream_interval: float = 0.0  # seconds an answer's text may be held to go out with the next tokens'
+    rpc: tuple[str, ...] = ()  # llama.cpp rpc-servers (host:port) holding part of the layers
 
 
 @dataclass
