@@ -22,7 +22,10 @@ Measured for each (greedy unless --sampled):
 - aggregate tok/s of 1, 2, 4 and 8 concurrent completions (whole answers, tokens from `usage`);
 - time to first token of a ~1,500-token prompt sent twice: cold, then warm (the prefix cache);
 - on a tiny scripted model: p50/p95 latency of a 1-token completion (the server's own overhead);
-- resident memory (VmRSS): the server process alone, and with its model workers.
+- resident memory (VmRSS): the server process alone, and with its model workers;
+- one hop (unless --no-hop): a gateway in front of a gateway (models.yaml `upstream:`), and of
+  llama-server when it is measured, against the inner server alone: a 1-token completion on the
+  tiny model, and a stream's time to first token and decode speed on the main model.
 Every figure is the median over rounds; each ratio is the median of the per-round ratios
 (contender / the first alternative, llama-server when present, both from the same round) with
 their spread, min..max: one run says whether a change moved anything beyond this machine's noise.
@@ -201,6 +204,48 @@ def gateway(model: Path, threads: int, tmp: Path, name: str = "bench", interval:
                               "--log-level", "warning"], "/health", name, env)
 
 
+def front(inner: Server, tmp: Path) -> Server:
+    """A gateway whose one model is ``inner``'s, reached over HTTP (models.yaml ``upstream:``)."""
+    cfg = tmp / f"front-{inner.port}.yaml"
+    cfg.write_text(f"server:\n  discover_default_stores: false\n  upstream_check_seconds: 0\nmodels:\n"
+                   f"  {inner.model_name}:\n    upstream: http://127.0.0.1:{inner.port}/v1\n    parallel: {PARALLEL}\n")
+    return Server(f"gateway -> {inner.name}", [sys.executable, "-m", "gateway", "serve", "--config", str(cfg),
+                                                "--port", "{port}", "--log-level", "warning"], "/health",
+                  inner.model_name, {**os.environ, "HOME": str(tmp)})
+
+
+def hop(makers: list, model: Path, args, sampling: dict, tmp: Path) -> dict:
+    """Each inner server alone and with a gateway in front, measured in alternating rounds:
+    ``{inner name: {"direct": figures, "hop": figures, "rounds": ...}}``."""
+    out: dict[str, dict] = {}
+    med = statistics.median
+    for name, make in makers:
+        if name not in ("gateway", "llama-server"):
+            continue
+        print(f"  one hop in front of {name} ...", file=sys.stderr)
+        figures: dict[str, dict] = {}
+        for which, path in (("stream", model), ("overhead", tiny_model())):
+            with contextlib.ExitStack() as stack:
+                inner = stack.enter_context(make(path))
+                outer = stack.enter_context(front(inner, tmp))
+                pair = [inner, outer]
+                outer.complete({"prompt": "warm up " + PROMPT, "max_tokens": 4, **sampling})
+                if which == "stream":
+                    runs = interleaved(pair, args.repeats, lambda s, r: single_stream(s, args, sampling, r))
+                    for srv, key in ((inner, "direct"), (outer, "hop")):
+                        figures.setdefault(key, {})["rounds"] = {"ttft_ms": [x[0] for x in runs[srv.name]],
+                                                                 "decode_tok_s": [x[1] for x in runs[srv.name]]}
+                else:
+                    runs = interleaved(pair, 3, lambda s, r: overhead(s, args.overhead_requests // 3))
+                    for srv, key in ((inner, "direct"), (outer, "hop")):
+                        for k in ("p50_ms", "p95_ms"):
+                            figures[key]["rounds"][f"overhead_{k}"] = [x[k] for x in runs[srv.name]]
+        for key in ("direct", "hop"):
+            figures[key].update({f: med(v) for f, v in figures[key]["rounds"].items()})
+        out[name] = figures
+    return out
+
+
 def llama_server(path: str, model: Path, threads: int) -> Server:
     return Server("llama-server", [path, "-m", str(model), "--host", "127.0.0.1", "--port", "{port}",
                                    "-t", str(threads), "-tb", str(threads), "--parallel", str(PARALLEL),
@@ -338,6 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stream-interval", type=lambda v: [int(x) for x in v.split(",")], metavar="MS[,MS...]",
                    help="the gateway's server.stream_interval_ms (default: its own default); several values "
                    "measure one gateway contender each, side by side")
+    p.add_argument("--no-hop", action="store_true", help="skip the one-hop figures (a gateway in front)")
     p.add_argument("--json", type=Path, help="write every figure here")
     args = p.parse_args(argv)
     model = (args.model or bench_model()).resolve()  # the gateway reads paths relative to its config
@@ -380,12 +426,16 @@ def main(argv: list[str] | None = None) -> int:
                     srv.request("POST", "/models/unload", {"model": srv.model_name})
                     time.sleep(0.5)
                     results[srv.name]["rss_idle_kib"] = srv.memory()[0]
+        hops = {} if args.no_hop else hop(makers[:1] + [m for m in makers if m[0] == "llama-server"], model, args,
+                                          sampling, tmp)
 
     print_table(results, model, args, "sampled" if args.sampled else "greedy")
+    print_hops(hops)
     if args.json:
         args.json.write_text(json.dumps({"model": str(model), "threads": args.threads, "tokens": args.tokens,
                                          "mode": "sampled" if args.sampled else "greedy",
-                                         "parallel": PARALLEL, "n_ctx": N_CTX, "results": results}, indent=2))
+                                         "parallel": PARALLEL, "n_ctx": N_CTX, "results": results,
+                                         "hop": hops}, indent=2))
     return 0
 
 
@@ -425,6 +475,23 @@ def print_table(results: dict, model: Path, args, mode: str) -> None:
     for name in names:
         if "rss_idle_kib" in results[name]:
             print(f"{name} process with no model loaded: {results[name]['rss_idle_kib'] / 1024:.1f} MiB RSS")
+
+
+def print_hops(hops: dict) -> None:
+    """The cost of one hop: a gateway in front of each inner server, ratio hop / direct per round."""
+    rows = (("decode tok/s, 1 stream", "decode_tok_s", "{:.1f}"), ("time to first token, ms", "ttft_ms", "{:.1f}"),
+            ("1-token completion p50, ms", "overhead_p50_ms", "{:.2f}"),
+            ("1-token completion p95, ms", "overhead_p95_ms", "{:.2f}"))
+    for inner, f in hops.items():
+        print(f"\none hop: a gateway in front of {inner} (upstream:), against {inner} alone; "
+              "ratios hop / direct: median of per-round ratios [min..max]")
+        print(f"| {'':<28} | {'direct':>12} | {'through a gateway':>34} |")
+        print("|" + "-" * 30 + "|" + "-" * 14 + "|" + "-" * 36 + "|")
+        for label, key, fmt in rows:
+            ratios = [h / d for h, d in zip(f["hop"]["rounds"][key], f["direct"]["rounds"][key]) if d]
+            cell = fmt.format(f["hop"][key]) + (f" ({statistics.median(ratios):.2f}x [{min(ratios):.2f}.."
+                                                 f"{max(ratios):.2f}])" if ratios else "")
+            print(f"| {label:<28} | {fmt.format(f['direct'][key]):>12} | {cell:>34} |")
 
 
 if __name__ == "__main__":

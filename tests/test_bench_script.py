@@ -27,6 +27,11 @@ def test_bench_script_measures_every_figure(tmp_path):
         check_figures(g)
     assert "| decode tok/s, 1 stream" in r.stdout and "gateway 5ms" in r.stdout
     assert re.search(r"\(\d+\.\d\dx \[\d+\.\d\d\.\.\d+\.\d\d\]\)", r.stdout)  # a per-round ratio and its spread
+    hop = data["hop"]["gateway"]  # a gateway in front of a gateway, against the inner one alone
+    for side in ("direct", "hop"):
+        assert hop[side]["decode_tok_s"] > 0 and hop[side]["ttft_ms"] > 0
+        assert 0 < hop[side]["overhead_p50_ms"] <= hop[side]["overhead_p95_ms"]
+    assert "one hop: a gateway in front of gateway" in r.stdout
 
 
 def check_figures(g: dict) -> None:

@@ -22,7 +22,8 @@ def test_a_text_frame_reads_back_as_the_json_text_event(text):
 def test_every_event_kind_reads_back_as_itself():
     events = [protocol.Ready({"n_ctx": 8}), protocol.LoadFailed("bad file"),
               protocol.Start(1, 3, 0, 2, "é", None), protocol.Start(2, 3, 1, 0, "", "echo"),
-              protocol.Text(1, "p", 7, [{"token": "p", "logprob": -0.5}]),
+              protocol.Text(1, "p", 7, [{"token": "p", "logprob": -0.5}]), protocol.Thinking(1, "hm", 2),
+              protocol.CallDelta(1, 0, "call_1", "f", '{"a"'), protocol.CallDelta(1, 0, None, None, ": 1}"),
               protocol.Done(1, "stop", "\n", 3, 7, 0), protocol.Error(4, 400, "no", "prompt", "bad"),
               protocol.Tokens(5, [1, 2], ["a", "b"]), protocol.Tokens(6, [1], None),
               protocol.Detokenized(7, "ab"), protocol.Prompt(8, "<s>hi"), protocol.Embeddings(9, [[0.5, -1.0]], 2)]
@@ -33,6 +34,7 @@ def test_every_event_kind_reads_back_as_itself():
 
 def test_every_command_reads_back_as_itself():
     commands = [protocol.Load(protocol.LoadParams("m", "/m.gguf", n_ctx=64, flash_attn=None)),
+                protocol.Load(protocol.LoadParams("m", "/m.gguf", rpc=("10.0.0.2:50052", "box:50053"))),
                 protocol.Generate(1, protocol.GenerationRequest(messages=[{"role": "user", "content": "é"}],
                                                                 stop=["\n"], json_schema={"type": "object"})),
                 protocol.Generate(2, protocol.GenerationRequest(prompt_tokens=[1, 2], deadline=1.5)),

@@ -51,7 +51,7 @@ import json
 import os
 import struct
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from typing import Any, TypeVar, get_type_hints
 
 _HEADER = struct.Struct(">I")
@@ -248,6 +248,8 @@ def decode_command(data: bytes) -> Command:
     for name, nested in _OP_FIELDS[cls][1]:
         if nested is not None:
             msg[name] = nested(**msg[name])
+            if isinstance(msg[name], LoadParams):  # JSON has no tuples: the frozen params' lists as they were
+                msg[name] = replace(msg[name], rpc=tuple(msg[name].rpc))
     return cls(**msg)
 
 
