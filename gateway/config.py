@@ -598,9 +598,10 @@ class _Parser:
         url = fields.pop("upstream")
         key = fields.pop("api_key", None)
         if (var := fields.pop("api_key_env", None)) is not None:
-            key = os.environ.get(var)
-            if not key:
-                self.error(f"{where}.api_key_env", f"environment variable {var} is not set")
+            key = os.environ.get(var) or None
+            if key is None:  # like a missing model file: the other models still serve
+                self.warnings.append(f"{self.file}: {where}.api_key_env: environment variable {var} is not set; "
+                                     "requests to this upstream go without a key")
         if (file := fields.pop("api_key_file", None)) is not None:
             try:
                 key = file.read_text(encoding="utf-8").strip().splitlines()[0].strip()

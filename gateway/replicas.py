@@ -24,6 +24,7 @@ from . import placement
 from .backend import Backend, StartFailed
 from .config import ModelSpec
 from .engine import protocol
+from .engine.client import Events
 from .engine.protocol import Event, GenerationRequest
 from .errors import ApiError, from_event
 from .upstream import RETRYABLE, RemoteBackend
@@ -227,7 +228,7 @@ class ReplicaSet:
         return out
 
 
-class FailoverGeneration:
+class FailoverGeneration(Events):
     """A generation on the best replica, moved to the next one while none has begun to answer
     (``backend.GenerationEvents``)."""
 
@@ -270,20 +271,6 @@ class FailoverGeneration:
             gen.on_idle = self._on_idle
             return event
         return last or self.replicas._none_ready()
-
-    def __aiter__(self) -> FailoverGeneration:
-        return self
-
-    async def __anext__(self) -> Event:
-        if self.finished:
-            raise StopAsyncIteration
-        return await self.next()
-
-    async def __aenter__(self) -> FailoverGeneration:
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        self.close()
 
     def close(self) -> None:
         if self._gen is not None:

@@ -31,6 +31,7 @@ import aiohttp
 from . import upstream_wire as wire
 from .config import ModelSpec, Upstream, normalize_name
 from .engine import protocol
+from .engine.client import Events
 from .engine.protocol import CHAT, COMPLETIONS, EMBEDDINGS, Event, GenerationRequest
 from .errors import ApiError, from_event
 
@@ -229,7 +230,7 @@ def _why(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
 
 
-class RemoteGeneration:
+class RemoteGeneration(Events):
     """One answer from the upstream, as backend events (``backend.GenerationEvents``): ``Start``
     once the upstream has sent its first event, then what its chunks hold, then ``Done``; or an
     ``Error``. A failure after the start (the stream broke, went silent past ``idle``, or was
@@ -314,20 +315,6 @@ class RemoteGeneration:
         if self._resp is not None:
             self._resp.close()  # the connection, not back to the pool: the upstream sees the client go
             self._resp = None
-
-    def __aiter__(self) -> RemoteGeneration:
-        return self
-
-    async def __anext__(self) -> Event:
-        if self.finished:
-            raise StopAsyncIteration
-        return await self.next()
-
-    async def __aenter__(self) -> RemoteGeneration:
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        self.close()
 
     def close(self) -> None:
         if self._resp is not None:

@@ -196,7 +196,11 @@ def test_the_example_file_loads_through_the_real_loader():
     assert (llama3.keep_alive, llama3.preload) == (float("inf"), True)
     assert (cfg.server.keep_alive, cfg.server.load_timeout, cfg.server.max_loaded_models) == (300, 300, 3)
     assert cfg.server.discover_default_stores is True
-    assert cfg.server.stream_interval_ms == 10
+    assert cfg.server.stream_interval_ms == 10 and cfg.server.upstream_check_seconds == 30
+    split, desk, pool = (next(m for m in cfg.models if m.name == n) for n in ("big-split", "desk-gpu", "qwen3-any"))
+    assert split.rpc == ("192.168.1.20:50052", "192.168.1.21:50052")
+    assert desk.upstream.url == "http://gpu-box.lan:8080/v1" and desk.upstream.model == "qwen3-32b"
+    assert [m.upstream is not None for m in pool.replicas] == [False, True] and "qwen3-pool" in pool.aliases
     assert cfg.server.reasoning_fields == ("reasoning_content", "reasoning") and llama3.reasoning == "auto"
 
 
@@ -211,6 +215,13 @@ def test_api_keys_from_a_map_a_file_and_the_environment(write_config, tmp_path, 
     assert "server.api_keys_file: cannot read" in line
     (line,) = problems_of(write_config("server:\n  api_keys: {alice: 5}\n"))
     assert "server.api_keys.alice: must be a non-empty string" in line
+
+
+def test_an_unset_key_variable_warns_and_the_upstream_goes_without_a_key(write_config, monkeypatch):
+    monkeypatch.delenv("NOT_SET_ANYWHERE", raising=False)
+    cfg = load_config(write_config("models:\n  m: {upstream: 'http://box/v1', api_key_env: NOT_SET_ANYWHERE}\n"))
+    assert cfg.models[0].upstream.api_key is None
+    assert any("models.m.api_key_env: environment variable NOT_SET_ANYWHERE is not set" in w for w in cfg.warnings)
 
 
 def test_upstreams_replicas_and_rpc(write_config, model_dir, tmp_path, monkeypatch):
@@ -261,7 +272,6 @@ def test_upstreams_replicas_and_rpc(write_config, model_dir, tmp_path, monkeypat
     ("{upstream: 'http://box/v1', n_ctx: 4}", "models.m.n_ctx: is for a local model"),
     ("{path: /x.gguf, api_key: k}", "models.m.api_key: is for an upstream"),
     ("{upstream: 'http://box/v1', api_key: k, api_key_env: K}", "give one of api_key, api_key_env"),
-    ("{upstream: 'http://box/v1', api_key_env: NOT_SET_ANYWHERE}", "environment variable NOT_SET_ANYWHERE is not set"),
     ("{upstream: 'http://box/v1', timeouts: {connect: 0}}", "models.m.timeouts.connect: must be a number of seconds > 0"),
     ("{replicas: []}", "must list at least one replica"),
     ("{replicas: [{n_ctx: 4}]}", "models.m.replicas[0]: needs exactly one of `path` or `upstream`"),

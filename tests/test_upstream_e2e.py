@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import re
 import socket
 import threading
 import time
@@ -52,6 +53,16 @@ class _Broken(http.server.BaseHTTPRequestHandler):
         pass
 
 
+class _Flaky(_Broken):
+    """Lists its models, and drops every request's connection before answering: its health
+    probe passes, each request fails before the first byte."""
+
+    def do_POST(self):  # noqa: N802
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.close_connection = True
+        self.connection.shutdown(socket.SHUT_RDWR)
+
+
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory):
     d = tmp_path_factory.mktemp("upstream")
@@ -76,7 +87,9 @@ def hosts(tmp_path_factory):
     hole.bind(("127.0.0.1", 0))
     hole.listen(64)
     broken = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Broken)
-    threading.Thread(target=broken.serve_forever, daemon=True).start()
+    flaky = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Flaky)
+    for srv in (broken, flaky):
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
     closed = free_port()
     with ServerProcess("--config", str(inner_cfg)) as inner, ServerProcess("--config", str(inner_cfg)) as spare:
         up = f"{inner.url}/v1"
@@ -101,7 +114,7 @@ models:
   broken: {{upstream: "http://127.0.0.1:{broken.server_address[1]}/v1", model: m}}
   pair:
     replicas:
-      - {{upstream: "http://127.0.0.1:{closed}/v1", model: plain}}
+      - {{upstream: "http://127.0.0.1:{flaky.server_address[1]}/v1", model: plain}}
       - {{upstream: {up}, model: plain, api_key: inner-key}}
   mixed:
     replicas:
@@ -114,8 +127,9 @@ models:
 """)
         with ServerProcess("--config", str(outer_cfg)) as outer:
             yield {"inner": inner, "outer": outer, "spare": spare}
-    broken.shutdown()
-    broken.server_close()
+    for srv in (broken, flaky):
+        srv.shutdown()
+        srv.server_close()
     hole.close()
 
 
@@ -295,12 +309,15 @@ def test_replicas_fail_over_and_count_per_replica(hosts, oai):
     assert oai.chat.completions.create(model="mixed", messages=ASK).choices[0].message.content == "Hello, world!"
     metrics = urllib.request.urlopen(urllib.request.Request(
         hosts["outer"].url + "/metrics", headers={"Authorization": "Bearer outer-key"})).read().decode()
-    assert 'gguf_gateway_replica_failovers_total{model="pair",replica="pair#1"} 1.0' in metrics
+    failovers = re.search(r'gguf_gateway_replica_failovers_total\{model="pair",replica="pair#1"\} (\d+)', metrics)
+    assert failovers and int(failovers[1]) >= 1  # pair#1 took requests and dropped them before answering
     assert 'gguf_gateway_replica_requests_total{model="pair",replica="pair#2"} 3.0' in metrics
-    assert 'gguf_gateway_replica_up{model="pair",replica="pair#1"} 0.0' in metrics
+    assert 'gguf_gateway_replica_failovers_total{model="pair",replica="pair#2"} 0.0' in metrics
+    assert 'gguf_gateway_replica_up{model="mixed",replica="mixed#1"} 1.0' in metrics
     _, body = _get(hosts["outer"], "/models")
     pair = next(m for m in body["data"] if m["id"] == "pair")
-    assert [r["up"] for r in pair["replicas"]] == [False, True]
+    assert [r["kind"] for r in pair["replicas"]] == ["upstream", "upstream"] and pair["replicas"][1]["up"]
+    assert pair["replicas"][1]["requests"] == 3
 
 
 def test_an_upstream_killed_mid_answer(hosts, oai):

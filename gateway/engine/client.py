@@ -18,7 +18,7 @@ import signal
 import struct
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from . import protocol
 from .protocol import Command, Error, Event
@@ -312,7 +312,38 @@ class _Frames(asyncio.Protocol):
             self._closed.set_result(None)
 
 
-class Generation:
+_Self = TypeVar("_Self", bound="Events")
+
+
+class Events:
+    """What every backend's generation shares (``backend.GenerationEvents``): its events one by
+    one (``next``) or iterated up to the last one (``finished``), and ``close`` when the
+    ``async with`` is left, early or not."""
+
+    finished: bool
+
+    async def next(self) -> Event:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __aiter__(self: _Self) -> _Self:
+        return self
+
+    async def __anext__(self) -> Event:
+        if self.finished:
+            raise StopAsyncIteration
+        return await self.next()
+
+    async def __aenter__(self: _Self) -> _Self:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class Generation(Events):
     """One request's events. Leaving the ``async with`` early cancels it in the worker."""
 
     def __init__(self, worker: WorkerProcess, rid: int, queue: _Inbox):
@@ -329,20 +360,6 @@ class Generation:
         if isinstance(event, protocol.TERMINAL):
             self.finished = True
         return event
-
-    def __aiter__(self) -> Generation:
-        return self
-
-    async def __anext__(self) -> Event:
-        if self.finished:
-            raise StopAsyncIteration
-        return await self.next()
-
-    async def __aenter__(self) -> Generation:
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        self.close()
 
     def close(self) -> None:
         self.worker._release(self.id, self.finished)

@@ -48,8 +48,8 @@ def check_reachable(endpoint: str, timeout: float = CONNECT_TIMEOUT) -> None:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
             pass
     except OSError as e:
-        raise RpcUnavailable(f"rpc-server {endpoint} is not reachable ({e.strerror or e}); start it there with "
-                             f"`rpc-server --host 0.0.0.0 --port {port}`") from None
+        raise RpcUnavailable(f"rpc-server {endpoint} is not reachable ({e.strerror or e}); start llama.cpp's "
+                             f"rpc-server there: `ggml-rpc-server --host 0.0.0.0 --port {port}`") from None
 
 
 def add_servers(ll: Any, endpoints: list[str] | tuple[str, ...]) -> int:
