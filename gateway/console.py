@@ -92,6 +92,11 @@ def status(gw: Gateway, out=sys.stdout) -> int:
         note = m["error"] or ""
         if m["state"] == "failed" and m.get("retry_after"):
             note += f" (retry in {m['retry_after']} s)"
+        if m.get("upstream"):  # another machine's server: where, and how it is doing
+            up = m["upstream"]
+            note += f"{up['url']}: {up['state']}" + (f" ({up['error']})" if up.get("error") else "")
+        for r in m.get("replicas") or ():
+            note += f"{' ' if note else ''}[{r['id']}: {'up' if r['up'] else 'down' if r['up'] is False else '-'}]"
         rows.append((m["id"], m["state"], str(m["in_flight"]), str(m["pid"] or "-"), _mib(m["memory_bytes"]),
                      m["source"], note))
     widths = [max(len(r[i]) for r in rows) for i in range(6)]

@@ -97,3 +97,22 @@ def test_models_shows_which_file_won_a_contested_name(write_config, model_dir, t
     r = run_cli("models", "--config", str(path))
     assert r.returncode == 0, r.stderr
     assert f"name 'same': {first / 'same.gguf'} won over {second / 'same.gguf'}" in r.stdout
+
+
+def test_models_and_check_config_show_upstreams_and_replicas(write_config, model_dir):
+    path = write_config(f"""
+        server:
+          discover_default_stores: false
+        models:
+          far: {{upstream: "http://box:8080/v1", model: qwen3, api_key: sk-secret}}
+          pair:
+            replicas: [{model_dir}/plain.gguf, {{upstream: "http://box:8080"}}]
+    """)
+    rows = {json.loads(line)["name"]: json.loads(line) for line in run_cli("models", "--config", str(path),
+                                                                           "--json").stdout.splitlines()}
+    assert rows["far"]["file"] == "http://box:8080/v1 (qwen3)" and rows["far"]["source"] == "upstream"
+    assert rows["pair"]["file"] == f"replicas: {model_dir}/plain.gguf, http://box:8080/v1 (pair#2)"
+    table = run_cli("models", "--config", str(path)).stdout
+    assert "http://box:8080/v1 (qwen3)" in table and "sk-secret" not in table
+    r = run_cli("check-config", "--config", str(path))
+    assert r.returncode == 0 and "2 model(s) configured" in r.stdout

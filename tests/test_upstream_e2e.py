@@ -63,6 +63,20 @@ class _Flaky(_Broken):
         self.connection.shutdown(socket.SHUT_RDWR)
 
 
+class _Stalling(_Broken):
+    """Sends one chunk, then nothing (for longer than the entry's idle timeout)."""
+
+    def do_POST(self):  # noqa: N802
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        chunk = {"id": "x", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "Hi"}}]}
+        self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        self.wfile.flush()
+        time.sleep(4)
+
+
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory):
     d = tmp_path_factory.mktemp("upstream")
@@ -88,7 +102,8 @@ def hosts(tmp_path_factory):
     hole.listen(64)
     broken = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Broken)
     flaky = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Flaky)
-    for srv in (broken, flaky):
+    stalling = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Stalling)
+    for srv in (broken, flaky, stalling):
         threading.Thread(target=srv.serve_forever, daemon=True).start()
     closed = free_port()
     with ServerProcess("--config", str(inner_cfg)) as inner, ServerProcess("--config", str(inner_cfg)) as spare:
@@ -112,6 +127,7 @@ models:
   dead: {{upstream: "http://127.0.0.1:{closed}/v1"}}
   hole: {{upstream: "http://127.0.0.1:{hole.getsockname()[1]}/v1", timeouts: {{first_byte: 1}}}}
   broken: {{upstream: "http://127.0.0.1:{broken.server_address[1]}/v1", model: m}}
+  stalling: {{upstream: "http://127.0.0.1:{stalling.server_address[1]}/v1", model: m, timeouts: {{idle: 1}}}}
   pair:
     replicas:
       - {{upstream: "http://127.0.0.1:{flaky.server_address[1]}/v1", model: plain}}
@@ -127,7 +143,7 @@ models:
 """)
         with ServerProcess("--config", str(outer_cfg)) as outer:
             yield {"inner": inner, "outer": outer, "spare": spare}
-    for srv in (broken, flaky):
+    for srv in (broken, flaky, stalling):
         srv.shutdown()
         srv.server_close()
     hole.close()
@@ -301,6 +317,16 @@ def test_a_malformed_upstream_stream_ends_with_an_error_event(hosts):
             headers={"Authorization": "Bearer outer-key", "Content-Type": "application/json"},
             data=json.dumps({"model": "broken", "messages": ASK}).encode()), timeout=10)
     assert e.value.code == 502 and json.loads(e.value.read())["error"]["code"] == "upstream_malformed"
+
+
+def test_an_upstream_that_goes_silent_mid_answer_ends_it_after_the_idle_timeout(oai):
+    began = time.monotonic()
+    stream = oai.chat.completions.create(model="stalling", messages=ASK, stream=True)
+    texts = []
+    with pytest.raises(openai.APIError, match="sent nothing for 1 s"):
+        for c in stream:
+            texts.append(c.choices[0].delta.content if c.choices else None)
+    assert "Hi" in texts and time.monotonic() - began < 4
 
 
 def test_replicas_fail_over_and_count_per_replica(hosts, oai):
