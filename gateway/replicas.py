@@ -98,18 +98,25 @@ class ReplicaSet:
             member.backend = await self._start(member.spec, lambda b, expected: self._member_exited(member, b,
                                                                                                     expected))
         except StartFailed as e:
-            member.failures += 1
-            first, most = self.backoff
-            member.error, member.retry_at = str(e), time.monotonic() + min(first * 2 ** (member.failures - 1), most)
+            self._failed(member, str(e))
             log.error("replica %r failed to start: %s", member.spec.name, e)
             return
         member.error, member.failures = None, 0
         self._settle_info()
 
+    def _failed(self, member: Member, why: str) -> None:
+        """Not started again before its back-off (the first wait, doubling up to the cap) passes."""
+        member.failures += 1
+        first, most = self.backoff
+        member.error, member.retry_at = why, time.monotonic() + min(first * 2 ** (member.failures - 1), most)
+
     def _member_exited(self, member: Member, backend: Backend, expected: bool) -> None:
         if member.backend is backend:
             member.backend = None
-            member.error = "its backend exited" if not expected else None
+            if expected:
+                member.error = None
+            else:
+                self._failed(member, "its backend exited")
         if not expected and not self._stopping and not self.alive:
             self._on_exit(self, False)
 
