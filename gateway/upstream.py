@@ -400,6 +400,8 @@ class Upstreams:
     def _due(self, h: UpstreamHealth, now: float) -> bool:
         if h.state is Health.DOWN:
             return now >= h.retry_at
+        if h.upstream.discover and h.models is None and h.checked_at < 0:  # its list, once, whatever the interval
+            return True
         return bool(self.check_seconds) and now - h.checked_at >= self.check_seconds
 
     async def refresh(self, discover_only: bool = False) -> None:

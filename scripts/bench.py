@@ -25,7 +25,10 @@ Measured for each (greedy unless --sampled):
 - resident memory (VmRSS): the server process alone, and with its model workers;
 - one hop (unless --no-hop): a gateway in front of a gateway (models.yaml `upstream:`), and of
   llama-server when it is measured, against the inner server alone: a 1-token completion on the
-  tiny model, and a stream's time to first token and decode speed on the main model.
+  tiny model, and a stream's time to first token and decode speed on the main model;
+- with --rpc: the model split over two llama.cpp rpc-servers on loopback (models.yaml `rpc:`,
+  built by scripts/rpc_build.py) against the same model whole, both served by the gateway with
+  that RPC-enabled ggml: what llama.cpp's RPC costs before any network does.
 Every figure is the median over rounds; each ratio is the median of the per-round ratios
 (contender / the first alternative, llama-server when present, both from the same round) with
 their spread, min..max: one run says whether a change moved anything beyond this machine's noise.
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import http.client
 import json
 import os
@@ -52,6 +56,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(1, str(REPO / "scripts"))
 
 from gateway import testmodels as tm  # noqa: E402
 
@@ -150,6 +155,12 @@ class Server:
             self.proc.wait()
         os.unlink(self.log.name)
 
+    def serving(self, model_name: str) -> Server:
+        """This server, asked for another of its models (under that model's name)."""
+        view = copy.copy(self)
+        view.name = view.model_name = model_name
+        return view
+
     def connect(self) -> http.client.HTTPConnection:
         return http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
 
@@ -243,6 +254,41 @@ def hop(makers: list, model: Path, args, sampling: dict, tmp: Path) -> dict:
         for key in ("direct", "hop"):
             figures[key].update({f: med(v) for f, v in figures[key]["rounds"].items()})
         out[name] = figures
+    return out
+
+
+def rpc_cost(model: Path, args, sampling: dict, tmp: Path) -> dict:
+    """The model whole and split over two loopback rpc-servers (``--rpc-layers`` of its layers on
+    them), one gateway serving both: a stream's TTFT and decode speed in alternating rounds."""
+    import rpc_build
+
+    binary, libs = rpc_build.build()
+    ports = [free_port(), free_port()]
+    servers = [subprocess.Popen([str(binary), "--host", "127.0.0.1", "--port", str(p), "--threads",
+                                 str(max(1, args.threads // 2))], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+               for p in ports]
+    try:
+        time.sleep(1.0)
+        cfg = tmp / "rpc.yaml"
+        entry = (f"    path: {model}\n    n_ctx: {N_CTX}\n    parallel: 1\n    n_threads: {args.threads}\n"
+                 f"    n_gpu_layers: {args.rpc_layers}\n")
+        cfg.write_text(f"server:\n  discover_default_stores: false\n  max_loaded_models: 0\nmodels:\n"
+                       f"  whole:\n{entry}  split:\n{entry}    rpc: [127.0.0.1:{ports[0]}, 127.0.0.1:{ports[1]}]\n")
+        env = {**os.environ, "HOME": str(tmp), "LLAMA_CPP_LIB_PATH": str(libs)}
+        with Server("gateway (rpc build)", [sys.executable, "-m", "gateway", "serve", "--config", str(cfg), "--port",
+                                            "{port}", "--log-level", "warning"], "/health", "whole", env) as srv:
+            views = [srv.serving(name) for name in ("whole", "split")]
+            for view in views:
+                view.complete({"prompt": "warm up " + PROMPT, "max_tokens": 4, **sampling})
+            runs = interleaved(views, args.repeats, lambda s, r: single_stream(s, args, sampling, r))
+    finally:
+        for p in servers:
+            p.kill()
+            p.wait()
+    out: dict[str, dict] = {}
+    for name in ("whole", "split"):
+        rounds = {"ttft_ms": [x[0] for x in runs[name]], "decode_tok_s": [x[1] for x in runs[name]]}
+        out[name] = {"rounds": rounds, **{k: statistics.median(v) for k, v in rounds.items()}}
     return out
 
 
@@ -384,6 +430,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="the gateway's server.stream_interval_ms (default: its own default); several values "
                    "measure one gateway contender each, side by side")
     p.add_argument("--no-hop", action="store_true", help="skip the one-hop figures (a gateway in front)")
+    p.add_argument("--rpc", action="store_true", help="also measure the model split over two loopback llama.cpp "
+                   "rpc-servers against it whole (builds them first: scripts/rpc_build.py)")
+    p.add_argument("--rpc-layers", type=int, default=999, help="with --rpc: layers on the rpc-servers (the rest "
+                   "stay on this CPU; default: all)")
     p.add_argument("--json", type=Path, help="write every figure here")
     args = p.parse_args(argv)
     model = (args.model or bench_model()).resolve()  # the gateway reads paths relative to its config
@@ -428,14 +478,16 @@ def main(argv: list[str] | None = None) -> int:
                     results[srv.name]["rss_idle_kib"] = srv.memory()[0]
         hops = {} if args.no_hop else hop(makers[:1] + [m for m in makers if m[0] == "llama-server"], model, args,
                                           sampling, tmp)
+        rpc = rpc_cost(model, args, sampling, tmp) if args.rpc else {}
 
     print_table(results, model, args, "sampled" if args.sampled else "greedy")
     print_hops(hops)
+    print_rpc(rpc, args)
     if args.json:
         args.json.write_text(json.dumps({"model": str(model), "threads": args.threads, "tokens": args.tokens,
                                          "mode": "sampled" if args.sampled else "greedy",
                                          "parallel": PARALLEL, "n_ctx": N_CTX, "results": results,
-                                         "hop": hops}, indent=2))
+                                         "hop": hops, "rpc": rpc}, indent=2))
     return 0
 
 
@@ -492,6 +544,17 @@ def print_hops(hops: dict) -> None:
             cell = fmt.format(f["hop"][key]) + (f" ({statistics.median(ratios):.2f}x [{min(ratios):.2f}.."
                                                  f"{max(ratios):.2f}])" if ratios else "")
             print(f"| {label:<28} | {fmt.format(f['direct'][key]):>12} | {cell:>34} |")
+
+
+def print_rpc(rpc: dict, args) -> None:
+    if not rpc:
+        return
+    print(f"\nllama.cpp RPC: {args.rpc_layers if args.rpc_layers < 999 else 'all'} layers on two rpc-servers on "
+          "loopback, against the model whole; ratios split / whole: median of per-round ratios [min..max]")
+    for label, key in (("decode tok/s, 1 stream", "decode_tok_s"), ("time to first token, ms", "ttft_ms")):
+        ratios = [s / w for s, w in zip(rpc["split"]["rounds"][key], rpc["whole"]["rounds"][key]) if w]
+        print(f"| {label:<28} | whole {rpc['whole'][key]:8.1f} | split {rpc['split'][key]:8.1f} "
+              f"({statistics.median(ratios):.2f}x [{min(ratios):.2f}..{max(ratios):.2f}]) |")
 
 
 if __name__ == "__main__":

@@ -18,8 +18,8 @@ def test_bench_script_measures_every_figure(tmp_path):
     out = tmp_path / "bench.json"
     r = subprocess.run([sys.executable, str(REPO / "scripts" / "bench.py"), "--only", "gateway", "--model", str(model),
                         "--threads", "1", "--tokens", "8", "--repeats", "2", "--long-prompt", "40",
-                        "--overhead-requests", "12", "--stream-interval", "0,5", "--json", str(out)],
-                       capture_output=True, text=True, timeout=300)
+                        "--overhead-requests", "12", "--stream-interval", "0,5", "--rpc", "--json", str(out)],
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     data = json.loads(out.read_text())
     assert set(data["results"]) == {"gateway 0ms", "gateway 5ms"}  # one contender per stream interval
@@ -32,6 +32,9 @@ def test_bench_script_measures_every_figure(tmp_path):
         assert hop[side]["decode_tok_s"] > 0 and hop[side]["ttft_ms"] > 0
         assert 0 < hop[side]["overhead_p50_ms"] <= hop[side]["overhead_p95_ms"]
     assert "one hop: a gateway in front of gateway" in r.stdout
+    for side in ("whole", "split"):  # the model over two loopback rpc-servers, and whole
+        assert data["rpc"][side]["decode_tok_s"] > 0 and len(data["rpc"][side]["rounds"]["ttft_ms"]) == 2
+    assert "llama.cpp RPC: all layers on two rpc-servers" in r.stdout
 
 
 def check_figures(g: dict) -> None:

@@ -7,13 +7,16 @@ built without RPC says so at load."""
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 
 import openai
 import pytest
-import rpcbuild
-from helpers import ServerProcess, free_port
+from helpers import REPO, ServerProcess, free_port
 from realmodel import gemma_path
+
+sys.path.insert(0, str(REPO / "scripts"))
+import rpc_build  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.real]
 
@@ -42,7 +45,7 @@ def test_a_build_without_rpc_says_so_at_load(tmp_path, model_dir):
 
 @pytest.fixture(scope="module")
 def rpc_servers():
-    server, libs = rpcbuild.build()
+    server, libs = rpc_build.build()
     ports = [free_port(), free_port()]
     procs = [subprocess.Popen([str(server), "--host", "127.0.0.1", "--port", str(p), "--threads", "1"],
                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)

@@ -1,6 +1,11 @@
-"""llama.cpp's RPC backend for the tests: ``rpc-server`` and an RPC-enabled ggml, built from the
-llama.cpp sources that the installed llama-cpp-python vendors (the same version, so the RPC
-protocol matches), once per checkout into ``.cache/``.
+#!/usr/bin/env python3
+"""llama.cpp's RPC backend without reinstalling llama-cpp-python: ``rpc-server`` and an
+RPC-enabled ggml, built from the llama.cpp sources that the installed llama-cpp-python vendors
+(the same version, so the RPC protocol matches), once per checkout into ``.cache/``. The tests
+and ``scripts/bench.py --rpc`` use it; so can a user trying RPC on one machine:
+
+    .venv/bin/python scripts/rpc_build.py      # prints the rpc-server binary and the library directory
+    LLAMA_CPP_LIB_PATH=<library directory> ./scripts/serve
 
 The gateway's workers then load that ggml instead of the installed one: llama-cpp-python reads
 its libraries from ``$LLAMA_CPP_LIB_PATH`` when set, and the directory built here holds the
@@ -13,14 +18,18 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 import time
 from importlib import metadata
 from pathlib import Path
 
-from realmodel import CACHE
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 
-from gateway import testmodels
+from gateway import testmodels  # noqa: E402
+
+CACHE = Path(os.environ.get("GGUF_GATEWAY_TEST_CACHE") or REPO / ".cache")
 
 
 def build() -> tuple[Path, Path]:
@@ -50,7 +59,7 @@ def build() -> tuple[Path, Path]:
     subprocess.run(cmake, check=True, capture_output=True)
     subprocess.run(["cmake", "--build", str(root / "build"), "--target", "ggml-rpc-server", "-j",
                     str(os.cpu_count() or 2)], check=True, capture_output=True)
-    print(f"built llama.cpp's rpc-server in {time.monotonic() - began:.0f} s")
+    print(f"built llama.cpp's rpc-server in {time.monotonic() - began:.0f} s", file=sys.stderr)
     libs.mkdir(parents=True, exist_ok=True)
     import llama_cpp.llama_cpp as ll
 
@@ -62,3 +71,8 @@ def build() -> tuple[Path, Path]:
         (libs / lib.name).unlink(missing_ok=True)
         shutil.copy2(lib, libs / lib.name, follow_symlinks=False)
     return server, libs
+
+
+if __name__ == "__main__":
+    binary, directory = build()
+    print(f"rpc-server: {binary}\nLLAMA_CPP_LIB_PATH={directory}")
