@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from .answer import api_error
-from .api import admin, anthropic, openai
+from .api import admin, anthropic, ollama, openai
 from .appkeys import CONFIG, CONNECTIONS, EVENTS, LIFECYCLE, METRICS, REGISTRY
 from .config import Config
 from .connections import ConnectionGuard, Limits
@@ -38,7 +38,10 @@ def is_anthropic(request: web.Request) -> bool:
 
 def error_response(request: web.Request, err: ApiError) -> web.Response:
     request[ERROR_CODE] = err.code or f"http_{err.status}"
-    body = err.anthropic_body() if is_anthropic(request) else err.openai_body()
+    if request.path.startswith("/api/"):  # Ollama's shape: the message alone
+        body: dict = {"error": err.message}
+    else:
+        body = err.anthropic_body() if is_anthropic(request) else err.openai_body()
     response = web.json_response(body, status=err.status, headers=err.headers)
     if err.headers.get("Connection") == "close":  # the header alone leaves aiohttp's connection open
         response.force_close()
@@ -256,6 +259,7 @@ def create_app(config: Config, registry: Registry | None = None) -> web.Applicat
     admin.setup(app)
     openai.setup(app)
     anthropic.setup(app)
+    ollama.setup(app)
     return app
 
 

@@ -254,13 +254,18 @@ async def _serve(config: Config, host: str, port: int) -> int:
     await runner.setup()  # preloads models (cleanup_ctx) before anything listens
     loop = asyncio.get_running_loop()
     guard = app[CONNECTIONS]
-    try:
-        assert runner.server is not None  # made by setup()
-        listener = await loop.create_server(guard.wrap(runner.server), host, port, backlog=128)
-    except OSError as e:
-        log.error("cannot listen on %s:%s: %s", host, port, e.strerror or e)
-        await runner.cleanup()
-        return 1
+    listeners: list[asyncio.AbstractServer] = []
+    # server.ollama_port: the same gateway on Ollama's port too, for clients that cannot be pointed elsewhere
+    for at in [port] + ([config.server.ollama_port] if config.server.ollama_port else []):
+        try:
+            assert runner.server is not None  # made by setup()
+            listeners.append(await loop.create_server(guard.wrap(runner.server), host, at, backlog=128))
+        except OSError as e:
+            log.error("cannot listen on %s:%s: %s", host, at, e.strerror or e)
+            for listener in listeners:
+                listener.close()
+            await runner.cleanup()
+            return 1
     stop = asyncio.Event()
     handlers = {signal.SIGINT: stop.set, signal.SIGTERM: stop.set,
                 getattr(signal, "SIGHUP", None): lambda: asyncio.ensure_future(registry.reload(config.path))}
@@ -272,12 +277,13 @@ async def _serve(config: Config, host: str, port: int) -> int:
         except (NotImplementedError, RuntimeError):  # not on this platform
             pass
     names = ", ".join(s.name for s in registry.specs()) or "none"
-    log.info("gguf-gateway %s listening on http://%s:%s (models: %s)", __version__, host, port, names)
+    log.info("gguf-gateway %s listening on http://%s:%s%s (models: %s)", __version__, host, port,
+             f" and :{config.server.ollama_port} (Ollama's port)" if config.server.ollama_port else "", names)
     notifier.notify("READY=1")
     watchdog = asyncio.ensure_future(notifier.watchdog())
     await stop.wait()
     notifier.notify("STOPPING=1")
-    await _drain(app[LIFECYCLE], registry, listener, config.server.drain_seconds)
+    await _drain(app[LIFECYCLE], registry, listeners, config.server.drain_seconds)
     watchdog.cancel()
     guard.stop()
     await runner.cleanup()
@@ -285,10 +291,11 @@ async def _serve(config: Config, host: str, port: int) -> int:
     return 0
 
 
-async def _drain(lifecycle: dict, registry, listener: asyncio.AbstractServer, seconds: float) -> None:
+async def _drain(lifecycle: dict, registry, listeners: list[asyncio.AbstractServer], seconds: float) -> None:
     """Stop taking requests, give those in flight ``seconds`` to finish, then end the rest with an error."""
     lifecycle["draining"] = True
-    listener.close()  # no new connections; a kept-alive one gets 503 and Connection: close
+    for listener in listeners:
+        listener.close()  # no new connections; a kept-alive one gets 503 and Connection: close
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
     if registry.in_flight():

@@ -175,6 +175,12 @@ class Registry:
         await model.ready()
         return model
 
+    def keep_alive(self, spec: ModelSpec, seconds: float | None) -> None:
+        """A request's keep_alive (Ollama's): the model stays loaded this long once idle, from
+        now on (None: leave it as it is)."""
+        if seconds is not None:
+            self.supervisor(spec).keep_alive = seconds
+
     async def unload(self, name: object) -> ModelSupervisor:
         """Unload now (admin API); 409 while requests are in flight."""
         model = self.state(await self.lookup(name))

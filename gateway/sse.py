@@ -17,12 +17,14 @@ _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode  # 
 
 
 class EventStream:
+    content_type = "text/event-stream; charset=utf-8"
+
     def __init__(self, request: web.Request, headers: dict[str, str] | None = None, write_timeout: float = 0.0):
         self.request = request
         self.write_timeout = write_timeout  # 0: none
         self.stalled = False
         self.response = web.StreamResponse(headers={
-            "Content-Type": "text/event-stream; charset=utf-8",
+            "Content-Type": self.content_type,
             "Cache-Control": "no-cache",
             "X-Accel-Buffering": "no",  # tell reverse proxies not to hold the stream back
             **(headers or {}),
@@ -34,9 +36,13 @@ class EventStream:
 
     async def send(self, data: dict[str, Any] | str, event: str | None = None, hold: bool = False) -> None:
         payload = data if isinstance(data, str) else _encode(data)
-        self._held.append(((f"event: {event}\n" if event else "") + f"data: {payload}\n\n").encode())
+        self._held.append(self._frame(payload, event))
         if not hold:
             await self.flush()
+
+    @staticmethod
+    def _frame(payload: str, event: str | None) -> bytes:
+        return ((f"event: {event}\n" if event else "") + f"data: {payload}\n\n").encode()
 
     async def flush(self) -> None:
         if self._held:
@@ -65,3 +71,14 @@ class EventStream:
         transport = self.request.transport
         if transport is not None:
             transport.abort()
+
+
+class LineStream(EventStream):
+    """Newline-delimited JSON, one object a line (Ollama's streams), with the same holding and
+    write bounds."""
+
+    content_type = "application/x-ndjson"
+
+    @staticmethod
+    def _frame(payload: str, event: str | None) -> bytes:
+        return (payload + "\n").encode()

@@ -71,6 +71,9 @@ class ModelSupervisor:
         self.waiting = 0  # requests waiting for the load
         self.last_used = 0.0
         self.retiring = False  # replaced by a reload: unload once idle
+        # a request's own keep_alive (Ollama's): how long the model stays loaded once idle, from
+        # now on, over timing.keep_alive; 0: unload as soon as it is idle
+        self.keep_alive: float | None = None
         self._timer: asyncio.TimerHandle | None = None
 
     def move(self, new: ModelState) -> None:
@@ -172,11 +175,12 @@ class ModelSupervisor:
         if self.retiring:
             asyncio.ensure_future(self.unload())
             return
-        if math.isinf(self.timing.keep_alive) or self.state != READY:
+        keep = self.keep_alive if self.keep_alive is not None else self.timing.keep_alive
+        if math.isinf(keep) or self.state != READY:
             return
         self._cancel_timer()
         self._timer = asyncio.get_running_loop().call_later(
-            self.timing.keep_alive, lambda: asyncio.ensure_future(self.unload(only_if_idle=True)))
+            keep, lambda: asyncio.ensure_future(self.unload(only_if_idle=True)))
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:

@@ -1,0 +1,238 @@
+"""Ollama's API: /api/chat, /api/generate, /api/embed, /api/embeddings, /api/tags, /api/ps,
+/api/show, /api/version; /api/pull, /api/push, /api/create, /api/delete and /api/copy answer 501
+(the gateway serves the models already on disk). Errors are Ollama's ``{"error": "..."}``
+(``app.error_response``), and streams are newline-delimited JSON, as Ollama's clients read them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import time
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from aiohttp import web
+
+from .. import __version__, answer
+from ..appkeys import CONFIG, REGISTRY
+from ..errors import ApiError
+from ..events import observation
+from ..protocol import ollama
+from ..protocol.params import apply_defaults, apply_effort
+from ..sse import LineStream
+from .body import read_json_object
+from .common import apply_limits, ignore_gone
+
+log = logging.getLogger(__name__)
+
+
+async def chat(request: web.Request) -> web.StreamResponse:
+    return await _answer(request, ollama.parse_chat(await read_json_object(request)), chat=True)
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    parsed = ollama.parse_generate(await read_json_object(request))
+    req = parsed.request
+    if req.messages is not None and not req.messages[-1]["content"] and len(req.messages) == 1:
+        return await _load_only(request, parsed)
+    return await _answer(request, parsed, chat=False)
+
+
+async def _load_only(request: web.Request, parsed: ollama.OllamaParsed) -> web.Response:
+    """An empty prompt: load the model (or, with keep_alive 0, unload it), as Ollama does."""
+    registry = request.app[REGISTRY]
+    spec = await registry.lookup(parsed.model)
+    observation(request).model = spec.name
+    if parsed.keep_alive == 0:
+        await registry.unload(parsed.model)
+        reason = "unload"
+    else:
+        await registry.load(parsed.model)
+        registry.keep_alive(spec, parsed.keep_alive)
+        reason = "load"
+    return web.json_response({"model": parsed.model, "created_at": ollama.now_iso(), "response": "", "done": True,
+                              "done_reason": reason})
+
+
+async def _answer(request: web.Request, parsed: ollama.OllamaParsed, chat: bool) -> web.StreamResponse:
+    apply_limits(request, parsed)
+    clock = ollama.Clock(time.monotonic())
+    registry = request.app[REGISTRY]
+    req = parsed.request
+    async with registry.lease(parsed.model) as (spec, backend):
+        clock.loaded = time.monotonic()
+        obs = observation(request)
+        obs.model = spec.name
+        registry.keep_alive(spec, parsed.keep_alive)
+        apply_defaults(parsed, spec.defaults)
+        answer.prepare(req, spec.name, spec.reasoning, spec.tool_format, backend.info)
+        apply_effort(req, parsed.reasoning_effort, spec.reasoning_budgets, req.reasoning)
+        async with backend.generate(req) as gen:
+            _, parser = await answer.start(gen, req, stream=False)  # Ollama gives each call whole
+            clock.first = time.monotonic()
+            items = answer.pieces(gen, parser, obs)
+            if parsed.stream:
+                return await _stream(request, parsed, chat, gen, items, clock)
+            text: dict[str, list[str]] = {"content": [], "thinking": []}
+            calls: list[dict[str, Any]] = []
+            async for item in items:
+                if isinstance(item, answer.Piece):
+                    text[item.kind].append(item.text)
+                elif isinstance(item, answer.Call):
+                    calls.append({"name": item.name, "arguments": ""})
+                elif isinstance(item, answer.CallArgs):
+                    calls[-1]["arguments"] += item.text
+                else:
+                    body = ollama.chunk(parsed.model, chat, "".join(text["content"]), "".join(text["thinking"]),
+                                        calls)
+                    body.update(done=True, done_reason=ollama.done_reason(item.reason),
+                                **clock.stats(item.prompt_tokens, item.completion_tokens))
+                    return web.json_response(body)
+    raise ApiError("the model worker ended the answer without finishing it", status=500)
+
+
+async def _stream(request: web.Request, parsed: ollama.OllamaParsed, chat: bool, gen, items,
+                  clock: ollama.Clock) -> web.StreamResponse:
+    lines = LineStream(request, write_timeout=request.app[CONFIG].server.write_timeout)
+    await lines.open()
+    gen.on_idle = lines.flush
+    calls: list[dict[str, Any]] = []
+    try:
+        async for item in items:
+            if isinstance(item, answer.Piece):
+                content, thinking = (item.text, "") if item.kind == "content" else ("", item.text)
+                await lines.send(ollama.chunk(parsed.model, chat, content, thinking), hold=True)
+            elif isinstance(item, answer.Call):
+                calls.append({"name": item.name, "arguments": ""})
+            elif isinstance(item, answer.CallArgs):
+                calls[-1]["arguments"] += item.text
+            else:
+                if calls:  # each call whole, in one line, as Ollama sends them
+                    await lines.send(ollama.chunk(parsed.model, chat, calls=calls))
+                last = ollama.chunk(parsed.model, chat)
+                last.update(done=True, done_reason=ollama.done_reason(item.reason),
+                            **clock.stats(item.prompt_tokens, item.completion_tokens))
+                await lines.send(last)
+    except ApiError as err:  # the model failed mid-answer: Ollama's clients read an error line
+        log.warning("stream for %s ended by an error: %s", parsed.model, err.message)
+        await ignore_gone(lines.send({"error": err.message}))
+    except ConnectionResetError:
+        observation(request).disconnected = True
+        return lines.response
+    await ignore_gone(lines.close())
+    return lines.response
+
+
+async def embed(request: web.Request) -> web.Response:
+    return await _embed(request, legacy=False)
+
+
+async def embeddings(request: web.Request) -> web.Response:
+    return await _embed(request, legacy=True)
+
+
+async def _embed(request: web.Request, legacy: bool) -> web.Response:
+    model, inputs, alive = ollama.parse_embed(await read_json_object(request), legacy)
+    began = time.monotonic()
+    registry = request.app[REGISTRY]
+    async with registry.lease(model, embeddings=True) as (spec, backend):
+        loaded = time.monotonic()
+        observation(request).model = spec.name
+        registry.keep_alive(spec, alive)
+        reply = await backend.embed(inputs)
+        observation(request).prompt_tokens = reply.prompt_tokens
+    if legacy:
+        return web.json_response({"embedding": reply.data[0]})
+    return web.json_response({"model": model, "embeddings": reply.data,
+                              "total_duration": ollama.ns(time.monotonic() - began),
+                              "load_duration": ollama.ns(loaded - began), "prompt_eval_count": reply.prompt_tokens})
+
+
+def _modified(spec) -> str:
+    try:
+        stamp = spec.path.stat().st_mtime if spec.path is not None else time.time()
+    except OSError:
+        stamp = time.time()
+    return datetime.fromtimestamp(stamp, timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _entry(registry, spec) -> dict[str, Any]:
+    info = registry.info(spec)
+    name = ollama.ollama_name(spec.name)
+    return {"name": name, "model": name, "modified_at": _modified(spec), "size": info.file_size if info else 0,
+            "digest": hashlib.sha256(str(spec.path or spec.name).encode()).hexdigest(),
+            "details": ollama.details(info)}
+
+
+async def tags(request: web.Request) -> web.Response:
+    registry = request.app[REGISTRY]
+    return web.json_response({"models": [_entry(registry, s) for s in registry.specs()]})
+
+
+async def ps(request: web.Request) -> web.Response:
+    registry = request.app[REGISTRY]
+    out = []
+    for spec in registry.specs():
+        model = registry.state(spec)
+        if model.backend is None or not model.backend.alive:
+            continue
+        keep = model.keep_alive if model.keep_alive is not None else model.timing.keep_alive
+        until = datetime.now(timezone.utc) + (timedelta(days=3650) if math.isinf(keep) or model.in_flight
+                                              else timedelta(seconds=max(0.0, keep - (time.monotonic()
+                                                                                      - model.last_used))))
+        entry = _entry(registry, spec)
+        entry.update(expires_at=until.isoformat().replace("+00:00", "Z"), size_vram=0)
+        out.append(entry)
+    return web.json_response({"models": out})
+
+
+async def show(request: web.Request) -> web.Response:
+    body = await read_json_object(request)
+    name = body.get("model") or body.get("name")
+    registry = request.app[REGISTRY]
+    spec = await registry.lookup(name)
+    info = registry.info(spec)
+    arch = info.architecture if info else None
+    model_info: dict[str, Any] = {}
+    if info is not None:
+        model_info = {"general.architecture": arch, "general.name": info.name, "general.size_label": info.size_label,
+                      f"{arch}.context_length": info.context_length, f"{arch}.embedding_length": info.embedding_length}
+        model_info = {k: v for k, v in model_info.items() if v is not None}
+    template = spec.chat_template or (info.chat_template if info else None) or ""
+    capabilities = ["embedding"] if spec.embeddings else ["completion"]
+    if not spec.embeddings:
+        # what a loaded model reported (its vocabulary's markers too), else what its template shows
+        model = registry.state(spec)
+        known = model.backend.info if model.backend is not None and model.backend.alive else {}
+        known = {"chat_template": template, "special_tokens": [], **known}
+        if answer.tool_format(spec.tool_format, known) not in (None, "plain"):
+            capabilities.append("tools")
+        if answer.reasoning_format(spec.reasoning, known) not in (None, "think_leading"):
+            capabilities.append("thinking")
+    return web.json_response({"modelfile": f"FROM {spec.path or spec.name}\n", "parameters": "",
+                              "template": template, "details": ollama.details(info), "model_info": model_info,
+                              "capabilities": capabilities, "modified_at": _modified(spec)})
+
+
+async def version(request: web.Request) -> web.Response:
+    return web.json_response({"version": __version__})
+
+
+async def not_here(request: web.Request) -> web.Response:
+    raise ApiError(f"{request.path} is not available: this gateway serves the GGUF models already on disk "
+                   "(put a file in a models directory or models.yaml instead)", status=501, code="not_implemented")
+
+
+def setup(app: web.Application) -> None:
+    app.router.add_post("/api/chat", chat)
+    app.router.add_post("/api/generate", generate)
+    app.router.add_post("/api/embed", embed)
+    app.router.add_post("/api/embeddings", embeddings)
+    app.router.add_get("/api/tags", tags)
+    app.router.add_get("/api/ps", ps)
+    app.router.add_post("/api/show", show)
+    app.router.add_get("/api/version", version)
+    for path in ("/api/pull", "/api/push", "/api/create", "/api/copy", "/api/delete"):
+        app.router.add_route("*", path, not_here)
