@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from .answer import api_error
-from .api import admin, anthropic, ollama, openai
+from .api import admin, anthropic, ollama, openai, responses
 from .appkeys import CONFIG, CONNECTIONS, EVENTS, LIFECYCLE, METRICS, REGISTRY
 from .config import Config
 from .connections import ConnectionGuard, Limits
@@ -260,6 +260,7 @@ def create_app(config: Config, registry: Registry | None = None) -> web.Applicat
     openai.setup(app)
     anthropic.setup(app)
     ollama.setup(app)
+    responses.setup(app)
     return app
 
 

@@ -10,6 +10,7 @@ from .connections import ConnectionGuard
 from .events import EventSink
 from .metrics import Metrics
 from .registry import Registry
+from .response_store import ResponseStore
 
 CONFIG = web.AppKey("config", Config)
 REGISTRY = web.AppKey("registry", Registry)
@@ -17,3 +18,4 @@ METRICS = web.AppKey("metrics", Metrics)
 EVENTS = web.AppKey("events", EventSink)
 LIFECYCLE = web.AppKey("lifecycle", dict)  # {"draining": bool}
 CONNECTIONS = web.AppKey("connections", ConnectionGuard)
+RESPONSES = web.AppKey("responses", ResponseStore)  # OpenAI Responses kept for previous_response_id

@@ -171,6 +171,7 @@ class ServerConfig:
     # how often an upstream server (``upstream:``) is asked for its /models while it is not
     # down (a down one is asked when its back-off ends); 0: only requests tell its health
     upstream_check_seconds: float = 30.0
+    responses_store: int = 1000  # OpenAI Responses kept in memory for previous_response_id; 0: none
     ollama_port: int | None = None  # also listen here (Ollama's is 11434), for clients that cannot be pointed elsewhere
 
 
@@ -423,6 +424,7 @@ class _Parser:
             "metrics_public": self.boolean,
             "stream_interval_ms": self.integer(minimum=0, maximum=1000, what="an integer from 0 to 1000"),
             "upstream_check_seconds": self.seconds,
+            "responses_store": self.integer(minimum=0, what="an integer >= 0 (0: keep none)"),
             "ollama_port": self.integer(minimum=1, maximum=65535, what="a port number (1-65535)"),
         })
 

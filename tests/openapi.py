@@ -63,3 +63,21 @@ def _completion_chunk_validator() -> jsonschema.Draft202012Validator:
 
 def validate_completion_chunk(instance: Any) -> None:
     _completion_chunk_validator().validate(instance)
+
+
+@functools.lru_cache(maxsize=1)
+def _event_schemas() -> dict[str, str]:
+    """Each Responses stream event's type -> the name of its own schema in the document."""
+    spec = _spec()["components"]["schemas"]
+    out = {}
+    for ref in spec["ResponseStreamEvent"]["anyOf"]:
+        name = ref["$ref"].rsplit("/", 1)[1]
+        for kind in spec[name].get("properties", {}).get("type", {}).get("enum", []):
+            out[kind] = name
+    return out
+
+
+def validate_event(instance: Any) -> None:
+    """A Responses stream event against the schema of its own ``type`` (a failure names the field,
+    where the union's would only say that no member fits)."""
+    validate(instance, _event_schemas()[instance["type"]])

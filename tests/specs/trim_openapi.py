@@ -22,6 +22,8 @@ ROOTS = [
     "CreateEmbeddingResponse",
     "ErrorResponse",
     "ListModelsResponse",
+    "Response",
+    "ResponseStreamEvent",
 ]
 PREFIX = "#/components/schemas/"
 OUT = Path(__file__).with_name("openai-openapi.trimmed.json")

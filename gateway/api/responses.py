@@ -1,0 +1,119 @@
+"""OpenAI's Responses API: POST /v1/responses (whole or streamed), GET and DELETE
+/v1/responses/{id}. A stored response's conversation continues with ``previous_response_id``."""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+
+from .. import answer
+from ..appkeys import CONFIG, REGISTRY, RESPONSES
+from ..errors import ApiError
+from ..events import observation
+from ..protocol import responses as wire
+from ..protocol.params import apply_defaults, apply_effort
+from ..response_store import ResponseStore, Stored
+from .body import read_json_object
+from .common import apply_limits, event_stream, ignore_gone
+
+log = logging.getLogger(__name__)
+
+
+def _unknown(response_id: str, param: str | None = None) -> ApiError:
+    return ApiError(f"Response with id {response_id!r} not found.", status=404, param=param, code="not_found")
+
+
+async def create(request: web.Request) -> web.StreamResponse:
+    parsed = wire.parse(await read_json_object(request))
+    store = request.app[RESPONSES]
+    history: list[dict] = []
+    if parsed.previous_response_id is not None:
+        previous = store.get(parsed.previous_response_id)
+        if previous is None:
+            raise _unknown(parsed.previous_response_id, "previous_response_id")
+        history = previous.messages
+        parsed.input_messages = wire.input_messages(parsed.raw_input, history)
+    req = parsed.request
+    req.messages = ([{"role": "system", "content": parsed.instructions}] if parsed.instructions else []) + \
+        history + parsed.input_messages
+    apply_limits(request, parsed)
+    async with request.app[REGISTRY].lease(parsed.model) as (spec, backend):
+        obs = observation(request)
+        obs.model = spec.name
+        apply_defaults(parsed, spec.defaults)
+        answer.prepare(req, spec.name, spec.reasoning, spec.tool_format, backend.info)
+        apply_effort(req, parsed.reasoning_effort, spec.reasoning_budgets, req.reasoning)
+        builder = wire.ResponseBuilder(parsed.model, parsed, wire.new_id("resp"))
+        async with backend.generate(req) as gen:
+            _, parser = await answer.start(gen, req, stream=parsed.stream)
+            items = answer.pieces(gen, parser, obs)
+            if parsed.stream:
+                return await _stream(request, builder, gen, items, history, parsed)
+            async for item in items:
+                if isinstance(item, answer.Finish):
+                    _, body = builder.finish(item)
+                    _keep(request, builder, body, history, parsed)
+                    return web.json_response(body)
+                builder.feed(item)
+    raise ApiError("the model worker ended the answer without finishing it", status=500)
+
+
+def _keep(request: web.Request, builder: wire.ResponseBuilder, body: dict, history: list[dict],
+          parsed: wire.ResponsesParsed) -> None:
+    if parsed.store:
+        request.app[RESPONSES].put(builder.id, Stored(body, history + parsed.input_messages + builder.messages()))
+
+
+async def _stream(request: web.Request, builder: wire.ResponseBuilder, gen, items, history: list[dict],
+                  parsed: wire.ResponsesParsed) -> web.StreamResponse:
+    sse = event_stream(request)
+    await sse.open()
+    gen.on_idle = sse.flush
+
+    async def send(events: list[dict], hold: bool = False) -> None:
+        for event in events:
+            await sse.send(event, event=event["type"], hold=hold)
+
+    try:
+        await send(builder.start())
+        async for item in items:
+            if isinstance(item, answer.Finish):
+                events, body = builder.finish(item)
+                _keep(request, builder, body, history, parsed)
+                await send(events)
+            else:
+                await send(builder.feed(item), hold=True)
+    except ApiError as err:  # the model failed mid-answer: OpenAI's error event, then the failed response
+        log.warning("stream %s ended by an error: %s", builder.id, err.message)
+        failed = builder.response("failed")
+        failed["error"] = {"code": err.code or "server_error", "message": err.message}
+        await ignore_gone(send([builder._event("error", code=err.code, message=err.message, param=err.param),
+                                builder._event("response.failed", response=failed)]))
+    except ConnectionResetError:
+        observation(request).disconnected = True
+        return sse.response
+    await ignore_gone(sse.close())
+    return sse.response
+
+
+async def retrieve(request: web.Request) -> web.Response:
+    response_id = request.match_info["response_id"]
+    stored = request.app[RESPONSES].get(response_id)
+    if stored is None:
+        raise _unknown(response_id)
+    return web.json_response(stored.body)
+
+
+async def delete(request: web.Request) -> web.Response:
+    response_id = request.match_info["response_id"]
+    if not request.app[RESPONSES].delete(response_id):
+        raise _unknown(response_id)
+    return web.json_response({"id": response_id, "object": "response", "deleted": True})
+
+
+def setup(app: web.Application) -> None:
+    app[RESPONSES] = ResponseStore(app[CONFIG].server.responses_store)
+    app.router.add_post("/v1/responses", create)
+    app.router.add_get("/v1/responses/{response_id}", retrieve)
+    app.router.add_delete("/v1/responses/{response_id}", delete)
