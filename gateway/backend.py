@@ -20,6 +20,7 @@ from .engine.protocol import (  # noqa: F401 (the kinds: re-exported)
     CHAT,
     COMPLETIONS,
     EMBEDDINGS,
+    RERANK,
     TOKENIZE,
     Detokenized,
     Embeddings,
@@ -90,6 +91,8 @@ class Backend(Protocol):
 
     async def embed(self, inputs: list[Any]) -> Embeddings: ...
 
+    async def rerank(self, query: str, documents: list[str]) -> Embeddings: ...
+
     async def stop(self, timeout: float = 5.0) -> None: ...
 
 
@@ -113,7 +116,7 @@ async def start_local(spec: ModelSpec, server: ServerConfig, *, on_exit: Callabl
             name=spec.name, path=str(spec.path), n_ctx=spec.n_ctx, n_gpu_layers=spec.n_gpu_layers,
             n_threads=spec.n_threads, n_batch=spec.n_batch, parallel=spec.parallel, flash_attn=spec.flash_attn,
             repack=spec.repack, swa_full=spec.swa_full, use_mmap=spec.use_mmap,
-            chat_template=spec.chat_template, embeddings=spec.embeddings,
+            chat_template=spec.chat_template, embeddings=spec.embeddings or spec.reranker, reranker=spec.reranker,
             stream_interval=server.stream_interval_ms / 1000, rpc=spec.rpc,
         ), on_exit=on_exit, on_busy=lambda _worker: on_busy())
         await worker.start()

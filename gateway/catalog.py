@@ -8,6 +8,7 @@ catalog answers for everything that can be loaded.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -41,8 +42,9 @@ class ModelCatalog:
     def refresh(self) -> None:
         """Re-read the stores (blocking I/O: call it off the event loop when serving)."""
         cfg = self.config
-        configured = {normalize_name(n): s for s in cfg.models for n in s.names}
-        configured_paths = {os.path.realpath(s.path): s for s in cfg.models if s.path is not None}
+        models = [_as_its_header_says(s) for s in cfg.models]
+        configured = {normalize_name(n): s for s in models for n in s.names}
+        configured_paths = {os.path.realpath(s.path): s for s in models if s.path is not None}
         found = discovery.scan(discovery.roots_for(cfg.server.models_dirs, cfg.server.discover_default_stores))
         same_file = [f for f in found if os.path.realpath(f.path) in configured_paths]
         table = discovery.Catalog.build([f for f in found if f not in same_file], set(configured))
@@ -52,14 +54,15 @@ class ModelCatalog:
             won = [n for n in [*f.names, *f.fallback] if table.names.get(normalize_name(n)) is f]
             won = list(dict.fromkeys(won))
             spec = ModelSpec(name=won[0], path=f.path, aliases=tuple(won[1:]), source=f.source,
-                             embeddings=bool(f.info and f.info.pooling))
+                             embeddings=bool(f.info and f.info.pooling and not f.info.reranker),
+                             reranker=bool(f.info and f.info.reranker))
             self.found[spec.name] = f
             for n in won:
                 discovered[normalize_name(n)] = spec
         for f in same_file:  # a configured file found on disk too: its store names reach the entry
             for n in f.names:
                 discovered.setdefault(normalize_name(n), configured_paths[os.path.realpath(f.path)])
-        specs = list(cfg.models) + [s for s in _unique(discovered.values()) if all(s is not c for c in cfg.models)]
+        specs = models + [s for s in _unique(discovered.values()) if all(s is not c for c in models)]
         if not specs and self._allow_demo:
             demo = ensure_demo_model(self._demo_dir)
             if [s.source for s in self._specs] != ["demo"]:
@@ -119,6 +122,18 @@ class ModelCatalog:
             return discovery.INFO_CACHE.get(spec.path)
         except ModelFileError:
             return None
+
+
+def _as_its_header_says(spec: ModelSpec) -> ModelSpec:
+    """A configured model whose GGUF header asks for llama.cpp's rank pooling is a reranker,
+    said in models.yaml or not (it can do nothing else)."""
+    if spec.path is None or spec.reranker:
+        return spec
+    try:
+        info = discovery.INFO_CACHE.get(spec.path)
+    except (ModelFileError, OSError):
+        return spec
+    return dataclasses.replace(spec, reranker=True) if info.reranker else spec
 
 
 def _unique(specs) -> list[ModelSpec]:

@@ -97,6 +97,7 @@ class ModelSpec:
     n_ctx: int | None = None  # None: the model's trained context, capped (engine decides)
     n_gpu_layers: int = -1  # -1: every layer on the GPU when llama.cpp has one
     embeddings: bool = False
+    reranker: bool = False  # scores documents against a query (/v1/rerank) with llama.cpp's rank pooling
     keep_alive: float | None = None  # seconds idle before unloading; None: server.keep_alive; inf: never
     preload: bool = False
     n_threads: int | None = None  # None: the CPUs this process may use (at most 16)
@@ -561,6 +562,7 @@ class _Parser:
             "chat_template": self.string,
             "tool_format": self.one_of(TOOL_FORMATS),
             "rpc": self.list_of(self.rpc_server),
+            "reranker": self.boolean,
             **self._common_keys(),
         }
 

@@ -29,6 +29,9 @@ class ModelFileError(Exception):
     """The file is missing, is not GGUF, or its header cannot be read."""
 
 
+RANK_POOLING = 4  # enum llama_pooling_type: NONE, MEAN, CLS, LAST, RANK
+
+
 @dataclass(frozen=True)
 class GGUFInfo:
     path: Path
@@ -42,6 +45,7 @@ class GGUFInfo:
     has_chat_template: bool
     split_count: int = 1
     pooling: bool = False  # an embedding model (has a pooling type, or an encoder-only architecture)
+    reranker: bool = False  # llama.cpp's rank pooling: scores a query and a document (a cross-encoder)
     n_tensors: int = 0
     kind: str | None = None  # general.type: "model", "adapter", "mmproj", ... (often absent)
     chat_template: str | None = None  # tokenizer.chat_template
@@ -215,6 +219,7 @@ def read_info(path: str | Path) -> GGUFInfo:
         has_chat_template="tokenizer.chat_template" in meta,
         split_count=len(parts),
         pooling=arch in ENCODER_ARCHS or num(f"{arch}.pooling_type") not in (None, 0),
+        reranker=num(f"{arch}.pooling_type") == RANK_POOLING,
         n_tensors=n_tensors,
         kind=text("general.type"),
         chat_template=text("tokenizer.chat_template"),

@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from . import discovery, placement
-from .backend import CHAT, EMBEDDINGS, TOKENIZE, Backend, BackendFactory, start_local
+from .backend import CHAT, EMBEDDINGS, RERANK, TOKENIZE, Backend, BackendFactory, start_local
 from .catalog import DEMO_NAME, ModelCatalog, ensure_demo_model  # noqa: F401 (DEMO_NAME, ensure_demo_model: re-exported)
 from .config import Config, ConfigError, ModelSpec, load_config, normalize_name
 from .engine import protocol
@@ -45,7 +45,7 @@ _LIVE = (ModelState.LOADING, ModelState.READY)
 
 def _parallel(spec: ModelSpec) -> int:
     """Requests a model's backend decodes at once; the rest wait in its queue."""
-    return 1 if spec.embeddings else spec.parallel
+    return 1 if spec.embeddings or spec.reranker else spec.parallel
 
 
 class Registry:
@@ -154,18 +154,22 @@ class Registry:
         return {m.spec.name: m.backend for m in self._models.values() if m.backend is not None and m.backend.alive}
 
     @contextlib.asynccontextmanager
-    async def lease(self, name: object, *,
-                    embeddings: bool | None = False) -> AsyncIterator[tuple[ModelSpec, Backend]]:
+    async def lease(self, name: object, *, embeddings: bool | None = False,
+                    rerank: bool = False) -> AsyncIterator[tuple[ModelSpec, Backend]]:
         """The model's running backend for one request; the model stays loaded meanwhile.
-        ``embeddings``: the request wants vectors (True) or text (False); a model serves one or
-        the other, the wrong one is a 501 (known from the spec before any load, and checked
-        against what the backend says it serves). None: either (tokenize)."""
+        ``embeddings``: the request wants vectors (True) or text (False); ``rerank``: scores. A
+        model serves one of these, the wrong one is a 501 (known from the spec before any load,
+        and checked against what the backend says it serves). ``embeddings=None``: any (tokenize)."""
         spec = await self.lookup(name)
-        if embeddings is not None and spec.local and spec.embeddings != embeddings:
-            what = ("cannot embed: give it `embeddings: true` in models.yaml" if embeddings else
-                    "is an embedding model: use /v1/embeddings")
+        want = RERANK if rerank else {True: EMBEDDINGS, False: CHAT, None: TOKENIZE}[embeddings]
+        has = RERANK if spec.reranker else EMBEDDINGS if spec.embeddings else CHAT
+        if want != TOKENIZE and spec.local and want != has:
+            what = {RERANK: "is not a reranker: give it `reranker: true` in models.yaml",
+                    EMBEDDINGS: "cannot embed: give it `embeddings: true` in models.yaml",
+                    CHAT: "is a reranker: use /v1/rerank" if has == RERANK else
+                    "is an embedding model: use /v1/embeddings"}[want]
             raise ApiError(f"model {spec.name!r} {what}", status=501, param="model", code="unsupported_model")
-        kind = {True: EMBEDDINGS, False: CHAT, None: TOKENIZE}[embeddings]
+        kind = want
         async with self.supervisor(spec).lease(kind, self.config.server.max_queue) as backend:
             yield spec, backend
 

@@ -210,6 +210,9 @@ class ReplicaSet:
     async def embed(self, inputs: list[Any]) -> protocol.Embeddings:
         return await self._ask(lambda b: b.embed(inputs), protocol.EMBEDDINGS)
 
+    async def rerank(self, query: str, documents: list[str]) -> protocol.Embeddings:
+        return await self._ask(lambda b: b.rerank(query, documents), protocol.RERANK)
+
     async def stop(self, timeout: float = 5.0) -> None:
         self._stopping = True
         for m in self.members:

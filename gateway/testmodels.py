@@ -24,6 +24,7 @@ steps become one byte token per byte, to split UTF-8 characters across tokens.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import subprocess
@@ -226,6 +227,77 @@ def write_scripted_model(
     w.add_tensor("blk.0.ffn_down.weight", zeros(n_embd, n_ff))
     _finish(w)
     return result
+
+
+def reranker(path: str | os.PathLike, scores: dict[str, float]) -> Path:
+    """A Qwen3-style reranker (llama.cpp's rank pooling: the last token's state through a
+    two-label ``yes`` / ``no`` classifier, then softmax) whose scores are known in advance: a
+    document ending in one of ``scores``' characters (ASCII) scores that number (a probability
+    in (0, 1)), any other document 0.5. Its vocabulary is bytes alone, so every text is read a
+    byte a token, and its one layer adds nothing to a token's own embedding: the score depends
+    on the document's last byte alone."""
+    import gguf
+
+    texts, types = ["<unk>", "<s>", "</s>"], [_UNKNOWN, _CONTROL, _CONTROL]
+    texts += [f"<0x{b:02X}>" for b in range(256)]
+    types += [_BYTE] * 256
+    slot: dict[int, float] = {}  # token -> the score its slot stands for
+    for char, score in scores.items():
+        if len(char) != 1 or not char.isascii():
+            raise ValueError(f"scores are keyed by one ASCII character, got {char!r}")
+        if not 0 < score < 1:
+            raise ValueError(f"a score is a probability in (0, 1), got {score} for {char!r}")
+        slot[3 + ord(char)] = score
+    n_embd, n_ff = 64, 32
+    if len(slot) >= n_embd:
+        raise ValueError(f"at most {n_embd - 1} characters")
+    embd = np.zeros((len(texts), n_embd), dtype=np.float32)
+    cls = np.zeros((2, n_embd), dtype=np.float32)  # rows: yes, no
+    for i, tid in enumerate(sorted(slot), start=1):
+        embd[tid, i] = 1.0
+        # RMSNorm makes the one-hot sqrt(n_embd) high; softmax([x, 0])[0] = sigmoid(x)
+        cls[0, i] = math.log(slot[tid] / (1 - slot[tid])) / math.sqrt(n_embd)
+    for tid in range(len(texts)):
+        if tid not in slot:
+            embd[tid, 0] = 1.0
+    w = gguf.GGUFWriter(str(path), "qwen3")
+    w.add_name("scripted reranker")
+    w.add_context_length(512)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(1)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(1)
+    w.add_head_count_kv(1)
+    w.add_rope_dimension_count(n_embd)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_pooling_type(gguf.PoolingType.RANK)
+    w.add_classifier_output_labels(["yes", "no"])
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(texts)
+    w.add_token_scores([0.0] * len(texts))
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+    w.add_add_space_prefix(False)
+    zeros = lambda *shape: np.zeros(shape, dtype=np.float32)  # noqa: E731
+    w.add_tensor("token_embd.weight", embd)
+    w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
+    w.add_tensor("cls.output.weight", cls)
+    w.add_tensor("blk.0.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
+    for t in ("q", "k", "v", "output"):
+        w.add_tensor(f"blk.0.attn_{t}.weight", zeros(n_embd, n_embd))
+    w.add_tensor("blk.0.attn_q_norm.weight", np.ones(n_embd, dtype=np.float32))
+    w.add_tensor("blk.0.attn_k_norm.weight", np.ones(n_embd, dtype=np.float32))
+    w.add_tensor("blk.0.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
+    w.add_tensor("blk.0.ffn_gate.weight", zeros(n_ff, n_embd))
+    w.add_tensor("blk.0.ffn_up.weight", zeros(n_ff, n_embd))
+    w.add_tensor("blk.0.ffn_down.weight", zeros(n_embd, n_ff))
+    _finish(w)
+    return Path(path)
 
 
 def _finish(w) -> None:

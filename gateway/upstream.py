@@ -208,6 +208,9 @@ class RemoteBackend:
     async def tokenize(self, request: dict[str, Any], with_pieces: bool = False) -> protocol.Tokens:
         return await self._unsupported("counting or listing its tokens")
 
+    async def rerank(self, query: str, documents: list[str]) -> protocol.Embeddings:
+        return await self._unsupported("reranking")
+
     async def detokenize(self, tokens: list[int]) -> protocol.Detokenized:
         return await self._unsupported("detokenizing")
 

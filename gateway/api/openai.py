@@ -11,6 +11,7 @@ from ..appkeys import CONFIG, REGISTRY
 from ..errors import ApiError, InvalidRequest
 from ..events import observation
 from ..protocol import openai as oai
+from ..protocol import rerank as rerank_wire
 from ..protocol.params import apply_effort, require_model
 from .body import read_json_object
 from .common import apply_limits, event_stream, ignore_gone
@@ -137,6 +138,17 @@ async def embeddings(request: web.Request) -> web.Response:
     return web.json_response(oai.embeddings_body(spec.name, reply.data, fmt, reply.prompt_tokens))
 
 
+async def rerank(request: web.Request) -> web.Response:
+    """llama-server's, Jina's and Cohere's rerank: each document's relevance to the query."""
+    model, query, documents, top_n, returned = rerank_wire.parse(await read_json_object(request))
+    async with request.app[REGISTRY].lease(model, rerank=True) as (spec, backend):
+        observation(request).model = spec.name
+        reply = await backend.rerank(query, documents)
+        observation(request).prompt_tokens = reply.prompt_tokens
+    return web.json_response(rerank_wire.body(spec.name, documents, [v[0] for v in reply.data], top_n, returned,
+                                              reply.prompt_tokens))
+
+
 async def tokenize(request: web.Request) -> web.Response:
     """llama-server's /tokenize: {"model", "content", "add_special", "with_pieces"} -> {"tokens"}."""
     body = await read_json_object(request)
@@ -183,6 +195,8 @@ def setup(app: web.Application) -> None:
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/embeddings", embeddings)
     for prefix in ("", "/v1"):
+        app.router.add_post(f"{prefix}/rerank", rerank)
+        app.router.add_post(f"{prefix}/reranking", rerank)  # llama-server's other name for it
         app.router.add_post(f"{prefix}/tokenize", tokenize)
         app.router.add_post(f"{prefix}/detokenize", detokenize)
         app.router.add_post(f"{prefix}/apply-template", apply_template)

@@ -62,6 +62,8 @@ class WorkerProcess:
     @property
     def serves(self) -> frozenset[str]:
         """The kinds of request this model answers."""
+        if self.params.reranker:
+            return frozenset({protocol.RERANK, protocol.TOKENIZE})
         if self.params.embeddings:
             return frozenset({protocol.EMBEDDINGS, protocol.TOKENIZE})
         return frozenset({protocol.CHAT, protocol.COMPLETIONS, protocol.TOKENIZE})
@@ -226,6 +228,10 @@ class WorkerProcess:
 
     async def embed(self, inputs: list[Any]) -> protocol.Embeddings:
         return _expect(await self.ask(lambda rid: protocol.Embed(rid, inputs)), protocol.Embeddings)
+
+    async def rerank(self, query: str, documents: list[str]) -> protocol.Embeddings:
+        """Each document's relevance to ``query``, as one-number vectors in document order."""
+        return _expect(await self.ask(lambda rid: protocol.Embed(rid, documents, query)), protocol.Embeddings)
 
     def _release(self, rid: int, finished: bool) -> None:
         self._track(rid, None)

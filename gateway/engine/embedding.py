@@ -13,20 +13,48 @@ from .prompts import Prompts
 from .refusals import Refused
 
 
-def embed(model: Model, prompts: Prompts, rid: int, inputs: list[Any]) -> protocol.Embeddings:
-    """The vectors of ``inputs`` (each a text or token ids). Raises ``Refused``. It clears the
-    context's memory: what the slots had cached is gone."""
+def rerank_tokens(model: Model, prompts: Prompts, query: str, document: str) -> list[int]:
+    """A query and a document as one input, as llama.cpp's server puts them: the model's own
+    "rerank" template ({query}, {document}) where its GGUF has one, else BOS, the query, EOS or
+    SEP as the vocabulary adds them, the document, EOS."""
+    ll, vocab = model.ll, model.vocab
+    template = ll.llama_model_chat_template(model.handle, b"rerank")
+    if template:
+        text = template.decode("utf-8", "replace").replace("{query}", query).replace("{document}", document)
+        prompts.check_fits(text, "documents")
+        return vocab.tokenize(text, add_special=False)
+    prompts.check_fits(query + document, "documents")
+    v = vocab.handle
+    eos = vocab.eos if vocab.eos != -1 else ll.llama_vocab_sep(v)
+    add_eos, add_sep = ll.llama_vocab_get_add_eos(v), ll.llama_vocab_get_add_sep(v)
+    tokens = [vocab.bos] if vocab.add_bos else []
+    tokens += vocab.tokenize(query, add_special=False)
+    tokens += ([eos] if add_eos else []) + ([ll.llama_vocab_sep(v)] if add_sep else [])
+    tokens += vocab.tokenize(document, add_special=False)
+    return tokens + ([eos] if add_eos else [])
+
+
+def embed(model: Model, prompts: Prompts, rid: int, inputs: list[Any], query: str | None = None) -> protocol.Embeddings:
+    """The vectors of ``inputs`` (each a text or token ids), or for a reranker (``query`` set)
+    each document's score against the query, as a one-number vector (llama.cpp's rank pooling:
+    the classifier's first output; a probability for Qwen3-style rerankers, a logit for
+    BERT-style ones). Raises ``Refused``. It clears the context's memory: what the slots had
+    cached is gone."""
     ll, n_ctx = model.ll, model.n_ctx
     vectors, total = [], 0
+    param = "input" if query is None else "documents"
     for i, item in enumerate(inputs):
-        source = protocol.PromptRequest(prompt=item) if isinstance(item, str) else \
-            protocol.PromptRequest(prompt_tokens=item)
-        tokens = prompts.tokens(source, param="input").tokens
+        if query is not None:
+            tokens = rerank_tokens(model, prompts, query, item)
+        else:
+            source = protocol.PromptRequest(prompt=item) if isinstance(item, str) else \
+                protocol.PromptRequest(prompt_tokens=item)
+            tokens = prompts.tokens(source, param="input").tokens
         if not tokens:
-            raise Refused(400, f"input {i} is empty", "input")
+            raise Refused(400, f"{param} {i} is empty", param)
         if len(tokens) > n_ctx:
-            raise Refused(400, f"input {i} has {len(tokens)} tokens; this model embeds at most {n_ctx}",
-                          "input", "context_length_exceeded")
+            raise Refused(400, f"{param} {i} has {len(tokens)} tokens; this model reads at most {n_ctx}",
+                          param, "context_length_exceeded")
         total += len(tokens)
         if model.mem:
             ll.llama_memory_clear(model.mem, True)
@@ -41,6 +69,9 @@ def embed(model: Model, prompts: Prompts, rid: int, inputs: list[Any]) -> protoc
         finally:
             ll.llama_batch_free(batch)
         ptr = ll.llama_get_embeddings_seq(model.ctx, 0)
+        if query is not None:
+            vectors.append([float(ptr[0])])
+            continue
         vec = [float(ptr[j]) for j in range(model.n_embd)]
         norm = math.sqrt(sum(x * x for x in vec)) or 1.0
         vectors.append([x / norm for x in vec])

@@ -94,7 +94,11 @@ class Model:
             cp.embeddings = True
             cp.n_batch = cp.n_ubatch = cp.n_ctx
         self.ctx = ll.llama_init_from_model(self.handle, cp)
-        if self.ctx and params.embeddings and ll.llama_pooling_type(self.ctx) == ll.LLAMA_POOLING_TYPE_NONE:
+        if params.reranker and self.ctx and ll.llama_pooling_type(self.ctx) != ll.LLAMA_POOLING_TYPE_RANK:
+            ll.llama_free(self.ctx)  # configured as a reranker: llama.cpp's rank pooling, whatever the header says
+            cp.pooling_type = ll.LLAMA_POOLING_TYPE_RANK
+            self.ctx = ll.llama_init_from_model(self.handle, cp)
+        elif self.ctx and params.embeddings and ll.llama_pooling_type(self.ctx) == ll.LLAMA_POOLING_TYPE_NONE:
             ll.llama_free(self.ctx)  # a decoder with no pooling of its own: average its token states
             cp.pooling_type = ll.LLAMA_POOLING_TYPE_MEAN
             self.ctx = ll.llama_init_from_model(self.handle, cp)
@@ -128,5 +132,6 @@ class Model:
             "chat_template": self.template, "has_model_template": self.model_template is not None,
             "gpu_offload": self.gpu_offload, "device": self.device, "pid": os.getpid(),
             "special_tokens": [m for m in (*MARKER_TOKENS, *CALL_MARKERS) if self.vocab.single_token(m)],
-            "n_embd": self.n_embd, "embeddings": self.params.embeddings, "rpc": list(self.params.rpc),
+            "n_embd": self.n_embd, "embeddings": self.params.embeddings, "reranker": self.params.reranker,
+            "rpc": list(self.params.rpc),
         }

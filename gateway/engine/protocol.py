@@ -71,7 +71,7 @@ def default_threads() -> int:
 
 
 # The kinds of request a model may serve (``WorkerProcess.serves``, ``backend.Backend``).
-CHAT, COMPLETIONS, EMBEDDINGS, TOKENIZE = "chat", "completions", "embeddings", "tokenize"
+CHAT, COMPLETIONS, EMBEDDINGS, TOKENIZE, RERANK = "chat", "completions", "embeddings", "tokenize", "rerank"
 
 
 # --- what commands carry ---------------------------------------------------------------------
@@ -90,6 +90,7 @@ class LoadParams:
     use_mmap: bool = True
     chat_template: str | None = None
     embeddings: bool = False  # an embedding context (pooled vectors) instead of a generating one
+    reranker: bool = False  # a rank-pooling context: one score per (query, document)
     parallel: int = 4  # sequence slots decoded together (continuous batching); 1 for embeddings
     stream_interval: float = 0.0  # seconds an answer's text may be held to go out with the next tokens'
     rpc: tuple[str, ...] = ()  # llama.cpp rpc-servers (host:port) holding part of the layers
@@ -209,6 +210,7 @@ class Threads:
 class Embed:
     id: int
     inputs: list[Any]  # each a text or a list of token ids
+    query: str | None = None  # a reranker's: each input is a document scored against it (one-number vectors)
 
 
 @dataclass(slots=True)

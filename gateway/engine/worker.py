@@ -231,7 +231,7 @@ class Worker:
 
     def _embed(self, command: protocol.Embed) -> None:
         assert self.model is not None and self.prompts is not None and self.decoder is not None
-        event = embedding.embed(self.model, self.prompts, command.id, command.inputs)
+        event = embedding.embed(self.model, self.prompts, command.id, command.inputs, command.query)
         self.decoder.forget_cache()
         self.out.send(event)
 
