@@ -203,30 +203,46 @@ def write_scripted_model(
     w.add_rope_dimension_count(64)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    _spm_tokenizer(w, vocab.texts, vocab.types, bos, eog)
+    w.add_chat_template(chat_template)
+    w.add_tensor("token_embd.weight", embd)
+    w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
+    w.add_tensor("output.weight", out.astype(np.float16))
+    _identity_layer(w, n_embd, n_ff, np.float16)
+    _finish(w)
+    return result
+
+
+def _spm_tokenizer(w, texts: list[str], types: list[int], bos: int, eos: int) -> None:
+    """A SentencePiece-style vocabulary with no merges to speak of: text reads as its tokens'
+    exact spellings, or byte by byte."""
     w.add_tokenizer_model("llama")
-    w.add_token_list(vocab.texts)
-    w.add_token_scores([0.0] * n_vocab)
-    w.add_token_types(vocab.types)
+    w.add_token_list(texts)
+    w.add_token_scores([0.0] * len(texts))
+    w.add_token_types(types)
     w.add_bos_token_id(bos)
-    w.add_eos_token_id(eog)
+    w.add_eos_token_id(eos)
     w.add_unk_token_id(0)
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
     w.add_add_space_prefix(False)
-    w.add_chat_template(chat_template)
-    zeros = lambda *shape: np.zeros(shape, dtype=np.float16)  # noqa: E731
-    w.add_tensor("token_embd.weight", embd)
-    w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
-    w.add_tensor("output.weight", out.astype(np.float16))
+
+
+def _identity_layer(w, n_embd: int, n_ff: int, dtype, qk_norm: bool = False) -> None:
+    """One layer that adds nothing to the residual stream (zero projections, unit norms): a
+    token's state stays its own embedding, so a scripted model's behaviour is set by its
+    embeddings and output rows alone."""
+    zeros = lambda *shape: np.zeros(shape, dtype=dtype)  # noqa: E731
     w.add_tensor("blk.0.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
     for t in ("q", "k", "v", "output"):
         w.add_tensor(f"blk.0.attn_{t}.weight", zeros(n_embd, n_embd))
+    if qk_norm:
+        w.add_tensor("blk.0.attn_q_norm.weight", np.ones(n_embd, dtype=np.float32))
+        w.add_tensor("blk.0.attn_k_norm.weight", np.ones(n_embd, dtype=np.float32))
     w.add_tensor("blk.0.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
     w.add_tensor("blk.0.ffn_gate.weight", zeros(n_ff, n_embd))
     w.add_tensor("blk.0.ffn_up.weight", zeros(n_ff, n_embd))
     w.add_tensor("blk.0.ffn_down.weight", zeros(n_embd, n_ff))
-    _finish(w)
-    return result
 
 
 def reranker(path: str | os.PathLike, scores: dict[str, float]) -> Path:
@@ -273,29 +289,11 @@ def reranker(path: str | os.PathLike, scores: dict[str, float]) -> Path:
     w.add_pooling_type(gguf.PoolingType.RANK)
     w.add_classifier_output_labels(["yes", "no"])
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(texts)
-    w.add_token_scores([0.0] * len(texts))
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
-    w.add_add_bos_token(True)
-    w.add_add_eos_token(False)
-    w.add_add_space_prefix(False)
-    zeros = lambda *shape: np.zeros(shape, dtype=np.float32)  # noqa: E731
+    _spm_tokenizer(w, texts, types, 1, 2)
     w.add_tensor("token_embd.weight", embd)
     w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
     w.add_tensor("cls.output.weight", cls)
-    w.add_tensor("blk.0.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
-    for t in ("q", "k", "v", "output"):
-        w.add_tensor(f"blk.0.attn_{t}.weight", zeros(n_embd, n_embd))
-    w.add_tensor("blk.0.attn_q_norm.weight", np.ones(n_embd, dtype=np.float32))
-    w.add_tensor("blk.0.attn_k_norm.weight", np.ones(n_embd, dtype=np.float32))
-    w.add_tensor("blk.0.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
-    w.add_tensor("blk.0.ffn_gate.weight", zeros(n_ff, n_embd))
-    w.add_tensor("blk.0.ffn_up.weight", zeros(n_ff, n_embd))
-    w.add_tensor("blk.0.ffn_down.weight", zeros(n_embd, n_ff))
+    _identity_layer(w, n_embd, n_ff, np.float32, qk_norm=True)
     _finish(w)
     return Path(path)
 

@@ -114,3 +114,24 @@ def tiny_random_model(vocab: str, seed: int) -> Path:
         tm.write_random_model(path.with_suffix(".part"), vocab_file, n_embd=64, n_layer=1, n_head=2, n_ff=64, seed=seed)
         path.with_suffix(".part").replace(path)
     return path
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+CALL = ["<tool_call>", "\n", '{"name":', ' "get_weather",', ' "arguments":', ' {"city":', ' "Paris"}}', "\n",
+        "</tool_call>"]
+
+
+def agent_model(path: Path, final: list[str] = ["It", " is", " 18", " C", "."]) -> Path:  # noqa: B006
+    """A scripted model under Qwen 2.5's real chat template that calls get_weather(city="Paris"),
+    and answers ``final`` once the tool's result is in: one line is added at the template's end,
+    so after a tool result the prompt ends in "!" instead of a newline, and a scripted model's
+    next token depends only on the prompt's last token."""
+    from gateway import testmodels as tm
+
+    qwen = tm.llama_cpp_source_file("models/templates/Qwen-Qwen2.5-7B-Instruct.jinja", REPO / ".cache" / "templates")
+    template = qwen.read_text() + "{%- if messages[-1]['role'] == 'tool' %}!{% endif %}"
+    tm.write_scripted_model(path, [tm.Script([tm.Special(CALL[0]), *CALL[1:-1], tm.Special(CALL[-1])]),
+                                   tm.Script(final, trigger="!")], chat_template=template)
+    return path

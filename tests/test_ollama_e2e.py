@@ -11,18 +11,13 @@ import urllib.request
 
 import ollama
 import pytest
-from helpers import ServerProcess, free_port
+from helpers import WEATHER, ServerProcess, agent_model, free_port
 
 from gateway import testmodels as tm
 
 pytestmark = pytest.mark.slow
 
 ASK = [{"role": "user", "content": "2+2?"}]
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
-CALL = ["<tool_call>", "\n", '{"name":', ' "get_weather",', ' "arguments":', ' {"city":', ' "Paris"}}', "\n",
-        "</tool_call>"]
 
 
 @pytest.fixture(scope="module")
@@ -32,11 +27,7 @@ def server(tmp_path_factory):
     tm.thinking(d / "thinker.gguf", "Two and two.", "It is 4.")
     tm.endless(d / "loop.gguf", [" tick", " tock"])
     tm.plain(d / "emb.gguf", ["x", "y"])
-    qwen = tm.llama_cpp_source_file("models/templates/Qwen-Qwen2.5-7B-Instruct.jinja", d / "templates")
-    template = qwen.read_text() + "{%- if messages[-1]['role'] == 'tool' %}!{% endif %}"
-    tm.write_scripted_model(d / "agent.gguf", [tm.Script([tm.Special(CALL[0]), *CALL[1:-1], tm.Special(CALL[-1])]),
-                                               tm.Script(["It", " is", " 18", " C", "."], trigger="!")],
-                            chat_template=template)
+    agent_model(d / "agent.gguf")
     cfg = d / "models.yaml"
     port = free_port()
     cfg.write_text(f"server:\n  discover_default_stores: false\n  ollama_port: {port}\nmodels:\n"

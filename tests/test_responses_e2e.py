@@ -8,7 +8,7 @@ import json
 
 import openai
 import pytest
-from helpers import ServerProcess
+from helpers import ServerProcess, agent_model
 from openapi import validate, validate_event
 
 from gateway import testmodels as tm
@@ -17,8 +17,6 @@ pytestmark = pytest.mark.slow
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
-CALL = ["<tool_call>", "\n", '{"name":', ' "get_weather",', ' "arguments":', ' {"city":', ' "Paris"}}', "\n",
-        "</tool_call>"]
 
 
 @pytest.fixture(scope="module")
@@ -27,11 +25,7 @@ def server(tmp_path_factory):
     tm.plain(d / "plain.gguf", ["Hello", ",", " world", "!"])
     tm.thinking(d / "thinker.gguf", "Two and two.", "It is 4.")
     tm.endless(d / "loop.gguf", [" tick", " tock"])
-    qwen = tm.llama_cpp_source_file("models/templates/Qwen-Qwen2.5-7B-Instruct.jinja", d / "templates")
-    template = qwen.read_text() + "{%- if messages[-1]['role'] == 'tool' %}!{% endif %}"
-    tm.write_scripted_model(d / "agent.gguf", [tm.Script([tm.Special(CALL[0]), *CALL[1:-1], tm.Special(CALL[-1])]),
-                                               tm.Script(["It", " is", " 18", " C", "."], trigger="!")],
-                            chat_template=template)
+    agent_model(d / "agent.gguf")
     cfg = d / "models.yaml"
     cfg.write_text(f"server:\n  discover_default_stores: false\n  responses_store: 8\nmodels:\n"
                    f"  plain: {d}/plain.gguf\n  thinker: {d}/thinker.gguf\n  loop: {d}/loop.gguf\n"

@@ -12,30 +12,18 @@ import json
 import anthropic
 import openai
 import pytest
-from helpers import ServerProcess
-from realmodel import CACHE
-
-from gateway import testmodels as tm
+from helpers import WEATHER, ServerProcess, agent_model
 
 pytestmark = pytest.mark.slow
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
-CALL = ["<tool_call>", "\n", '{"name":', ' "get_weather",', ' "arguments":', ' {"city":', ' "Paris"}}', "\n",
-        "</tool_call>"]
 FINAL = "It is 18 C in Paris."
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     d = tmp_path_factory.mktemp("tools-sdk")
-    qwen = tm.llama_cpp_source_file("models/templates/Qwen-Qwen2.5-7B-Instruct.jinja", CACHE / "templates")
-    template = qwen.read_text() + "{%- if messages[-1]['role'] == 'tool' %}!{% endif %}"
-    tm.write_scripted_model(d / "agent.gguf", [tm.Script([tm.Special(CALL[0]), *CALL[1:-1], tm.Special(CALL[-1])]),
-                                               tm.Script(["It", " is", " 18", " C", " in", " Paris", "."], trigger="!")],
-                            chat_template=template)
+    agent_model(d / "agent.gguf", ["It", " is", " 18", " C", " in", " Paris", "."])
     cfg = d / "models.yaml"
     cfg.write_text(f"server:\n  discover_default_stores: false\nmodels:\n  agent: {d}/agent.gguf\n")
     with ServerProcess("--config", str(cfg), env={"HOME": str(d)}) as srv:
