@@ -5,7 +5,7 @@ import json
 import re
 
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 from realmodel import CACHE
 
@@ -467,11 +467,15 @@ def answers(draw):
 
 @settings(max_examples=400, deadline=None)
 @given(answers(), st.lists(st.integers(0, 100_000), max_size=30), st.booleans())
+@example(("hermes", '<function<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call>=',
+          ("", "<function=", [("get_weather", {}, None)], [])), [], False)  # texts that join into a marker
 def test_generated_answers_in_random_cuts(answer, points, stream):
     fmt, text, want = answer
     got = parse(fmt, cuts(text, points), stream)
     assert got == want
-    assert not any(m in got[1] for m in MARKERS), "no marker reaches content"
+    # no marker reaches content, unless the answer's own text spelled one (texts drawn apart
+    # may join into one across a call: "<function" + "=")
+    assert not any(m in got[1] and m not in want[1] for m in MARKERS), "no marker reaches content"
 
 
 @settings(max_examples=300, deadline=None)
