@@ -201,8 +201,8 @@ async def show(request: web.Request) -> web.Response:
                       f"{arch}.context_length": info.context_length, f"{arch}.embedding_length": info.embedding_length}
         model_info = {k: v for k, v in model_info.items() if v is not None}
     template = spec.chat_template or (info.chat_template if info else None) or ""
-    capabilities = ["embedding"] if spec.embeddings else ["completion"]
-    if not spec.embeddings:
+    capabilities = ["embedding"] if spec.embeddings else [] if spec.reranker else ["completion"]
+    if capabilities == ["completion"]:
         # what a loaded model reported (its vocabulary's markers too), else what its template shows
         model = registry.state(spec)
         known = model.backend.info if model.backend is not None and model.backend.alive else {}
