@@ -130,6 +130,9 @@ def test_keep_alive_zero_unloads(client):
     assert "loop:latest" not in {m.model for m in client.ps().models}
     loaded = client.generate(model="plain", prompt="")  # an empty prompt loads the model
     assert loaded.done_reason == "load"
+    assert client.chat(model="loop", messages=[]).done_reason == "load"  # and so do no messages
+    assert "loop:latest" in {m.model for m in client.ps().models}
+    assert client.chat(model="loop", messages=[], keep_alive=0).done_reason == "unload"
 
 
 @pytest.mark.parametrize("call, status, words", [

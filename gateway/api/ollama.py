@@ -29,19 +29,23 @@ log = logging.getLogger(__name__)
 
 
 async def chat(request: web.Request) -> web.StreamResponse:
-    return await _answer(request, ollama.parse_chat(await read_json_object(request)), chat=True)
+    parsed = ollama.parse_chat(await read_json_object(request))
+    if not parsed.request.messages:
+        return await _load_only(request, parsed, chat=True)
+    return await _answer(request, parsed, chat=True)
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
     parsed = ollama.parse_generate(await read_json_object(request))
     req = parsed.request
     if req.messages is not None and not req.messages[-1]["content"] and len(req.messages) == 1:
-        return await _load_only(request, parsed)
+        return await _load_only(request, parsed, chat=False)
     return await _answer(request, parsed, chat=False)
 
 
-async def _load_only(request: web.Request, parsed: ollama.OllamaParsed) -> web.Response:
-    """An empty prompt: load the model (or, with keep_alive 0, unload it), as Ollama does."""
+async def _load_only(request: web.Request, parsed: ollama.OllamaParsed, chat: bool) -> web.Response:
+    """An empty prompt or no messages: load the model (or, with keep_alive 0, unload it), as
+    Ollama does."""
     registry = request.app[REGISTRY]
     spec = await registry.lookup(parsed.model)
     observation(request).model = spec.name
@@ -52,8 +56,9 @@ async def _load_only(request: web.Request, parsed: ollama.OllamaParsed) -> web.R
         await registry.load(parsed.model)
         registry.keep_alive(spec, parsed.keep_alive)
         reason = "load"
-    return web.json_response({"model": parsed.model, "created_at": ollama.now_iso(), "response": "", "done": True,
-                              "done_reason": reason})
+    body = ollama.chunk(parsed.model, chat)
+    body.update(done=True, done_reason=reason)
+    return web.json_response(body)
 
 
 async def _answer(request: web.Request, parsed: ollama.OllamaParsed, chat: bool) -> web.StreamResponse:

@@ -131,6 +131,8 @@ def _no_images(value: Any, where: str) -> None:
 
 
 def _messages(value: Any) -> list[dict[str, Any]]:
+    if value is None:
+        return []
     if not isinstance(value, list):
         raise InvalidRequest("messages must be an array of messages", "messages")
     out: list[dict[str, Any]] = []
@@ -181,9 +183,7 @@ def _messages(value: Any) -> list[dict[str, Any]]:
                                      + (f" to {name!r}" if name else ""), f"{where}.tool_name")
             msg["tool_call_id"], msg["name"] = match
         out.append(msg)
-    if not out:
-        raise InvalidRequest("messages must not be empty", "messages")
-    return out
+    return out  # empty: the request only loads (or with keep_alive 0 unloads) the model, as Ollama's does
 
 
 def _common(body: dict[str, Any], req: GenerationRequest) -> tuple[set[str], float | None, bool | str | None]:
