@@ -62,6 +62,7 @@ class UpstreamHealth:
     error: str | None = None
     checked_at: float = -1e18  # last probe
     models: list[str] | None = None  # the ids its /models listed at the last probe
+    spec: ModelSpec | None = None  # the entry it serves: what its discovered models inherit
 
     def move(self, new: Health) -> None:
         """The one place the state changes (every move is allowed: health is what was last seen)."""
@@ -269,11 +270,31 @@ class RemoteGeneration(Events):
             path, body = wire.request_body(self.request, self.backend.model)
             self._resp = await self.backend.post(path, body)
             self._began = True
-            await self._read(self.backend.upstream.first_byte_timeout)
+            if self._resp.content_type == "application/json":  # a server that does not stream
+                await self._read_whole()
+            else:
+                await self._read(self.backend.upstream.first_byte_timeout)
             if not isinstance(self._events[0], protocol.Error):  # an answer has begun (an error may follow it)
                 self._events.appendleft(protocol.Start(self.id, 0, 0, 0))
             return
         await self._read(None)
+
+    async def _read_whole(self) -> None:
+        """A whole answer where a stream was asked for, read as the stream it stands for."""
+        assert self._resp is not None
+        try:
+            body = await asyncio.wait_for(self._resp.content.read(wire.MAX_EVENT_BYTES + 1),
+                                          self.backend.upstream.first_byte_timeout)
+            if len(body) > wire.MAX_EVENT_BYTES:
+                raise wire.MalformedStream(f"a whole answer of more than {wire.MAX_EVENT_BYTES} bytes")
+            for data in wire.whole_as_chunks(body, self._reader.chat):
+                self._events.extend(self._reader.feed(data))
+        except ApiError as e:
+            self._fail(protocol.Error(self.id, e.status, e.message, e.param, e.code))
+        except (asyncio.TimeoutError, aiohttp.ClientError, OSError) as e:
+            self.backend.health.failed(_why(e))
+            self._fail(protocol.Error(self.id, 502, f"the upstream server for {self.backend.spec.name!r} broke "
+                                                    f"its answer: {_why(e)}", None, "upstream_unavailable"))
 
     async def _read(self, first_byte: float | None) -> None:
         """Read the stream until at least one event is queued; a failure queues an ``Error``
@@ -347,7 +368,7 @@ class Upstreams:
             return owner
         h = self._health.get(spec.name)
         if h is None or h.upstream != spec.upstream:
-            h = self._health[spec.name] = UpstreamHealth(spec.name, spec.upstream, self.backoff)
+            h = self._health[spec.name] = UpstreamHealth(spec.name, spec.upstream, self.backoff, spec=spec)
         return h
 
     def known(self) -> list[UpstreamHealth]:
@@ -369,9 +390,10 @@ class Upstreams:
         out = []
         for h in self._health.values():
             if h.upstream.discover and h.models:
-                for mid in h.models:
-                    out.append(ModelSpec(name=h.upstream.prefix + mid, source="upstream",
-                                         upstream=replace(h.upstream, model=mid, discover=False)))
+                parent = h.spec or ModelSpec(name=h.name, upstream=h.upstream)
+                for mid in h.models:  # the entry's settings (reasoning, defaults, keep_alive...), its own name
+                    out.append(replace(parent, name=h.upstream.prefix + mid, aliases=(), source="upstream",
+                                       upstream=replace(h.upstream, model=mid, discover=False)))
                     self._owner[normalize_name(out[-1].name)] = h
         return out
 

@@ -253,6 +253,32 @@ class ChunkReader:
         return Done(self.rid, reason, None, self.prompt_tokens, completion, self.cached_tokens)
 
 
+def whole_as_chunks(body: bytes, chat: bool) -> list[str]:
+    """A whole answer (a server that ignored ``stream: true``) as the stream it stands for: one
+    chunk with its text, thinking and calls, then ``[DONE]``, for ``ChunkReader``."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        raise MalformedStream("a whole answer that is not JSON") from None
+    choices = data.get("choices") if isinstance(data, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise MalformedStream("a whole answer without `choices`")
+    choice = choices[0]
+    if chat:
+        message = choice.get("message")
+        if not isinstance(message, dict):
+            raise MalformedStream("a whole answer without a `message`")
+        delta = {k: message[k] for k in ("content", "reasoning_content", "reasoning") if k in message}
+        calls = message.get("tool_calls")
+        if isinstance(calls, list):
+            delta["tool_calls"] = [{**c, "index": i} for i, c in enumerate(calls) if isinstance(c, dict)]
+        part: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": choice.get("finish_reason")}
+    else:
+        part = {"index": 0, "text": choice.get("text"), "finish_reason": choice.get("finish_reason")}
+    chunk = {"choices": [part], **({"usage": data["usage"]} if isinstance(data.get("usage"), dict) else {})}
+    return [json.dumps(chunk), "[DONE]"]
+
+
 def _count(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 

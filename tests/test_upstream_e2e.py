@@ -58,6 +58,16 @@ class _Flaky(_Broken):
         self.connection.shutdown(socket.SHUT_RDWR)
 
 
+class _Whole(_Broken):
+    """A server that answers whole even when asked to stream."""
+
+    def do_POST(self):  # noqa: N802
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        body = {"id": "x", "object": "chat.completion", "choices": [{"index": 0, "finish_reason": "stop", "message": {
+            "role": "assistant", "content": "Hi there"}}], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}
+        self._send(200, "application/json", json.dumps(body).encode())
+
+
 class _Stalling(_Broken):
     """Sends one chunk, then nothing (for longer than the entry's idle timeout)."""
 
@@ -94,7 +104,8 @@ def hosts(tmp_path_factory):
     broken = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Broken)
     flaky = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Flaky)
     stalling = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Stalling)
-    for srv in (broken, flaky, stalling):
+    whole = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Whole)
+    for srv in (broken, flaky, stalling, whole):
         threading.Thread(target=srv.serve_forever, daemon=True).start()
     closed = free_port()
     with ServerProcess("--config", str(inner_cfg)) as inner, ServerProcess("--config", str(inner_cfg)) as spare:
@@ -118,6 +129,7 @@ models:
   dead: {{upstream: "http://127.0.0.1:{closed}/v1"}}
   hole: {{upstream: "http://127.0.0.1:{hole.getsockname()[1]}/v1", timeouts: {{first_byte: 1}}}}
   broken: {{upstream: "http://127.0.0.1:{broken.server_address[1]}/v1", model: m}}
+  whole: {{upstream: "http://127.0.0.1:{whole.server_address[1]}/v1", model: m}}
   stalling: {{upstream: "http://127.0.0.1:{stalling.server_address[1]}/v1", model: m, timeouts: {{idle: 1}}}}
   pair:
     replicas:
@@ -134,7 +146,7 @@ models:
 """)
         with ServerProcess("--config", str(outer_cfg)) as outer:
             yield {"inner": inner, "outer": outer, "spare": spare}
-    for srv in (broken, flaky, stalling):
+    for srv in (broken, flaky, stalling, whole):
         srv.shutdown()
         srv.server_close()
     hole.close()
@@ -309,6 +321,13 @@ def test_a_malformed_upstream_stream_ends_with_an_error_event(hosts):
             headers={"Authorization": "Bearer outer-key", "Content-Type": "application/json"},
             data=json.dumps({"model": "broken", "messages": ASK}).encode()), timeout=10)
     assert e.value.code == 502 and json.loads(e.value.read())["error"]["code"] == "upstream_malformed"
+
+
+def test_an_upstream_that_does_not_stream_is_read_whole(oai):
+    r = oai.chat.completions.create(model="whole", messages=ASK)
+    assert r.choices[0].message.content == "Hi there" and r.usage.completion_tokens == 2
+    chunks = list(oai.chat.completions.create(model="whole", messages=ASK, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hi there"
 
 
 def test_an_upstream_that_goes_silent_mid_answer_ends_it_after_the_idle_timeout(oai):

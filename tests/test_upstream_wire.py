@@ -188,3 +188,21 @@ async def test_raw_thinking_markers_in_upstream_text_are_split():
               Done(1, "stop", None, 1, 3, 0)]
     items = await collect(events[1:], stream=True, reasoning="think_leading")
     assert [i for i in items if isinstance(i, Piece)] == [Piece("thinking", "hm"), Piece("content", "Yes.")]
+
+
+def test_a_whole_answer_where_a_stream_was_asked_for_reads_as_that_stream():
+    body = json.dumps({"id": "x", "object": "chat.completion", "choices": [{"index": 0, "finish_reason": "tool_calls",
+                       "message": {"role": "assistant", "content": "Hi", "reasoning_content": "hm", "tool_calls": [
+                           {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]}}],
+                       "usage": {"prompt_tokens": 3, "completion_tokens": 5}}).encode()
+    reader, events = wire.ChunkReader(2, chat=True), []
+    for data in wire.whole_as_chunks(body, chat=True):
+        events += reader.feed(data)
+    assert events == [Thinking(2, "hm", 1), CallDelta(2, 0, "call_1", "f", '{"a": 1}'), Text(2, "Hi", 2),
+                      Done(2, "tool_calls", None, 3, 5, 0)]
+    text = json.dumps({"choices": [{"index": 0, "text": "ok", "finish_reason": "length"}]}).encode()
+    reader = wire.ChunkReader(3, chat=False)
+    assert [e for d in wire.whole_as_chunks(text, chat=False) for e in reader.feed(d)] == [
+        Text(3, "ok", 1), Done(3, "length", None, 0, 1, 0)]
+    with pytest.raises(wire.MalformedStream, match="without `choices`"):
+        wire.whole_as_chunks(b'{"error": "x"}', chat=True)
