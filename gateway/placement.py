@@ -52,6 +52,12 @@ def cpu_shares(busy: Sequence[tuple[str, int | None]], cpus: int) -> dict[str, i
     return {name: min(share, n_threads or share) for name, n_threads in busy}
 
 
+def backoff(failures: int, first: float, most: float) -> float:
+    """Seconds to wait after ``failures`` failures in a row before trying again: ``first``,
+    doubling with each further failure, never more than ``most``."""
+    return min(first * 2 ** (failures - 1), most)
+
+
 @dataclass(frozen=True)
 class Replica:
     """One backend of a model with replicas: what choosing among them needs to know."""

@@ -107,8 +107,7 @@ class ReplicaSet:
     def _failed(self, member: Member, why: str) -> None:
         """Not started again before its back-off (the first wait, doubling up to the cap) passes."""
         member.failures += 1
-        first, most = self.backoff
-        member.error, member.retry_at = why, time.monotonic() + min(first * 2 ** (member.failures - 1), most)
+        member.error, member.retry_at = why, time.monotonic() + placement.backoff(member.failures, *self.backoff)
 
     def _member_exited(self, member: Member, backend: Backend, expected: bool) -> None:
         if member.backend is backend:

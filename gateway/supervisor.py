@@ -149,8 +149,7 @@ class ModelSupervisor:
             backend = await self.host.start_backend(self)
         except StartFailed as e:
             self.failures += 1
-            first, most = self.timing.backoff
-            backoff = min(first * 2 ** (self.failures - 1), most)
+            backoff = placement.backoff(self.failures, *self.timing.backoff)
             self.move(FAILED)
             self.error, self.retry_at = str(e), time.monotonic() + backoff
             self.host.load_finished(self, None)

@@ -28,6 +28,7 @@ from typing import Any
 
 import aiohttp
 
+from . import placement
 from . import upstream_wire as wire
 from .config import ModelSpec, Upstream, normalize_name
 from .engine import protocol
@@ -77,8 +78,7 @@ class UpstreamHealth:
 
     def failed(self, why: str) -> None:
         self.failures += 1
-        first, most = self.backoff
-        self.retry_at = time.monotonic() + min(first * 2 ** (self.failures - 1), most)
+        self.retry_at = time.monotonic() + placement.backoff(self.failures, *self.backoff)
         self.error = why
         self.move(Health.DOWN)
 

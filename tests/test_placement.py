@@ -3,7 +3,7 @@
 import pytest
 
 from gateway.lifecycle import MOVES, ModelState, move
-from gateway.placement import Replica, Resident, Room, cpu_shares, make_room, replica_order
+from gateway.placement import Replica, Resident, Room, backoff, cpu_shares, make_room, replica_order
 
 U, L, R, F = ModelState.UNLOADED, ModelState.LOADING, ModelState.READY, ModelState.FAILED
 
@@ -57,3 +57,8 @@ def test_the_lifecycle_moves():
 ])
 def test_replica_order(replicas, order):
     assert replica_order(replicas) == order
+
+
+@pytest.mark.parametrize("failures, wait", [(1, 5.0), (2, 10.0), (3, 20.0), (7, 300.0), (30, 300.0)])
+def test_backoff_doubles_up_to_its_cap(failures, wait):
+    assert backoff(failures, 5.0, 300.0) == wait
