@@ -27,7 +27,7 @@ from .engine import protocol
 from .engine.client import Events
 from .engine.protocol import Event, GenerationRequest
 from .errors import ApiError, from_event
-from .upstream import RETRYABLE, RemoteBackend
+from .upstream import RETRYABLE, Health, RemoteBackend
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +58,14 @@ class Member:
         """Running and, for an upstream, not known to be down."""
         backend = self.backend
         if isinstance(backend, RemoteBackend):
-            return backend.alive and backend.health.state.value != "down"
+            return backend.alive and backend.health.state is not Health.DOWN
         return backend is not None and backend.alive
+
+    @property
+    def why(self) -> str:
+        """Why it cannot answer now."""
+        health = self.backend.health.error if isinstance(self.backend, RemoteBackend) else None
+        return self.error or health or "not running"
 
 
 def _started(member: Member, _task: asyncio.Task[None]) -> None:
@@ -137,8 +143,7 @@ class ReplicaSet:
 
     def _none_ready(self) -> protocol.Error:
         waits = [b.health.wait for m in self.members if isinstance(b := m.backend, RemoteBackend) and b.health.wait]
-        errors = "; ".join(f"{m.spec.name}: {m.error or (m.backend.health.error if isinstance(m.backend, RemoteBackend) else None) or 'not running'}"  # noqa: E501
-                           for m in self.members)
+        errors = "; ".join(f"{m.spec.name}: {m.why}" for m in self.members)
         return protocol.Error(0, 503, f"no replica of {self.spec.name!r} is available ({errors})", "model",
                               "upstream_unavailable", max(1.0, min(waits, default=5.0)))
 

@@ -32,7 +32,7 @@ from . import placement
 from . import upstream_wire as wire
 from .config import ModelSpec, Upstream, normalize_name
 from .engine import protocol
-from .engine.client import Events
+from .engine.client import Events, RequestFailed
 from .engine.protocol import CHAT, COMPLETIONS, EMBEDDINGS, Event, GenerationRequest
 from .errors import ApiError, from_event
 
@@ -222,12 +222,6 @@ class RemoteBackend:
         self._closed = True
         self.abort_all(f"model {self.spec.name!r} was unloaded")
         await self.session.close()
-
-
-class RequestFailed(Exception):
-    def __init__(self, event: protocol.Error):
-        super().__init__(event.message)
-        self.event = event
 
 
 def _why(e: BaseException) -> str:
