@@ -24,7 +24,7 @@ from . import placement
 from .backend import Backend, StartFailed
 from .config import ModelSpec
 from .engine import protocol
-from .engine.client import Events
+from .engine.client import Events, RequestFailed
 from .engine.protocol import Event, GenerationRequest
 from .errors import ApiError, from_event
 from .upstream import RETRYABLE, Health, RemoteBackend
@@ -194,7 +194,10 @@ class ReplicaSet:
                 continue
             m.requests += 1
             try:
-                return await call(m.backend)
+                try:
+                    return await call(m.backend)
+                except RequestFailed as failed:  # a local worker's refusal, as its caller would be told it
+                    raise from_event(failed.event) from None
             except ApiError as e:
                 if e.code not in RETRYABLE:
                     raise

@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from gateway.backend import CHAT, StartFailed
+from gateway.backend import CHAT, EMBEDDINGS, StartFailed
 from gateway.config import ModelSpec
 from gateway.engine import protocol
+from gateway.engine.client import RequestFailed
+from gateway.errors import ApiError
 from gateway.replicas import ReplicaSet
 
 
@@ -124,3 +126,26 @@ async def test_the_set_starts_with_some_replicas_and_fails_with_none():
     none_ready[2]["m#1"]()
     event = await none_ready[0].generate(protocol.GenerationRequest()).next()
     assert event.status == 503 and event.code == "upstream_unavailable"
+
+
+async def test_a_question_fails_over_when_a_local_replica_refuses_it_as_unavailable():
+    replicas, started, _ = await start({"m#1": START, "m#2": START})
+
+    async def gone(inputs):
+        raise RequestFailed(protocol.Error(0, 503, "not running", None, "model_unavailable"))
+
+    async def answers(inputs):
+        return protocol.Embeddings(0, [[1.0]], 1)
+
+    started["m#1"].embed, started["m#2"].embed = gone, answers
+    started["m#1"].serves = started["m#2"].serves = frozenset({EMBEDDINGS})
+    assert (await replicas.embed(["x"])).data == [[1.0]]
+    assert [(m.requests, m.failovers) for m in replicas.members] == [(1, 1), (1, 0)]
+
+    async def refuses(inputs):
+        raise RequestFailed(protocol.Error(0, 400, "too long", "input", "context_length_exceeded"))
+
+    started["m#1"].embed = refuses
+    with pytest.raises(ApiError) as e:  # the caller's mistake is not passed on
+        await replicas.embed(["x"])
+    assert e.value.status == 400 and e.value.param == "input"
