@@ -352,14 +352,16 @@ class Upstreams:
         self.backoff = backoff
         self.check_seconds = check_seconds  # how often an upstream that is not down is probed; 0: never
         self._health: dict[str, UpstreamHealth] = {}
-        self._owner: dict[str, UpstreamHealth] = {}  # a discovered model's name -> its upstream's health
+        # a discovered model's normalized name -> its spec and its upstream's health, made anew
+        # when a list comes in or a reload changes the upstreams (``_relist``), not per lookup
+        self._found: dict[str, tuple[ModelSpec, UpstreamHealth]] = {}
         self._probing: dict[str, asyncio.Task[None]] = {}
 
     def health(self, spec: ModelSpec) -> UpstreamHealth:
         """The health of the upstream ``spec`` runs on (a discovered model shares its entry's)."""
         assert spec.upstream is not None
-        if (owner := self._owner.get(normalize_name(spec.name))) is not None and spec.name not in self._health:
-            return owner
+        if (found := self._found.get(normalize_name(spec.name))) is not None and spec.name not in self._health:
+            return found[1]
         h = self._health.get(spec.name)
         if h is None or h.upstream != spec.upstream:
             h = self._health[spec.name] = UpstreamHealth(spec.name, spec.upstream, self.backoff, spec=spec)
@@ -378,24 +380,33 @@ class Upstreams:
             del self._health[name]
         for member in wanted.values():
             self.health(member)
+        self._relist()
 
-    def discovered(self) -> list[ModelSpec]:
-        """A spec per model an ``upstream_discover`` upstream listed: named prefix + its id."""
-        out = []
+    def listed(self, h: UpstreamHealth, models: list[str]) -> None:
+        """The model ids upstream ``h`` lists now (its /models)."""
+        h.models = models
+        self._relist()
+
+    def _relist(self) -> None:
+        """A spec per model a ``upstream_discover`` upstream listed, named prefix + its id, with the
+        entry's settings (reasoning, defaults, keep_alive...); the first upstream to list a name has it."""
+        found: dict[str, tuple[ModelSpec, UpstreamHealth]] = {}
         for h in self._health.values():
             if h.upstream.discover and h.models:
                 parent = h.spec or ModelSpec(name=h.name, upstream=h.upstream)
-                for mid in h.models:  # the entry's settings (reasoning, defaults, keep_alive...), its own name
-                    out.append(replace(parent, name=h.upstream.prefix + mid, aliases=(), source="upstream",
-                                       upstream=replace(h.upstream, model=mid, discover=False)))
-                    self._owner[normalize_name(out[-1].name)] = h
-        return out
+                for mid in h.models:
+                    spec = replace(parent, name=h.upstream.prefix + mid, aliases=(), source="upstream",
+                                   upstream=replace(h.upstream, model=mid, discover=False))
+                    found.setdefault(normalize_name(spec.name), (spec, h))
+        self._found = found
+
+    def discovered(self) -> list[ModelSpec]:
+        return [spec for spec, _ in self._found.values()]
 
     def resolve(self, key: str) -> ModelSpec | None:
-        for spec in self.discovered():
-            if normalize_name(spec.name) == key:
-                return spec
-        return None
+        """The discovered model named ``key`` (normalized), if any."""
+        found = self._found.get(key)
+        return found[0] if found is not None else None
 
     async def probe(self, h: UpstreamHealth) -> None:
         """GET the upstream's /models: up (and its model ids) or down."""
@@ -413,7 +424,7 @@ class Upstreams:
             h.failed(_why(e))
             return
         if isinstance(data, dict) and isinstance(data.get("data"), list):
-            h.models = [m["id"] for m in data["data"] if isinstance(m, dict) and isinstance(m.get("id"), str)]
+            self.listed(h, [m["id"] for m in data["data"] if isinstance(m, dict) and isinstance(m.get("id"), str)])
         h.succeeded()
 
     def _due(self, h: UpstreamHealth, now: float) -> bool:

@@ -31,7 +31,7 @@ def test_discovered_models_inherit_the_entry_and_share_its_health():
     spec = entry(reasoning="think", defaults={"temperature": 0.1}, keep_alive=60.0, aliases=("b",))
     ups.sync([spec])
     h = ups.health(spec)
-    h.models = ["qwen3:8b", "llama3"]
+    ups.listed(h, ["qwen3:8b", "llama3"])
     found = {s.name: s for s in ups.discovered()}
     assert set(found) == {"box/qwen3:8b", "box/llama3"}
     q = found["box/qwen3:8b"]
