@@ -86,10 +86,7 @@ async def _stream(request: web.Request, builder: wire.ResponseBuilder, gen, item
                 await send(builder.feed(item), hold=True)
     except ApiError as err:  # the model failed mid-answer: OpenAI's error event, then the failed response
         log.warning("stream %s ended by an error: %s", builder.id, err.message)
-        failed = builder.response("failed")
-        failed["error"] = {"code": err.code or "server_error", "message": err.message}
-        await ignore_gone(send([builder._event("error", code=err.code, message=err.message, param=err.param),
-                                builder._event("response.failed", response=failed)]))
+        await ignore_gone(send(builder.fail(err)))
     except ConnectionResetError:
         observation(request).disconnected = True
         return sse.response

@@ -18,7 +18,7 @@ from ..config import parse_duration
 from ..engine.protocol import GenerationRequest
 from ..errors import InvalidRequest
 from . import tools as wire_tools
-from .params import EFFORTS, SAMPLING, Parsed, read_stops, shown
+from .params import SAMPLING, Parsed, read_stops, shown
 
 ROLES = ("system", "user", "assistant", "tool")
 # options -> the gateway's sampling fields (Ollama's names where they differ)
@@ -30,7 +30,6 @@ OPTIONS = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "mi
 @dataclass
 class OllamaParsed(Parsed):
     keep_alive: float | None = None  # seconds the model stays loaded after this request (None: its own)
-    think: bool | str | None = None
 
 
 def now_iso() -> str:
@@ -111,7 +110,9 @@ def _format(body: dict[str, Any], req: GenerationRequest) -> None:
         raise InvalidRequest(f'format must be "json" or a JSON schema object, got {shown(fmt)}', "format")
 
 
-def _think(body: dict[str, Any], req: GenerationRequest) -> bool | str | None:
+def _think(body: dict[str, Any], req: GenerationRequest) -> str | None:
+    """``think``: true or false turns thinking on or off in the template (off also ends any
+    thinking at once); an effort (low, medium, high) is returned, for the model's budgets."""
     think = body.get("think")
     if think is None:
         return None
@@ -119,9 +120,9 @@ def _think(body: dict[str, Any], req: GenerationRequest) -> bool | str | None:
         req.chat_template_kwargs["enable_thinking"] = think
         if not think:
             req.thinking_budget = 0
-        return think
+        return None
     if think in ("low", "medium", "high"):
-        return think  # an effort: the handler maps it through the model's budgets
+        return think
     raise InvalidRequest(f'think must be true, false, "low", "medium" or "high", got {shown(think)}', "think")
 
 
@@ -186,7 +187,7 @@ def _messages(value: Any) -> list[dict[str, Any]]:
     return out  # empty: the request only loads (or with keep_alive 0 unloads) the model, as Ollama's does
 
 
-def _common(body: dict[str, Any], req: GenerationRequest) -> tuple[set[str], float | None, bool | str | None]:
+def _common(body: dict[str, Any], req: GenerationRequest) -> tuple[set[str], float | None, str | None]:
     given = _options(body, req)
     _format(body, req)
     return given, keep_alive(body), _think(body, req)
@@ -195,14 +196,14 @@ def _common(body: dict[str, Any], req: GenerationRequest) -> tuple[set[str], flo
 def parse_chat(body: dict[str, Any]) -> OllamaParsed:
     model = _model(body)
     req = GenerationRequest(messages=_messages(body.get("messages")))
-    given, alive, think = _common(body, req)
+    given, alive, effort = _common(body, req)
     tools = wire_tools.openai_tools(body)
     if tools:
         if req.response_format is not None:
             raise InvalidRequest("give tools or format, not both", "tools")
         req.tools = tools
-    return OllamaParsed(model, req, _bool(body, "stream", True), explicit=given, keep_alive=alive, think=think,
-                        reasoning_effort=think if isinstance(think, str) else None)
+    return OllamaParsed(model, req, _bool(body, "stream", True), explicit=given, keep_alive=alive,
+                        reasoning_effort=effort)
 
 
 def parse_generate(body: dict[str, Any]) -> OllamaParsed:
@@ -226,9 +227,9 @@ def parse_generate(body: dict[str, Any]) -> OllamaParsed:
     else:
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
         req = GenerationRequest(messages=messages)
-    given, alive, think = _common(body, req)
-    return OllamaParsed(model, req, _bool(body, "stream", True), explicit=given, keep_alive=alive, think=think,
-                        reasoning_effort=think if isinstance(think, str) else None)
+    given, alive, effort = _common(body, req)
+    return OllamaParsed(model, req, _bool(body, "stream", True), explicit=given, keep_alive=alive,
+                        reasoning_effort=effort)
 
 
 def parse_embed(body: dict[str, Any], legacy: bool = False) -> tuple[str, list[str], float | None]:
@@ -243,10 +244,6 @@ def parse_embed(body: dict[str, Any], legacy: bool = False) -> tuple[str, list[s
     if len(inputs) > 2048:
         raise InvalidRequest(f"{name} may hold at most 2048 items, got {len(inputs)}", name)
     return model, inputs, keep_alive(body)
-
-
-def effort(think: bool | str | None) -> str | None:
-    return think if isinstance(think, str) and think in EFFORTS else None
 
 
 # --- answers -----------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..answer import Call, CallArgs, Finish, Piece
 from ..engine.protocol import GenerationRequest
-from ..errors import InvalidRequest
+from ..errors import ApiError, InvalidRequest
 from . import tools as wire_tools
 from .params import EFFORTS, SAMPLING, Parsed, read_sampling, require_model, shown
 
@@ -346,6 +346,13 @@ class ResponseBuilder:
         body = self.response(status, finish)
         events.append(self._event(f"response.{status}", response=body))
         return events, body
+
+    def fail(self, err: ApiError) -> list[dict[str, Any]]:
+        """An answer that broke mid-way: OpenAI's error event, then the failed response."""
+        failed = self.response("failed")
+        failed["error"] = {"code": err.code or "server_error", "message": err.message}
+        return [self._event("error", code=err.code, message=err.message, param=err.param),
+                self._event("response.failed", response=failed)]
 
     def messages(self) -> list[dict[str, Any]]:
         """The output as history messages, for a later request's ``previous_response_id``."""
