@@ -348,9 +348,11 @@ class ResponseBuilder:
         return events, body
 
     def fail(self, err: ApiError) -> list[dict[str, Any]]:
-        """An answer that broke mid-way: OpenAI's error event, then the failed response."""
+        """An answer that broke mid-way: OpenAI's error event (this gateway's own code), then the
+        failed response, whose error code is one of OpenAI's few."""
         failed = self.response("failed")
-        failed["error"] = {"code": err.code or "server_error", "message": err.message}
+        code = "rate_limit_exceeded" if err.status == 429 else "invalid_prompt" if err.status < 500 else "server_error"
+        failed["error"] = {"code": code, "message": err.message}
         return [self._event("error", code=err.code, message=err.message, param=err.param),
                 self._event("response.failed", response=failed)]
 
