@@ -21,7 +21,17 @@ from ..engine.protocol import GenerationRequest
 from ..errors import InvalidRequest
 from ..grammar import grammar_problem
 from . import tools as wire_tools
-from .params import EFFORTS, SAMPLING, Parsed, apply_defaults, read_sampling, read_stops, require_model, shown  # noqa: F401 (apply_defaults: re-exported)
+from .params import (  # noqa: F401 (apply_defaults: re-exported)
+    EFFORTS,
+    SAMPLING,
+    Parsed,
+    apply_defaults,
+    read_sampling,
+    read_stops,
+    require_model,
+    shown,
+    text_parts,
+)
 
 log = logging.getLogger(__name__)
 
@@ -134,24 +144,6 @@ def _grammar(body: dict[str, Any], req: GenerationRequest) -> None:
         req.response_format = fmt["type"]
 
 
-def _text_content(content: Any, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for j, part in enumerate(content):
-            if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-                raise InvalidRequest(f"`{where}[{j}]` must be a content part object with a `type`", f"{where}[{j}]")
-            if part["type"] != "text":
-                raise InvalidRequest(f"`{where}[{j}].type` {part['type']!r} is not supported: text parts only",
-                                     f"{where}[{j}].type")
-            if not isinstance(part.get("text"), str):
-                raise InvalidRequest(f"`{where}[{j}].text` must be a string", f"{where}[{j}].text")
-            parts.append(part["text"])
-        return "".join(parts)
-    raise InvalidRequest(f"`{where}` must be a string or an array of content parts", where)
-
-
 def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -169,7 +161,7 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         content = m.get("content")
         if content is None and role == "assistant":
             content = ""
-        msg: dict[str, Any] = {"role": role, "content": _text_content(content, f"{where}.content")}
+        msg: dict[str, Any] = {"role": role, "content": text_parts(content, f"{where}.content")}
         if isinstance(m.get("name"), str):
             msg["name"] = m["name"]
         if role == "assistant" and m.get("tool_calls") is not None:

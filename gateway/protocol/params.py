@@ -40,6 +40,26 @@ def read_sampling(body: dict[str, Any], req: GenerationRequest, params: dict[str
     return explicit
 
 
+def text_parts(content: Any, where: str, kinds: tuple[str, ...] = ("text",), what: str = "text parts") -> str:
+    """A message's content: a string, or an array of parts of ``kinds`` (each with a ``text``),
+    joined; anything else is a 400 naming the part."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise InvalidRequest(f"`{where}` must be a string or an array of content parts", where)
+    parts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+            raise InvalidRequest(f"`{where}[{j}]` must be a content part object with a `type`", f"{where}[{j}]")
+        if part["type"] not in kinds:
+            raise InvalidRequest(f"`{where}[{j}].type` {part['type']!r} is not supported: {what} only",
+                                 f"{where}[{j}].type")
+        if not isinstance(part.get("text"), str):
+            raise InvalidRequest(f"`{where}[{j}].text` must be a string", f"{where}[{j}].text")
+        parts.append(part["text"])
+    return "".join(parts)
+
+
 def require_model(body: dict[str, Any], *, anthropic: bool = False) -> str:
     """The request's model name: required on every route that names one."""
     model = body.get("model")

@@ -18,7 +18,7 @@ from ..answer import Call, CallArgs, Finish, Piece
 from ..engine.protocol import GenerationRequest
 from ..errors import ApiError, InvalidRequest
 from . import tools as wire_tools
-from .params import EFFORTS, SAMPLING, Parsed, read_sampling, require_model, shown
+from .params import EFFORTS, SAMPLING, Parsed, read_sampling, require_model, shown, text_parts
 
 ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 RESPONSES_SAMPLING = {name: SAMPLING[name] for name in ("temperature", "top_p")}
@@ -39,20 +39,7 @@ class ResponsesParsed(Parsed):
 
 
 def _text(content: Any, where: str, kinds: tuple[str, ...]) -> str:
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise InvalidRequest(f"`{where}` must be a string or an array of content parts", where)
-    parts = []
-    for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in kinds:
-            raise InvalidRequest(f"`{where}[{j}].type` {shown(kind)} is not supported: {', '.join(kinds)} only",
-                                 f"{where}[{j}].type")
-        if not isinstance(part.get("text"), str):
-            raise InvalidRequest(f"`{where}[{j}].text` must be a string", f"{where}[{j}].text")
-        parts.append(part["text"])
-    return "".join(parts)
+    return text_parts(content, where, kinds, ", ".join(kinds))
 
 
 def input_messages(value: Any, history: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
