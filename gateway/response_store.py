@@ -36,6 +36,3 @@ class ResponseStore:
 
     def delete(self, response_id: str) -> bool:
         return self._items.pop(response_id, None) is not None
-
-    def __len__(self) -> int:
-        return len(self._items)
