@@ -38,6 +38,16 @@ ENDPOINTS = {
     "/apply-template": ["model", "messages", "chat_template_kwargs", "max_tokens", "tools"],
     "/models/load": ["model"],
     "/models/unload": ["model"],
+    "/v1/responses": ["model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "tools",
+                      "tool_choice", "parallel_tool_calls", "reasoning", "text", "stream", "store",
+                      "previous_response_id", "metadata"],
+    "/v1/rerank": ["model", "query", "documents", "top_n", "return_documents"],
+    "/api/chat": ["model", "messages", "tools", "format", "options", "think", "keep_alive", "stream"],
+    "/api/generate": ["model", "prompt", "system", "raw", "format", "options", "think", "keep_alive", "stream",
+                      "images", "suffix", "template", "context"],
+    "/api/embed": ["model", "input", "keep_alive"],
+    "/api/embeddings": ["model", "prompt", "keep_alive"],
+    "/api/show": ["model", "name"],
 }
 
 def nested(depth: int):
@@ -80,6 +90,13 @@ VALID = {  # a request each endpoint answers 200, for one field at a time to be 
     "/apply-template": {"model": "plain", "messages": HI},
     "/models/load": {"model": "plain"},
     "/models/unload": {"model": "emb"},
+    "/v1/responses": {"model": "plain", "input": "hi", "max_output_tokens": 3},
+    "/v1/rerank": {"model": "rr", "query": "q", "documents": ["a", "b."]},
+    "/api/chat": {"model": "plain", "messages": HI, "stream": False, "options": {"num_predict": 3}},
+    "/api/generate": {"model": "plain", "prompt": "hi", "stream": False, "options": {"num_predict": 3}},
+    "/api/embed": {"model": "emb", "input": "hi"},
+    "/api/embeddings": {"model": "emb", "prompt": "hi"},
+    "/api/show": {"model": "plain"},
 }
 
 
@@ -101,7 +118,7 @@ def spoiled(path: str):
 def bodies(path: str):
     keys = ENDPOINTS[path]
     field_values = {k: json_values for k in keys}
-    field_values["model"] = st.one_of(st.sampled_from(["plain", "emb", "PLAIN", "missing"]), json_values)
+    field_values["model"] = st.one_of(st.sampled_from(["plain", "emb", "rr", "PLAIN", "missing"]), json_values)
     field_values["messages"] = st.one_of(st.lists(message, max_size=3), json_values)
     for key, special in (("grammar", grammars), ("chat_template_kwargs", template_kwargs),
                          ("ignore_eos", st.booleans())):
@@ -118,7 +135,8 @@ def server(tmp_path_factory):
     cfg = d / "models.yaml"
     cfg.write_text(f"server:\n  discover_default_stores: false\n  max_loaded_models: 0\nmodels:\n"
                    f"  plain:\n    path: {d}/plain.gguf\n    n_ctx: 512\n"
-                   f"  emb:\n    path: {d}/plain.gguf\n    n_ctx: 512\n    embeddings: true\n")
+                   f"  emb:\n    path: {d}/plain.gguf\n    n_ctx: 512\n    embeddings: true\n"
+                   f"  rr: {tm.reranker(d / 'rr.gguf', {'.': 0.7})}\n")
     with ServerProcess("--config", str(cfg)) as srv:
         for path in ENDPOINTS:  # every route once, both models loaded: the baseline for memory
             post(srv.url + path, json.dumps({"model": "plain", "messages": [{"role": "user", "content": "hi"}],
@@ -166,6 +184,8 @@ def test_fuzzed_bodies_never_500(server, path):
             if path.startswith("/v1/messages"):
                 assert err["type"] == "error" and set(err["error"]) == {"type", "message"}
                 assert isinstance(err["error"]["message"], str)
+            elif path.startswith("/api/"):  # Ollama's shape: the message alone
+                assert set(err) == {"error"} and isinstance(err["error"], str)
             else:
                 validate(err, "ErrorResponse")
 
