@@ -1,9 +1,11 @@
 """Responses kept for ``previous_response_id`` and ``GET`` / ``DELETE /v1/responses/{id}``
-(OpenAI's ``store``): in memory, at most ``server.responses_store`` of them, the least recently
-used dropped first. Nothing is written to disk."""
+(OpenAI's ``store``): in memory, at most ``server.responses_store`` of them and ``max_bytes`` of
+their JSON together (a count alone would let large requests hold any amount of memory), the
+least recently used dropped first. Nothing is written to disk."""
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -15,24 +17,35 @@ class Stored:
     messages: list[dict[str, Any]]  # the conversation through it (input and output), without instructions
 
 
+MAX_BYTES = 256 * 2**20
+
+
 class ResponseStore:
-    def __init__(self, limit: int):
+    def __init__(self, limit: int, max_bytes: int = MAX_BYTES):
         self.limit = limit  # 0: nothing is kept
-        self._items: OrderedDict[str, Stored] = OrderedDict()
+        self.max_bytes = max_bytes
+        self.bytes = 0  # the JSON size of what is kept
+        self._items: OrderedDict[str, tuple[Stored, int]] = OrderedDict()
 
     def put(self, response_id: str, stored: Stored) -> None:
-        if not self.limit:
+        size = len(json.dumps(stored.body)) + len(json.dumps(stored.messages))
+        if not self.limit or size > self.max_bytes:
             return
-        self._items[response_id] = stored
-        self._items.move_to_end(response_id)
-        while len(self._items) > self.limit:
-            self._items.popitem(last=False)
+        self.delete(response_id)
+        self._items[response_id] = (stored, size)
+        self.bytes += size
+        while len(self._items) > self.limit or self.bytes > self.max_bytes:
+            self.bytes -= self._items.popitem(last=False)[1][1]
 
     def get(self, response_id: str) -> Stored | None:
-        stored = self._items.get(response_id)
-        if stored is not None:
-            self._items.move_to_end(response_id)
-        return stored
+        item = self._items.get(response_id)
+        if item is None:
+            return None
+        self._items.move_to_end(response_id)
+        return item[0]
 
     def delete(self, response_id: str) -> bool:
-        return self._items.pop(response_id, None) is not None
+        item = self._items.pop(response_id, None)
+        if item is not None:
+            self.bytes -= item[1]
+        return item is not None
