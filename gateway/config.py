@@ -44,7 +44,13 @@ def parse_duration(value: Any) -> float | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, (int, float)):
-        return float("inf") if value == -1 else (float(value) if value >= 0 else None)
+        if value == -1:
+            return float("inf")
+        try:
+            seconds = float(value)
+        except OverflowError:  # an integer past any float
+            return None
+        return seconds if 0 <= seconds < float("inf") else None
     if isinstance(value, str):
         text = value.strip().lower()
         if text in ("-1", "forever", "inf"):

@@ -281,3 +281,11 @@ def test_upstreams_replicas_and_rpc(write_config, model_dir, tmp_path, monkeypat
 def test_upstream_and_replica_mistakes_are_named(write_config, entry, problem):
     found = problems_of(write_config(f"models:\n  m: {entry}\n"))
     assert any(problem in p for p in found), found
+
+
+def test_a_duration_past_any_float_is_a_mistake_not_a_crash(write_config):
+    from gateway.config import parse_duration
+
+    assert parse_duration(10 ** 400) is None and parse_duration(-1) == float("inf") and parse_duration(1e308) == 1e308
+    found = problems_of(write_config(f"server:\n  keep_alive: {10 ** 400}\n"))
+    assert any("server.keep_alive: must be a duration" in p for p in found), found

@@ -128,6 +128,8 @@ def test_keep_alive_zero_unloads(client):
     while "loop:latest" in {m.model for m in client.ps().models} and time.monotonic() < deadline:
         time.sleep(0.1)
     assert "loop:latest" not in {m.model for m in client.ps().models}
+    client.generate(model="plain", prompt="", keep_alive=1e308)  # kept for good: /api/ps still answers
+    assert "plain:latest" in {m.model for m in client.ps().models}
     loaded = client.generate(model="plain", prompt="")  # an empty prompt loads the model
     assert loaded.done_reason == "load"
     assert client.chat(model="loop", messages=[]).done_reason == "load"  # and so do no messages

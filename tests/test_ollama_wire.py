@@ -27,6 +27,7 @@ def test_num_predict_keep_alive_and_think_edges():
     assert ollama.parse_chat({"model": "m", "messages": ASK, "keep_alive": -1}).keep_alive == float("inf")
     assert ollama.parse_chat({"model": "m", "messages": ASK, "keep_alive": "-1m"}).keep_alive == float("inf")
     assert ollama.parse_chat({"model": "m", "messages": ASK, "keep_alive": 0}).keep_alive == 0
+    assert ollama.parse_chat({"model": "m", "messages": ASK, "keep_alive": 1e308}).keep_alive == 1e308
     off = ollama.parse_chat({"model": "m", "messages": ASK, "think": False})
     assert off.request.chat_template_kwargs == {"enable_thinking": False} and off.request.thinking_budget == 0
     assert ollama.parse_chat({"model": "m", "messages": ASK, "think": "high"}).reasoning_effort == "high"
@@ -69,6 +70,7 @@ def test_generate_with_system_raw_and_embed():
     ({"model": "m", "messages": ASK, "options": {"stop": 5}}, "options.stop"),
     ({"model": "m", "messages": ASK, "format": "yaml"}, "format"),
     ({"model": "m", "messages": ASK, "keep_alive": "soon"}, "keep_alive"),
+    ({"model": "m", "messages": ASK, "keep_alive": 10 ** 400}, "keep_alive"),  # past any float
     ({"model": "m", "messages": ASK, "think": "very"}, "think"),
     ({"model": "m", "messages": ASK, "stream": "yes"}, "stream"),
     ({"model": "m", "messages": ASK, "tools": [{"type": "function", "function": {"name": "bad name"}}]},

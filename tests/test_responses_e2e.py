@@ -125,6 +125,7 @@ def test_stored_responses_are_kept_retrieved_and_deleted(client):
     ({"input": "x", "tools": [{"type": "web_search"}]}, "tools[0].type"),
     ({"input": "x", "reasoning": {"effort": "max"}}, "reasoning.effort"),
     ({"input": "x", "text": {"format": {"type": "xml"}}}, "text.format.type"),
+    ({"input": "x", "text": [1]}, "text"),
     ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
     ({"input": "x", "temperature": 9}, "temperature"),
 ])

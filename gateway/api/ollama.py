@@ -27,6 +27,8 @@ from .common import apply_limits, ignore_gone
 
 log = logging.getLogger(__name__)
 
+FOREVER = 3650 * 86400.0  # seconds: how far off a model kept loaded for good (or busy) shows its expiry
+
 
 async def chat(request: web.Request) -> web.StreamResponse:
     parsed = ollama.parse_chat(await read_json_object(request))
@@ -184,9 +186,8 @@ async def ps(request: web.Request) -> web.Response:
         if model.backend is None or not model.backend.alive:
             continue
         keep = model.keep_alive if model.keep_alive is not None else model.timing.keep_alive
-        until = datetime.now(timezone.utc) + (timedelta(days=3650) if math.isinf(keep) or model.in_flight
-                                              else timedelta(seconds=max(0.0, keep - (time.monotonic()
-                                                                                      - model.last_used))))
+        left = math.inf if model.in_flight else keep - (time.monotonic() - model.last_used)
+        until = datetime.now(timezone.utc) + timedelta(seconds=min(max(0.0, left), FOREVER))
         entry = _entry(registry, spec)
         entry.update(expires_at=until.isoformat().replace("+00:00", "Z"), size_vram=0)
         out.append(entry)

@@ -134,16 +134,19 @@ def _tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, wire_tool
                                                  "parallel_tool_calls": body.get("parallel_tool_calls")}, tools)
 
 
-def _text_format(body: dict[str, Any], req: GenerationRequest) -> None:
+def _text_format(body: dict[str, Any], req: GenerationRequest) -> dict[str, Any]:
+    """``text.format`` into ``req``; returns the format, as the response repeats it."""
     text = body.get("text")
     if text is None:
-        return
-    fmt = text.get("format") if isinstance(text, dict) else None
+        return {"type": "text"}
+    if not isinstance(text, dict):
+        raise InvalidRequest("`text` must be an object", "text")
+    fmt = text.get("format")
     if fmt is None:
-        return
+        return {"type": "text"}
     kind = fmt.get("type") if isinstance(fmt, dict) else None
     if kind == "text":
-        return
+        return fmt
     if kind == "json_object":
         req.response_format = "json_object"
     elif kind == "json_schema":
@@ -152,6 +155,7 @@ def _text_format(body: dict[str, Any], req: GenerationRequest) -> None:
         req.response_format, req.json_schema = "json_schema", fmt["schema"]
     else:
         raise InvalidRequest("`text.format.type` must be text, json_object or json_schema", "text.format.type")
+    return fmt
 
 
 def parse(body: dict[str, Any]) -> ResponsesParsed:
@@ -172,7 +176,7 @@ def parse(body: dict[str, Any]) -> ResponsesParsed:
         if problem:
             raise InvalidRequest(f"`max_output_tokens` {problem}, got {shown(limit)}", "max_output_tokens")
         req.max_tokens = limit
-    _text_format(body, req)
+    text_format = _text_format(body, req)
     tools, choice = _tools(body)
     if tools and choice.mode != "none":
         if req.response_format is not None:
@@ -205,7 +209,7 @@ def parse(body: dict[str, Any]) -> ResponsesParsed:
             "tool_choice": body.get("tool_choice") or "auto",
             "parallel_tool_calls": body.get("parallel_tool_calls", True) is not False,
             "reasoning": {"effort": effort, "summary": None}, "metadata": metadata or {},
-            "text": {"format": (body.get("text") or {}).get("format") or {"type": "text"}},
+            "text": {"format": text_format},
             "previous_response_id": previous, "store": flags["store"], "truncation": "disabled"}
     return ResponsesParsed(model, req, flags["stream"], explicit=explicit, reasoning_effort=effort,
                            instructions=instructions, previous_response_id=previous, store=flags["store"], echo=echo,
