@@ -13,13 +13,14 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from .answer import api_error
-from .api import admin, anthropic, ollama, openai, responses
-from .appkeys import CONFIG, CONNECTIONS, EVENTS, LIFECYCLE, METRICS, REGISTRY
+from .api import admin, anthropic, dashboard, ollama, openai, responses
+from .appkeys import CONFIG, CONNECTIONS, EVENTS, LIFECYCLE, LIVE, METRICS, REGISTRY
 from .config import Config
 from .connections import ConnectionGuard, Limits
 from .engine.client import RequestFailed
 from .errors import ApiError
-from .events import ERROR_CODE, OBSERVATION, PRINCIPAL, EventSink, Observation, request_id
+from .events import ERROR_CODE, OBSERVATION, PRINCIPAL, STREAM, EventSink, Observation, request_id
+from .live import Live
 from .metrics import Metrics
 from .registry import Registry
 
@@ -28,8 +29,9 @@ __all__ = ["CONFIG", "CONNECTIONS", "EVENTS", "LIFECYCLE", "METRICS", "REGISTRY"
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-OPEN_PATHS = frozenset({"/health"})
-UNOBSERVED = frozenset({"/health", "/metrics"})  # no inference event, no request metrics
+OPEN_PATHS = frozenset({"/health"}) | dashboard.PAGE_PATHS
+# no inference event, no request metrics
+UNOBSERVED = frozenset({"/health", "/metrics", "/dashboard/live"}) | dashboard.PAGE_PATHS
 
 
 def is_anthropic(request: web.Request) -> bool:
@@ -122,7 +124,9 @@ def _record(app: web.Application, obs: Observation, status: int, request: web.Re
     if status >= 400 and obs.first_token is None and not obs.disconnected:
         m.rejected.labels(request.get(ERROR_CODE) or f"http_{status}").inc()
     obs.principal = request.get(PRINCIPAL, obs.principal)
-    app[EVENTS].write(obs.event(status, duration))
+    event = obs.event(status, duration)
+    app[EVENTS].write(event)
+    app[LIVE].record(event)
 
 
 @web.middleware
@@ -131,9 +135,9 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
     try:
         return await handler(request)
     except ApiError as err:
-        return error_response(request, err)
+        return await failed_response(request, err)
     except RequestFailed as failed:  # a question the model's worker refused (tokenize, embed, ...)
-        return error_response(request, api_error(failed.event))
+        return await failed_response(request, api_error(failed.event))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -147,7 +151,24 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return error_response(request, ApiError(message, status=exc.status, code=code, headers=headers))
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
-        return error_response(request, ApiError("Internal server error", status=500, code="internal_error"))
+        return await failed_response(request, ApiError("Internal server error", status=500, code="internal_error"))
+
+
+async def failed_response(request: web.Request, err: ApiError) -> web.StreamResponse:
+    """``error_response``, or, where the answer's stream is already open (a load's progress
+    opened it), the error in-band in the stream's wire shape, then the stream's end."""
+    sse = request.get(STREAM)
+    if sse is None or not sse.opened:
+        return error_response(request, err)
+    request[ERROR_CODE] = err.code or f"http_{err.status}"
+    log.warning("stream ended by an error before its answer: %s", err.message)
+    try:
+        for data, event in sse.failure(err) if sse.failure is not None else [(err.openai_body(), None)]:
+            await sse.send(data, event=event)
+        await sse.close()
+    except ConnectionResetError:
+        pass
+    return sse.response
 
 
 def is_loopback(host: str) -> bool:
@@ -250,6 +271,7 @@ def create_app(config: Config, registry: Registry | None = None) -> web.Applicat
     app[METRICS].watch_models(app[REGISTRY].metrics_rows)
     app[METRICS].watch_upstreams(app[REGISTRY].upstream_rows, app[REGISTRY].replica_rows)
     app[EVENTS] = EventSink(config.server.events_path)
+    app[LIVE] = Live()
     app[LIFECYCLE] = {"draining": False}
     server = config.server
     app[CONNECTIONS] = ConnectionGuard(Limits(server.header_timeout, server.keepalive_timeout, server.max_connections),
@@ -261,6 +283,7 @@ def create_app(config: Config, registry: Registry | None = None) -> web.Applicat
     anthropic.setup(app)
     ollama.setup(app)
     responses.setup(app)
+    dashboard.setup(app)
     return app
 
 

@@ -8,6 +8,7 @@ from aiohttp import web
 from .config import Config
 from .connections import ConnectionGuard
 from .events import EventSink
+from .live import Live
 from .metrics import Metrics
 from .registry import Registry
 from .response_store import ResponseStore
@@ -18,4 +19,5 @@ METRICS = web.AppKey("metrics", Metrics)
 EVENTS = web.AppKey("events", EventSink)
 LIFECYCLE = web.AppKey("lifecycle", dict)  # {"draining": bool}
 CONNECTIONS = web.AppKey("connections", ConnectionGuard)
+LIVE = web.AppKey("live", Live)  # what the dashboard draws
 RESPONSES = web.AppKey("responses", ResponseStore)  # OpenAI Responses kept for previous_response_id

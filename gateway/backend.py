@@ -99,14 +99,15 @@ class Backend(Protocol):
 class BackendFactory(Protocol):
     """Starts the backend for a model; raises ``StartFailed``. ``on_exit(backend, expected)``:
     the backend went away (expected: asked to stop); ``on_busy()``: it went from idle to busy
-    or back."""
+    or back; ``on_progress(fraction)``: how far its load has gone, 0 to 1 (a backend with
+    nothing to load never calls it)."""
 
     async def __call__(self, spec: ModelSpec, server: ServerConfig, *, on_exit: Callable[[Backend, bool], None],
-                       on_busy: Callable[[], None]) -> Backend: ...
+                       on_busy: Callable[[], None], on_progress: Callable[[float], None]) -> Backend: ...
 
 
 async def start_local(spec: ModelSpec, server: ServerConfig, *, on_exit: Callable[[Backend, bool], None],
-                      on_busy: Callable[[], None]) -> Backend:
+                      on_busy: Callable[[], None], on_progress: Callable[[float], None]) -> Backend:
     """A llama.cpp worker process on this machine; raises ``StartFailed``."""
     if spec.path is None:
         raise StartFailed(f"model {spec.name!r} has no file to run here")
@@ -118,7 +119,7 @@ async def start_local(spec: ModelSpec, server: ServerConfig, *, on_exit: Callabl
             repack=spec.repack, swa_full=spec.swa_full, use_mmap=spec.use_mmap,
             chat_template=spec.chat_template, embeddings=spec.embeddings or spec.reranker, reranker=spec.reranker,
             stream_interval=server.stream_interval_ms / 1000, rpc=spec.rpc,
-        ), on_exit=on_exit, on_busy=lambda _worker: on_busy())
+        ), on_exit=on_exit, on_busy=lambda _worker: on_busy(), on_progress=on_progress)
         await worker.start()
     except (ModelFileError, LoadFailed) as e:
         raise StartFailed(str(e)) from None

@@ -97,7 +97,8 @@ def status(gw: Gateway, out=sys.stdout) -> int:
             note += f"{up['url']}: {up['state']}" + (f" ({up['error']})" if up.get("error") else "")
         for r in m.get("replicas") or ():
             note += f"{' ' if note else ''}[{r['id']}: {'up' if r['up'] else 'down' if r['up'] is False else '-'}]"
-        rows.append((m["id"], m["state"], str(m["in_flight"]), str(m["pid"] or "-"), _mib(m["memory_bytes"]),
+        state = m["state"] + (f" {m['progress']:.0%}" if m.get("progress") is not None else "")
+        rows.append((m["id"], state, str(m["in_flight"]), str(m["pid"] or "-"), _mib(m["memory_bytes"]),
                      m["source"], note))
     widths = [max(len(r[i]) for r in rows) for i in range(6)]
     for r in rows:

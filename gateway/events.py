@@ -20,6 +20,8 @@ from typing import Any
 
 from aiohttp import web
 
+from .sse import EventStream
+
 log = logging.getLogger("gateway.events")
 
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
@@ -88,6 +90,7 @@ def _request_key(name: str, kind: type):
 OBSERVATION = _request_key("observation", Observation)
 PRINCIPAL = _request_key("principal", str)  # the API key's name, set by the auth middleware
 ERROR_CODE = _request_key("error_code", str)  # the code of the error answered, for rejected_requests
+STREAM = _request_key("stream", EventStream)  # the request's sse.EventStream, once a handler asked for one
 
 
 def observation(request: web.Request) -> Observation:

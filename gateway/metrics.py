@@ -64,8 +64,8 @@ class Metrics:
         info.labels(__version__, platform.python_version(), _llama_cpp_version()).set(1)
         self._model_collector: _ModelCollector | None = None
 
-    def watch_models(self, rows: Callable[[], Iterable[tuple[str, str, int, int]]]) -> None:
-        """Per-model gauges read at scrape time: rows of (model, state, in_flight, queued)."""
+    def watch_models(self, rows: Callable[[], Iterable[tuple[str, str, int, int, float]]]) -> None:
+        """Per-model gauges read at scrape time: rows of (model, state, in_flight, queued, loaded)."""
         self._model_collector = _ModelCollector(rows)
         self.registry.register(self._model_collector)
 
@@ -97,12 +97,15 @@ class _ModelCollector:
         queued = GaugeMetricFamily("gguf_gateway_requests_queued",
                                    "Requests waiting for their model (loading, or behind another request)",
                                    labels=["model"])
-        for model, current, flying, waiting in self.rows():
+        progress = GaugeMetricFamily("gguf_gateway_model_load_progress", "How much of each model is loaded, 0 to 1 "
+                                     "(a load under way: the part of its weights read so far)", labels=["model"])
+        for model, current, flying, waiting, loaded in self.rows():
             for s in STATES:
                 state.add_metric([model, s], 1.0 if s == current else 0.0)
             in_flight.add_metric([model], flying)
             queued.add_metric([model], waiting)
-        yield from (state, in_flight, queued)
+            progress.add_metric([model], loaded)
+        yield from (state, in_flight, queued, progress)
 
 
 class _UpstreamCollector:

@@ -35,7 +35,7 @@ from .ggufmeta import GGUFInfo
 from .lifecycle import ModelState
 from .metrics import Metrics
 from .replicas import ReplicaSet
-from .supervisor import ModelSupervisor, Timing
+from .supervisor import ModelSupervisor, Progress, Timing
 from .upstream import Upstreams
 
 log = logging.getLogger(__name__)
@@ -133,12 +133,15 @@ class Registry:
         self._retired = [m for m in self._retired if m.holds]
         return [*self._models.values(), *self._retired]
 
-    def metrics_rows(self) -> list[tuple[str, str, int, int]]:
-        """(model, state, requests in flight, requests queued) for every resolvable model."""
+    def metrics_rows(self) -> list[tuple[str, str, int, int, float]]:
+        """(model, state, requests in flight, requests queued, how much of it is loaded: 0 to 1)
+        for every resolvable model."""
         rows = []
         for spec in self.specs():
             model = self.state(spec)
-            rows.append((spec.name, model.state.value, model.in_flight, model.queued()))
+            loaded = 1.0 if model.state is ModelState.READY else model.progress if model.state is ModelState.LOADING \
+                else 0.0
+            rows.append((spec.name, model.state.value, model.in_flight, model.queued(), loaded))
         return rows
 
     def in_flight(self) -> int:
@@ -154,9 +157,10 @@ class Registry:
         return {m.spec.name: m.backend for m in self._models.values() if m.backend is not None and m.backend.alive}
 
     @contextlib.asynccontextmanager
-    async def lease(self, name: object, *, embeddings: bool | None = False,
-                    rerank: bool = False) -> AsyncIterator[tuple[ModelSpec, Backend]]:
+    async def lease(self, name: object, *, embeddings: bool | None = False, rerank: bool = False,
+                    on_progress: Progress | None = None) -> AsyncIterator[tuple[ModelSpec, Backend]]:
         """The model's running backend for one request; the model stays loaded meanwhile.
+        ``on_progress``: told how a load the request waits for goes (``ModelSupervisor.ready``).
         ``embeddings``: the request wants vectors (True) or text (False); ``rerank``: scores. A
         model serves one of these, the wrong one is a 501 (known from the spec before any load,
         and checked against what the backend says it serves). ``embeddings=None``: any (tokenize)."""
@@ -170,7 +174,7 @@ class Registry:
                     "is an embedding model: use /v1/embeddings"}[want]
             raise ApiError(f"model {spec.name!r} {what}", status=501, param="model", code="unsupported_model")
         kind = want
-        async with self.supervisor(spec).lease(kind, self.config.server.max_queue) as backend:
+        async with self.supervisor(spec).lease(kind, self.config.server.max_queue, on_progress) as backend:
             yield spec, backend
 
     async def load(self, name: object) -> ModelSupervisor:
@@ -210,8 +214,10 @@ class Registry:
                 if not expected:
                     self._count_failure(model)
                 on_exit(backend, expected)
-            return await self.backends(spec, self.config.server, on_exit=exited, on_busy=self._share_cpus)
-        return await self.backends(spec, self.config.server, on_exit=on_exit, on_busy=self._share_cpus)
+            return await self.backends(spec, self.config.server, on_exit=exited, on_busy=self._share_cpus,
+                                       on_progress=model.loaded_part)
+        return await self.backends(spec, self.config.server, on_exit=on_exit, on_busy=self._share_cpus,
+                                   on_progress=model.loaded_part)
 
     async def make_room(self, model: ModelSupervisor) -> None:
         """Carry out ``placement.make_room`` until the model fits, waiting while every loaded

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
+
+from .errors import ApiError
 
 _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode  # made once, used per token
 
@@ -30,9 +33,23 @@ class EventStream:
             **(headers or {}),
         })
         self._held: list[bytes] = []
+        # what a failure before the answer ends says, in the stream's own wire shape: (message,
+        # event name) pairs; set by whoever opens the stream before its answer can begin
+        self.failure: Callable[[ApiError], list[tuple[dict[str, Any], str | None]]] | None = None
+
+    @property
+    def opened(self) -> bool:
+        return self.response.prepared
 
     async def open(self) -> None:
-        await self.response.prepare(self.request)
+        """Send the headers (once: a stream opened early to tell a load's progress goes on)."""
+        if not self.response.prepared:
+            await self.response.prepare(self.request)
+
+    async def comment(self, text: str) -> None:
+        """A comment line, which clients skip (``: loading 43%``); it goes out at once."""
+        self._held.append(f": {text}\n\n".encode())
+        await self.flush()
 
     async def send(self, data: dict[str, Any] | str, event: str | None = None, hold: bool = False) -> None:
         payload = data if isinstance(data, str) else _encode(data)

@@ -17,7 +17,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -30,6 +30,15 @@ from .lifecycle import ModelState
 log = logging.getLogger(__name__)
 
 UNLOADED, LOADING, READY, FAILED = ModelState.UNLOADED, ModelState.LOADING, ModelState.READY, ModelState.FAILED
+
+
+# A streamed request waiting for a load is told how it goes (``ready``'s ``on_progress``) once it
+# has waited this long, so a quick load's failure is still an error status rather than a stream;
+# then at each report and at least this often, which also keeps idle-timeout proxies patient.
+PROGRESS_AFTER = 1.0
+PROGRESS_EVERY = 5.0
+
+Progress = Callable[[float], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -75,10 +84,25 @@ class ModelSupervisor:
         # now on, over timing.keep_alive; 0: unload as soon as it is idle
         self.keep_alive: float | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self.progress = 0.0  # of the load under way, 0 to 1 (the backend's reports)
+        self._progressed: asyncio.Future[None] | None = None  # done at the next report; waiters watch it
 
     def move(self, new: ModelState) -> None:
         """The one place a model's state changes (``lifecycle.MOVES`` says where it may go)."""
         self.state = lifecycle.move(self.state, new)
+
+    def loaded_part(self, fraction: float) -> None:
+        """The backend's load has gone this far (0 to 1): reported in /models and the metrics,
+        and told to the streamed requests that wait for it."""
+        self.progress = max(0.0, min(1.0, fraction))
+        if self._progressed is not None and not self._progressed.done():
+            self._progressed.set_result(None)
+        self._progressed = None
+
+    def _next_progress(self) -> asyncio.Future[None]:
+        if self._progressed is None:
+            self._progressed = asyncio.get_running_loop().create_future()
+        return self._progressed
 
     @property
     def holds(self) -> bool:
@@ -95,15 +119,16 @@ class ModelSupervisor:
 
     # --- requests ----------------------------------------------------------------------------
     @contextlib.asynccontextmanager
-    async def lease(self, kind: str, max_queue: int) -> AsyncIterator[Backend]:
+    async def lease(self, kind: str, max_queue: int, on_progress: Progress | None = None) -> AsyncIterator[Backend]:
         """The running backend for one request of ``kind``; the model stays loaded meanwhile.
-        429 past ``max_queue`` waiting requests; 501 when the backend does not serve ``kind``."""
+        429 past ``max_queue`` waiting requests; 501 when the backend does not serve ``kind``.
+        ``on_progress``: told how a load the request waits for goes (``ready``)."""
         if self.waiting + self.in_flight - self.parallel >= max_queue:  # every sequence busy, max_queue waiting
             raise ApiError(f"model {self.spec.name!r} already has {max_queue} request(s) waiting (server.max_queue); "
                            "retry shortly", status=429, param="model", code="queue_full", headers={"Retry-After": "2"})
         self.waiting += 1
         try:
-            backend = await self.ready()
+            backend = await self.ready(on_progress)
         finally:
             self.waiting -= 1
         if kind not in backend.serves:
@@ -119,27 +144,51 @@ class ModelSupervisor:
             if self.in_flight == 0:
                 self._idle()
 
-    async def ready(self) -> Backend:
-        """The running backend, starting it if need be (one start for all who wait)."""
+    async def ready(self, on_progress: Progress | None = None) -> Backend:
+        """The running backend, starting it if need be (one start for all who wait).
+        ``on_progress(fraction)`` is awaited while the caller waits for a load: first once the
+        wait has lasted ``PROGRESS_AFTER``, then at each new report and at least every
+        ``PROGRESS_EVERY``; what it raises ends the caller's wait, not the load."""
         if self.backend is not None and self.backend.alive:
             return self.backend
         now = time.monotonic()
         if self.state == FAILED and now < self.retry_at and self.load is None:
             raise load_failed(self.spec, self.error or "unknown error", self.retry_at - now)
         if self.load is None:
+            self.progress = 0.0  # a new load: what the last one reached says nothing
             self.load = asyncio.ensure_future(self._load())
             self.load.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved here, raised to waiters
         load = self.load
         # asyncio.wait: a caller that gives up does not cancel a load others may be waiting on,
         # and a load cancelled under it (an unload, shutdown) is told apart from the caller's own
-        done, _ = await asyncio.wait({load}, timeout=self.timing.load_timeout)
-        if not done:
+        if not await self._wait(load, on_progress):
             raise ApiError(f"model {self.spec.name!r} is loading; retry shortly", status=503, param="model",
                            code="model_loading", headers={"Retry-After": "5"})
         if load.cancelled():
             raise ApiError(f"model {self.spec.name!r} was unloaded while it loaded; retry", status=503,
                            param="model", code="model_unloaded", headers={"Retry-After": "1"})
         return load.result()
+
+    async def _wait(self, load: asyncio.Future[Backend], on_progress: Progress | None) -> bool:
+        """Wait for ``load`` up to the load timeout, telling ``on_progress``; whether it ended."""
+        now = time.monotonic()
+        deadline = now + self.timing.load_timeout
+        tell_at = now + PROGRESS_AFTER if on_progress is not None else math.inf
+        telling = False
+        while not load.done():
+            now = time.monotonic()
+            if now >= deadline:
+                return False
+            if on_progress is not None and now >= tell_at:
+                await on_progress(self.progress)
+                telling, tell_at = True, time.monotonic() + PROGRESS_EVERY
+                continue
+            report = self._next_progress() if telling else None
+            watch: set[asyncio.Future] = {load} if report is None else {load, report}
+            await asyncio.wait(watch, timeout=min(deadline, tell_at) - now, return_when=asyncio.FIRST_COMPLETED)
+            if report is not None and report.done():
+                tell_at = time.monotonic()  # a new report: tell it now
+        return True
 
     async def _load(self) -> Backend:
         self.move(LOADING)

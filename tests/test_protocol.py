@@ -20,7 +20,7 @@ def test_a_text_frame_reads_back_as_the_json_text_event(text):
 
 
 def test_every_event_kind_reads_back_as_itself():
-    events = [protocol.Ready({"n_ctx": 8}), protocol.LoadFailed("bad file"),
+    events = [protocol.Ready({"n_ctx": 8}), protocol.LoadFailed("bad file"), protocol.LoadProgress(0.43),
               protocol.Start(1, 3, 0, 2, "é", None), protocol.Start(2, 3, 1, 0, "", "echo"),
               protocol.Text(1, "p", 7, [{"token": "p", "logprob": -0.5}]), protocol.Thinking(1, "hm", 2),
               protocol.CallDelta(1, 0, "call_1", "f", '{"a"'), protocol.CallDelta(1, 0, None, None, ": 1}"),

@@ -228,7 +228,7 @@ def registry(tmp_path, names, **server):
     specs = tuple(ModelSpec(n, tmp_path / f"{n}.gguf", keep_alive=math.inf) for n in names)
     started: list[str] = []
 
-    async def backends(spec, server_config, *, on_exit, on_busy):
+    async def backends(spec, server_config, *, on_exit, on_busy, on_progress):
         started.append(spec.name)
         return StandIn(spec.name)
 
@@ -268,7 +268,7 @@ async def test_the_registry_waits_for_room_while_every_model_is_busy(tmp_path):
 async def test_a_backend_that_exits_unexpectedly_counts_as_a_worker_failure(tmp_path):
     exits = []
 
-    async def backends(spec, server_config, *, on_exit, on_busy):
+    async def backends(spec, server_config, *, on_exit, on_busy, on_progress):
         backend = StandIn(spec.name)
         exits.append(lambda expected: on_exit(backend, expected))
         return backend
@@ -281,3 +281,67 @@ async def test_a_backend_that_exits_unexpectedly_counts_as_a_worker_failure(tmp_
     await reg.load("a")
     exits[1](False)
     assert reg.worker_failures == 1 and reg.state(reg.resolve("a")).state is ModelState.UNLOADED
+
+
+async def test_a_waiter_is_told_a_loads_progress_after_a_while_then_at_each_report(monkeypatch):
+    from gateway import supervisor as sup_module
+    monkeypatch.setattr(sup_module, "PROGRESS_AFTER", 0.05)
+    monkeypatch.setattr(sup_module, "PROGRESS_EVERY", 10.0)
+    host = Host()
+    host.gate.clear()
+    sup = supervisor(host)
+    told: list[float] = []
+
+    async def tell(fraction: float) -> None:
+        told.append(fraction)
+
+    quick, patient = asyncio.ensure_future(sup.ready()), asyncio.ensure_future(sup.ready(tell))
+    await asyncio.sleep(0.01)
+    sup.loaded_part(0.2)  # a report before the wait has lasted PROGRESS_AFTER: not told
+    await asyncio.sleep(0.01)
+    assert told == [] and sup.progress == 0.2
+    await settle(lambda: told == [0.2])  # told once the wait has lasted PROGRESS_AFTER
+    sup.loaded_part(0.5)
+    await settle(lambda: told == [0.2, 0.5])
+    sup.loaded_part(7.0)  # reports are clamped to 0..1
+    await settle(lambda: told == [0.2, 0.5, 1.0])
+    host.gate.set()
+    assert await patient is await quick
+    assert sup.state is ModelState.READY
+
+
+async def test_a_silent_load_is_still_told_every_so_often_and_a_new_load_starts_at_zero(monkeypatch):
+    from gateway import supervisor as sup_module
+    monkeypatch.setattr(sup_module, "PROGRESS_AFTER", 0.0)
+    monkeypatch.setattr(sup_module, "PROGRESS_EVERY", 0.03)
+    host = Host()
+    host.gate.clear()
+    sup = supervisor(host)
+    sup.progress = 0.9  # what a previous load left
+    told: list[float] = []
+
+    async def tell(fraction: float) -> None:
+        told.append(fraction)
+
+    waiter = asyncio.ensure_future(sup.ready(tell))
+    await settle(lambda: len(told) >= 3)
+    assert set(told) == {0.0}
+    host.gate.set()
+    await waiter
+
+
+async def test_a_failing_progress_callback_ends_that_wait_alone(monkeypatch):
+    from gateway import supervisor as sup_module
+    monkeypatch.setattr(sup_module, "PROGRESS_AFTER", 0.0)
+    host = Host()
+    host.gate.clear()
+    sup = supervisor(host)
+
+    async def gone(fraction: float) -> None:
+        raise ConnectionResetError("the client left")
+
+    with pytest.raises(ConnectionResetError):
+        await sup.ready(gone)
+    assert sup.load is not None and not sup.load.done()  # the load goes on for whoever else wants it
+    host.gate.set()
+    assert (await sup.ready()).alive

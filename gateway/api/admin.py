@@ -12,6 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from .. import __version__
 from ..appkeys import LIFECYCLE, METRICS, REGISTRY
+from ..lifecycle import ModelState
 from ..protocol.params import require_model
 from ..registry import Registry
 from ..replicas import ReplicaSet
@@ -48,9 +49,13 @@ def describe(registry: Registry, spec) -> dict[str, Any]:
     return {
         "id": spec.name, "aliases": list(spec.aliases), "source": spec.source,
         "path": str(spec.path) if spec.path is not None else None,
-        "state": model.state, "error": model.error if model.state == "failed" else (found.error if found else None),
+        "kind": "rerank" if spec.reranker else "embeddings" if spec.embeddings else "chat",
+        "state": model.state, "progress": round(model.progress, 4) if model.state is ModelState.LOADING else None,
+        "error": model.error if model.state == "failed" else (found.error if found else None),
         "retry_after": max(1, math.ceil(retry)) if model.state == "failed" and retry > 0 else None,
-        "in_flight": model.in_flight, "pid": backend.pid if backend else None,
+        "in_flight": model.in_flight, "queued": model.queued(),
+        "slots": {"busy": min(backend.in_flight, model.parallel), "total": model.parallel} if backend else None,
+        "device": backend.device if backend else None, "pid": backend.pid if backend else None,
         "memory_bytes": rss_bytes(backend.pid) if backend and backend.pid else None,
         "file_size": info.file_size if info else None,
         "architecture": info.architecture if info else None,

@@ -14,7 +14,7 @@ from ..events import observation
 from ..protocol import anthropic as anth
 from ..protocol.params import apply_defaults
 from .body import read_json_object
-from .common import apply_limits, event_stream, ignore_gone
+from .common import apply_limits, event_stream, ignore_gone, load_progress
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +23,8 @@ async def messages(request: web.Request) -> web.StreamResponse:
     parsed = anth.parse(await read_json_object(request))
     apply_limits(request, parsed)
     obs = observation(request)
-    async with request.app[REGISTRY].lease(parsed.model) as (spec, backend):
+    progress = load_progress(request, parsed.stream, lambda err: [(err.anthropic_body(), "error")])
+    async with request.app[REGISTRY].lease(parsed.model, on_progress=progress) as (spec, backend):
         obs.model = spec.name
         apply_defaults(parsed, spec.defaults)
         render = anth.Renderer(spec.name, id=f"msg_{obs.request_id}")

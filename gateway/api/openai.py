@@ -14,7 +14,7 @@ from ..protocol import openai as oai
 from ..protocol import rerank as rerank_wire
 from ..protocol.params import apply_effort, require_model
 from .body import read_json_object
-from .common import apply_limits, event_stream, ignore_gone
+from .common import apply_limits, event_stream, ignore_gone, load_progress
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 async def _complete(request: web.Request, parsed: oai.Parsed, kind: str) -> web.StreamResponse:
     apply_limits(request, parsed)
-    async with request.app[REGISTRY].lease(parsed.model) as (spec, backend):
+    progress = load_progress(request, parsed.stream, lambda err: [(err.openai_body(), None)])
+    async with request.app[REGISTRY].lease(parsed.model, on_progress=progress) as (spec, backend):
         observation(request).model = spec.name
         oai.apply_defaults(parsed, spec.defaults)
         return await _run(request, parsed, kind, spec, backend)

@@ -15,7 +15,7 @@ from ..protocol import responses as wire
 from ..protocol.params import apply_defaults, apply_effort
 from ..response_store import ResponseStore, Stored
 from .body import read_json_object
-from .common import apply_limits, event_stream, ignore_gone
+from .common import apply_limits, event_stream, ignore_gone, load_progress
 
 log = logging.getLogger(__name__)
 
@@ -38,13 +38,17 @@ async def create(request: web.Request) -> web.StreamResponse:
     req.messages = ([{"role": "system", "content": parsed.instructions}] if parsed.instructions else []) + \
         history + parsed.input_messages
     apply_limits(request, parsed)
-    async with request.app[REGISTRY].lease(parsed.model) as (spec, backend):
+    builder = wire.ResponseBuilder(parsed.model, parsed, wire.new_id("resp"))
+    # failing before the answer began, in a stream a load's progress opened: the response's
+    # first events, as OpenAI's clients expect, then its failure
+    progress = load_progress(request, parsed.stream,
+                             lambda err: [(e, e["type"]) for e in builder.start() + builder.fail(err)])
+    async with request.app[REGISTRY].lease(parsed.model, on_progress=progress) as (spec, backend):
         obs = observation(request)
         obs.model = spec.name
         apply_defaults(parsed, spec.defaults)
         answer.prepare(req, spec.name, spec.reasoning, spec.tool_format, backend.info)
         apply_effort(req, parsed.reasoning_effort, spec.reasoning_budgets, req.reasoning)
-        builder = wire.ResponseBuilder(parsed.model, parsed, wire.new_id("resp"))
         async with backend.generate(req) as gen:
             _, parser = await answer.start(gen, req, stream=parsed.stream)
             items = answer.pieces(gen, parser, obs)

@@ -44,8 +44,10 @@ class RequestFailed(Exception):
 
 class WorkerProcess:
     def __init__(self, params: protocol.LoadParams, *, on_exit: Callable[[WorkerProcess, bool], None] | None = None,
-                 on_busy: Callable[[WorkerProcess], None] | None = None):
+                 on_busy: Callable[[WorkerProcess], None] | None = None,
+                 on_progress: Callable[[float], None] | None = None):
         self.params = params
+        self._on_progress = on_progress  # how far the load has read the weights, 0 to 1
         self._on_busy = on_busy  # called when the worker goes from idle to busy or back
         self.threads: int | None = None  # what the worker was last told to use
         self.info: dict[str, Any] = {}
@@ -126,6 +128,9 @@ class WorkerProcess:
         if isinstance(event, protocol.Ready):
             if self._ready and not self._ready.done():
                 self._ready.set_result(event.info)
+        elif isinstance(event, protocol.LoadProgress):
+            if self._on_progress is not None:
+                self._on_progress(event.fraction)
         elif isinstance(event, protocol.LoadFailed):
             if self._ready and not self._ready.done():
                 self._ready.set_exception(LoadFailed(event.error))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from .. import chat_template
@@ -49,7 +50,9 @@ def _silence_llama_logs(llama_cpp) -> None:
 
 
 class Model:
-    def __init__(self, params: protocol.LoadParams):
+    def __init__(self, params: protocol.LoadParams, on_progress: Callable[[float], None] | None = None):
+        """Load the model; ``on_progress(fraction)`` is called as the weights are read (on this
+        thread, from inside llama.cpp: it must not raise)."""
         import llama_cpp
 
         self.ll = ll = llama_cpp
@@ -64,6 +67,13 @@ class Model:
         # Off by default: with repacked weights a matrix kernel takes rows in groups, so a token's
         # logits change with the batch it shares (a greedy answer then depends on the load).
         mp.use_extra_bufts = params.repack
+        if on_progress is not None:
+            @ll.llama_progress_callback
+            def progress(fraction, _user_data):
+                on_progress(float(fraction))
+                return True  # go on loading
+
+            mp.progress_callback = progress  # referenced by ``progress`` until the load returns
         self.handle = ll.llama_model_load_from_file(params.path.encode(), mp)
         if not self.handle:
             raise RuntimeError(f"llama.cpp could not load {params.path} (unsupported or damaged file, "

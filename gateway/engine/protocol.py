@@ -268,6 +268,14 @@ class LoadFailed:
 
 
 @dataclass(slots=True)
+class LoadProgress:
+    """How far the load has read the weights (llama.cpp's progress callback), 0 to 1; sent
+    when the whole percent changes."""
+
+    fraction: float
+
+
+@dataclass(slots=True)
 class Start:
     id: int
     prompt_tokens: int
@@ -356,15 +364,15 @@ class Embeddings:
     prompt_tokens: int
 
 
-Event = (Ready | LoadFailed | Start | Text | Thinking | CallDelta | Done | Error | Tokens | Detokenized | Prompt
-         | Embeddings)
-_KINDS: dict[str, type] = {"ready": Ready, "load_failed": LoadFailed, "start": Start, "text": Text,
-                           "thinking": Thinking, "call": CallDelta, "done": Done, "error": Error, "tokens": Tokens,
-                           "detokenized": Detokenized, "prompt": Prompt, "embeddings": Embeddings}
+Event = (Ready | LoadFailed | LoadProgress | Start | Text | Thinking | CallDelta | Done | Error | Tokens | Detokenized
+         | Prompt | Embeddings)
+_KINDS: dict[str, type] = {"ready": Ready, "load_failed": LoadFailed, "progress": LoadProgress, "start": Start,
+                           "text": Text, "thinking": Thinking, "call": CallDelta, "done": Done, "error": Error,
+                           "tokens": Tokens, "detokenized": Detokenized, "prompt": Prompt, "embeddings": Embeddings}
 _NAMES = {cls: (name, tuple(f.name for f in fields(cls))) for name, cls in _KINDS.items()}
 TERMINAL = (Done, Error, Tokens, Detokenized, Prompt, Embeddings)  # the last event of a request
-TEvent = TypeVar("TEvent", Ready, LoadFailed, Start, Text, Thinking, CallDelta, Done, Error, Tokens, Detokenized,
-                 Prompt, Embeddings)
+TEvent = TypeVar("TEvent", Ready, LoadFailed, LoadProgress, Start, Text, Thinking, CallDelta, Done, Error, Tokens,
+                 Detokenized, Prompt, Embeddings)
 
 
 def _encode(msg: dict[str, Any]) -> bytes:

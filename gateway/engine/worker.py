@@ -249,8 +249,18 @@ class Worker:
         first = self.inbox.get()
         if not isinstance(first, protocol.Load):
             os._exit(0)
+        told = -1
+
+        def progress(fraction: float) -> None:  # each whole percent goes out at once: the load holds the loop
+            nonlocal told
+            percent = int(fraction * 100)
+            if percent != told:
+                told = percent
+                out.send(protocol.LoadProgress(round(fraction, 4)))
+                out.flush()
+
         try:
-            model = self.model = Model(first.model)
+            model = self.model = Model(first.model, progress)
             self.prompts = Prompts(model)
             decoder = self.decoder = Decoder(model, Sampling(model), out)
         except Exception as e:  # report, then leave: a failed load has nothing to serve

@@ -1,0 +1,64 @@
+"""The gateway's own page: the dashboard and playground at ``/`` (static files shipped in the
+package, ``gateway/web/``), and the live stream it draws from (``/dashboard/live``).
+
+The page's files are open to all, as they hold no data; everything the page shows comes from
+routes behind the API keys (``/models``, ``/dashboard/live``, the admin and chat routes), which
+the page calls with the key its user gives it. The Host guard and CORS apply as to the API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from importlib import resources
+
+from aiohttp import web
+
+from ..appkeys import LIFECYCLE, LIVE, REGISTRY
+from .admin import describe
+from .common import event_stream
+
+FILES = {"/": ("index.html", "text/html"), "/ui/app.js": ("app.js", "text/javascript"),
+         "/ui/app.css": ("app.css", "text/css")}
+PAGE_PATHS = frozenset(FILES)  # open without a key, and not observed as requests
+LIVE_EVERY = 1.0  # seconds between the live stream's snapshots
+
+# Only the page's own files run, nothing is inlined, and the page talks to this origin alone.
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; "
+       "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
+           "X-Frame-Options": "DENY", "Cache-Control": "no-cache"}
+
+
+def snapshot(request: web.Request) -> dict:
+    registry, live = request.app[REGISTRY], request.app[LIVE]
+    now = time.time()
+    return {"time": now, "models": [describe(registry, s) for s in registry.specs()],
+            "series": live.series(now), "recent": live.recent()}
+
+
+async def live_stream(request: web.Request) -> web.StreamResponse:
+    """A snapshot every ``LIVE_EVERY`` seconds (``event: snapshot``) until the client leaves or
+    the gateway drains."""
+    sse = event_stream(request)
+    await sse.open()
+    try:
+        while not request.app[LIFECYCLE]["draining"]:
+            await sse.send(snapshot(request), event="snapshot")
+            await asyncio.sleep(LIVE_EVERY)
+        await sse.close()
+    except ConnectionResetError:
+        pass
+    return sse.response
+
+
+def setup(app: web.Application) -> None:
+    web_dir = resources.files("gateway") / "web"
+    for path, (name, content_type) in FILES.items():
+        body = (web_dir / name).read_bytes()  # read once, at start: a handful of small files
+
+        async def page(request: web.Request, body: bytes = body, content_type: str = content_type) -> web.Response:
+            return web.Response(body=body, content_type=content_type, charset="utf-8", headers=HEADERS)
+
+        app.router.add_get(path, page)
+    app.router.add_get("/dashboard/live", live_stream)

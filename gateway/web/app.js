@@ -1,0 +1,1306 @@
+/* gguf-gateway dashboard and playground.
+ *
+ * Plain script, no build step, no dependencies. Runs under a strict CSP (no inline script or
+ * style, no eval), so every node is built with createElement / textContent; data from the
+ * server (model names, errors, chat text) is never parsed as HTML.
+ */
+"use strict";
+
+(() => {
+  const KEY_STORAGE = "gguf-gateway-key";
+  const LIVE_RETRY_MS = 2500;
+  const BOOT_RETRY_MS = 5000;
+  const WINDOW_S = 600; // the charts show the last ten minutes
+  const SVG_NS = "http://www.w3.org/2000/svg";
+  const CHART_W = 240;
+  const CHART_H = 60;
+
+  const $ = (id) => document.getElementById(id);
+
+  // ---- small helpers ------------------------------------------------------------------------
+
+  function el(tag, className, text) {
+    const node = document.createElement(tag);
+    if (className) node.className = className;
+    if (text !== undefined && text !== null) node.textContent = String(text);
+    return node;
+  }
+
+  function svgEl(tag, attrs) {
+    const node = document.createElementNS(SVG_NS, tag);
+    for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, String(v));
+    return node;
+  }
+
+  /** Sets textContent only when it changed, so unchanged cells are not touched each second. */
+  function setText(node, text) {
+    const value = text === undefined || text === null ? "" : String(text);
+    if (node.textContent !== value) node.textContent = value;
+  }
+
+  function setAttr(node, name, value) {
+    if (value === undefined || value === null || value === "") {
+      if (node.hasAttribute(name)) node.removeAttribute(name);
+    } else if (node.getAttribute(name) !== String(value)) {
+      node.setAttribute(name, String(value));
+    }
+  }
+
+  const isNum = (v) => typeof v === "number" && Number.isFinite(v);
+
+  function fmtBytes(n) {
+    if (!isNum(n) || n < 0) return "—";
+    if (n < 1024) return `${n} B`;
+    if (n < 1024 ** 2) return `${(n / 1024).toFixed(0)} KiB`;
+    if (n < 1024 ** 3) return `${(n / 1024 ** 2).toFixed(n < 10 * 1024 ** 2 ? 1 : 0)} MiB`;
+    return `${(n / 1024 ** 3).toFixed(n < 100 * 1024 ** 3 ? 1 : 0)} GiB`;
+  }
+
+  function fmtNumber(v, digits) {
+    if (!isNum(v)) return "–";
+    if (digits === 0) return Math.round(v).toLocaleString("en-US");
+    const d = digits === undefined ? (Math.abs(v) >= 100 ? 0 : Math.abs(v) >= 10 ? 1 : 2) : digits;
+    return v.toLocaleString("en-US", { minimumFractionDigits: d, maximumFractionDigits: d });
+  }
+
+  function fmtDuration(s) {
+    if (!isNum(s)) return "—";
+    if (s < 1) return `${Math.round(s * 1000)} ms`;
+    if (s < 60) return `${s.toFixed(s < 10 ? 2 : 1)} s`;
+    const m = Math.floor(s / 60);
+    return `${m} min ${Math.round(s - m * 60)} s`;
+  }
+
+  function pad2(n) {
+    return String(n).padStart(2, "0");
+  }
+
+  function fmtClock(epoch) {
+    if (!isNum(epoch)) return "—";
+    const d = new Date(epoch * 1000);
+    return `${pad2(d.getHours())}:${pad2(d.getMinutes())}:${pad2(d.getSeconds())}`;
+  }
+
+  function basename(path) {
+    if (typeof path !== "string" || !path) return "";
+    const parts = path.split(/[\\/]/).filter(Boolean);
+    return parts.length ? parts[parts.length - 1] : path;
+  }
+
+  function hostOf(url) {
+    try {
+      return new URL(url).host;
+    } catch (_) {
+      return String(url || "");
+    }
+  }
+
+  // ---- API key + fetch ----------------------------------------------------------------------
+
+  function getKey() {
+    try {
+      return sessionStorage.getItem(KEY_STORAGE) || "";
+    } catch (_) {
+      return "";
+    }
+  }
+
+  function setKey(key) {
+    try {
+      sessionStorage.setItem(KEY_STORAGE, key);
+    } catch (_) {
+      /* storage unavailable: the key lives only as long as this call chain */
+    }
+  }
+
+  function clearKey() {
+    try {
+      sessionStorage.removeItem(KEY_STORAGE);
+    } catch (_) {
+      /* nothing to clear */
+    }
+  }
+
+  function authHeaders(extra) {
+    const headers = Object.assign({}, extra || {});
+    const key = getKey();
+    if (key) headers.Authorization = `Bearer ${key}`;
+    return headers;
+  }
+
+  class HttpError extends Error {
+    constructor(status, message) {
+      super(message);
+      this.name = "HttpError";
+      this.status = status;
+    }
+  }
+
+  class AuthError extends HttpError {
+    constructor(message) {
+      super(401, message);
+      this.name = "AuthError";
+    }
+  }
+
+  /** The message of an OpenAI-shaped error body, or a fallback built from the status line. */
+  async function errorMessage(resp) {
+    let text = "";
+    try {
+      text = await resp.text();
+    } catch (_) {
+      /* body unreadable */
+    }
+    if (text) {
+      try {
+        const body = JSON.parse(text);
+        const err = body && body.error;
+        if (err && typeof err === "object" && err.message) return String(err.message);
+        if (typeof err === "string" && err) return err;
+        if (body && typeof body.message === "string" && body.message) return body.message;
+      } catch (_) {
+        /* not JSON: fall through */
+      }
+      const trimmed = text.trim();
+      if (trimmed && trimmed.length < 300 && !trimmed.startsWith("<")) return trimmed;
+    }
+    return `HTTP ${resp.status}${resp.statusText ? " " + resp.statusText : ""}`;
+  }
+
+  async function apiJSON(path, options) {
+    const opts = Object.assign({ cache: "no-store" }, options || {});
+    opts.headers = authHeaders(Object.assign({ Accept: "application/json" }, opts.headers || {}));
+    const resp = await fetch(path, opts);
+    if (resp.status === 401) throw new AuthError(await errorMessage(resp));
+    if (!resp.ok) throw new HttpError(resp.status, await errorMessage(resp));
+    return resp.json();
+  }
+
+  /**
+   * Reads a text/event-stream body. onEvent({event, data}) is called at the blank line that ends
+   * each event; returning true stops reading. onComment(text) gets ":" comment lines.
+   */
+  async function readSSE(resp, onEvent, onComment) {
+    const reader = resp.body.getReader();
+    const decoder = new TextDecoder();
+    let buffer = "";
+    let eventName = "";
+    let data = [];
+    let stop = false;
+
+    const dispatch = () => {
+      if (data.length) stop = onEvent({ event: eventName || "message", data: data.join("\n") }) === true;
+      eventName = "";
+      data = [];
+    };
+
+    const line = (text) => {
+      if (text === "") {
+        dispatch();
+        return;
+      }
+      if (text.startsWith(":")) {
+        if (onComment) onComment(text.slice(1).trim());
+        return;
+      }
+      const colon = text.indexOf(":");
+      const field = colon < 0 ? text : text.slice(0, colon);
+      let value = colon < 0 ? "" : text.slice(colon + 1);
+      if (value.startsWith(" ")) value = value.slice(1);
+      if (field === "event") eventName = value;
+      else if (field === "data") data.push(value);
+    };
+
+    const drain = (final) => {
+      for (;;) {
+        const match = /\r\n|\r|\n/.exec(buffer);
+        if (!match) break;
+        // A lone "\r" at the very end may be the first half of "\r\n": wait for more.
+        if (!final && match[0] === "\r" && match.index === buffer.length - 1) break;
+        line(buffer.slice(0, match.index));
+        buffer = buffer.slice(match.index + match[0].length);
+        if (stop) return;
+      }
+    };
+
+    let ended = false;
+    try {
+      while (!stop) {
+        const { value, done } = await reader.read();
+        if (done) {
+          ended = true;
+          buffer += decoder.decode();
+          drain(true);
+          if (!stop && buffer) line(buffer);
+          if (!stop) dispatch();
+          break;
+        }
+        buffer += decoder.decode(value, { stream: true });
+        drain(false);
+      }
+    } finally {
+      // Stopped early, or a handler threw: close the body rather than leave the connection open.
+      if (!ended) reader.cancel().catch(() => {});
+    }
+  }
+
+  // ---- status area --------------------------------------------------------------------------
+
+  const connStatus = $("conn-status");
+  const actionStatus = $("action-status");
+  let actionTimer = 0;
+
+  function setConn(state, text) {
+    connStatus.dataset.state = state;
+    setText(connStatus, text);
+  }
+
+  function setAction(text, isError) {
+    clearTimeout(actionTimer);
+    actionStatus.classList.toggle("error", !!isError);
+    setText(actionStatus, text || "");
+    if (text && !isError) actionTimer = setTimeout(() => setText(actionStatus, ""), 8000);
+  }
+
+  // ---- key form / app visibility ------------------------------------------------------------
+
+  const keyForm = $("key-form");
+  const keyInput = $("key-input");
+  const keySubmit = $("key-submit");
+  const keyError = $("key-error");
+  const appRoot = $("app");
+  const nav = $("nav");
+  let bootTimer = 0;
+  let booting = false;
+
+  function showKeyError(text) {
+    setText(keyError, text || "");
+    keyError.hidden = !text;
+  }
+
+  /** Back to the key form: stops everything that talks to the server. refused: a key was sent and refused. */
+  function needKey(refused) {
+    const hadKey = !!getKey();
+    stopLive();
+    abortChat();
+    clearTimeout(bootTimer);
+    clearKey();
+    appRoot.hidden = true;
+    nav.hidden = true;
+    keyForm.hidden = false;
+    showKeyError(refused || hadKey ? "That key was refused. Check it and try again." : "");
+    setConn("locked", "API key needed");
+    setAction("");
+    keyInput.value = "";
+    keyInput.focus();
+  }
+
+  function showApp() {
+    const fromForm = !keyForm.hidden;
+    keyForm.hidden = true;
+    showKeyError("");
+    keyInput.value = "";
+    appRoot.hidden = false;
+    nav.hidden = false;
+    if (fromForm) $("main").focus({ preventScroll: true });
+  }
+
+  async function boot() {
+    if (booting) return;
+    booting = true;
+    clearTimeout(bootTimer);
+    const hadKey = !!getKey();
+    if (appRoot.hidden) setConn("connecting", "Connecting…");
+    try {
+      const body = await apiJSON("/models");
+      showApp();
+      renderModels(body && Array.isArray(body.data) ? body.data : []);
+      setConn("connecting", "Connected, starting live updates…");
+      startLive();
+    } catch (err) {
+      if (err instanceof AuthError) {
+        needKey(hadKey);
+      } else {
+        setConn("offline", `Could not reach the gateway (${err.message}). Retrying…`);
+        bootTimer = setTimeout(boot, BOOT_RETRY_MS);
+      }
+    } finally {
+      booting = false;
+    }
+  }
+
+  keyForm.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const key = keyInput.value.trim();
+    if (!key) {
+      showKeyError("Enter an API key.");
+      keyInput.focus();
+      return;
+    }
+    setKey(key);
+    keySubmit.disabled = true;
+    try {
+      await boot();
+    } finally {
+      keySubmit.disabled = false;
+    }
+  });
+
+  // ---- models table -------------------------------------------------------------------------
+
+  const modelsTable = $("models");
+  const modelsBody = modelsTable.tBodies[0];
+  const modelsEmpty = $("models-empty");
+  const modelFilter = $("model-filter");
+  const modelRows = new Map(); // id -> row record
+  const pending = new Map(); // id -> "load" | "unload" while a request is out
+  let models = [];
+
+  function createModelRow(id) {
+    const tr = el("tr");
+    tr.dataset.model = id;
+    const name = el("th", "m-name");
+    name.scope = "row";
+    const nameId = el("span", "name-id", id);
+    const aliases = el("span", "aliases small muted");
+    name.append(nameId, aliases);
+    const cells = {
+      name,
+      aliases,
+      source: el("td", "m-source"),
+      file: el("td", "m-file"),
+      size: el("td", "m-size num"),
+      quant: el("td", "m-quant"),
+      arch: el("td", "m-arch"),
+      state: el("td", "m-state"),
+      device: el("td", "m-device"),
+      memory: el("td", "m-memory num"),
+      slots: el("td", "m-slots num"),
+      queue: el("td", "m-queue num"),
+      actions: el("td", "m-actions"),
+    };
+    const load = el("button", "load small-btn", "Load");
+    load.type = "button";
+    load.setAttribute("aria-label", `Load ${id}`);
+    const unload = el("button", "unload small-btn", "Unload");
+    unload.type = "button";
+    unload.setAttribute("aria-label", `Unload ${id}`);
+    load.addEventListener("click", () => modelAction(id, "load"));
+    unload.addEventListener("click", () => modelAction(id, "unload"));
+    cells.actions.append(load, unload);
+    tr.append(name, cells.source, cells.file, cells.size, cells.quant, cells.arch, cells.state,
+      cells.device, cells.memory, cells.slots, cells.queue, cells.actions);
+    return { id, tr, cells, load, unload, stateSig: "", fileSig: "", archSig: "", model: null };
+  }
+
+  function stateLabel(m) {
+    if (m.state === "loading") {
+      return isNum(m.progress) ? `loading ${Math.round(m.progress * 100)}%` : "loading";
+    }
+    return String(m.state || "unknown");
+  }
+
+  function updateStateCell(row, m) {
+    const label = stateLabel(m);
+    const error = m.error ? String(m.error) : "";
+    const retry = m.state === "failed" && isNum(m.retry_after) ? `retry in ${m.retry_after} s` : "";
+    const progress = m.state === "loading" && isNum(m.progress) ? m.progress : null;
+    const sig = JSON.stringify([label, m.state, error, retry, progress]);
+    if (sig === row.stateSig) return;
+    row.stateSig = sig;
+    const cell = row.cells.state;
+    const badge = el("span", `badge state-${String(m.state || "unknown").replace(/[^a-z-]/gi, "")}`, label);
+    const parts = [badge];
+    if (progress !== null) {
+      const bar = el("progress", "load-progress");
+      bar.max = 1;
+      bar.value = Math.min(1, Math.max(0, progress));
+      bar.setAttribute("aria-hidden", "true");
+      bar.tabIndex = -1;
+      parts.push(bar);
+    }
+    if (error) {
+      parts.push(document.createTextNode(" "));
+      const e = el("span", "m-error", error);
+      e.title = error;
+      parts.push(e);
+    }
+    if (retry) {
+      parts.push(document.createTextNode(" "));
+      parts.push(el("span", "m-retry small muted", retry));
+    }
+    cell.replaceChildren(...parts);
+  }
+
+  function updateFileCell(row, m) {
+    let text = "—";
+    let title = "";
+    let sub = "";
+    if (m.path) {
+      text = basename(m.path);
+      title = String(m.path);
+    } else if (m.upstream && typeof m.upstream === "object") {
+      text = String(m.upstream.model || m.id);
+      title = String(m.upstream.url || "");
+      sub = hostOf(m.upstream.url);
+      if (m.upstream.state) sub += ` · ${m.upstream.state}`;
+      if (m.upstream.error) title += `\n${m.upstream.error}`;
+    } else if (Array.isArray(m.replicas) && m.replicas.length) {
+      text = `${m.replicas.length} replica${m.replicas.length === 1 ? "" : "s"}`;
+      title = m.replicas.map((r) => {
+        const id = r && (r.id || r.name || r.url) ? String(r.id || r.name || r.url) : "?";
+        const up = r && r.up === true ? "up" : r && r.up === false ? "down" : "";
+        return up ? `${id} (${up})` : id;
+      }).join("\n");
+    }
+    const sig = JSON.stringify([text, title, sub]);
+    if (sig === row.fileSig) return;
+    row.fileSig = sig;
+    const main = el("span", "file-name", text);
+    const parts = [main];
+    if (sub) {
+      parts.push(document.createTextNode(" "));
+      parts.push(el("span", "sub small muted", sub));
+    }
+    row.cells.file.replaceChildren(...parts);
+    setAttr(row.cells.file, "title", title);
+  }
+
+  function updateArchCell(row, m) {
+    const arch = m.architecture ? String(m.architecture) : "—";
+    const ctx = isNum(m.n_ctx) ? m.n_ctx : isNum(m.context_length) ? m.context_length : null;
+    const sub = ctx !== null ? `ctx ${ctx.toLocaleString("en-US")}` : "";
+    const sig = JSON.stringify([arch, sub]);
+    if (sig === row.archSig) return;
+    row.archSig = sig;
+    const parts = [document.createTextNode(arch)];
+    if (sub) {
+      parts.push(document.createTextNode(" "));
+      parts.push(el("span", "sub small muted", sub));
+    }
+    row.cells.arch.replaceChildren(...parts);
+    const title = [];
+    if (isNum(m.n_ctx)) title.push(`context in use: ${m.n_ctx}`);
+    if (isNum(m.context_length)) title.push(`trained context: ${m.context_length}`);
+    setAttr(row.cells.arch, "title", title.join("\n"));
+  }
+
+  /** Disables a button; if it had focus, hands focus to the row's other button when that one is usable. */
+  function setDisabled(button, disabled, fallback) {
+    if (button.disabled === disabled) return;
+    const hadFocus = document.activeElement === button;
+    button.disabled = disabled;
+    if (disabled && hadFocus && fallback && !fallback.disabled) fallback.focus();
+  }
+
+  function updateButtons(row) {
+    const m = row.model || {};
+    const busy = pending.has(row.id);
+    const loadOff = busy || m.state === "ready" || m.state === "loading";
+    const unloadOff = busy || m.state === "unloaded";
+    // Enable first, so that focus can move to a button that is usable.
+    if (!loadOff) setDisabled(row.load, false);
+    if (!unloadOff) setDisabled(row.unload, false);
+    setDisabled(row.load, loadOff, row.unload);
+    setDisabled(row.unload, unloadOff, row.load);
+    row.tr.classList.toggle("busy", busy);
+  }
+
+  function updateModelRow(row, m) {
+    row.model = m;
+    const aliases = Array.isArray(m.aliases) ? m.aliases.filter((a) => a && a !== m.id) : [];
+    setText(row.cells.aliases, aliases.length ? aliases.join(", ") : "");
+    row.cells.aliases.hidden = !aliases.length;
+    setText(row.cells.source, m.source || "—");
+    updateFileCell(row, m);
+    setText(row.cells.size, fmtBytes(m.file_size));
+    setText(row.cells.quant, m.quantization || "—");
+    updateArchCell(row, m);
+    updateStateCell(row, m);
+    setText(row.cells.device, m.device || "—");
+    setText(row.cells.memory, fmtBytes(m.memory_bytes));
+    const inFlight = isNum(m.in_flight) ? m.in_flight : 0;
+    if (m.slots && isNum(m.slots.busy) && isNum(m.slots.total)) {
+      setText(row.cells.slots, `${m.slots.busy}/${m.slots.total}`);
+    } else {
+      setText(row.cells.slots, inFlight ? `${inFlight} active` : "—");
+    }
+    setAttr(row.cells.slots, "title", `${inFlight} in flight`);
+    setText(row.cells.queue, isNum(m.queued) ? String(m.queued) : "0");
+    setAttr(row.tr, "data-state", m.state || "");
+    updateButtons(row);
+  }
+
+  function renderModels(list) {
+    const seen = new Set();
+    const fresh = [];
+    let prev = null;
+    for (const m of Array.isArray(list) ? list : []) {
+      if (!m || typeof m !== "object" || typeof m.id !== "string" || seen.has(m.id)) continue;
+      seen.add(m.id);
+      fresh.push(m);
+      let row = modelRows.get(m.id);
+      if (!row) {
+        row = createModelRow(m.id);
+        modelRows.set(m.id, row);
+      }
+      updateModelRow(row, m);
+      const expected = prev ? prev.nextSibling : modelsBody.firstChild;
+      if (expected !== row.tr) modelsBody.insertBefore(row.tr, expected);
+      prev = row.tr;
+    }
+    for (const [id, row] of modelRows) {
+      if (!seen.has(id)) {
+        row.tr.remove();
+        modelRows.delete(id);
+      }
+    }
+    models = fresh;
+    applyFilter();
+    updateModelSelects();
+  }
+
+  function mergeModel(m) {
+    if (!m || typeof m.id !== "string") return;
+    const list = models.slice();
+    const i = list.findIndex((x) => x.id === m.id);
+    if (i >= 0) list[i] = m;
+    else list.push(m);
+    renderModels(list);
+  }
+
+  function applyFilter() {
+    const q = modelFilter.value.trim().toLowerCase();
+    let shown = 0;
+    for (const m of models) {
+      const row = modelRows.get(m.id);
+      if (!row) continue;
+      const hay = [m.id, ...(Array.isArray(m.aliases) ? m.aliases : []), m.source || ""]
+        .map((s) => String(s).toLowerCase());
+      const visible = !q || hay.some((s) => s.includes(q));
+      if (row.tr.hidden === visible) row.tr.hidden = !visible;
+      if (visible) shown++;
+    }
+    let msg = "";
+    if (!models.length) msg = "No models are configured.";
+    else if (!shown) msg = `No models match “${modelFilter.value.trim()}”.`;
+    setText(modelsEmpty, msg);
+    modelsEmpty.hidden = !msg;
+  }
+
+  modelFilter.addEventListener("input", applyFilter);
+
+  async function modelAction(id, action) {
+    if (pending.has(id)) return;
+    const row = modelRows.get(id);
+    const hadFocus = row && (document.activeElement === row.load || document.activeElement === row.unload);
+    pending.set(id, action);
+    if (row) updateButtons(row);
+    setAction(action === "load" ? `Loading ${id}…` : `Unloading ${id}…`);
+    try {
+      const m = await apiJSON(`/models/${action}`, {
+        method: "POST",
+        headers: { "Content-Type": "application/json" },
+        body: JSON.stringify({ model: id }),
+      });
+      pending.delete(id);
+      if (m && typeof m === "object" && m.id) mergeModel(m);
+      const state = m && m.state ? stateLabel(m) : "done";
+      setAction(m && m.state === "failed" && m.error ? `${id}: failed: ${m.error}` : `${id}: ${state}`,
+        m && m.state === "failed");
+    } catch (err) {
+      pending.delete(id);
+      if (err instanceof AuthError) {
+        needKey(false);
+        return;
+      }
+      setAction(`Could not ${action} ${id}: ${err.message}`, true);
+    }
+    const after = modelRows.get(id);
+    if (after) {
+      updateButtons(after);
+      // Keyboard users lose focus while both buttons are disabled: put it back in the row.
+      if (hadFocus && (document.activeElement === document.body || document.activeElement === null)) {
+        const target = [action === "load" ? after.unload : after.load, after.load, after.unload]
+          .find((b) => !b.disabled);
+        if (target) target.focus();
+      }
+    }
+  }
+
+  // ---- model pickers ------------------------------------------------------------------------
+
+  const liveModel = $("live-model");
+  const pgModel = $("pg-model");
+
+  /** Replaces a select's options when the set of ids changed, keeping the current choice. */
+  function syncSelect(select, ids, fixed, pickDefault) {
+    const sig = JSON.stringify(ids);
+    if (select.dataset.sig === sig) return;
+    select.dataset.sig = sig;
+    const current = select.value;
+    const options = fixed.map(([value, label, disabled]) => {
+      const o = el("option", "", label);
+      o.value = value;
+      if (disabled) o.disabled = true;
+      return o;
+    });
+    for (const id of ids) {
+      const o = el("option", "", id);
+      o.value = id;
+      options.push(o);
+    }
+    select.replaceChildren(...options);
+    if (current && ids.includes(current)) select.value = current;
+    else if (pickDefault) select.value = pickDefault();
+    else select.value = fixed.length ? fixed[0][0] : "";
+  }
+
+  function chatModels() {
+    return models.filter((m) => m.kind !== "embeddings" && m.kind !== "rerank");
+  }
+
+  function updateModelSelects() {
+    syncSelect(liveModel, models.map((m) => m.id), [["", "All models"]]);
+    const chat = chatModels();
+    const ids = chat.map((m) => m.id);
+    syncSelect(pgModel, ids, ids.length ? [] : [["", "No chat models", true]], () => {
+      const ready = chat.find((m) => m.state === "ready");
+      return ready ? ready.id : ids[0] || "";
+    });
+    pgModel.disabled = !ids.length;
+  }
+
+  // ---- live stream --------------------------------------------------------------------------
+
+  const live = { ctrl: null, timer: 0, snapshot: null };
+
+  function stopLive() {
+    clearTimeout(live.timer);
+    live.timer = 0;
+    if (live.ctrl) {
+      const ctrl = live.ctrl;
+      live.ctrl = null;
+      ctrl.abort();
+    }
+  }
+
+  function startLive() {
+    stopLive();
+    const ctrl = new AbortController();
+    live.ctrl = ctrl;
+    runLive(ctrl).catch(() => {
+      /* runLive handles its own failures; this only keeps a stray rejection quiet */
+    });
+  }
+
+  async function runLive(ctrl) {
+    let unauthorised = false;
+    let reason = "the stream ended";
+    try {
+      const resp = await fetch("/dashboard/live", {
+        headers: authHeaders({ Accept: "text/event-stream" }),
+        cache: "no-store",
+        signal: ctrl.signal,
+      });
+      if (resp.status === 401) {
+        unauthorised = true;
+      } else if (!resp.ok || !resp.body) {
+        reason = await errorMessage(resp);
+      } else {
+        await readSSE(resp, (ev) => {
+          if (live.ctrl !== ctrl) return true;
+          if (ev.event !== "snapshot") return false;
+          let snap;
+          try {
+            snap = JSON.parse(ev.data);
+          } catch (_) {
+            return false; // a damaged event: wait for the next one
+          }
+          onSnapshot(snap);
+          return false;
+        });
+      }
+    } catch (err) {
+      if (ctrl.signal.aborted) return;
+      reason = err && err.message ? err.message : String(err);
+    }
+    if (ctrl.signal.aborted || live.ctrl !== ctrl) return;
+    live.ctrl = null;
+    if (unauthorised) {
+      needKey(false);
+      return;
+    }
+    setConn("paused", `Connection lost (${reason}): live updates paused, retrying…`);
+    live.timer = setTimeout(startLive, LIVE_RETRY_MS);
+  }
+
+  function onSnapshot(snap) {
+    if (!snap || typeof snap !== "object") return;
+    live.snapshot = snap;
+    if (connStatus.dataset.state !== "live") setConn("live", "Live");
+    if (Array.isArray(snap.models)) renderModels(snap.models);
+    renderCharts();
+    renderRecent(Array.isArray(snap.recent) ? snap.recent : []);
+  }
+
+  // ---- charts -------------------------------------------------------------------------------
+
+  const METRICS = {
+    requests: {
+      name: "Requests per second",
+      value: (a, iv) => a.requests / iv,
+      fmt: (v) => fmtNumber(v),
+    },
+    tokens: {
+      name: "Tokens per second",
+      value: (a, iv) => a.tokens / iv,
+      fmt: (v) => fmtNumber(v, Math.abs(v) >= 100 ? 0 : 1),
+    },
+    ttft: {
+      name: "Time to first token in milliseconds",
+      value: (a) => (a.ttft_count > 0 ? (a.ttft_sum / a.ttft_count) * 1000 : null),
+      fmt: (v) => fmtNumber(v, 0),
+    },
+    errors: {
+      name: "Errors per interval",
+      value: (a) => a.errors,
+      fmt: (v) => fmtNumber(v, 0),
+    },
+  };
+
+  const charts = [];
+  for (const fig of document.querySelectorAll("#live .chart")) {
+    const metric = fig.dataset.metric;
+    if (!METRICS[metric]) continue;
+    const svg = svgEl("svg", {
+      viewBox: `0 0 ${CHART_W} ${CHART_H}`,
+      preserveAspectRatio: "none",
+      role: "img",
+      class: "chart-svg",
+      focusable: "false",
+    });
+    const foot = el("div", "chart-foot small muted");
+    const left = el("span", "", "10 min ago");
+    const peak = el("span", "chart-peak", "");
+    const right = el("span", "", "now");
+    foot.append(left, peak, right);
+    fig.append(svg, foot);
+    charts.push({ metric, fig, svg, value: fig.querySelector(".chart-value"), peak });
+    svg.setAttribute("aria-label", `${METRICS[metric].name}, last 10 minutes, no data yet`);
+  }
+
+  function niceMax(v) {
+    if (!(v > 0)) return 1;
+    const exp = Math.pow(10, Math.floor(Math.log10(v)));
+    for (const m of [1, 2, 2.5, 5, 10]) if (m * exp >= v) return m * exp;
+    return 10 * exp;
+  }
+
+  function aggregate(point, model) {
+    const sum = { requests: 0, errors: 0, tokens: 0, ttft_sum: 0, ttft_count: 0 };
+    const byModel = point && point.models && typeof point.models === "object" ? point.models : {};
+    for (const [id, s] of Object.entries(byModel)) {
+      if (model && id !== model) continue;
+      if (!s || typeof s !== "object") continue;
+      for (const k of Object.keys(sum)) if (isNum(s[k])) sum[k] += s[k];
+    }
+    return sum;
+  }
+
+  function renderCharts() {
+    const snap = live.snapshot;
+    if (!snap) return;
+    const series = snap.series && typeof snap.series === "object" ? snap.series : {};
+    const iv = isNum(series.interval_s) && series.interval_s > 0 ? series.interval_s : 5;
+    const points = (Array.isArray(series.points) ? series.points : []).filter((p) => p && isNum(p.t));
+    const model = liveModel.value;
+    const lastT = points.length ? points[points.length - 1].t : null;
+    const now = isNum(snap.time) ? snap.time : Date.now() / 1000;
+    const end = Math.max(now, lastT !== null ? lastT + iv : 0);
+    const start = end - WINDOW_S;
+    const aggs = points.map((p) => ({ t: p.t, a: aggregate(p, model) }));
+
+    for (const chart of charts) {
+      const spec = METRICS[chart.metric];
+      const values = aggs.map(({ t, a }) => ({ t, v: spec.value(a, iv) }));
+      let max = 0;
+      let latest = null;
+      for (const { v } of values) if (isNum(v) && v > max) max = v;
+      for (let i = values.length - 1; i >= 0; i--) {
+        if (isNum(values[i].v)) {
+          latest = values[i].v;
+          break;
+        }
+      }
+      if (latest === null && chart.metric !== "ttft") latest = 0;
+      const top = niceMax(max);
+      const barW = Math.max((iv / WINDOW_S) * CHART_W, 1);
+      const gap = barW > 2.5 ? 0.6 : 0;
+      const nodes = [svgEl("line", { x1: 0, x2: CHART_W, y1: CHART_H - 0.5, y2: CHART_H - 0.5, class: "axis" })];
+      for (const { t, v } of values) {
+        if (!isNum(v) || v <= 0 || t + iv < start) continue;
+        const x = ((t - start) / WINDOW_S) * CHART_W;
+        const h = Math.max((v / top) * (CHART_H - 2), 1.5);
+        nodes.push(svgEl("rect", {
+          x: Math.max(0, x).toFixed(2),
+          y: (CHART_H - h).toFixed(2),
+          width: Math.max(barW - gap, 0.8).toFixed(2),
+          height: h.toFixed(2),
+          class: "bar",
+        }));
+      }
+      chart.svg.replaceChildren(...nodes);
+      const latestText = latest === null ? "–" : spec.fmt(latest);
+      setText(chart.value, latestText);
+      setText(chart.peak, max > 0 ? `peak ${spec.fmt(max)}` : "");
+      const scope = model ? ` for ${model}` : "";
+      const name = chart.metric === "errors" ? `Errors per ${iv} s interval` : spec.name;
+      setAttr(chart.svg, "aria-label",
+        `${name}${scope}, last 10 minutes, latest ${latest === null ? "no data" : latestText}` +
+        (max > 0 ? `, peak ${spec.fmt(max)}` : ""));
+      chart.fig.classList.toggle("has-errors", chart.metric === "errors" && latest > 0);
+    }
+  }
+
+  liveModel.addEventListener("change", renderCharts);
+
+  // ---- recent requests ----------------------------------------------------------------------
+
+  const recentBody = $("recent").tBodies[0];
+  const recentEmpty = $("recent-empty");
+  let recentSig = "";
+
+  function renderRecent(list) {
+    const events = list.filter((e) => e && typeof e === "object");
+    const sig = JSON.stringify(events.map((e) => [e.request_id, e.time, e.status, e.completion_tokens]));
+    if (sig === recentSig) return;
+    recentSig = sig;
+    const rows = events.map((e) => {
+      const tr = el("tr");
+      if (e.request_id) tr.dataset.requestId = String(e.request_id);
+      const time = el("td", "r-time num", fmtClock(e.time));
+      if (isNum(e.time)) time.title = new Date(e.time * 1000).toLocaleString();
+      const model = el("td", "r-model", e.model || "—");
+      const endpoint = el("td", "r-endpoint", e.endpoint || "—");
+      const principal = el("td", "r-principal", e.principal || "—");
+      const p = isNum(e.prompt_tokens) ? e.prompt_tokens : null;
+      const c = isNum(e.completion_tokens) ? e.completion_tokens : null;
+      const tokens = el("td", "r-tokens num", `${p === null ? "—" : p} / ${c === null ? "—" : c}`);
+      const extra = [];
+      if (isNum(e.cached_tokens) && e.cached_tokens) extra.push(`${e.cached_tokens} cached`);
+      if (isNum(e.reasoning_tokens) && e.reasoning_tokens) extra.push(`${e.reasoning_tokens} reasoning`);
+      if (extra.length) tokens.title = extra.join(", ");
+      const ttft = el("td", "r-ttft num",
+        isNum(e.time_to_first_token_s) ? `${Math.round(e.time_to_first_token_s * 1000)} ms` : "—");
+      const duration = el("td", "r-duration num", fmtDuration(e.duration_s));
+      let finishText = e.finish_reason ? String(e.finish_reason) : "—";
+      if (e.client_disconnected) finishText += " (client left)";
+      const finish = el("td", "r-finish", finishText);
+      const ok = isNum(e.status) ? e.status < 400 : true;
+      const status = el("td", `r-status num ${ok ? "ok" : "bad"}`, e.status === undefined || e.status === null ? "—" : e.status);
+      if (e.request_id) tr.title = `request ${e.request_id}`;
+      tr.append(time, model, endpoint, principal, tokens, ttft, duration, finish, status);
+      return tr;
+    });
+    recentBody.replaceChildren(...rows);
+    recentEmpty.hidden = rows.length > 0;
+  }
+
+  // ---- playground ---------------------------------------------------------------------------
+
+  const pgForm = $("pg-form");
+  const pgSystem = $("pg-system");
+  const pgTemperature = $("pg-temperature");
+  const pgTopP = $("pg-top-p");
+  const pgMaxTokens = $("pg-max-tokens");
+  const pgTools = $("pg-tools");
+  const pgInput = $("pg-input");
+  const pgSend = $("pg-send");
+  const pgStop = $("pg-stop");
+  const pgClear = $("pg-clear");
+  const pgStatus = $("pg-status");
+  const transcript = $("pg-transcript");
+  const transcriptEmpty = transcript.querySelector(".transcript-empty");
+
+  const chat = { conversation: [], ctrl: null, streaming: false, generation: 0 };
+
+  function setPgStatus(text) {
+    setText(pgStatus, text || "");
+  }
+
+  function setStreaming(on) {
+    chat.streaming = on;
+    const sendHadFocus = document.activeElement === pgSend;
+    const stopHadFocus = document.activeElement === pgStop;
+    pgStop.disabled = !on;
+    pgSend.disabled = on;
+    // A disabled button drops focus: hand it to the button that now does something.
+    if (on && sendHadFocus) pgStop.focus();
+    if (!on && stopHadFocus) pgInput.focus();
+    transcript.setAttribute("aria-busy", on ? "true" : "false");
+  }
+
+  function abortChat() {
+    if (chat.ctrl) chat.ctrl.abort();
+  }
+
+  function nearBottom() {
+    return transcript.scrollHeight - transcript.scrollTop - transcript.clientHeight < 48;
+  }
+
+  function keepScrolled(wasNear) {
+    if (wasNear) transcript.scrollTop = transcript.scrollHeight;
+  }
+
+  function appendTurn(node) {
+    transcriptEmpty.hidden = true;
+    transcript.append(node);
+    transcript.scrollTop = transcript.scrollHeight;
+  }
+
+  function userView(text) {
+    const msg = el("article", "msg user");
+    msg.append(el("h3", "msg-role", "You"), el("div", "content", text));
+    return msg;
+  }
+
+  /** The DOM of one assistant turn, filled in as the stream arrives. */
+  function assistantView(model) {
+    const msg = el("article", "msg assistant");
+    const role = el("h3", "msg-role", "Assistant");
+    role.append(el("span", "msg-model muted", model));
+    const content = el("div", "content");
+    const contentText = document.createTextNode("");
+    content.append(contentText);
+    const stats = el("p", "stats muted", "waiting…");
+    msg.append(role, content, stats);
+    let thinkingText = null;
+    let toolBox = null;
+    const toolViews = [];
+
+    return {
+      msg,
+      addThinking(text) {
+        const near = nearBottom();
+        if (!thinkingText) {
+          const details = el("details", "thinking");
+          details.append(el("summary", "", "Thinking"));
+          const body = el("div", "thinking-text");
+          thinkingText = document.createTextNode("");
+          body.append(thinkingText);
+          details.append(body);
+          msg.insertBefore(details, content);
+        }
+        thinkingText.appendData(text);
+        keepScrolled(near);
+      },
+      addContent(text) {
+        const near = nearBottom();
+        contentText.appendData(text);
+        keepScrolled(near);
+      },
+      showCalls(calls) {
+        const near = nearBottom();
+        if (!toolBox) {
+          toolBox = el("div", "tool-calls");
+          msg.insertBefore(toolBox, stats);
+        }
+        calls.forEach((call, i) => {
+          if (!call) return;
+          let v = toolViews[i];
+          if (!v) {
+            const box = el("div", "tool-call");
+            const head = el("div", "tool-head");
+            head.append(el("span", "tool-label muted", "Tool call "), el("code", "tool-name", ""));
+            const args = el("pre", "tool-args", "");
+            box.append(head, args);
+            toolBox.append(box);
+            v = toolViews[i] = { name: head.querySelector(".tool-name"), args };
+          }
+          setText(v.name, call.function.name || "…");
+          setText(v.args, call.function.arguments);
+        });
+        keepScrolled(near);
+      },
+      prettyCalls(calls) {
+        calls.forEach((call, i) => {
+          const v = toolViews[i];
+          if (!v || !call) return;
+          try {
+            setText(v.args, JSON.stringify(JSON.parse(call.function.arguments), null, 2));
+          } catch (_) {
+            /* leave the arguments as they came */
+          }
+        });
+      },
+      setStats(text) {
+        setText(stats, text);
+        stats.hidden = !text;
+      },
+      stopped() {
+        msg.classList.add("stopped");
+        setText(stats, "stopped");
+        stats.hidden = false;
+      },
+      error(text) {
+        const err = el("p", "error", text);
+        err.setAttribute("role", "alert");
+        msg.insertBefore(err, stats);
+        msg.classList.add("failed");
+      },
+      text() {
+        return contentText.data;
+      },
+    };
+  }
+
+  function numberField(input, label, integer) {
+    const raw = input.value.trim();
+    if (raw === "") {
+      if (input.validity && input.validity.badInput) return { error: `${label} must be a number.` };
+      return { value: undefined };
+    }
+    const n = Number(raw);
+    if (!Number.isFinite(n)) return { error: `${label} must be a number.` };
+    if (integer && (!Number.isInteger(n) || n < 1)) return { error: `${label} must be a whole number of 1 or more.` };
+    return { value: n };
+  }
+
+  function parseTools() {
+    const raw = pgTools.value.trim();
+    pgTools.removeAttribute("aria-invalid");
+    if (!raw) return { value: undefined };
+    let tools;
+    try {
+      tools = JSON.parse(raw);
+    } catch (err) {
+      pgTools.setAttribute("aria-invalid", "true");
+      return { error: `Tools are not valid JSON: ${err.message}` };
+    }
+    if (!Array.isArray(tools)) {
+      pgTools.setAttribute("aria-invalid", "true");
+      return { error: "Tools must be a JSON array of tool definitions." };
+    }
+    return { value: tools.length ? tools : undefined };
+  }
+
+  async function sendChat() {
+    if (chat.streaming) return;
+    const model = pgModel.value;
+    if (!model) {
+      setPgStatus("Pick a model first.");
+      pgModel.focus();
+      return;
+    }
+    const text = pgInput.value;
+    if (!text.trim()) {
+      setPgStatus("Type a message first.");
+      pgInput.focus();
+      return;
+    }
+    const fields = [
+      ["temperature", numberField(pgTemperature, "Temperature", false), pgTemperature],
+      ["top_p", numberField(pgTopP, "Top p", false), pgTopP],
+      ["max_tokens", numberField(pgMaxTokens, "Max tokens", true), pgMaxTokens],
+      ["tools", parseTools(), pgTools],
+    ];
+    for (const [, result, input] of fields) {
+      if (result.error) {
+        setPgStatus(result.error);
+        input.focus();
+        return;
+      }
+    }
+    setPgStatus("");
+
+    const body = { model, messages: [], stream: true, stream_options: { include_usage: true } };
+    for (const [name, result] of fields) if (result.value !== undefined) body[name] = result.value;
+
+    const userTurn = { role: "user", content: text };
+    chat.conversation.push(userTurn);
+    const system = pgSystem.value;
+    body.messages = (system.trim() ? [{ role: "system", content: system }] : []).concat(chat.conversation);
+
+    pgInput.value = "";
+    appendTurn(userView(text));
+    const view = assistantView(model);
+    appendTurn(view.msg);
+
+    const generation = chat.generation;
+    const ctrl = new AbortController();
+    chat.ctrl = ctrl;
+    setStreaming(true);
+
+    const t0 = performance.now();
+    let tFirst = null;
+    let usage = null;
+    let finish = null;
+    let failure = null;
+    let unauthorised = false;
+    const calls = [];
+
+    const first = () => {
+      if (tFirst === null) {
+        tFirst = performance.now();
+        view.setStats("generating…");
+      }
+    };
+
+    const onChunk = (obj) => {
+      if (!obj || typeof obj !== "object") return false;
+      if (obj.error) {
+        failure = obj.error.message || (typeof obj.error === "string" ? obj.error : "The model reported an error.");
+        return true;
+      }
+      if (obj.usage && typeof obj.usage === "object") usage = obj.usage;
+      const choice = Array.isArray(obj.choices) ? obj.choices[0] : null;
+      if (!choice) return false;
+      const delta = choice.delta || choice.message || {};
+      const thinking = delta.reasoning_content !== undefined && delta.reasoning_content !== null
+        ? delta.reasoning_content : delta.reasoning;
+      if (typeof thinking === "string" && thinking) {
+        first();
+        view.addThinking(thinking);
+      }
+      if (typeof delta.content === "string" && delta.content) {
+        first();
+        view.addContent(delta.content);
+      }
+      if (Array.isArray(delta.tool_calls) && delta.tool_calls.length) {
+        first();
+        delta.tool_calls.forEach((tc, i) => {
+          if (!tc || typeof tc !== "object") return;
+          const idx = isNum(tc.index) ? tc.index : i;
+          const slot = calls[idx] || (calls[idx] = { id: "", type: "function", function: { name: "", arguments: "" } });
+          if (tc.id) slot.id = String(tc.id);
+          if (tc.type) slot.type = String(tc.type);
+          const fn = tc.function || {};
+          if (typeof fn.name === "string") slot.function.name += fn.name;
+          if (typeof fn.arguments === "string") slot.function.arguments += fn.arguments;
+          else if (fn.arguments && typeof fn.arguments === "object") slot.function.arguments += JSON.stringify(fn.arguments);
+        });
+        view.showCalls(calls);
+      }
+      if (choice.finish_reason) finish = String(choice.finish_reason);
+      return false;
+    };
+
+    try {
+      const resp = await fetch("/v1/chat/completions", {
+        method: "POST",
+        headers: authHeaders({ "Content-Type": "application/json", Accept: "text/event-stream" }),
+        body: JSON.stringify(body),
+        cache: "no-store",
+        signal: ctrl.signal,
+      });
+      if (resp.status === 401) {
+        unauthorised = true;
+        failure = await errorMessage(resp);
+      } else if (!resp.ok) {
+        failure = await errorMessage(resp);
+      } else if (!(resp.headers.get("Content-Type") || "").includes("text/event-stream")) {
+        onChunk(await resp.json()); // a server that answered without streaming
+      } else {
+        await readSSE(resp, (ev) => {
+          const data = ev.data.trim();
+          if (data === "[DONE]") return true;
+          let obj;
+          try {
+            obj = JSON.parse(data);
+          } catch (_) {
+            return false;
+          }
+          return onChunk(obj);
+        }, (comment) => {
+          if (tFirst === null && /^loading\b/i.test(comment)) view.setStats(comment);
+        });
+      }
+    } catch (err) {
+      if (!ctrl.signal.aborted) failure = err && err.message ? `Request failed: ${err.message}` : "Request failed.";
+    }
+    const tEnd = performance.now();
+    if (chat.ctrl === ctrl) chat.ctrl = null;
+    const current = generation === chat.generation; // false once the conversation was cleared
+    const answer = view.text();
+    const madeCalls = calls.filter(Boolean).map((c, i) => ({
+      id: c.id || `call_${i}`,
+      type: c.type || "function",
+      function: { name: c.function.name, arguments: c.function.arguments },
+    }));
+    if (madeCalls.length) view.prettyCalls(calls.filter(Boolean));
+
+    if (ctrl.signal.aborted && !failure) {
+      view.stopped();
+      if (current) chat.conversation.push(assistantTurn(answer, madeCalls));
+    } else if (failure) {
+      view.error(failure);
+      view.setStats("");
+      // The failed turn is not part of the conversation any more, so the next message retries cleanly.
+      if (current) {
+        const i = chat.conversation.lastIndexOf(userTurn);
+        if (i >= 0) chat.conversation.splice(i, 1);
+      }
+    } else {
+      const parts = [];
+      const pt = usage && isNum(usage.prompt_tokens) ? usage.prompt_tokens : null;
+      const ct = usage && isNum(usage.completion_tokens) ? usage.completion_tokens : null;
+      if (pt !== null || ct !== null) parts.push(`${pt === null ? "?" : pt} prompt + ${ct === null ? "?" : ct} completion tokens`);
+      if (ct !== null && tFirst !== null && tEnd - tFirst > 0) parts.push(`${(ct / ((tEnd - tFirst) / 1000)).toFixed(1)} tok/s`);
+      if (tFirst !== null) parts.push(`TTFT ${Math.round(tFirst - t0)} ms`);
+      else parts.push(`no output after ${fmtDuration((tEnd - t0) / 1000)}`);
+      if (finish && finish !== "stop") parts.push(`finish: ${finish}`);
+      view.setStats(parts.join(" · "));
+      if (current) chat.conversation.push(assistantTurn(answer, madeCalls));
+    }
+    if (chat.ctrl === null) setStreaming(false);
+    if (unauthorised) needKey(false);
+  }
+
+  function assistantTurn(text, calls) {
+    const turn = { role: "assistant", content: text };
+    if (calls.length) {
+      turn.tool_calls = calls;
+      if (!text) turn.content = null;
+    }
+    return turn;
+  }
+
+  pgForm.addEventListener("submit", (event) => {
+    event.preventDefault();
+    sendChat().catch((err) => {
+      setStreaming(false);
+      setPgStatus(`Something went wrong: ${err && err.message ? err.message : err}`);
+    });
+  });
+
+  pgForm.addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && (event.ctrlKey || event.metaKey) && event.target instanceof HTMLTextAreaElement) {
+      event.preventDefault();
+      if (!chat.streaming) pgForm.requestSubmit(pgSend);
+    }
+  });
+
+  pgStop.addEventListener("click", () => abortChat());
+
+  pgClear.addEventListener("click", () => {
+    chat.generation++;
+    abortChat();
+    chat.conversation = [];
+    for (const node of Array.from(transcript.children)) if (node !== transcriptEmpty) node.remove();
+    transcriptEmpty.hidden = false;
+    setPgStatus("");
+    pgInput.focus();
+  });
+
+  pgTools.addEventListener("input", () => pgTools.removeAttribute("aria-invalid"));
+
+  // ---- start --------------------------------------------------------------------------------
+
+  window.addEventListener("pagehide", () => {
+    stopLive();
+    abortChat();
+  });
+
+  boot();
+})();

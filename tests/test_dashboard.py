@@ -1,0 +1,90 @@
+"""The page's routes in-process: its files open to all with a strict policy, its data behind the
+keys, the live stream's snapshots, and the /models fields the page shows. The page itself is
+driven in a real browser in test_dashboard_browser.py."""
+
+import json
+
+from gateway.app import create_app
+from gateway.config import load_config
+
+KEY = {"Authorization": "Bearer k1"}
+
+
+def app(write_config, model_dir, extra=""):
+    return create_app(load_config(write_config(f"server:\n  models_dirs: [{model_dir}]\n  api_keys: [k1]\n{extra}")))
+
+
+async def test_the_pages_files_are_served_from_the_package_with_a_strict_policy(aiohttp_client, write_config,
+                                                                               model_dir):
+    client = await aiohttp_client(app(write_config, model_dir))
+    for path, kind in (("/", "text/html"), ("/ui/app.js", "text/javascript"), ("/ui/app.css", "text/css")):
+        r = await client.get(path)  # no key: the files hold no data
+        assert r.status == 200 and r.content_type == kind, path
+        csp = r.headers["Content-Security-Policy"]
+        assert "default-src 'none'" in csp and "script-src 'self'" in csp and "frame-ancestors 'none'" in csp
+        assert "unsafe-inline" not in csp and "unsafe-eval" not in csp
+        assert r.headers["X-Content-Type-Options"] == "nosniff"
+    page = await (await client.get("/")).text()
+    assert 'src="/ui/app.js"' in page and "http://" not in page and "https://" not in page  # nothing from elsewhere
+    for path in ("/ui/other.js", "/ui/../gateway/config.py", "/ui/%2e%2e/pyproject.toml"):  # only the named files
+        assert (await client.get(path, headers=KEY)).status == 404, path
+
+
+async def test_the_pages_data_needs_a_key(aiohttp_client, write_config, model_dir):
+    client = await aiohttp_client(app(write_config, model_dir))
+    for path in ("/dashboard/live", "/models"):
+        r = await client.get(path)
+        assert r.status == 401 and (await r.json())["error"]["code"] == "invalid_api_key"
+    r = await client.get("/dashboard/live", headers={"Authorization": "Bearer wrong"})
+    assert r.status == 401
+
+
+async def test_the_host_guard_covers_the_page(aiohttp_client, write_config, model_dir):
+    client = await aiohttp_client(app(write_config, model_dir))
+    r = await client.get("/", headers={"Host": "attacker.example"})
+    assert r.status == 403 and (await r.json())["error"]["code"] == "forbidden_host"
+
+
+async def read_snapshot(response) -> dict:
+    event = None
+    async for raw in response.content:
+        line = raw.decode().rstrip("\n")
+        if line.startswith("event: "):
+            event = line[7:]
+        elif line.startswith("data: ") and event == "snapshot":
+            return json.loads(line[6:])
+    raise AssertionError("the stream ended without a snapshot")
+
+
+async def test_the_live_stream_sends_models_series_and_recent_requests(aiohttp_client, write_config, model_dir):
+    client = await aiohttp_client(app(write_config, model_dir))
+    r = await client.post("/v1/chat/completions", headers=KEY,
+                          json={"model": "plain", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status == 200
+    assert (await client.post("/v1/chat/completions", headers=KEY, json={"model": "nope", "messages": [{"role": "user", "content": "hi"}]})).status == 404
+    await client.post("/models/load", headers=KEY, json={"model": "thinker"})  # the gateway's own: not listed
+    async with client.get("/dashboard/live", headers=KEY) as live:
+        assert live.status == 200 and live.content_type == "text/event-stream"
+        snap = await read_snapshot(live)
+    models = {m["id"]: m for m in snap["models"]}
+    assert set(models) == {"plain", "thinker", "loop"}
+    assert models["plain"]["state"] == "ready" and models["plain"]["kind"] == "chat"
+    assert models["plain"]["slots"] == {"busy": 0, "total": 4} and models["plain"]["device"] == "cpu"
+    assert models["loop"]["state"] == "unloaded" and models["loop"]["slots"] is None
+    recent = snap["recent"]
+    assert [e["model"] for e in recent] == ["-", "plain"] and recent[1]["principal"] == "key1"  # the key's name, never the key
+    assert recent[0]["status"] == 404 and recent[1]["completion_tokens"] == 4
+    (point,) = snap["series"]["points"]
+    assert point["models"]["plain"]["requests"] == 1 and point["models"]["plain"]["tokens"] == 4
+    assert point["models"]["-"]["errors"] == 1  # a name that resolves to nothing
+
+
+async def test_models_says_what_the_page_shows(aiohttp_client, write_config, model_dir):
+    client = await aiohttp_client(app(write_config, model_dir))
+    await client.post("/models/load", headers=KEY, json={"model": "plain"})
+    rows = {m["id"]: m for m in (await (await client.get("/models", headers=KEY)).json())["data"]}
+    plain = rows["plain"]
+    assert plain["state"] == "ready" and plain["progress"] is None and plain["queued"] == 0
+    assert plain["slots"] == {"busy": 0, "total": 4} and plain["device"] == "cpu" and plain["memory_bytes"] > 0
+    assert plain["source"] == "discovered" and plain["file_size"] > 0 and plain["architecture"] == "llama"
+    assert rows["loop"]["state"] == "unloaded" and rows["loop"]["device"] is None
