@@ -29,3 +29,34 @@ ensure_venv() {
         echo "$want" > "$stamp"
     fi
 }
+
+# The page's browser tests (tests/test_dashboard_browser.py) drive a system Chromium; they are
+# skipped, saying why, where none is installed. Where the system has apt-get and we may use it
+# (root, or sudo without a password) install Debian's package; GGUF_GATEWAY_NO_BROWSER=1 opts out.
+ensure_chromium() {
+    if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
+        || [ -n "${GGUF_GATEWAY_CHROMIUM:-}" ] || [ -n "${GGUF_GATEWAY_NO_BROWSER:-}" ]; then
+        return 0
+    fi
+    local sudo=""
+    if [ "$(id -u)" -ne 0 ]; then
+        if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+            sudo="sudo -n"
+        else
+            echo "note: no Chromium, and no root to install it; the page's browser tests will be skipped" >&2
+            return 0
+        fi
+    fi
+    if ! command -v apt-get >/dev/null 2>&1; then
+        echo "note: no Chromium (and no apt-get here); the page's browser tests will be skipped" >&2
+        return 0
+    fi
+    echo "installing the system's chromium package for the page's browser tests" >&2
+    if ! { $sudo env DEBIAN_FRONTEND=noninteractive timeout 900 apt-get install -y -q chromium >/dev/null 2>&1 \
+        || { $sudo timeout 300 apt-get update -q >/dev/null 2>&1 \
+             && $sudo env DEBIAN_FRONTEND=noninteractive timeout 900 apt-get install -y -q chromium >/dev/null 2>&1; }; }
+    then
+        echo "note: could not install chromium; the page's browser tests will be skipped" >&2
+    fi
+    return 0
+}

@@ -388,6 +388,10 @@
     load.addEventListener("click", () => modelAction(id, "load"));
     unload.addEventListener("click", () => modelAction(id, "unload"));
     cells.actions.append(load, unload);
+    // each cell names its column, for the narrow layout where the rows are cards
+    const labels = { source: "Source", file: "File", size: "Size", quant: "Quant", arch: "Arch", state: "State",
+      device: "Device", memory: "Memory", slots: "Slots", queue: "Queue" };
+    for (const [key, label] of Object.entries(labels)) cells[key].dataset.label = label;
     tr.append(name, cells.source, cells.file, cells.size, cells.quant, cells.arch, cells.state,
       cells.device, cells.memory, cells.slots, cells.queue, cells.actions);
     return { id, tr, cells, load, unload, stateSig: "", fileSig: "", archSig: "", model: null };

@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""Screenshots of the gateway's page for the README: the real server on scripted test models,
+some traffic, a playground chat, then the page wide and at a phone's width, in Chromium.
+
+    .venv/bin/python scripts/screenshots.py [--out scripts/screenshots] [--chromium /usr/bin/chromium]
+
+Needs the test extra (Playwright) and a system Chromium; nothing downloads a browser.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from gateway import testmodels as tm  # noqa: E402
+
+ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def post(url: str, body: dict) -> int:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            r.read()
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def write_models(d: Path) -> Path:
+    tm.thinking(d / "thinker.gguf", "Two and two: four.", "It is 4.")
+    tm.plain(d / "hello.gguf", ["Hello", ",", " world", "!"])
+    tm.endless(d / "ticker.gguf")
+    tm.plain(d / "vectors.bin", ["x"])  # not a .gguf: found only through models.yaml
+    (d / "broken.gguf").write_bytes((d / "hello.gguf").read_bytes().replace(b"llama", b"zzzzz"))
+    cfg = d / "models.yaml"
+    cfg.write_text(f"server:\n  models_dirs: [{d}]\n  discover_default_stores: false\n"
+                   f"models:\n  embed:\n    path: {d / 'vectors.bin'}\n    embeddings: true\n")
+    return cfg
+
+
+def traffic(url: str, seconds: float) -> None:
+    """A little of everything over a few of the live charts' intervals."""
+    hi = [{"role": "user", "content": "hi"}]
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        post(url + "/v1/chat/completions", {"model": "hello", "messages": hi})
+        post(url + "/v1/chat/completions", {"model": "thinker", "messages": hi, "stream": True})
+        post(url + "/v1/embeddings", {"model": "embed", "input": "hi"})
+        time.sleep(0.7)
+    post(url + "/v1/chat/completions", {"model": "broken", "messages": hi})  # a failed load, with its reason
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=REPO / "scripts" / "screenshots")
+    ap.add_argument("--chromium", default=shutil.which("chromium") or shutil.which("chromium-browser"))
+    ap.add_argument("--traffic", type=float, default=16.0, help="seconds of requests before the shots")
+    args = ap.parse_args()
+    from playwright.sync_api import expect, sync_playwright
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        cfg = write_models(d)
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        server = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--port", str(port), "--config", str(cfg)],
+                                  env={"HOME": tmp, "PATH": "/usr/bin:/bin"}, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, cwd=REPO)
+        try:
+            for _ in range(300):
+                try:
+                    urllib.request.urlopen(url + "/health", timeout=1).read()
+                    break
+                except (urllib.error.URLError, ConnectionError):
+                    time.sleep(0.1)
+            background = threading.Thread(target=traffic, args=(url, args.traffic))
+            background.start()
+            with sync_playwright() as p:
+                browser = p.chromium.launch(executable_path=args.chromium, args=ARGS)
+                wide = browser.new_page(viewport={"width": 1280, "height": 900})
+                wide.goto(url + "/")
+                wide.select_option("#pg-model", "thinker")
+                wide.fill("#pg-system", "Be brief.")
+                wide.fill("#pg-input", "What is two and two?")
+                wide.click("#pg-send")
+                answer = wide.locator("#pg-transcript .msg.assistant").last
+                expect(answer.locator(".stats")).to_contain_text("completion tokens", timeout=30_000)
+                answer.locator("details.thinking summary").click()
+                wide.fill("#pg-input", "And again?")
+                background.join()
+                time.sleep(2)  # a snapshot after the last request
+                wide.evaluate("document.activeElement.blur(); window.scrollTo(0, 0)")
+                wide.screenshot(path=str(args.out / "wide.png"), full_page=True)
+                wide.emulate_media(color_scheme="dark")
+                wide.screenshot(path=str(args.out / "wide-dark.png"))
+                phone = browser.new_page(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True,
+                                         device_scale_factor=1)
+                phone.goto(url + "/")
+                expect(phone.locator("#recent tbody tr").first).to_be_visible(timeout=10_000)
+                time.sleep(1.5)
+                phone.screenshot(path=str(args.out / "narrow.png"))
+                browser.close()
+        finally:
+            server.terminate()
+            server.wait(30)
+    for name in ("wide.png", "wide-dark.png", "narrow.png"):
+        print(args.out / name)
+
+
+if __name__ == "__main__":
+    main()
