@@ -236,3 +236,35 @@ def test_a_phones_width_does_not_scroll_sideways(browser, server):
     assert state is not None and state["x"] >= 0 and state["x"] + state["width"] <= 375
     context.close()
     assert console.errors == []
+
+
+def test_every_control_has_a_name_and_the_keyboard_reaches_it(page):
+    unnamed = page.evaluate("""() => [...document.querySelectorAll('input, select, textarea, button')]
+        .filter(e => !(e.labels && e.labels.length) && !e.getAttribute('aria-label') && !e.textContent.trim())
+        .map(e => e.outerHTML.slice(0, 80))""")
+    assert unnamed == []
+    page.focus("#model-filter")
+    reached = set()
+    for _ in range(60):  # Tab walks the page in order: the filter, then the first model's buttons
+        page.keyboard.press("Tab")
+        reached.add(page.evaluate("document.activeElement.getAttribute('aria-label') || document.activeElement.id"))
+    assert {"Load chat", "pg-model", "pg-input", "pg-send"} <= reached, reached
+    page.focus("#pg-input")
+    page.fill("#pg-input", "hi")
+    page.select_option("#pg-model", "chat")
+    page.press("#pg-input", "Control+Enter")  # sends without the mouse
+    expect(page.locator("#pg-transcript .msg.assistant .content").last).to_have_text("Hello, world!", timeout=20_000)
+
+
+def test_light_and_dark(browser, server):
+    colors = {}
+    for scheme in ("light", "dark"):
+        context = browser.new_context(color_scheme=scheme)
+        p = context.new_page()
+        log_in(p, server)
+        colors[scheme] = p.evaluate("""() => { const s = getComputedStyle(document.body);
+            const lum = c => { const [r, g, b] = c.match(/\\d+/g).map(Number); return (r + g + b) / 3; };
+            return [lum(s.backgroundColor), lum(s.color)]; }""")
+        context.close()
+    (light_bg, light_text), (dark_bg, dark_text) = colors["light"], colors["dark"]
+    assert light_bg > 200 and light_text < 80 and dark_bg < 60 and dark_text > 180, colors
