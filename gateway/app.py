@@ -135,6 +135,9 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
     try:
         return await handler(request)
     except ApiError as err:
+        obs = request.get(OBSERVATION)
+        if obs is not None and obs.model == "-" and err.model is not None:
+            obs.model = err.model  # a load that failed, a full queue: the event names the model
         return await failed_response(request, err)
     except RequestFailed as failed:  # a question the model's worker refused (tokenize, embed, ...)
         return await failed_response(request, api_error(failed.event))

@@ -52,6 +52,9 @@ class ApiError(Exception):
         self.param = param
         self.code = code
         self.headers = headers or {}
+        # the resolved model the error is about, where one was (``Registry.lease`` notes it):
+        # the request's inference event names it even though no answer began
+        self.model: str | None = None
 
     def openai_body(self) -> dict[str, Any]:
         etype = _OPENAI_TYPES.get(self.status, "server_error" if self.status >= 500 else "invalid_request_error")

@@ -174,8 +174,12 @@ class Registry:
                     "is an embedding model: use /v1/embeddings"}[want]
             raise ApiError(f"model {spec.name!r} {what}", status=501, param="model", code="unsupported_model")
         kind = want
-        async with self.supervisor(spec).lease(kind, self.config.server.max_queue, on_progress) as backend:
-            yield spec, backend
+        try:
+            async with self.supervisor(spec).lease(kind, self.config.server.max_queue, on_progress) as backend:
+                yield spec, backend
+        except ApiError as err:
+            err.model = err.model or spec.name
+            raise
 
     async def load(self, name: object) -> ModelSupervisor:
         """Load a model without a request (admin API, preload)."""

@@ -88,3 +88,16 @@ async def test_models_says_what_the_page_shows(aiohttp_client, write_config, mod
     assert plain["slots"] == {"busy": 0, "total": 4} and plain["device"] == "cpu" and plain["memory_bytes"] > 0
     assert plain["source"] == "discovered" and plain["file_size"] > 0 and plain["architecture"] == "llama"
     assert rows["loop"]["state"] == "unloaded" and rows["loop"]["device"] is None
+
+
+async def test_a_failed_load_names_its_model_in_the_recent_requests(aiohttp_client, write_config, model_dir,
+                                                                     tmp_path):
+    (tmp_path / "bad.gguf").write_bytes((model_dir / "plain.gguf").read_bytes().replace(b"llama", b"zzzzz"))
+    client = await aiohttp_client(app(write_config, model_dir, f"models:\n  bad: {tmp_path / 'bad.gguf'}\n"))
+    r = await client.post("/v1/chat/completions", headers=KEY,
+                          json={"model": "bad", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status == 503 and (await r.json())["error"]["code"] == "model_load_failed"
+    async with client.get("/dashboard/live", headers=KEY) as live:
+        snap = await read_snapshot(live)
+    assert [(e["model"], e["status"]) for e in snap["recent"]] == [("bad", 503)]
+    assert snap["series"]["points"][0]["models"]["bad"]["errors"] == 1
