@@ -56,7 +56,8 @@ def server(tmp_path_factory):
     tm.endless(d / "loop.gguf")
     cfg = d / "models.yaml"
     cfg.write_text(f"server:\n  models_dirs: [{d}]\n  discover_default_stores: false\n  api_keys: [{KEY}]\n"
-                   "models:\n  chat:\n    path: " + str(d / "plain.gguf") + "\n    aliases: [chat:latest]\n")
+                   f"models:\n  chat:\n    path: {d / 'plain.gguf'}\n    aliases: [chat:latest]\n"
+                   f"  loop:\n    path: {d / 'loop.gguf'}\n    n_ctx: 131072\n    parallel: 1\n")  # outlasts the test
     with ServerProcess("--config", str(cfg), env={"HOME": str(d)}) as srv:
         yield srv
     assert srv.proc.returncode == 0

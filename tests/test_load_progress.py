@@ -46,7 +46,9 @@ def server(tmp_path_factory):
     for name in ("broken1", "broken2", "broken3"):  # a header the gateway reads, weights llama.cpp refuses
         (d / f"{name}.gguf").write_bytes(good.replace(b"llama", b"zzzzz"))
     cfg = d / "models.yaml"
-    cfg.write_text(f"server:\n  models_dirs: [{d}]\n  discover_default_stores: false\n  max_loaded_models: 1\n")
+    # loop's context is long enough that its endless answer outlasts each test's wait
+    cfg.write_text(f"server:\n  models_dirs: [{d}]\n  discover_default_stores: false\n  max_loaded_models: 1\n"
+                   f"models:\n  loop:\n    path: {d / 'loop.gguf'}\n    n_ctx: 131072\n    parallel: 1\n")
     with ServerProcess("--config", str(cfg), env={"HOME": str(d)}) as srv:
         yield srv
     assert srv.proc.returncode == 0
@@ -64,6 +66,8 @@ def holding(server):
         pass
     try:
         yield
+        row = next(m for m in server.get("/models")[1]["data"] if m["id"] == "loop")
+        assert row["in_flight"] == 1, "the endless answer ended before the test was done with it"
     finally:
         conn.close()  # the client leaves: the answer stops and the place is free
 
