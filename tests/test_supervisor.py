@@ -283,18 +283,24 @@ async def test_a_backend_that_exits_unexpectedly_counts_as_a_worker_failure(tmp_
     assert reg.worker_failures == 1 and reg.state(reg.resolve("a")).state is ModelState.UNLOADED
 
 
-async def test_a_waiter_is_told_a_loads_progress_after_a_while_then_at_each_report(monkeypatch):
+def slow_load(monkeypatch, after: float, every: float):
+    """A supervisor whose load waits for its host's gate, progress told after ``after`` and
+    every ``every`` seconds, and a callback that notes what it is told."""
     from gateway import supervisor as sup_module
-    monkeypatch.setattr(sup_module, "PROGRESS_AFTER", 0.05)
-    monkeypatch.setattr(sup_module, "PROGRESS_EVERY", 10.0)
+    monkeypatch.setattr(sup_module, "PROGRESS_AFTER", after)
+    monkeypatch.setattr(sup_module, "PROGRESS_EVERY", every)
     host = Host()
     host.gate.clear()
-    sup = supervisor(host)
     told: list[float] = []
 
     async def tell(fraction: float) -> None:
         told.append(fraction)
 
+    return host, supervisor(host), told, tell
+
+
+async def test_a_waiter_is_told_a_loads_progress_after_a_while_then_at_each_report(monkeypatch):
+    host, sup, told, tell = slow_load(monkeypatch, after=0.05, every=10.0)
     quick, patient = asyncio.ensure_future(sup.ready()), asyncio.ensure_future(sup.ready(tell))
     await asyncio.sleep(0.01)
     sup.loaded_part(0.2)  # a report before the wait has lasted PROGRESS_AFTER: not told
@@ -311,18 +317,8 @@ async def test_a_waiter_is_told_a_loads_progress_after_a_while_then_at_each_repo
 
 
 async def test_a_silent_load_is_still_told_every_so_often_and_a_new_load_starts_at_zero(monkeypatch):
-    from gateway import supervisor as sup_module
-    monkeypatch.setattr(sup_module, "PROGRESS_AFTER", 0.0)
-    monkeypatch.setattr(sup_module, "PROGRESS_EVERY", 0.03)
-    host = Host()
-    host.gate.clear()
-    sup = supervisor(host)
+    host, sup, told, tell = slow_load(monkeypatch, after=0.0, every=0.03)
     sup.progress = 0.9  # what a previous load left
-    told: list[float] = []
-
-    async def tell(fraction: float) -> None:
-        told.append(fraction)
-
     waiter = asyncio.ensure_future(sup.ready(tell))
     await settle(lambda: len(told) >= 3)
     assert set(told) == {0.0}
@@ -331,11 +327,7 @@ async def test_a_silent_load_is_still_told_every_so_often_and_a_new_load_starts_
 
 
 async def test_a_failing_progress_callback_ends_that_wait_alone(monkeypatch):
-    from gateway import supervisor as sup_module
-    monkeypatch.setattr(sup_module, "PROGRESS_AFTER", 0.0)
-    host = Host()
-    host.gate.clear()
-    sup = supervisor(host)
+    host, sup, _, _ = slow_load(monkeypatch, after=0.0, every=10.0)
 
     async def gone(fraction: float) -> None:
         raise ConnectionResetError("the client left")
