@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
 from . import discovery
-from .config import ModelSpec, ServerConfig
+from .config import ModelSpec, ServerConfig, default_kv_cache_dir
 from .engine.client import LoadFailed, WorkerProcess
 from .engine.protocol import (  # noqa: F401 (the kinds: re-exported)
     CHAT,
@@ -106,6 +106,15 @@ class BackendFactory(Protocol):
                        on_busy: Callable[[], None], on_progress: Callable[[float], None]) -> Backend: ...
 
 
+def kv_cache(spec: ModelSpec, server: ServerConfig) -> dict[str, Any]:
+    """Where a local model's slots are saved at unload and restored at load (a generating model
+    only: an embedding context keeps nothing worth restoring)."""
+    if not server.kv_cache_max_bytes or spec.embeddings or spec.reranker:
+        return {}
+    root = server.kv_cache_dir or default_kv_cache_dir()
+    return {"kv_cache_dir": str(root), "kv_cache_max_bytes": server.kv_cache_max_bytes}
+
+
 async def start_local(spec: ModelSpec, server: ServerConfig, *, on_exit: Callable[[Backend, bool], None],
                       on_busy: Callable[[], None], on_progress: Callable[[float], None]) -> Backend:
     """A llama.cpp worker process on this machine; raises ``StartFailed``."""
@@ -119,6 +128,7 @@ async def start_local(spec: ModelSpec, server: ServerConfig, *, on_exit: Callabl
             repack=spec.repack, swa_full=spec.swa_full, use_mmap=spec.use_mmap,
             chat_template=spec.chat_template, embeddings=spec.embeddings or spec.reranker, reranker=spec.reranker,
             stream_interval=server.stream_interval_ms / 1000, rpc=spec.rpc,
+            **kv_cache(spec, server),
         ), on_exit=on_exit, on_busy=lambda _worker: on_busy(), on_progress=on_progress)
         await worker.start()
     except (ModelFileError, LoadFailed) as e:

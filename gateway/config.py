@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,7 @@ DEFAULT_PORT = 8080
 DEFAULT_KEEP_ALIVE = 300.0  # seconds an idle model stays loaded, as Ollama's 5m
 DEFAULT_LOAD_TIMEOUT = 300.0
 DEFAULT_MAX_LOADED = 3  # as Ollama's OLLAMA_MAX_LOADED_MODELS on a CPU; 0 = no limit
+DEFAULT_KV_CACHE_MAX_BYTES = 8 * 2**30  # saved conversations, all models together
 
 REASONING_MODES = ("auto", "think", "think_mistral", "seed", "channel", "harmony", "none")
 # toolcalls.FORMATS, and auto (read from the chat template) and none (refuse tools)
@@ -180,6 +182,10 @@ class ServerConfig:
     upstream_check_seconds: float = 30.0
     responses_store: int = 1000  # OpenAI Responses kept in memory for previous_response_id; 0: none
     ollama_port: int | None = None  # also listen here (Ollama's is 11434), for clients that cannot be pointed elsewhere
+    # Where an unloaded model's conversations (its slots' KV caches) are saved, to be restored
+    # when it loads again; None: under the user's cache directory (``default_kv_cache_dir``).
+    kv_cache_dir: Path | None = None
+    kv_cache_max_bytes: int = DEFAULT_KV_CACHE_MAX_BYTES  # all models' saved caches together; 0: save none
 
 
 @dataclass(frozen=True)
@@ -188,6 +194,34 @@ class Config:
     models: tuple[ModelSpec, ...] = ()
     path: Path | None = None
     warnings: tuple[str, ...] = ()
+
+
+def default_kv_cache_dir() -> Path:
+    """The user's cache directory: ``$XDG_CACHE_HOME``, else ``~/Library/Caches`` on macOS, else
+    ``~/.cache``; in it ``gguf-gateway/kv``."""
+    if os.environ.get("XDG_CACHE_HOME"):
+        base = Path(os.environ["XDG_CACHE_HOME"])
+    elif sys.platform == "darwin":
+        base = Path.home() / "Library" / "Caches"
+    else:
+        base = Path.home() / ".cache"
+    return base / "gguf-gateway" / "kv"
+
+
+SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 2**10, "m": 1000**2, "mb": 1000**2, "mib": 2**20,
+              "g": 1000**3, "gb": 1000**3, "gib": 2**30, "t": 1000**4, "tb": 1000**4, "tib": 2**40}
+
+
+def parse_bytes(value: Any) -> int | None:
+    """A size: bytes as an integer, or a string with a unit (``512MiB``, ``4 GB``); None if not one."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value if value >= 0 else None
+    if not isinstance(value, str):
+        return None
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", value)
+    if m is None or m.group(2).lower() not in SIZE_UNITS:
+        return None
+    return int(float(m.group(1)) * SIZE_UNITS[m.group(2).lower()])
 
 
 def default_config_path() -> Path:
@@ -394,6 +428,13 @@ class _Parser:
             return one
         return self.mapping(where, v, {name: check(p) for name, p in SAMPLING.items()})
 
+    def byte_size(self, where: str, v: Any):
+        n = parse_bytes(v)
+        if n is None:
+            self.error(where, f"must be a size: bytes, or a number with a unit (512MiB, 4GiB), got {_show(v)}")
+            return _INVALID
+        return n
+
     def path_field(self, where: str, v: Any):
         p = self.path(where, v)
         return _INVALID if p is None else p
@@ -433,6 +474,8 @@ class _Parser:
             "upstream_check_seconds": self.seconds,
             "responses_store": self.integer(minimum=0, what="an integer >= 0 (0: keep none)"),
             "ollama_port": self.integer(minimum=1, maximum=65535, what="a port number (1-65535)"),
+            "kv_cache_dir": self.path_field,
+            "kv_cache_max_bytes": self.byte_size,
         })
 
         keys = list(server.pop("api_keys", ()))

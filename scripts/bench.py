@@ -5,6 +5,7 @@
     .venv/bin/python scripts/bench.py --llama-server ~/llama.cpp/build/bin/llama-server --json out.json
     .venv/bin/python scripts/bench.py --model X.gguf --threads 8 --tokens 256 --only gateway
     .venv/bin/python scripts/bench.py --only gateway --only llama-server --stream-interval 0,5
+    .venv/bin/python scripts/bench.py --swap --llama-server PATH        # switching models (swapbench.py)
 
 Contenders, each a real server process driven over HTTP through the same OpenAI
 `/v1/completions` requests. All are started, then measured in turns: each figure is taken
@@ -435,7 +436,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rpc-layers", type=int, default=999, help="with --rpc: layers on the rpc-servers (the rest "
                    "stay on this CPU; default: all)")
     p.add_argument("--json", type=Path, help="write every figure here")
+    p.add_argument("--swap", action="store_true", help="only the swap benchmark (scripts/swapbench.py): two models "
+                   "alternating under max_loaded_models 1, each continuing its own long conversation")
+    p.add_argument("--model-b", type=Path, help="with --swap: the second model (default: another random model)")
+    p.add_argument("--swaps", type=int, default=4, help="with --swap: turns per model")
+    p.add_argument("--history", type=int, default=3000, help="with --swap: words in each conversation's history")
+    p.add_argument("--swap-tokens", type=int, default=16, help="with --swap: tokens per answer")
     args = p.parse_args(argv)
+    if args.swap:
+        return swap_main(args)
     model = (args.model or bench_model()).resolve()  # the gateway reads paths relative to its config
     sampling = SAMPLED if args.sampled else GREEDY
     wanted = set(args.only or ("gateway", "llama-server", "llama-cpp-python"))
@@ -488,6 +497,22 @@ def main(argv: list[str] | None = None) -> int:
                                          "mode": "sampled" if args.sampled else "greedy",
                                          "parallel": PARALLEL, "n_ctx": N_CTX, "results": results,
                                          "hop": hops, "rpc": rpc}, indent=2))
+    return 0
+
+
+def swap_main(args) -> int:
+    import swapbench
+
+    models = {"a": (args.model or bench_model()).resolve(), "b": (args.model_b or swapbench.second_model()).resolve()}
+    binary = find_llama_server(args.llama_server)
+    if binary is None:
+        print("llama-server: not measured (give --llama-server PATH or put it on PATH)", file=sys.stderr)
+    with tempfile.TemporaryDirectory() as tmp:
+        results = swapbench.swap(models, args, Path(tmp), binary)
+    print(swapbench.report(results, models, args))
+    if args.json:
+        args.json.write_text(json.dumps({"swap": results, "models": {k: str(v) for k, v in models.items()},
+                                         "threads": args.threads, "history_words": args.history}, indent=2))
     return 0
 
 

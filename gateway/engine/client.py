@@ -26,6 +26,7 @@ from .protocol import Command, Error, Event
 log = logging.getLogger(__name__)
 
 _LEN = struct.Struct(">I")
+SAVE_TIMEOUT = 120.0  # seconds a worker saving its KV caches at exit may take before it is killed
 Question = protocol.Tokenize | protocol.Detokenize | protocol.ApplyTemplate | protocol.Embed  # one answer each
 
 
@@ -116,8 +117,10 @@ class WorkerProcess:
         except BaseException:
             await self.stop()
             raise
-        log.info("model %r loaded (pid %s, n_ctx %s, device %s)", self.params.name, self.proc.pid,
-                 self.info.get("n_ctx"), self.device)
+        restored = (f"; restored {self.info['restored_tokens']} cached tokens in {self.info['restored_slots']} slot(s)"
+                    if self.info.get("restored_slots") else "")
+        log.info("model %r loaded (pid %s, n_ctx %s, device %s%s)", self.params.name, self.proc.pid,
+                 self.info.get("n_ctx"), self.device, restored)
         return self.info
 
     def _send(self, command: Command) -> None:
@@ -249,6 +252,8 @@ class WorkerProcess:
         if self.proc is None or self.proc.returncode is not None:
             return
         self._send(protocol.Exit())
+        if self.params.kv_cache_dir:
+            timeout = max(timeout, SAVE_TIMEOUT)  # it writes its slots' caches first
         try:
             await asyncio.wait_for(self.proc.wait(), timeout)
         except asyncio.TimeoutError:

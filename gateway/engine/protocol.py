@@ -94,6 +94,9 @@ class LoadParams:
     parallel: int = 4  # sequence slots decoded together (continuous batching); 1 for embeddings
     stream_interval: float = 0.0  # seconds an answer's text may be held to go out with the next tokens'
     rpc: tuple[str, ...] = ()  # llama.cpp rpc-servers (host:port) holding part of the layers
+    # where the slots' caches are saved at exit and restored at load (``kvcache``); None: neither
+    kv_cache_dir: str | None = None
+    kv_cache_max_bytes: int = 0  # the whole directory's bound, least recently used removed first
 
 
 @dataclass

@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from . import embedding, protocol
+from . import embedding, kvcache, protocol
 from .decoding import Decoder
 from .model import Model
 from .outbox import Outbox
@@ -108,7 +108,11 @@ class Worker:
 
     def _take(self, msg: protocol.Command | Prepared | Reply | None) -> None:
         match msg:
-            case None | protocol.Exit():
+            case protocol.Exit():
+                self._save_caches()
+                self.out.flush()
+                os._exit(0)
+            case None:  # the gateway is gone
                 self.out.flush()
                 os._exit(0)
             case protocol.Generate() | protocol.Embed():
@@ -147,6 +151,17 @@ class Worker:
             case protocol.Tokenize() | protocol.Detokenize() | protocol.ApplyTemplate() if self.model is not None:
                 self.asking[msg.id] = False
                 self.prep.submit(self._answer, msg)
+
+    def _save_caches(self) -> None:
+        """At an asked-for exit (an unload, a shutdown): the slots' caches, for the next load of
+        this model to restore (``kvcache``). A failure loses them, nothing else."""
+        params = self.model.params if self.model is not None else None
+        if params is None or not params.kv_cache_dir or self.decoder is None:
+            return
+        try:
+            kvcache.save(self.model, self.decoder.slots, params.kv_cache_dir, params.kv_cache_max_bytes)
+        except Exception as e:  # a full disk, a directory we may not write
+            sys.stderr.write(f"could not save the KV caches of {params.name}: {e}\n")
 
     def _answer(self, question: Question) -> None:
         """On a prep thread: a question's answer, unless its asker left before it began."""
@@ -267,7 +282,13 @@ class Worker:
             out.send(protocol.LoadFailed(str(e)))
             out.flush()
             os._exit(0)
-        out.send(protocol.Ready(model.info()))
+        restored = (0, 0)
+        if first.model.kv_cache_dir:
+            try:  # before the first request: a returning conversation finds its cache
+                restored = kvcache.restore(model, decoder.slots, first.model.kv_cache_dir)
+            except Exception as e:  # an unreadable cache directory is a miss
+                sys.stderr.write(f"could not restore the KV caches of {first.model.name}: {e}\n")
+        out.send(protocol.Ready({**model.info(), "restored_slots": restored[0], "restored_tokens": restored[1]}))
         out.flush()
         interval = model.params.stream_interval
         while True:
