@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from . import discovery
 from .config import ModelSpec, ServerConfig, default_kv_cache_dir
-from .engine.client import LoadFailed, WorkerProcess
+from .engine.client import LoadFailed, Spare, WorkerProcess
 from .engine.protocol import (  # noqa: F401 (the kinds: re-exported)
     CHAT,
     COMPLETIONS,
@@ -115,9 +115,29 @@ def kv_cache(spec: ModelSpec, server: ServerConfig) -> dict[str, Any]:
     return {"kv_cache_dir": str(root), "kv_cache_max_bytes": server.kv_cache_max_bytes}
 
 
+class LocalWorkers:
+    """The ``BackendFactory`` of a serving gateway: ``start_local``, each worker started from a
+    spare process made ready after the last load (``engine.client.Spare``), so that a model
+    switch does not wait for an interpreter and llama.cpp's import. ``close`` ends the spare."""
+
+    def __init__(self, spare: bool = True):
+        self.spare = Spare() if spare else None
+
+    async def __call__(self, spec: ModelSpec, server: ServerConfig, *, on_exit: Callable[[Backend, bool], None],
+                       on_busy: Callable[[], None], on_progress: Callable[[float], None]) -> Backend:
+        return await start_local(spec, server, on_exit=on_exit, on_busy=on_busy, on_progress=on_progress,
+                                 spare=self.spare)
+
+    async def close(self) -> None:
+        if self.spare is not None:
+            await self.spare.close()
+
+
 async def start_local(spec: ModelSpec, server: ServerConfig, *, on_exit: Callable[[Backend, bool], None],
-                      on_busy: Callable[[], None], on_progress: Callable[[float], None]) -> Backend:
-    """A llama.cpp worker process on this machine; raises ``StartFailed``."""
+                      on_busy: Callable[[], None], on_progress: Callable[[float], None],
+                      spare: Spare | None = None) -> Backend:
+    """A llama.cpp worker process on this machine (``spare``'s, where it has one ready); raises
+    ``StartFailed``."""
     if spec.path is None:
         raise StartFailed(f"model {spec.name!r} has no file to run here")
     try:
@@ -130,7 +150,7 @@ async def start_local(spec: ModelSpec, server: ServerConfig, *, on_exit: Callabl
             stream_interval=server.stream_interval_ms / 1000, rpc=spec.rpc,
             **kv_cache(spec, server),
         ), on_exit=on_exit, on_busy=lambda _worker: on_busy(), on_progress=on_progress)
-        await worker.start()
+        await worker.start(spare)
     except (ModelFileError, LoadFailed) as e:
         raise StartFailed(str(e)) from None
     return worker

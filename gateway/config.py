@@ -186,6 +186,9 @@ class ServerConfig:
     # when it loads again; None: under the user's cache directory (``default_kv_cache_dir``).
     kv_cache_dir: Path | None = None
     kv_cache_max_bytes: int = DEFAULT_KV_CACHE_MAX_BYTES  # all models' saved caches together; 0: save none
+    # keep one worker process started ahead of the next load (its interpreter and llama.cpp
+    # imported): a model switch skips that part of the start, for the spare's idle memory
+    spare_worker: bool = True
 
 
 @dataclass(frozen=True)
@@ -476,6 +479,7 @@ class _Parser:
             "ollama_port": self.integer(minimum=1, maximum=65535, what="a port number (1-65535)"),
             "kv_cache_dir": self.path_field,
             "kv_cache_max_bytes": self.byte_size,
+            "spare_worker": self.boolean,
         })
 
         keys = list(server.pop("api_keys", ()))

@@ -11,7 +11,7 @@ The registry joins three parts, each with one job:
   ``server.max_loaded_models`` is reached, and how busy models share the CPUs.
 
 The registry gathers the state placement decides on and carries its decisions out, starts
-backends through its ``BackendFactory`` (``backend.start_local`` unless told otherwise), and
+backends through its ``BackendFactory`` (``backend.LocalWorkers`` unless told otherwise), and
 reports loads and crashes to the metrics. A reload (SIGHUP) swaps the tables; a loaded model
 whose entry changed or vanished finishes its requests and is unloaded when idle.
 """
@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from . import discovery, placement
-from .backend import CHAT, EMBEDDINGS, RERANK, TOKENIZE, Backend, BackendFactory, start_local
+from .backend import CHAT, EMBEDDINGS, RERANK, TOKENIZE, Backend, BackendFactory, LocalWorkers
 from .catalog import DEMO_NAME, ModelCatalog, ensure_demo_model  # noqa: F401 (DEMO_NAME, ensure_demo_model: re-exported)
 from .config import Config, ConfigError, ModelSpec, load_config, normalize_name
 from .engine import protocol
@@ -51,11 +51,12 @@ def _parallel(spec: ModelSpec) -> int:
 class Registry:
     def __init__(self, config: Config, *, demo_dir: Path | None = None, allow_demo: bool = False,
                  rescan_seconds: float = 5.0, backoff: tuple[float, float] = (5.0, 300.0),
-                 backends: BackendFactory = start_local, upstream_backoff: tuple[float, float] = (2.0, 60.0)):
+                 backends: BackendFactory | None = None, upstream_backoff: tuple[float, float] = (2.0, 60.0)):
         self.config = config
         self.catalog = ModelCatalog(config, demo_dir=demo_dir, allow_demo=allow_demo, rescan_seconds=rescan_seconds)
         self.backoff = backoff  # a failed load's first wait before the next attempt, and its cap
-        self.backends = backends  # starts a local model's backend
+        # starts a local model's backend (a worker process, from a spare where configured)
+        self.backends = backends if backends is not None else LocalWorkers(config.server.spare_worker)
         # other machines' servers: their health, probes and listed models
         self.upstreams = Upstreams(upstream_backoff, config.server.upstream_check_seconds)
         self.upstreams.sync(self.catalog.specs())
@@ -333,3 +334,5 @@ class Registry:
         models = self._all()
         await asyncio.gather(*(m.cancel_load() for m in models), return_exceptions=True)
         await asyncio.gather(*(m.unload() for m in models), return_exceptions=True)
+        if isinstance(self.backends, LocalWorkers):
+            await self.backends.close()

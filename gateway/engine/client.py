@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import itertools
 import logging
 import os
@@ -18,6 +19,7 @@ import signal
 import struct
 import sys
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from . import protocol
@@ -41,6 +43,81 @@ class RequestFailed(Exception):
     def __init__(self, event: Error):
         super().__init__(event.message)
         self.event = event
+
+
+@dataclass
+class Spawned:
+    """A worker process and the gateway's ends of its pipes, before any command."""
+
+    proc: asyncio.subprocess.Process
+    cmd_w: int
+    ev_r: int
+
+    def discard(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.kill()
+        for fd in (self.cmd_w, self.ev_r):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+async def spawn() -> Spawned:
+    """A new worker process, which readies llama.cpp and waits for its ``Load``; raises
+    ``LoadFailed`` where none can start."""
+    cmd_r, cmd_w = os.pipe()
+    ev_r, ev_w = os.pipe()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gateway.engine.worker", str(cmd_r), str(ev_w),
+            pass_fds=(cmd_r, ev_w), stdin=asyncio.subprocess.DEVNULL, stdout=2,
+            start_new_session=True,  # Ctrl-C in a terminal reaches the gateway, which stops workers
+        )
+    except OSError as e:  # cannot exec the interpreter (permissions, resources): a failed load
+        for fd in (cmd_w, ev_r):
+            os.close(fd)
+        raise LoadFailed(f"cannot start a model worker ({sys.executable}): {e.strerror or e}") from None
+    finally:
+        os.close(cmd_r)
+        os.close(ev_w)
+    return Spawned(proc, cmd_w, ev_r)
+
+
+class Spare:
+    """One worker process started ahead of need, its interpreter up and llama.cpp imported
+    (a few tenths of a second of a model switch), waiting for the next model to load. ``take``
+    gives it (or a new process, where none is ready); ``refill`` starts the next one."""
+
+    def __init__(self) -> None:
+        self._next: asyncio.Future[Spawned] | None = None
+
+    async def take(self) -> Spawned:
+        waiting, self._next = self._next, None
+        if waiting is not None:
+            try:
+                spawned = await waiting
+            except LoadFailed:
+                pass
+            else:
+                if spawned.proc.returncode is None:
+                    return spawned
+                spawned.discard()
+        return await spawn()
+
+    def refill(self) -> None:
+        if self._next is None:
+            self._next = asyncio.ensure_future(spawn())
+            self._next.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved in take
+
+    async def close(self) -> None:
+        waiting, self._next = self._next, None
+        if waiting is None:
+            return
+        try:
+            spawned = await waiting
+        except (LoadFailed, asyncio.CancelledError):
+            return
+        spawned.discard()
+        await spawned.proc.wait()
 
 
 class WorkerProcess:
@@ -87,28 +164,16 @@ class WorkerProcess:
     def in_flight(self) -> int:
         return len(self._queues)
 
-    async def start(self) -> dict[str, Any]:
-        """Spawn the worker and load the model; raises ``LoadFailed``."""
+    async def start(self, spare: Spare | None = None) -> dict[str, Any]:
+        """Start the worker (``spare``'s waiting process, where there is one) and load the
+        model; raises ``LoadFailed``."""
         loop = asyncio.get_running_loop()
-        cmd_r, cmd_w = os.pipe()
-        ev_r, ev_w = os.pipe()
-        try:
-            self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "gateway.engine.worker", str(cmd_r), str(ev_w),
-                pass_fds=(cmd_r, ev_w), stdin=asyncio.subprocess.DEVNULL, stdout=2,
-                start_new_session=True,  # Ctrl-C in a terminal reaches the gateway, which stops workers
-            )
-        except OSError as e:  # cannot exec the interpreter (permissions, resources): a failed load
-            for fd in (cmd_w, ev_r):
-                os.close(fd)
-            raise LoadFailed(f"cannot start a model worker ({sys.executable}): {e.strerror or e}") from None
-        finally:
-            os.close(cmd_r)
-            os.close(ev_w)
+        spawned = await (spare.take() if spare is not None else spawn())
+        self.proc = spawned.proc
         closed = loop.create_future()
         await loop.connect_read_pipe(lambda: _Frames(self._dispatch, closed),
-                                     os.fdopen(ev_r, "rb", 0))
-        self._transport, _ = await loop.connect_write_pipe(asyncio.Protocol, os.fdopen(cmd_w, "wb", 0))
+                                     os.fdopen(spawned.ev_r, "rb", 0))
+        self._transport, _ = await loop.connect_write_pipe(asyncio.Protocol, os.fdopen(spawned.cmd_w, "wb", 0))
         self._ready = loop.create_future()
         self._reader_task = asyncio.create_task(self._wait_exit(closed), name=f"worker-{self.params.name}")
         self._send(protocol.Load(self.params))
@@ -117,6 +182,8 @@ class WorkerProcess:
         except BaseException:
             await self.stop()
             raise
+        if spare is not None:
+            spare.refill()  # after the load, not beside it: on a small machine the two would share its cores
         restored = (f"; restored {self.info['restored_tokens']} cached tokens in {self.info['restored_slots']} slot(s)"
                     if self.info.get("restored_slots") else "")
         log.info("model %r loaded (pid %s, n_ctx %s, device %s%s)", self.params.name, self.proc.pid,

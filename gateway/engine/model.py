@@ -49,6 +49,16 @@ def _silence_llama_logs(llama_cpp) -> None:
     llama_cpp.llama_log_set(log, ctypes.c_void_p(0))
 
 
+def prepare() -> None:
+    """Import llama.cpp and initialise its backends, ahead of any model (``Model`` calls it
+    too): the part of a worker's start that does not depend on the model."""
+    import llama_cpp
+
+    if not _LOG_CALLBACKS:  # once per process
+        _silence_llama_logs(llama_cpp)
+        llama_cpp.llama_backend_init()
+
+
 class Model:
     def __init__(self, params: protocol.LoadParams, on_progress: Callable[[float], None] | None = None):
         """Load the model; ``on_progress(fraction)`` is called as the weights are read (on this
@@ -57,8 +67,7 @@ class Model:
 
         self.ll = ll = llama_cpp
         self.params = params
-        _silence_llama_logs(ll)
-        ll.llama_backend_init()
+        prepare()
         self.rpc_devices = rpc.add_servers(ll, params.rpc) if params.rpc else 0
         mp = ll.llama_model_default_params()
         mp.n_gpu_layers = 999 if params.n_gpu_layers < 0 else params.n_gpu_layers
