@@ -171,14 +171,15 @@ def report(results: dict, models: dict[str, Path], args) -> str:
         lines.append(f"| {i + 1} | {row['model']} | " + " | ".join(cells) + " |")
     lines.append("")
 
-    def total(n: str, first: bool) -> float:
-        rows = results[n][:n_models] if first else results[n][n_models:]
-        return sum(r["ttft_s"] for r in rows)
+    def total(n: str, part: slice) -> float:
+        return sum(r["ttft_s"] for r in results[n][part])
 
     lines.append("| | " + " | ".join(names) + " |")
     lines.append("|" + "---|" * (len(names) + 1))
-    for label, first in (("first request per model (cold), s", True), ("returning turns, total s", False)):
-        cells = [f"{total(n, first):.2f}" + (f" ({total(n, first) / total(base, first):.2f}x)" if n != base else "")
+    for label, part in (("first request per model (cold), s", slice(0, n_models)),
+                        ("returning turns (swaps), total s", slice(n_models, None)),
+                        ("all turns, total s", slice(None))):
+        cells = [f"{total(n, part):.2f}" + (f" ({total(n, part) / total(base, part):.2f}x)" if n != base else "")
                  for n in names]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     if "gateway" in results and len(results[names[0]]) > n_models:

@@ -46,3 +46,22 @@ def check_figures(g: dict) -> None:
     rounds = g["rounds"]  # every ratio comes from figures of the same round
     assert {"decode_tok_s", "ttft_ms", "cold_ttft_ms", "warm_ttft_ms", "overhead_p50_ms"} <= set(rounds)
     assert all(len(v) >= 1 and all(x > 0 for x in v) for v in rounds.values())
+
+
+@pytest.mark.slow
+def test_the_swap_benchmark_runs_and_reports_each_turn(tmp_path):
+    a = tm.plain(tmp_path / "a.gguf").path
+    b = tm.thinking(tmp_path / "b.gguf").path
+    out = tmp_path / "swap.json"
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "bench.py"), "--swap", "--model", str(a),
+                        "--model-b", str(b), "--history", "300", "--swaps", "2", "--swap-tokens", "4",
+                        "--threads", "1", "--json", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    data = json.loads(out.read_text())["swap"]
+    assert [t["model"] for t in data["gateway"]] == ["a", "b", "a", "b"]
+    saved, plain = data["gateway + saved caches"], data["gateway"]
+    assert all(t["ttft_s"] > 0 for t in saved + plain)
+    # each returning turn found its whole history restored, and without saved caches none
+    assert all(t["cached"] > 0.8 * t["prompt_tokens"] for t in saved[2:]) and all(not t["cached"] for t in plain)
+    assert "| 3 | a |" in r.stdout and "returning turns (swaps), total s" in r.stdout
