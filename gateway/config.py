@@ -131,6 +131,20 @@ class ModelSpec:
     upstream: Upstream | None = None
     replicas: tuple[ModelSpec, ...] = ()  # each a local or upstream spec, named NAME#1, NAME#2, ...
     rpc: tuple[str, ...] = ()  # llama.cpp RPC servers (host:port) that hold part of a local model's layers
+    # llama-server's settings, passed to llama.cpp as they are (README: "llama-server flags")
+    cache_type_k: str = "f16"  # CACHE_TYPES
+    cache_type_v: str = "f16"  # a quantized V cache needs flash attention
+    n_ubatch: int | None = None  # physical batch; None: n_batch
+    n_threads_batch: int | None = None  # threads reading prompts; None: n_threads
+    main_gpu: int = 0
+    split_mode: str = "layer"  # SPLIT_MODES: how a model spreads over several GPUs
+    tensor_split: tuple[float, ...] = ()  # each GPU's share of the model
+    use_mlock: bool = False  # lock the weights in RAM (never swapped out)
+    rope_freq_base: float | None = None  # None: the model's own
+    rope_freq_scale: float | None = None
+    kv_unified: bool = False  # the slots share one pool of n_ctx cells (llama-server's default) instead of n_ctx each
+    lora: tuple[tuple[Path, float], ...] = ()  # LoRA adapters: (GGUF path, scale)
+    pin: bool = False  # loaded at start and never unloaded (neither evicted nor by keep_alive)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -197,6 +211,10 @@ class Config:
     models: tuple[ModelSpec, ...] = ()
     path: Path | None = None
     warnings: tuple[str, ...] = ()
+
+
+CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+SPLIT_MODES = ("none", "layer", "row")
 
 
 def default_kv_cache_dir() -> Path:
@@ -616,6 +634,19 @@ class _Parser:
             "tool_format": self.one_of(TOOL_FORMATS),
             "rpc": self.list_of(self.rpc_server),
             "reranker": self.boolean,
+            "cache_type_k": self.one_of(CACHE_TYPES),
+            "cache_type_v": self.one_of(CACHE_TYPES),
+            "n_ubatch": self.integer(minimum=1, what="a positive integer"),
+            "n_threads_batch": self.integer(minimum=1, what="a positive integer"),
+            "main_gpu": self.integer(minimum=0, what="a GPU index >= 0"),
+            "split_mode": self.one_of(SPLIT_MODES),
+            "tensor_split": self.tensor_split,
+            "use_mlock": self.boolean,
+            "rope_freq_base": self.positive_number,
+            "rope_freq_scale": self.positive_number,
+            "kv_unified": self.boolean,
+            "lora": self.list_of(self.lora_adapter),
+            "pin": self.boolean,
             **self._common_keys(),
         }
 
@@ -653,6 +684,13 @@ class _Parser:
     def _spec(self, where: str, name: str, fields: dict[str, Any]) -> ModelSpec | None:
         """The spec from a checked entry's fields; an upstream's own keys become its ``Upstream``."""
         if "upstream" not in fields:
+            if fields.get("cache_type_v", "f16") not in ("f32", "f16", "bf16") and fields.get("flash_attn") is False:
+                self.error(f"{where}.cache_type_v", "a quantized V cache needs flash attention: "
+                                                    "leave flash_attn unset (llama.cpp decides) or true")
+                return None
+            if fields.get("n_ubatch", 0) > fields.get("n_batch", ModelSpec.n_batch):
+                self.error(f"{where}.n_ubatch", f"must be at most n_batch ({fields.get('n_batch', ModelSpec.n_batch)})")
+                return None
             return ModelSpec(name=name, **fields)
         url = fields.pop("upstream")
         key = fields.pop("api_key", None)
@@ -692,6 +730,41 @@ class _Parser:
             return _INVALID
         path = parts.path.rstrip("/") or "/v1"
         return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+
+    def positive_number(self, where: str, v: Any):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
+            self.error(where, f"must be a number > 0, got {_show(v)}")
+            return _INVALID
+        return float(v)
+
+    def tensor_split(self, where: str, v: Any):
+        """Each GPU's share, as llama-server's --tensor-split: numbers >= 0, not all 0."""
+        if not isinstance(v, list) or not v or len(v) > 16 or any(
+                isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 <= x < float("inf") for x in v) \
+                or not any(v):
+            self.error(where, f"must be a list of each GPU's share (numbers >= 0, not all 0; at most 16), "
+                              f"got {_show(v)}")
+            return _INVALID
+        return tuple(float(x) for x in v)
+
+    def lora_adapter(self, where: str, v: Any):
+        """A LoRA adapter: its GGUF path, or ``{path: ..., scale: 1.0}``."""
+        raw = {"path": v} if isinstance(v, str) else v
+        if not isinstance(raw, dict):
+            self.error(where, f"must be a path or {{path: FILE, scale: NUMBER}}, got {_show(v)}")
+            return _INVALID
+        fields = self.mapping(where, raw, {"path": self.path_field, "scale": self.number})
+        if "path" not in fields:
+            if "path" not in raw:
+                self.error(f"{where}.path", "is required")
+            return _INVALID
+        return (fields["path"], fields.get("scale", 1.0))
+
+    def number(self, where: str, v: Any):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or abs(v) == float("inf"):
+            self.error(where, f"must be a number, got {_show(v)}")
+            return _INVALID
+        return float(v)
 
     def rpc_server(self, where: str, v: Any):
         """``host:port`` of a llama.cpp ``rpc-server``."""

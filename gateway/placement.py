@@ -18,23 +18,27 @@ class Resident:
     state: ModelState
     in_flight: int = 0
     last_used: float = 0.0
+    pinned: bool = False  # models.yaml ``pin: true``: never evicted
 
 
 class Room(Enum):
     FITS = "fits"  # load now
     EVICT = "evict"  # unload the named model first, then ask again
     WAIT = "wait"  # every loaded model is busy: wait for one to go idle
+    NEVER = "never"  # pinned models alone fill the limit: nothing will ever make room
 
 
 def make_room(others: Sequence[Resident], limit: int) -> tuple[Room, str | None]:
     """Whether one more model may load beside ``others`` under ``server.max_loaded_models``
     (``limit``; 0: no limit). Loading models count. Past the limit, the least recently used
     ready model with nothing in flight is evicted (the first of equals); a model with requests
-    in flight never is."""
+    in flight never is, nor a pinned one."""
     loaded = [r for r in others if r.state in (ModelState.LOADING, ModelState.READY)]
     if not limit or len(loaded) < limit:
         return Room.FITS, None
-    idle = [r for r in loaded if r.state is ModelState.READY and r.in_flight == 0]
+    if sum(r.pinned for r in loaded) >= limit:
+        return Room.NEVER, None
+    idle = [r for r in loaded if r.state is ModelState.READY and r.in_flight == 0 and not r.pinned]
     if not idle:
         return Room.WAIT, None
     return Room.EVICT, min(idle, key=lambda r: r.last_used).name

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -114,7 +115,7 @@ class Registry:
     # --- supervisors ---------------------------------------------------------------------------
     def _timing(self, spec: ModelSpec) -> Timing:
         server = self.config.server
-        keep = spec.keep_alive if spec.keep_alive is not None else server.keep_alive
+        keep = math.inf if spec.pin else spec.keep_alive if spec.keep_alive is not None else server.keep_alive
         return Timing(load_timeout=server.load_timeout, keep_alive=keep, backoff=self.backoff)
 
     def supervisor(self, spec: ModelSpec) -> ModelSupervisor:
@@ -191,7 +192,7 @@ class Registry:
     def keep_alive(self, spec: ModelSpec, seconds: float | None) -> None:
         """A request's keep_alive (Ollama's): the model stays loaded this long once idle, from
         now on (None: leave it as it is)."""
-        if seconds is not None:
+        if seconds is not None and not spec.pin:  # a pinned model stays loaded whatever a request asks
             self.supervisor(spec).keep_alive = seconds
 
     async def unload(self, name: object) -> ModelSupervisor:
@@ -237,6 +238,10 @@ class Registry:
             room, name = placement.make_room([m.resident(key) for key, m in others.items()], limit)
             if room is placement.Room.FITS:
                 return
+            if room is placement.Room.NEVER:
+                raise ApiError(f"pinned models fill all {limit} places (server.max_loaded_models); {model.spec.name!r} "
+                               "cannot load beside them: raise the limit or unpin one", status=503, param="model",
+                               code="model_capacity")
             if room is placement.Room.EVICT and name is not None:
                 victim = others[name]
                 log.info("unloading %r (least recently used) to make room for %r", victim.spec.name, model.spec.name)
@@ -327,7 +332,7 @@ class Registry:
                 await self.load(spec.name)
             except ApiError as e:
                 log.error("preload of %r failed: %s", spec.name, e.message)
-        await asyncio.gather(*(one(s) for s in self.specs() if s.preload))
+        await asyncio.gather(*(one(s) for s in self.specs() if s.preload or s.pin))
 
     async def close(self) -> None:
         """Stop every backend (at shutdown)."""

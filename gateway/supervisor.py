@@ -110,7 +110,7 @@ class ModelSupervisor:
         return self.state in (LOADING, READY) or self.in_flight > 0 or self.load is not None
 
     def resident(self, key: str) -> placement.Resident:
-        return placement.Resident(key, self.state, self.in_flight, self.last_used)
+        return placement.Resident(key, self.state, self.in_flight, self.last_used, self.spec.pin)
 
     def queued(self) -> int:
         """Requests waiting: for the load, and behind the backend's busy sequences."""

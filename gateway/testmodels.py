@@ -314,6 +314,30 @@ DEMO_ANSWER = [
 ]
 
 
+def lora_adapter(model: str | os.PathLike, path: str | os.PathLike, favour: str = "<|im_end|>",
+                 strength: float = 100.0) -> Path:
+    """A LoRA adapter (llama.cpp's GGUF form: ``general.type: adapter``, ``lora_a``/``lora_b``
+    pairs) for a scripted ``model`` that raises the token ``favour`` above every other at each
+    step: with it at scale 1 the model ends its answer at once; at scale 0 it answers as without."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(model))
+    tokens = [bytes(reader.fields["tokenizer.ggml.tokens"].parts[i]).decode()
+              for i in reader.fields["tokenizer.ggml.tokens"].data]
+    n_embd = int(reader.fields["llama.embedding_length"].parts[-1][0])
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_string("general.type", "adapter")
+    w.add_string("adapter.type", "lora")
+    w.add_float32("adapter.lora.alpha", 1.0)
+    a = np.ones((1, n_embd), dtype=np.float32)  # rank 1: the sum of the normed hidden state (one slot's value)
+    b = np.zeros((len(tokens), 1), dtype=np.float32)
+    b[tokens.index(favour), 0] = strength
+    w.add_tensor("output.weight.lora_a", a)
+    w.add_tensor("output.weight.lora_b", b)
+    _finish(w)
+    return Path(path)
+
+
 def plain(path: str | os.PathLike, answer: Sequence[Step] = ("Hello", ",", " world", "!"), **kw) -> ScriptedModel:
     """A plain answer."""
     return write_scripted_model(path, Script(list(answer)), **kw)

@@ -20,6 +20,10 @@ U, L, R, F = ModelState.UNLOADED, ModelState.LOADING, ModelState.READY, ModelSta
     ([Resident("a", R, last_used=3), Resident("b", R, last_used=3)], 1, (Room.EVICT, "a")),  # first of equals
     ([Resident("a", R, last_used=1), Resident("b", R, last_used=2), Resident("c", R, last_used=3)], 2,
      (Room.EVICT, "a")),  # over the limit (lowered by a reload): one at a time
+    ([Resident("a", R, last_used=1, pinned=True), Resident("b", R, last_used=2)], 2, (Room.EVICT, "b")),  # pinned stay
+    ([Resident("a", R, pinned=True), Resident("b", R, in_flight=1)], 2, (Room.WAIT, None)),  # b will go idle
+    ([Resident("a", R, pinned=True), Resident("b", L, pinned=True)], 2, (Room.NEVER, None)),  # nothing will free
+    ([Resident("a", R, pinned=True)], 2, (Room.FITS, None)),
 ])
 def test_make_room(others, limit, decision):
     assert make_room(others, limit) == decision

@@ -75,6 +75,15 @@ class Decoder:
         for slot in self.slots:
             slot.cached = []
 
+    def _forget_idle(self) -> bool:
+        """Drop the caches of the slots no request holds (what a full shared pool can give back);
+        whether there were any."""
+        idle = [s for s in self.slots if s.seq is None and s.cached]
+        for slot in idle:
+            self.ll.llama_memory_seq_rm(self.mem, slot.id, -1, -1)
+            slot.cached = []
+        return bool(idle)
+
     def step(self) -> None:
         """Advance every active sequence: one llama_decode for the token each generating sequence
         sampled last, then prompt chunks of the prefilling ones (oldest first) while the step's
@@ -125,14 +134,21 @@ class Decoder:
             seq.logit_index = batch.add(part, len(seq.slot.cached), seq.slot.id, want)
             seq.logit_row, row = row, row + want  # outputs are stored in batch order
         rc = self.ll.llama_decode(self.ctx, batch.struct)
+        if rc == 1 and self._forget_idle():  # a shared pool (kv_unified) is full: idle slots' caches make room
+            rc = self.ll.llama_decode(self.ctx, batch.struct)
         self.sampling.logits_base = None  # the decode may have moved llama.cpp's logits
         if rc != 0:
             for seq, _, _ in chunks:
                 self.ll.llama_memory_seq_rm(self.mem, seq.slot.id, -1, -1)
                 seq.slot.cached = []
                 self.drop(seq)
-                self.out.send(protocol.Error(seq.rid, 500, f"llama_decode failed with status {rc}", None,
-                                             "decode_failed"))
+                if rc == 1:  # no room in the cache: only a shared pool (kv_unified) runs out while requests fit
+                    self.out.send(protocol.Error(seq.rid, 503, "the model's shared context (kv_unified) is full with "
+                                                 "other requests; retry shortly, or give it a larger n_ctx", None,
+                                                 "context_full", 2.0))
+                else:
+                    self.out.send(protocol.Error(seq.rid, 500, f"llama_decode failed with status {rc}", None,
+                                                 "decode_failed"))
             return
         for seq, part, want in chunks:
             seq.slot.cached.extend(part)

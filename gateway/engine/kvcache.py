@@ -33,8 +33,8 @@ from typing import Any
 from . import protocol
 
 # LoadParams fields that do not change what a slot's cache holds
-_NOT_IDENTITY = {"name", "n_threads", "n_batch", "stream_interval", "chat_template", "kv_cache_dir",
-                 "kv_cache_max_bytes"}
+_NOT_IDENTITY = {"name", "n_threads", "n_threads_batch", "n_batch", "n_ubatch", "stream_interval", "chat_template",
+                 "kv_cache_dir", "kv_cache_max_bytes"}
 _BLOCK = 1 << 20
 
 

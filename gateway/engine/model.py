@@ -22,6 +22,7 @@ from . import protocol, rpc
 from .vocab import Vocab
 
 DEFAULT_N_CTX = 4096
+CACHE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20, "bf16": 30}
 MAX_SLOTS = 64
 
 _LOG_CALLBACKS: list[Any] = []
@@ -76,6 +77,15 @@ class Model:
         # Off by default: with repacked weights a matrix kernel takes rows in groups, so a token's
         # logits change with the batch it shares (a greedy answer then depends on the load).
         mp.use_extra_bufts = params.repack
+        if params.use_mlock:
+            mp.load_mode = ll.LLAMA_LOAD_MODE_MLOCK if not params.use_mmap else ll.LLAMA_LOAD_MODE_MMAP_MLOCK
+        mp.main_gpu = params.main_gpu
+        mp.split_mode = {"none": ll.LLAMA_SPLIT_MODE_NONE, "layer": ll.LLAMA_SPLIT_MODE_LAYER,
+                         "row": ll.LLAMA_SPLIT_MODE_ROW}[params.split_mode]
+        if params.tensor_split:
+            # llama.cpp reads one share per device it knows; the array must outlive the load
+            self._tensor_split = (ctypes.c_float * 128)(*params.tensor_split)
+            mp.tensor_split = self._tensor_split
         if on_progress is not None:
             @ll.llama_progress_callback
             def progress(fraction, _user_data):
@@ -95,11 +105,20 @@ class Model:
         # every request may use the whole context, and a batch attends only to its own cells.
         self.n_slots = n_slots = 1 if params.embeddings else max(1, min(params.parallel, MAX_SLOTS))
         cp.n_seq_max = n_slots
-        cp.kv_unified = False
-        cp.n_ctx = n_ctx * n_slots
-        cp.n_batch = cp.n_ubatch = max(min(params.n_batch, n_ctx), n_slots)
+        # kv_unified: llama-server's default, one pool of n_ctx cells that the slots share (a slot
+        # may use what the others leave); else n_ctx cells each
+        cp.kv_unified = params.kv_unified
+        cp.n_ctx = n_ctx if params.kv_unified else n_ctx * n_slots
+        cp.n_batch = max(min(params.n_batch, n_ctx), n_slots)
+        cp.n_ubatch = min(cp.n_batch, max(params.n_ubatch or cp.n_batch, n_slots))
         threads = params.n_threads or protocol.default_threads()
-        cp.n_threads = cp.n_threads_batch = threads
+        cp.n_threads = threads
+        cp.n_threads_batch = params.n_threads_batch or threads
+        cp.type_k, cp.type_v = CACHE_TYPES[params.cache_type_k], CACHE_TYPES[params.cache_type_v]
+        if params.rope_freq_base is not None:
+            cp.rope_freq_base = params.rope_freq_base
+        if params.rope_freq_scale is not None:
+            cp.rope_freq_scale = params.rope_freq_scale
         cp.flash_attn_type = {None: ll.LLAMA_FLASH_ATTN_TYPE_AUTO, True: ll.LLAMA_FLASH_ATTN_TYPE_ENABLED,
                               False: ll.LLAMA_FLASH_ATTN_TYPE_DISABLED}[params.flash_attn]
         cp.no_perf = True
@@ -112,6 +131,7 @@ class Model:
             # a pooled embedding needs its whole input in one micro-batch
             cp.embeddings = True
             cp.n_batch = cp.n_ubatch = cp.n_ctx
+        self.cp = cp
         self.ctx = ll.llama_init_from_model(self.handle, cp)
         if params.reranker and self.ctx and ll.llama_pooling_type(self.ctx) != ll.LLAMA_POOLING_TYPE_RANK:
             ll.llama_free(self.ctx)  # configured as a reranker: llama.cpp's rank pooling, whatever the header says
@@ -124,6 +144,7 @@ class Model:
         if not self.ctx:
             raise RuntimeError(f"llama.cpp could not create a context of {cp.n_ctx} tokens for {params.path} "
                                "(not enough memory?)")
+        self.loras = self._lora(params.lora)
         self.n_embd = ll.llama_model_n_embd(self.handle)
         self.n_swa = 0 if params.swa_full else ll.llama_model_n_swa(self.handle)
         self.mem = ll.llama_get_memory(self.ctx)
@@ -137,6 +158,25 @@ class Model:
         self.device = _device(ll) if self.gpu_offload else "cpu"
         if self.rpc_devices:
             self.device += f"+rpc:{self.rpc_devices}"
+
+    def _lora(self, adapters: tuple[tuple[str, float], ...]) -> list[Any]:
+        """Load the LoRA adapters and set them on the context (each with its scale); raises
+        on one llama.cpp refuses (not a LoRA, or made for another model)."""
+        ll = self.ll
+        if not adapters:
+            return []
+        loaded = []
+        for path, _ in adapters:
+            adapter = ll.llama_adapter_lora_init(self.handle, str(path).encode())
+            if not adapter:
+                raise RuntimeError(f"llama.cpp could not load the LoRA adapter {path} (not a LoRA GGUF, or made "
+                                   "for another model)")
+            loaded.append(adapter)
+        array = (ll.llama_adapter_lora_p_ctypes * len(loaded))(*loaded)
+        scales = (ctypes.c_float * len(loaded))(*(scale for _, scale in adapters))
+        if ll.llama_set_adapters_lora(self.ctx, array, len(loaded), scales) != 0:
+            raise RuntimeError("llama.cpp could not set the LoRA adapters on the context")
+        return loaded
 
     def set_threads(self, n: int) -> None:
         """Use ``n`` CPU threads from the next decode on (never more than configured)."""
@@ -153,4 +193,10 @@ class Model:
             "special_tokens": [m for m in (*MARKER_TOKENS, *CALL_MARKERS) if self.vocab.single_token(m)],
             "n_embd": self.n_embd, "embeddings": self.params.embeddings, "reranker": self.params.reranker,
             "rpc": list(self.params.rpc),
+            # what llama.cpp was given (README: llama-server's flags)
+            "cache_type_k": self.params.cache_type_k, "cache_type_v": self.params.cache_type_v,
+            "n_batch": self.cp.n_batch, "n_ubatch": self.cp.n_ubatch, "n_threads_batch": self.cp.n_threads_batch,
+            "kv_unified": bool(self.cp.kv_unified), "n_ctx_total": self.ll.llama_n_ctx(self.ctx),
+            "rope_freq_base": self.cp.rope_freq_base or None, "rope_freq_scale": self.cp.rope_freq_scale or None,
+            "lora": len(self.loras),
         }

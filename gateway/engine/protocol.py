@@ -62,12 +62,41 @@ _unjson = json.JSONDecoder().decode
 
 
 def default_threads() -> int:
-    """The CPUs this process may use (at most 16): a model's thread count when none is configured."""
+    """A model's thread count when none is configured: the physical cores among the CPUs this
+    process may use (at most 16), as llama.cpp's own default. With SMT two threads on one core
+    share its arithmetic units, and llama.cpp's threads wait for each other at every step, so
+    every logical CPU decodes slower than one per core."""
     try:
-        n = len(os.sched_getaffinity(0))
+        cpus = os.sched_getaffinity(0)
     except AttributeError:  # macOS
-        n = os.cpu_count() or 1
-    return max(1, min(n, 16))
+        return max(1, min(_macos_physical_cores() or os.cpu_count() or 1, 16))
+    return max(1, min(physical_cores(cpus), 16))
+
+
+def physical_cores(cpus: set[int], sysfs: str = "/sys/devices/system/cpu") -> int:
+    """How many distinct cores (package, core id) the logical CPUs ``cpus`` are on, from
+    Linux's sysfs; where it says nothing, the CPUs themselves."""
+    cores = set()
+    for cpu in cpus:
+        try:
+            with open(f"{sysfs}/cpu{cpu}/topology/physical_package_id") as f:
+                package = f.read().strip()
+            with open(f"{sysfs}/cpu{cpu}/topology/core_id") as f:
+                core = f.read().strip()
+        except OSError:
+            return len(cpus)
+        cores.add((package, core))
+    return len(cores) or len(cpus)
+
+
+def _macos_physical_cores() -> int | None:
+    import subprocess
+
+    try:
+        out = subprocess.run(["sysctl", "-n", "hw.physicalcpu"], capture_output=True, text=True, timeout=5)
+        return int(out.stdout.strip())
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
 
 
 # The kinds of request a model may serve (``WorkerProcess.serves``, ``backend.Backend``).
@@ -94,6 +123,18 @@ class LoadParams:
     parallel: int = 4  # sequence slots decoded together (continuous batching); 1 for embeddings
     stream_interval: float = 0.0  # seconds an answer's text may be held to go out with the next tokens'
     rpc: tuple[str, ...] = ()  # llama.cpp rpc-servers (host:port) holding part of the layers
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    n_ubatch: int | None = None  # None: n_batch
+    n_threads_batch: int | None = None  # None: n_threads
+    main_gpu: int = 0
+    split_mode: str = "layer"
+    tensor_split: tuple[float, ...] = ()
+    use_mlock: bool = False
+    rope_freq_base: float | None = None  # None: the model's own
+    rope_freq_scale: float | None = None
+    kv_unified: bool = False  # one pool of n_ctx cells shared by the slots
+    lora: tuple[tuple[str, float], ...] = ()  # (adapter GGUF, scale)
     # where the slots' caches are saved at exit and restored at load (``kvcache``); None: neither
     kv_cache_dir: str | None = None
     kv_cache_max_bytes: int = 0  # the whole directory's bound, least recently used removed first
@@ -254,7 +295,9 @@ def decode_command(data: bytes) -> Command:
         if nested is not None:
             msg[name] = nested(**msg[name])
             if isinstance(msg[name], LoadParams):  # JSON has no tuples: the frozen params' lists as they were
-                msg[name] = replace(msg[name], rpc=tuple(msg[name].rpc))
+                params = msg[name]
+                msg[name] = replace(params, rpc=tuple(params.rpc), tensor_split=tuple(params.tensor_split),
+                                    lora=tuple((path, scale) for path, scale in params.lora))
     return cls(**msg)
 
 
