@@ -31,6 +31,7 @@ DEFAULT_KEEP_ALIVE = 300.0  # seconds an idle model stays loaded, as Ollama's 5m
 DEFAULT_LOAD_TIMEOUT = 300.0
 DEFAULT_MAX_LOADED = 3  # as Ollama's OLLAMA_MAX_LOADED_MODELS on a CPU; 0 = no limit
 DEFAULT_KV_CACHE_MAX_BYTES = 8 * 2**30  # saved conversations, all models together
+DEFAULT_MEMORY_RESERVE = -10  # a negative reserve is a percentage of the machine's memory
 
 REASONING_MODES = ("auto", "think", "think_mistral", "seed", "channel", "harmony", "none")
 # toolcalls.FORMATS, and auto (read from the chat template) and none (refuse tools)
@@ -200,6 +201,10 @@ class ServerConfig:
     # when it loads again; None: under the user's cache directory (``default_kv_cache_dir``).
     kv_cache_dir: Path | None = None
     kv_cache_max_bytes: int = DEFAULT_KV_CACHE_MAX_BYTES  # all models' saved caches together; 0: save none
+    # Memory: the bytes the models may hold in all (None: no budget of its own), and what is
+    # kept free of the machine's memory: bytes, or a share of it (``"10%"`` -> -10)
+    memory_budget: int | None = None
+    memory_reserve: int = DEFAULT_MEMORY_RESERVE
     # keep one worker process started ahead of the next load (its interpreter and llama.cpp
     # imported): a model switch skips that part of the start, for the spare's idle memory
     spare_worker: bool = True
@@ -449,6 +454,19 @@ class _Parser:
             return one
         return self.mapping(where, v, {name: check(p) for name, p in SAMPLING.items()})
 
+    def reserve(self, where: str, v: Any):
+        """A size, or a share of the machine's memory (``"10%"``, kept as -10)."""
+        if isinstance(v, str) and v.strip().endswith("%"):
+            try:
+                share = float(v.strip()[:-1])
+            except ValueError:
+                share = -1
+            if 0 <= share < 100:
+                return -share if share else 0
+            self.error(where, f"must be a size (1GiB) or a share of memory from 0% to 99%, got {_show(v)}")
+            return _INVALID
+        return self.byte_size(where, v)
+
     def byte_size(self, where: str, v: Any):
         n = parse_bytes(v)
         if n is None:
@@ -498,6 +516,8 @@ class _Parser:
             "kv_cache_dir": self.path_field,
             "kv_cache_max_bytes": self.byte_size,
             "spare_worker": self.boolean,
+            "memory_budget": self.byte_size,
+            "memory_reserve": self.reserve,
         })
 
         keys = list(server.pop("api_keys", ()))

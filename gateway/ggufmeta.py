@@ -14,7 +14,7 @@ import mmap
 import os
 import re
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,24 @@ class ModelFileError(Exception):
 
 
 RANK_POOLING = 4  # enum llama_pooling_type: NONE, MEAN, CLS, LAST, RANK
+
+
+class ArrayLength(int):
+    """An array's place in the metadata: its length (its items are not kept)."""
+
+
+@dataclass(frozen=True)
+class TensorBytes:
+    """Where a file's weight bytes are: per layer (``blk.N.*``), the input embeddings (which
+    llama.cpp keeps on the CPU), and the rest (output, norms)."""
+
+    layers: tuple[int, ...] = ()
+    input: int = 0
+    rest: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.layers) + self.input + self.rest
 
 
 @dataclass(frozen=True)
@@ -49,6 +67,11 @@ class GGUFInfo:
     n_tensors: int = 0
     kind: str | None = None  # general.type: "model", "adapter", "mmproj", ... (often absent)
     chat_template: str | None = None  # tokenizer.chat_template
+    weights: TensorBytes = TensorBytes()  # the first file's tensors (of a split model: its first part)
+    n_vocab: int = 0
+    # the architecture's numbers (block_count, attention.head_count_kv, ...), without the prefix;
+    # a per-layer array appears as its length
+    shape: dict[str, int | float] = field(default_factory=dict)
 
 
 def split_parts(path: Path) -> list[Path]:
@@ -124,11 +147,11 @@ class _Walker:
                     self.string()
             else:
                 raise self.fail(f"unsupported array element type {etype}")
-            return count
+            return ArrayLength(count)
         raise self.fail(f"unknown metadata value type {vtype}")
 
 
-def _walk(path: Path) -> tuple[dict[str, Any], int]:  # (metadata, tensor count)
+def _walk(path: Path) -> tuple[dict[str, Any], int, TensorBytes]:  # (metadata, tensor count, weight bytes)
     """Header metadata (scalars and strings; arrays as their lengths), checked against the file size."""
     import gguf
 
@@ -161,6 +184,8 @@ def _walk(path: Path) -> tuple[dict[str, Any], int]:  # (metadata, tensor count)
                 meta[key] = w.value(w.take("I"), keep=not key.startswith("tokenizer.ggml."))
             # Tensor infos: the data they describe must lie inside the file.
             end = 0
+            layers: dict[int, int] = {}
+            embd = rest = 0
             for _ in range(n_tensors):
                 name = w.string()
                 n_dims = w.take("I")
@@ -174,13 +199,24 @@ def _walk(path: Path) -> tuple[dict[str, Any], int]:  # (metadata, tensor count)
                     block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(ttype)]
                 except (ValueError, KeyError):
                     raise ModelFileError(f"{path}: tensor {name[:64]!r} has unknown type {ttype}") from None
-                end = max(end, offset + elements // block * type_size)
+                nbytes = elements // block * type_size
+                end = max(end, offset + nbytes)
+                if name.startswith(b"blk."):
+                    layer = name.split(b".", 2)[1]
+                    if layer.isdigit():
+                        layers[int(layer)] = layers.get(int(layer), 0) + nbytes
+                        continue
+                if name.startswith(b"token_embd."):
+                    embd += nbytes
+                else:
+                    rest += nbytes
             align = meta.get("general.alignment") or gguf.GGUF_DEFAULT_ALIGNMENT
             data_start = -(-w.pos // align) * align
             if n_tensors and data_start + end > size:
                 raise ModelFileError(f"{path}: truncated tensor data (the header needs {data_start + end} bytes, "
                                      f"the file has {size})")
-    return meta, n_tensors
+    weights = TensorBytes(tuple(layers.get(i, 0) for i in range(max(layers, default=-1) + 1)), embd, rest)
+    return meta, n_tensors, weights
 
 
 ENCODER_ARCHS = frozenset({"bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3", "t5encoder",
@@ -190,7 +226,7 @@ ENCODER_ARCHS = frozenset({"bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2
 def read_info(path: str | Path) -> GGUFInfo:
     """Header metadata of ``path``; raises ``ModelFileError`` with a reason a person can act on."""
     path = Path(path)
-    meta, n_tensors = _walk(path)
+    meta, n_tensors, weights = _walk(path)
     arch = meta.get("general.architecture")
     if not isinstance(arch, str):
         raise ModelFileError(f"{path}: no general.architecture in the GGUF header")
@@ -223,4 +259,8 @@ def read_info(path: str | Path) -> GGUFInfo:
         n_tensors=n_tensors,
         kind=text("general.type"),
         chat_template=text("tokenizer.chat_template"),
+        weights=weights,
+        n_vocab=num("tokenizer.ggml.tokens") or 0,
+        shape={k[len(arch) + 1:]: v for k, v in meta.items() if k.startswith(f"{arch}.")
+               and isinstance(v, (int, float)) and not isinstance(v, (bool, ArrayLength))},
     )

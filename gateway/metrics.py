@@ -64,7 +64,7 @@ class Metrics:
         info.labels(__version__, platform.python_version(), _llama_cpp_version()).set(1)
         self._model_collector: _ModelCollector | None = None
 
-    def watch_models(self, rows: Callable[[], Iterable[tuple[str, str, int, int, float]]]) -> None:
+    def watch_models(self, rows: Callable[[], Iterable[tuple[str, str, int, int, float, int, int]]]) -> None:
         """Per-model gauges read at scrape time: rows of (model, state, in_flight, queued, loaded)."""
         self._model_collector = _ModelCollector(rows)
         self.registry.register(self._model_collector)
@@ -99,13 +99,20 @@ class _ModelCollector:
                                    labels=["model"])
         progress = GaugeMetricFamily("gguf_gateway_model_load_progress", "How much of each model is loaded, 0 to 1 "
                                      "(a load under way: the part of its weights read so far)", labels=["model"])
-        for model, current, flying, waiting, loaded in self.rows():
+        estimate = GaugeMetricFamily("gguf_gateway_model_memory_estimate_bytes", "What each model should take "
+                                     "loaded (weights, KV cache, compute), from its header and settings",
+                                     labels=["model"])
+        allocated = GaugeMetricFamily("gguf_gateway_model_memory_allocated_bytes", "What llama.cpp allocated for "
+                                      "each loaded model (0 while not loaded)", labels=["model"])
+        for model, current, flying, waiting, loaded, need, held in self.rows():
             for s in STATES:
                 state.add_metric([model, s], 1.0 if s == current else 0.0)
             in_flight.add_metric([model], flying)
             queued.add_metric([model], waiting)
             progress.add_metric([model], loaded)
-        yield from (state, in_flight, queued, progress)
+            estimate.add_metric([model], need)
+            allocated.add_metric([model], held)
+        yield from (state, in_flight, queued, progress, estimate, allocated)
 
 
 class _UpstreamCollector:

@@ -19,6 +19,7 @@ class Resident:
     in_flight: int = 0
     last_used: float = 0.0
     pinned: bool = False  # models.yaml ``pin: true``: never evicted
+    memory: int = 0  # bytes it holds (or will, while loading): what llama.cpp allocated, else the estimate
 
 
 class Room(Enum):
@@ -26,17 +27,25 @@ class Room(Enum):
     EVICT = "evict"  # unload the named model first, then ask again
     WAIT = "wait"  # every loaded model is busy: wait for one to go idle
     NEVER = "never"  # pinned models alone fill the limit: nothing will ever make room
+    TOO_LARGE = "too_large"  # the model does not fit even with every other model unloaded
 
 
-def make_room(others: Sequence[Resident], limit: int) -> tuple[Room, str | None]:
-    """Whether one more model may load beside ``others`` under ``server.max_loaded_models``
-    (``limit``; 0: no limit). Loading models count. Past the limit, the least recently used
-    ready model with nothing in flight is evicted (the first of equals); a model with requests
-    in flight never is, nor a pinned one."""
+def make_room(others: Sequence[Resident], limit: int, need: int = 0, capacity: int | None = None) -> tuple[
+        Room, str | None]:
+    """Whether one more model, taking ``need`` bytes, may load beside ``others``: under
+    ``server.max_loaded_models`` (``limit``; 0: no limit), and within ``capacity``, the bytes
+    the gateway's models may hold in all (None: memory is not counted). Loading models count.
+    Past either bound, the least recently used ready model with nothing in flight is evicted
+    (the first of equals); a model with requests in flight never is, nor a pinned one. A model
+    that would not fit even with every unpinned model unloaded is ``TOO_LARGE``."""
     loaded = [r for r in others if r.state in (ModelState.LOADING, ModelState.READY)]
-    if not limit or len(loaded) < limit:
+    held = sum(r.memory for r in loaded)
+    if capacity is not None and need > capacity - sum(r.memory for r in loaded if r.pinned):
+        return Room.TOO_LARGE, None
+    fits_memory = capacity is None or held + need <= capacity
+    if fits_memory and (not limit or len(loaded) < limit):
         return Room.FITS, None
-    if sum(r.pinned for r in loaded) >= limit:
+    if limit and len(loaded) >= limit and sum(r.pinned for r in loaded) >= limit:
         return Room.NEVER, None
     idle = [r for r in loaded if r.state is ModelState.READY and r.in_flight == 0 and not r.pinned]
     if not idle:

@@ -24,9 +24,10 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
-from . import discovery, placement
+from . import discovery, memory, placement, sysmem
 from .backend import CHAT, EMBEDDINGS, RERANK, TOKENIZE, Backend, BackendFactory, LocalWorkers
 from .catalog import DEMO_NAME, ModelCatalog, ensure_demo_model  # noqa: F401 (DEMO_NAME, ensure_demo_model: re-exported)
 from .config import Config, ConfigError, ModelSpec, load_config, normalize_name
@@ -42,6 +43,10 @@ from .upstream import Upstreams
 log = logging.getLogger(__name__)
 
 _LIVE = (ModelState.LOADING, ModelState.READY)
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if abs(n) >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
 def _parallel(spec: ModelSpec) -> int:
@@ -135,15 +140,24 @@ class Registry:
         self._retired = [m for m in self._retired if m.holds]
         return [*self._models.values(), *self._retired]
 
-    def metrics_rows(self) -> list[tuple[str, str, int, int, float]]:
-        """(model, state, requests in flight, requests queued, how much of it is loaded: 0 to 1)
-        for every resolvable model."""
+    def estimate(self, spec: ModelSpec) -> dict[str, int] | None:
+        """What a local model should take once loaded (``memory.estimate``), from its header."""
+        info = self.info(spec) if spec.path is not None else None
+        if info is None:
+            return None
+        found = memory.estimate(info, spec)
+        return found.describe() if found is not None else None
+
+    def metrics_rows(self) -> list[tuple[str, str, int, int, float, int, int]]:
+        """(model, state, requests in flight, requests queued, how much of it is loaded: 0 to 1,
+        its memory estimate, what llama.cpp allocated for it) for every resolvable model."""
         rows = []
         for spec in self.specs():
             model = self.state(spec)
             loaded = 1.0 if model.state is ModelState.READY else model.progress if model.state is ModelState.LOADING \
                 else 0.0
-            rows.append((spec.name, model.state.value, model.in_flight, model.queued(), loaded))
+            held = self._held(model) if model.state is ModelState.READY else 0
+            rows.append((spec.name, model.state.value, model.in_flight, model.queued(), loaded, self._need(spec), held))
         return rows
 
     def in_flight(self) -> int:
@@ -226,18 +240,27 @@ class Registry:
                                    on_progress=model.loaded_part)
 
     async def make_room(self, model: ModelSupervisor) -> None:
-        """Carry out ``placement.make_room`` until the model fits, waiting while every loaded
-        model is busy (503 ``model_capacity`` after the load timeout, and at least a minute)."""
+        """Carry out ``placement.make_room`` until the model fits (in number and in memory),
+        waiting while every loaded model is busy (503 ``model_capacity`` after the load timeout,
+        and at least a minute); 503 ``model_too_large`` at once for one that cannot fit at all."""
         limit = self.config.server.max_loaded_models
-        if not limit or not any(m.local for m in model.spec.members):  # another machine's memory
+        if not any(m.local for m in model.spec.members):  # another machine's memory
             return
+        need = self._need(model.spec)
         deadline = time.monotonic() + max(self.config.server.load_timeout, 60.0)
         while True:
             others = {str(id(m)): m for m in self._all()
                       if m is not model and any(s.local for s in m.spec.members)}
-            room, name = placement.make_room([m.resident(key) for key, m in others.items()], limit)
+            residents = [replace(m.resident(key), memory=self._held(m)) for key, m in others.items()]
+            capacity, why = await self._capacity(sum(r.memory for r in residents))
+            room, name = placement.make_room(residents, limit, need, capacity)
             if room is placement.Room.FITS:
                 return
+            if room is placement.Room.TOO_LARGE:
+                raise ApiError(f"model {model.spec.name!r} needs about {_gib(need)} (weights, KV cache and compute: "
+                               f"see memory_estimate in /models), more than the {_gib(capacity or 0)} its models may "
+                               f"hold here ({why}); give it a smaller n_ctx or parallel, a smaller quantization, or "
+                               "more memory", status=503, param="model", code="model_too_large")
             if room is placement.Room.NEVER:
                 raise ApiError(f"pinned models fill all {limit} places (server.max_loaded_models); {model.spec.name!r} "
                                "cannot load beside them: raise the limit or unpin one", status=503, param="model",
@@ -253,9 +276,39 @@ class Registry:
             try:
                 await asyncio.wait_for(self._released.wait(), deadline - time.monotonic())
             except asyncio.TimeoutError:
-                raise ApiError(f"all {limit} loaded models are busy (server.max_loaded_models); retry shortly",
+                raise ApiError(f"all loaded models are busy and {model.spec.name!r} does not fit beside them "
+                               f"(server.max_loaded_models: {limit}, memory); retry shortly",
                                status=503, param="model", code="model_capacity",
                                headers={"Retry-After": "5"}) from None
+
+    def _need(self, spec: ModelSpec) -> int:
+        found = self.estimate(spec)
+        return found["total"] if found else 0
+
+    def _held(self, model: ModelSupervisor) -> int:
+        """What a model holds: what llama.cpp allocated for it, else (loading) its estimate."""
+        if model.state not in (ModelState.LOADING, ModelState.READY) or model.spec.path is None:
+            return 0
+        backend = model.backend
+        buffers = backend.info.get("buffers") if backend is not None and backend.alive else None
+        if isinstance(buffers, dict) and buffers:
+            return sum(sum(per.values()) for per in buffers.values() if isinstance(per, dict))
+        return self._need(model.spec)
+
+    async def _capacity(self, held: int) -> tuple[int | None, str]:
+        """The bytes the models may hold in all (None: not counted), and why that much."""
+        server = self.config.server
+        mem = await asyncio.to_thread(sysmem.read)
+        bounds: list[tuple[int, str]] = []
+        if server.memory_budget is not None:
+            bounds.append((server.memory_budget, f"server.memory_budget {_gib(server.memory_budget)}"))
+        if mem is not None:
+            reserve = sysmem.reserve_bytes(server.memory_reserve, mem.total)
+            bounds.append((mem.available + held - reserve, f"{_gib(mem.available)} of memory available beside the "
+                           f"{_gib(held)} its loaded models hold, less server.memory_reserve {_gib(reserve)}"))
+        if not bounds:
+            return None, "memory is not known"
+        return min(bounds)
 
     def went_idle(self, model: ModelSupervisor) -> None:
         if self._released is not None:

@@ -60,13 +60,14 @@ def test_models_lists_names_with_header_metadata(write_config, model_dir):
     for row in rows.values():
         assert row["architecture"] == "llama" and row["quantization"] == "F16"
         assert row["size"] > 0 and row["error"] is None
+        assert row["memory_estimate"]["total"] > row["memory_estimate"]["weights"] > 0  # what it should take loaded
     # ChatML has no tool syntax: tools are described in a system message, unless the model says none
     assert rows["chat"]["tool_format"] == "plain" and rows["toolless"]["tool_format"] is None
 
     table = run_cli("models", "--config", str(path))
     assert table.returncode == 0
     header, *lines = table.stdout.splitlines()
-    assert header.split()[:6] == ["NAME", "SOURCE", "SIZE", "ARCH", "QUANT", "TOOLS"]
+    assert header.split()[:7] == ["NAME", "SOURCE", "SIZE", "MEMORY", "ARCH", "QUANT", "TOOLS"]
     assert any(line.startswith("chat (chat:latest, plain)") and "llama" in line and "F16" in line for line in lines)
 
 

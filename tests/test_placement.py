@@ -66,3 +66,25 @@ def test_replica_order(replicas, order):
 @pytest.mark.parametrize("failures, wait", [(1, 5.0), (2, 10.0), (3, 20.0), (7, 300.0), (30, 300.0)])
 def test_backoff_doubles_up_to_its_cap(failures, wait):
     assert backoff(failures, 5.0, 300.0) == wait
+
+
+MiB = 2**20
+
+
+@pytest.mark.parametrize("others, limit, need, capacity, decision", [
+    ([], 0, 100 * MiB, None, (Room.FITS, None)),  # memory not counted
+    ([Resident("a", R, memory=300 * MiB)], 0, 100 * MiB, 500 * MiB, (Room.FITS, None)),
+    ([Resident("a", R, memory=450 * MiB, last_used=1), Resident("b", R, memory=10 * MiB, last_used=2)], 0,
+     100 * MiB, 500 * MiB, (Room.EVICT, "a")),  # least recently used first, whatever it holds
+    ([Resident("a", R, memory=450 * MiB, in_flight=1)], 0, 100 * MiB, 500 * MiB, (Room.WAIT, None)),
+    ([Resident("a", L, memory=450 * MiB)], 0, 100 * MiB, 500 * MiB, (Room.WAIT, None)),  # a load holds its estimate
+    ([], 0, 600 * MiB, 500 * MiB, (Room.TOO_LARGE, None)),  # not even alone
+    ([Resident("a", R, memory=300 * MiB, pinned=True)], 0, 300 * MiB, 500 * MiB, (Room.TOO_LARGE, None)),
+    ([Resident("a", R, memory=100 * MiB, pinned=True), Resident("b", R, memory=300 * MiB)], 0, 300 * MiB,
+     500 * MiB, (Room.EVICT, "b")),  # the pinned one stays
+    ([Resident("a", R, memory=10 * MiB, last_used=1), Resident("b", R, memory=10 * MiB, last_used=2)], 2,
+     10 * MiB, 500 * MiB, (Room.EVICT, "a")),  # memory enough, the count not
+    ([Resident("a", U, memory=0)], 1, 400 * MiB, 500 * MiB, (Room.FITS, None)),
+])
+def test_make_room_by_memory(others, limit, need, capacity, decision):
+    assert make_room(others, limit, need, capacity) == decision

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -36,15 +37,27 @@ def _device(ll) -> str:
     return next((n for n in names if n and n != "cpu"), "cpu")
 
 
+# What llama.cpp reports it allocated ("CPU KV buffer size = 288.00 MiB"), by kind (model, KV,
+# compute, output) and device, in bytes: the measured side of ``memory.estimate``.
+BUFFERS: dict[str, dict[str, int]] = {}
+_BUFFER_LINE = re.compile(r"(\S+)\s+(model|KV|compute|output) buffer size =\s+([\d.]+) MiB")
+
+
 def _silence_llama_logs(llama_cpp) -> None:
-    """Keep llama.cpp's per-load chatter out of the gateway log; errors still reach stderr."""
+    """Keep llama.cpp's per-load chatter out of the gateway log (errors still reach stderr),
+    noting the buffer sizes it reports (``BUFFERS``)."""
 
     ggml_log_level_error = 4  # enum ggml_log_level: NONE, DEBUG, INFO, WARN, ERROR, CONT
 
     @llama_cpp.llama_log_callback
     def log(level, text, _user_data):
+        line = text.decode("utf-8", "replace")
         if level == ggml_log_level_error:
-            sys.stderr.write(text.decode("utf-8", "replace"))
+            sys.stderr.write(line)
+        elif "buffer size" in line and (m := _BUFFER_LINE.search(line)):
+            device, kind = m.group(1).split("_")[0].lower(), m.group(2).lower()
+            per_kind = BUFFERS.setdefault(kind, {})
+            per_kind[device] = per_kind.get(device, 0) + int(float(m.group(3)) * 2**20)
 
     _LOG_CALLBACKS.append(log)  # the callback must outlive this function
     llama_cpp.llama_log_set(log, ctypes.c_void_p(0))
@@ -199,4 +212,5 @@ class Model:
             "kv_unified": bool(self.cp.kv_unified), "n_ctx_total": self.ll.llama_n_ctx(self.ctx),
             "rope_freq_base": self.cp.rope_freq_base or None, "rope_freq_scale": self.cp.rope_freq_scale or None,
             "lora": len(self.loras),
+            "buffers": BUFFERS,  # llama.cpp's own allocations, by kind and device
         }

@@ -522,7 +522,15 @@
     updateArchCell(row, m);
     updateStateCell(row, m);
     setText(row.cells.device, m.device || "—");
-    setText(row.cells.memory, fmtBytes(m.memory_bytes));
+    // once loaded: what llama.cpp allocated; before: the gateway's estimate of it
+    const alloc = m.memory_allocated && isNum(m.memory_allocated.total) ? m.memory_allocated.total : null;
+    const est = m.memory_estimate && isNum(m.memory_estimate.total) ? m.memory_estimate.total : null;
+    setText(row.cells.memory, alloc !== null ? fmtBytes(alloc) : est !== null ? `est. ${fmtBytes(est)}` : "—");
+    setAttr(row.cells.memory, "title", [
+      alloc !== null ? `llama.cpp allocated ${fmtBytes(alloc)}` : "",
+      est !== null ? `estimated ${fmtBytes(est)}` : "",
+      isNum(m.memory_bytes) ? `resident ${fmtBytes(m.memory_bytes)}` : "",
+    ].filter(Boolean).join("; "));
     const inFlight = isNum(m.in_flight) ? m.in_flight : 0;
     if (m.slots && isNum(m.slots.busy) && isNum(m.slots.total)) {
       setText(row.cells.slots, `${m.slots.busy}/${m.slots.total}`);
