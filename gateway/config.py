@@ -21,6 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import yaml
 
+from .engine.protocol import CACHE_TYPES
 from .sampling import SAMPLING
 
 ENV_CONFIG = "GGUF_GATEWAY_CONFIG"
@@ -133,7 +134,7 @@ class ModelSpec:
     replicas: tuple[ModelSpec, ...] = ()  # each a local or upstream spec, named NAME#1, NAME#2, ...
     rpc: tuple[str, ...] = ()  # llama.cpp RPC servers (host:port) that hold part of a local model's layers
     # llama-server's settings, passed to llama.cpp as they are (README: "llama-server flags")
-    cache_type_k: str = "f16"  # CACHE_TYPES
+    cache_type_k: str = "f16"  # engine.protocol.CACHE_TYPES
     cache_type_v: str = "f16"  # a quantized V cache needs flash attention
     n_ubatch: int | None = None  # physical batch; None: n_batch
     n_threads_batch: int | None = None  # threads reading prompts; None: n_threads
@@ -218,7 +219,6 @@ class Config:
     warnings: tuple[str, ...] = ()
 
 
-CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 SPLIT_MODES = ("none", "layer", "row")
 
 
@@ -654,8 +654,8 @@ class _Parser:
             "tool_format": self.one_of(TOOL_FORMATS),
             "rpc": self.list_of(self.rpc_server),
             "reranker": self.boolean,
-            "cache_type_k": self.one_of(CACHE_TYPES),
-            "cache_type_v": self.one_of(CACHE_TYPES),
+            "cache_type_k": self.one_of(tuple(CACHE_TYPES)),
+            "cache_type_v": self.one_of(tuple(CACHE_TYPES)),
             "n_ubatch": self.integer(minimum=1, what="a positive integer"),
             "n_threads_batch": self.integer(minimum=1, what="a positive integer"),
             "main_gpu": self.integer(minimum=0, what="a GPU index >= 0"),
@@ -704,7 +704,7 @@ class _Parser:
     def _spec(self, where: str, name: str, fields: dict[str, Any]) -> ModelSpec | None:
         """The spec from a checked entry's fields; an upstream's own keys become its ``Upstream``."""
         if "upstream" not in fields:
-            if fields.get("cache_type_v", "f16") not in ("f32", "f16", "bf16") and fields.get("flash_attn") is False:
+            if CACHE_TYPES[fields.get("cache_type_v", "f16")].quantized and fields.get("flash_attn") is False:
                 self.error(f"{where}.cache_type_v", "a quantized V cache needs flash attention: "
                                                     "leave flash_attn unset (llama.cpp decides) or true")
                 return None

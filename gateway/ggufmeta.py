@@ -37,20 +37,6 @@ class ArrayLength(int):
 
 
 @dataclass(frozen=True)
-class TensorBytes:
-    """Where a file's weight bytes are: per layer (``blk.N.*``), the input embeddings (which
-    llama.cpp keeps on the CPU), and the rest (output, norms)."""
-
-    layers: tuple[int, ...] = ()
-    input: int = 0
-    rest: int = 0
-
-    @property
-    def total(self) -> int:
-        return sum(self.layers) + self.input + self.rest
-
-
-@dataclass(frozen=True)
 class GGUFInfo:
     path: Path
     file_size: int  # bytes, all split parts together
@@ -67,7 +53,7 @@ class GGUFInfo:
     n_tensors: int = 0
     kind: str | None = None  # general.type: "model", "adapter", "mmproj", ... (often absent)
     chat_template: str | None = None  # tokenizer.chat_template
-    weights: TensorBytes = TensorBytes()  # the first file's tensors (of a split model: its first part)
+    weight_bytes: int = 0  # the tensors' data in the first file (of a split model: its first part)
     n_vocab: int = 0
     # the architecture's numbers (block_count, attention.head_count_kv, ...), without the prefix;
     # a per-layer array appears as its length
@@ -151,7 +137,7 @@ class _Walker:
         raise self.fail(f"unknown metadata value type {vtype}")
 
 
-def _walk(path: Path) -> tuple[dict[str, Any], int, TensorBytes]:  # (metadata, tensor count, weight bytes)
+def _walk(path: Path) -> tuple[dict[str, Any], int, int]:  # (metadata, tensor count, tensor data bytes)
     """Header metadata (scalars and strings; arrays as their lengths), checked against the file size."""
     import gguf
 
@@ -183,9 +169,7 @@ def _walk(path: Path) -> tuple[dict[str, Any], int, TensorBytes]:  # (metadata, 
                 key = w.string().decode("utf-8", "replace")
                 meta[key] = w.value(w.take("I"), keep=not key.startswith("tokenizer.ggml."))
             # Tensor infos: the data they describe must lie inside the file.
-            end = 0
-            layers: dict[int, int] = {}
-            embd = rest = 0
+            end = weights = 0
             for _ in range(n_tensors):
                 name = w.string()
                 n_dims = w.take("I")
@@ -200,22 +184,12 @@ def _walk(path: Path) -> tuple[dict[str, Any], int, TensorBytes]:  # (metadata, 
                 except (ValueError, KeyError):
                     raise ModelFileError(f"{path}: tensor {name[:64]!r} has unknown type {ttype}") from None
                 nbytes = elements // block * type_size
-                end = max(end, offset + nbytes)
-                if name.startswith(b"blk."):
-                    layer = name.split(b".", 2)[1]
-                    if layer.isdigit():
-                        layers[int(layer)] = layers.get(int(layer), 0) + nbytes
-                        continue
-                if name.startswith(b"token_embd."):
-                    embd += nbytes
-                else:
-                    rest += nbytes
+                end, weights = max(end, offset + nbytes), weights + nbytes
             align = meta.get("general.alignment") or gguf.GGUF_DEFAULT_ALIGNMENT
             data_start = -(-w.pos // align) * align
             if n_tensors and data_start + end > size:
                 raise ModelFileError(f"{path}: truncated tensor data (the header needs {data_start + end} bytes, "
                                      f"the file has {size})")
-    weights = TensorBytes(tuple(layers.get(i, 0) for i in range(max(layers, default=-1) + 1)), embd, rest)
     return meta, n_tensors, weights
 
 
@@ -259,7 +233,7 @@ def read_info(path: str | Path) -> GGUFInfo:
         n_tensors=n_tensors,
         kind=text("general.type"),
         chat_template=text("tokenizer.chat_template"),
-        weights=weights,
+        weight_bytes=weights,
         n_vocab=num("tokenizer.ggml.tokens") or 0,
         shape={k[len(arch) + 1:]: v for k, v in meta.items() if k.startswith(f"{arch}.")
                and isinstance(v, (int, float)) and not isinstance(v, (bool, ArrayLength))},

@@ -1,8 +1,8 @@
 """What a model will take in memory before it loads: a pure estimate from its GGUF header and
 its models.yaml settings, the way llama.cpp lays a model out.
 
-- weights: the tensors' bytes. With a GPU, the layers up to ``n_gpu_layers`` and the output go
-  to it; the input embeddings stay on the CPU, as llama.cpp keeps them.
+- weights: the tensors' bytes. Everything is counted in one pool, system memory: the split
+  between devices (the layers ``n_gpu_layers`` sends to a GPU) is not built.
 - KV cache: for every layer, ``head_count_kv x (key_length + value_length)`` values per cell
   in the cache types; cells are ``n_ctx`` per slot times ``parallel`` (one pool of ``n_ctx``
   with ``kv_unified``), rounded up to llama.cpp's 256.
@@ -18,14 +18,13 @@ error it sees. The placement that would use it (loading by memory, not by count)
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from .config import ModelSpec
+from .engine.protocol import CACHE_TYPES, DEFAULT_N_CTX
 from .ggufmeta import GGUFInfo
 
-DEFAULT_N_CTX = 4096  # engine.model's, for a model with no n_ctx of its own
 COMPUTE_OVERHEAD = 4 * 2**20  # llama.cpp's graph buffers beyond the rows counted (seen on the tiny models)
-CACHE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "q4_1": 20 / 32,
-               "iq4_nl": 18 / 32, "q5_0": 22 / 32, "q5_1": 24 / 32}
 
 
 @dataclass(frozen=True)
@@ -33,26 +32,24 @@ class Estimate:
     weights: int
     kv: int
     compute: int
-    on_gpu: int = 0  # of the total, what goes to the GPU (0 on a CPU-only build)
 
     @property
     def total(self) -> int:
         return self.weights + self.kv + self.compute
 
     def describe(self) -> dict[str, int]:
-        return {"weights": self.weights, "kv_cache": self.kv, "compute": self.compute, "total": self.total,
-                "gpu": self.on_gpu}
+        return {"weights": self.weights, "kv_cache": self.kv, "compute": self.compute, "total": self.total}
 
 
 def _pad(n: int, to: int = 256) -> int:
     return -(-n // to) * to
 
 
-def estimate(info: GGUFInfo, spec: ModelSpec, gpu: bool = False) -> Estimate | None:
+def estimate(info: GGUFInfo, spec: ModelSpec) -> Estimate | None:
     """The estimate for ``spec`` as llama.cpp would load it; None where the header does not say
     enough (no layer count or embedding size)."""
     shape = info.shape
-    n_layer = int(shape.get("block_count") or len(info.weights.layers))
+    n_layer = int(shape.get("block_count") or 0)
     n_embd = int(shape.get("embedding_length") or 0)
     if not n_layer or not n_embd:
         return None
@@ -67,7 +64,8 @@ def estimate(info: GGUFInfo, spec: ModelSpec, gpu: bool = False) -> Estimate | N
     slots = 1 if embeddings else spec.parallel
     n_ctx = _pad(spec.n_ctx or min(trained, DEFAULT_N_CTX))
     cells = n_ctx if spec.kv_unified else n_ctx * slots
-    per_cell = n_layer * n_head_kv * (head_k * CACHE_BYTES[spec.cache_type_k] + head_v * CACHE_BYTES[spec.cache_type_v])
+    per_cell = n_layer * n_head_kv * (head_k * CACHE_TYPES[spec.cache_type_k].bytes
+                                      + head_v * CACHE_TYPES[spec.cache_type_v].bytes)
     kv = int(cells * per_cell)
 
     n_batch = cells if embeddings else max(min(spec.n_batch, n_ctx), slots)
@@ -82,13 +80,16 @@ def estimate(info: GGUFInfo, spec: ModelSpec, gpu: bool = False) -> Estimate | N
     activations = 4 * n_ubatch * (max(row, scores) + 2 * n_ff + 4 * n_embd)
     compute = logits + activations + COMPUTE_OVERHEAD
 
-    weights = info.weights.total
-    on_gpu = 0
-    if gpu and spec.n_gpu_layers != 0:
-        layers = info.weights.layers
-        offloaded = len(layers) if spec.n_gpu_layers < 0 else min(spec.n_gpu_layers, len(layers))
-        on_gpu = sum(layers[len(layers) - offloaded:]) + (info.weights.rest if offloaded == len(layers) else 0)
-        on_gpu += kv * offloaded // max(1, n_layer) + activations
-    return Estimate(weights, kv, compute, on_gpu)
+    return Estimate(info.weight_bytes, kv, compute)
 
 
+
+
+def allocated(buffers: Any) -> dict[str, int] | None:
+    """What llama.cpp reported it allocated (a worker's ``info["buffers"]``: by kind, then by
+    device) summed by kind (model, kv, compute, output) and in all; None where it said nothing."""
+    if not isinstance(buffers, dict) or not buffers:
+        return None
+    out = {kind.lower(): sum(per_device.values()) for kind, per_device in buffers.items()
+           if isinstance(per_device, dict)}
+    return {**out, "total": sum(out.values())}

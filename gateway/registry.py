@@ -290,10 +290,8 @@ class Registry:
         if model.state not in (ModelState.LOADING, ModelState.READY) or model.spec.path is None:
             return 0
         backend = model.backend
-        buffers = backend.info.get("buffers") if backend is not None and backend.alive else None
-        if isinstance(buffers, dict) and buffers:
-            return sum(sum(per.values()) for per in buffers.values() if isinstance(per, dict))
-        return self._need(model.spec)
+        held = memory.allocated(backend.info.get("buffers")) if backend is not None and backend.alive else None
+        return held["total"] if held else self._need(model.spec)
 
     async def _capacity(self, held: int) -> tuple[int | None, str]:
         """The bytes the models may hold in all (None: not counted), and why that much."""

@@ -11,12 +11,11 @@ import pytest
 from helpers import tiny_random_model
 
 from gateway import testmodels as tm
-from gateway.api.admin import allocated
 from gateway.app import create_app
 from gateway.backend import start_local
 from gateway.config import ModelSpec, ServerConfig, load_config
 from gateway.ggufmeta import read_info
-from gateway.memory import estimate
+from gateway.memory import allocated, estimate
 
 HI = [{"role": "user", "content": "hi"}]
 

@@ -10,7 +10,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from .. import __version__
+from .. import __version__, memory
 from ..appkeys import LIFECYCLE, METRICS, REGISTRY
 from ..lifecycle import ModelState
 from ..protocol.params import require_model
@@ -59,7 +59,7 @@ def describe(registry: Registry, spec) -> dict[str, Any]:
         "memory_bytes": rss_bytes(backend.pid) if backend and backend.pid else None,
         # before a load, what it should take (memory.estimate); once loaded, what llama.cpp allocated
         "memory_estimate": registry.estimate(spec),
-        "memory_allocated": allocated(backend.info.get("buffers")) if backend else None,
+        "memory_allocated": memory.allocated(backend.info.get("buffers")) if backend else None,
         "file_size": info.file_size if info else None,
         "architecture": info.architecture if info else None,
         "quantization": info.quantization if info else None,
@@ -67,15 +67,6 @@ def describe(registry: Registry, spec) -> dict[str, Any]:
         "n_ctx": backend.info.get("n_ctx") if backend else None,
         **served_by(registry, spec, backend),
     }
-
-
-def allocated(buffers: Any) -> dict[str, int] | None:
-    """llama.cpp's reported buffers summed by kind (model, kv, compute, output) and in all."""
-    if not isinstance(buffers, dict) or not buffers:
-        return None
-    out = {kind.lower(): sum(v for v in per_device.values()) for kind, per_device in buffers.items()
-           if isinstance(per_device, dict)}
-    return {**out, "total": sum(out.values())}
 
 
 def served_by(registry: Registry, spec, backend) -> dict[str, Any]:

@@ -22,8 +22,6 @@ from ..toolcalls import MARKER_TOKENS as CALL_MARKERS
 from . import protocol, rpc
 from .vocab import Vocab
 
-DEFAULT_N_CTX = 4096
-CACHE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20, "bf16": 30}
 MAX_SLOTS = 64
 
 _LOG_CALLBACKS: list[Any] = []
@@ -113,7 +111,7 @@ class Model:
         self.vocab = Vocab(ll, self.handle)
         n_ctx_train = ll.llama_model_n_ctx_train(self.handle)
         cp = ll.llama_context_default_params()
-        n_ctx = params.n_ctx or min(n_ctx_train or DEFAULT_N_CTX, DEFAULT_N_CTX)
+        n_ctx = params.n_ctx or min(n_ctx_train or protocol.DEFAULT_N_CTX, protocol.DEFAULT_N_CTX)
         # One cache stream of n_ctx cells per slot (llama-server's --parallel without --kv-unified):
         # every request may use the whole context, and a batch attends only to its own cells.
         self.n_slots = n_slots = 1 if params.embeddings else max(1, min(params.parallel, MAX_SLOTS))
@@ -127,7 +125,8 @@ class Model:
         threads = params.n_threads or protocol.default_threads()
         cp.n_threads = threads
         cp.n_threads_batch = params.n_threads_batch or threads
-        cp.type_k, cp.type_v = CACHE_TYPES[params.cache_type_k], CACHE_TYPES[params.cache_type_v]
+        cp.type_k = protocol.CACHE_TYPES[params.cache_type_k].ggml
+        cp.type_v = protocol.CACHE_TYPES[params.cache_type_v].ggml
         if params.rope_freq_base is not None:
             cp.rope_freq_base = params.rope_freq_base
         if params.rope_freq_scale is not None:

@@ -99,6 +99,24 @@ def _macos_physical_cores() -> int | None:
         return None
 
 
+DEFAULT_N_CTX = 4096  # a slot's context for a model with no n_ctx of its own (at most its trained one)
+
+
+@dataclass(frozen=True)
+class CacheType:
+    """A KV cache type models.yaml may name (llama-server's --cache-type-k/-v)."""
+
+    ggml: int  # enum ggml_type
+    bytes: float  # per value, block overhead included
+    quantized: bool  # a quantized V cache needs flash attention
+
+
+CACHE_TYPES = {"f32": CacheType(0, 4.0, False), "f16": CacheType(1, 2.0, False), "bf16": CacheType(30, 2.0, False),
+               "q8_0": CacheType(8, 34 / 32, True), "q4_0": CacheType(2, 18 / 32, True),
+               "q4_1": CacheType(3, 20 / 32, True), "iq4_nl": CacheType(20, 18 / 32, True),
+               "q5_0": CacheType(6, 22 / 32, True), "q5_1": CacheType(7, 24 / 32, True)}
+
+
 # The kinds of request a model may serve (``WorkerProcess.serves``, ``backend.Backend``).
 CHAT, COMPLETIONS, EMBEDDINGS, TOKENIZE, RERANK = "chat", "completions", "embeddings", "tokenize", "rerank"
 

@@ -37,9 +37,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import embedding, kvcache, protocol
-from . import model as model_module
 from .decoding import Decoder
-from .model import Model
+from .model import Model, prepare
 from .outbox import Outbox
 from .prompts import Prompts, PromptTokens, Question
 from .refusals import Refused, failure
@@ -262,7 +261,7 @@ class Worker:
 
     def run(self) -> None:
         out = self.out
-        model_module.prepare()  # before the first command: a spare process is ready ahead of its load
+        prepare()  # before the first command: a spare process is ready ahead of its load
         first = self.inbox.get()
         if not isinstance(first, protocol.Load):
             os._exit(0)
