@@ -65,7 +65,8 @@ class Metrics:
         self._model_collector: _ModelCollector | None = None
 
     def watch_models(self, rows: Callable[[], Iterable[tuple[str, str, int, int, float, int, int]]]) -> None:
-        """Per-model gauges read at scrape time: rows of (model, state, in_flight, queued, loaded)."""
+        """Per-model gauges read at scrape time: rows of (model, state, in_flight, queued, loaded
+        fraction, memory estimate, memory allocated)."""
         self._model_collector = _ModelCollector(rows)
         self.registry.register(self._model_collector)
 

@@ -53,6 +53,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -122,6 +123,16 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+@dataclass
+class Streamed:
+    """One streamed completion, as ``Server.stream`` saw it."""
+
+    start: float  # perf_counter when it was sent
+    stamps: list[float] = field(default_factory=list)  # when each chunk with text came
+    text: str = ""
+    usage: dict = field(default_factory=dict)
+
+
 class Server:
     """A contender: a server process on a free port, stopped on exit."""
 
@@ -181,8 +192,9 @@ class Server:
             raise SystemExit(f"{self.name}: HTTP {status}: {data[:300]!r}")
         return json.loads(data)
 
-    def stream(self, body: dict) -> tuple[float, list[float]]:
-        """Send a streamed completion; (start time, arrival time of each chunk with text)."""
+    def stream(self, body: dict) -> Streamed:
+        """Send a streamed completion: when it went, when each chunk with text came, the text,
+        and the usage (where the server sends it: ``stream_options.include_usage``)."""
         c = self.connect()
         start = time.perf_counter()
         c.request("POST", "/v1/completions", body=json.dumps({"model": self.model_name, "stream": True, **body}),
@@ -190,14 +202,17 @@ class Server:
         r = c.getresponse()
         if r.status != 200:
             raise SystemExit(f"{self.name}: HTTP {r.status}: {r.read()[:300]!r}")
-        stamps = []
+        out = Streamed(start)
         for line in r:
             if line.startswith(b"data: {"):
                 chunk = json.loads(line[6:])
-                if any(ch.get("text") for ch in chunk.get("choices", ())):
-                    stamps.append(time.perf_counter())
+                out.usage = chunk.get("usage") or out.usage
+                text = "".join(ch.get("text") or "" for ch in chunk.get("choices", ()))
+                if text:
+                    out.stamps.append(time.perf_counter())
+                    out.text += text
         c.close()
-        return start, stamps
+        return out
 
     def memory(self) -> tuple[int, int]:
         """(RSS of the server process, RSS of it and every process it started) in KiB."""
@@ -308,9 +323,9 @@ def llama_cpp_python(model: Path, threads: int) -> Server:
 
 def single_stream(srv: Server, args, sampling: dict, rep: int) -> tuple[float, float]:
     """(time to first token in ms, decode tok/s after it) of one streamed completion."""
-    start, stamps = srv.stream({"prompt": f"{rep} {PROMPT}", "max_tokens": args.tokens, "ignore_eos": True,
-                                **sampling})
-    return (stamps[0] - start) * 1000, (len(stamps) - 1) / (stamps[-1] - stamps[0])
+    got = srv.stream({"prompt": f"{rep} {PROMPT}", "max_tokens": args.tokens, "ignore_eos": True, **sampling})
+    stamps = got.stamps
+    return (stamps[0] - got.start) * 1000, (len(stamps) - 1) / (stamps[-1] - stamps[0])
 
 
 def aggregate(srv: Server, args, sampling: dict, rep: int, n: int) -> float:
@@ -335,8 +350,8 @@ def cold_warm(srv: Server, args, sampling: dict, rep: int) -> tuple[float, float
     prompt = long_prompt(args.long_prompt, f"{srv.name} run {rep} {time.time()}")
     ttft = []
     for _ in range(2):
-        start, stamps = srv.stream({"prompt": prompt, "max_tokens": 2, "ignore_eos": True, **sampling})
-        ttft.append((stamps[0] - start) * 1000)
+        got = srv.stream({"prompt": prompt, "max_tokens": 2, "ignore_eos": True, **sampling})
+        ttft.append((got.stamps[0] - got.start) * 1000)
     n = srv.complete({"prompt": prompt, "max_tokens": 1, **sampling})["usage"]["prompt_tokens"]
     return ttft[0], ttft[1], n
 

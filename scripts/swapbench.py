@@ -19,7 +19,6 @@ the total over the returning turns; ratios against llama-server restarted per sw
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
@@ -68,26 +67,10 @@ class Conversation:
 
 def first_token(srv: Server, prompt: str, tokens: int, started: float | None = None) -> tuple[float, str, dict]:
     """(seconds from ``started`` (or the request) to the first streamed text, the answer, usage)."""
-    c = srv.connect()
-    begin = started if started is not None else time.perf_counter()
-    c.request("POST", "/v1/completions", body=json.dumps({
-        "model": srv.model_name, "prompt": prompt, "max_tokens": tokens, "temperature": 0, "stream": True,
-        "stream_options": {"include_usage": True}}), headers={"Content-Type": "application/json"})
-    r = c.getresponse()
-    if r.status != 200:
-        raise SystemExit(f"{srv.name}: HTTP {r.status}: {r.read()[:300]!r}")
-    first, text, usage = None, [], {}
-    for line in r:
-        if not line.startswith(b"data: {"):
-            continue
-        chunk = json.loads(line[6:])
-        usage = chunk.get("usage") or usage
-        piece = "".join(ch.get("text") or "" for ch in chunk.get("choices", ()))
-        if piece and first is None:
-            first = time.perf_counter() - begin
-        text.append(piece)
-    c.close()
-    return (first if first is not None else time.perf_counter() - begin), "".join(text), usage
+    got = srv.stream({"prompt": prompt, "max_tokens": tokens, "temperature": 0,
+                      "stream_options": {"include_usage": True}})
+    first = got.stamps[0] if got.stamps else time.perf_counter()
+    return first - (started if started is not None else got.start), got.text, got.usage
 
 
 def gateway(models: dict[str, Path], threads: int, tmp: Path, saved: bool) -> Server:
