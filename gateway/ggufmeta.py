@@ -53,7 +53,7 @@ class GGUFInfo:
     n_tensors: int = 0
     kind: str | None = None  # general.type: "model", "adapter", "mmproj", ... (often absent)
     chat_template: str | None = None  # tokenizer.chat_template
-    weight_bytes: int = 0  # the tensors' data in the first file (of a split model: its first part)
+    weight_bytes: int = 0  # the tensors' data, in all the files of a split model
     n_vocab: int = 0
     # the architecture's numbers (block_count, attention.head_count_kv, ...), without the prefix;
     # a per-layer array appears as its length
@@ -233,7 +233,7 @@ def read_info(path: str | Path) -> GGUFInfo:
         n_tensors=n_tensors,
         kind=text("general.type"),
         chat_template=text("tokenizer.chat_template"),
-        weight_bytes=weights,
+        weight_bytes=weights + sum(_walk(part)[2] for part in parts[1:]),  # a split model's other files
         n_vocab=num("tokenizer.ggml.tokens") or 0,
         shape={k[len(arch) + 1:]: v for k, v in meta.items() if k.startswith(f"{arch}.")
                and isinstance(v, (int, float)) and not isinstance(v, (bool, ArrayLength))},

@@ -99,3 +99,11 @@ async def test_models_shows_the_estimate_before_a_load_and_the_allocation_after(
               if line.startswith("gguf_gateway_model_memory_") and 'model="m"' in line}
     assert gauges == {"gguf_gateway_model_memory_estimate_bytes": row["memory_estimate"]["total"],
                       "gguf_gateway_model_memory_allocated_bytes": row["memory_allocated"]["total"]}
+
+
+def test_a_split_models_weights_are_counted_in_every_file(tmp_path):
+    whole = read_info(tm.plain(tmp_path / "m.gguf").path)
+    (tmp_path / "split").mkdir()
+    tm.plain(tmp_path / "split" / "m.gguf", split_max_tensors=4)
+    split = read_info(tmp_path / "split" / "m-00001-of-00003.gguf")
+    assert split.split_count == 3 and split.weight_bytes == whole.weight_bytes > 0
