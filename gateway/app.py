@@ -273,6 +273,7 @@ def create_app(config: Config, registry: Registry | None = None) -> web.Applicat
     app[REGISTRY].metrics = app[METRICS]
     app[METRICS].watch_models(app[REGISTRY].metrics_rows)
     app[METRICS].watch_upstreams(app[REGISTRY].upstream_rows, app[REGISTRY].replica_rows)
+    app[METRICS].watch_gpus(lambda: [(d.name, d.description, d.free, d.total) for d in app[REGISTRY].devices.gpus])
     app[EVENTS] = EventSink(config.server.events_path)
     app[LIVE] = Live()
     app[LIFECYCLE] = {"draining": False}

@@ -23,6 +23,7 @@ import yaml
 
 from .engine.protocol import CACHE_TYPES
 from .sampling import SAMPLING
+from .sysmem import DEFAULT_RESERVE, RAM
 
 ENV_CONFIG = "GGUF_GATEWAY_CONFIG"
 ENV_KEYS = "GGUF_GATEWAY_API_KEYS"  # comma-separated, each "key" or "name=key"
@@ -32,7 +33,6 @@ DEFAULT_KEEP_ALIVE = 300.0  # seconds an idle model stays loaded, as Ollama's 5m
 DEFAULT_LOAD_TIMEOUT = 300.0
 DEFAULT_MAX_LOADED = 3  # as Ollama's OLLAMA_MAX_LOADED_MODELS on a CPU; 0 = no limit
 DEFAULT_KV_CACHE_MAX_BYTES = 8 * 2**30  # saved conversations, all models together
-DEFAULT_MEMORY_RESERVE = -10  # a negative reserve is a percentage of the machine's memory
 
 REASONING_MODES = ("auto", "think", "think_mistral", "seed", "channel", "harmony", "none")
 # toolcalls.FORMATS, and auto (read from the chat template) and none (refuse tools)
@@ -202,10 +202,12 @@ class ServerConfig:
     # when it loads again; None: under the user's cache directory (``default_kv_cache_dir``).
     kv_cache_dir: Path | None = None
     kv_cache_max_bytes: int = DEFAULT_KV_CACHE_MAX_BYTES  # all models' saved caches together; 0: save none
-    # Memory: the bytes the models may hold in all (None: no budget of its own), and what is
-    # kept free of the machine's memory: bytes, or a share of it (``"10%"`` -> -10)
-    memory_budget: int | None = None
-    memory_reserve: int = DEFAULT_MEMORY_RESERVE
+    # Memory, by pool (``ram``, or a GPU as ggml names it, lowercased: ``cuda0``): the bytes the
+    # models may hold there in all (none: no budget of its own; a plain size in YAML is RAM's),
+    # and what is kept free of it: bytes, or a share (``"10%"`` -> -10), ``default`` for any
+    # pool not named (a plain size or share in YAML is everyone's)
+    memory_budget: dict[str, int] = field(default_factory=dict)
+    memory_reserve: dict[str, int] = field(default_factory=lambda: {"default": DEFAULT_RESERVE})
     # keep one worker process started ahead of the next load (its interpreter and llama.cpp
     # imported): a model switch skips that part of the start, for the spare's idle memory
     spare_worker: bool = True
@@ -467,6 +469,24 @@ class _Parser:
             return _INVALID
         return self.byte_size(where, v)
 
+    def per_device(self, parse: Callable[[str, Any], Any], plain: str):
+        """A value for each memory pool (``ram``, ``cuda0``, ...: keys lowercased), or one plain
+        value, which is ``plain``'s."""
+        def check(where: str, v: Any):
+            if not isinstance(v, dict):
+                parsed = parse(where, v)
+                return _INVALID if parsed is _INVALID else {plain: parsed}
+            out = {}
+            for key, item in v.items():
+                if not isinstance(key, str) or not key.strip():
+                    self.error(where, f"keys must be device names (ram, cuda0, ...), got {_show(key)}")
+                    continue
+                parsed = parse(f"{where}.{key}", item)
+                if parsed is not _INVALID:
+                    out[key.strip().lower()] = parsed
+            return out
+        return check
+
     def byte_size(self, where: str, v: Any):
         n = parse_bytes(v)
         if n is None:
@@ -516,8 +536,8 @@ class _Parser:
             "kv_cache_dir": self.path_field,
             "kv_cache_max_bytes": self.byte_size,
             "spare_worker": self.boolean,
-            "memory_budget": self.byte_size,
-            "memory_reserve": self.reserve,
+            "memory_budget": self.per_device(self.byte_size, RAM),
+            "memory_reserve": self.per_device(self.reserve, "default"),
         })
 
         keys = list(server.pop("api_keys", ()))

@@ -54,6 +54,13 @@ class GGUFInfo:
     kind: str | None = None  # general.type: "model", "adapter", "mmproj", ... (often absent)
     chat_template: str | None = None  # tokenizer.chat_template
     weight_bytes: int = 0  # the tensors' data, in all the files of a split model
+    # the same bytes by where llama.cpp places them (``memory.layer_devices``): each repeating
+    # layer's (``blk.N.*``), the input layer's (token embeddings: always on the CPU), the rest
+    # (output head and norms: placed with the output layer)
+    layer_bytes: tuple[int, ...] = ()
+    input_bytes: int = 0
+    output_bytes: int = 0
+    tied_output: bool = False  # no output.weight: the output head reuses the token embeddings
     n_vocab: int = 0
     # the architecture's numbers (block_count, attention.head_count_kv, ...), without the prefix;
     # a per-layer array appears as its length
@@ -137,7 +144,43 @@ class _Walker:
         raise self.fail(f"unknown metadata value type {vtype}")
 
 
-def _walk(path: Path) -> tuple[dict[str, Any], int, int]:  # (metadata, tensor count, tensor data bytes)
+@dataclass
+class _Weights:
+    """Tensor data bytes by place (``GGUFInfo.layer_bytes`` and its neighbours)."""
+
+    layers: dict[int, int] = field(default_factory=dict)
+    input: int = 0
+    output: int = 0
+    has_output_head: bool = False
+
+    @property
+    def total(self) -> int:
+        return sum(self.layers.values()) + self.input + self.output
+
+    def add(self, name: bytes, nbytes: int) -> None:
+        if m := _LAYER_TENSOR.match(name):
+            self.layers[int(m.group(1))] = self.layers.get(int(m.group(1)), 0) + nbytes
+        elif name.split(b".")[0] in _INPUT_TENSORS:
+            self.input += nbytes
+        else:
+            self.output += nbytes
+            self.has_output_head |= name == b"output.weight"
+
+    def merge(self, other: _Weights) -> None:
+        for layer, n in other.layers.items():
+            self.layers[layer] = self.layers.get(layer, 0) + n
+        self.input += other.input
+        self.output += other.output
+        self.has_output_head |= other.has_output_head
+
+
+_LAYER_TENSOR = re.compile(rb"blk\.(\d+)\.")
+# llama.cpp's input layer (LLM_TENSOR_LAYER_INPUT): kept on the CPU whatever n_gpu_layers says
+_INPUT_TENSORS = frozenset({b"token_embd", b"token_embd_norm", b"token_types", b"position_embd",
+                            b"per_layer_token_embd"})
+
+
+def _walk(path: Path) -> tuple[dict[str, Any], int, _Weights]:  # (metadata, tensor count, tensor data bytes)
     """Header metadata (scalars and strings; arrays as their lengths), checked against the file size."""
     import gguf
 
@@ -169,7 +212,7 @@ def _walk(path: Path) -> tuple[dict[str, Any], int, int]:  # (metadata, tensor c
                 key = w.string().decode("utf-8", "replace")
                 meta[key] = w.value(w.take("I"), keep=not key.startswith("tokenizer.ggml."))
             # Tensor infos: the data they describe must lie inside the file.
-            end = weights = 0
+            end, weights = 0, _Weights()
             for _ in range(n_tensors):
                 name = w.string()
                 n_dims = w.take("I")
@@ -184,7 +227,8 @@ def _walk(path: Path) -> tuple[dict[str, Any], int, int]:  # (metadata, tensor c
                 except (ValueError, KeyError):
                     raise ModelFileError(f"{path}: tensor {name[:64]!r} has unknown type {ttype}") from None
                 nbytes = elements // block * type_size
-                end, weights = max(end, offset + nbytes), weights + nbytes
+                end = max(end, offset + nbytes)
+                weights.add(name, nbytes)
             align = meta.get("general.alignment") or gguf.GGUF_DEFAULT_ALIGNMENT
             data_start = -(-w.pos // align) * align
             if n_tensors and data_start + end > size:
@@ -208,6 +252,8 @@ def read_info(path: str | Path) -> GGUFInfo:
     missing = [p.name for p in parts if not p.exists()]
     if missing:
         raise ModelFileError(f"{path}: split model is missing {', '.join(missing)}")
+    for part in parts[1:]:  # a split model's other files hold the rest of its tensors
+        weights.merge(_walk(part)[2])
 
     def num(key: str) -> int | None:
         v = meta.get(key)
@@ -233,7 +279,11 @@ def read_info(path: str | Path) -> GGUFInfo:
         n_tensors=n_tensors,
         kind=text("general.type"),
         chat_template=text("tokenizer.chat_template"),
-        weight_bytes=weights + sum(_walk(part)[2] for part in parts[1:]),  # a split model's other files
+        weight_bytes=weights.total,
+        layer_bytes=tuple(weights.layers.get(i, 0) for i in range(max(weights.layers, default=-1) + 1)),
+        input_bytes=weights.input,
+        output_bytes=weights.output,
+        tied_output=not weights.has_output_head,
         n_vocab=num("tokenizer.ggml.tokens") or 0,
         shape={k[len(arch) + 1:]: v for k, v in meta.items() if k.startswith(f"{arch}.")
                and isinstance(v, (int, float)) and not isinstance(v, (bool, ArrayLength))},

@@ -76,6 +76,11 @@ class Metrics:
         (model, replica, up, requests, failovers)."""
         self.registry.register(_UpstreamCollector(upstreams, replicas))
 
+    def watch_gpus(self, gpus: Callable[[], Iterable[tuple[str, str, int, int]]]) -> None:
+        """Per-GPU gauges read at scrape time: rows of (device, description, free bytes when
+        last read, total bytes)."""
+        self.registry.register(_GpuCollector(gpus))
+
     def watch_connections(self, count: Callable[[], int]) -> None:
         self.connections_open.set_function(count)
 
@@ -114,6 +119,24 @@ class _ModelCollector:
             estimate.add_metric([model], need)
             allocated.add_metric([model], held)
         yield from (state, in_flight, queued, progress, estimate, allocated)
+
+
+class _GpuCollector:
+    def __init__(self, gpus) -> None:
+        self.gpus = gpus
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        free = GaugeMetricFamily("gguf_gateway_gpu_memory_free_bytes", "Each GPU's free memory as llama.cpp last "
+                                 "reported it (read before each load onto a GPU)", labels=["device", "description"])
+        total = GaugeMetricFamily("gguf_gateway_gpu_memory_total_bytes", "Each GPU's memory as llama.cpp reports it",
+                                  labels=["device", "description"])
+        for device, description, n_free, n_total in self.gpus():
+            free.add_metric([device, description], n_free)
+            total.add_metric([device, description], n_total)
+        yield from (free, total)
 
 
 class _UpstreamCollector:

@@ -3,8 +3,8 @@ state and read the decision. The registry gathers the state and carries the deci
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import Enum
 
 from .lifecycle import ModelState
@@ -19,7 +19,9 @@ class Resident:
     in_flight: int = 0
     last_used: float = 0.0
     pinned: bool = False  # models.yaml ``pin: true``: never evicted
-    memory: int = 0  # bytes it holds (or will, while loading): what llama.cpp allocated, else the estimate
+    # bytes it holds (or will, while loading) by pool (``memory.RAM``, ``cuda0``, ...): what
+    # llama.cpp allocated, else the estimate
+    memory: Mapping[str, int] = field(default_factory=dict)
 
 
 class Room(Enum):
@@ -30,24 +32,33 @@ class Room(Enum):
     TOO_LARGE = "too_large"  # the model does not fit even with every other model unloaded
 
 
-def make_room(others: Sequence[Resident], limit: int, need: int = 0, capacity: int | None = None) -> tuple[
-        Room, str | None]:
-    """Whether one more model, taking ``need`` bytes, may load beside ``others``: under
-    ``server.max_loaded_models`` (``limit``; 0: no limit), and within ``capacity``, the bytes
-    the gateway's models may hold in all (None: memory is not counted). Loading models count.
-    Past either bound, the least recently used ready model with nothing in flight is evicted
-    (the first of equals); a model with requests in flight never is, nor a pinned one. A model
-    that would not fit even with every unpinned model unloaded is ``TOO_LARGE``."""
+def make_room(others: Sequence[Resident], limit: int, need: Mapping[str, int] | None = None,
+              capacity: Mapping[str, int] | None = None) -> tuple[Room, str | None]:
+    """Whether one more model, taking ``need`` bytes by pool, may load beside ``others``: under
+    ``server.max_loaded_models`` (``limit``; 0: no limit), and in each pool within ``capacity``,
+    the bytes the gateway's models may hold there in all (a pool it does not name is not
+    counted). Loading models count. Past a bound, the least recently used ready model with
+    nothing in flight is evicted (the first of equals), among those holding memory in a pool
+    that is short when one is; a model with requests in flight never is, nor a pinned one. A
+    model that would not fit in some pool even with every unpinned model unloaded is ``TOO_LARGE``."""
+    need, capacity = need or {}, capacity or {}
     loaded = [r for r in others if r.state in (ModelState.LOADING, ModelState.READY)]
-    held = sum(r.memory for r in loaded)
-    if capacity is not None and need > capacity - sum(r.memory for r in loaded if r.pinned):
+
+    def held(pool: str, among: Sequence[Resident]) -> int:
+        return sum(r.memory.get(pool, 0) for r in among)
+
+    if any(n > capacity[pool] - held(pool, [r for r in loaded if r.pinned])
+           for pool, n in need.items() if pool in capacity):
         return Room.TOO_LARGE, None
-    fits_memory = capacity is None or held + need <= capacity
-    if fits_memory and (not limit or len(loaded) < limit):
+    short = [pool for pool, n in need.items() if n and pool in capacity and held(pool, loaded) + n > capacity[pool]]
+    over_count = bool(limit) and len(loaded) >= limit
+    if not short and not over_count:
         return Room.FITS, None
-    if limit and len(loaded) >= limit and sum(r.pinned for r in loaded) >= limit:
+    if over_count and sum(r.pinned for r in loaded) >= limit:
         return Room.NEVER, None
     idle = [r for r in loaded if r.state is ModelState.READY and r.in_flight == 0 and not r.pinned]
+    if short:  # unloading a model that holds nothing where memory is short would not help
+        idle = [r for r in idle if any(r.memory.get(pool, 0) for pool in short)]
     if not idle:
         return Room.WAIT, None
     return Room.EVICT, min(idle, key=lambda r: r.last_used).name

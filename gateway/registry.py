@@ -23,11 +23,12 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
-from . import discovery, memory, placement, sysmem
+from . import devices, discovery, memory, placement, sysmem
 from .backend import CHAT, EMBEDDINGS, RERANK, TOKENIZE, Backend, BackendFactory, LocalWorkers
 from .catalog import DEMO_NAME, ModelCatalog, ensure_demo_model  # noqa: F401 (DEMO_NAME, ensure_demo_model: re-exported)
 from .config import Config, ConfigError, ModelSpec, load_config, normalize_name
@@ -43,10 +44,6 @@ from .upstream import Upstreams
 log = logging.getLogger(__name__)
 
 _LIVE = (ModelState.LOADING, ModelState.READY)
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB" if abs(n) >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
 def _parallel(spec: ModelSpec) -> int:
@@ -66,6 +63,7 @@ class Registry:
         # other machines' servers: their health, probes and listed models
         self.upstreams = Upstreams(upstream_backoff, config.server.upstream_check_seconds)
         self.upstreams.sync(self.catalog.specs())
+        self.devices = devices.Inventory()  # the GPUs llama.cpp sees, for placement by memory
         self._models: dict[str, ModelSupervisor] = {}
         self._retired: list[ModelSupervisor] = []  # replaced by a reload, still holding something
         self._released: asyncio.Event | None = None
@@ -140,12 +138,13 @@ class Registry:
         self._retired = [m for m in self._retired if m.holds]
         return [*self._models.values(), *self._retired]
 
-    def estimate(self, spec: ModelSpec) -> dict[str, int] | None:
-        """What a local model should take once loaded (``memory.estimate``), from its header."""
+    def estimate(self, spec: ModelSpec) -> dict[str, Any] | None:
+        """What a local model should take once loaded (``memory.estimate``), from its header, on
+        the GPUs as last read (none before the first load)."""
         info = self.info(spec) if spec.path is not None else None
         if info is None:
             return None
-        found = memory.estimate(info, spec)
+        found = memory.estimate(info, spec, self.devices.gpus)
         return found.describe() if found is not None else None
 
     def metrics_rows(self) -> list[tuple[str, str, int, int, float, int, int]]:
@@ -156,8 +155,11 @@ class Registry:
             model = self.state(spec)
             loaded = 1.0 if model.state is ModelState.READY else model.progress if model.state is ModelState.LOADING \
                 else 0.0
-            held = self._held(model) if model.state is ModelState.READY else 0
-            rows.append((spec.name, model.state.value, model.in_flight, model.queued(), loaded, self._need(spec), held))
+            backend = model.backend if model.state is ModelState.READY else None
+            allocated = memory.allocated(backend.info.get("buffers")) if backend is not None else None
+            held = allocated["total"] if allocated else 0
+            need = sum(self._need(spec).values())
+            rows.append((spec.name, model.state.value, model.in_flight, model.queued(), loaded, need, held))
         return rows
 
     def in_flight(self) -> int:
@@ -240,27 +242,39 @@ class Registry:
                                    on_progress=model.loaded_part)
 
     async def make_room(self, model: ModelSupervisor) -> None:
-        """Carry out ``placement.make_room`` until the model fits (in number and in memory),
-        waiting while every loaded model is busy (503 ``model_capacity`` after the load timeout,
-        and at least a minute); 503 ``model_too_large`` at once for one that cannot fit at all."""
+        """Carry out ``placement.make_room`` until the model fits (in number and in the memory of
+        each device), waiting while every loaded model is busy (503 ``model_capacity`` after the
+        load timeout, and at least a minute); 503 ``model_too_large`` at once for one that
+        cannot fit at all. The GPUs are read once, before the first decision."""
         limit = self.config.server.max_loaded_models
         if not any(m.local for m in model.spec.members):  # another machine's memory
             return
-        need = self._need(model.spec)
         deadline = time.monotonic() + max(self.config.server.load_timeout, 60.0)
+        reading: devices.Reading | None = None
         while True:
             others = {str(id(m)): m for m in self._all()
                       if m is not model and any(s.local for s in m.spec.members)}
-            residents = [replace(m.resident(key), memory=self._held(m)) for key, m in others.items()]
-            capacity, why = await self._capacity(sum(r.memory for r in residents))
-            room, name = placement.make_room(residents, limit, need, capacity)
+            if reading is None:  # fresh where the model puts layers on a GPU; the first reading tells
+                on_gpu = model.spec.n_gpu_layers != 0 and not model.spec.rpc
+                reading = await self.devices.read(self._held_by_pool(others.values()), fresh=on_gpu)
+            gpus = reading.gpus
+            need = devices.with_unified(self._need(model.spec), gpus)
+            residents = [replace(m.resident(key), memory=devices.with_unified(self._held(m), gpus))
+                         for key, m in others.items()]
+            capacity = await self._capacity(sum(r.memory.get(sysmem.RAM, 0) for r in residents), reading)
+            room, name = placement.make_room(residents, limit, need, {pool: n for pool, (n, _) in capacity.items()})
             if room is placement.Room.FITS:
                 return
             if room is placement.Room.TOO_LARGE:
-                raise ApiError(f"model {model.spec.name!r} needs about {_gib(need)} (weights, KV cache and compute: "
-                               f"see memory_estimate in /models), more than the {_gib(capacity or 0)} its models may "
-                               f"hold here ({why}); give it a smaller n_ctx or parallel, a smaller quantization, or "
-                               "more memory", status=503, param="model", code="model_too_large")
+                pool = next((p for p, n in need.items() if p in capacity and n > capacity[p][0]),
+                            next((p for p in need if p in capacity), sysmem.RAM))
+                where = "" if pool == sysmem.RAM else f" on {pool}"
+                room_there, why = capacity.get(pool, (0, "memory is not known"))
+                raise ApiError(f"model {model.spec.name!r} needs about {devices.gib(need.get(pool, 0))}{where} "
+                               f"(weights, KV cache and compute: see memory_estimate in /models), more than the "
+                               f"{devices.gib(room_there)} its models may hold there ({why}); give it a smaller "
+                               "n_ctx or parallel, a smaller quantization, fewer n_gpu_layers, or more memory",
+                               status=503, param="model", code="model_too_large")
             if room is placement.Room.NEVER:
                 raise ApiError(f"pinned models fill all {limit} places (server.max_loaded_models); {model.spec.name!r} "
                                "cannot load beside them: raise the limit or unpin one", status=503, param="model",
@@ -281,32 +295,35 @@ class Registry:
                                status=503, param="model", code="model_capacity",
                                headers={"Retry-After": "5"}) from None
 
-    def _need(self, spec: ModelSpec) -> int:
+    def _need(self, spec: ModelSpec) -> dict[str, int]:
+        """What a model should take, by pool."""
         found = self.estimate(spec)
-        return found["total"] if found else 0
+        return dict(found["devices"]) if found else {}
 
-    def _held(self, model: ModelSupervisor) -> int:
-        """What a model holds: what llama.cpp allocated for it, else (loading) its estimate."""
+    def _held(self, model: ModelSupervisor) -> dict[str, int]:
+        """What a model holds by pool: what llama.cpp allocated for it (and, on each GPU, its
+        runtime's context, which no buffer shows), else (loading) its estimate."""
         if model.state not in (ModelState.LOADING, ModelState.READY) or model.spec.path is None:
-            return 0
+            return {}
         backend = model.backend
         held = memory.allocated(backend.info.get("buffers")) if backend is not None and backend.alive else None
-        return held["total"] if held else self._need(model.spec)
+        if not held:
+            return self._need(model.spec)
+        return {pool: n + (memory.GPU_CONTEXT if pool not in (sysmem.RAM, memory.RPC) else 0)
+                for pool, n in held["devices"].items()}
 
-    async def _capacity(self, held: int) -> tuple[int | None, str]:
-        """The bytes the models may hold in all (None: not counted), and why that much."""
+    def _held_by_pool(self, models: Iterable[ModelSupervisor]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for m in models:
+            for pool, n in self._held(m).items():
+                out[pool] = out.get(pool, 0) + n
+        return out
+
+    async def _capacity(self, held_ram: int, reading: devices.Reading) -> dict[str, tuple[int, str]]:
+        """The bytes the models may hold in each pool, and why that much (``devices.capacities``)."""
         server = self.config.server
-        mem = await asyncio.to_thread(sysmem.read)
-        bounds: list[tuple[int, str]] = []
-        if server.memory_budget is not None:
-            bounds.append((server.memory_budget, f"server.memory_budget {_gib(server.memory_budget)}"))
-        if mem is not None:
-            reserve = sysmem.reserve_bytes(server.memory_reserve, mem.total)
-            bounds.append((mem.available + held - reserve, f"{_gib(mem.available)} of memory available beside the "
-                           f"{_gib(held)} its loaded models hold, less server.memory_reserve {_gib(reserve)}"))
-        if not bounds:
-            return None, "memory is not known"
-        return min(bounds)
+        ram = await asyncio.to_thread(sysmem.read)
+        return devices.capacities(ram, held_ram, reading, server.memory_budget, server.memory_reserve)
 
     def went_idle(self, model: ModelSupervisor) -> None:
         if self._released is not None:

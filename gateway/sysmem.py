@@ -1,6 +1,6 @@
 """The machine's memory, as the gateway's placement counts it: system RAM (on macOS, the
 unified memory the GPU shares). Linux reads /proc/meminfo; macOS asks sysctl and vm_stat.
-None where the system says nothing. GPU memory (CUDA) is not counted here."""
+None where the system says nothing. A GPU's own memory is llama.cpp's to report (``devices``)."""
 
 from __future__ import annotations
 
@@ -53,6 +53,10 @@ def _macos() -> Memory | None:
     except (OSError, ValueError, subprocess.SubprocessError):
         return None
     return parse_vm_stat(stat, total)
+
+
+RAM = "ram"  # system memory's pool name, beside each GPU's (``memory``, ``devices``)
+DEFAULT_RESERVE = -10  # ``server.memory_reserve``'s default: 10% of each device's memory
 
 
 def reserve_bytes(reserve: int, total: int) -> int:

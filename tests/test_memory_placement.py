@@ -70,15 +70,23 @@ async def test_a_pinned_model_is_never_the_one_that_makes_room(aiohttp_client, w
 
 @pytest.mark.parametrize(("reserve", "want"), [("10%", -10), ("0%", 0), ("2GiB", 2 * 2**30), (1024, 1024)])
 def test_the_reserve_is_a_size_or_a_share(write_config, reserve, want):
-    assert load_config(write_config(f"server:\n  memory_reserve: {reserve}\n")).server.memory_reserve == want
+    assert load_config(write_config(f"server:\n  memory_reserve: {reserve}\n")).server.memory_reserve == {"default": want}
     assert sysmem.reserve_bytes(want, 1000 * 2**20) == (100 * 2**20 if want == -10 else 0 if want == 0 else want)
 
 
-@pytest.mark.parametrize("reserve", ["100%", "-5%", "lots%", "lots"])
+def test_reserve_and_budget_per_device(write_config):
+    server = load_config(write_config("server:\n  memory_reserve: {ram: 2GiB, CUDA0: 5%, default: 1GiB}\n"
+                                      "  memory_budget: {cuda1: 8GiB}\n")).server
+    assert server.memory_reserve == {"ram": 2 * 2**30, "cuda0": -5, "default": 2**30}
+    assert server.memory_budget == {"cuda1": 8 * 2**30}
+    assert load_config(write_config("server:\n  memory_budget: 4GiB\n")).server.memory_budget == {"ram": 4 * 2**30}
+
+
+@pytest.mark.parametrize("reserve", ["100%", "-5%", "lots%", "lots", "{cuda0: lots}"])
 def test_a_bad_reserve_names_its_place(write_config, reserve):
     with pytest.raises(ConfigError) as e:
         load_config(write_config(f"server:\n  memory_reserve: {reserve}\n"))
-    assert "server.memory_reserve:" in str(e.value)
+    assert "server.memory_reserve:" in str(e.value) or "server.memory_reserve.cuda0:" in str(e.value)
 
 
 def test_meminfo_and_vm_stat():

@@ -71,20 +71,53 @@ def test_backoff_doubles_up_to_its_cap(failures, wait):
 MiB = 2**20
 
 
+def ram(n: int) -> dict[str, int]:
+    return {"ram": n}
+
+
 @pytest.mark.parametrize("others, limit, need, capacity, decision", [
-    ([], 0, 100 * MiB, None, (Room.FITS, None)),  # memory not counted
-    ([Resident("a", R, memory=300 * MiB)], 0, 100 * MiB, 500 * MiB, (Room.FITS, None)),
-    ([Resident("a", R, memory=450 * MiB, last_used=1), Resident("b", R, memory=10 * MiB, last_used=2)], 0,
-     100 * MiB, 500 * MiB, (Room.EVICT, "a")),  # least recently used first, whatever it holds
-    ([Resident("a", R, memory=450 * MiB, in_flight=1)], 0, 100 * MiB, 500 * MiB, (Room.WAIT, None)),
-    ([Resident("a", L, memory=450 * MiB)], 0, 100 * MiB, 500 * MiB, (Room.WAIT, None)),  # a load holds its estimate
-    ([], 0, 600 * MiB, 500 * MiB, (Room.TOO_LARGE, None)),  # not even alone
-    ([Resident("a", R, memory=300 * MiB, pinned=True)], 0, 300 * MiB, 500 * MiB, (Room.TOO_LARGE, None)),
-    ([Resident("a", R, memory=100 * MiB, pinned=True), Resident("b", R, memory=300 * MiB)], 0, 300 * MiB,
-     500 * MiB, (Room.EVICT, "b")),  # the pinned one stays
-    ([Resident("a", R, memory=10 * MiB, last_used=1), Resident("b", R, memory=10 * MiB, last_used=2)], 2,
-     10 * MiB, 500 * MiB, (Room.EVICT, "a")),  # memory enough, the count not
-    ([Resident("a", U, memory=0)], 1, 400 * MiB, 500 * MiB, (Room.FITS, None)),
+    ([], 0, ram(100 * MiB), None, (Room.FITS, None)),  # memory not counted
+    ([Resident("a", R, memory=ram(300 * MiB))], 0, ram(100 * MiB), ram(500 * MiB), (Room.FITS, None)),
+    ([Resident("a", R, memory=ram(450 * MiB), last_used=1), Resident("b", R, memory=ram(10 * MiB), last_used=2)], 0,
+     ram(100 * MiB), ram(500 * MiB), (Room.EVICT, "a")),  # least recently used first, whatever it holds
+    ([Resident("a", R, memory=ram(450 * MiB), in_flight=1)], 0, ram(100 * MiB), ram(500 * MiB), (Room.WAIT, None)),
+    ([Resident("a", L, memory=ram(450 * MiB))], 0, ram(100 * MiB), ram(500 * MiB),
+     (Room.WAIT, None)),  # a load holds its estimate
+    ([], 0, ram(600 * MiB), ram(500 * MiB), (Room.TOO_LARGE, None)),  # not even alone
+    ([Resident("a", R, memory=ram(300 * MiB), pinned=True)], 0, ram(300 * MiB), ram(500 * MiB),
+     (Room.TOO_LARGE, None)),
+    ([Resident("a", R, memory=ram(100 * MiB), pinned=True), Resident("b", R, memory=ram(300 * MiB))], 0,
+     ram(300 * MiB), ram(500 * MiB), (Room.EVICT, "b")),  # the pinned one stays
+    ([Resident("a", R, memory=ram(10 * MiB), last_used=1), Resident("b", R, memory=ram(10 * MiB), last_used=2)], 2,
+     ram(10 * MiB), ram(500 * MiB), (Room.EVICT, "a")),  # memory enough, the count not
+    ([Resident("a", U, memory={})], 1, ram(400 * MiB), ram(500 * MiB), (Room.FITS, None)),
 ])
 def test_make_room_by_memory(others, limit, need, capacity, decision):
     assert make_room(others, limit, need, capacity) == decision
+
+
+GPU = {"ram": 2000 * MiB, "cuda0": 1000 * MiB, "cuda1": 1000 * MiB}
+
+
+@pytest.mark.parametrize("others, need, decision", [
+    # each pool on its own: RAM has room, the GPU not; the model holding GPU memory goes, though
+    # another was used less recently
+    ([Resident("cpu-only", R, memory=ram(100 * MiB), last_used=1),
+      Resident("on-gpu", R, memory={"ram": 50 * MiB, "cuda0": 800 * MiB}, last_used=2)],
+     {"ram": 50 * MiB, "cuda0": 300 * MiB}, (Room.EVICT, "on-gpu")),
+    # the other GPU is full, this one is not: nothing to unload
+    ([Resident("a", R, memory={"cuda1": 900 * MiB})], {"cuda0": 900 * MiB}, (Room.FITS, None)),
+    # short on the GPU, and the only model there is busy: wait for it, not for the CPU-only one
+    ([Resident("cpu-only", R, memory=ram(100 * MiB), last_used=1),
+      Resident("busy", R, memory={"cuda0": 900 * MiB}, in_flight=2)], {"cuda0": 200 * MiB}, (Room.WAIT, None)),
+    # a GPU the model needs more of than it has at all
+    ([], {"ram": 10 * MiB, "cuda1": 1100 * MiB}, (Room.TOO_LARGE, None)),
+    # a pool no capacity names (another machine's: rpc) is not counted
+    ([], {"ram": 10 * MiB, "rpc": 10**12}, (Room.FITS, None)),
+    # short in two pools: any model holding memory in either may go, least recently used first
+    ([Resident("x", R, memory={"cuda0": 900 * MiB}, last_used=5),
+      Resident("y", R, memory={"cuda1": 900 * MiB}, last_used=3)],
+     {"cuda0": 200 * MiB, "cuda1": 200 * MiB}, (Room.EVICT, "y")),
+])
+def test_make_room_counts_each_device(others, need, decision):
+    assert make_room(others, 0, need, GPU) == decision

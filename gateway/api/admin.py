@@ -27,7 +27,8 @@ async def health(request: web.Request) -> web.Response:
                               "workers": {name: w.pid for name, w in sorted(registry.loaded().items())
                                           if w.pid is not None},
                               "worker_failures": registry.worker_failures,
-                              "upstreams": {name: state for name, state in registry.upstream_rows()}},
+                              "upstreams": {name: state for name, state in registry.upstream_rows()},
+                              "gpus": registry.devices.describe()},
                              status=503 if draining else 200)
 
 

@@ -117,6 +117,35 @@ CACHE_TYPES = {"f32": CacheType(0, 4.0, False), "f16": CacheType(1, 2.0, False),
                "q5_0": CacheType(6, 22 / 32, True), "q5_1": CacheType(7, 24 / 32, True)}
 
 
+@dataclass(frozen=True)
+class Device:
+    """One of llama.cpp's devices as ggml reports it (``engine.devices``): what the gateway's
+    placement counts a GPU's memory by. Crosses from the probe process as a JSON object."""
+
+    name: str  # ggml's: CPU, CUDA0, MTL0, Vulkan0, ...
+    description: str
+    kind: str  # cpu, gpu (own memory), igpu (host memory), accel, meta
+    free: int  # bytes, when it was read
+    total: int
+
+    @property
+    def pool(self) -> str:
+        """The name memory is counted under: the device's, lowercased (``memory.RAM`` for the CPU)."""
+        return "ram" if self.kind in ("cpu", "accel") else self.name.lower()
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "description": self.description, "kind": self.kind, "free": self.free,
+                "total": self.total}
+
+    @classmethod
+    def parse(cls, d: Any) -> Device:
+        """From ``describe()``'s object; raises ValueError on anything else."""
+        try:
+            return cls(str(d["name"]), str(d["description"]), str(d["kind"]), int(d["free"]), int(d["total"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"not a device: {d!r}") from e
+
+
 # The kinds of request a model may serve (``WorkerProcess.serves``, ``backend.Backend``).
 CHAT, COMPLETIONS, EMBEDDINGS, TOKENIZE, RERANK = "chat", "completions", "embeddings", "tokenize", "rerank"
 

@@ -5,8 +5,8 @@ added through the RPC backend's ``ggml_backend_rpc_add_server`` and registered a
 its devices (``RPC0``, ``RPC1``, ...) join the ones llama.cpp spreads layers over by free memory:
 the servers' first, then any local GPU; the layers past ``n_gpu_layers`` stay on the local CPU.
 
-llama-cpp-python binds none of ggml's backend registry, so the few calls are bound here with
-ctypes against the ggml it loaded. Two failures are caught before llama.cpp sees them, because
+llama-cpp-python binds none of ggml's backend registry: the few calls are bound with ctypes
+(``engine.ggml``). Two failures are caught before llama.cpp sees them, because
 there they abort the whole process: a llama-cpp-python built without ``-DGGML_RPC=on`` (no
 "RPC" registry), and a server that does not accept a connection.
 """
@@ -17,6 +17,8 @@ import ctypes
 import socket
 from typing import Any
 
+from . import ggml
+
 CONNECT_TIMEOUT = 5.0
 _add_server_t = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)
 
@@ -26,20 +28,11 @@ class RpcUnavailable(RuntimeError):
 
 
 def _ggml(ll: Any) -> Any:
-    """ggml's backend registry calls, found through the libllama llama-cpp-python loaded (its
-    dependencies are searched too), so they act on the very ggml that llama.cpp uses: another
-    copy of the library would hold a registry of its own."""
-    lib = ll.llama_cpp._lib
-    for fn, args, res in (("ggml_backend_reg_by_name", [ctypes.c_char_p], ctypes.c_void_p),
-                          ("ggml_backend_reg_get_proc_address", [ctypes.c_void_p, ctypes.c_char_p], ctypes.c_void_p),
-                          ("ggml_backend_register", [ctypes.c_void_p], None),
-                          ("ggml_backend_reg_dev_count", [ctypes.c_void_p], ctypes.c_size_t)):
-        try:
-            f = getattr(lib, fn)
-        except AttributeError:
-            raise RpcUnavailable(f"llama-cpp-python's libraries do not export {fn}") from None
-        f.argtypes, f.restype = args, res
-    return lib
+    try:
+        return ggml.bind(ll, "ggml_backend_reg_by_name", "ggml_backend_reg_get_proc_address", "ggml_backend_register",
+                         "ggml_backend_reg_dev_count")
+    except ggml.Missing as e:
+        raise RpcUnavailable(str(e)) from None
 
 
 def check_reachable(endpoint: str, timeout: float = CONNECT_TIMEOUT) -> None:

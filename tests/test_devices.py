@@ -1,0 +1,218 @@
+"""GPU memory in placement: llama.cpp's devices as ggml lists them (``gateway/engine/devices``,
+read by a probe process: ``gateway/devices``), the layers llama.cpp gives each device
+(``memory.layer_devices``, checked against llama.cpp's ``load_tensors`` rule), the estimate
+split by device, each device's capacity, and a model refused for a GPU's memory.
+
+This machine has no GPU: the probe is run for real (it lists the CPU), and a GPU is described
+to the gateway by a stand-in probe command printing what ggml would. What llama.cpp allocates
+on a real GPU against the estimate is not checked here."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import tiny_random_model
+
+from gateway import devices, sysmem
+from gateway import testmodels as tm
+from gateway.app import create_app
+from gateway.appkeys import REGISTRY
+from gateway.config import ModelSpec, load_config
+from gateway.engine.protocol import Device
+from gateway.ggufmeta import read_info
+from gateway.memory import GPU_CONTEXT, RAM, RPC, estimate, layer_devices, model_devices, pool_of
+
+GiB, MiB = 2**30, 2**20
+HI = [{"role": "user", "content": "hi"}]
+
+
+def gpu(name: str, free: int = 8 * GiB, kind: str = "gpu", total: int = 16 * GiB) -> Device:
+    return Device(name, f"{name} card", kind, free, total)
+
+
+def probe_command(found: list[Device], calls: Path | None = None) -> list[str]:
+    """A stand-in for ``python -m gateway.engine.devices`` that prints ``found`` (and counts its runs)."""
+    script = f"import sys; print({json.dumps(json.dumps([d.describe() for d in found]))})"
+    if calls is not None:
+        script = f"open({str(calls)!r}, 'a').write('x'); " + script
+    return [sys.executable, "-c", script]
+
+
+def test_llama_cpp_lists_its_devices_and_the_cpus_memory():
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-m", "gateway.engine.devices"], capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    found = [Device.parse(d) for d in json.loads(out)]
+    cpu = [d for d in found if d.kind == "cpu"]
+    assert len(cpu) == 1 and cpu[0].pool == RAM
+    mem = sysmem.read()
+    if mem is not None:  # ggml's CPU device reports the system's memory
+        assert abs(cpu[0].total / mem.total - 1) < 0.1, (cpu[0], mem)
+    for d in found:
+        assert 0 <= d.free <= d.total or d.total == 0, d
+
+
+@pytest.mark.parametrize(("n_gpu_layers", "gpus", "tensor_split", "want"), [
+    (-1, ["cuda0"], (), ["cuda0"] * 5),  # every layer and the output
+    (0, ["cuda0"], (), [RAM] * 5),
+    (-1, [], (), [RAM] * 5),  # no GPU
+    (2, ["cuda0"], (), [RAM, RAM, RAM, "cuda0", "cuda0"]),  # the output layer first, then the last layers
+    (4, ["cuda0"], (), [RAM, "cuda0", "cuda0", "cuda0", "cuda0"]),
+    (99, ["cuda0"], (), ["cuda0"] * 5),
+    (-1, ["cuda0", "cuda1"], (), ["cuda0", "cuda0", "cuda0", "cuda1", "cuda1"]),  # equal free memory
+    (-1, ["cuda0", "cuda1"], (1.0, 3.0), ["cuda0", "cuda0", "cuda1", "cuda1", "cuda1"]),
+    (-1, ["cuda0", "cuda1"], (0.0, 0.0), ["cuda0", "cuda0", "cuda0", "cuda1", "cuda1"]),  # zeros: by free memory
+    (3, ["cuda0", "cuda1"], (), [RAM, RAM, "cuda0", "cuda0", "cuda1"]),
+])
+def test_layers_go_where_llama_cpp_puts_them(n_gpu_layers, gpus, tensor_split, want):
+    assert layer_devices(4, n_gpu_layers, [gpu(name.upper()) for name in gpus], tensor_split) == want
+
+
+def test_layers_are_spread_by_free_memory():
+    assert layer_devices(4, -1, [gpu("CUDA0", free=3 * GiB), gpu("CUDA1", free=1 * GiB)]) == ["cuda0"] * 4 + ["cuda1"]
+
+
+def test_the_devices_a_model_may_use():
+    cpu, a, b = Device("CPU", "cpu", "cpu", 1, 1), gpu("CUDA0"), gpu("CUDA1")
+    igpu, blas = gpu("Vulkan0", kind="igpu"), Device("BLAS", "blas", "accel", 0, 0)
+    assert model_devices([cpu, a, b, blas]) == [a, b]
+    assert model_devices([cpu, a, b], "none", main_gpu=1) == [b]
+    assert model_devices([cpu, a, b], "none", main_gpu=2) == []  # llama.cpp refuses it; nothing counted there
+    assert model_devices([cpu, igpu, a]) == [a]  # an integrated GPU only where there is no other
+    assert model_devices([cpu, igpu]) == [igpu]
+
+
+def test_buffers_are_counted_in_their_devices_pool():
+    assert [pool_of(name) for name in ("cpu", "cuda0", "cuda", "mtl0", "vulkan1", "rpc0[10.0.0.2:50052]")] == \
+        [RAM, "cuda0", RAM, "mtl0", "vulkan1", RPC]
+
+
+@pytest.mark.parametrize("model", ["scripted", "qwen2"])
+def test_the_estimate_is_split_by_device(tmp_path, model):
+    path = tm.plain(tmp_path / "m.gguf").path if model == "scripted" else tiny_random_model("qwen2", seed=7)
+    info = read_info(path)
+    assert sum(info.layer_bytes) + info.input_bytes + info.output_bytes == info.weight_bytes
+    spec = ModelSpec("m", path, n_ctx=1024, parallel=2)
+    cpu_only = estimate(info, spec)
+    assert cpu_only.devices == {RAM: cpu_only.total}
+
+    offloaded = estimate(info, spec, [gpu("CUDA0")])
+    assert set(offloaded.devices) == {RAM, "cuda0"} and sum(offloaded.devices.values()) == offloaded.total
+    assert offloaded.kv == cpu_only.kv and offloaded.weights == cpu_only.weights  # not tied: no second head
+    assert offloaded.devices["cuda0"] >= info.weight_bytes - info.input_bytes + offloaded.kv + GPU_CONTEXT
+    assert offloaded.devices[RAM] < cpu_only.devices[RAM] - info.output_bytes  # only the input layer and buffers
+
+    assert estimate(info, ModelSpec("m", path, n_ctx=1024, parallel=2, n_gpu_layers=0), [gpu("CUDA0")]) == cpu_only
+    rpc = estimate(info, ModelSpec("m", path, n_ctx=1024, parallel=2, rpc=("10.0.0.2:50052",)), [gpu("CUDA0")])
+    assert set(rpc.devices) == {RAM, RPC}  # the layers are the rpc-servers' to hold
+
+
+@pytest.mark.real
+def test_a_tied_output_head_is_copied_to_the_gpu():
+    from realmodel import gemma_path
+
+    info = read_info(gemma_path())
+    assert info.tied_output and len(info.layer_bytes) == info.shape["block_count"]
+    spec = ModelSpec("gemma", gemma_path())
+    cpu_only, offloaded = estimate(info, spec), estimate(info, spec, [gpu("CUDA0")])
+    assert offloaded.weights == cpu_only.weights + info.input_bytes
+
+
+def test_capacities_per_device():
+    ram = sysmem.Memory(total=64 * GiB, available=40 * GiB)
+    reading = devices.Reading((gpu("CUDA0", free=10 * GiB, total=24 * GiB), gpu("CUDA1", free=2 * GiB, total=8 * GiB)),
+                              {"cuda0": 4 * GiB})
+    got = devices.capacities(ram, 6 * GiB, reading, {}, {"default": -10})
+    assert {pool: n for pool, (n, _) in got.items()} == {
+        RAM: 40 * GiB + 6 * GiB - int(6.4 * GiB),  # available, plus what the models hold, less 10%
+        "cuda0": 10 * GiB + 4 * GiB - int(2.4 * GiB),  # free when read, plus what they held then
+        "cuda1": 2 * GiB - int(0.8 * GiB)}
+    assert "free on CUDA0 (CUDA0 card)" in got["cuda0"][1]
+    got = devices.capacities(ram, 0, reading, {"cuda1": 512 * MiB, RAM: 100 * GiB}, {"cuda0": 0, "default": GiB})
+    assert {pool: n for pool, (n, _) in got.items()} == {RAM: 39 * GiB, "cuda0": 14 * GiB, "cuda1": 512 * MiB}
+    assert got["cuda1"][1] == "server.memory_budget 512 MiB on cuda1"
+    assert devices.capacities(None, 0, devices.Reading(), {}, {}) == {}  # nothing known: nothing counted
+
+
+def test_unified_memory_counts_in_ram_too():
+    metal, cuda = gpu("MTL0"), gpu("CUDA0")
+    assert devices.with_unified({RAM: 1, "mtl0": 10}, [metal]) == {RAM: 11, "mtl0": 10}
+    assert devices.with_unified({RAM: 1, "cuda0": 10}, [cuda]) == {RAM: 1, "cuda0": 10}
+
+
+async def test_the_probe_runs_once_where_there_is_no_gpu(tmp_path):
+    calls = tmp_path / "calls"
+    inventory = devices.Inventory(probe_command([Device("CPU", "cpu", "cpu", GiB, GiB)], calls))
+    assert (await inventory.read({})).gpus == ()
+    assert (await inventory.read({}, fresh=True)).gpus == ()
+    assert calls.read_text() == "x"
+
+
+async def test_the_probe_runs_again_for_a_fresh_reading_where_there_are_gpus(tmp_path):
+    calls = tmp_path / "calls"
+    inventory = devices.Inventory(probe_command([gpu("CUDA0")], calls))
+    first = await inventory.read({"cuda0": 5})
+    assert [d.pool for d in first.gpus] == ["cuda0"] and first.held == {"cuda0": 5}
+    await inventory.read({})
+    assert calls.read_text() == "x"
+    await inventory.read({}, fresh=True)
+    assert calls.read_text() == "xx"
+
+
+@pytest.mark.parametrize("command", [[sys.executable, "-c", "import sys; sys.exit('no llama.cpp')"],
+                                     [sys.executable, "-c", "print('[{\"name\": 1}]')"],
+                                     ["/nonexistent/python"]])
+async def test_a_failed_probe_counts_as_no_gpu(command, caplog):
+    inventory = devices.Inventory(command)
+    assert (await inventory.read({})).gpus == ()
+    assert "GPU memory is not counted" in caplog.text
+
+
+def gateway(write_config, model_dir, found: list[Device], extra: str = ""):
+    app = create_app(load_config(write_config(f"""
+server:
+  discover_default_stores: false
+  max_loaded_models: 0
+models:
+  a:
+    path: {model_dir}/plain.gguf
+    n_ctx: 2048
+  cpu-only:
+    path: {model_dir}/thinker.gguf
+    n_ctx: 2048
+    n_gpu_layers: 0
+{extra}""")))
+    app[REGISTRY].devices = devices.Inventory(probe_command(found))
+    return app
+
+
+async def test_a_model_too_large_for_the_gpu_is_refused_naming_it(aiohttp_client, write_config, model_dir):
+    client = await aiohttp_client(gateway(write_config, model_dir, [gpu("CUDA0", free=64 * MiB, total=80 * MiB)]))
+    r = await client.post("/v1/chat/completions", json={"model": "a", "messages": HI})
+    body = await r.json()
+    assert r.status == 503 and body["error"]["code"] == "model_too_large" and body["error"]["param"] == "model"
+    assert " on cuda0 " in body["error"]["message"] and "free on CUDA0 (CUDA0 card)" in body["error"]["message"]
+    # the same GPU does not stop a model kept on the CPU, nor the server
+    assert (await client.post("/v1/chat/completions", json={"model": "cpu-only", "messages": HI})).status == 200
+    models = {m["id"]: m for m in (await (await client.get("/models")).json())["data"]}
+    assert set(models["a"]["memory_estimate"]["devices"]) == {RAM, "cuda0"}
+    assert set(models["cpu-only"]["memory_estimate"]["devices"]) == {RAM}
+    assert models["cpu-only"]["memory_allocated"]["devices"][RAM] == models["cpu-only"]["memory_allocated"]["total"]
+
+
+async def test_a_gpu_with_room_loads_the_model(aiohttp_client, write_config, model_dir):
+    client = await aiohttp_client(gateway(write_config, model_dir, [gpu("CUDA0", free=8 * GiB)]))
+    assert (await client.post("/v1/chat/completions", json={"model": "a", "messages": HI})).status == 200
+
+
+async def test_health_and_metrics_show_the_gpus_once_read(aiohttp_client, write_config, model_dir):
+    client = await aiohttp_client(gateway(write_config, model_dir, [gpu("CUDA0", free=8 * GiB, total=16 * GiB)]))
+    assert (await (await client.get("/health")).json())["gpus"] is None  # not read before a load
+    assert (await client.post("/v1/chat/completions", json={"model": "cpu-only", "messages": HI})).status == 200
+    [seen] = (await (await client.get("/health")).json())["gpus"]
+    assert seen["name"] == "CUDA0" and seen["pool"] == "cuda0" and seen["free"] == 8 * GiB
+    text = await (await client.get("/metrics")).text()
+    assert 'gguf_gateway_gpu_memory_free_bytes{description="CUDA0 card",device="CUDA0"} 8.589934592e+09' in text
+    assert 'gguf_gateway_gpu_memory_total_bytes{description="CUDA0 card",device="CUDA0"} 1.7179869184e+10' in text
