@@ -4,7 +4,8 @@ They are read by a short-lived process (``python -m gateway.engine.devices``): i
 GPU backend in the gateway's own process would hold GPU memory for as long as it runs. The
 first reading tells whether there are GPUs at all; where there are none (a CPU build, or no
 device), it is never read again, since a GPU does not appear while the gateway runs. Where
-there are, ``read`` is asked again before each load that places layers on one.
+there are, a load that places layers on one reads them again unless a recent reading stands
+(``GPU_READING_MAX_AGE``); each worker also reports its devices once its model is loaded.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ from .sysmem import RAM
 log = logging.getLogger("gguf_gateway.devices")
 
 PROBE_TIMEOUT = 60.0  # a CUDA runtime's first start can take long on a machine with many GPUs
+# A reading this recent stands for a load onto a GPU (memory the gateway's own models take or
+# give back is counted apart): other programs' use of a GPU is seen this late at worst, and a
+# model switch does not wait for a probe's GPU start each time.
+GPU_READING_MAX_AGE = 30.0
 
 
 @dataclass(frozen=True)
@@ -71,7 +76,10 @@ def capacities(ram: sysmem.Memory | None, held_ram: int, reading: Reading, budge
         bound(RAM, ram.available + held_ram - kept, f"{gib(ram.available)} of memory available beside the "
               f"{gib(held_ram)} its loaded models hold, less server.memory_reserve {gib(kept)}")
     for d in reading.gpus:
-        held, kept = reading.held.get(d.pool, 0), reserve_of(d.pool, d.total)
+        # Metal counts allocations per process, so the probe sees none of the models': what it
+        # reports free is already all that the models may hold
+        held = 0 if unified(d) else reading.held.get(d.pool, 0)
+        kept = reserve_of(d.pool, d.total)
         bound(d.pool, d.free + held - kept, f"{gib(d.free)} free on {d.name} ({d.description}) beside the "
               f"{gib(held)} its loaded models hold, less server.memory_reserve {gib(kept)}")
     for pool, n in budget.items():
@@ -103,14 +111,26 @@ class Inventory:
         age = round(time.monotonic() - self.last.at, 1)
         return [{**d.describe(), "pool": d.pool, "read_seconds_ago": age} for d in self.last.gpus]
 
-    async def read(self, held: Mapping[str, int], fresh: bool = False) -> Reading:
-        """The GPUs: read now if never read, or ``fresh`` and there are any; ``held``: what the
-        gateway's models hold on each now. A reading that fails counts as no GPU (logged)."""
+    async def read(self, held: Mapping[str, int], max_age: float | None = None) -> Reading:
+        """The GPUs: read now if never read, or where there are any and the last reading is older
+        than ``max_age`` seconds (None: any age will do); ``held``: what the gateway's models
+        hold on each now. A reading that fails counts as no GPU (logged)."""
         async with self._lock:
-            if self.last is None or (fresh and self.last.gpus):
-                self.last = Reading(tuple(d for d in await self._probe() if d.pool != RAM), dict(held),
-                                    time.monotonic())
+            last = self.last
+            if last is None or (last.gpus and max_age is not None and time.monotonic() - last.at > max_age):
+                self.take([d.describe() for d in await self._probe()], held)
+            assert self.last is not None
             return self.last
+
+    def take(self, found: Sequence[Any], held: Mapping[str, int]) -> None:
+        """A reading from elsewhere (a worker reports its devices once its model is loaded:
+        ``found``, as ``Device.describe`` objects; ``held``: what the models hold now)."""
+        try:
+            gpus = tuple(d for d in map(Device.parse, found) if d.pool != RAM)
+        except ValueError as e:
+            log.warning("ignoring a reading of llama.cpp's devices: %s", e)
+            return
+        self.last = Reading(gpus, dict(held), time.monotonic())
 
     async def _probe(self) -> list[Device]:
         try:

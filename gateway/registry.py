@@ -254,9 +254,10 @@ class Registry:
         while True:
             others = {str(id(m)): m for m in self._all()
                       if m is not model and any(s.local for s in m.spec.members)}
-            if reading is None:  # fresh where the model puts layers on a GPU; the first reading tells
+            if reading is None:  # recent where the model puts layers on a GPU; the first reading tells
                 on_gpu = model.spec.n_gpu_layers != 0 and not model.spec.rpc
-                reading = await self.devices.read(self._held_by_pool(others.values()), fresh=on_gpu)
+                reading = await self.devices.read(self._held_by_pool(others.values()),
+                                                  devices.GPU_READING_MAX_AGE if on_gpu else None)
             gpus = reading.gpus
             need = devices.with_unified(self._need(model.spec), gpus)
             residents = [replace(m.resident(key), memory=devices.with_unified(self._held(m), gpus))
@@ -330,6 +331,9 @@ class Registry:
             self._released.set()
 
     def load_finished(self, model: ModelSupervisor, seconds: float | None) -> None:
+        found = model.backend.info.get("devices") if seconds is not None and model.backend is not None else None
+        if isinstance(found, list) and found:  # the worker's reading, with its model loaded
+            self.devices.take(found, self._held_by_pool(self._all()))
         if self.metrics is None:
             return
         if seconds is None:

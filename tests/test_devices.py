@@ -136,6 +136,12 @@ def test_capacities_per_device():
     assert devices.capacities(None, 0, devices.Reading(), {}, {}) == {}  # nothing known: nothing counted
 
 
+def test_a_unified_gpus_free_memory_is_the_probes_own():
+    reading = devices.Reading((gpu("MTL0", free=20 * GiB, total=20 * GiB),), {"mtl0": 5 * GiB})
+    got = devices.capacities(None, 0, reading, {}, {"default": 0})
+    assert got["mtl0"][0] == 20 * GiB  # Metal's free memory is per process: the models' 5 GiB are not in it
+
+
 def test_unified_memory_counts_in_ram_too():
     metal, cuda = gpu("MTL0"), gpu("CUDA0")
     assert devices.with_unified({RAM: 1, "mtl0": 10}, [metal]) == {RAM: 11, "mtl0": 10}
@@ -146,19 +152,26 @@ async def test_the_probe_runs_once_where_there_is_no_gpu(tmp_path):
     calls = tmp_path / "calls"
     inventory = devices.Inventory(probe_command([Device("CPU", "cpu", "cpu", GiB, GiB)], calls))
     assert (await inventory.read({})).gpus == ()
-    assert (await inventory.read({}, fresh=True)).gpus == ()
+    assert (await inventory.read({}, max_age=0)).gpus == ()
     assert calls.read_text() == "x"
 
 
-async def test_the_probe_runs_again_for_a_fresh_reading_where_there_are_gpus(tmp_path):
+async def test_the_probe_runs_again_where_there_are_gpus_and_the_reading_is_old(tmp_path):
     calls = tmp_path / "calls"
     inventory = devices.Inventory(probe_command([gpu("CUDA0")], calls))
     first = await inventory.read({"cuda0": 5})
     assert [d.pool for d in first.gpus] == ["cuda0"] and first.held == {"cuda0": 5}
     await inventory.read({})
-    assert calls.read_text() == "x"
-    await inventory.read({}, fresh=True)
+    await inventory.read({}, max_age=devices.GPU_READING_MAX_AGE)
+    assert calls.read_text() == "x"  # recent enough
+    await inventory.read({}, max_age=0)
     assert calls.read_text() == "xx"
+    # a worker's reading with its model loaded stands for a recent one
+    inventory.take([gpu("CUDA0", free=GiB).describe()], {"cuda0": 7})
+    assert (await inventory.read({}, max_age=devices.GPU_READING_MAX_AGE)).held == {"cuda0": 7}
+    assert calls.read_text() == "xx"
+    inventory.take([{"name": "broken"}], {})  # ignored, logged
+    assert inventory.gpus[0].free == GiB
 
 
 @pytest.mark.parametrize("command", [[sys.executable, "-c", "import sys; sys.exit('no llama.cpp')"],
@@ -194,11 +207,12 @@ async def test_a_model_too_large_for_the_gpu_is_refused_naming_it(aiohttp_client
     body = await r.json()
     assert r.status == 503 and body["error"]["code"] == "model_too_large" and body["error"]["param"] == "model"
     assert " on cuda0 " in body["error"]["message"] and "free on CUDA0 (CUDA0 card)" in body["error"]["message"]
-    # the same GPU does not stop a model kept on the CPU, nor the server
-    assert (await client.post("/v1/chat/completions", json={"model": "cpu-only", "messages": HI})).status == 200
     models = {m["id"]: m for m in (await (await client.get("/models")).json())["data"]}
     assert set(models["a"]["memory_estimate"]["devices"]) == {RAM, "cuda0"}
     assert set(models["cpu-only"]["memory_estimate"]["devices"]) == {RAM}
+    # the same GPU does not stop a model kept on the CPU, nor the server
+    assert (await client.post("/v1/chat/completions", json={"model": "cpu-only", "messages": HI})).status == 200
+    models = {m["id"]: m for m in (await (await client.get("/models")).json())["data"]}
     assert models["cpu-only"]["memory_allocated"]["devices"][RAM] == models["cpu-only"]["memory_allocated"]["total"]
 
 
@@ -208,11 +222,14 @@ async def test_a_gpu_with_room_loads_the_model(aiohttp_client, write_config, mod
 
 
 async def test_health_and_metrics_show_the_gpus_once_read(aiohttp_client, write_config, model_dir):
-    client = await aiohttp_client(gateway(write_config, model_dir, [gpu("CUDA0", free=8 * GiB, total=16 * GiB)]))
+    client = await aiohttp_client(gateway(write_config, model_dir, [gpu("CUDA0", free=64 * MiB, total=80 * MiB)]))
     assert (await (await client.get("/health")).json())["gpus"] is None  # not read before a load
-    assert (await client.post("/v1/chat/completions", json={"model": "cpu-only", "messages": HI})).status == 200
+    assert (await client.post("/v1/chat/completions", json={"model": "a", "messages": HI})).status == 503
     [seen] = (await (await client.get("/health")).json())["gpus"]
-    assert seen["name"] == "CUDA0" and seen["pool"] == "cuda0" and seen["free"] == 8 * GiB
+    assert seen["name"] == "CUDA0" and seen["pool"] == "cuda0" and seen["free"] == 64 * MiB
     text = await (await client.get("/metrics")).text()
-    assert 'gguf_gateway_gpu_memory_free_bytes{description="CUDA0 card",device="CUDA0"} 8.589934592e+09' in text
-    assert 'gguf_gateway_gpu_memory_total_bytes{description="CUDA0 card",device="CUDA0"} 1.7179869184e+10' in text
+    assert 'gguf_gateway_gpu_memory_free_bytes{description="CUDA0 card",device="CUDA0"} 6.7108864e+07' in text
+    assert 'gguf_gateway_gpu_memory_total_bytes{description="CUDA0 card",device="CUDA0"} 8.388608e+07' in text
+    # a loaded worker's own reading replaces it: here, llama.cpp has no GPU
+    assert (await client.post("/v1/chat/completions", json={"model": "cpu-only", "messages": HI})).status == 200
+    assert (await (await client.get("/health")).json())["gpus"] == []

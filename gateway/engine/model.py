@@ -19,7 +19,7 @@ from typing import Any
 from .. import chat_template
 from ..reasoning import MARKER_TOKENS
 from ..toolcalls import MARKER_TOKENS as CALL_MARKERS
-from . import protocol, rpc
+from . import devices, ggml, protocol, rpc
 from .vocab import Vocab
 
 MAX_SLOTS = 64
@@ -212,4 +212,11 @@ class Model:
             "rope_freq_base": self.cp.rope_freq_base or None, "rope_freq_scale": self.cp.rope_freq_scale or None,
             "lora": len(self.loras),
             "buffers": BUFFERS,  # llama.cpp's own allocations, by kind and device
+            "devices": self.devices(),  # and what its devices have free with this model loaded
         }
+
+    def devices(self) -> list[dict[str, Any]]:
+        try:
+            return [d.describe() for d in devices.query(self.ll)]
+        except ggml.Missing:
+            return []

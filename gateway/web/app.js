@@ -526,9 +526,14 @@
     const alloc = m.memory_allocated && isNum(m.memory_allocated.total) ? m.memory_allocated.total : null;
     const est = m.memory_estimate && isNum(m.memory_estimate.total) ? m.memory_estimate.total : null;
     setText(row.cells.memory, alloc !== null ? fmtBytes(alloc) : est !== null ? `est. ${fmtBytes(est)}` : "—");
+    // by pool (ram, cuda0, ...), where a model's memory lies on more than system memory
+    const byDevice = (d) => {
+      const parts = d && typeof d === "object" ? Object.entries(d).filter(([, n]) => isNum(n)) : [];
+      return parts.length > 1 ? ` (${parts.map(([k, n]) => `${k} ${fmtBytes(n)}`).join(", ")})` : "";
+    };
     setAttr(row.cells.memory, "title", [
-      alloc !== null ? `llama.cpp allocated ${fmtBytes(alloc)}` : "",
-      est !== null ? `estimated ${fmtBytes(est)}` : "",
+      alloc !== null ? `llama.cpp allocated ${fmtBytes(alloc)}${byDevice(m.memory_allocated.devices)}` : "",
+      est !== null ? `estimated ${fmtBytes(est)}${byDevice(m.memory_estimate.devices)}` : "",
       isNum(m.memory_bytes) ? `resident ${fmtBytes(m.memory_bytes)}` : "",
     ].filter(Boolean).join("; "));
     const inFlight = isNum(m.in_flight) ? m.in_flight : 0;
