@@ -141,6 +141,7 @@ def cmd_models(args: argparse.Namespace) -> int:
     if config is None:
         return 1
     registry = Registry(config)
+    asyncio.run(registry.devices.read({}))  # the GPUs, for the estimates' split by device
     rows = []
     for spec in registry.specs():
         names = registry.names_of(spec)
@@ -178,7 +179,10 @@ def cmd_models(args: argparse.Namespace) -> int:
         elif r["size"] is None:
             table.append((name, r["source"], "-", "-", "-", "-", "-", r["file"]))
         else:
-            memory = _human(r["memory_estimate"]["total"]) if r["memory_estimate"] else "?"
+            memory = "?"
+            if r["memory_estimate"]:  # the total, and what of it a GPU holds
+                gpus = [f"{pool} {_human(n)}" for pool, n in r["memory_estimate"]["devices"].items() if pool != "ram"]
+                memory = _human(r["memory_estimate"]["total"]) + (f" ({', '.join(gpus)})" if gpus else "")
             table.append((name, r["source"], _human(r["size"]), memory, r["architecture"] or "?",
                           r["quantization"] or "?", r["tool_format"] or "none", r["file"]))
     widths = [max(len(line[i]) for line in table) for i in range(7)]
