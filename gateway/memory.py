@@ -9,16 +9,19 @@ llama.cpp's ``load_tensors`` does: the input layer (token embeddings) on the CPU
 ``main_gpu``.
 
 - weights: the tensors' bytes where their layer goes; a tied output head (no ``output.weight``)
-  is a second copy of the token embeddings on the output layer's GPU.
+  is the token embeddings, on the CPU.
 - KV cache: for every layer, ``head_count_kv x (key_length + value_length)`` values per cell
   in the cache types, on the layer's device; cells are ``n_ctx`` per slot times ``parallel``
   (one pool of ``n_ctx`` with ``kv_unified``), rounded up to llama.cpp's 256.
 - compute: llama.cpp's output buffer (the logits of a batch, in RAM) and a graph buffer on each
-  device that runs layers: one micro-batch's (``n_ubatch``) activations, and without flash
-  attention its score matrix; a GPU also holds its runtime's context (``GPU_CONTEXT``).
+  device that runs part of the graph: one micro-batch's (``n_ubatch``) activations where layers
+  run, and without flash attention their score matrix; its logits where the output head runs;
+  a GPU also holds its runtime's context (``GPU_CONTEXT``).
 
 ``tests/test_memory.py`` compares the estimate with what a loaded worker holds and states the
-error it sees (on the CPU; the GPU split is checked against llama.cpp's rule, not a GPU).
+error it sees on the CPU; ``tests/test_devices.py`` checks the layer placement against
+llama.cpp's rule. The split was compared by hand with llama.cpp's Vulkan backend on Mesa's
+software device (lavapipe), not with a discrete GPU (the closing note of issue 24 has figures).
 Where a model's layers go to other machines (``rpc``), what goes there is counted in the pool
 ``RPC``, which no capacity bounds: their memory is theirs to count.
 """
@@ -122,35 +125,41 @@ def estimate(info: GGUFInfo, spec: ModelSpec, devices: Sequence[Device] = ()) ->
     n_ubatch = min(n_batch, spec.n_ubatch or n_batch)
     outputs = n_batch if embeddings else slots  # rows of logits kept per batch
     logits = 4 * outputs * (n_embd if embeddings else info.n_vocab)  # llama.cpp's output buffer
-    # its compute buffer, one micro-batch's: the widest rows (every token's logits, which a decoder
-    # used for embeddings computes too, twice over; without flash attention the scores, in the
-    # same space), the feed-forward and residual activations, and a fixed overhead
-    row = info.n_vocab * (2 if embeddings and not info.pooling else 1) if info.n_vocab else n_embd
-    scores = n_head * n_ctx if spec.flash_attn is False else 0  # unset: on, where llama.cpp can
-    activations = 4 * n_ubatch * (max(row, scores) + 2 * n_ff + 4 * n_embd)
-
     # where each layer goes: the model's layers on other machines (rpc) are counted as RPC's
     gpus = model_devices(devices, spec.split_mode, spec.main_gpu)
     if spec.rpc:
         gpus = [Device(RPC.upper(), "rpc-servers", "gpu", 0, 0)]
     pools = layer_devices(n_layer, spec.n_gpu_layers, gpus, spec.tensor_split)
-    by_pool: dict[str, float] = {RAM: info.input_bytes + logits + COMPUTE_OVERHEAD}
+    # The output head runs where it lies: a tied one is the token embeddings, which llama.cpp
+    # keeps with the input layer on the CPU (one copy, whatever n_gpu_layers says).
+    head = RAM if info.tied_output else pools[n_layer]
+
+    # A compute buffer on each device that runs part of the graph, sized for one micro-batch:
+    # where layers run, their feed-forward and residual activations (and without flash
+    # attention the scores); where the head runs, every token's logits (which a decoder used for
+    # embeddings computes too, twice over); where neither, the input rows. With a GPU that runs no
+    # layer (n_gpu_layers: 0) llama.cpp still sends a large batch's products there (op offload):
+    # it gets the layers' share too.
+    row = info.n_vocab * (2 if embeddings and not info.pooling else 1) if info.n_vocab else n_embd
+    scores = n_head * n_ctx if spec.flash_attn is False else 0  # unset: on, where llama.cpp can
+    runs_layers = set(pools[:n_layer]) | ({gpus[0].pool} if gpus and not spec.rpc else set())
+
+    def compute_in(pool: str) -> int:
+        widest = max(row if pool == head else 0, scores if pool in runs_layers else 0)
+        rows = 2 * n_ff + 4 * n_embd if pool in runs_layers else n_embd
+        return 4 * n_ubatch * (widest + rows) + COMPUTE_OVERHEAD
+
+    by_pool: dict[str, float] = {RAM: info.input_bytes + logits}  # llama.cpp's output buffer is in RAM
     layer_bytes = info.layer_bytes or (0,) * n_layer
     for il, pool in enumerate(pools[:n_layer]):
         by_pool[pool] = by_pool.get(pool, 0) + (layer_bytes[il] if il < len(layer_bytes) else 0) + layer_kv
-    out = pools[n_layer]
-    by_pool[out] = by_pool.get(out, 0) + info.output_bytes
-    duplicate = info.input_bytes if info.tied_output and out != RAM else 0  # the tied head, copied to the GPU
-    by_pool[out] += duplicate
-    for pool in {*pools}:  # a graph buffer where layers run; the CPU's, at least the input rows
-        by_pool[pool] = by_pool.get(pool, 0) + activations + (GPU_CONTEXT if pool not in (RAM, RPC) else 0)
-    if RAM not in pools:
-        by_pool[RAM] += 4 * n_ubatch * n_embd
-    total_weights = info.weight_bytes + duplicate
+    by_pool[pools[n_layer]] = by_pool.get(pools[n_layer], 0) + info.output_bytes
+    for pool in {RAM, head, *runs_layers}:
+        by_pool[pool] = by_pool.get(pool, 0) + compute_in(pool) + (GPU_CONTEXT if pool not in (RAM, RPC) else 0)
     kv = int(layer_kv * n_layer)
     devices_total = {pool: int(n) for pool, n in by_pool.items()}
-    compute = sum(devices_total.values()) - total_weights - kv
-    return Estimate(total_weights, kv, compute, devices_total)
+    compute = sum(devices_total.values()) - info.weight_bytes - kv
+    return Estimate(info.weight_bytes, kv, compute, devices_total)
 
 
 def pool_of(buffer_device: str) -> str:
