@@ -39,12 +39,10 @@ def query(ll: Any) -> list[Device]:
 
 
 def main() -> int:
-    from . import model
-
     try:
-        model.prepare()
         import llama_cpp
 
+        llama_cpp.llama_backend_init()  # its log goes to stderr, which the gateway reads only on failure
         found = query(llama_cpp)
     except (ImportError, OSError, ggml.Missing) as e:
         print(f"cannot list llama.cpp's devices: {e}", file=sys.stderr)
