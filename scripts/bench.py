@@ -453,13 +453,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="write every figure here")
     p.add_argument("--swap", action="store_true", help="only the swap benchmark (scripts/swapbench.py): two models "
                    "alternating under max_loaded_models 1, each continuing its own long conversation")
-    p.add_argument("--model-b", type=Path, help="with --swap: the second model (default: another random model)")
+    p.add_argument("--model-b", type=Path, help="with --swap: the second model (default: another random model); "
+                   "with --memory: a second model to measure")
     p.add_argument("--swaps", type=int, default=4, help="with --swap: turns per model")
     p.add_argument("--history", type=int, default=3000, help="with --swap: words in each conversation's history")
     p.add_argument("--swap-tokens", type=int, default=16, help="with --swap: tokens per answer")
+    p.add_argument("--memory", action="store_true", help="only the memory estimate against llama.cpp's allocation, "
+                   "by device (scripts/memorybench.py), for --model (default: the 81M random model) and --model-b")
     args = p.parse_args(argv)
     if args.swap:
         return swap_main(args)
+    if args.memory:
+        return memory_main(args)
     model = (args.model or bench_model()).resolve()  # the gateway reads paths relative to its config
     sampling = SAMPLED if args.sampled else GREEDY
     wanted = set(args.only or ("gateway", "llama-server", "llama-cpp-python"))
@@ -512,6 +517,17 @@ def main(argv: list[str] | None = None) -> int:
                                          "mode": "sampled" if args.sampled else "greedy",
                                          "parallel": PARALLEL, "n_ctx": N_CTX, "results": results,
                                          "hop": hops, "rpc": rpc}, indent=2))
+    return 0
+
+
+def memory_main(args) -> int:
+    import memorybench
+
+    models = [m.resolve() for m in (args.model or bench_model(), args.model_b) if m is not None]
+    results = memorybench.measure(models, args.threads)
+    print(memorybench.report(results))
+    if args.json:
+        args.json.write_text(json.dumps({"memory": results}, indent=2))
     return 0
 
 

@@ -65,3 +65,18 @@ def test_the_swap_benchmark_runs_and_reports_each_turn(tmp_path):
     # each returning turn found its whole history restored, and without saved caches none
     assert all(t["cached"] > 0.8 * t["prompt_tokens"] for t in saved[2:]) and all(not t["cached"] for t in plain)
     assert "| 3 | a |" in r.stdout and "returning turns (swaps), total s" in r.stdout
+
+
+def test_the_memory_benchmark_sets_each_estimate_beside_llama_cpps_allocation(tmp_path):
+    model = tm.plain(tmp_path / "plain.gguf").path
+    out = tmp_path / "memory.json"
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "bench.py"), "--memory", "--model", str(model),
+                        "--threads", "1", "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    data = json.loads(out.read_text())["memory"]
+    assert any(d["kind"] == "cpu" for d in data["devices"])
+    assert len(data["rows"]) == 4  # defaults, half the layers on a GPU, more slots, none on a GPU
+    for row in data["rows"]:
+        ram = row["pools"]["ram"]
+        assert ram["estimate"] > 0 and ram["allocated"] > 0
+    assert "| plain.gguf | defaults | ram |" in r.stdout and "estimated / allocated" in r.stdout
