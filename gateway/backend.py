@@ -149,9 +149,9 @@ async def start_local(spec: ModelSpec, server: ServerConfig, *, on_exit: Callabl
             chat_template=spec.chat_template, embeddings=spec.embeddings or spec.reranker, reranker=spec.reranker,
             stream_interval=server.stream_interval_ms / 1000, rpc=spec.rpc,
             cache_type_k=spec.cache_type_k, cache_type_v=spec.cache_type_v, n_ubatch=spec.n_ubatch,
-            n_threads_batch=spec.n_threads_batch, main_gpu=spec.main_gpu, split_mode=spec.split_mode,
-            tensor_split=spec.tensor_split, use_mlock=spec.use_mlock, rope_freq_base=spec.rope_freq_base,
-            rope_freq_scale=spec.rope_freq_scale, kv_unified=spec.kv_unified,
+            n_threads_batch=spec.n_threads_batch, main_gpu=spec.main_gpu, devices=spec.devices,
+            split_mode=spec.split_mode, tensor_split=spec.tensor_split, use_mlock=spec.use_mlock,
+            rope_freq_base=spec.rope_freq_base, rope_freq_scale=spec.rope_freq_scale, kv_unified=spec.kv_unified,
             lora=tuple((str(path), scale) for path, scale in spec.lora),
             **kv_cache(spec, server),
         ), on_exit=on_exit, on_busy=lambda _worker: on_busy(), on_progress=on_progress)

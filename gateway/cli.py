@@ -58,6 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     models = sub.add_parser("models", help="list every model name that resolves, read from the GGUF headers")
     _add_config_arg(models)
     models.add_argument("--json", action="store_true", help="one JSON object per model")
+
+    devs = sub.add_parser("devices", help="list the devices llama.cpp can offload to, with their memory "
+                          "(the names models.yaml's devices takes)")
+    devs.add_argument("--json", action="store_true", help="one JSON object per device")
     return parser
 
 
@@ -69,7 +73,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_check_config(args)
     if args.command in ("status", "chat"):
         return cmd_console(args)
+    if args.command == "devices":
+        return cmd_devices(args)
     return cmd_models(args)
+
+
+def cmd_devices(args: argparse.Namespace) -> int:
+    """What llama.cpp sees, read the way the gateway reads it (a probe process)."""
+    from .devices import Inventory
+
+    found = asyncio.run(Inventory().probe())
+    if found is None:
+        print("cannot list llama.cpp's devices (see the message above)", file=sys.stderr)
+        return 1
+    if args.json:
+        for d in found:
+            print(json.dumps({**d.describe(), "pool": d.pool}))
+        return 0
+    table = [("NAME", "KIND", "FREE", "TOTAL", "DESCRIPTION")]
+    table += [(d.name, d.kind, _human(d.free), _human(d.total), d.description) for d in found]
+    widths = [max(len(row[i]) for row in table) for i in range(4)]
+    for row in table:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[4])
+    if not any(d.kind in ("gpu", "igpu") for d in found):
+        print("no GPU: models run on the CPU (this llama-cpp-python was built without a GPU backend, or none "
+              "is there)", file=sys.stderr)
+    return 0
 
 
 def cmd_console(args: argparse.Namespace) -> int:

@@ -139,6 +139,9 @@ class ModelSpec:
     n_ubatch: int | None = None  # physical batch; None: n_batch
     n_threads_batch: int | None = None  # threads reading prompts; None: n_threads
     main_gpu: int = 0
+    # the devices llama.cpp may offload to, by name (llama-server's --device): None: every GPU;
+    # (): none (``devices: none``), the model stays on the CPU and touches no GPU
+    devices: tuple[str, ...] | None = None
     split_mode: str = "layer"  # SPLIT_MODES: how a model spreads over several GPUs
     tensor_split: tuple[float, ...] = ()  # each GPU's share of the model
     use_mlock: bool = False  # lock the weights in RAM (never swapped out)
@@ -681,6 +684,7 @@ class _Parser:
             "main_gpu": self.integer(minimum=0, what="a GPU index >= 0"),
             "split_mode": self.one_of(SPLIT_MODES),
             "tensor_split": self.tensor_split,
+            "devices": self.device_names,
             "use_mlock": self.boolean,
             "rope_freq_base": self.positive_number,
             "rope_freq_scale": self.positive_number,
@@ -786,6 +790,19 @@ class _Parser:
                               f"got {_show(v)}")
             return _INVALID
         return tuple(float(x) for x in v)
+
+    def device_names(self, where: str, v: Any):
+        """llama-server's --device: ``none``, or a list of llama.cpp's device names (CUDA0,
+        Vulkan1, ...: ``gguf-gateway devices`` lists them), checked against llama.cpp at load."""
+        if isinstance(v, str) and v.strip().lower() == "none":
+            return ()
+        if not isinstance(v, list) or not v or len(v) > 16 or any(
+                not isinstance(x, str) or not x.strip() or x.strip().lower() == "none" for x in v) \
+                or len({x.strip().lower() for x in v}) != len(v):
+            self.error(where, f"must be none or a list of distinct device names (CUDA0, Vulkan1, ...: see "
+                              f"gguf-gateway devices), got {_show(v)}")
+            return _INVALID
+        return tuple(x.strip() for x in v)
 
     def lora_adapter(self, where: str, v: Any):
         """A LoRA adapter: its GGUF path, or ``{path: ..., scale: 1.0}``."""

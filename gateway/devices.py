@@ -118,38 +118,48 @@ class Inventory:
         async with self._lock:
             last = self.last
             if last is None or (last.gpus and max_age is not None and time.monotonic() - last.at > max_age):
-                self.take([d.describe() for d in await self._probe()], held)
+                self.take([d.describe() for d in await self.probe() or []], held)
             assert self.last is not None
             return self.last
 
-    def take(self, found: Sequence[Any], held: Mapping[str, int]) -> None:
+    def take(self, found: Sequence[Any], held: Mapping[str, int], partial: bool = False) -> None:
         """A reading from elsewhere (a worker reports its devices once its model is loaded:
-        ``found``, as ``Device.describe`` objects; ``held``: what the models hold now)."""
+        ``found``, as ``Device.describe`` objects; ``held``: what the models hold now).
+        ``partial``: it read only some GPUs; the others keep their last reading."""
         try:
             gpus = tuple(d for d in map(Device.parse, found) if d.pool != RAM)
         except ValueError as e:
             log.warning("ignoring a reading of llama.cpp's devices: %s", e)
             return
+        if partial:  # each GPU keeps the free memory and the models' share of the same moment
+            last = self.last
+            if last is None:
+                return  # a part is no reading of the whole
+            fresh = {d.pool: d for d in gpus}
+            self.last = Reading(tuple(fresh.get(d.pool, d) for d in last.gpus),
+                                {**last.held, **{pool: held.get(pool, 0) for pool in fresh}}, last.at)
+            return
         self.last = Reading(gpus, dict(held), time.monotonic())
 
-    async def _probe(self) -> list[Device]:
+    async def probe(self) -> list[Device] | None:
+        """Every device llama.cpp has, read now by the probe process; None (logged) where it fails."""
         try:
             proc = await asyncio.create_subprocess_exec(*self.command, stdin=asyncio.subprocess.DEVNULL,
                                                         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         except OSError as e:
             log.warning("cannot list llama.cpp's devices (%s): GPU memory is not counted", e)
-            return []
+            return None
         try:
             out, err = await asyncio.wait_for(proc.communicate(), PROBE_TIMEOUT)
         except asyncio.TimeoutError:
             proc.kill()
             await proc.wait()
             log.warning("listing llama.cpp's devices took over %.0f s: GPU memory is not counted", PROBE_TIMEOUT)
-            return []
+            return None
         try:
             if proc.returncode:
                 raise ValueError(err.decode("utf-8", "replace").strip()[-500:] or f"exit status {proc.returncode}")
             return [Device.parse(d) for d in json.loads(out)]
         except ValueError as e:
             log.warning("cannot list llama.cpp's devices (%s): GPU memory is not counted", e)
-            return []
+            return None

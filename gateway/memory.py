@@ -66,11 +66,17 @@ def _pad(n: int, to: int = 256) -> int:
     return -(-n // to) * to
 
 
-def model_devices(devices: Sequence[Device], split_mode: str = "layer", main_gpu: int = 0) -> list[Device]:
-    """The devices llama.cpp gives a model's layers to (``llama_prepare_model_devices``): the
-    discrete GPUs, or the integrated ones where there is none; with ``split_mode: none`` only
-    the ``main_gpu``-th (none if it is negative or past the end)."""
-    gpus = [d for d in devices if d.kind == "gpu"] or [d for d in devices if d.kind == "igpu"]
+def model_devices(devices: Sequence[Device], split_mode: str = "layer", main_gpu: int = 0,
+                  names: Sequence[str] | None = None) -> list[Device]:
+    """The devices llama.cpp gives a model's layers to (``llama_prepare_model_devices``): those
+    ``names`` lists (models.yaml ``devices``), in its order; else the discrete GPUs, or the
+    integrated ones where there is none; with ``split_mode: none`` only the ``main_gpu``-th of
+    them (none if it is negative or past the end)."""
+    if names is not None:
+        by_name = {d.name.lower(): d for d in devices if d.kind not in ("cpu", "accel")}
+        gpus = [by_name[n.lower()] for n in names if n.lower() in by_name]
+    else:
+        gpus = [d for d in devices if d.kind == "gpu"] or [d for d in devices if d.kind == "igpu"]
     if split_mode == "none":
         return [gpus[main_gpu]] if 0 <= main_gpu < len(gpus) else []
     return gpus
@@ -126,7 +132,7 @@ def estimate(info: GGUFInfo, spec: ModelSpec, devices: Sequence[Device] = ()) ->
     outputs = n_batch if embeddings else slots  # rows of logits kept per batch
     logits = 4 * outputs * (n_embd if embeddings else info.n_vocab)  # llama.cpp's output buffer
     # where each layer goes: the model's layers on other machines (rpc) are counted as RPC's
-    gpus = model_devices(devices, spec.split_mode, spec.main_gpu)
+    gpus = model_devices(devices, spec.split_mode, spec.main_gpu, spec.devices)
     if spec.rpc:
         gpus = [Device(RPC.upper(), "rpc-servers", "gpu", 0, 0)]
     pools = layer_devices(n_layer, spec.n_gpu_layers, gpus, spec.tensor_split)

@@ -255,7 +255,7 @@ class Registry:
             others = {str(id(m)): m for m in self._all()
                       if m is not model and any(s.local for s in m.spec.members)}
             if reading is None:  # recent where the model puts layers on a GPU; the first reading tells
-                on_gpu = model.spec.n_gpu_layers != 0 and not model.spec.rpc
+                on_gpu = model.spec.n_gpu_layers != 0 and not model.spec.rpc and model.spec.devices != ()
                 reading = await self.devices.read(self._held_by_pool(others.values()),
                                                   devices.GPU_READING_MAX_AGE if on_gpu else None)
             gpus = reading.gpus
@@ -332,8 +332,9 @@ class Registry:
 
     def load_finished(self, model: ModelSupervisor, seconds: float | None) -> None:
         found = model.backend.info.get("devices") if seconds is not None and model.backend is not None else None
-        if isinstance(found, list) and found:  # the worker's reading, with its model loaded
-            self.devices.take(found, self._held_by_pool(self._all()))
+        if isinstance(found, list) and found:  # the worker's reading, with its model loaded (of its own
+            # devices only, where models.yaml names them)
+            self.devices.take(found, self._held_by_pool(self._all()), partial=model.spec.devices is not None)
         if self.metrics is None:
             return
         if seconds is None:

@@ -117,3 +117,14 @@ def test_models_and_check_config_show_upstreams_and_replicas(write_config, model
     assert "http://box:8080/v1 (qwen3)" in table and "sk-secret" not in table
     r = run_cli("check-config", "--config", str(path))
     assert r.returncode == 0 and "2 model(s) configured" in r.stdout
+
+
+def test_devices_lists_what_llama_cpp_can_offload_to():
+    r = run_cli("devices", "--json")
+    assert r.returncode == 0, r.stderr
+    found = [json.loads(line) for line in r.stdout.splitlines()]
+    assert any(d["kind"] == "cpu" and d["pool"] == "ram" and d["total"] > 0 for d in found)
+    r = run_cli("devices")
+    assert r.returncode == 0 and r.stdout.startswith("NAME") and "CPU" in r.stdout
+    if not any(d["kind"] in ("gpu", "igpu") for d in found):
+        assert "no GPU: models run on the CPU" in r.stderr

@@ -82,6 +82,11 @@ def test_the_devices_a_model_may_use():
     assert model_devices([cpu, a, b], "none", main_gpu=2) == []  # llama.cpp refuses it; nothing counted there
     assert model_devices([cpu, igpu, a]) == [a]  # an integrated GPU only where there is no other
     assert model_devices([cpu, igpu]) == [igpu]
+    # models.yaml devices: those named, in its order (an integrated GPU too); none: no device
+    assert model_devices([cpu, a, b, igpu], names=["cuda1", "Vulkan0"]) == [b, igpu]
+    assert model_devices([cpu, a, b], names=[]) == []
+    assert model_devices([cpu, a, b], "none", main_gpu=1, names=["CUDA1", "CUDA0"]) == [a]
+    assert model_devices([cpu, a], names=["CPU", "CUDA9"]) == []  # not devices to offload to: llama.cpp refuses them
 
 
 def test_buffers_are_counted_in_their_devices_pool():
@@ -108,6 +113,10 @@ def test_the_estimate_is_split_by_device(tmp_path, model):
     # products llama.cpp sends it (op offload)
     kept = estimate(info, ModelSpec("m", path, n_ctx=1024, parallel=2, n_gpu_layers=0), [gpu("CUDA0")])
     assert kept.devices[RAM] == cpu_only.total and GPU_CONTEXT < kept.devices["cuda0"] < GPU_CONTEXT + 64 * MiB
+    # devices: none keeps it off the GPU altogether, as if there were none
+    assert estimate(info, ModelSpec("m", path, n_ctx=1024, parallel=2, devices=()), [gpu("CUDA0")]) == cpu_only
+    two = estimate(info, ModelSpec("m", path, n_ctx=1024, parallel=2, devices=("CUDA1",)), [gpu("CUDA0"), gpu("CUDA1")])
+    assert set(two.devices) == {RAM, "cuda1"}
     rpc = estimate(info, ModelSpec("m", path, n_ctx=1024, parallel=2, rpc=("10.0.0.2:50052",)), [gpu("CUDA0")])
     assert set(rpc.devices) == {RAM, RPC}  # the layers are the rpc-servers' to hold
 
@@ -180,6 +189,16 @@ async def test_the_probe_runs_again_where_there_are_gpus_and_the_reading_is_old(
     assert calls.read_text() == "xx"
     inventory.take([{"name": "broken"}], {})  # ignored, logged
     assert inventory.gpus[0].free == GiB
+
+
+async def test_a_reading_of_some_gpus_keeps_the_others(tmp_path):
+    inventory = devices.Inventory(probe_command([gpu("CUDA0", free=5 * GiB), gpu("CUDA1", free=6 * GiB)]))
+    first = await inventory.read({"cuda0": 1, "cuda1": 2})
+    # a worker told to use CUDA1 only reads that one (asking CUDA0 would start its runtime there)
+    inventory.take([gpu("CUDA1", free=GiB).describe()], {"cuda0": 7, "cuda1": 4}, partial=True)
+    now = inventory.last
+    assert [d.free for d in now.gpus] == [5 * GiB, GiB] and now.held == {"cuda0": 1, "cuda1": 4}
+    assert now.at == first.at  # not a fresh reading of the others
 
 
 @pytest.mark.parametrize("command", [[sys.executable, "-c", "import sys; sys.exit('no llama.cpp')"],

@@ -38,11 +38,48 @@ def config(write_config, model_dir, entry: str, server: str = ""):
     ("lora: [{path: a.gguf, scale: big}]\n", "models.m.lora[0].scale", "must be a number"),
     ("lora: [{path: a.gguf, rank: 8}]\n", "models.m.lora[0].rank", "unknown key"),
     ("pin: yes please\n", "models.m.pin", ""),
+    ("devices: CUDA0\n", "models.m.devices", "none or a list of distinct device names"),
+    ("devices: []\n", "models.m.devices", "none or a list"),
+    ("devices: [CUDA0, cuda0]\n", "models.m.devices", "distinct"),
+    ("devices: [CUDA0, none]\n", "models.m.devices", "none or a list"),
 ])
 def test_each_setting_is_checked_with_its_place(write_config, model_dir, entry, where, says):
     with pytest.raises(ConfigError) as e:
         config(write_config, model_dir, entry)
     assert f"{where}: " in str(e.value) and says in str(e.value), str(e.value)
+
+
+def test_devices_is_none_or_names(write_config, model_dir):
+    assert config(write_config, model_dir, "devices: None\n").models[0].devices == ()
+    assert config(write_config, model_dir, "devices: [CUDA1, Vulkan0]\n").models[0].devices == ("CUDA1", "Vulkan0")
+    assert config(write_config, model_dir, "n_ctx: 512\n").models[0].devices is None  # every GPU
+
+
+@pytest.mark.parametrize(("names", "says"), [(("CUDA7",), "llama.cpp has no device 'CUDA7' to offload to"),
+                                             (("CPU",), "llama.cpp has no device 'CPU' to offload to")])
+async def test_a_device_llama_cpp_does_not_have_fails_the_load_naming_what_it_has(write_config, model_dir, names,
+                                                                                  says):
+    from dataclasses import replace
+
+    from gateway.backend import StartFailed
+
+    spec = replace(config(write_config, model_dir, "n_ctx: 512\n").models[0], devices=names)
+    with pytest.raises(StartFailed) as e:
+        await start_local(spec, ServerConfig(kv_cache_max_bytes=0), on_exit=lambda b, e: None,
+                          on_busy=lambda: None, on_progress=lambda f: None)
+    assert says in str(e.value) and "(it has: " in str(e.value) and "gguf-gateway devices" in str(e.value)
+
+
+async def test_devices_none_keeps_the_model_off_every_gpu(write_config, model_dir):
+    spec = config(write_config, model_dir, "n_ctx: 512\ndevices: none\n").models[0]
+    backend = await start_local(spec, ServerConfig(kv_cache_max_bytes=0), on_exit=lambda b, e: None,
+                                on_busy=lambda: None, on_progress=lambda f: None)
+    try:
+        assert backend.info["gpu_offload"] is False and backend.info["device"] == "cpu"
+        assert set(backend.info["buffers"]["model"]) == {"cpu"}
+        assert [d["kind"] for d in backend.info["devices"]] == ["cpu"]  # no GPU asked
+    finally:
+        await backend.stop()
 
 
 def test_the_settings_are_read(write_config, model_dir, tmp_path):

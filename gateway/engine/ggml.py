@@ -17,6 +17,7 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {
     "ggml_backend_reg_dev_count": ([_p], ctypes.c_size_t),
     "ggml_backend_dev_count": ([], ctypes.c_size_t),
     "ggml_backend_dev_get": ([ctypes.c_size_t], _p),
+    "ggml_backend_dev_by_name": ([ctypes.c_char_p], _p),
     "ggml_backend_dev_name": ([_p], ctypes.c_char_p),
     "ggml_backend_dev_description": ([_p], ctypes.c_char_p),
     "ggml_backend_dev_type": ([_p], ctypes.c_int),

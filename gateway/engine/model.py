@@ -91,6 +91,12 @@ class Model:
         if params.use_mlock:
             mp.load_mode = ll.LLAMA_LOAD_MODE_MLOCK if not params.use_mmap else ll.LLAMA_LOAD_MODE_MMAP_MLOCK
         mp.main_gpu = params.main_gpu
+        if params.devices is not None:  # only these (llama-server's --device); the list must outlive the load
+            try:
+                self._devices = devices.offload_list(ll, params.devices)
+            except (ValueError, ggml.Missing) as e:
+                raise RuntimeError(str(e)) from None
+            mp.devices = ctypes.cast(self._devices, ctypes.c_void_p)
         mp.split_mode = {"none": ll.LLAMA_SPLIT_MODE_NONE, "layer": ll.LLAMA_SPLIT_MODE_LAYER,
                          "row": ll.LLAMA_SPLIT_MODE_ROW}[params.split_mode]
         if params.tensor_split:
@@ -166,7 +172,7 @@ class Model:
         self.model_template = tmpl.decode("utf-8", "replace") if tmpl else None
         self.template = params.chat_template or self.model_template or chat_template.CHATML
         self.threads = threads
-        self.gpu_offload = bool(ll.llama_supports_gpu_offload()) and params.n_gpu_layers != 0
+        self.gpu_offload = bool(ll.llama_supports_gpu_offload()) and params.n_gpu_layers != 0 and params.devices != ()
         self.device = _device(ll) if self.gpu_offload else "cpu"
         if self.rpc_devices:
             self.device += f"+rpc:{self.rpc_devices}"
@@ -216,7 +222,10 @@ class Model:
         }
 
     def devices(self) -> list[dict[str, Any]]:
+        """The devices and their free memory now: every one, or where ``devices`` names some,
+        only those and the CPU (asking another GPU would start its runtime in this process)."""
+        named = None if self.params.devices is None else {n.lower() for n in self.params.devices}
         try:
-            return [d.describe() for d in devices.query(self.ll)]
+            return [d.describe() for d in devices.query(self.ll, named)]
         except ggml.Missing:
             return []

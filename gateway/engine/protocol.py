@@ -175,6 +175,7 @@ class LoadParams:
     n_ubatch: int | None = None  # None: n_batch
     n_threads_batch: int | None = None  # None: n_threads
     main_gpu: int = 0
+    devices: tuple[str, ...] | None = None  # None: every GPU; (): none
     split_mode: str = "layer"
     tensor_split: tuple[float, ...] = ()
     use_mlock: bool = False
@@ -344,6 +345,7 @@ def decode_command(data: bytes) -> Command:
             if isinstance(msg[name], LoadParams):  # JSON has no tuples: the frozen params' lists as they were
                 params = msg[name]
                 msg[name] = replace(params, rpc=tuple(params.rpc), tensor_split=tuple(params.tensor_split),
+                                    devices=None if params.devices is None else tuple(params.devices),
                                     lora=tuple((path, scale) for path, scale in params.lora))
     return cls(**msg)
 
