@@ -20,8 +20,9 @@ llama.cpp's ``load_tensors`` does: the input layer (token embeddings) on the CPU
 
 ``tests/test_memory.py`` compares the estimate with what a loaded worker holds and states the
 error it sees on the CPU; ``tests/test_devices.py`` checks the layer placement against
-llama.cpp's rule. The split was compared by hand with llama.cpp's Vulkan backend on Mesa's
-software device (lavapipe), not with a discrete GPU (the closing note of issue 24 has figures).
+llama.cpp's rule; ``scripts/bench.py --memory`` sets each estimate beside llama.cpp's
+allocation on whatever devices the machine has (the README gives figures on the CPU and on
+llama.cpp's Vulkan backend over Mesa's software device; no discrete GPU was measured).
 Where a model's layers go to other machines (``rpc``), what goes there is counted in the pool
 ``RPC``, which no capacity bounds: their memory is theirs to count.
 """
