@@ -170,7 +170,7 @@ def cmd_models(args: argparse.Namespace) -> int:
     if config is None:
         return 1
     registry = Registry(config)
-    asyncio.run(registry.devices.read({}))  # the GPUs, for the estimates' split by device
+    asyncio.run(registry.devices.read(dict))  # the GPUs, for the estimates' split by device
     rows = []
     for spec in registry.specs():
         names = registry.names_of(spec)

@@ -15,7 +15,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +30,8 @@ PROBE_TIMEOUT = 60.0  # a CUDA runtime's first start can take long on a machine 
 # give back is counted apart): other programs' use of a GPU is seen this late at worst, and a
 # model switch does not wait for a probe's GPU start each time.
 GPU_READING_MAX_AGE = 30.0
+
+Held = Callable[[], Mapping[str, int]]  # what the gateway's models hold by pool, asked when needed
 
 
 @dataclass(frozen=True)
@@ -111,21 +113,24 @@ class Inventory:
         age = round(time.monotonic() - self.last.at, 1)
         return [{**d.describe(), "pool": d.pool, "read_seconds_ago": age} for d in self.last.gpus]
 
-    async def read(self, held: Mapping[str, int], max_age: float | None = None) -> Reading:
+    async def read(self, held: Held, max_age: float | None = None) -> Reading:
         """The GPUs: read now if never read, or where there are any and the last reading is older
-        than ``max_age`` seconds (None: any age will do); ``held``: what the gateway's models
-        hold on each now. A reading that fails counts as no GPU (logged)."""
+        than ``max_age`` seconds (None: any age will do); ``held()``: what the gateway's models
+        hold on each now, asked only when a probe runs. A reading that fails counts as no GPU
+        (logged)."""
         async with self._lock:
             last = self.last
             if last is None or (last.gpus and max_age is not None and time.monotonic() - last.at > max_age):
-                self.take([d.describe() for d in await self.probe() or []], held)
+                before = held()  # what the models held as the probe began
+                self.take([d.describe() for d in await self.probe() or []], lambda: before)
             assert self.last is not None
             return self.last
 
-    def take(self, found: Sequence[Any], held: Mapping[str, int], partial: bool = False) -> None:
+    def take(self, found: Sequence[Any], held: Held, partial: bool = False) -> None:
         """A reading from elsewhere (a worker reports its devices once its model is loaded:
-        ``found``, as ``Device.describe`` objects; ``held``: what the models hold now).
-        ``partial``: it read only some GPUs; the others keep their last reading."""
+        ``found``, as ``Device.describe`` objects; ``held()``: what the models hold now, asked
+        only where there are GPUs). ``partial``: it read only some GPUs; the others keep their
+        last reading."""
         try:
             gpus = tuple(d for d in map(Device.parse, found) if d.pool != RAM)
         except ValueError as e:
@@ -136,10 +141,11 @@ class Inventory:
             if last is None:
                 return  # a part is no reading of the whole
             fresh = {d.pool: d for d in gpus}
+            now = held() if fresh else {}
             self.last = Reading(tuple(fresh.get(d.pool, d) for d in last.gpus),
-                                {**last.held, **{pool: held.get(pool, 0) for pool in fresh}}, last.at)
+                                {**last.held, **{pool: now.get(pool, 0) for pool in fresh}}, last.at)
             return
-        self.last = Reading(gpus, dict(held), time.monotonic())
+        self.last = Reading(gpus, dict(held()) if gpus else {}, time.monotonic())
 
     async def probe(self) -> list[Device] | None:
         """Every device llama.cpp has, read now by the probe process; None (logged) where it fails."""

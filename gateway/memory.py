@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .config import ModelSpec
-from .engine.protocol import CACHE_TYPES, DEFAULT_N_CTX, Device
+from .engine.protocol import CACHE_TYPES, DEFAULT_N_CTX, HOST_KINDS, Device
 from .ggufmeta import GGUFInfo
 from .sysmem import RAM
 
@@ -74,7 +74,7 @@ def model_devices(devices: Sequence[Device], split_mode: str = "layer", main_gpu
     integrated ones where there is none; with ``split_mode: none`` only the ``main_gpu``-th of
     them (none if it is negative or past the end)."""
     if names is not None:
-        by_name = {d.name.lower(): d for d in devices if d.kind not in ("cpu", "accel")}
+        by_name = {d.name.lower(): d for d in devices if d.kind not in HOST_KINDS}
         gpus = [by_name[n.lower()] for n in names if n.lower() in by_name]
     else:
         gpus = [d for d in devices if d.kind == "gpu"] or [d for d in devices if d.kind == "igpu"]
@@ -157,16 +157,22 @@ def estimate(info: GGUFInfo, spec: ModelSpec, devices: Sequence[Device] = ()) ->
         return 4 * n_ubatch * (widest + rows) + COMPUTE_OVERHEAD
 
     by_pool: dict[str, float] = {RAM: info.input_bytes + logits}  # llama.cpp's output buffer is in RAM
-    layer_bytes = info.layer_bytes or (0,) * n_layer
+    layer_bytes = info.layer_bytes
     for il, pool in enumerate(pools[:n_layer]):
         by_pool[pool] = by_pool.get(pool, 0) + (layer_bytes[il] if il < len(layer_bytes) else 0) + layer_kv
     by_pool[pools[n_layer]] = by_pool.get(pools[n_layer], 0) + info.output_bytes
     for pool in {RAM, head, *runs_layers}:
-        by_pool[pool] = by_pool.get(pool, 0) + compute_in(pool) + (GPU_CONTEXT if pool not in (RAM, RPC) else 0)
+        by_pool[pool] = by_pool.get(pool, 0) + compute_in(pool) + gpu_context(pool)
     kv = int(layer_kv * n_layer)
     devices_total = {pool: int(n) for pool, n in by_pool.items()}
     compute = sum(devices_total.values()) - info.weight_bytes - kv
     return Estimate(info.weight_bytes, kv, compute, devices_total)
+
+
+def gpu_context(pool: str) -> int:
+    """What a pool holds for a process beside llama.cpp's buffers: ``GPU_CONTEXT`` on a GPU of
+    this machine, nothing in RAM or on other machines' (``RPC``)."""
+    return 0 if pool in (RAM, RPC) else GPU_CONTEXT
 
 
 def pool_of(buffer_device: str) -> str:

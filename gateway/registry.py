@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import time
@@ -256,7 +257,7 @@ class Registry:
                       if m is not model and any(s.local for s in m.spec.members)}
             if reading is None:  # recent where the model puts layers on a GPU; the first reading tells
                 on_gpu = model.spec.n_gpu_layers != 0 and not model.spec.rpc and model.spec.devices != ()
-                reading = await self.devices.read(self._held_by_pool(others.values()),
+                reading = await self.devices.read(functools.partial(self._held_by_pool, list(others.values())),
                                                   devices.GPU_READING_MAX_AGE if on_gpu else None)
             gpus = reading.gpus
             need = devices.with_unified(self._need(model.spec), gpus)
@@ -310,8 +311,7 @@ class Registry:
         held = memory.allocated(backend.info.get("buffers")) if backend is not None and backend.alive else None
         if not held:
             return self._need(model.spec)
-        return {pool: n + (memory.GPU_CONTEXT if pool not in (sysmem.RAM, memory.RPC) else 0)
-                for pool, n in held["devices"].items()}
+        return {pool: n + memory.gpu_context(pool) for pool, n in held["devices"].items()}
 
     def _held_by_pool(self, models: Iterable[ModelSupervisor]) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -334,7 +334,7 @@ class Registry:
         found = model.backend.info.get("devices") if seconds is not None and model.backend is not None else None
         if isinstance(found, list) and found:  # the worker's reading, with its model loaded (of its own
             # devices only, where models.yaml names them)
-            self.devices.take(found, self._held_by_pool(self._all()), partial=model.spec.devices is not None)
+            self.devices.take(found, lambda: self._held_by_pool(self._all()), partial=model.spec.devices is not None)
         if self.metrics is None:
             return
         if seconds is None:

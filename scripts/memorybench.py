@@ -11,28 +11,20 @@ shows it. On a machine with a GPU this is how to see how far the estimate is fro
 from __future__ import annotations
 
 import asyncio
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 from gateway.backend import start_local
 from gateway.config import ModelSpec, ServerConfig
+from gateway.devices import Inventory
 from gateway.engine.protocol import Device
 from gateway.ggufmeta import read_info
-from gateway.memory import GPU_CONTEXT, RAM, RPC, allocated, estimate
+from gateway.memory import allocated, estimate, gpu_context
 
 MiB = 2**20
 # the settings each model is loaded with: the defaults, part of the layers on a GPU, more slots
 # with a quantized cache, and the layers kept off the GPU
 SETTINGS: list[dict] = [{}, {"n_gpu_layers": "half"}, {"parallel": 2, "n_ctx": 8192, "cache_type_k": "q8_0",
                                                          "cache_type_v": "q8_0"}, {"n_gpu_layers": 0}]
-
-
-def devices() -> list[Device]:
-    out = subprocess.run([sys.executable, "-m", "gateway.engine.devices"], capture_output=True, text=True,
-                         timeout=120, check=True).stdout
-    return [Device.parse(d) for d in json.loads(out)]
 
 
 async def one(path: Path, settings: dict, found: list[Device], threads: int) -> dict:
@@ -48,7 +40,7 @@ async def one(path: Path, settings: dict, found: list[Device], threads: int) -> 
     finally:
         await backend.stop()
     assert est is not None
-    pools = {pool: {"estimate": n - (GPU_CONTEXT if pool not in (RAM, RPC) else 0),
+    pools = {pool: {"estimate": n - gpu_context(pool),
                     "allocated": got["devices"].get(pool, 0)} for pool, n in est.devices.items()}
     for pool, n in got["devices"].items():
         pools.setdefault(pool, {"estimate": 0, "allocated": n})
@@ -56,7 +48,9 @@ async def one(path: Path, settings: dict, found: list[Device], threads: int) -> 
 
 
 def measure(models: list[Path], threads: int) -> dict:
-    found = devices()
+    found = asyncio.run(Inventory().probe())
+    if found is None:
+        raise SystemExit("cannot list llama.cpp's devices (see the message above)")
     rows = []
     for path in models:
         for settings in SETTINGS:

@@ -168,34 +168,34 @@ def test_unified_memory_counts_in_ram_too():
 async def test_the_probe_runs_once_where_there_is_no_gpu(tmp_path):
     calls = tmp_path / "calls"
     inventory = devices.Inventory(probe_command([Device("CPU", "cpu", "cpu", GiB, GiB)], calls))
-    assert (await inventory.read({})).gpus == ()
-    assert (await inventory.read({}, max_age=0)).gpus == ()
+    assert (await inventory.read(lambda: {})).gpus == ()
+    assert (await inventory.read(lambda: {}, max_age=0)).gpus == ()
     assert calls.read_text() == "x"
 
 
 async def test_the_probe_runs_again_where_there_are_gpus_and_the_reading_is_old(tmp_path):
     calls = tmp_path / "calls"
     inventory = devices.Inventory(probe_command([gpu("CUDA0")], calls))
-    first = await inventory.read({"cuda0": 5})
+    first = await inventory.read(lambda: {"cuda0": 5})
     assert [d.pool for d in first.gpus] == ["cuda0"] and first.held == {"cuda0": 5}
-    await inventory.read({})
-    await inventory.read({}, max_age=devices.GPU_READING_MAX_AGE)
+    await inventory.read(lambda: {})
+    await inventory.read(lambda: {}, max_age=devices.GPU_READING_MAX_AGE)
     assert calls.read_text() == "x"  # recent enough
-    await inventory.read({}, max_age=0)
+    await inventory.read(lambda: {}, max_age=0)
     assert calls.read_text() == "xx"
     # a worker's reading with its model loaded stands for a recent one
-    inventory.take([gpu("CUDA0", free=GiB).describe()], {"cuda0": 7})
-    assert (await inventory.read({}, max_age=devices.GPU_READING_MAX_AGE)).held == {"cuda0": 7}
+    inventory.take([gpu("CUDA0", free=GiB).describe()], lambda: {"cuda0": 7})
+    assert (await inventory.read(lambda: {}, max_age=devices.GPU_READING_MAX_AGE)).held == {"cuda0": 7}
     assert calls.read_text() == "xx"
-    inventory.take([{"name": "broken"}], {})  # ignored, logged
+    inventory.take([{"name": "broken"}], dict)  # ignored, logged
     assert inventory.gpus[0].free == GiB
 
 
 async def test_a_reading_of_some_gpus_keeps_the_others(tmp_path):
     inventory = devices.Inventory(probe_command([gpu("CUDA0", free=5 * GiB), gpu("CUDA1", free=6 * GiB)]))
-    first = await inventory.read({"cuda0": 1, "cuda1": 2})
+    first = await inventory.read(lambda: {"cuda0": 1, "cuda1": 2})
     # a worker told to use CUDA1 only reads that one (asking CUDA0 would start its runtime there)
-    inventory.take([gpu("CUDA1", free=GiB).describe()], {"cuda0": 7, "cuda1": 4}, partial=True)
+    inventory.take([gpu("CUDA1", free=GiB).describe()], lambda: {"cuda0": 7, "cuda1": 4}, partial=True)
     now = inventory.last
     assert [d.free for d in now.gpus] == [5 * GiB, GiB] and now.held == {"cuda0": 1, "cuda1": 4}
     assert now.at == first.at  # not a fresh reading of the others
@@ -206,7 +206,7 @@ async def test_a_reading_of_some_gpus_keeps_the_others(tmp_path):
                                      ["/nonexistent/python"]])
 async def test_a_failed_probe_counts_as_no_gpu(command, caplog):
     inventory = devices.Inventory(command)
-    assert (await inventory.read({})).gpus == ()
+    assert (await inventory.read(lambda: {})).gpus == ()
     assert "GPU memory is not counted" in caplog.text
 
 
@@ -234,7 +234,7 @@ async def gpu_needs(aiohttp_client, write_config, model_dir) -> dict[str, int]:
     """Each model's estimate on a roomy GPU: what it would put there."""
     app = gateway(write_config, model_dir, [gpu("CUDA0", free=64 * GiB, total=80 * GiB)])
     client = await aiohttp_client(app)
-    await app[REGISTRY].devices.read({})  # what the first load does
+    await app[REGISTRY].devices.read(dict)  # what the first load does
     needs = {m["id"]: m["memory_estimate"]["devices"].get("cuda0", 0)
              for m in (await (await client.get("/models")).json())["data"]}
     await client.close()

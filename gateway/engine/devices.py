@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 from . import ggml
-from .protocol import Device
+from .protocol import HOST_KINDS, Device
 
 # enum ggml_backend_dev_type, in order
 KINDS = ("cpu", "gpu", "igpu", "accel", "meta")
@@ -36,7 +36,7 @@ def query(ll: Any, only: set[str] | None = None) -> list[Device]:
         dev = lib.ggml_backend_dev_get(i)
         kind = _kind(lib.ggml_backend_dev_type(dev))
         name = (lib.ggml_backend_dev_name(dev) or b"?").decode("utf-8", "replace")
-        if only is not None and kind not in ("cpu", "accel") and name.lower() not in only:
+        if only is not None and kind not in HOST_KINDS and name.lower() not in only:
             continue
         free, total = ctypes.c_size_t(), ctypes.c_size_t()
         lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
@@ -56,8 +56,8 @@ def offload_list(ll: Any, names: tuple[str, ...]) -> Any:
     handles = []
     for name in names:
         dev = lib.ggml_backend_dev_by_name(name.encode())
-        if not dev or _kind(lib.ggml_backend_dev_type(dev)) in ("cpu", "accel"):
-            there = [d.name for d in query(ll) if d.kind not in ("cpu", "accel")]
+        if not dev or _kind(lib.ggml_backend_dev_type(dev)) in HOST_KINDS:
+            there = [d.name for d in query(ll) if d.kind not in HOST_KINDS]
             raise ValueError(f"llama.cpp has no device {name!r} to offload to (it has: "
                              f"{', '.join(there) or 'none besides the CPU'}); see gguf-gateway devices")
         handles.append(dev)

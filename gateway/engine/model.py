@@ -218,10 +218,10 @@ class Model:
             "rope_freq_base": self.cp.rope_freq_base or None, "rope_freq_scale": self.cp.rope_freq_scale or None,
             "lora": len(self.loras),
             "buffers": BUFFERS,  # llama.cpp's own allocations, by kind and device
-            "devices": self.devices(),  # and what its devices have free with this model loaded
+            "devices": self.device_memory(),  # and what its devices have free with this model loaded
         }
 
-    def devices(self) -> list[dict[str, Any]]:
+    def device_memory(self) -> list[dict[str, Any]]:
         """The devices and their free memory now: every one, or where ``devices`` names some,
         only those and the CPU (asking another GPU would start its runtime in this process)."""
         named = None if self.params.devices is None else {n.lower() for n in self.params.devices}

@@ -117,6 +117,11 @@ CACHE_TYPES = {"f32": CacheType(0, 4.0, False), "f16": CacheType(1, 2.0, False),
                "q5_0": CacheType(6, 22 / 32, True), "q5_1": CacheType(7, 24 / 32, True)}
 
 
+# ggml's device kinds that use the system's memory and are not offloaded to (llama.cpp's
+# ``--device`` refuses them)
+HOST_KINDS = ("cpu", "accel")
+
+
 @dataclass(frozen=True)
 class Device:
     """One of llama.cpp's devices as ggml reports it (``engine.devices``): what the gateway's
@@ -131,7 +136,7 @@ class Device:
     @property
     def pool(self) -> str:
         """The name memory is counted under: the device's, lowercased (``memory.RAM`` for the CPU)."""
-        return "ram" if self.kind in ("cpu", "accel") else self.name.lower()
+        return "ram" if self.kind in HOST_KINDS else self.name.lower()
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "description": self.description, "kind": self.kind, "free": self.free,
