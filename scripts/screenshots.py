@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -24,17 +21,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))  # the test suite's server and browser helpers
+
+from helpers import CHROMIUM_ARGS, ServerProcess, chromium  # noqa: E402
 
 from gateway import testmodels as tm  # noqa: E402
-
-ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def post(url: str, body: dict) -> int:
@@ -74,7 +65,7 @@ def traffic(url: str, seconds: float) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=REPO / "scripts" / "screenshots")
-    ap.add_argument("--chromium", default=shutil.which("chromium") or shutil.which("chromium-browser"))
+    ap.add_argument("--chromium", default=chromium())
     ap.add_argument("--traffic", type=float, default=16.0, help="seconds of requests before the shots")
     args = ap.parse_args()
     from playwright.sync_api import expect, sync_playwright
@@ -83,22 +74,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         cfg = write_models(d)
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        server = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--port", str(port), "--config", str(cfg)],
-                                  env={"HOME": tmp, "PATH": "/usr/bin:/bin"}, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL, cwd=REPO)
-        try:
-            for _ in range(300):
-                try:
-                    urllib.request.urlopen(url + "/health", timeout=1).read()
-                    break
-                except (urllib.error.URLError, ConnectionError):
-                    time.sleep(0.1)
+        with ServerProcess("--config", str(cfg), env={"HOME": tmp}) as server:
+            url = server.url
             background = threading.Thread(target=traffic, args=(url, args.traffic))
             background.start()
             with sync_playwright() as p:
-                browser = p.chromium.launch(executable_path=args.chromium, args=ARGS)
+                browser = p.chromium.launch(executable_path=args.chromium, args=[*CHROMIUM_ARGS, "--hide-scrollbars"])
                 wide = browser.new_page(viewport={"width": 1280, "height": 900})
                 wide.goto(url + "/")
                 wide.select_option("#pg-model", "thinker")
@@ -122,9 +103,6 @@ def main() -> None:
                 time.sleep(1.5)
                 phone.screenshot(path=str(args.out / "narrow.png"))
                 browser.close()
-        finally:
-            server.terminate()
-            server.wait(30)
     for name in ("wide.png", "wide-dark.png", "narrow.png"):
         print(args.out / name)
 

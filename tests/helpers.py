@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -15,6 +16,19 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+# Debian's chromium, headless, for the page's tests and its screenshots: nothing downloads a browser
+CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+def chromium() -> str | None:
+    """The system Chromium: ``$GGUF_GATEWAY_CHROMIUM``, else ``chromium`` on PATH."""
+    for candidate in (os.environ.get("GGUF_GATEWAY_CHROMIUM"), "chromium", "chromium-browser"):
+        if candidate and (found := shutil.which(candidate)):
+            return found
+    return None
 
 
 def gateway_command() -> list[str]:

@@ -8,14 +8,12 @@ nothing here downloads a browser. ``GGUF_GATEWAY_CHROMIUM`` names another Chromi
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import time
 import urllib.request
 
 import pytest
-from helpers import ServerProcess
+from helpers import CHROMIUM_ARGS, ServerProcess, chromium
 
 from gateway import testmodels as tm
 
@@ -27,13 +25,6 @@ expect = sync_api.expect
 KEY = "s3cret"
 
 
-def chromium() -> str | None:
-    for candidate in (os.environ.get("GGUF_GATEWAY_CHROMIUM"), "chromium", "chromium-browser"):
-        if candidate and (found := shutil.which(candidate)):
-            return found
-    return None
-
-
 @pytest.fixture(scope="module")
 def browser():
     binary = chromium()
@@ -41,9 +32,7 @@ def browser():
         pytest.skip("no Chromium installed (Debian/Ubuntu: apt-get install chromium); "
                     "./scripts/test installs it where it may")
     with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=binary, args=[
-            "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--no-first-run"])
+        b = p.chromium.launch(executable_path=binary, args=CHROMIUM_ARGS)
         yield b
         b.close()
 

@@ -167,13 +167,17 @@
     return `HTTP ${resp.status}${resp.statusText ? " " + resp.statusText : ""}`;
   }
 
+  /** The response when it succeeded; else throws AuthError (401) or HttpError, with the server's message. */
+  async function checked(resp) {
+    if (resp.status === 401) throw new AuthError(await errorMessage(resp));
+    if (!resp.ok) throw new HttpError(resp.status, await errorMessage(resp));
+    return resp;
+  }
+
   async function apiJSON(path, options) {
     const opts = Object.assign({ cache: "no-store" }, options || {});
     opts.headers = authHeaders(Object.assign({ Accept: "application/json" }, opts.headers || {}));
-    const resp = await fetch(path, opts);
-    if (resp.status === 401) throw new AuthError(await errorMessage(resp));
-    if (!resp.ok) throw new HttpError(resp.status, await errorMessage(resp));
-    return resp.json();
+    return (await checked(await fetch(path, opts))).json();
   }
 
   /**
@@ -715,14 +719,12 @@
     let unauthorised = false;
     let reason = "the stream ended";
     try {
-      const resp = await fetch("/dashboard/live", {
+      const resp = await checked(await fetch("/dashboard/live", {
         headers: authHeaders({ Accept: "text/event-stream" }),
         cache: "no-store",
         signal: ctrl.signal,
-      });
-      if (resp.status === 401) {
-        unauthorised = true;
-      } else if (!resp.ok || !resp.body) {
+      }));
+      if (!resp.body) {
         reason = await errorMessage(resp);
       } else {
         await readSSE(resp, (ev) => {
@@ -740,7 +742,8 @@
       }
     } catch (err) {
       if (ctrl.signal.aborted) return;
-      reason = err && err.message ? err.message : String(err);
+      if (err instanceof AuthError) unauthorised = true;
+      else reason = err && err.message ? err.message : String(err);
     }
     if (ctrl.signal.aborted || live.ctrl !== ctrl) return;
     live.ctrl = null;
@@ -948,13 +951,14 @@
 
   function setStreaming(on) {
     chat.streaming = on;
-    const sendHadFocus = document.activeElement === pgSend;
-    const stopHadFocus = document.activeElement === pgStop;
-    pgStop.disabled = !on;
-    pgSend.disabled = on;
-    // A disabled button drops focus: hand it to the button that now does something.
-    if (on && sendHadFocus) pgStop.focus();
-    if (!on && stopHadFocus) pgInput.focus();
+    // A disabled button drops focus: hand it to the control that now does something.
+    if (on) {
+      setDisabled(pgStop, false);
+      setDisabled(pgSend, true, pgStop);
+    } else {
+      setDisabled(pgSend, false);
+      setDisabled(pgStop, true, pgInput);
+    }
     transcript.setAttribute("aria-busy", on ? "true" : "false");
   }
 
@@ -1204,19 +1208,14 @@
     };
 
     try {
-      const resp = await fetch("/v1/chat/completions", {
+      const resp = await checked(await fetch("/v1/chat/completions", {
         method: "POST",
         headers: authHeaders({ "Content-Type": "application/json", Accept: "text/event-stream" }),
         body: JSON.stringify(body),
         cache: "no-store",
         signal: ctrl.signal,
-      });
-      if (resp.status === 401) {
-        unauthorised = true;
-        failure = await errorMessage(resp);
-      } else if (!resp.ok) {
-        failure = await errorMessage(resp);
-      } else if (!(resp.headers.get("Content-Type") || "").includes("text/event-stream")) {
+      }));
+      if (!(resp.headers.get("Content-Type") || "").includes("text/event-stream")) {
         onChunk(await resp.json()); // a server that answered without streaming
       } else {
         await readSSE(resp, (ev) => {
@@ -1234,18 +1233,24 @@
         });
       }
     } catch (err) {
-      if (!ctrl.signal.aborted) failure = err && err.message ? `Request failed: ${err.message}` : "Request failed.";
+      if (err instanceof HttpError) {
+        failure = err.message; // the server's own words
+        unauthorised = err instanceof AuthError;
+      } else if (!ctrl.signal.aborted) {
+        failure = err && err.message ? `Request failed: ${err.message}` : "Request failed.";
+      }
     }
     const tEnd = performance.now();
     if (chat.ctrl === ctrl) chat.ctrl = null;
     const current = generation === chat.generation; // false once the conversation was cleared
     const answer = view.text();
-    const madeCalls = calls.filter(Boolean).map((c, i) => ({
+    const made = calls.filter(Boolean);
+    const madeCalls = made.map((c, i) => ({
       id: c.id || `call_${i}`,
-      type: c.type || "function",
+      type: c.type, // "function" from the start, replaced only by what the server said
       function: { name: c.function.name, arguments: c.function.arguments },
     }));
-    if (madeCalls.length) view.prettyCalls(calls.filter(Boolean));
+    if (madeCalls.length) view.prettyCalls(made);
 
     if (ctrl.signal.aborted && !failure) {
       view.stopped();
