@@ -78,6 +78,7 @@ class ModelSupervisor:
         self.retry_at = 0.0  # time.monotonic() before which a failed model is not started again
         self.in_flight = 0  # requests holding a lease
         self.waiting = 0  # requests waiting for the load
+        self._stops: set[asyncio.Future[None]] = set()  # backend stops under way (held: the loop keeps weak references)
         self.last_used = 0.0
         self.retiring = False  # replaced by a reload: unload once idle
         # a request's own keep_alive (Ollama's): how long the model stays loaded once idle, from
@@ -245,7 +246,12 @@ class ModelSupervisor:
             self.move(UNLOADED)
         if backend is not None:
             log.info("unloading model %r", self.spec.name)
-            await backend.stop()
+            # The stop outlives whoever asked for it: a caller cancelled mid-stop (a client that
+            # left) must not leave the backend running unseen, its kill skipped.
+            stopping = asyncio.ensure_future(backend.stop())
+            self._stops.add(stopping)
+            stopping.add_done_callback(self._stops.discard)
+            await asyncio.shield(stopping)
 
     async def stop(self) -> None:
         """Unload now, a load under way included (admin API, shutdown); 409 with requests in flight."""

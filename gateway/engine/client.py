@@ -326,6 +326,9 @@ class WorkerProcess:
         except asyncio.TimeoutError:
             self.kill()
             await self.proc.wait()
+        except asyncio.CancelledError:  # whoever waited went away: the worker must not outlive the stop
+            self.kill()
+            raise
         if self._reader_task is not None:
             await asyncio.gather(self._reader_task, return_exceptions=True)
 
