@@ -1,9 +1,9 @@
 """The Responses store (gateway/response_store.py): bounded by count and by bytes, least
 recently used dropped first."""
 
-import json
+import tracemalloc
 
-from gateway.response_store import ResponseStore, Stored
+from gateway.response_store import ResponseStore, Stored, encode
 
 
 def stored(text: str) -> Stored:
@@ -23,7 +23,7 @@ def test_the_least_recently_used_go_first_past_the_count():
 
 def test_bytes_bound_what_is_kept_and_stay_counted():
     one = stored("x" * 300)
-    size = len(json.dumps(one.body)) + len(json.dumps(one.messages))
+    size = ResponseStore.size(encode(one))
     store = ResponseStore(100, max_bytes=2000)
     for i in range(10):
         store.put(str(i), stored("x" * 300))
@@ -35,3 +35,32 @@ def test_bytes_bound_what_is_kept_and_stay_counted():
     for key in kept:
         assert store.delete(key)
     assert store.bytes == 0
+
+
+def test_a_response_belongs_to_the_key_that_made_it():
+    store = ResponseStore(10)
+    store.put("r1", stored("alice's"), owner="alice")
+    assert store.get("r1", "alice") is not None
+    assert store.get("r1", "bob") is None and store.get("r1") is None  # as if unknown
+    assert not store.delete("r1", "bob") and store.get("r1", "alice") is not None
+    assert store.delete("r1", "alice") and store.bytes == 0
+    store.put("r2", stored("anyone's"))  # a server without keys: no owner
+    assert store.get("r2") is not None and store.get("r2", "alice") is None
+
+
+def test_memory_held_stays_near_the_bound_with_many_tiny_messages():
+    """The bound is on what the store really holds: a conversation of many tiny messages kept
+    as Python objects took several times its JSON size."""
+    bound = 4 * 2**20
+    store = ResponseStore(100_000, max_bytes=bound)
+    tiny = [{"role": "user", "content": "a"}] * 2000
+    tracemalloc.start()
+    try:
+        for i in range(200):
+            store.put(f"r{i}", Stored({"id": f"r{i}"}, [dict(m) for m in tiny]))
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert store.bytes <= bound and len(store._items) < 200  # the bound dropped some
+    assert held < 1.5 * bound, f"the store holds {held} bytes of Python memory for a bound of {bound}"
+    assert store.get("r199").messages == tiny  # what comes back is what went in

@@ -10,7 +10,7 @@ from aiohttp import web
 from .. import answer
 from ..appkeys import CONFIG, REGISTRY, RESPONSES
 from ..errors import ApiError
-from ..events import observation
+from ..events import PRINCIPAL, observation
 from ..protocol import responses as wire
 from ..protocol.params import apply_defaults, apply_effort
 from ..response_store import ResponseStore, Stored
@@ -18,6 +18,11 @@ from .body import read_json_object
 from .common import apply_limits, event_stream, ignore_gone, load_progress
 
 log = logging.getLogger(__name__)
+
+
+def owner(request: web.Request) -> str | None:
+    """Whose stored responses a request sees: its API key's (None where the server has no keys)."""
+    return request.get(PRINCIPAL)
 
 
 def _unknown(response_id: str, param: str | None = None) -> ApiError:
@@ -29,7 +34,7 @@ async def create(request: web.Request) -> web.StreamResponse:
     store = request.app[RESPONSES]
     history: list[dict] = []
     if parsed.previous_response_id is not None:
-        previous = store.get(parsed.previous_response_id)
+        previous = store.get(parsed.previous_response_id, owner(request))
         if previous is None:
             raise _unknown(parsed.previous_response_id, "previous_response_id")
         history = previous.messages
@@ -66,7 +71,8 @@ async def create(request: web.Request) -> web.StreamResponse:
 def _keep(request: web.Request, builder: wire.ResponseBuilder, body: dict, history: list[dict],
           parsed: wire.ResponsesParsed) -> None:
     if parsed.store:
-        request.app[RESPONSES].put(builder.id, Stored(body, history + parsed.input_messages + builder.messages()))
+        request.app[RESPONSES].put(builder.id, Stored(body, history + parsed.input_messages + builder.messages()),
+                                   owner(request))
 
 
 async def _stream(request: web.Request, builder: wire.ResponseBuilder, gen, items, history: list[dict],
@@ -100,7 +106,7 @@ async def _stream(request: web.Request, builder: wire.ResponseBuilder, gen, item
 
 async def retrieve(request: web.Request) -> web.Response:
     response_id = request.match_info["response_id"]
-    stored = request.app[RESPONSES].get(response_id)
+    stored = request.app[RESPONSES].get(response_id, owner(request))
     if stored is None:
         raise _unknown(response_id)
     return web.json_response(stored.body)
@@ -108,7 +114,7 @@ async def retrieve(request: web.Request) -> web.Response:
 
 async def delete(request: web.Request) -> web.Response:
     response_id = request.match_info["response_id"]
-    if not request.app[RESPONSES].delete(response_id):
+    if not request.app[RESPONSES].delete(response_id, owner(request)):
         raise _unknown(response_id)
     return web.json_response({"id": response_id, "object": "response", "deleted": True})
 
