@@ -9,6 +9,7 @@ import ipaddress
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
@@ -201,6 +202,54 @@ def host_check_middleware():
     return middleware
 
 
+UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+def cross_site(method: str, origin: str | None, fetch_site: str | None, host: str | None,
+               allowed: tuple[str, ...]) -> str | None:
+    """Why a browser's request from another site must not act here (CSRF), or None. Pure.
+
+    Browsers send a form or a ``text/plain`` POST to any address without asking first, so a page
+    on any site could load and unload models or run prompts on a gateway without keys. They
+    also say where such a request comes from (``Origin`` on every non-GET request,
+    ``Sec-Fetch-Site``), which programs that are not browsers do not send: a request that
+    changes something is refused when its origin is another one than this server's and
+    ``server.cors_origins`` does not allow it. A page on another port of the same host is
+    another origin (``Sec-Fetch-Site: same-site``). Reading (GET) stays open: the browser
+    keeps another site's page from seeing the answer."""
+    if method not in UNSAFE_METHODS:
+        return None
+    if origin is not None:
+        if "*" in allowed or origin in allowed:
+            return None
+        try:
+            netloc = urlsplit(origin).netloc.lower()
+        except ValueError:  # not a URL ("null" from a sandboxed frame or a file, or garbage)
+            netloc = ""
+        if not netloc or netloc != (host or "").lower():
+            return f"Origin {origin[:100]!r} is not this server's and is not in server.cors_origins"
+        return None
+    if (fetch_site or "").strip().lower() in ("cross-site", "same-site"):
+        return f"a request from another site (Sec-Fetch-Site: {fetch_site[:20] if fetch_site else ''}) " \
+               "with no Origin allowed by server.cors_origins"
+    return None
+
+
+def browser_guard_middleware(allowed: tuple[str, ...]):
+    """Refuse what ``cross_site`` refuses, with a 403 before any handler runs."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        why = cross_site(request.method, request.headers.get("Origin"), request.headers.get("Sec-Fetch-Site"),
+                         request.headers.get("Host"), allowed)
+        if why is not None:
+            raise ApiError(f"Refused: {why}. A page on another origin may call this gateway only when "
+                           "server.cors_origins names it", status=403, code="forbidden_origin")
+        return await handler(request)
+
+    return middleware
+
+
 CORS_HEADERS = "Authorization, Content-Type, x-api-key, anthropic-version, anthropic-beta, X-Request-Id"
 
 
@@ -239,7 +288,7 @@ def auth_middleware(keys: tuple[tuple[str, str], ...], open_paths: frozenset[str
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in open_paths or request.method == "OPTIONS":
+        if request.method == "OPTIONS":
             return await handler(request)
         auth = request.headers.get("Authorization", "")
         given = auth[7:].strip() if auth[:7].lower() == "bearer " else request.headers.get("x-api-key", "")
@@ -248,6 +297,10 @@ def auth_middleware(keys: tuple[tuple[str, str], ...], open_paths: frozenset[str
         for name, k in digests:  # every key is compared, so the time taken says nothing of which matched
             if hmac.compare_digest(d, k) and given:
                 principal = name
+        if request.path in open_paths:  # open, but a key given still names who asks (/health's details)
+            if principal is not None:
+                request[PRINCIPAL] = principal
+            return await handler(request)
         if principal is None:
             raise ApiError("Invalid or missing API key", status=401, code="invalid_api_key",
                            headers={"WWW-Authenticate": "Bearer"})
@@ -261,6 +314,7 @@ def create_app(config: Config, registry: Registry | None = None) -> web.Applicat
     middlewares = [connection_middleware, observe_middleware, errors_middleware]
     if is_loopback(config.server.host):
         middlewares.append(host_check_middleware())
+    middlewares.append(browser_guard_middleware(config.server.cors_origins))
     if config.server.cors_origins:
         middlewares.append(cors_middleware(config.server.cors_origins))
     if config.server.api_keys:

@@ -6,7 +6,7 @@ import zlib
 
 import pytest
 
-from gateway.api.body import MAX_DEPTH, parse_body
+from gateway.api.body import MAX_DEPTH, check_content_type, parse_body
 from gateway.errors import ApiError
 
 LIMIT = 1 << 20
@@ -65,3 +65,20 @@ def test_compressed_bodies_are_decoded_within_the_limit():
     assert err.status == 413 and err.code == "request_too_large"
     err = refusal(body, "br")
     assert err.status == 415 and err.code == "unsupported_content_encoding"
+
+
+@pytest.mark.parametrize("headers, ok", [
+    ({}, True), ({"Content-Type": "application/json"}, True), ({"Content-Type": "application/json; charset=utf-8"}, True),
+    ({"Content-Type": "application/vnd.api+json"}, True),
+    ({"Content-Type": "application/x-www-form-urlencoded"}, True),  # curl -d, no browser headers
+    ({"Content-Type": "application/x-www-form-urlencoded", "Origin": "http://127.0.0.1:8080"}, False),
+    ({"Content-Type": "application/x-www-form-urlencoded", "Sec-Fetch-Mode": "navigate"}, False),
+    ({"Content-Type": "text/plain"}, False), ({"Content-Type": "multipart/form-data; boundary=x"}, False),
+])
+def test_a_json_body_must_say_so_where_a_browser_could_have_sent_it(headers, ok):
+    if ok:
+        check_content_type(headers)
+    else:
+        with pytest.raises(ApiError) as e:
+            check_content_type(headers)
+        assert e.value.status == 415 and e.value.code == "unsupported_media_type"

@@ -203,3 +203,21 @@ async def test_broken_files_each_fail_alone_with_a_reason(aiohttp_client, files,
     assert "not a GGUF file" in reasons["bad-magic"] and "truncated GGUF header" in reasons["truncated-header"]
     assert "truncated tensor data" in reasons["truncated-tensors"] and "absurd counts" in reasons["absurd-counts"]
     assert "llama.cpp could not load" in reasons["unknown-arch"] or "exited during load" in reasons["unknown-arch"]
+
+
+@pytest.mark.parametrize("method, origin, site, allowed, refused", [
+    ("POST", None, None, (), False),  # a program, not a browser
+    ("POST", "http://127.0.0.1:8080", "same-origin", (), False),  # the gateway's own page
+    ("POST", "http://evil.example", "cross-site", (), True),
+    ("DELETE", "http://127.0.0.1:3000", "same-site", (), True),  # another port is another origin
+    ("POST", "null", None, (), True),  # a sandboxed frame, a file
+    ("POST", "http://[bad", None, (), True),
+    ("POST", None, "cross-site", (), True),
+    ("POST", "http://localhost:3000", "same-site", ("http://localhost:3000",), False),
+    ("POST", "http://anywhere.example", "cross-site", ("*",), False),
+    ("GET", "http://evil.example", "cross-site", (), False),  # reading: the browser hides the answer
+])
+def test_cross_site_refuses_what_a_browser_sends_from_another_site(method, origin, site, allowed, refused):
+    from gateway.app import cross_site
+
+    assert (cross_site(method, origin, site, "127.0.0.1:8080", allowed) is not None) == refused

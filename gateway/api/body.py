@@ -16,6 +16,7 @@ import asyncio
 import json
 import re
 import zlib
+from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
@@ -45,10 +46,29 @@ async def read_json_object(request: web.Request) -> dict[str, Any]:
     except Exception as e:  # a malformed or cut body: bad chunk sizes, a reset connection
         raise InvalidRequest(f"The request body could not be read: {type(e).__name__}",
                              code="invalid_body") from None
+    check_content_type(request.headers)
     encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
     if len(raw) > OFF_LOOP_BYTES:
         return await asyncio.to_thread(parse_body, raw, encoding, server.max_body_bytes)
     return parse_body(raw, encoding, server.max_body_bytes)
+
+
+def check_content_type(headers: Mapping[str, str]) -> None:
+    """A JSON body must say it is JSON where a browser could have sent it: a form or a
+    ``text/plain`` body is what a page on another site can make a browser post without asking
+    (CSRF). No type, and the form type from a client that is not a browser (``curl -d``, as
+    Ollama's own examples post), are taken as JSON."""
+    given = headers.get("Content-Type")
+    if given is None:
+        return
+    kind = given.split(";", 1)[0].strip().lower()
+    if kind == "application/json" or kind.endswith("+json"):
+        return
+    browser = "Origin" in headers or any(k.lower().startswith("sec-fetch-") for k in headers)
+    if kind == "application/x-www-form-urlencoded" and not browser:
+        return
+    raise ApiError(f"Content-Type {given[:60]!r} is not JSON: send the body as application/json", status=415,
+                   code="unsupported_media_type")
 
 
 def parse_body(raw: bytes, encoding: str, limit: int) -> dict[str, Any]:
