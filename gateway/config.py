@@ -193,6 +193,9 @@ class ServerConfig:
     events_path: Path | None = None  # append one JSON line per request here
     drain_seconds: float = 30.0  # on SIGTERM, how long requests in flight may take to finish
     metrics_public: bool = False  # /metrics without an API key
+    # each API key's prompts reuse only that key's cached prompts (slots and saved caches), so a
+    # cache hit cannot tell one key what another sent; off: one user's keys share them
+    isolate_cache_by_key: bool = False
     # how long a streamed token may wait to go out with the next ones (a fast model's tokens
     # then reach the gateway process in twos or threes: fewer wake-ups); 0: each at once
     stream_interval_ms: int = 10
@@ -532,6 +535,7 @@ class _Parser:
             "events_path": self.path_field,
             "drain_seconds": self.seconds,
             "metrics_public": self.boolean,
+            "isolate_cache_by_key": self.boolean,
             "stream_interval_ms": self.integer(minimum=0, maximum=1000, what="an integer from 0 to 1000"),
             "upstream_check_seconds": self.seconds,
             "responses_store": self.integer(minimum=0, what="an integer >= 0 (0: keep none)"),

@@ -183,3 +183,46 @@ async def test_the_saved_caches_stay_under_their_bound(aiohttp_client, write_con
     assert sum(f.stat().st_size for f in kv.rglob("*") if f.is_file()) <= bound
     _, usage = await turn(client, "b", [*HISTORY, {"role": "assistant", "content": "x"}])
     assert usage["prompt_tokens_details"]["cached_tokens"] > 0  # the survivor still loads
+
+
+async def test_saved_files_are_private_and_a_directory_of_another_user_is_not_used(
+        aiohttp_client, write_config, tmp_path, random_model):
+    models = f"  kept:\n    path: {random_model}\n    parallel: 1\n"
+    app, kv = gateway(write_config, tmp_path, models)
+    client = await aiohttp_client(app)
+    kv.mkdir(mode=0o777)
+    os.chmod(kv, 0o777)  # a folder others may write into: narrowed before anything is kept there
+    await unloaded_after_a_turn(client, "kept")
+    assert stat.S_IMODE(kv.stat().st_mode) == 0o700
+    files = list(model_dir(kv, str(random_model)).iterdir())
+    assert len(files) == 2 and {stat.S_IMODE(f.stat().st_mode) for f in files} == {0o600}
+    if os.getuid() != 0:
+        return  # making a folder another user's needs root
+    os.chown(model_dir(kv, str(random_model)), 65534, 65534)  # another user's: not read, not written
+    _, usage = await turn(client, "kept", HISTORY)
+    assert usage["prompt_tokens_details"]["cached_tokens"] == 0
+    assert (await client.post("/models/unload", json={"model": "kept"})).status == 200
+    assert all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files)  # left as they were
+
+
+async def test_an_isolated_cache_comes_back_for_its_own_key_only(aiohttp_client, write_config, tmp_path,
+                                                                 random_model):
+    models = f"  kept:\n    path: {random_model}\n    parallel: 1\n"
+    app, _ = gateway(write_config, tmp_path, models,
+                     server="  api_keys: {alice: a-key, bob: b-key}\n  isolate_cache_by_key: true\n")
+    client = await aiohttp_client(app)
+
+    async def cached(k: str) -> int:
+        r = await client.post("/v1/chat/completions", headers={"Authorization": f"Bearer {k}"}, json={
+            "model": "kept", "messages": HISTORY, "max_tokens": 2, "temperature": 0})
+        assert r.status == 200
+        return (await r.json())["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    await cached("a-key")
+    r = await client.post("/models/unload", headers={"Authorization": "Bearer a-key"}, json={"model": "kept"})
+    assert r.status == 200
+    assert await cached("b-key") == 0  # the saved slot came back as alice's
+    assert await cached("a-key") == 0  # the slot held bob's prompt; alice's again now
+    r = await client.post("/models/unload", headers={"Authorization": "Bearer a-key"}, json={"model": "kept"})
+    assert r.status == 200
+    assert await cached("a-key") > 0  # restored, and hers

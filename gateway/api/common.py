@@ -10,14 +10,15 @@ from aiohttp import web
 
 from ..appkeys import CONFIG
 from ..errors import ApiError, InvalidRequest
-from ..events import STREAM
+from ..events import PRINCIPAL, STREAM
 from ..protocol.params import Parsed
 from ..sse import EventStream
 from ..supervisor import Progress
 
 
 def apply_limits(request: web.Request, parsed: Parsed) -> None:
-    """server.max_messages before any work, and server.request_timeout as each request's deadline."""
+    """server.max_messages before any work, server.request_timeout as each request's deadline,
+    and the cache scope of server.isolate_cache_by_key."""
     server = request.app[CONFIG].server
     messages = parsed.request.messages
     if messages is not None and len(messages) > server.max_messages:
@@ -27,6 +28,9 @@ def apply_limits(request: web.Request, parsed: Parsed) -> None:
         deadline = time.time() + server.request_timeout
         for req in parsed.requests:
             req.deadline = deadline
+    if server.isolate_cache_by_key:
+        for req in parsed.requests:
+            req.cache_scope = request.get(PRINCIPAL) or ""
 
 
 def event_stream(request: web.Request) -> EventStream:

@@ -18,7 +18,7 @@ from .model import Model
 from .outbox import Outbox
 from .refusals import failure
 from .sampling import Sampling
-from .slots import Batch, Sequence, Slot, common_prefix, slot_score
+from .slots import Batch, Sequence, Slot, reusable, slot_score
 
 
 class Decoder:
@@ -41,15 +41,16 @@ class Decoder:
         max_tokens = req.max_tokens
         room = self.n_ctx - n_prompt
         chain = self.sampling.chain(req)  # before "start": a grammar that does not parse is a plain 400
-        slot = max(self.free_slots(), key=lambda s: slot_score(s, tokens))
+        slot = max(self.free_slots(), key=lambda s: slot_score(s, tokens, req.cache_scope))
         # At least one prompt token is decoded, for fresh logits.
-        common = min(common_prefix(slot.cached, tokens), n_prompt - 1)
+        common = min(reusable(slot, tokens, req.cache_scope), n_prompt - 1)
         if not self.ll.llama_memory_seq_rm(self.mem, slot.id, common, -1) or not self._holds_window(slot, common):
             # recurrent and hybrid models cannot cut a sequence in the middle, and a sliding-window
             # cache may have dropped positions the next token attends to: start it afresh
             self.ll.llama_memory_seq_rm(self.mem, slot.id, -1, -1)
             common = 0
         del slot.cached[common:]
+        slot.scope = req.cache_scope
         seq = slot.seq = Sequence(rid, req, tokens, slot, common, prompt_tail, chain,
                                   max_tokens if max_tokens is not None else room)
         return seq

@@ -13,8 +13,10 @@ A state file is loaded only when its note matches this load's identity, size and
 anything else (another file at that path, other context settings, another llama.cpp, a
 truncated or damaged file, a state llama.cpp refuses) is removed and counts as a miss, never
 as a failure. The root is kept under ``max_bytes`` by removing the least recently used saved
-slots of any model (``evict``, pure). Directories are made mode 0700: a cache holds the text
-of conversations.
+slots of any model (``evict``, pure). Directories are made mode 0700 and files 0600: a cache
+holds the text of conversations; a directory another user owns is not used
+(``private_dir_problem``). A slot's note keeps its cache scope (``server.isolate_cache_by_key``),
+which the restored slot gets back.
 
 Only the worker imports this module (it calls llama.cpp through ``model.ll``).
 """
@@ -74,6 +76,28 @@ def model_dir(root: str | os.PathLike, path: str) -> Path:
     return Path(root) / hashlib.sha256(os.path.realpath(path).encode()).hexdigest()[:24]
 
 
+def private_dir_problem(path: Path) -> str | None:
+    """Why a cache directory is not this user's own to read conversations from and write them
+    to, or None: one another user owns, or others may write into (they could plant a state file
+    or read the saved ones), is not used. A directory of ours with a looser mode is narrowed."""
+    st = path.stat()
+    if not path.is_dir():
+        return f"{path} is not a directory: no KV caches are kept there"
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        return f"{path} belongs to another user (uid {st.st_uid}): its KV caches are not used"
+    if st.st_mode & 0o077:
+        os.chmod(path, 0o700)
+    return None
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write a file only its owner can read (0600 whatever the umask)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # an older file of looser mode keeps its mode through O_CREAT
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
 def _digest(path: Path) -> str:
     h = hashlib.blake2b(digest_size=20)
     with path.open("rb") as f:
@@ -97,6 +121,9 @@ def save(model, slots, root: str, max_bytes: int) -> tuple[int, int]:
     here = model_dir(root, model.params.path)
     Path(root).mkdir(mode=0o700, parents=True, exist_ok=True)
     here.mkdir(mode=0o700, exist_ok=True)
+    for d in (Path(root), here):
+        if (problem := private_dir_problem(d)) is not None:
+            raise PermissionError(problem)
     ident = identity(ll, model.params)
     n_slots = n_tokens = 0
     for slot in slots:
@@ -111,9 +138,10 @@ def save(model, slots, root: str, max_bytes: int) -> tuple[int, int]:
             tmp.unlink(missing_ok=True)
             _remove(state)
             continue
+        os.chmod(tmp, 0o600)  # llama.cpp writes it under the umask; it holds a conversation
         note = {"identity": ident, "bytes": tmp.stat().st_size, "digest": _digest(tmp), "tokens": len(slot.cached),
-                "saved": time.time()}
-        state.with_suffix(".json").write_text(json.dumps(note))
+                "scope": slot.scope, "saved": time.time()}
+        _write_private(state.with_suffix(".json"), json.dumps(note))
         os.replace(tmp, state)  # the note first: a state file without its note is never loaded
         n_slots, n_tokens = n_slots + 1, n_tokens + len(slot.cached)
     prune(Path(root), max_bytes)
@@ -140,6 +168,9 @@ def restore(model, slots, root: str) -> tuple[int, int]:
     here = model_dir(root, model.params.path)
     if not here.is_dir():
         return 0, 0
+    for d in (Path(root), here):
+        if (problem := private_dir_problem(d)) is not None:
+            raise PermissionError(problem)
     ident = identity(ll, model.params)
     by_id = {slot.id: slot for slot in slots}
     n_slots = n_tokens = 0
@@ -176,4 +207,6 @@ def _load(ll, ctx, state: Path, ident: str, by_id: dict[int, Any], n_ctx: int) -
         ll.llama_memory_seq_rm(ll.llama_get_memory(ctx), slot.id, -1, -1)  # nothing half-loaded stays
         return None
     slot.cached = list(tokens[: count.value])
+    scope = note.get("scope", "")
+    slot.scope = scope if isinstance(scope, str) else ""
     return count.value

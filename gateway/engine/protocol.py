@@ -233,6 +233,9 @@ class GenerationRequest:
     thinking_budget: int | None = None  # most tokens of thinking; past it the worker ends the thinking block
     echo: bool = False  # the start event carries the prompt's text
     deadline: float | None = None  # wall-clock time (time.time()) at which the answer ends with "length"
+    # whose cached prompts this request may reuse (server.isolate_cache_by_key: the API key's
+    # name); a slot holding another scope's cache is read afresh
+    cache_scope: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

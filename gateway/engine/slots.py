@@ -33,15 +33,22 @@ class Slot:
     def __init__(self, sid: int):
         self.id = sid
         self.cached: list[int] = []
+        self.scope = ""  # whose prompts ``cached`` holds (``GenerationRequest.cache_scope``)
         self.seq: Sequence | None = None
         self.last_used = 0.0
 
 
-def slot_score(slot: Slot, tokens: list[int]) -> tuple[float, float, int]:
+def reusable(slot: Slot, tokens: list[int], scope: str) -> int:
+    """How many of the prompt's first tokens the slot's cache holds for a request of ``scope``
+    (none where the cache is another scope's)."""
+    return common_prefix(slot.cached, tokens) if slot.scope == scope else 0
+
+
+def slot_score(slot: Slot, tokens: list[int], scope: str = "") -> tuple[float, float, int]:
     """How good a free slot is for a prompt: the prompt tokens its cache saves, less half of the
     cached tokens it would throw away (another conversation's history is not traded for a
     shared opening line); then the least recently used; then the lowest id."""
-    common = common_prefix(slot.cached, tokens)
+    common = reusable(slot, tokens, scope)
     return common - (len(slot.cached) - common) / 2, -slot.last_used, -slot.id
 
 
