@@ -86,7 +86,8 @@ def status(gw: Gateway, out=sys.stdout) -> int:
     health = gw.get("/health")
     models = gw.get("/models")["data"]
     out.write(f"gguf-gateway {health['version']} at {gw.url}: {health['status']}, "
-              f"{health.get('in_flight', 0)} request(s) in flight, {health['worker_failures']} worker failure(s)\n")
+              f"{health.get('in_flight', 0)} request(s) in flight, "
+              f"{health.get('worker_failures', 0)} worker failure(s)\n")
     rows = [("MODEL", "STATE", "IN FLIGHT", "PID", "MEMORY", "SOURCE", "NOTE")]
     for m in models:
         note = m["error"] or ""

@@ -11,7 +11,8 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from .. import __version__, memory
-from ..appkeys import LIFECYCLE, METRICS, REGISTRY
+from ..appkeys import CONFIG, LIFECYCLE, METRICS, REGISTRY
+from ..events import PRINCIPAL
 from ..lifecycle import ModelState
 from ..protocol.params import require_model
 from ..registry import Registry
@@ -20,8 +21,13 @@ from .body import read_json_object
 
 
 async def health(request: web.Request) -> web.Response:
+    """Open to all, for liveness checks; with API keys set, the details (workers' PIDs, upstreams,
+    GPUs) only to a request that gives a key."""
     registry = request.app[REGISTRY]
     draining = request.app[LIFECYCLE]["draining"]
+    if request.app[CONFIG].server.api_keys and request.get(PRINCIPAL) is None:
+        return web.json_response({"status": "draining" if draining else "ok", "version": __version__},
+                                 status=503 if draining else 200)
     return web.json_response({"status": "draining" if draining else "ok", "version": __version__,
                               "models": len(registry.specs()), "in_flight": registry.in_flight(),
                               "workers": {name: w.pid for name, w in sorted(registry.loaded().items())

@@ -14,7 +14,8 @@ from importlib import resources
 
 from aiohttp import web
 
-from ..appkeys import LIFECYCLE, LIVE, REGISTRY
+from ..appkeys import CONFIG, LIFECYCLE, LIVE, REGISTRY
+from ..events import PRINCIPAL
 from .admin import describe
 from .common import event_stream
 
@@ -31,10 +32,15 @@ HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", 
 
 
 def snapshot(request: web.Request) -> dict:
+    """What the page draws. With API keys set, the recent requests are the asking key's own:
+    another key's prompts' models, sizes and timings are not its to see."""
     registry, live = request.app[REGISTRY], request.app[LIVE]
     now = time.time()
+    recent = live.recent()
+    if request.app[CONFIG].server.api_keys:
+        recent = [e for e in recent if e.get("principal") == request.get(PRINCIPAL)]
     return {"time": now, "models": [describe(registry, s) for s in registry.specs()],
-            "series": live.series(now), "recent": live.recent()}
+            "series": live.series(now), "recent": recent}
 
 
 async def live_stream(request: web.Request) -> web.StreamResponse:
