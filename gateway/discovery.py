@@ -11,8 +11,10 @@ under names in two classes:
   (``llama3.2:3b``, and ``llama3.2`` for ``:latest``), the Hugging Face or LM Studio
   repository (``org/repo`` and ``org/repo:QUANT``);
 - fallback: the architecture (``qwen3``), used only where no explicit name claims it.
-When several files claim a name, the winner is the first by (class, root order, path
-depth, path), so every scan gives the same answer; ``Catalog.conflicts`` lists the losers.
+When several files claim a name, the winner is the first by (class, reached through a
+symbolic link or not, root order, path depth, path), so every scan gives the same answer and a
+link dropped into a folder cannot take a name from a model file there; ``Catalog.conflicts``
+lists the losers.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class Found:
     fallback: list[str] = field(default_factory=list)
     info: GGUFInfo | None = None
     error: str | None = None
+    linked: bool = False  # reached through a symbolic link (where the store's own layout has none)
 
     @property
     def source(self) -> str:
@@ -173,18 +176,33 @@ def _scan_ollama(root: Root, order: int) -> list[Found]:
     return list(by_blob.values())
 
 
+def _through_link(found: Found, real: str) -> bool:
+    """Whether a file of a models folder or LM Studio's is reached through a symbolic link (the
+    file or a folder on its way). Hugging Face's snapshots are links by design; Ollama's blobs
+    are read by digest."""
+    if found.root.kind not in ("dir", "lmstudio"):
+        return False
+    return real != os.path.join(os.path.realpath(found.root.path), found.path.relative_to(found.root.path))
+
+
 def scan(roots: list[Root]) -> list[Found]:
-    """Every model file under ``roots`` with its header read (or the reason it could not be)."""
-    out: list[Found] = []
-    seen: set[str] = set()
+    """Every model file under ``roots`` with its header read (or the reason it could not be).
+    A file reached by several paths (another snapshot, a link, another root) is listed once: by
+    its own path rather than through a link, else by the first found."""
+    candidates: list[tuple[str, Found]] = []
     for order, root in enumerate(roots):
-        if not root.path.is_dir():
-            continue
-        for found in (_scan_ollama if root.kind == "ollama" else _scan_dir)(root, order):
-            real = os.path.realpath(found.path)
-            if real in seen:  # the same blob through another snapshot, symlink or root
-                continue
-            seen.add(real)
+        if root.path.is_dir():
+            for found in (_scan_ollama if root.kind == "ollama" else _scan_dir)(root, order):
+                real = os.path.realpath(found.path)
+                found.linked = _through_link(found, real)
+                candidates.append((real, found))
+    chosen: dict[str, Found] = {}
+    for real, found in candidates:
+        if real not in chosen or (chosen[real].linked and not found.linked):
+            chosen[real] = found
+    out: list[Found] = []
+    for real, found in candidates:
+        if chosen[real] is found:
             try:
                 found.info = INFO_CACHE.get(found.path)
             except ModelFileError as e:
@@ -194,7 +212,7 @@ def scan(roots: list[Root]) -> list[Found]:
             info = found.info
             if info.architecture in NOT_MODELS or info.kind in NOT_MODELS | {"adapter"} or info.n_tensors == 0:
                 continue  # projectors, LoRA adapters and vocab-only files are not models to serve
-            if root.kind in ("huggingface", "lmstudio") and info.quantization and len(found.names) > 1:
+            if found.root.kind in ("huggingface", "lmstudio") and info.quantization and len(found.names) > 1:
                 found.names.append(f"{found.names[1]}:{info.quantization.lower()}")
             found.fallback = [info.architecture.lower()] if info.architecture else []
             out.append(found)
@@ -218,7 +236,9 @@ class Catalog:
                 for n in claimed:
                     key = normalize_name(n)
                     if key and key not in taken:
-                        claims.setdefault(key, []).append(((cls_, f.order, depth, str(f.path)), f))
+                        # a file's own name before one a link claims: a link dropped into a
+                        # folder does not take over a model's name, whatever it sorts as
+                        claims.setdefault(key, []).append(((cls_, f.linked, f.order, depth, str(f.path)), f))
         names: dict[str, Found] = {}
         conflicts: dict[str, list[Found]] = {}
         for key, lst in claims.items():

@@ -43,3 +43,24 @@ def test_the_demo_only_when_nothing_else_and_only_when_asked(tmp_path, write_con
     shutil.copy(catalog.resolve("demo").path, tmp_path / "other.gguf")
     config = load_config(write_config(f"models:\n  other: {tmp_path}/other.gguf\nserver:\n  discover_default_stores: false\n"))
     assert [s.name for s in ModelCatalog(config, demo_dir=tmp_path, allow_demo=True).specs()] == ["other"]
+
+
+def test_a_link_dropped_into_a_folder_does_not_take_a_models_name(tmp_path, write_config):
+    store, elsewhere = tmp_path / "store", tmp_path / "elsewhere"
+    store.mkdir()
+    elsewhere.mkdir()
+    tm.plain(store / "llama-chat.gguf")
+    tm.plain(elsewhere / "other.gguf", ["Other"])
+    # sorts before the real file, at the same depth: by path alone it would win the name
+    (store / "LLAMA-CHAT.gguf").symlink_to(elsewhere / "other.gguf")
+    (store / "a-link.gguf").symlink_to(store / "llama-chat.gguf")  # a second path to the same file
+    config = load_config(write_config(f"server:\n  discover_default_stores: false\n  models_dirs: [{store}]\n"))
+    catalog = ModelCatalog(config)
+    assert catalog.resolve("llama-chat").path == store / "llama-chat.gguf"
+    # the file is listed by its own path, not through the link that sorts first
+    assert catalog.resolve("a-link") is None
+    # a link that claims no taken name still serves (the usual ln -s of a big file)
+    (store / "LLAMA-CHAT.gguf").unlink()
+    (store / "mine.gguf").symlink_to(elsewhere / "other.gguf")
+    catalog = ModelCatalog(config, rescan_seconds=0)
+    assert catalog.resolve("mine").path == store / "mine.gguf"
