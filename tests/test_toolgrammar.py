@@ -12,6 +12,7 @@ import pytest
 
 from gateway import testmodels as tm
 from gateway.engine import toolgrammar
+from gateway.grammar import MAX_GRAMMAR_CHARS, MAX_MADE_GRAMMAR_CHARS, grammar_problem
 
 REPO = Path(__file__).resolve().parent.parent
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -159,3 +160,51 @@ def test_integer_bounds_hold_in_a_calls_arguments(vocab):
     assert run(vocab, grammar, call % "7") == (True, True)
     for bad in ("0", "8", "12", "-1"):
         assert run(vocab, grammar, call % bad)[0] is False, bad
+
+
+def call_with(args: str) -> str:
+    return '<tool_call>{"name": "f", "arguments": ' + args + "}</tool_call>"
+
+
+def tool(params: dict, name: str = "f") -> dict:
+    return {"type": "function", "function": {"name": name, "parameters": {"type": "object", **params}}}
+
+
+def test_lengths_and_item_counts_hold_in_a_calls_arguments(vocab):
+    grammar = toolgrammar.build("hermes", [tool({"properties": {
+        "code": {"type": "string", "minLength": 2, "maxLength": 5},
+        "tags": {"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 2}},
+        "required": ["code", "tags"]})], required=True)
+    for args in ('{"code": "ab", "tags": [1]}', '{"code": "abcde", "tags": [1, 2]}'):
+        assert run(vocab, grammar, call_with(args)) == (True, True), args
+    for args in ('{"code": "a", "tags": [1]}', '{"code": "abcdef", "tags": [1]}', '{"code": "ab", "tags": []}',
+                 '{"code": "ab", "tags": [1, 2, 3]}'):
+        assert run(vocab, grammar, call_with(args))[0] is False, args
+
+
+def test_a_length_past_llama_cpps_repetition_limit_is_served_as_no_limit(vocab):
+    """maxLength 30000 once became 30000 nested groups, and llama.cpp's parser crashed the worker."""
+    grammar = toolgrammar.build("hermes", [tool({"properties": {"text": {"type": "string", "maxLength": 30000}}})],
+                                required=True)
+    assert run(vocab, grammar, call_with(f'{{"text": "{"ab " * 1000}"}}')) == (True, True)
+
+
+def test_each_tools_references_are_its_own(vocab):
+    """Two tools' ``#/$defs/item`` once shared the first tool's rule."""
+    def with_item(name: str, item: dict) -> dict:
+        return tool({"$defs": {"item": item}, "properties": {"x": {"$ref": "#/$defs/item"}}, "required": ["x"]}, name)
+
+    grammar = toolgrammar.build("hermes", [with_item("f", {"type": "integer"}), with_item("g", {"type": "boolean"})],
+                                required=True)
+    assert run(vocab, grammar, call_with('{"x": 5}')) == (True, True)
+    assert run(vocab, grammar, call_with('{"x": 5}').replace('"f"', '"g"'))[0] is False
+    assert run(vocab, grammar, call_with('{"x": true}').replace('"f"', '"g"')) == (True, True)
+
+
+def test_the_grammar_of_a_long_tool_list_is_within_the_bounds_on_made_grammars():
+    """The bound on a caller's own grammar would refuse it: a made grammar's size follows its tools'."""
+    params = {f"parameter_{j}": [{"type": "string"}, {"type": "integer", "minimum": 0, "maximum": 1000},
+                                 {"enum": ["alpha", "beta"]}][j % 3] for j in range(20)}
+    tools = [tool({"properties": params, "required": ["parameter_0"]}, f"tool_number_{i}") for i in range(128)]
+    gbnf = toolgrammar.build("hermes", tools, required=False).gbnf
+    assert len(gbnf) > MAX_GRAMMAR_CHARS and grammar_problem(gbnf, MAX_MADE_GRAMMAR_CHARS) is None

@@ -13,6 +13,7 @@ import json
 from typing import Any, NamedTuple
 
 from .. import chat_template
+from ..grammar import MAX_MADE_GRAMMAR_CHARS, grammar_problem
 from ..reasoning import ReasoningSplitter
 from . import protocol
 from .model import Model
@@ -65,7 +66,7 @@ class Prompts:
         of a ``response_format``, and the prompt's tokens and text tail, checked against the
         context. Raises ``Refused``."""
         if req.response_format:
-            req.grammar = structured_grammar(req.response_format, req.json_schema)
+            req.grammar = structured_grammar(req.response_format, req.json_schema, req.format_param)
         prompt = self.tokens(req)
         if req.tools and req.tool_format:
             think = None
@@ -157,4 +158,6 @@ def tool_grammar(fmt: str, tools_json: str, required: bool, name: str | None, pa
                                   think=think)
     except Exception as e:  # the converter asserts, raises KeyError, ValueError, RecursionError, ...
         raise Refused(400, f"`tools` holds a parameter schema this server cannot follow: {e}", "tools") from None
+    if (problem := grammar_problem(built.gbnf, MAX_MADE_GRAMMAR_CHARS)) is not None:
+        raise Refused(400, f"the grammar made from `tools` {problem}", "tools")
     return built.gbnf, built.triggers

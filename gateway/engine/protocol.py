@@ -223,6 +223,7 @@ class GenerationRequest:
     grammar_triggers: list[str] = field(default_factory=list)  # patterns that switch a lazy grammar on
     response_format: str | None = None  # json_object | json_schema: the worker makes the grammar
     json_schema: dict[str, Any] | None = None  # for json_schema
+    format_param: str = "response_format"  # the caller's field it came in (Ollama: format), as refusals name it
     logprobs: int | None = None  # None: none; N: each token's log-probability and its N likeliest alternatives
     tools: list[dict[str, Any]] | None = None  # function tools (protocol/tools.py's shape)
     tool_choice: str = "auto"  # auto | required (none: the wire layer leaves tools out)

@@ -4,7 +4,7 @@ Plain greedy decoding is an argmax over a numpy view of the logits (the decode l
 itself: it is the per-token path). Anything else goes through a native ``llama_sampler`` chain
 per request (``chain``), applied here to a candidate array made once (``sample``), which never
 accepts a token the chain left at -inf. Log-probabilities are read from the same view, only
-when a request asks for them. ``structured_grammar`` makes the GBNF of a ``response_format``.
+when a request asks for them. ``structured_grammar`` makes the GBNF of a structured-output field.
 """
 
 from __future__ import annotations
@@ -13,15 +13,16 @@ import ctypes
 import json
 from typing import Any
 
-from ..grammar import grammar_problem
+from ..grammar import MAX_MADE_GRAMMAR_CHARS, grammar_problem
 from . import protocol
 from .model import Model
 from .refusals import Refused
 
 
-def structured_grammar(kind: str, schema: dict[str, Any] | None) -> str:
-    """The GBNF for a ``response_format``: llama-cpp-python's JSON grammar, or its converter's
-    output for a JSON schema. Raises ``Refused`` for a schema it cannot follow."""
+def structured_grammar(kind: str, schema: dict[str, Any] | None, param: str) -> str:
+    """The GBNF for a structured-output field (``param``, the caller's name for it):
+    llama-cpp-python's JSON grammar, or its converter's output for a JSON schema. Raises
+    ``Refused`` for a schema it cannot follow."""
     from llama_cpp import llama_grammar
 
     from .schemagrammar import schema_grammar
@@ -31,12 +32,18 @@ def structured_grammar(kind: str, schema: dict[str, Any] | None) -> str:
     try:
         grammar = schema_grammar(json.loads(json.dumps(schema)))  # a copy: the converter writes into $refs
     except Exception as e:  # the converter asserts, raises KeyError, ValueError, RecursionError, ...
-        raise Refused(400, f"`response_format.json_schema.schema` is not a schema this server can follow: {e}",
-                      "response_format") from None
-    if (problem := grammar_problem(grammar)) is not None:
-        raise Refused(400, f"the grammar made from `response_format.json_schema.schema` {problem}",
-                      "response_format")
+        raise Refused(400, f"the JSON schema in `{param}` is not one this server can follow: {e}", param) from None
+    if (problem := grammar_problem(grammar, MAX_MADE_GRAMMAR_CHARS)) is not None:
+        raise Refused(400, f"the grammar made from the JSON schema in `{param}` {problem}", param)
     return grammar
+
+
+def grammar_param(req: protocol.GenerationRequest) -> str:
+    """The caller's field a request's grammar came from: its tools, its structured-output field,
+    or its own ``grammar``."""
+    if req.tools and req.tool_format:
+        return "tools"
+    return req.format_param if req.response_format else "grammar"
 
 
 def _address_of_logits(ll):
@@ -82,12 +89,12 @@ class Sampling:
             patterns = (ctypes.c_char_p * len(req.grammar_triggers))(*(t.encode() for t in req.grammar_triggers))
             grammar = ll.llama_sampler_init_grammar_lazy_patterns(
                 self.vocab.handle, req.grammar.encode(), b"root", patterns, len(req.grammar_triggers), None, 0)
-            if not grammar:
-                raise Refused(400, "the grammar made from `tools` does not parse", "tools")
         elif req.grammar:
             grammar = ll.llama_sampler_init_grammar(self.vocab.handle, req.grammar.encode(), b"root")
-            if not grammar:
-                raise Refused(400, "the grammar does not parse (GBNF, with a `root` rule)", "grammar")
+        if req.grammar and not grammar:
+            param = grammar_param(req)
+            raise Refused(400, "the grammar does not parse (GBNF, with a `root` rule)" if param == "grammar" else
+                          f"the grammar made from `{param}` does not parse", param)
         chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
         add = lambda s: ll.llama_sampler_chain_add(chain, s)  # noqa: E731
         if grammar:

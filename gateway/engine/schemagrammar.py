@@ -1,51 +1,147 @@
-"""JSON schemas to GBNF: llama-cpp-python's converter, with integer bounds enforced.
+"""JSON schemas to GBNF: llama-cpp-python's converter, with three things done our way.
 
-The converter writes any integer for ``{"type": "integer", "minimum": 1, "maximum": 12}``, so
-a model sampled under it can break the schema it was given. ``Converter`` writes bounded
-integers as digit ranges instead: ``int_range(lo, hi)`` matches exactly the decimal spellings
-of lo..hi (no leading zeros, no "-0"). A schema with only ``minimum >= 0`` gets unsigned
-integers; other one-sided bounds are left as the converter writes them. Imported by the worker
-only: it loads llama_cpp.
+- **Integer bounds.** The converter writes any integer for ``{"type": "integer", "minimum": 1,
+  "maximum": 12}``, so a model sampled under it could break the schema it was given.
+  ``Converter`` writes a bounded integer as digit ranges: ``int_range(lo, hi)`` matches exactly
+  the decimal spellings of lo..hi (no leading zeros, no "-0"), in rules linear in the number of
+  digits. The integers written have at most ``schemacheck.MAX_INT_DIGITS`` digits: a bound
+  farther out is no bound on that side (every integer written still meets it).
+- **Repetitions.** The converter writes ``maxLength``, ``maxItems`` and a pattern's ``{m,n}`` as
+  one nested optional group per allowed repetition, which llama.cpp's parser recursed through
+  until the worker's stack overflowed. ``repetition`` writes GBNF's own ``{m,n}`` (as llama.cpp's
+  own converter does), which the parser unrolls into flat rules; an array's items repeat as one
+  rule so that llama.cpp's count of rules per repetition stays one.
+- **References.** ``$ref`` is followed within the schema (``#``, ``#/...``), from anywhere in it
+  (the converter did not look beside a ``$ref``, so a top-level one with ``$defs`` failed).
+
+What a schema may ask (counts, bounds, references) is checked before this runs, in the HTTP
+process (``schemacheck``). Imported by the worker only: it loads llama_cpp.
 """
 
 from __future__ import annotations
 
-import json
-import math
+import re
 from typing import Any
 
 from llama_cpp import llama_grammar
 
+from ..grammar import MAX_REPEAT
+from ..schemacheck import LARGEST_INT, integer_bounds, ref_parts, resolve
+
+
+def repetition(item: str, least: int, most: int | None) -> str:
+    """GBNF for ``least`` to ``most`` (None: any number) of ``item`` (one GBNF term). A most past
+    ``MAX_REPEAT`` is written as no most, as llama.cpp would read it; a least past it is a
+    ``ValueError`` (llama.cpp cannot write that many)."""
+    if least > MAX_REPEAT:
+        raise ValueError(f"asks for at least {least} of an item; at most {MAX_REPEAT} can be written")
+    if most is not None and most > MAX_REPEAT:
+        most = None
+    if most is not None and most < least:
+        raise ValueError(f"asks for at least {least} and at most {most} of an item")
+    if most == least:
+        return "" if least == 0 else item if least == 1 else f"{item}{{{least}}}"
+    if most is None:
+        return f"{item}*" if least == 0 else f"{item}+" if least == 1 else f"{item}{{{least},}}"
+    return f"{item}?" if (least, most) == (0, 1) else f"{item}{{{least},{most}}}"
+
+
+def _library_repetition(item_rule: str, min_items: Any, max_items: Any, separator_rule: str | None = None,
+                        item_rule_is_literal: bool = False) -> str:
+    """llama-cpp-python's ``_build_repetition``, written with ``repetition``. Only a pattern's
+    quantifiers reach it (``Converter`` writes strings and arrays itself), never with a separator;
+    with one, the separated items are a group (which llama.cpp may refuse past a few hundred)."""
+    least, most = int(min_items), None if max_items is None else int(max_items)
+    if not separator_rule:
+        return repetition(item_rule, least, most)
+    if most == 0:
+        return ""
+    rest = repetition(f"({separator_rule} {item_rule})", max(least - 1, 0), None if most is None else most - 1)
+    body = f"{item_rule} {rest}"
+    return f"({body})?" if least == 0 else body
+
+
+# The converter's patterns call the module's function: it is replaced for every converter in the
+# worker, where only this module uses one.
+llama_grammar._build_repetition = _library_repetition
+
+
+def _digits(x: int, y: int) -> str:
+    return f'"{x}"' if x == y else f"[{x}-{y}]"
+
+
+def _any(n: int, most: int | None = None) -> str:
+    """GBNF for ``n`` digits (``n`` to ``most``, if given)."""
+    if most is not None and most != n:
+        return f"[0-9]{{{n},{most}}}"
+    return "" if n == 0 else "[0-9]" if n == 1 else f"[0-9]{{{n}}}"
+
+
+def _seq(*terms: str) -> str:
+    return " ".join(t for t in terms if t)
+
+
+def _at_least(s: str) -> str:
+    """The strings of len(s) digits that are >= s, one level of nesting per digit."""
+    head, rest = int(s[0]), s[1:]
+    if not rest.strip("0"):
+        return _seq(_digits(head, 9), _any(len(rest)))
+    alts = [_seq(f'"{head}"', f"({_at_least(rest)})")]
+    if head < 9:
+        alts.append(_seq(_digits(head + 1, 9), _any(len(rest))))
+    return " | ".join(alts)
+
+
+def _at_most(s: str) -> str:
+    """The strings of len(s) digits that are <= s, one level of nesting per digit."""
+    head, rest = int(s[0]), s[1:]
+    if not rest.strip("9"):
+        return _seq(_digits(0, head), _any(len(rest)))
+    if not s.strip("0"):
+        return f'"{s}"'
+    alts = [_seq(_digits(0, head - 1), _any(len(rest)))] if head > 0 else []
+    alts.append(_seq(f'"{head}"', f"({_at_most(rest)})"))
+    return " | ".join(alts)
+
 
 def _same_length(a: str, b: str) -> str:
     """Decimal strings of one length from ``a`` to ``b`` (a <= b), as a GBNF expression."""
-    if a == b:
-        return json.dumps(a)
     i = 0
-    while a[i] == b[i]:
+    while i < len(a) and a[i] == b[i]:
         i += 1
-    prefix = json.dumps(a[:i]) + " " if i else ""
-    x, y, rest = a[i], b[i], len(a) - i - 1
-    if rest == 0:
-        return f"{prefix}[{x}-{y}]"
-    alts = [f'"{x}" ({_same_length(a[i + 1:], "9" * rest)})']
-    if int(y) - int(x) > 1:
-        alts.append(f"[{int(x) + 1}-{int(y) - 1}] [0-9]{{{rest}}}")
-    alts.append(f'"{y}" ({_same_length("0" * rest, b[i + 1:])})')
-    return f"{prefix}({' | '.join(alts)})"
+    if i == len(a):
+        return f'"{a}"'
+    prefix = f'"{a[:i]}"' if i else ""
+    x, y, low, high = int(a[i]), int(b[i]), a[i + 1:], b[i + 1:]
+    from_low, to_high = not low.strip("0"), not high.strip("9")  # whole digit ranges at either end
+    alts = [] if from_low else [_seq(f'"{x}"', f"({_at_least(low)})")]
+    first, last = x if from_low else x + 1, y if to_high else y - 1
+    if first <= last:
+        alts.append(_seq(_digits(first, last), _any(len(low))))
+    if not to_high:
+        alts.append(_seq(f'"{y}"', f"({_at_most(high)})"))
+    body = " | ".join(alts)
+    return _seq(prefix, f"({body})") if prefix or len(alts) > 1 else body
 
 
 def _unsigned(lo: int, hi: int) -> list[str]:
-    out = []
-    for digits in range(len(str(lo)), len(str(hi)) + 1):
-        a, b = max(lo, 10 ** (digits - 1) if digits > 1 else 0), min(hi, 10 ** digits - 1)
-        if a <= b:
-            out.append(_same_length(str(a), str(b)))
+    """Alternatives for lo..hi (0 <= lo <= hi): one for the lengths whose every number is in the
+    range, and a digit range for a first or last length that is only partly in it."""
+    a, b = str(lo), str(hi)
+    if len(a) == len(b):
+        return [_same_length(a, b)]
+    whole_from = len(a) if a == "1" + "0" * (len(a) - 1) else len(a) + 1  # the shortest length taken whole
+    whole_to = len(b) if b == "9" * len(b) else len(b) - 1
+    out = [] if whole_from == len(a) else [_same_length(a, "9" * len(a))]
+    if whole_from <= whole_to:
+        out.append(_seq("[1-9]", _any(whole_from - 1, whole_to - 1)))
+    if whole_to < len(b):
+        out.append(_same_length("1" + "0" * (len(b) - 1), b))
     return out
 
 
 def int_range(lo: int, hi: int) -> str:
-    """GBNF for the integers lo..hi (lo <= hi)."""
+    """GBNF for the integers lo..hi (lo <= hi), linear in their number of digits."""
     alts = []
     if lo < 0:
         alts.append(f'"-" ({" | ".join(_unsigned(max(1, -hi), -lo))})')
@@ -54,36 +150,95 @@ def int_range(lo: int, hi: int) -> str:
     return " | ".join(f"({alt})" for alt in alts)
 
 
-def _bounds(schema: dict[str, Any]) -> tuple[int | None, int | None]:
-    def num(key: str) -> float | None:
-        v = schema.get(key)
-        return v if isinstance(v, int | float) and not isinstance(v, bool) else None
-
-    lo, hi = num("minimum"), num("maximum")
-    ex_lo, ex_hi = num("exclusiveMinimum"), num("exclusiveMaximum")
-    low = max([math.ceil(v) for v in (lo,) if v is not None] + [math.floor(v) + 1 for v in (ex_lo,) if v is not None],
-              default=None)
-    high = min([math.floor(v) for v in (hi,) if v is not None] + [math.ceil(v) - 1 for v in (ex_hi,) if v is not None],
-               default=None)
-    return low, high
+_CHOSEN_FIRST = ("$ref", "oneOf", "anyOf", "const", "enum")  # the converter's branches before a type's
 
 
 class Converter(llama_grammar.SchemaConverter):
     def __init__(self) -> None:
         super().__init__(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+        self._ref_rules: dict[str, str] = {}  # absolute reference -> its rule's name
+
+    def resolve_refs(self, schema: dict, url: str) -> dict:
+        """Each local ``$ref`` in ``schema`` made absolute (``url#/...``) and its target noted,
+        wherever it is; any other reference is a ``ValueError``."""
+        stack: list[Any] = [schema]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, list):
+                stack += node
+            elif isinstance(node, dict):
+                ref = node.get("$ref")
+                if isinstance(ref, str) and not ref.startswith(url + "#"):
+                    target = resolve(schema, ref)
+                    if ref_parts(ref) is None or target is None:
+                        raise ValueError(f"`$ref` {ref[:60]!r} points at no schema within this one")
+                    node["$ref"] = url + ref
+                    self._refs[node["$ref"]] = target
+                stack += node.values()
+        return schema
+
+    def _resolve_ref(self, ref: str) -> str:
+        """The rule for what ``ref`` points at, made once and named after the whole reference
+        (the converter named it by its last part, so two tools' ``#/$defs/item`` shared a rule);
+        a reference met again while its rule is being made (recursion) names the same rule."""
+        name = self._ref_rules.get(ref)
+        if name is None:
+            url, pointer = ref.split("#", 1)
+            base = llama_grammar.INVALID_RULE_CHARS_RE.sub("-", f"{url}-{pointer.rsplit('/', 1)[-1] or 'root'}")
+            name, i = base, 0
+            while name in self._rules or name in self._ref_rules.values() or name in llama_grammar.RESERVED_NAMES:
+                name, i = f"{base}{i}", i + 1
+            self._ref_rules[ref] = name
+            self._ref_rules[ref] = name = self.visit(self._refs[ref], name)
+        return name
 
     def visit(self, schema: Any, name: str) -> str:
-        if isinstance(schema, dict) and schema.get("type") == "integer":
-            low, high = _bounds(schema)
-            name = name + "-" if name in llama_grammar.RESERVED_NAMES else name or "root"
-            if low is not None and high is not None:
+        if not isinstance(schema, dict) or any(k in schema for k in _CHOSEN_FIRST):
+            return super().visit(schema, name)
+        rule_name = name + "-" if name in llama_grammar.RESERVED_NAMES else name or "root"
+        kind = schema.get("type")
+        if kind == "integer":
+            low, high = integer_bounds(schema)
+            if low is not None or high is not None:
+                low = max(-LARGEST_INT, low if low is not None else -LARGEST_INT)
+                high = min(LARGEST_INT, high if high is not None else LARGEST_INT)
                 if low > high:
-                    raise ValueError(f"no integer is between {low} and {high}")
-                return self._add_rule(name, f"({int_range(low, high)}) space")
-            if low is not None and low >= 0 and high is None:
-                body = int_range(low, 10 ** len(str(low)) - 1) + " | [1-9] [0-9]{" + f"{len(str(low))},15}}"
-                return self._add_rule(name, f"({body}) space")
+                    raise ValueError(f"no integer of at most {len(str(LARGEST_INT))} digits meets the bounds of "
+                                     f"{str(schema)[:200]}")
+                return self._add_rule(rule_name, f"({int_range(low, high)}) space")
+        elif kind == "string" and ("minLength" in schema or "maxLength" in schema) and "pattern" not in schema \
+                and not re.match(r"^uuid[1-5]?$", str(schema.get("format") or "")) \
+                and f"{schema.get('format')}-string" not in llama_grammar.STRING_FORMAT_RULES:
+            char = self._add_primitive("char", llama_grammar.PRIMITIVE_RULES["char"])
+            chars = repetition(char, int(schema.get("minLength", 0)), _most(schema, "maxLength"))
+            return self._add_rule(rule_name, _seq(r'"\""', chars, r'"\"" space'))
+        elif (kind == "array" or (kind is None and not _object(schema))) and isinstance(schema.get("items"), dict):
+            return self._add_rule(rule_name, self._array(schema, name))
         return super().visit(schema, name)
+
+    def _array(self, schema: dict[str, Any], name: str) -> str:
+        """``[item, ...]`` from ``minItems`` to ``maxItems`` items; the items after the first
+        repeat as one rule (``"," item``) and the items as another, so that each of llama.cpp's
+        repetitions repeats a single rule."""
+        base = f"{name}{'-' if name else ''}"
+        item = self.visit(schema["items"], f"{base}item")
+        least, most = int(schema.get("minItems", 0)), _most(schema, "maxItems")
+        if most == 0:
+            return '"[" space "]" space'
+        more = self._add_rule(f"{base}more", f'"," space {item}')
+        items = self._add_rule(f"{base}items", _seq(item, repetition(more, max(least - 1, 0),
+                                                                     None if most is None else most - 1)))
+        return f'"[" space {items}{"?" if least == 0 else ""} "]" space'
+
+
+def _object(schema: dict[str, Any]) -> bool:
+    """Whether the converter writes an untyped schema as an object (its branches before arrays')."""
+    return "properties" in schema or "allOf" in schema or (
+        "additionalProperties" in schema and schema["additionalProperties"] is not True)
+
+
+def _most(schema: dict[str, Any], key: str) -> int | None:
+    return None if schema.get(key) is None else int(schema[key])
 
 
 def schema_grammar(schema: dict[str, Any]) -> str:

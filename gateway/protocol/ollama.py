@@ -18,7 +18,7 @@ from ..config import parse_duration
 from ..engine.protocol import GenerationRequest
 from ..errors import InvalidRequest
 from . import tools as wire_tools
-from .params import SAMPLING, Parsed, read_stops, shown
+from .params import SAMPLING, Parsed, check_schema, read_stops, shown
 
 ROLES = ("system", "user", "assistant", "tool")
 # options -> the gateway's sampling fields (Ollama's names where they differ)
@@ -105,9 +105,11 @@ def _format(body: dict[str, Any], req: GenerationRequest) -> None:
     if fmt == "json":
         req.response_format = "json_object"
     elif isinstance(fmt, dict):
+        check_schema(fmt, "format")
         req.response_format, req.json_schema = "json_schema", fmt
     else:
         raise InvalidRequest(f'format must be "json" or a JSON schema object, got {shown(fmt)}', "format")
+    req.format_param = "format"
 
 
 def _think(body: dict[str, Any], req: GenerationRequest) -> str | None:

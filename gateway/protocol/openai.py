@@ -26,6 +26,7 @@ from .params import (  # noqa: F401 (apply_defaults: re-exported)
     SAMPLING,
     Parsed,
     apply_defaults,
+    check_schema,
     read_sampling,
     read_stops,
     require_model,
@@ -139,6 +140,7 @@ def _grammar(body: dict[str, Any], req: GenerationRequest) -> None:
         if not isinstance(schema, dict):
             raise InvalidRequest("`response_format.json_schema.schema` must be a JSON Schema object",
                                  "response_format.json_schema.schema")
+        check_schema(schema, "response_format.json_schema.schema")
         req.json_schema = schema
     if fmt["type"] != "text":
         req.response_format = fmt["type"]

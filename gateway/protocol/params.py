@@ -9,6 +9,7 @@ from typing import Any
 from ..engine.protocol import GenerationRequest
 from ..errors import InvalidRequest
 from ..sampling import SAMPLING, Param  # noqa: F401 (re-exported to the request parsers)
+from ..schemacheck import schema_problem
 
 
 def shown(value: object, limit: int = 60) -> str:
@@ -21,6 +22,15 @@ def named(param: str, anthropic: bool = False) -> str:
     """How an error message names the field it is about: ``param:`` in Anthropic's shape, the
     name in backquotes in OpenAI's."""
     return f"{param}:" if anthropic else f"`{param}`"
+
+
+def check_schema(schema: Any, param: str, anthropic: bool = False) -> None:
+    """Refuse a JSON schema that no grammar should be built from (``schemacheck``): a 400 naming
+    the keyword at fault by its path under ``param``, the field the schema came in."""
+    problem = schema_problem(schema)
+    if problem is not None:
+        at = param + "".join(f"[{p}]" if isinstance(p, int) and not anthropic else f".{p}" for p in problem.path)
+        raise InvalidRequest(f"{named(at, anthropic)} {problem.message}", at)
 
 
 def read_sampling(body: dict[str, Any], req: GenerationRequest, params: dict[str, Param], *,

@@ -18,7 +18,7 @@ from ..answer import Call, CallArgs, Finish, Piece
 from ..engine.protocol import GenerationRequest
 from ..errors import ApiError, InvalidRequest
 from . import tools as wire_tools
-from .params import EFFORTS, SAMPLING, Parsed, read_sampling, require_model, shown, text_parts
+from .params import EFFORTS, SAMPLING, Parsed, check_schema, read_sampling, require_model, shown, text_parts
 
 ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 RESPONSES_SAMPLING = {name: SAMPLING[name] for name in ("temperature", "top_p")}
@@ -152,9 +152,11 @@ def _text_format(body: dict[str, Any], req: GenerationRequest) -> dict[str, Any]
     elif kind == "json_schema":
         if not isinstance(fmt.get("schema"), dict):
             raise InvalidRequest("`text.format.schema` must be a JSON Schema object", "text.format.schema")
+        check_schema(fmt["schema"], "text.format.schema")
         req.response_format, req.json_schema = "json_schema", fmt["schema"]
     else:
         raise InvalidRequest("`text.format.type` must be text, json_object or json_schema", "text.format.type")
+    req.format_param = "text.format"
     return fmt
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidRequest
-from .params import named, shown
+from .params import check_schema, named, shown
 
 MAX_TOOLS = 128  # OpenAI's own limit
 NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")  # OpenAI allows [A-Za-z0-9_-]{1,64}; MCP names add . and :
@@ -50,6 +50,7 @@ def _tool(name: Any, description: Any, parameters: Any, where: str, *, name_at: 
     if description is not None and not isinstance(description, str):
         raise InvalidRequest(f"{named(where + '.description', anthropic)} must be a string", f"{where}.description")
     function = {"name": name, "parameters": _schema(parameters, schema_at, anthropic)}
+    check_schema(function["parameters"], schema_at, anthropic)
     if description:
         function["description"] = description
     return {"type": "function", "function": function}
