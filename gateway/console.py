@@ -4,6 +4,9 @@ Standard library only (urllib), so they work from the same install with nothing 
 the gateway. The address and key come from ``--url`` / ``--api-key``, else
 ``$GGUF_GATEWAY_URL`` / ``$GGUF_GATEWAY_API_KEY``, else the config file (host, port and its
 first API key).
+
+Every string a server sent (a model's name, an upstream's error, an answer) is written through
+``untrusted.shown``: escape codes and bidi controls print as escapes, never act on the terminal.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .config import Config
+from .untrusted import shown
 
 DIM, RESET = "\x1b[2m", "\x1b[0m"
 
@@ -85,10 +89,10 @@ def _mib(n: int | None) -> str:
 def status(gw: Gateway, out=sys.stdout) -> int:
     health = gw.get("/health")
     models = gw.get("/models")["data"]
-    out.write(f"gguf-gateway {health['version']} at {gw.url}: {health['status']}, "
-              f"{health.get('in_flight', 0)} request(s) in flight, "
-              f"{health.get('worker_failures', 0)} worker failure(s)\n")
-    rows = [("MODEL", "STATE", "IN FLIGHT", "PID", "MEMORY", "SOURCE", "NOTE")]
+    out.write(shown(f"gguf-gateway {health['version']} at {gw.url}: {health['status']}, "
+                    f"{health.get('in_flight', 0)} request(s) in flight, "
+                    f"{health.get('worker_failures', 0)} worker failure(s)") + "\n")
+    rows: list[tuple[str, ...]] = [("MODEL", "STATE", "IN FLIGHT", "PID", "MEMORY", "SOURCE", "NOTE")]
     for m in models:
         note = m["error"] or ""
         if m["state"] == "failed" and m.get("retry_after"):
@@ -99,8 +103,8 @@ def status(gw: Gateway, out=sys.stdout) -> int:
         for r in m.get("replicas") or ():
             note += f"{' ' if note else ''}[{r['id']}: {'up' if r['up'] else 'down' if r['up'] is False else '-'}]"
         state = m["state"] + (f" {m['progress']:.0%}" if m.get("progress") is not None else "")
-        rows.append((m["id"], state, str(m["in_flight"]), str(m["pid"] or "-"), _mib(m["memory_bytes"]),
-                     m["source"], note))
+        rows.append(tuple(shown(str(cell)) for cell in (
+            m["id"], state, m["in_flight"], m["pid"] or "-", _mib(m["memory_bytes"]), m["source"], note)))
     widths = [max(len(r[i]) for r in rows) for i in range(6)]
     for r in rows:
         out.write("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[6] + "\n")
@@ -140,17 +144,17 @@ def chat(gw: Gateway, model: str, system: str | None, color: bool, inp=sys.stdin
                         out.write(DIM if color else "[thinking] ")
                         in_thinking = True
                     thinking.append(t)
-                    out.write(t)
+                    out.write(shown(t, prose=True))
                 c = delta.get("content")
                 if c:
                     if in_thinking:
                         out.write((RESET if color else "") + "\n\n")
                         in_thinking = False
                     answer.append(c)
-                    out.write(c)
+                    out.write(shown(c, prose=True))
                 out.flush()
         except RuntimeError as e:
-            out.write((RESET if color and in_thinking else "") + f"\nerror: {e}\n")
+            out.write((RESET if color and in_thinking else "") + f"\nerror: {shown(str(e), prose=True)}\n")
             history.pop()
             continue
         if in_thinking and color:

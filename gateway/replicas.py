@@ -277,7 +277,11 @@ class FailoverGeneration(Events):
             assert m.backend is not None
             gen = m.backend.generate(self.request)
             m.requests += 1
-            event = await gen.next()
+            try:
+                event = await gen.next()
+            except BaseException:  # the client left (cancelled) while this replica was asked: it stops too
+                gen.close()
+                raise
             if isinstance(event, protocol.Error) and event.code in RETRYABLE:
                 gen.close()
                 m.failovers += 1

@@ -1,36 +1,80 @@
 """The OpenAI wire spoken as a client to an upstream server: a ``GenerationRequest`` as the
 body of ``/chat/completions`` or ``/completions``, the upstream's server-sent events back as
 backend events (``Start`` is the backend's; ``Text``, ``Thinking``, ``CallDelta``, ``Done``
-come from here), and its error bodies as ``ApiError``s. Pure: no I/O, so every cut of a
-stream and every malformed chunk is testable without a server.
+come from here), its embeddings and model list, and its error bodies as ``ApiError``s. Pure: no
+I/O, so every cut of a stream and every malformed chunk is testable without a server.
 
 Whatever the caller spoke (OpenAI or Anthropic), the upstream hears OpenAI: the gateway's own
 request is already the common ground, and every server in reach (another gguf-gateway,
 llama-server, vLLM, Ollama's and LM Studio's ``/v1``) speaks it.
+
+An upstream is another party: nothing it sends is trusted to be small. Every answer has a
+byte bound here (an event, a stream, a whole answer, an embeddings answer by its inputs, a
+model list), and the model ids it lists are taken only when they can be names
+(``untrusted.name_problem``), at most ``MAX_LISTED`` of them. Text it chose that goes into a
+message (an error's) is shown escaped (``untrusted.shown``).
 """
 
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import dataclass
 from typing import Any
 
 from .engine.protocol import CallDelta, Done, Event, GenerationRequest, Text, Thinking
 from .errors import ApiError
+from .untrusted import name_problem, shown
 
 # Sampling fields OpenAI defines, then those llama.cpp's server (and vLLM, LM Studio) add: only
 # the ones a caller or the model's defaults set are sent (GenerationRequest.given).
 SAMPLING_FIELDS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "seed",
                    "top_k", "min_p", "repeat_penalty")
-MAX_EVENT_BYTES = 8 * 2**20  # one server-sent event; a larger one is a malformed stream
+MAX_EVENT_BYTES = 8 * 2**20  # one server-sent event, or a whole answer where a stream was asked for
 MAX_ERROR_BYTES = 64 * 1024  # of an upstream's error body read for its message
+# A stream is read at most this much at a time: the events of one read are handed out without
+# the event loop running in between, so a flood of small events must come in small bites.
+READ_BYTES = 16 * 1024
+# Everything one streamed answer may send, comments and empty events included: far above what
+# a model's context holds, with its log-probabilities. Past it the answer is malformed.
+MAX_STREAM_BYTES = 256 * 2**20
+# The chunks that carry an answer (text, thinking, calls, their log-probabilities), and their
+# JSON bytes: without max_tokens at most MAX_ANSWER_CHUNKS (a token each: about what a fast model
+# writes within the default server.request_timeout) and MAX_ANSWER_BYTES, else by
+# max_tokens and CHUNK_BYTES a chunk. Past them the answer ends with finish_reason "length", as a
+# local model's does at its limit.
+MAX_ANSWER_CHUNKS = 2**16
+MAX_ANSWER_BYTES = 32 * 2**20
+CHUNK_BYTES = 4096  # one chunk's JSON with room: a token's text or call piece, its top log-probabilities
+EMBEDDING_BYTES = 256 * 1024  # one input's vector as JSON floats, with room past 8192 dimensions
+MAX_LIST_BYTES = 2 * 2**20  # an upstream's /models answer: parsed on the event loop, so kept small
+MAX_LISTED = 1000  # model ids taken from one upstream's list (each becomes a row of /models)
+MAX_RETRY_AFTER = 3600.0  # seconds: an upstream's Retry-After is passed on at most this
+_CODE = re.compile(r"[a-z][a-z0-9_]{0,63}")  # an upstream's error code passed on (it becomes a metric's label)
 
 
 class MalformedStream(ApiError):
-    """The upstream's answer is not the OpenAI stream it should be."""
+    """The upstream's answer is not what the OpenAI wire says it should be."""
 
-    def __init__(self, why: str):
-        super().__init__(f"the upstream server sent a malformed stream: {why}", status=502,
+    def __init__(self, why: str, what: str = "stream"):
+        super().__init__(f"the upstream server sent a malformed {what}: {why}", status=502,
                          code="upstream_malformed")
+
+
+def too_large(what: str, limit: int) -> MalformedStream:
+    return MalformedStream(f"{what} of more than {limit} bytes", "answer")
+
+
+def _loads(data: str | bytes, what: str, where: str = "stream") -> Any:
+    """JSON, or ``MalformedStream`` (nesting too deep for the parser included)."""
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):
+        raise MalformedStream(f"{what} that is not JSON: {shown(_text_of(data[:80]))!r}", where) from None
+
+
+def _text_of(data: str | bytes) -> str:
+    return data.decode(errors="replace") if isinstance(data, bytes) else data
 
 
 def _message(m: dict[str, Any]) -> dict[str, Any]:
@@ -96,65 +140,120 @@ def request_body(req: GenerationRequest, model: str) -> tuple[str, dict[str, Any
     return path, body
 
 
+# Lines that do not matter, as many as come, skipped in one match (a server may send a megabyte
+# of blank lines, and a line at a time in Python would hold the event loop): between events,
+# every line but a ``data`` line (a run of line ends in one step); inside one, every line but a
+# ``data`` line and the blank line that ends it.
+_BETWEEN_EVENTS = re.compile(rb"(?:[\r\n]+|(?!data(?::|\r?\n))[^\n]*\n)*")
+_INSIDE_EVENT = re.compile(rb"(?:(?!data(?::|\r?\n)|\r?\n)[^\n]*\n)*")
+# whole ``data`` lines, as many as follow each other, and each one's field name (and the one space
+# after its colon): a run of them is joined in one step too, whatever it holds
+_DATA_LINES = re.compile(rb"(?:data(?::[^\n]*|\r)?\n)+")
+_DATA_FIELD = re.compile(rb"^data(?:: ?)?", re.MULTILINE)
+
+
 class SSEDecoder:
-    """Bytes of a ``text/event-stream`` in any cuts -> the ``data`` of each event, in order."""
+    """Bytes of a ``text/event-stream`` in any cuts -> the ``data`` of each event, in order.
+
+    Linear in what it is fed, however it is cut: the unread rest is a ``bytearray`` consumed from
+    the front, and a line is searched for once. An event's data (its ``data`` lines joined, each
+    counted with its newline, so empty ones count too) and the unfinished line are at most
+    ``limit`` bytes together; past that it raises ``MalformedStream``."""
 
     def __init__(self, limit: int = MAX_EVENT_BYTES):
         self.limit = limit
-        self._buf = b""
-        self._data: list[bytes] = []
-        self._size = 0
+        self._buf = bytearray()
+        self._scanned = 0  # bytes at the front of _buf known to hold no newline
+        self._data = bytearray()
+        self._pending = False  # a data line came since the last event ended
 
     def feed(self, chunk: bytes) -> list[str]:
         out: list[str] = []
-        self._buf += chunk
-        while True:
-            end = self._buf.find(b"\n")
-            if end < 0:
+        buf = self._buf
+        buf += chunk
+        pos = 0
+        while (end := buf.find(b"\n", max(pos, self._scanned))) >= 0:
+            self._scanned = 0
+            skip = (_INSIDE_EVENT if self._pending else _BETWEEN_EVENTS).match(buf, pos)
+            if skip is not None and skip.end() > pos:
+                pos = skip.end()
+                continue
+            run = _DATA_LINES.match(buf, pos)
+            if run is None:  # the skips leave data lines and, inside an event, the blank line that ends it
+                pos = end + 1
+                out.append(self._event())
+                continue
+            if self._pending:
+                self._data += b"\n"
+            self._data += _DATA_FIELD.sub(b"", run.group()).replace(b"\r\n", b"\n")[:-1]
+            self._pending = True
+            pos = run.end()
+            if len(self._data) > self.limit:
                 break
-            line, self._buf = self._buf[:end].rstrip(b"\r"), self._buf[end + 1:]
-            if not line:  # an event ends
-                if self._data:
-                    out.append(self._text(b"\n".join(self._data)))
-                    self._data, self._size = [], 0
-                continue
-            if line.startswith(b":"):  # a comment (keep-alive)
-                continue
-            field, _, value = line.partition(b":")
-            if field == b"data":
-                value = value[1:] if value.startswith(b" ") else value
-                self._data.append(value)
-                self._size += len(value)
-        if self._size + len(self._buf) > self.limit:
+        del buf[:pos]
+        self._scanned = len(buf)
+        if len(self._data) + len(buf) > self.limit:
             raise MalformedStream(f"an event of more than {self.limit} bytes")
         return out
 
+    def _event(self) -> str:
+        text = self._text(self._data)
+        self._data, self._pending = bytearray(), False
+        return text
+
     def close(self) -> list[str]:
         """The last event, when the stream ended without the blank line that ends it."""
-        data = self._data + ([self._buf[5:].lstrip()] if self._buf.startswith(b"data:") else [])
-        self._buf, self._data = b"", []
-        return [self._text(b"\n".join(data))] if data else []
+        if self._buf.startswith(b"data"):
+            self.feed(b"\n")
+        self._buf = bytearray()
+        return [self._event()] if self._pending else []
 
     @staticmethod
-    def _text(data: bytes) -> str:
+    def _text(data: bytearray) -> str:
         try:
             return data.decode()
         except UnicodeDecodeError:
             raise MalformedStream("an event that is not UTF-8") from None
 
 
+@dataclass(frozen=True)
+class Bounds:
+    """What one answer may bring before it ends with finish_reason "length": the chunks that
+    carry generated output, and their JSON bytes."""
+
+    chunks: int = MAX_ANSWER_CHUNKS
+    bytes: int = MAX_ANSWER_BYTES
+
+
+def answer_bounds(req: GenerationRequest) -> Bounds:
+    """``req``'s bounds: with ``max_tokens``, twice that many chunks and some (a server sends a
+    token a chunk, or several, but may cut one across two: a character held back, a call's
+    arguments in pieces), CHUNK_BYTES each; an echoed prompt comes on top."""
+    echoed = 0
+    if req.echo:  # the prompt comes back as text: as a string, or as tokens (JSON-escaped at worst)
+        echoed = 6 * len(req.prompt) if req.prompt is not None else 256 * len(req.prompt_tokens or ())
+    if req.max_tokens is None:
+        return Bounds(MAX_ANSWER_CHUNKS, MAX_ANSWER_BYTES + echoed)
+    chunks = 2 * req.max_tokens + 16 + (1 if req.echo else 0)
+    return Bounds(chunks, min(MAX_ANSWER_BYTES, chunks * CHUNK_BYTES) + echoed)
+
+
 class ChunkReader:
     """An upstream's stream, one ``data`` payload at a time -> the backend's events for request
     ``rid``. Raises ``MalformedStream`` for what an OpenAI stream cannot hold, and the
-    upstream's own in-band error as an ``ApiError``."""
+    upstream's own in-band error as an ``ApiError``. Past its ``Bounds`` the answer is cut: the
+    chunk that passed them is dropped and ``Done`` ends it with "length"."""
 
-    def __init__(self, rid: int, chat: bool):
-        self.rid, self.chat = rid, chat
+    def __init__(self, rid: int, chat: bool, bounds: Bounds = Bounds()):
+        self.rid, self.chat, self.bounds = rid, chat, bounds
         self.tokens = 0  # chunks with generated text: a token each for llama.cpp's server
         self.finish: str | None = None
         self.prompt_tokens = self.completion_tokens = self.cached_tokens = 0
         self.usage = False
         self.done = False
+        self.truncated = False  # ended here (``cut``), not by the upstream's [DONE]
+        self.pieces = 0  # chunks that carried generated output
+        self.kept = 0  # their JSON bytes
         self._calls: set[int] = set()
 
     def feed(self, data: str) -> list[Event]:
@@ -163,10 +262,12 @@ class ChunkReader:
         if data.strip() == "[DONE]":
             self.done = True
             return [self.finished()]
-        try:
-            chunk = json.loads(data)
-        except ValueError:
-            raise MalformedStream(f"an event that is not JSON: {data[:80]!r}") from None
+        return self.take(_loads(data, "an event"), len(data))
+
+    def take(self, chunk: Any, size: int) -> list[Event]:
+        """One chunk, parsed (``size``: its JSON's bytes)."""
+        if self.done:
+            return []
         if not isinstance(chunk, dict):
             raise MalformedStream("an event that is not a JSON object")
         if "error" in chunk:
@@ -180,7 +281,19 @@ class ChunkReader:
             if choice.get("index", 0) != 0:
                 continue
             out += self._choice(choice)
+        if out:
+            self.pieces += 1
+            self.kept += size
+            if self.pieces > self.bounds.chunks or self.kept > self.bounds.bytes:
+                return [self.cut()]
         return out
+
+    def cut(self, reason: str = "length") -> Done:
+        """End the answer here (a bound, the request's deadline): what the upstream sends after
+        it is not read."""
+        self.done = self.truncated = True
+        self.finish = reason
+        return self.finished()
 
     def _usage(self, usage: Any) -> None:
         if usage is None:
@@ -253,13 +366,10 @@ class ChunkReader:
         return Done(self.rid, reason, None, self.prompt_tokens, completion, self.cached_tokens)
 
 
-def whole_as_chunks(body: bytes, chat: bool) -> list[str]:
-    """A whole answer (a server that ignored ``stream: true``) as the stream it stands for: one
-    chunk with its text, thinking and calls, then ``[DONE]``, for ``ChunkReader``."""
-    try:
-        data = json.loads(body)
-    except ValueError:
-        raise MalformedStream("a whole answer that is not JSON") from None
+def whole_as_chunk(body: bytes, chat: bool) -> dict[str, Any]:
+    """A whole answer (a server that ignored ``stream: true``) as the one chunk of the stream it
+    stands for (its text, thinking and calls), for ``ChunkReader.take``; ``[DONE]`` follows it."""
+    data = _loads(body, "a whole answer", "answer")
     choices = data.get("choices") if isinstance(data, dict) else None
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise MalformedStream("a whole answer without `choices`")
@@ -275,8 +385,71 @@ def whole_as_chunks(body: bytes, chat: bool) -> list[str]:
         part: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": choice.get("finish_reason")}
     else:
         part = {"index": 0, "text": choice.get("text"), "finish_reason": choice.get("finish_reason")}
-    chunk = {"choices": [part], **({"usage": data["usage"]} if isinstance(data.get("usage"), dict) else {})}
-    return [json.dumps(chunk), "[DONE]"]
+    return {"choices": [part], **({"usage": data["usage"]} if isinstance(data.get("usage"), dict) else {})}
+
+
+def embeddings_bound(inputs: int) -> int:
+    """The most bytes an embeddings answer for ``inputs`` inputs may take."""
+    return MAX_ERROR_BYTES + inputs * EMBEDDING_BYTES
+
+
+def embeddings_answer(body: bytes, inputs: int) -> tuple[list[list[float]], int]:
+    """An upstream's embeddings answer -> (a vector per input, in the inputs' order, prompt
+    tokens); ``MalformedStream`` for anything else (a vector too many or too few included)."""
+    what = "embeddings answer"
+    data = _loads(body, "an answer", what)
+    items = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(items, list) or len(items) != inputs or not all(isinstance(d, dict) for d in items):
+        raise MalformedStream(f"not one vector for each of the {inputs} inputs", what)
+    try:
+        items = sorted(items, key=lambda d: d["index"])
+        vectors = [[float(x) for x in d["embedding"]] for d in items]
+    except (KeyError, TypeError, ValueError, OverflowError):
+        raise MalformedStream("an item without an `index` or a list of numbers as its `embedding`", what) from None
+    usage = data.get("usage")
+    return vectors, _count(usage.get("prompt_tokens") if isinstance(usage, dict) else None)
+
+
+@dataclass(frozen=True)
+class Listing:
+    """The model ids an upstream's /models lists that are taken (in its order, each once, at
+    most MAX_LISTED), how many were refused as names (and why the first was), and how many
+    entries came after the last one taken."""
+
+    ids: list[str]
+    refused: int = 0
+    why: str | None = None
+    left_out: int = 0
+
+
+def listing(body: bytes) -> Listing | None:
+    """An upstream's /models answer (at most MAX_LIST_BYTES: it is parsed on the event loop);
+    None when it is not OpenAI's model list."""
+    data = _loads(body, "a model list", "model list")
+    items = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(items, list):
+        return None
+    ids: dict[str, None] = {}
+    refused, why = 0, None
+    for seen, item in enumerate(items):
+        if len(ids) == MAX_LISTED:  # the rest is not even looked at
+            return Listing(list(ids), refused, why, len(items) - seen)
+        mid = item.get("id") if isinstance(item, dict) else None
+        if (problem := name_problem(mid)) is not None:
+            refused += 1
+            why = why or f"{shown(str(mid), 40)!r}: {problem}"
+        else:
+            ids[mid] = None  # type: ignore[index]  # a str: name_problem checked it
+    return Listing(list(ids), refused, why)
+
+
+def retry_after(value: str | None) -> float | None:
+    """An upstream's ``Retry-After`` in seconds, at most MAX_RETRY_AFTER; None for anything but
+    a number of seconds (an HTTP date, garbage)."""
+    value = (value or "").strip()
+    if not (value.isascii() and value.isdigit()):
+        return None
+    return MAX_RETRY_AFTER if len(value) > 6 else min(float(value), MAX_RETRY_AFTER)
 
 
 def _count(value: Any) -> int:
@@ -286,25 +459,27 @@ def _count(value: Any) -> int:
 def in_band_error(error: Any) -> ApiError:
     """An error event inside an upstream's stream: the answer ends with it."""
     message = error.get("message") if isinstance(error, dict) else error
-    return ApiError(f"the upstream server failed mid-answer: {str(message)[:500]}", status=502,
+    return ApiError(f"the upstream server failed mid-answer: {shown(str(message), 500)}", status=502,
                     code="upstream_error")
 
 
 def error_from(status: int, body: bytes) -> ApiError:
     """An upstream's refusal (a 4xx) as this gateway's error: the same status, message, param and
     code, so the client reads it in its own wire shape. OpenAI's and Anthropic's error bodies and
-    plain text are all read."""
+    plain text are all read; the message is shown escaped and cut, a param or code that is not a
+    short identifier is dropped."""
     message, param, code = None, None, None
     try:
         data = json.loads(body[:MAX_ERROR_BYTES])
-    except ValueError:
+    except (ValueError, RecursionError):
         data = None
     error = data.get("error") if isinstance(data, dict) else None
     if isinstance(error, dict):
         message, param, code = error.get("message"), error.get("param"), error.get("code")
     elif isinstance(error, str):
         message = error
-    if not isinstance(message, str) or not message:
+    if not isinstance(message, str) or not message.strip():
         message = body[:500].decode(errors="replace").strip() or f"HTTP {status}"
-    return ApiError(message, status=status, param=param if isinstance(param, str) else None,
-                    code=code if isinstance(code, str) else None)
+    return ApiError(shown(message, 500), status=status,
+                    param=param if isinstance(param, str) and len(param) <= 64 and param.isprintable() else None,
+                    code=code if isinstance(code, str) and _CODE.fullmatch(code) else None)

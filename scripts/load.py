@@ -25,6 +25,16 @@ the report's "checks" passes: no 5xx and no lost stream for normal requests, no 
 traceback, no worker failure, RSS at the end within --rss-bound-mib of the start, and in
 hostile mode no hostile request answered other than expected and every stalled or idle
 socket closed by the server in time.
+
+--hostile-upstream (also only with the gateway it starts; with --hostile or alone) starts a
+loopback server that misbehaves as an upstream in each way we have seen one do harm (tests/hostile_upstream.py:
+endless embeddings, model lists and answers, a trickle, blank lines, empty data lines, keep-alive
+comments, a redirect, a Retry-After of 400 digits, escape codes in errors, hostile model names),
+serves it through one models.yaml entry per way, and runs --upstream-clients clients looping over
+requests to them, each answered only as expected. Meanwhile /health is asked every 100 ms and the
+gateway process's peak memory (VmHWM, reset at the start) is read at the end: the checks hold them
+within --health-p99-ms / --health-max-ms and --upstream-peak-mib, and after the run no upstream
+answer is still being read and no redirect was followed.
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import itertools
 import json
 import os
@@ -51,8 +62,11 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
 import aiohttp  # noqa: E402
+from hostile_upstream import FLOOD_TEXT, HostileUpstream, Watch  # noqa: E402
 
 from gateway import testmodels as tm  # noqa: E402
+from gateway import upstream_wire as wire  # noqa: E402
+from gateway.engine.protocol import GenerationRequest  # noqa: E402
 
 
 def rss_tree(pid: int) -> int | None:
@@ -532,6 +546,160 @@ def hostile_report(hs: HostileStats, opts: HostileOptions) -> dict:
     }
 
 
+# --- hostile-upstream mode -----------------------------------------------------------------------
+UPSTREAM_REQUEST_TIMEOUT = 6  # server.request_timeout in this mode: it ends a trickling answer
+UPSTREAM_TIMEOUTS = "{first_byte: 3, idle: 3}"  # each hostile entry's: bytes without an event end here
+UPSTREAM_MODES = ("embed-flood", "chat-flood", "whole-flood", "trickle", "blank-lines", "empty-data", "keepalive",
+                  "redirect", "retry-after", "fail-escapes")
+UPSTREAM_LISTS = ("list-flood", "list-many", "list-names")
+UNSAFE = ("\x1b", "\x07", "\u202e")
+GONE_AFTER_LINES = 3  # a streamed client that leaves reads this many lines first
+
+
+@dataclass(frozen=True)
+class UpstreamKind:
+    """A request to one hostile entry and the outcomes right for it: ``judge`` reads the answer
+    (status, headers, text) into an outcome name; ``leaves``: a streamed client that goes early."""
+
+    name: str
+    path: str
+    body: dict | None  # None: a GET
+    expect: frozenset[str]
+    judge: Callable[[int, dict, str], str] | None = None
+    leaves: bool = False
+
+
+def _status(status: int, headers: dict, text: str) -> str:
+    return str(status)
+
+
+def _length_within(chars: int) -> Callable[[int, dict, str], str]:
+    """A whole chat answer that ends with "length", its text at most ``chars`` long."""
+    def judge(status: int, headers: dict, text: str) -> str:
+        if status != 200:
+            return str(status)
+        choice = json.loads(text)["choices"][0]
+        ok = choice["finish_reason"] == "length" and len(choice["message"]["content"] or "") <= chars
+        return "200" if ok else "200_unbounded"
+    return judge
+
+
+def _retry_after(status: int, headers: dict, text: str) -> str:
+    seconds = headers.get("Retry-After", "")
+    return str(status) if seconds.isdigit() and int(seconds) <= wire.MAX_RETRY_AFTER else f"{status}_bad_retry_after"
+
+
+def _escaped(status: int, headers: dict, text: str) -> str:
+    return f"{status}_raw_escapes" if any(c in text for c in UNSAFE) else str(status)
+
+
+def _listing(status: int, headers: dict, text: str) -> str:
+    """/v1/models with the hostile lists in it: each list within MAX_LISTED, the endless one
+    not taken, every name printable and free of '..'."""
+    if status != 200:
+        return str(status)
+    ids = [m["id"] for m in json.loads(text)["data"]]
+    by_list = collections.Counter(i.split("/", 1)[0] for i in ids if "/" in i)
+    ok = all(i.isprintable() and ".." not in i.split("/") and len(i) < 300 for i in ids) and \
+        by_list["list-flood"] == 0 and all(by_list[m] <= wire.MAX_LISTED for m in UPSTREAM_LISTS)
+    return "200" if ok else "200_bad_listing"
+
+
+ASK = [{"role": "user", "content": "hi"}]
+GONE_OR_TIMED_OUT = frozenset({"502", "503", "504"})  # a timeout marks the upstream down: 503 until its probe
+UPSTREAM_KINDS: tuple[UpstreamKind, ...] = (
+    UpstreamKind("embed-flood", "/v1/embeddings", {"model": "embed-flood", "input": ["x"] * 4}, frozenset({"502"})),
+    UpstreamKind("models", "/v1/models", None, frozenset({"200"}), _listing),
+    UpstreamKind("chat-flood/max_tokens", CHAT, {"model": "chat-flood", "messages": ASK, "max_tokens": 32},
+                 frozenset({"200"}), _length_within(wire.answer_bounds(GenerationRequest(max_tokens=32)).chunks
+                                                    * len(FLOOD_TEXT))),
+    UpstreamKind("chat-flood/unbounded", CHAT, {"model": "chat-flood", "messages": ASK}, frozenset({"200"}),
+                 _length_within(wire.MAX_ANSWER_BYTES)),
+    UpstreamKind("chat-flood/leaves", CHAT, {"model": "chat-flood", "messages": ASK, "stream": True},
+                 frozenset({"left"}), leaves=True),
+    UpstreamKind("whole-flood", CHAT, {"model": "whole-flood", "messages": ASK}, frozenset({"502"})),
+    UpstreamKind("trickle", CHAT, {"model": "trickle", "messages": ASK}, frozenset({"200"}),
+                 _length_within(wire.MAX_ANSWER_BYTES)),
+    UpstreamKind("blank-lines", CHAT, {"model": "blank-lines", "messages": ASK, "stream": True}, GONE_OR_TIMED_OUT),
+    UpstreamKind("empty-data", CHAT, {"model": "empty-data", "messages": ASK}, GONE_OR_TIMED_OUT),
+    UpstreamKind("keepalive", CHAT, {"model": "keepalive", "messages": ASK, "stream": True},
+                 frozenset({"503", "504"})),
+    UpstreamKind("redirect/chat", CHAT, {"model": "redirect", "messages": ASK}, frozenset({"502"})),
+    UpstreamKind("redirect/embeddings", "/v1/embeddings", {"model": "redirect", "input": "secret"},
+                 frozenset({"502"})),
+    UpstreamKind("retry-after", CHAT, {"model": "retry-after", "messages": ASK}, frozenset({"429"}), _retry_after),
+    UpstreamKind("fail-escapes", CHAT, {"model": "fail-escapes", "messages": ASK}, frozenset({"503"}), _escaped),
+)
+
+
+@dataclass(frozen=True)
+class UpstreamOptions:
+    clients: int = len(UPSTREAM_KINDS)
+    health_p99_ms: float = 500.0
+    health_max_ms: float = 1500.0
+    peak_mib: float = 200.0
+
+
+async def upstream_request(session: aiohttp.ClientSession, url: str, kind: UpstreamKind, hs: HostileStats) -> None:
+    hs.sent[kind.name] += 1
+    try:
+        async with session.request("GET" if kind.body is None else "POST", url + kind.path, json=kind.body) as r:
+            if kind.leaves and r.status == 200:
+                for _ in range(GONE_AFTER_LINES):
+                    await r.content.readline()
+                outcome = "left"  # leaving the ``async with`` closes the connection mid-answer
+            else:
+                outcome = (kind.judge or _status)(r.status, dict(r.headers), await r.text())
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError) as e:
+        outcome = type(e).__name__
+    hs.statuses[kind.name][outcome] += 1
+    if outcome not in kind.expect:
+        hs.unexpected[f"upstream/{kind.name}"][outcome] += 1
+
+
+async def upstream_client(url: str, hs: HostileStats, deadline: float, offset: int) -> None:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+        for i in itertools.count(offset):  # each client starts elsewhere in the list
+            if time.monotonic() >= deadline:
+                return
+            await upstream_request(session, url, UPSTREAM_KINDS[i % len(UPSTREAM_KINDS)], hs)
+
+
+def upstream_entries(upstream) -> str:
+    """models.yaml entries: one per hostile way, named after it; the lists discovered under it."""
+    return "".join(f'  {m}: {{upstream: "{upstream.url(m)}", model: m, timeouts: {UPSTREAM_TIMEOUTS}}}\n'
+                   for m in UPSTREAM_MODES) + "".join(
+        f'  {m}: {{upstream: "{upstream.url(m)}", upstream_discover: true, prefix: "{m}/"}}\n' for m in UPSTREAM_LISTS)
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    v = sorted(values)
+    return v[min(len(v) - 1, int(q * len(v)))] if v else None
+
+
+def upstream_report(hs: HostileStats, opts: UpstreamOptions, watch, upstream) -> dict:
+    names = {k.name for k in UPSTREAM_KINDS}
+    ms = [x * 1000 for x in watch.latencies]
+    return {
+        "upstream_clients": opts.clients,
+        "upstream_sent": {k: v for k, v in sorted(hs.sent.items()) if k in names},
+        "upstream_statuses": {k: dict(v) for k, v in sorted(hs.statuses.items()) if k in names},
+        "upstream_expected": {k.name: sorted(k.expect) for k in UPSTREAM_KINDS},
+        "upstream_unexpected": {k: dict(v) for k, v in sorted(hs.unexpected.items()) if k.startswith("upstream/")},
+        # answers the hostile upstream was still writing 5 s after the run (the gateway still reading them)
+        "upstream_still_read": upstream.wait_closed(timeout=5.0),
+        "upstream_redirects_followed": upstream.stats()["sink"],
+        "health_latency_ms": {"n": len(ms), "failures": watch.failures,
+                              **{k: round(percentile(ms, q) or 0, 1) for k, q in (("p50", 0.5), ("p99", 0.99),
+                                                                                  ("max", 1.0))},
+                              "p99_bound": opts.health_p99_ms, "max_bound": opts.health_max_ms},
+        "gateway_rss_start_mib": round(watch.start / 2**20, 1),
+        "gateway_peak_mib": round(watch.peak / 2**20, 1),
+        "gateway_peak_growth_mib": round(watch.grew_mib, 1),
+        "gateway_peak_bound_mib": opts.peak_mib,
+    }
+
+
 async def worker_failures(url: str) -> int | None:
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
@@ -542,7 +710,8 @@ async def worker_failures(url: str) -> int | None:
 
 
 async def run(url: str, models: list[str], clients: int, seconds: float, pid: int | None,
-              hostile: HostileOptions | None = None) -> dict:
+              hostile: HostileOptions | None = None, upstream=None,
+              upstream_opts: UpstreamOptions | None = None) -> dict:
     stats, hs = Stats(), HostileStats()
     rss_start = rss_tree(pid) if pid else None
     deadline = time.monotonic() + seconds
@@ -555,8 +724,12 @@ async def run(url: str, models: list[str], clients: int, seconds: float, pid: in
                 samples.append(rss_tree(pid))
 
     actors = hostile_actors(url, hostile, hs, deadline) if hostile else []
-    await asyncio.gather(sample_memory(), *(client_loop(url, models, stats, deadline, i) for i in range(clients)),
-                         *actors)
+    if upstream_opts is not None:
+        actors += [upstream_client(url, hs, deadline, i) for i in range(upstream_opts.clients)]
+    watch = Watch(url, pid, every=0.1) if upstream_opts is not None and pid else None
+    with watch or contextlib.nullcontext():
+        await asyncio.gather(sample_memory(), *(client_loop(url, models, stats, deadline, i) for i in range(clients)),
+                             *actors)
     rss_end = rss_tree(pid) if pid else None
     lat = sorted(stats.latencies)
     pct = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] if lat else None  # noqa: E731
@@ -577,6 +750,9 @@ async def run(url: str, models: list[str], clients: int, seconds: float, pid: in
     }
     if hostile:
         report.update(hostile_report(hs, hostile))
+    report["hostile_upstream"] = watch is not None
+    if watch is not None and upstream_opts is not None:
+        report.update(upstream_report(hs, upstream_opts, watch, upstream))
     return report
 
 
@@ -591,6 +767,16 @@ def checks(report: dict, rss_bound_mib: float, own_server: bool) -> dict[str, bo
         "no_worker_failures": report["worker_failures"] == 0 or (not own_server and report["worker_failures"] is None),
         "rss_bound_ok": start is None or end is None or end <= start + rss_bound_mib,
     }
+    if report.get("hostile_upstream"):
+        health = report["health_latency_ms"]
+        out.update({
+            "upstream_all_as_expected": not report["upstream_unexpected"],
+            "upstream_reads_end": report["upstream_still_read"] == 0,
+            "upstream_redirects_not_followed": report["upstream_redirects_followed"] == 0,
+            "health_latency_ok": health["n"] > 0 and not health["failures"] and
+            health["p99"] <= health["p99_bound"] and health["max"] <= health["max_bound"],
+            "gateway_peak_ok": report["gateway_peak_growth_mib"] <= report["gateway_peak_bound_mib"],
+        })
     if report["hostile"]:
         stalled, idle = report["stalled_readers"], report["idle_sockets"]
         out.update({
@@ -622,7 +808,7 @@ def raise_fd_limit(need: int) -> int:
         return soft
 
 
-def write_config(d: Path, threads: int | None, hostile: HostileOptions | None) -> Path:
+def write_config(d: Path, threads: int | None, hostile: HostileOptions | None, upstream=None) -> Path:
     per_model: dict[str, str] = {m: f"    path: {d}/{m}.gguf\n" for m in ("plain", "thinker", "loop")}
     if threads:
         per_model = {m: t + f"    n_threads: {threads}\n" for m, t in per_model.items()}
@@ -631,8 +817,12 @@ def write_config(d: Path, threads: int | None, hostile: HostileOptions | None) -
         server += "".join(f"  {k}: {v}\n" for k, v in hostile.limits.items())
         per_model["plain"] += "    n_ctx: 1024\n"  # a 400 KB prompt is then refused by its size
         per_model["loop"] += f"    n_ctx: {LOOP_N_CTX}\n"  # room for a stalled reader's long answer
+    entries = ""
+    if upstream is not None:
+        server += f"  request_timeout: {UPSTREAM_REQUEST_TIMEOUT}\n  upstream_check_seconds: 1\n"
+        entries = upstream_entries(upstream)
     cfg = d / "models.yaml"
-    cfg.write_text(server + "models:\n" + "".join(f"  {m}:\n{t}" for m, t in per_model.items()))
+    cfg.write_text(server + "models:\n" + "".join(f"  {m}:\n{t}" for m, t in per_model.items()) + entries)
     return cfg
 
 
@@ -650,8 +840,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stalled", type=int, default=4, help="stalled readers at a time (with --hostile)")
     p.add_argument("--idle", type=int, default=200, help="idle and slow sockets at a time (with --hostile)")
     p.add_argument("--hostile-clients", type=int, default=2, help="clients sending hostile bodies (with --hostile)")
+    p.add_argument("--hostile-upstream", action="store_true",
+                   help="serve a loopback upstream that misbehaves, and run clients against it")
+    p.add_argument("--upstream-clients", type=int, default=len(UPSTREAM_KINDS),
+                   help="clients of the hostile upstream's entries (default: one to begin with each way)")
+    p.add_argument("--health-p99-ms", type=float, default=UpstreamOptions.health_p99_ms,
+                   help="/health's p99 bound (with --hostile-upstream)")
+    p.add_argument("--health-max-ms", type=float, default=UpstreamOptions.health_max_ms,
+                   help="/health's slowest answer's bound (with --hostile-upstream)")
+    p.add_argument("--upstream-peak-mib", type=float, default=UpstreamOptions.peak_mib,
+                   help="most the gateway process's peak memory may grow (with --hostile-upstream)")
     args = p.parse_args(argv)
     hostile = None
+    if args.hostile_upstream:
+        if args.url:
+            p.error("--hostile-upstream starts its own gateway (its entries point at the loopback upstream it "
+                    "starts, and its peak memory is read from /proc); it cannot be used with --url")
+        if not os.path.exists("/proc/self/clear_refs"):
+            p.error("--hostile-upstream needs Linux's /proc/<pid>/clear_refs to measure the gateway's peak memory")
+    upstream_opts = UpstreamOptions(args.upstream_clients, args.health_p99_ms, args.health_max_ms,
+                                    args.upstream_peak_mib) if args.hostile_upstream else None
     if args.hostile:
         if args.url:
             p.error("--hostile starts its own gateway (scripted models, short limits, its sockets read from "
@@ -659,7 +867,8 @@ def main(argv: list[str] | None = None) -> int:
         if not os.path.exists("/proc/net/tcp"):
             p.error("--hostile needs Linux's /proc/net/tcp to see the server close a stalled reader")
     # Every socket open at once, with room for aiohttp's pools, the workers' pipes and the log.
-    sockets = args.clients * 2 + (args.stalled + args.idle + args.hostile_clients * 2 if args.hostile else 0)
+    sockets = args.clients * 2 + (args.stalled + args.idle + args.hostile_clients * 2 if args.hostile else 0) + \
+        (args.upstream_clients * 2 if args.hostile_upstream else 0)
     if raise_fd_limit(sockets + 64) < sockets + 64:
         p.error(f"needs {sockets + 64} open files; lower --idle or raise `ulimit -n`")
     if args.hostile:
@@ -673,12 +882,13 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from helpers import ServerProcess
 
-        with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory() as tmp, \
+                (HostileUpstream() if args.hostile_upstream else contextlib.nullcontext()) as upstream:
             d = Path(tmp)
             tm.plain(d / "plain.gguf", ["Hello", ",", " world", "!"])
             tm.thinking(d / "thinker.gguf", "Let me think about it.", "The answer is 4.")
             tm.endless(d / "loop.gguf", [" tick", " tock"])
-            cfg = write_config(d, args.threads, hostile)
+            cfg = write_config(d, args.threads, hostile, upstream)
             with ServerProcess("--config", str(cfg), "--log-level", "warning", env={"HOME": tmp}) as srv:
                 for m in ("plain", "thinker", "loop"):  # load all three before measuring memory
                     srv.get("/health")
@@ -687,7 +897,7 @@ def main(argv: list[str] | None = None) -> int:
                     urllib.request.urlopen(urllib.request.Request(
                         srv.url + "/models/load", data=json.dumps({"model": m}).encode())).read()
                 report = asyncio.run(run(srv.url, ["plain", "thinker", "loop"], args.clients, args.seconds,
-                                         srv.proc.pid, hostile))
+                                         srv.proc.pid, hostile, upstream, upstream_opts))
                 code, log = srv.stop()
                 report["server_exit_code"] = code
                 report["server_tracebacks"] = log.count("Traceback")

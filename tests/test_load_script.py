@@ -1,6 +1,7 @@
-"""scripts/load.py --hostile runs end to end: normal clients beside stalled readers, idle and slow
-sockets and hostile request bodies, on the gateway it starts; the normal figures stay clean and
-apart, and every hostile actor met the limit meant for it."""
+"""scripts/load.py --hostile and --hostile-upstream run end to end: normal clients beside stalled
+readers, idle and slow sockets and hostile request bodies, or beside a hostile upstream, on the
+gateway it starts; the normal figures stay clean and apart, and every hostile actor met the limit
+meant for it."""
 
 import json
 import subprocess
@@ -37,3 +38,27 @@ def test_hostile_load_leaves_normal_traffic_clean(tmp_path):
         statuses = data["hostile_statuses"][kind]
         assert statuses and set(statuses) <= set(expected), (kind, statuses)
     assert data["hostile_unexpected"] == {} and data["hostile_5xx"] == 0
+
+
+@pytest.mark.slow
+def test_a_hostile_upstream_holds_the_gateways_memory_and_health(tmp_path):
+    """--hostile-upstream: every way of the hostile upstream, answered only as expected,
+    with /health quick and the gateway's peak memory bounded meanwhile."""
+    out = tmp_path / "load.json"
+    # a short run's p99 is its slowest /health, on a shared 2-core machine: looser than the script's
+    # defaults (for a longer run), and far below the seconds each attack stalled the gateway for unbounded
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "load.py"), "--hostile-upstream", "--clients", "2",
+                        "--seconds", "10", "--health-p99-ms", "1000", "--health-max-ms", "2000",
+                        "--json", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["hostile_upstream"] is True and all(data["checks"].values()), data["checks"]
+    assert set(data["upstream_sent"]) == set(data["upstream_expected"])  # every way was tried
+    for kind, expected in data["upstream_expected"].items():
+        assert set(data["upstream_statuses"][kind]) <= set(expected), (kind, data["upstream_statuses"][kind])
+    assert data["upstream_still_read"] == 0 and data["upstream_redirects_followed"] == 0
+    health = data["health_latency_ms"]
+    assert health["n"] > 50 and health["failures"] == 0 and health["max"] <= health["max_bound"]
+    assert data["gateway_peak_growth_mib"] <= data["gateway_peak_bound_mib"]
+    assert data["requests_done"] > 0 and data["errors_5xx"] == 0 and data["server_tracebacks"] == 0

@@ -2,6 +2,7 @@
 events cut anywhere, chunks read into events, malformed streams, and error bodies."""
 
 import json
+import time
 
 import pytest
 from hypothesis import given
@@ -195,14 +196,117 @@ def test_a_whole_answer_where_a_stream_was_asked_for_reads_as_that_stream():
                        "message": {"role": "assistant", "content": "Hi", "reasoning_content": "hm", "tool_calls": [
                            {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]}}],
                        "usage": {"prompt_tokens": 3, "completion_tokens": 5}}).encode()
-    reader, events = wire.ChunkReader(2, chat=True), []
-    for data in wire.whole_as_chunks(body, chat=True):
-        events += reader.feed(data)
+    reader = wire.ChunkReader(2, chat=True)
+    events = reader.take(wire.whole_as_chunk(body, chat=True), len(body)) + reader.feed("[DONE]")
     assert events == [Thinking(2, "hm", 1), CallDelta(2, 0, "call_1", "f", '{"a": 1}'), Text(2, "Hi", 2),
                       Done(2, "tool_calls", None, 3, 5, 0)]
     text = json.dumps({"choices": [{"index": 0, "text": "ok", "finish_reason": "length"}]}).encode()
     reader = wire.ChunkReader(3, chat=False)
-    assert [e for d in wire.whole_as_chunks(text, chat=False) for e in reader.feed(d)] == [
+    assert reader.take(wire.whole_as_chunk(text, chat=False), len(text)) + reader.feed("[DONE]") == [
         Text(3, "ok", 1), Done(3, "length", None, 0, 1, 0)]
     with pytest.raises(wire.MalformedStream, match="without `choices`"):
-        wire.whole_as_chunks(b'{"error": "x"}', chat=True)
+        wire.whole_as_chunk(b'{"error": "x"}', chat=True)
+    with pytest.raises(wire.MalformedStream, match="not JSON"):  # too deep for the parser is not JSON either
+        wire.whole_as_chunk(b"[" * 100_000, chat=True)
+
+
+# --- a hostile upstream: every answer bounded, the SSE reader linear ------------------------------
+
+def test_the_sse_reader_is_linear_in_blank_lines_comments_and_other_fields():
+    for filler in (b"\n", b"\r\n", b":\n", b": keep-alive\n", b"event: x\n", b"id: 7\n"):
+        decoder, began = wire.SSEDecoder(), time.perf_counter()
+        for _ in range(16):  # 16 MiB in 64 KiB reads, then an event: its data is all that is kept
+            for _ in range(16):
+                assert decoder.feed(filler * (65536 // len(filler))) == []
+        assert decoder.feed(b"data: {}\n\n") == ["{}"]
+        assert time.perf_counter() - began < 2.0, filler  # was 7 s a MiB of blank lines
+
+
+def test_a_line_cut_into_many_reads_is_searched_once():
+    decoder, began = wire.SSEDecoder(), time.perf_counter()
+    decoder.feed(b"data: ")
+    for _ in range(100):
+        assert decoder.feed(b"x" * 65536) == []
+    assert decoder.feed(b"\n\n") == ["x" * 6553600]
+    assert time.perf_counter() - began < 1.0
+    comment = wire.SSEDecoder(limit=100)
+    comment.feed(b":" + b"c" * 90)
+    with pytest.raises(wire.MalformedStream, match="more than 100 bytes"):  # an unfinished line counts too
+        comment.feed(b"c" * 20)
+
+
+def test_empty_data_lines_count_against_the_event_bound():
+    decoder = wire.SSEDecoder(limit=1000)
+    assert decoder.feed(b"data:\n" * 500) == []
+    with pytest.raises(wire.MalformedStream, match="more than 1000 bytes"):
+        decoder.feed(b"data:\n" * 600)
+    decoder = wire.SSEDecoder()
+    assert decoder.feed(b"data: a\ndata\ndata:b\n\n\n\n") == ["a\n\nb"]  # "data" alone is an empty line of data
+    assert decoder.feed(b"data: {}") == [] and decoder.close() == ["{}"]
+
+
+def test_answer_bounds_follow_max_tokens_and_cut_with_length():
+    assert wire.answer_bounds(GenerationRequest(prompt="p")) == wire.Bounds(wire.MAX_ANSWER_CHUNKS,
+                                                                            wire.MAX_ANSWER_BYTES)
+    b = wire.answer_bounds(GenerationRequest(prompt="p", max_tokens=4))
+    assert b.chunks == 24 and b.bytes == 24 * wire.CHUNK_BYTES
+    echo = wire.answer_bounds(GenerationRequest(prompt="x" * 1000, max_tokens=4, echo=True))
+    assert echo.chunks == 25 and echo.bytes == 25 * wire.CHUNK_BYTES + 6000
+    reader = wire.ChunkReader(1, chat=False, bounds=b)
+    events = [e for _ in range(30) for e in reader.feed(chunk(text="t"))]
+    assert [type(e) for e in events] == [Text] * 24 + [Done]
+    assert events[-1].finish_reason == "length" and reader.done and reader.truncated
+    assert reader.feed(chunk(text="more")) == [] and reader.feed("[DONE]") == []
+    big = wire.ChunkReader(2, chat=True, bounds=wire.Bounds(bytes=1000))
+    assert big.feed(chunk({"content": "x" * 2000})) == [Done(2, "length", None, 0, 1, 0)]
+    usage_only = wire.ChunkReader(3, chat=True, bounds=wire.Bounds(1, 100))
+    for _ in range(5):  # chunks without generated output are not counted
+        assert usage_only.feed(json.dumps({"choices": [], "usage": {"prompt_tokens": 2}})) == []
+    assert not usage_only.done
+
+
+def test_embeddings_answers_are_bounded_by_their_inputs_and_checked():
+    assert wire.embeddings_bound(2) == wire.MAX_ERROR_BYTES + 2 * wire.EMBEDDING_BYTES
+    body = json.dumps({"data": [{"index": 1, "embedding": [2, 3]}, {"index": 0, "embedding": [0.5, 1]}],
+                       "usage": {"prompt_tokens": 4}}).encode()
+    assert wire.embeddings_answer(body, 2) == ([[0.5, 1.0], [2.0, 3.0]], 4)
+    for bad, why in [(b"{", "not JSON"), (b'{"data": [{"index": 0, "embedding": [1]}]}', "one vector for each"),
+                     (b'{"data": [{"index": 0}, {"index": 1}]}', "list of numbers"),
+                     (b'{"data": [{"index": 0, "embedding": [1' + b"0" * 400 + b']}, {"index": 1, "embedding": []}]}',
+                      "list of numbers")]:
+        with pytest.raises(wire.MalformedStream, match=why) as e:
+            wire.embeddings_answer(bad, 2)
+        assert e.value.status == 502 and "embeddings answer" in e.value.message
+
+
+def test_a_listing_takes_only_names_and_at_most_max_listed():
+    ids = ["good", "org/model:Q4", "\x1b[31mred", "../../etc", "a/./b", "back\\slash", "bidi\u202eevil", "x" * 257, "",
+           "zero\u200bwidth", "good", 7, None]
+    found = wire.listing(json.dumps({"data": [{"id": i} for i in ids] + ["not an object"]}).encode())
+    assert found is not None and found.ids == ["good", "org/model:Q4"] and found.left_out == 0
+    assert found.refused == len(ids) - 3 + 1 and "\\x1b" in found.why
+    many = wire.listing(json.dumps({"data": [{"id": f"m{i}"} for i in range(5000)]}).encode())
+    assert len(many.ids) == wire.MAX_LISTED and many.left_out == 5000 - wire.MAX_LISTED
+    assert wire.listing(b'{"object": "list"}') is None
+    with pytest.raises(wire.MalformedStream, match="not JSON"):
+        wire.listing(b"<html>")
+
+
+@pytest.mark.parametrize("header, seconds", [
+    ("120", 120.0), (" 5 ", 5.0), ("0", 0.0), ("9" * 400, wire.MAX_RETRY_AFTER), ("86400", wire.MAX_RETRY_AFTER),
+    ("Wed, 21 Oct 2015 07:28:00 GMT", None), ("-1", None), ("1.5", None), ("\u0663", None), ("\u00b2", None),
+    ("", None), (None, None),
+])
+def test_retry_after_is_a_small_number_of_seconds_or_nothing(header, seconds):
+    assert wire.retry_after(header) == seconds
+
+
+def test_an_upstream_error_is_shown_escaped_and_its_code_kept_only_when_plain():
+    e = wire.error_from(404, json.dumps({"error": {"message": "\x1b[2Jgone\u202e", "code": "model_not_found",
+                                                   "param": "model"}}).encode())
+    assert e.message == "\\x1b[2Jgone\\u202e" and e.code == "model_not_found" and e.param == "model"
+    e = wire.error_from(400, json.dumps({"error": {"message": "m" * 5000, "code": "x" * 100 + "\n",
+                                                   "param": "\x1b"}}).encode())
+    assert len(e.message) == 501 and e.code is None and e.param is None
+    assert wire.error_from(400, b"[" * 50_000).message.startswith("[[[")  # too deep: read as text
+    assert "\\x07" in wire.in_band_error({"message": "bell\x07"}).message

@@ -3,6 +3,8 @@ machine and its back-off, what discovered models inherit, and what a reload keep
 
 import time
 
+import pytest
+
 from gateway.config import ModelSpec, Upstream
 from gateway.upstream import Health, Upstreams
 
@@ -48,3 +50,48 @@ def test_a_reload_keeps_what_is_still_configured():
     ups.sync([a])
     assert [h.name for h in ups.known()] == ["a"] and ups.health(a).state is Health.DOWN
     assert ups._due(ups.health(a), time.monotonic() + 10)  # down: due once its back-off is over
+
+
+async def test_within_never_loses_a_cancellation_and_discards_what_it_abandons():
+    """asyncio.wait_for before Python 3.12 returns a step's result when the caller is cancelled
+    as the step finishes: under a flood every read finishes at once, so a client's going was lost."""
+    import asyncio
+
+    from gateway.upstream import within
+
+    async def reader(n: int) -> None:
+        for _ in range(n):
+            await within(asyncio.sleep(0, "chunk"), 10)  # finishes at once, as a read under a flood does
+
+    task = asyncio.ensure_future(reader(1000))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    async def stubborn() -> str:  # a step that makes its result all the same (a response that came as time ran out)
+        try:
+            await asyncio.sleep(1)
+        except asyncio.CancelledError:
+            pass
+        return "response"
+
+    discarded: list[str] = []
+    with pytest.raises(asyncio.TimeoutError):  # what comes after its time is not taken: discarded
+        await within(stubborn(), 0.01, discarded.append)
+    await asyncio.sleep(0.05)
+    assert discarded == ["response"]
+    assert await within(asyncio.sleep(0, "ok"), None) == "ok"
+
+
+def test_a_list_is_made_anew_only_when_it_changed():
+    ups = Upstreams()
+    spec = entry()
+    ups.sync([spec])
+    h = ups.health(spec)
+    ups.listed(h, ["a"])
+    table = ups._found
+    ups.listed(h, ["a"])
+    assert ups._found is table
+    ups.listed(h, ["a", "b"])
+    assert set(ups._found) == {"box/a", "box/b"}
