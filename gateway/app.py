@@ -113,8 +113,10 @@ def _record(app: web.Application, obs: Observation, status: int, request: web.Re
     m.duration.labels(*labels).observe(duration)
     if obs.first_token is not None:
         m.ttft.labels(obs.model).observe(obs.first_token - obs.started)
-    for gap in obs.gaps:
-        m.itl.labels(obs.model).observe(gap)
+    if obs.gaps:
+        itl = m.itl.labels(obs.model)  # once: the lookup cost more than each observation
+        for gap in obs.gaps:
+            itl.observe(gap)
     for counter, n in ((m.prompt_tokens, obs.prompt_tokens), (m.cached_tokens, obs.cached_tokens),
                        (m.completion_tokens, obs.completion_tokens),
                        (m.reasoning_tokens, obs.reasoning_tokens)):
@@ -123,7 +125,7 @@ def _record(app: web.Application, obs: Observation, status: int, request: web.Re
     if obs.disconnected:
         m.disconnects.labels(*labels).inc()
     if status >= 400 and obs.first_token is None and not obs.disconnected:
-        m.rejected.labels(request.get(ERROR_CODE) or f"http_{status}").inc()
+        m.rejection(request.get(ERROR_CODE) or f"http_{status}")
     obs.principal = request.get(PRINCIPAL, obs.principal)
     event = obs.event(status, duration)
     app[EVENTS].write(event)

@@ -28,6 +28,9 @@ LOAD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 30
 STATES = tuple(s.value for s in ModelState)
 
 
+MAX_REASONS = 200  # distinct reasons gguf_gateway_rejected_requests_total keeps apart
+
+
 class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
@@ -63,6 +66,19 @@ class Metrics:
                      ["version", "python", "llama_cpp_python"], registry=r)
         info.labels(__version__, platform.python_version(), _llama_cpp_version()).set(1)
         self._model_collector: _ModelCollector | None = None
+        self._reasons: set[str] = set()
+
+    def rejection(self, reason: str) -> None:
+        """Count a refused request by its reason (an error code). The codes come from the
+        gateway, and also from upstream servers, which could mint a new one per answer: past
+        ``MAX_REASONS`` distinct ones, a new one is counted as ``other`` (each is a series
+        kept for good)."""
+        if reason not in self._reasons:
+            if len(self._reasons) >= MAX_REASONS:
+                reason = "other"
+            else:
+                self._reasons.add(reason)
+        self.rejected.labels(reason).inc()
 
     def watch_models(self, rows: Callable[[], Iterable[tuple[str, str, int, int, float, int, int]]]) -> None:
         """Per-model gauges read at scrape time: rows of (model, state, in_flight, queued, loaded

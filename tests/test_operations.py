@@ -268,3 +268,18 @@ def test_the_unit_verifies_and_rates_ok(tmp_path):
     r = subprocess.run(["systemd-analyze", "security", "--offline=yes", str(unit)], capture_output=True, text=True)
     score = float(re.search(r"Overall exposure level for \S+: (\d+\.\d+)", r.stdout).group(1))
     assert score <= 2.0, r.stdout[-2000:]
+
+
+def test_rejection_reasons_are_a_bounded_set_of_series():
+    """An upstream's error code becomes a reason: a server minting a new code per answer must not
+    grow the metrics without end."""
+    from gateway.metrics import MAX_REASONS, Metrics
+
+    m = Metrics()
+    for i in range(MAX_REASONS + 50):
+        m.rejection(f"code_{i}")
+    m.rejection("code_0")
+    text = m.scrape().decode()
+    series = re.findall(r'^gguf_gateway_rejected_requests_total\{reason="([^"]+)"\} (\S+)', text, re.M)
+    counts = dict(series)
+    assert len(counts) == MAX_REASONS + 1 and counts["other"] == "50.0" and counts["code_0"] == "2.0"
