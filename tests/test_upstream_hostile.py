@@ -27,7 +27,7 @@ ASK = [{"role": "user", "content": "hi"}]
 REQUEST_TIMEOUT = 4
 FIRST_BYTE = 2
 # /health while an attack runs: it answers in milliseconds; this leaves room for a busy 2-core machine
-HEALTH_MAX_S = 1.0
+HEALTH_MAX_S = 2.5  # unbounded, an attack stalled the loop 4 to 7 s; a shared 2-core CI machine needs room
 # growth of the gateway's peak memory over an attack; unbounded, each attack takes gigabytes
 GROWTH_MIB = 100
 
