@@ -42,6 +42,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def request(url: str, body=None, *, raw: bytes | None = None, headers: dict | None = None,
+            timeout: float = 60) -> tuple[int, dict, dict]:
+    """POST a JSON body (or ``raw`` bytes): (status, answer's JSON, headers), whatever the status."""
+    data = raw if raw is not None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read()), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read()), dict(e.headers)
+
+
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60,
             input_text: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([*gateway_command(), *args], capture_output=True, text=True,

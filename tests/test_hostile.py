@@ -16,7 +16,7 @@ import urllib.request
 import zlib
 
 import pytest
-from helpers import ServerProcess
+from helpers import ServerProcess, request
 
 from gateway import testmodels as tm
 
@@ -74,17 +74,6 @@ def server(files):
         code, log = srv.stop()
         assert code == 0
         assert "Traceback" not in log and "unhandled error" not in log, log[-3000:]
-
-
-def request(url: str, body=None, *, raw: bytes | None = None, headers: dict | None = None,
-            timeout: float = 60) -> tuple[int, dict, dict]:
-    data = raw if raw is not None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read()), dict(r.headers)
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read()), dict(e.headers)
 
 
 def health(srv) -> dict:

@@ -9,8 +9,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from helpers import ServerProcess
-from test_hostile import request
+from helpers import ServerProcess, request
 
 from gateway import testmodels as tm
 from gateway.grammar import MAX_REPEAT
