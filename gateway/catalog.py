@@ -1,6 +1,9 @@
 """Names -> model specs: models.yaml's entries, what discovery finds in the model stores, and
 the built-in demo model when there is nothing else. Names are trimmed and compared
-case-insensitively, and are only ever keys into these tables, never joined to a path.
+case-insensitively, and are only ever keys into these tables, never joined to a path. An alias
+in models.yaml may be a glob pattern (``claude-*``, ``gpt-*``): it answers for names that match
+it once no model has the name itself (``match``), so a client that asks for its vendor's model
+names reaches a local one.
 
 Which loaded model a name means first is the registry's business (``Registry.resolve``); the
 catalog answers for everything that can be loaded.
@@ -9,6 +12,7 @@ catalog answers for everything that can be loaded.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import logging
 import math
 import os
@@ -34,6 +38,7 @@ class ModelCatalog:
         self._specs: list[ModelSpec] = []
         self._configured: dict[str, ModelSpec] = {}
         self._discovered: dict[str, ModelSpec] = {}
+        self._patterns: list[tuple[str, ModelSpec]] = []  # models.yaml's glob aliases, in file order
         self.table = discovery.Catalog([], {}, {})  # discovery's names and their conflicts
         self.found: dict[str, discovery.Found] = {}  # spec name -> discovery record
         self._scanned_at = -math.inf
@@ -43,7 +48,8 @@ class ModelCatalog:
         """Re-read the stores (blocking I/O: call it off the event loop when serving)."""
         cfg = self.config
         models = [_as_its_header_says(s) for s in cfg.models]
-        configured = {normalize_name(n): s for s in models for n in s.names}
+        configured = {normalize_name(n): s for s in models for n in s.names if not is_pattern(n)}
+        patterns = [(normalize_name(n), s) for s in models for n in s.aliases if is_pattern(n)]
         configured_paths = {os.path.realpath(s.path): s for s in models if s.path is not None}
         found = discovery.scan(discovery.roots_for(cfg.server.models_dirs, cfg.server.discover_default_stores))
         same_file = [f for f in found if os.path.realpath(f.path) in configured_paths]
@@ -70,6 +76,7 @@ class ModelCatalog:
                          DEMO_NAME, demo.path)
             specs, configured = [demo], {DEMO_NAME: demo}
         self._specs, self._configured, self._discovered = specs, configured, discovered
+        self._patterns = patterns
         self.table = table
         self._scanned_at = time.monotonic()
 
@@ -92,9 +99,22 @@ class ModelCatalog:
         """models.yaml's entry for a normalized key, else discovery's."""
         return self._configured.get(key) or self._discovered.get(key)
 
+    def match(self, key: str) -> ModelSpec | None:
+        """The first models.yaml entry (in file order) with a glob alias (``claude-*``) that a
+        normalized key matches: asked only after every exact name, so a pattern never takes a
+        name a model has."""
+        for pattern, spec in self._patterns:
+            if fnmatch.fnmatchcase(key, pattern):
+                return spec
+        return None
+
     def resolve(self, name: object) -> ModelSpec | None:
-        for key in self.keys(name):
+        keys = self.keys(name)
+        for key in keys:
             if (spec := self.get(key)) is not None:
+                return spec
+        for key in keys:
+            if (spec := self.match(key)) is not None:
                 return spec
         return None
 
@@ -102,8 +122,8 @@ class ModelCatalog:
         return list(self._specs)
 
     def names_of(self, spec: ModelSpec) -> list[str]:
-        """Every name that resolves to ``spec``, its own name first."""
-        names = list(spec.names)
+        """Every name that resolves to ``spec``, its own name first (glob aliases not included)."""
+        names = [n for n in spec.names if not is_pattern(n)]
         names += [k for k, s in {**self._discovered, **self._configured}.items() if s is spec]
         return list(dict.fromkeys(normalize_name(n) for n in names))
 
@@ -122,6 +142,11 @@ class ModelCatalog:
             return discovery.INFO_CACHE.get(spec.path)
         except ModelFileError:
             return None
+
+
+def is_pattern(name: str) -> bool:
+    """Whether a models.yaml alias is a glob pattern (``*``, ``?``, ``[...]``) rather than a name."""
+    return any(c in name for c in "*?[")
 
 
 def _as_its_header_says(spec: ModelSpec) -> ModelSpec:

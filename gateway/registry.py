@@ -82,12 +82,16 @@ class Registry:
 
     def resolve(self, name: object, *, loaded_first: bool = True) -> ModelSpec | None:
         """A loaded (or loading) model by any of its names first, then the catalog's answer; a
-        ``name:tag`` that matched nothing tries ``name``."""
-        for key in self.catalog.keys(name):
+        ``name:tag`` that matched nothing tries ``name``; then models.yaml's glob aliases."""
+        keys = self.catalog.keys(name)
+        for key in keys:
             for model in self._models.values() if loaded_first else ():
                 if model.state in _LIVE and key in map(normalize_name, model.spec.names):
                     return model.spec
             if (spec := self.catalog.get(key) or self.upstreams.resolve(key)) is not None:
+                return spec
+        for key in keys:  # models.yaml's glob aliases, once no model has the name itself
+            if (spec := self.catalog.match(key)) is not None:
                 return spec
         return None
 

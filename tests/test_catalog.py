@@ -64,3 +64,22 @@ def test_a_link_dropped_into_a_folder_does_not_take_a_models_name(tmp_path, writ
     (store / "mine.gguf").symlink_to(elsewhere / "other.gguf")
     catalog = ModelCatalog(config, rescan_seconds=0)
     assert catalog.resolve("mine").path == store / "mine.gguf"
+
+
+def test_a_glob_alias_answers_for_the_names_no_model_has(tmp_path, write_config):
+    """Claude Code asks for claude-sonnet-..., Codex for gpt-...: models.yaml maps them by pattern."""
+    store = tmp_path / "store"
+    store.mkdir()
+    for name in ("coder", "chat", "gpt-oss-20b"):
+        tm.plain(store / f"{name}.gguf")
+    config = load_config(write_config(
+        f"server:\n  discover_default_stores: false\n  models_dirs: [{store}]\n"
+        f"models:\n  coder:\n    path: {store}/coder.gguf\n    aliases: ['claude-*', 'GPT-*']\n"
+        f"  chat:\n    path: {store}/chat.gguf\n    aliases: ['claude-haiku-*', '*']\n"))
+    catalog = ModelCatalog(config)
+    assert catalog.resolve("claude-sonnet-4-5-20250929").name == "coder"
+    assert catalog.resolve("claude-haiku-4-5").name == "coder"  # the first pattern in the file wins
+    assert catalog.resolve("gpt-5-codex").name == "coder"  # compared lower-cased
+    assert catalog.resolve("gpt-oss-20b").path.name == "gpt-oss-20b.gguf"  # a model's own name first
+    assert catalog.resolve("anything-else").name == "chat"  # "*": every name no model has
+    assert "claude-*" not in catalog.names_of(catalog.resolve("coder"))

@@ -128,6 +128,19 @@ async def test_path_like_names_are_404_over_http(aiohttp_client, scripted, write
         assert status == 404 and body["error"]["code"] == "model_not_found"
 
 
+async def test_a_glob_alias_serves_the_names_a_client_asks_for(aiohttp_client, scripted, write_config):
+    client = await aiohttp_client(create_app(config_for(write_config, (
+        f"models:\n  a:\n    path: {scripted}/alpha.gguf\n    aliases: ['claude-*']\n"
+        f"  b:\n    path: {scripted}/beta.gguf\n    aliases: ['claude-haiku']\n"))))
+    status, body, _ = await chat(client, "claude-sonnet-4-5-20250929")
+    assert status == 200 and body["model"] == "a"  # the model that answered, as for any alias
+    assert body["choices"][0]["message"]["content"] == "Alpha here"
+    status, body, _ = await chat(client, "claude-haiku")  # an exact alias before any pattern
+    assert status == 200 and body["choices"][0]["message"]["content"] == "Beta here"
+    status, body, _ = await chat(client, "gpt-5")
+    assert status == 404 and body["error"]["code"] == "model_not_found"
+
+
 def test_split_files_are_one_model(tmp_path, write_config):
     store = tmp_path / "store"
     tm.plain(store / "big.gguf" if store.mkdir() is None else None, split_max_tensors=4)
