@@ -10,7 +10,7 @@ from aiohttp import web
 
 from ..appkeys import CONFIG
 from ..errors import ApiError, InvalidRequest
-from ..events import PRINCIPAL, STREAM
+from ..events import PRINCIPAL, STREAM, observation
 from ..protocol.params import Parsed
 from ..sse import EventStream
 from ..supervisor import Progress
@@ -67,3 +67,14 @@ async def ignore_gone(write: Awaitable[object]) -> None:
         await write
     except ConnectionResetError:
         pass
+
+
+DROPPED_TOOLS = "X-Gateway-Dropped-Tools"  # the tools a request gave that its prompt left out
+
+
+def dropped_tools(request: web.Request, dropped: list[str]) -> dict[str, str]:
+    """Tell the tools a request gave that the gateway cannot run (hosted ones: web search, code
+    execution, ...) and so left out of the prompt: in the inference event, and as the headers an
+    answer sends (where its stream is not open yet)."""
+    observation(request).dropped_tools = dropped
+    return {DROPPED_TOOLS: ",".join(dropped)} if dropped else {}

@@ -1,5 +1,9 @@
 """OpenAI's Responses API: POST /v1/responses (whole or streamed), GET and DELETE
-/v1/responses/{id}. A stored response's conversation continues with ``previous_response_id``."""
+/v1/responses/{id}. A stored response's conversation continues with ``previous_response_id``.
+
+Tools left out of the prompt (hosted tools this server cannot run) are named, by type, in the
+``X-Gateway-Dropped-Tools`` header (when the headers are still to be sent) and in the inference
+event's ``dropped_tools``."""
 
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ from ..protocol import responses as wire
 from ..protocol.params import apply_defaults, apply_effort
 from ..response_store import ResponseStore, Stored
 from .body import read_json_object
-from .common import apply_limits, event_stream, ignore_gone, load_progress
+from .common import apply_limits, dropped_tools, event_stream, ignore_gone, load_progress
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +44,8 @@ async def create(request: web.Request) -> web.StreamResponse:
         history = previous.messages
         parsed.input_messages = wire.input_messages(parsed.raw_input, history)
     req = parsed.request
-    req.messages = ([{"role": "system", "content": parsed.instructions}] if parsed.instructions else []) + \
-        history + parsed.input_messages
+    req.messages = wire.conversation(parsed.instructions, history, parsed.input_messages)
+    headers = dropped_tools(request, parsed.dropped)
     apply_limits(request, parsed)
     builder = wire.ResponseBuilder(parsed.model, parsed, wire.new_id("resp"))
     # failing before the answer began, in a stream a load's progress opened: the response's
@@ -58,12 +62,12 @@ async def create(request: web.Request) -> web.StreamResponse:
             _, parser = await answer.start(gen, req, stream=parsed.stream)
             items = answer.pieces(gen, parser, obs)
             if parsed.stream:
-                return await _stream(request, builder, gen, items, history, parsed)
+                return await _stream(request, builder, gen, items, history, parsed, headers)
             async for item in items:
                 if isinstance(item, answer.Finish):
                     _, body = builder.finish(item)
                     _keep(request, builder, body, history, parsed)
-                    return web.json_response(body)
+                    return web.json_response(body, headers=headers)
                 builder.feed(item)
     raise ApiError("the model worker ended the answer without finishing it", status=500)
 
@@ -76,8 +80,10 @@ def _keep(request: web.Request, builder: wire.ResponseBuilder, body: dict, histo
 
 
 async def _stream(request: web.Request, builder: wire.ResponseBuilder, gen, items, history: list[dict],
-                  parsed: wire.ResponsesParsed) -> web.StreamResponse:
+                  parsed: wire.ResponsesParsed, headers: dict[str, str]) -> web.StreamResponse:
     sse = event_stream(request)
+    if not sse.opened:  # a load's progress may have opened it already
+        sse.response.headers.update(headers)
     await sse.open()
     gen.on_idle = sse.flush
 

@@ -4,11 +4,23 @@ and options into a ``GenerationRequest``, and the answer as output items (``reas
 
 One builder (``ResponseBuilder``) turns the answer's pieces into output items and events, for
 streamed and whole answers alike: a whole answer is the same events with nobody listening.
+
+Codex's shapes (``read_tools``): a ``namespace`` tool's tools are offered to the model under
+Codex's flat names (``namespace__name``) and its calls are named back as ``name`` plus
+``namespace``; a ``custom`` tool (free text, such as ``apply_patch``) is offered as a function of
+one string argument, ``input``, and its calls come back as ``custom_tool_call`` items; hosted
+tools this server cannot run (``web_search``, ``file_search``, ``mcp``, ...) are left out of the
+prompt, and the response says which (``ToolSet.dropped``). ``reasoning.summary`` delivers the
+thinking as a summary part too; ``include: ["reasoning.encrypted_content"]`` seals it into the
+reasoning item (``seal``), so a stateless next turn restores it (``unseal``).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -22,6 +34,17 @@ from .params import EFFORTS, SAMPLING, Parsed, check_schema, read_sampling, requ
 
 ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 RESPONSES_SAMPLING = {name: SAMPLING[name] for name in ("temperature", "top_p")}
+EFFORT_ALIASES = {"xhigh": "high"}  # Codex's highest effort; this server's budgets stop at high
+SUMMARIES = ("auto", "concise", "detailed")
+ENCRYPTED = "reasoning.encrypted_content"
+CUSTOM_INPUT = "input"  # a custom tool's one argument, as offered to the model: its free text
+# Input items that record a hosted tool's work (done by OpenAI's servers, never by this one):
+# nothing of them reaches the prompt, so a history from another server still reads.
+HOSTED_ITEMS = frozenset({
+    "web_search_call", "file_search_call", "image_generation_call", "code_interpreter_call", "computer_call",
+    "computer_call_output", "local_shell_call", "local_shell_call_output", "mcp_list_tools", "mcp_call",
+    "mcp_approval_request", "mcp_approval_response", "tool_search_call", "tool_search_output"})
+TOOL_TYPE = re.compile(r"[a-z0-9_]{1,64}")  # a tool type this server may drop (and name in a header)
 
 
 def new_id(prefix: str) -> str:
@@ -36,7 +59,158 @@ class ResponsesParsed(Parsed):
     echo: dict[str, Any] = field(default_factory=dict)  # the request's fields a response object repeats
     input_messages: list[dict[str, Any]] = field(default_factory=list)  # this request's own input, as messages
     raw_input: Any = None  # read once the previous response's conversation is known
+    summary: str | None = None  # reasoning.summary: the thinking as a summary part too
+    encrypted: bool = False  # include holds reasoning.encrypted_content: seal the thinking into its item
+    origins: dict[str, ToolOrigin] = field(default_factory=dict)  # offered name -> a tool that is not a plain function
+    dropped: list[str] = field(default_factory=list)  # the tools left out of the prompt, by type
 
+
+# --- tools ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ToolOrigin:
+    """A tool the model is offered under another name or shape than the caller gave."""
+
+    name: str  # the caller's own name for it
+    namespace: str | None = None  # the namespace tool it came in
+    custom: bool = False  # free text in (its one argument, ``input``), a ``custom_tool_call`` out
+
+
+@dataclass
+class ToolSet:
+    tools: list[dict[str, Any]]  # function tools in the chat templates' shape, flattened
+    origins: dict[str, ToolOrigin]
+    dropped: list[str]  # the types of the tools left out, each once, in order
+    echo: list[dict[str, Any]]  # the tools as the response repeats them
+
+
+def flat_name(namespace: str | None, name: str) -> str:
+    """The name a namespaced tool is offered under: Codex's own flat form (``ToolName::
+    canonical_flat_name``: the namespace's trailing and the name's leading underscores trimmed,
+    joined by ``__``), so a model trained on Codex's transcripts calls it as it learned to."""
+    if namespace is None:
+        return name
+    return f"{namespace.rstrip('_')}__{name.lstrip('_')}"
+
+
+def _custom_parameters(tool: dict[str, Any], where: str) -> tuple[dict[str, Any], str | None]:
+    """A custom tool as a function: one string argument, its format (a grammar) told in the
+    description, since the answer's grammar only holds the call's JSON."""
+    fmt = tool.get("format")
+    note = None
+    if isinstance(fmt, dict) and fmt.get("type") == "grammar" and isinstance(fmt.get("definition"), str):
+        note = f"The input follows this {fmt.get('syntax') or 'grammar'} grammar:\n{fmt['definition']}"
+    elif fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") in ("text", "grammar")):
+        raise InvalidRequest(f"`{where}.format` must be {{\"type\": \"text\"}} or a grammar", f"{where}.format")
+    schema = {"type": "object", "properties": {CUSTOM_INPUT: {"type": "string"}}, "required": [CUSTOM_INPUT]}
+    return schema, note
+
+
+def _function(tool: dict[str, Any], where: str, namespace: str | None, out: ToolSet) -> None:
+    """One function or custom tool (in ``namespace``, if any) into ``out``."""
+    name, kind = tool.get("name"), tool.get("type")
+    offered = flat_name(namespace, name) if isinstance(name, str) else name
+    description, parameters = tool.get("description"), tool.get("parameters")
+    if kind == "custom":
+        parameters, note = _custom_parameters(tool, where)
+        if note:
+            description = f"{description}\n\n{note}" if isinstance(description, str) and description else note
+    out.tools.append(wire_tools._tool(offered, description, parameters, where, name_at=f"{where}.name",
+                                      schema_at=f"{where}.parameters"))
+    if namespace is not None or kind == "custom":
+        assert isinstance(offered, str) and isinstance(name, str)
+        out.origins[offered] = ToolOrigin(name, namespace, kind == "custom")
+
+
+def read_tools(value: Any) -> ToolSet:
+    """``tools``: function, custom and namespace tools for the model; any other (hosted) tool
+    left out and named in ``dropped``. Flattened, at most ``MAX_TOOLS``, each name once."""
+    out = ToolSet([], {}, [], [])
+    if value is None:
+        return out
+    if not isinstance(value, list) or len(value) > wire_tools.MAX_TOOLS:
+        raise InvalidRequest(f"`tools` must be an array of at most {wire_tools.MAX_TOOLS} tools", "tools")
+    for i, t in enumerate(value):
+        where = f"tools[{i}]"
+        kind = t.get("type") if isinstance(t, dict) else None
+        if not isinstance(kind, str) or not TOOL_TYPE.fullmatch(kind):
+            raise InvalidRequest(f"`{where}` must be a tool object with a `type`, got {shown(kind)}", f"{where}.type")
+        assert isinstance(t, dict)
+        if kind in ("function", "custom"):
+            _function(t, where, None, out)
+            f = out.tools[-1]["function"]
+            out.echo.append({"type": "function", "name": f["name"], "description": f.get("description"),
+                             "parameters": f["parameters"], "strict": t.get("strict")} if kind == "function" else t)
+        elif kind == "namespace":
+            ns, members = t.get("name"), t.get("tools")
+            if not isinstance(ns, str) or not wire_tools.NAME.fullmatch(ns):
+                raise InvalidRequest(f"`{where}.name` must be a name of 1 to 128 letters, digits, _ . : or -, got "
+                                     f"{shown(ns)}", f"{where}.name")
+            if not isinstance(members, list) or len(members) > wire_tools.MAX_TOOLS:
+                raise InvalidRequest(f"`{where}.tools` must be an array of at most {wire_tools.MAX_TOOLS} tools",
+                                     f"{where}.tools")
+            for j, member in enumerate(members):
+                at = f"{where}.tools[{j}]"
+                if not isinstance(member, dict) or member.get("type") not in ("function", "custom"):
+                    raise InvalidRequest(f"`{at}.type` must be function or custom", f"{at}.type")
+                _function(member, at, ns, out)
+            out.echo.append(t)
+        elif kind not in out.dropped:
+            out.dropped.append(kind)
+    if len(out.tools) > wire_tools.MAX_TOOLS:
+        raise InvalidRequest(f"`tools` may hold at most {wire_tools.MAX_TOOLS} functions, namespaces' included, "
+                             f"got {len(out.tools)}", "tools")
+    wire_tools._checked(out.tools, "tools")
+    return out
+
+
+def _tool_choice(body: dict[str, Any], tools: list[dict[str, Any]] | None) -> wire_tools.ToolChoice:
+    """``tool_choice`` in the Responses shapes: a mode, a named function or custom tool (in a
+    namespace, by its flat name), ``allowed_tools`` (its mode; the subset is not enforced), or a
+    hosted tool (left out of the prompt, so ``auto``)."""
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict):
+        kind = choice.get("type")
+        if kind in ("function", "custom"):
+            name, namespace = choice.get("name"), choice.get("namespace")
+            if isinstance(name, str) and isinstance(namespace, str):
+                name = flat_name(namespace, name)
+            choice = {"type": "function", "function": {"name": name}}
+        elif kind == "allowed_tools":
+            choice = choice.get("mode", "auto")
+        elif isinstance(kind, str) and TOOL_TYPE.fullmatch(kind):
+            choice = "auto"
+    return wire_tools.openai_tool_choice({"tool_choice": choice,
+                                          "parallel_tool_calls": body.get("parallel_tool_calls")}, tools)
+
+
+# --- sealed reasoning ----------------------------------------------------------------------------
+
+SEAL_VERSION = "gguf-gateway/1"
+
+
+def seal(thinking: str) -> str:
+    """A reasoning item's ``encrypted_content``: its thinking as base64 of versioned JSON. Not
+    secret (the caller saw the thinking); opaque, so clients carry it back unchanged."""
+    return base64.b64encode(json.dumps({"v": SEAL_VERSION, "thinking": thinking}).encode()).decode("ascii")
+
+
+def unseal(value: Any, where: str) -> str:
+    """The thinking ``seal`` made, or a 400 naming ``where``: the value came back from a client."""
+    problem = InvalidRequest(f"`{where}` is not reasoning this server sealed (a response's own `encrypted_content`, "
+                             "unchanged)", where)
+    if not isinstance(value, str):
+        raise problem
+    try:
+        data = json.loads(base64.b64decode(value.encode("ascii"), validate=True))
+    except (ValueError, UnicodeError, binascii.Error):
+        raise problem from None
+    if not isinstance(data, dict) or data.get("v") != SEAL_VERSION or not isinstance(data.get("thinking"), str):
+        raise problem
+    return data["thinking"]
+
+
+# --- input ---------------------------------------------------------------------------------------
 
 def _text(content: Any, where: str, kinds: tuple[str, ...]) -> str:
     return text_parts(content, where, kinds, ", ".join(kinds))
@@ -72,17 +246,26 @@ def input_messages(value: Any, history: list[dict[str, Any]] | None = None) -> l
                 msg["reasoning_content"] = msg["thinking"] = thinking
                 thinking = None
             out.append(msg)
-        elif kind == "function_call":
-            call_id, name, arguments = item.get("call_id"), item.get("name"), item.get("arguments", "{}")
+        elif kind in ("function_call", "custom_tool_call"):
+            call_id, name, namespace = item.get("call_id"), item.get("name"), item.get("namespace")
+            field_ = "arguments" if kind == "function_call" else CUSTOM_INPUT
+            arguments = item.get(field_, "{}" if kind == "function_call" else None)
             if not isinstance(call_id, str) or not isinstance(name, str) or not isinstance(arguments, str):
-                raise InvalidRequest(f"`{where}` needs string `call_id`, `name` and `arguments`", where)
-            try:
-                args = json.loads(arguments or "{}")
-            except ValueError:
-                args = None
-            if not isinstance(args, dict):
-                raise InvalidRequest(f"`{where}.arguments` must be a JSON object in a string", f"{where}.arguments")
-            call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+                raise InvalidRequest(f"`{where}` needs string `call_id`, `name` and `{field_}`", where)
+            if namespace is not None and not isinstance(namespace, str):
+                raise InvalidRequest(f"`{where}.namespace` must be a string", f"{where}.namespace")
+            if kind == "custom_tool_call":
+                args: Any = {CUSTOM_INPUT: arguments}
+            else:
+                try:
+                    args = json.loads(arguments or "{}")
+                except ValueError:
+                    args = None
+                if not isinstance(args, dict):
+                    raise InvalidRequest(f"`{where}.arguments` must be a JSON object in a string",
+                                         f"{where}.arguments")
+            call = {"id": call_id, "type": "function",
+                    "function": {"name": flat_name(namespace, name), "arguments": args}}
             ledger.add([call])
             if out and out[-1]["role"] == "assistant" and "tool_calls" in out[-1]:
                 out[-1]["tool_calls"].append(call)
@@ -94,44 +277,55 @@ def input_messages(value: Any, history: list[dict[str, Any]] | None = None) -> l
                     msg["reasoning_content"] = msg["thinking"] = thinking
                     thinking = None
                 out.append(msg)
-        elif kind == "function_call_output":
-            output = item.get("output")
-            text = _text(output, f"{where}.output", ("input_text", "output_text", "text"))
+        elif kind in ("function_call_output", "custom_tool_call_output"):
+            text = _text(_unseen_images(item.get("output")), f"{where}.output", ("input_text", "output_text", "text"))
             out.append({"role": "tool", "tool_call_id": item.get("call_id"),
                         "name": ledger.name_of(item.get("call_id"), f"{where}.call_id"), "content": text})
         elif kind == "reasoning":
-            parts = item.get("content") or item.get("summary") or []
-            if not isinstance(parts, list):
-                raise InvalidRequest(f"`{where}.content` must be an array", f"{where}.content")
-            thinking = "".join(p.get("text", "") for p in parts if isinstance(p, dict) and isinstance(p.get("text"),
-                                                                                                       str))
-        else:
+            thinking = _thinking(item, where)
+        elif kind not in HOSTED_ITEMS:
             raise InvalidRequest(f"`{where}.type` {shown(kind)} is not supported by this server: message, "
-                                 "function_call, function_call_output and reasoning items only", f"{where}.type")
+                                 "function_call, custom_tool_call, their outputs, and reasoning items only",
+                                 f"{where}.type")
     return out
 
 
-def _tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, wire_tools.ToolChoice]:
-    value = body.get("tools")
-    tools: list[dict[str, Any]] | None = None
-    if value is not None:
-        if not isinstance(value, list) or len(value) > wire_tools.MAX_TOOLS:
-            raise InvalidRequest(f"`tools` must be an array of at most {wire_tools.MAX_TOOLS} tools", "tools")
-        tools = []
-        for i, t in enumerate(value):
-            where = f"tools[{i}]"
-            if not isinstance(t, dict) or t.get("type") != "function":
-                kind = t.get("type") if isinstance(t, dict) else None
-                raise InvalidRequest(f"`{where}.type` {shown(kind)} is not supported by this server: function tools "
-                                     "only", f"{where}.type")
-            tools.append(wire_tools._tool(t.get("name"), t.get("description"), t.get("parameters"), where,
-                                          name_at=f"{where}.name", schema_at=f"{where}.parameters"))
-        tools = wire_tools._checked(tools, "tools") or None
-    choice = body.get("tool_choice")
-    if isinstance(choice, dict) and choice.get("type") == "function":
-        choice = {"type": "function", "function": {"name": choice.get("name")}}
-    return tools, wire_tools.openai_tool_choice({"tool_choice": choice,
-                                                 "parallel_tool_calls": body.get("parallel_tool_calls")}, tools)
+
+
+def _unseen_images(output: Any) -> Any:
+    """A tool's output with its images (Codex's ``view_image`` answers with one) told as a note:
+    the models here read text, and refusing the result would end the caller's session."""
+    if not isinstance(output, list):
+        return output
+    return [{"type": "input_text", "text": wire_tools.IMAGE_NOTE} if isinstance(part, dict) and part.get("type") in (
+        "input_image", "input_file") else part for part in output]
+
+
+def _thinking(item: dict[str, Any], where: str) -> str:
+    """A reasoning item's thinking: sealed (``encrypted_content``, exactly as it was), else its
+    ``content``, else its ``summary``."""
+    if item.get("encrypted_content") is not None:
+        return unseal(item["encrypted_content"], f"{where}.encrypted_content")
+    for name in ("content", "summary"):
+        parts = item.get(name)
+        if parts is None or parts == []:
+            continue
+        if not isinstance(parts, list):
+            raise InvalidRequest(f"`{where}.{name}` must be an array", f"{where}.{name}")
+        return "".join(p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
+
+
+def conversation(instructions: str | None, history: list[dict[str, Any]],
+                 messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The prompt's messages: ``instructions`` first, and the system (and developer) messages
+    that open the conversation joined into that one system turn, as every chat template takes
+    (Codex opens with its instructions and then developer messages; many templates refuse a
+    second system turn)."""
+    out = ([{"role": "system", "content": instructions}] if instructions else []) + history + messages
+    while len(out) > 1 and out[0]["role"] == "system" and out[1]["role"] == "system":
+        out[:2] = [{"role": "system", "content": f"{out[0]['content']}\n\n{out[1]['content']}"}]
+    return out
 
 
 def _text_format(body: dict[str, Any], req: GenerationRequest) -> dict[str, Any]:
@@ -179,19 +373,18 @@ def parse(body: dict[str, Any]) -> ResponsesParsed:
             raise InvalidRequest(f"`max_output_tokens` {problem}, got {shown(limit)}", "max_output_tokens")
         req.max_tokens = limit
     text_format = _text_format(body, req)
-    tools, choice = _tools(body)
+    toolset = read_tools(body.get("tools"))
+    tools = toolset.tools or None
+    choice = _tool_choice(body, tools)
     if tools and choice.mode != "none":
         if req.response_format is not None:
             raise InvalidRequest("give `tools` or `text.format`, not both", "tools")
         req.tools, req.tool_choice, req.tool_name, req.parallel_tool_calls = (tools, choice.mode, choice.name,
                                                                              choice.parallel)
-    reasoning = body.get("reasoning")
-    effort = None
-    if reasoning is not None:
-        effort = reasoning.get("effort") if isinstance(reasoning, dict) else "?"
-        if effort is not None and effort not in EFFORTS:
-            raise InvalidRequest(f"`reasoning.effort` must be one of {', '.join(EFFORTS)}, got {shown(effort)}",
-                                 "reasoning.effort")
+    effort, summary = _reasoning(body.get("reasoning"))
+    include = body.get("include")
+    if include is not None and (not isinstance(include, list) or not all(isinstance(x, str) for x in include)):
+        raise InvalidRequest("`include` must be an array of strings", "include")
     flags = {}
     for name, default in (("stream", False), ("store", True)):
         value = body.get(name, default)
@@ -205,20 +398,49 @@ def parse(body: dict[str, Any]) -> ResponsesParsed:
         raise InvalidRequest("`metadata` must be an object", "metadata")
     echo = {"instructions": instructions, "max_output_tokens": limit, "temperature": body.get("temperature"),
             "top_p": body.get("top_p"),
-            "tools": [{"type": "function", "name": t["function"]["name"],
-                       "description": t["function"].get("description"), "parameters": t["function"]["parameters"],
-                       "strict": (body["tools"][i] or {}).get("strict")} for i, t in enumerate(tools or [])],
-            "tool_choice": body.get("tool_choice") or "auto",
+            "tools": toolset.echo, "tool_choice": body.get("tool_choice") or "auto",
             "parallel_tool_calls": body.get("parallel_tool_calls", True) is not False,
-            "reasoning": {"effort": effort, "summary": None}, "metadata": metadata or {},
+            "reasoning": {"effort": effort, "summary": summary}, "metadata": metadata or {},
             "text": {"format": text_format},
             "previous_response_id": previous, "store": flags["store"], "truncation": "disabled"}
     return ResponsesParsed(model, req, flags["stream"], explicit=explicit, reasoning_effort=effort,
                            instructions=instructions, previous_response_id=previous, store=flags["store"], echo=echo,
-                           input_messages=messages, raw_input=body.get("input"))
+                           input_messages=messages, raw_input=body.get("input"), summary=summary,
+                           encrypted=ENCRYPTED in (include or ()), origins=toolset.origins, dropped=toolset.dropped)
+
+
+def _reasoning(value: Any) -> tuple[str | None, str | None]:
+    """``reasoning``: its effort (Codex's ``xhigh`` read as ``high``) and summary (``auto``,
+    ``concise`` or ``detailed`` all mean the whole thinking, which is short enough to show)."""
+    if value is None:
+        return None, None
+    if not isinstance(value, dict):
+        raise InvalidRequest("`reasoning` must be an object", "reasoning")
+    effort, summary = value.get("effort"), value.get("summary", value.get("generate_summary"))
+    effort = EFFORT_ALIASES.get(effort, effort)  # type: ignore[arg-type]
+    if effort is not None and effort not in EFFORTS:
+        raise InvalidRequest(f"`reasoning.effort` must be one of {', '.join(EFFORTS)} or xhigh, got {shown(effort)}",
+                             "reasoning.effort")
+    if summary == "none":  # Codex's own word for no summary
+        summary = None
+    if summary is not None and summary not in SUMMARIES:
+        raise InvalidRequest(f"`reasoning.summary` must be one of {', '.join(SUMMARIES)}, got {shown(summary)}",
+                             "reasoning.summary")
+    return effort, summary
 
 
 # --- answers -----------------------------------------------------------------------------------
+
+def custom_input(arguments: str) -> str:
+    """A custom tool's input from the call the model wrote (``{"input": "..."}``); a call that
+    broke off gives what there is of it, as text."""
+    try:
+        args = json.loads(arguments or "{}")
+    except ValueError:
+        return arguments
+    value = args.get(CUSTOM_INPUT) if isinstance(args, dict) else None
+    return value if isinstance(value, str) else json.dumps(value if value is not None else args)
+
 
 class ResponseBuilder:
     """The answer's pieces in, the response's output items and stream events out. Items open as
@@ -276,6 +498,15 @@ class ResponseBuilder:
             item["content"] = [{"type": "reasoning_text", "text": text}]
             events.append(self._event("response.reasoning_text.done", item_id=item["id"], output_index=i,
                                       content_index=0, text=text))
+            if self.parsed.summary is not None:
+                summary = {"type": "summary_text", "text": text}
+                item["summary"] = [summary]
+                events += [self._event("response.reasoning_summary_text.done", item_id=item["id"], output_index=i,
+                                       summary_index=0, text=text),
+                           self._event("response.reasoning_summary_part.done", item_id=item["id"], output_index=i,
+                                       summary_index=0, part=summary)]
+            if self.parsed.encrypted:
+                item["encrypted_content"] = seal(text)
         elif item["type"] == "message":
             text = "".join(self._text)
             part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
@@ -284,10 +515,17 @@ class ResponseBuilder:
                                    text=text, logprobs=[]),
                        self._event("response.content_part.done", item_id=item["id"], output_index=i,
                                    content_index=0, part=part)]
+        elif item["type"] == "custom_tool_call":
+            item["input"] = custom_input("".join(self._text))
+            events += [self._event("response.custom_tool_call_input.delta", item_id=item["id"], output_index=i,
+                                   delta=item["input"]),
+                       self._event("response.custom_tool_call_input.done", item_id=item["id"], output_index=i,
+                                   input=item["input"])]
         else:
             events.append(self._event("response.function_call_arguments.done", item_id=item["id"], output_index=i,
                                       name=item["name"], arguments=item["arguments"]))
-        item["status"] = "completed"
+        if item["type"] != "custom_tool_call":  # OpenAI's custom tool call has no status
+            item["status"] = "completed"
         self._text = []
         return events + [self._event("response.output_item.done", output_index=i, item=item)]
 
@@ -301,6 +539,10 @@ class ResponseBuilder:
             events.append(self._event("response.content_part.added", item_id=item["id"], output_index=self._index(),
                                       content_index=0, part={"type": "output_text", "text": "", "annotations": [],
                                                              "logprobs": []}))
+        elif item["type"] == "reasoning" and self.parsed.summary is not None:
+            events.append(self._event("response.reasoning_summary_part.added", item_id=item["id"],
+                                      output_index=self._index(), summary_index=0,
+                                      part={"type": "summary_text", "text": ""}))
         return events
 
     def feed(self, item: Piece | Call | CallArgs) -> list[dict[str, Any]]:
@@ -318,16 +560,30 @@ class ResponseBuilder:
             if kind == "reasoning":
                 events.append(self._event("response.reasoning_text.delta", item_id=self._open["id"],
                                           output_index=self._index(), content_index=0, delta=item.text))
+                if self.parsed.summary is not None:
+                    events.append(self._event("response.reasoning_summary_text.delta", item_id=self._open["id"],
+                                              output_index=self._index(), summary_index=0, delta=item.text))
             else:
                 events.append(self._event("response.output_text.delta", item_id=self._open["id"],
                                           output_index=self._index(), content_index=0, delta=item.text, logprobs=[]))
             return events
         if isinstance(item, Call):
-            call = {"type": "function_call", "id": new_id("fc"), "call_id": item.id, "name": item.name,
-                    "arguments": "", "status": "in_progress"}
+            origin = self.parsed.origins.get(item.name, ToolOrigin(item.name))
+            call: dict[str, Any]
+            if origin.custom:  # its input is told whole at its end: the model writes it as a JSON string
+                call = {"type": "custom_tool_call", "id": new_id("ctc"), "call_id": item.id, "name": origin.name,
+                        "input": ""}
+            else:
+                call = {"type": "function_call", "id": new_id("fc"), "call_id": item.id, "name": origin.name,
+                        "arguments": "", "status": "in_progress"}
+            if origin.namespace is not None:
+                call["namespace"] = origin.namespace
             self._calls[item.index] = call
             return self._begin(call)
         call = self._calls[item.index]
+        if call["type"] == "custom_tool_call":
+            self._text.append(item.text)
+            return []
         call["arguments"] += item.text
         return [self._event("response.function_call_arguments.delta", item_id=call["id"],
                             output_index=self.output.index(call), delta=item.text)]
@@ -360,12 +616,15 @@ class ResponseBuilder:
             if item["type"] == "message":
                 msg: dict[str, Any] = {"role": "assistant", "content": item["content"][0]["text"]}
             else:
-                try:
-                    args = json.loads(item["arguments"] or "{}")
-                except ValueError:  # a streamed call that broke: its history is kept as an empty call
-                    args = {}
+                if item["type"] == "custom_tool_call":
+                    args: Any = {CUSTOM_INPUT: item["input"]}
+                else:
+                    try:
+                        args = json.loads(item["arguments"] or "{}")
+                    except ValueError:  # a streamed call that broke: its history is kept as an empty call
+                        args = {}
                 call = {"id": item["call_id"], "type": "function",
-                        "function": {"name": item["name"], "arguments": args}}
+                        "function": {"name": flat_name(item.get("namespace"), item["name"]), "arguments": args}}
                 if out and out[-1]["role"] == "assistant":
                     out[-1].setdefault("tool_calls", []).append(call)
                     continue
