@@ -217,6 +217,9 @@ class ServerConfig:
     # keep one worker process started ahead of the next load (its interpreter and llama.cpp
     # imported): a model switch skips that part of the start, for the spare's idle memory
     spare_worker: bool = True
+    # keep Claude Code's per-session ``x-anthropic-billing-header:`` system block in the prompt
+    # (off: left out, so that a new session's prompt reuses the last one's cache)
+    keep_billing_header: bool = False
 
 
 @dataclass(frozen=True)
@@ -543,6 +546,7 @@ class _Parser:
             "kv_cache_dir": self.path_field,
             "kv_cache_max_bytes": self.byte_size,
             "spare_worker": self.boolean,
+            "keep_billing_header": self.boolean,
             "memory_budget": self.per_device(self.byte_size, RAM),
             "memory_reserve": self.per_device(self.reserve, "default"),
         })

@@ -17,6 +17,9 @@ integer bound becomes digit rules. ``schema_problem`` refuses:
 - a ``$ref`` that is not local (``#`` or ``#/...``), points at nothing, or leads back to itself
   before any JSON is written (a schema may recur inside an object's properties or an array's
   items: that grammar is fine).
+
+A schema that names no type and nothing that shapes a value (``{}``, ``true``, one with only a
+``description``) allows any JSON value (``allows_any``), and the grammar writes any there.
 """
 
 from __future__ import annotations
@@ -41,6 +44,21 @@ _LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
 _MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 
 Path = tuple[str | int, ...]
+
+# what the converter builds a value from when a schema names no ``type`` (``engine/schemagrammar``)
+_SHAPING = ("$ref", "oneOf", "anyOf", "allOf", "const", "enum", "properties", "items", "prefixItems", "pattern")
+
+
+def allows_any(schema: Any) -> bool:
+    """Whether ``schema`` allows any JSON value, as JSON Schema reads it: ``true``, ``{}``, or a
+    schema with no ``type`` and nothing that shapes a value (only annotations such as
+    ``description``, or keywords of a type it does not name, like ``format`` or ``minLength``).
+    Claude Code's tools have such parameters (``{"description": "Optional input value..."}``)."""
+    if schema is True:
+        return True
+    if not isinstance(schema, dict) or "type" in schema:
+        return False
+    return not any(k in schema for k in _SHAPING) and schema.get("additionalProperties", True) is True
 
 
 @dataclass(frozen=True)

@@ -149,15 +149,17 @@ CALL = ["<tool_call>", "\n", '{"name":', ' "get_weather",', ' "arguments":', ' {
         "</tool_call>"]
 
 
-def agent_model(path: Path, final: list[str] = ["It", " is", " 18", " C", "."]) -> Path:  # noqa: B006
-    """A scripted model under Qwen 2.5's real chat template that calls get_weather(city="Paris"),
-    and answers ``final`` once the tool's result is in: one line is added at the template's end,
-    so after a tool result the prompt ends in "!" instead of a newline, and a scripted model's
-    next token depends only on the prompt's last token."""
+def agent_model(path: Path, final: list[str] = ["It", " is", " 18", " C", "."], call: list[str] = CALL,  # noqa: B006
+                context_length: int = 4096) -> Path:
+    """A scripted model under Qwen 2.5's real chat template that makes ``call`` (by default
+    get_weather(city="Paris"); its first and last pieces are the special tokens), and answers
+    ``final`` once the tool's result is in: one line is added at the template's end, so after a
+    tool result the prompt ends in "!" instead of a newline, and a scripted model's next token
+    depends only on the prompt's last token."""
     from gateway import testmodels as tm
 
     qwen = tm.llama_cpp_source_file("models/templates/Qwen-Qwen2.5-7B-Instruct.jinja", REPO / ".cache" / "templates")
     template = qwen.read_text() + "{%- if messages[-1]['role'] == 'tool' %}!{% endif %}"
-    tm.write_scripted_model(path, [tm.Script([tm.Special(CALL[0]), *CALL[1:-1], tm.Special(CALL[-1])]),
-                                   tm.Script(final, trigger="!")], chat_template=template)
+    tm.write_scripted_model(path, [tm.Script([tm.Special(call[0]), *call[1:-1], tm.Special(call[-1])]),
+                                   tm.Script(final, trigger="!")], chat_template=template, context_length=context_length)
     return path

@@ -208,3 +208,50 @@ def test_the_grammar_of_a_long_tool_list_is_within_the_bounds_on_made_grammars()
     tools = [tool({"properties": params, "required": ["parameter_0"]}, f"tool_number_{i}") for i in range(128)]
     gbnf = toolgrammar.build("hermes", tools, required=False).gbnf
     assert len(gbnf) > MAX_GRAMMAR_CHARS and grammar_problem(gbnf, MAX_MADE_GRAMMAR_CHARS) is None
+
+
+ANY_VALUES = ('"text"', "3", "-2.5e3", '{"a": [1, null]}', "true", "null", "[]")
+
+
+def test_a_parameter_schema_without_a_type_takes_any_json_value(vocab):
+    """Claude Code's tools have one (``{"description": "Optional input value..."}``): JSON Schema's
+    any value, which the converter refused; ``{}`` and ``true`` are the same."""
+    params = {"properties": {"value": {"description": "Optional input value..."}, "empty": {}, "yes": True,
+                             "n": {"type": "integer"}}}
+    grammar = toolgrammar.build("hermes", [tool(params)], required=True)
+    for key in ("value", "empty", "yes"):
+        for value in ANY_VALUES:
+            assert run(vocab, grammar, call_with(f'{{"{key}": {value}}}')) == (True, True), (key, value)
+        assert run(vocab, grammar, call_with(f'{{"{key}": nope}}'))[0] is False
+    assert run(vocab, grammar, call_with('{"n": "x"}'))[0] is False  # the typed one still holds
+    untyped_args = {"type": "function", "function": {"name": "f", "parameters": {"properties": {"n": {}}}}}
+    assert run(vocab, toolgrammar.build("hermes", [untyped_args], required=True), call_with("[1]"))[0] is False
+
+
+def test_an_any_value_parameter_in_qwen3_coders_xml_is_raw_text(vocab):
+    """The parser reads such a value as JSON where it parses, as a string otherwise."""
+    params = {"properties": {"value": {"description": "any"}, "n": {"type": "integer"}}}
+    grammar = toolgrammar.build("qwen3_coder", [tool(params)], required=True)
+    for value in ("free text", '{"a": 1}', "3"):
+        call = f"<tool_call>\n<function=f>\n<parameter=value>\n{value}\n</parameter>\n</function>\n</tool_call>"
+        assert run(vocab, grammar, call) == (True, True), value
+    bad = "<tool_call>\n<function=f>\n<parameter=n>\nmany\n</parameter>\n</function>\n</tool_call>"
+    assert run(vocab, grammar, bad)[0] is False
+
+
+@pytest.mark.parametrize("schema", [{}, True, {"description": "anything"}, {"title": "t", "minLength": 3}])
+def test_a_structured_output_schema_without_a_type_takes_any_json_value(vocab, schema):
+    """``response_format``'s and Ollama's ``format``'s grammar (``{}`` was an object only)."""
+    from gateway.engine.schemagrammar import schema_grammar
+
+    grammar = toolgrammar.ToolGrammar(schema_grammar(schema), (), False)
+    for value in ANY_VALUES:
+        assert run(vocab, grammar, value) == (True, True), value
+    assert run(vocab, grammar, "nope")[0] is False
+
+
+def test_the_schema_false_allows_nothing():
+    from gateway.engine.schemagrammar import schema_grammar
+
+    with pytest.raises(ValueError, match="allows no value"):
+        schema_grammar({"type": "object", "properties": {"x": False}})

@@ -116,7 +116,7 @@ async def test_messages_system_blocks_thinking_history_and_disabled_thinking(cli
 @pytest.mark.parametrize("body, needle", [
     ({"model": "plain", "messages": HI}, "max_tokens: Field required"),
     ({"model": "plain", "max_tokens": 5, "messages": HI, "temperature": 1.5}, "temperature"),
-    ({"model": "plain", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}, "messages.0.role"),
+    ({"model": "plain", "max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]}, "messages.0.role"),
     ({"model": "plain", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image"}]}]},
      "messages.0.content.0.type"),
     ({"model": "plain", "max_tokens": 5, "messages": HI, "tools": [{"name": "f"}]}, "tools"),

@@ -1,4 +1,5 @@
-"""Anthropic wire shape: /v1/messages and /v1/messages/count_tokens."""
+"""Anthropic wire shape: /v1/messages and /v1/messages/count_tokens. A context overflow is told
+in Anthropic's words on both (``protocol.anthropic.context_error``)."""
 
 from __future__ import annotations
 
@@ -8,19 +9,28 @@ import logging
 from aiohttp import web
 
 from .. import answer
-from ..appkeys import REGISTRY
+from ..appkeys import CONFIG, REGISTRY
 from ..errors import ApiError
 from ..events import observation
 from ..protocol import anthropic as anth
-from ..protocol.params import apply_defaults
+from ..protocol.params import Parsed, apply_defaults, apply_effort
+from ..protocol.tools import anthropic_left_out
 from .body import read_json_object
-from .common import apply_limits, event_stream, ignore_gone, load_progress
+from .common import apply_limits, dropped_tools, event_stream, ignore_gone, load_progress
 
 log = logging.getLogger(__name__)
 
 
+async def _parse(request: web.Request, counting: bool = False) -> tuple[Parsed, dict[str, str]]:
+    """The request, and the headers naming the tools left out of its prompt (Anthropic's own),
+    which its inference event names too."""
+    body = await read_json_object(request)
+    parsed = anth.parse(body, counting=counting, keep_billing_header=request.app[CONFIG].server.keep_billing_header)
+    return parsed, dropped_tools(request, anthropic_left_out(body))
+
+
 async def messages(request: web.Request) -> web.StreamResponse:
-    parsed = anth.parse(await read_json_object(request))
+    parsed, headers = await _parse(request)
     apply_limits(request, parsed)
     obs = observation(request)
     progress = load_progress(request, parsed.stream, lambda err: [(err.anthropic_body(), "error")])
@@ -29,11 +39,15 @@ async def messages(request: web.Request) -> web.StreamResponse:
         apply_defaults(parsed, spec.defaults)
         render = anth.Renderer(spec.name, id=f"msg_{obs.request_id}")
         answer.prepare(parsed.request, spec.name, spec.reasoning, spec.tool_format, backend.info)
+        apply_effort(parsed.request, parsed.reasoning_effort, spec.reasoning_budgets, parsed.request.reasoning)
         async with backend.generate(parsed.request) as gen:
-            begun, parser = await answer.start(gen, parsed.request, stream=parsed.stream)
+            try:
+                begun, parser = await answer.start(gen, parsed.request, stream=parsed.stream)
+            except ApiError as err:
+                raise anth.context_error(err) from None
             items = answer.pieces(gen, parser, obs)
             if parsed.stream:
-                return await _stream(request, render, gen, items, begun.prompt_tokens, begun.cached_tokens)
+                return await _stream(request, render, gen, items, begun.prompt_tokens, begun.cached_tokens, headers)
             blocks: list[dict] = []
             arguments: list[str] = []  # of the open tool_use block
             async for item in items:
@@ -50,7 +64,8 @@ async def messages(request: web.Request) -> web.StreamResponse:
                     _fill(blocks, arguments)
                     if not any(b["type"] in ("text", "tool_use") for b in blocks):
                         blocks.append(render.block("content"))
-                    return web.json_response(render.message(blocks, item, item.prompt_tokens, item.cached_tokens))
+                    return web.json_response(render.message(blocks, item, item.prompt_tokens, item.cached_tokens),
+                                             headers=headers)
     raise ApiError("the model worker ended the answer without finishing it", status=500)
 
 
@@ -63,8 +78,10 @@ def _fill(blocks: list[dict], arguments: list[str]) -> None:
 
 
 async def _stream(request: web.Request, render: anth.Renderer, gen, items, prompt_tokens: int,
-                  cached_tokens: int) -> web.StreamResponse:
+                  cached_tokens: int, headers: dict[str, str]) -> web.StreamResponse:
     sse = event_stream(request)
+    if not sse.opened:  # a load's progress may have opened it already
+        sse.response.headers.update(headers)
     await sse.open()
     gen.on_idle = sse.flush  # the deltas of events that arrived together go out in one write
     index, kind = -1, None  # the open content block
@@ -118,14 +135,15 @@ async def _stream(request: web.Request, render: anth.Renderer, gen, items, promp
 
 
 async def count_tokens(request: web.Request) -> web.Response:
-    body = await read_json_object(request)
-    body.setdefault("max_tokens", 1)  # not part of count_tokens
-    parsed = anth.parse(body)
+    parsed, headers = await _parse(request, counting=True)
     async with request.app[REGISTRY].lease(parsed.model) as (spec, backend):
         observation(request).model = spec.name
         answer.prepare(parsed.request, spec.name, spec.reasoning, spec.tool_format, backend.info)
-        reply = await backend.tokenize(parsed.request.to_dict())
-    return web.json_response({"input_tokens": len(reply.tokens)})
+        try:
+            reply = await backend.tokenize(parsed.request.to_dict())
+        except ApiError as err:
+            raise anth.context_error(err) from None
+    return web.json_response({"input_tokens": len(reply.tokens)}, headers=headers)
 
 
 def setup(app: web.Application) -> None:

@@ -13,6 +13,10 @@
   rule so that llama.cpp's count of rules per repetition stays one.
 - **References.** ``$ref`` is followed within the schema (``#``, ``#/...``), from anywhere in it
   (the converter did not look beside a ``$ref``, so a top-level one with ``$defs`` failed).
+- **Any value.** A schema that allows any JSON value (``schemacheck.allows_any``: ``{}``,
+  ``true``, no ``type`` and nothing that shapes a value) is written as any JSON value; the
+  converter refused one with only a ``description`` and wrote ``{}`` as an object. ``false``
+  allows nothing: a ``ValueError``.
 
 What a schema may ask (counts, bounds, references) is checked before this runs, in the HTTP
 process (``schemacheck``). Imported by the worker only: it loads llama_cpp.
@@ -26,7 +30,7 @@ from typing import Any
 from llama_cpp import llama_grammar
 
 from ..grammar import MAX_REPEAT
-from ..schemacheck import LARGEST_INT, integer_bounds, ref_parts, resolve
+from ..schemacheck import LARGEST_INT, allows_any, integer_bounds, ref_parts, resolve
 
 
 def repetition(item: str, least: int, most: int | None) -> str:
@@ -193,9 +197,13 @@ class Converter(llama_grammar.SchemaConverter):
         return name
 
     def visit(self, schema: Any, name: str) -> str:
+        rule_name = name + "-" if name in llama_grammar.RESERVED_NAMES else name or "root"
+        if allows_any(schema):
+            return self._add_rule(rule_name, self._add_primitive("value", llama_grammar.PRIMITIVE_RULES["value"]))
+        if schema is False:
+            raise ValueError("the schema `false` allows no value")
         if not isinstance(schema, dict) or any(k in schema for k in _CHOSEN_FIRST):
             return super().visit(schema, name)
-        rule_name = name + "-" if name in llama_grammar.RESERVED_NAMES else name or "root"
         kind = schema.get("type")
         if kind == "integer":
             low, high = integer_bounds(schema)

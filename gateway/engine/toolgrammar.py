@@ -15,6 +15,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from ..schemacheck import allows_any
+
 WS = '[ \\t\\n]{0,4}'  # bounded: an unconstrained model would run away in whitespace
 COMMA, SEMICOLON = f'{WS} "," {WS}', f'{WS} ";" {WS}'
 AGAIN = f'{WS} "[TOOL_CALLS]"'  # Mistral's name[ARGS] form repeats the marker before each call
@@ -36,10 +38,11 @@ class Converter:
         self._c = SchemaConverter()  # integer bounds enforced
 
     def args(self, tool: dict[str, Any], i: int) -> str:
-        schema = self._c.resolve_refs(tool["function"].get("parameters") or {"type": "object"}, f"tool{i}")
-        return self._c.visit(schema, f"tool{i}-args")
+        """A tool's arguments: always an object (a parameters schema without a ``type`` is one)."""
+        schema = {"type": "object", **(tool["function"].get("parameters") or {})}
+        return self._c.visit(self._c.resolve_refs(schema, f"tool{i}"), f"tool{i}-args")
 
-    def value(self, schema: dict[str, Any], name: str) -> str:
+    def value(self, schema: dict[str, Any] | bool, name: str) -> str:
         return self._c.visit(schema, name)
 
     def rule(self, name: str, body: str) -> str:
@@ -138,15 +141,18 @@ def build(fmt: str, tools: list[dict[str, Any]], *, required: bool, name: str | 
 
 def _xml_call(conv: Converter, tools: list[dict[str, Any]]) -> str:
     """Qwen3-Coder's ``<function=NAME>`` with one ``<parameter=P>`` per argument; a string
-    argument is raw text up to ``</parameter>``, any other is JSON of its schema."""
+    argument is raw text up to ``</parameter>``, and so is one whose schema allows any value
+    (the parser reads it as JSON where it parses, a string otherwise); any other is JSON of its
+    schema."""
     text = conv.rule("param-text", until("</parameter>"))
     alts = []
     for i, tool in enumerate(tools):
         params = (tool["function"].get("parameters") or {}).get("properties") or {}
         items = []
         for j, (pname, schema) in enumerate(params.items()):
-            value = text if isinstance(schema, dict) and schema.get("type") == "string" else \
-                conv.value(schema if isinstance(schema, dict) else {}, f"tool{i}-p{j}")
+            schema = schema if isinstance(schema, dict | bool) else {}  # not a schema: one that says nothing
+            raw = allows_any(schema) or (isinstance(schema, dict) and schema.get("type") == "string")
+            value = text if raw else conv.value(schema, f"tool{i}-p{j}")
             items.append(f'"<parameter=" {lit(pname)} ">" "\\n"? {value} "\\n"? "</parameter>" {WS}')
         body = f'({" | ".join(items)})*' if items else ""
         alts.append(f'{lit(tool["function"]["name"])} ">" {WS} {body}')

@@ -26,6 +26,10 @@ MAX_TOOLS = 128  # OpenAI's own limit
 NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")  # OpenAI allows [A-Za-z0-9_-]{1,64}; MCP names add . and :
 CHOICES = ("auto", "none", "required")
 
+# What a model that reads text alone is told of an image (or a file) in a tool's result (an
+# agent's screenshot or file viewer): the turn goes on, and the history stays valid next turn.
+IMAGE_NOTE = "[an image this model cannot see]"
+
 
 @dataclass
 class ToolChoice:
@@ -170,6 +174,9 @@ class CallLedger:
 # --- Anthropic ---------------------------------------------------------------------------------
 
 def anthropic_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """Anthropic's custom tools. A tool of another ``type`` (Anthropic's own: ``web_search_...``,
+    ``bash_...``, ``text_editor_...``, ...) comes without a schema and is run by Anthropic or
+    known to its models only: it is left out, as on a server that does not offer it."""
     value = body.get("tools")
     if value is None:
         return None
@@ -178,14 +185,22 @@ def anthropic_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
         where = f"tools.{i}"
         if not isinstance(t, dict):
             raise InvalidRequest(f"{where}: must be an object", where)
+        if not isinstance(t.get("type"), str | None):
+            raise InvalidRequest(f"{where}.type: must be a string", f"{where}.type")
         if t.get("type") not in (None, "custom"):
-            raise InvalidRequest(f"{where}.type: {shown(t.get('type'))} tools are not supported by this server "
-                                 "(custom tools only)", f"{where}.type")
+            continue
         if "input_schema" not in t:
             raise InvalidRequest(f"{where}.input_schema: Field required", f"{where}.input_schema")
         tools.append(_tool(t.get("name"), t.get("description"), t["input_schema"], where,
                            name_at=f"{where}.name", schema_at=f"{where}.input_schema", anthropic=True))
     return _checked(tools, "tools", anthropic=True) or None
+
+
+def anthropic_left_out(body: dict[str, Any]) -> list[str]:
+    """The types of the tools ``anthropic_tools`` leaves out, each once, in order."""
+    value = body.get("tools")
+    types = [t.get("type") for t in value if isinstance(t, dict)] if isinstance(value, list) else []
+    return list(dict.fromkeys(t for t in types if isinstance(t, str) and t != "custom"))
 
 
 def anthropic_tool_choice(body: dict[str, Any], tools: list[dict[str, Any]] | None) -> ToolChoice:

@@ -1,0 +1,193 @@
+"""The real Claude Code (npm ``@anthropic-ai/claude-code``, installed once into the repository's
+``.cache/claude-code``), headless (``claude -p``):
+
+- against the real gateway on loopback: a text turn; and a scripted model under Qwen 2.5's chat
+  template calls Claude Code's Bash tool, Claude Code runs it and sends its result back, and the
+  model answers. Every request Claude Code made is in the gateway's inference events, and none
+  was refused, except, where the context is too small for its max_tokens, each first try (which
+  Claude Code then makes again with a max_tokens that fits). A second session reads the first
+  one's prompt from the cache;
+- its first request with its whole default prompt (24 tools, ~100k tokens of a scripted model's
+  byte vocabulary: too long to run here), caught by a stand-in server, then read by the gateway's
+  parser and made into each call format's grammar, which llama.cpp's grammar parser takes.
+
+Skipped, with the reason, where npm or the package is not to be had."""
+
+import ctypes
+import json
+import os
+import shutil
+import subprocess
+import threading
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from helpers import REPO, ServerProcess, agent_model
+
+from gateway import testmodels as tm
+
+pytestmark = pytest.mark.slow
+
+VERSION = "2.1.197"  # the version this was tried with; GGUF_GATEWAY_CLAUDE_CODE picks another
+PREFIX = REPO / ".cache" / "claude-code"
+COMMAND = "echo claude-code-ran > marker.txt"
+CALL = ["<tool_call>", "\n", '{"name":', ' "Bash",', ' "arguments":', ' {"command":', f' "{COMMAND}"}}}}', "\n",
+        "</tool_call>"]
+FINAL = ["The", " command", " ran", "."]
+
+
+def environment(url: str, home) -> dict[str, str]:
+    """Claude Code pointed at ``url``, with nothing sent anywhere else."""
+    return {"PATH": os.environ["PATH"], "HOME": str(home), "ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": "dummy",
+            "ANTHROPIC_MODEL": "agent", "ANTHROPIC_SMALL_FAST_MODEL": "agent", "ANTHROPIC_DEFAULT_HAIKU_MODEL": "agent",
+            "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            "DISABLE_ERROR_REPORTING": "1"}
+
+
+def claude() -> str:
+    """The ``claude`` executable, installed on first use; skips where it cannot be."""
+    exe = PREFIX / "node_modules" / ".bin" / "claude"
+    if exe.exists():
+        return str(exe)
+    npm = shutil.which("npm")
+    if npm is None:
+        pytest.skip("npm is not installed: cannot fetch @anthropic-ai/claude-code")
+    version = os.environ.get("GGUF_GATEWAY_CLAUDE_CODE", VERSION)
+    PREFIX.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", str(PREFIX),
+                           f"@anthropic-ai/claude-code@{version}"], capture_output=True, text=True, timeout=600)
+    if done.returncode != 0 or not exe.exists():
+        pytest.skip(f"npm could not install @anthropic-ai/claude-code@{version}: {done.stderr[-500:]}")
+    return str(exe)
+
+
+def run_claude(tmp_path, n_ctx: int, prompts: list[str], *args: str, server: str = "") -> tuple[dict, list[dict], str]:
+    """``claude -p`` with ``args``, a session for each of ``prompts``, against the gateway serving
+    ``tmp_path/agent.gguf`` in a context of ``n_ctx``, in ``tmp_path/work``: the last JSON result,
+    the inference event of each request, and the gateway's metrics. ``server``: more settings."""
+    events = tmp_path / "events.jsonl"
+    cfg = tmp_path / "models.yaml"
+    cfg.write_text(f"server:\n  discover_default_stores: false\n  events_path: {events}\n{server}models:\n"
+                   f"  agent:\n    path: {tmp_path}/agent.gguf\n    n_ctx: {n_ctx}\n    parallel: 1\n")
+    work, home = tmp_path / "work", tmp_path / "home"
+    work.mkdir()
+    home.mkdir()
+    with ServerProcess("--config", str(cfg), env={"HOME": str(home)}) as srv:
+        for prompt in prompts:
+            done = subprocess.run([claude(), "-p", prompt, *args, "--output-format", "json", "--model", "agent",
+                                   "--max-turns", "3"], cwd=work, env=environment(srv.url, home), capture_output=True,
+                                  text=True, timeout=300, stdin=subprocess.DEVNULL)
+            if done.returncode != 0:
+                break
+        with urllib.request.urlopen(srv.url + "/metrics", timeout=10) as r:
+            metrics = r.read().decode()
+        log = srv.output()
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:], log[-3000:])
+    return json.loads(done.stdout), [json.loads(line) for line in events.read_text().splitlines()], metrics
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_claude_code_text_turns_and_a_new_session_reads_the_last_ones_prompt_from_the_cache(tmp_path, keep):
+    """Unless ``server.keep_billing_header``: then the header, first in the prompt, differs."""
+    tm.plain(tmp_path / "agent.gguf", context_length=32768)
+    # two first messages: Claude Code's billing header differs with the first message
+    result, events, _ = run_claude(tmp_path, 65536, ["What is two and two?", "List the files."], "--system-prompt",
+                                   "You are a test agent.", "--tools", "",
+                                   server=f"  keep_billing_header: {str(keep).lower()}\n")
+    assert result["result"] == "Hello, world!" and not result["is_error"], result
+    assert [e["status"] for e in events] == [200, 200]
+    first, second = events
+    assert second["prompt_tokens"] > 500 and first["cached_tokens"] == 0
+    if keep:
+        assert second["cached_tokens"] < 80, events  # up to where the headers differ
+    else:
+        assert second["cached_tokens"] >= second["prompt_tokens"] - 40, events  # all but the user's message
+
+
+@pytest.mark.parametrize("n_ctx", [65536, 32768])
+def test_claude_code_runs_a_bash_tool_round_trip(tmp_path, n_ctx):
+    """With room for Claude Code's max_tokens (32000 for a model it does not know) nothing is
+    refused. Without, each first try is refused in Anthropic's words for a context overflow, and
+    Claude Code asks again with the max_tokens that fits (what a small local context needs)."""
+    agent_model(tmp_path / "agent.gguf", FINAL, call=CALL, context_length=32768)
+    result, events, metrics = run_claude(tmp_path, n_ctx, ["Write the marker file."], "--system-prompt",
+                                           "You are a test agent.", "--tools", "Bash", "--allowedTools", "Bash")
+    assert result["result"] == "".join(FINAL) and not result["is_error"], result
+    assert (tmp_path / "work" / "marker.txt").read_text().strip() == "claude-code-ran"  # the tool really ran
+    statuses = [e["status"] for e in events]
+    if n_ctx == 65536:
+        assert statuses == [200, 200]
+    else:
+        assert statuses == [400, 200, 400, 200]
+        assert 'rejected_requests_total{reason="context_length_exceeded"} 2.0' in metrics
+
+
+def first_request(exe: str, tmp_path) -> dict:
+    """The body of Claude Code's first request with its default prompt and tools, caught by a
+    stand-in server that refuses it (Claude Code then gives up)."""
+    bodies: list[dict] = []
+
+    class Catch(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (http.server's name)
+            bodies.append(json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}"))
+            out = json.dumps({"type": "error", "error": {"type": "invalid_request_error", "message": "caught"}})
+            self.send_response(400)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out.encode())
+
+        def log_message(self, *args):
+            pass
+
+    catcher = ThreadingHTTPServer(("127.0.0.1", 0), Catch)
+    threading.Thread(target=catcher.serve_forever, daemon=True).start()
+    try:
+        (tmp_path / "home").mkdir()
+        subprocess.run([exe, "-p", "hi", "--output-format", "json", "--max-turns", "1"], cwd=tmp_path,
+                       env=environment(f"http://127.0.0.1:{catcher.server_port}", tmp_path / "home"),
+                       capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    finally:
+        catcher.shutdown()
+        catcher.server_close()
+    assert bodies, "Claude Code sent no request"
+    return bodies[0]
+
+
+def test_claude_codes_whole_first_request_is_read_and_its_tools_make_grammars(tmp_path):
+    import llama_cpp as L
+
+    from gateway.engine import toolgrammar
+    from gateway.grammar import MAX_MADE_GRAMMAR_CHARS, grammar_problem
+    from gateway.protocol import anthropic
+
+    @L.llama_log_callback
+    def quiet(level, text, user_data):  # the grammar's debug lines cut UTF-8, which the binding's logger cannot print
+        pass
+
+    body = first_request(claude(), tmp_path)
+    parsed = anthropic.parse(body)
+    messages = parsed.request.messages
+    assert messages[0]["role"] == "system" and "x-anthropic-billing-header" not in messages[0]["content"]
+    assert "x-anthropic-billing-header" in json.dumps(body["system"])  # it was sent, and left out
+    if any(m.get("role") == "system" for m in body["messages"]):  # its reminders, folded into user turns
+        assert [m["role"] for m in messages[1:]] == ["user"] and "<system-reminder>" in messages[1]["content"]
+    tools = parsed.request.tools
+    assert tools and len(tools) >= 10
+    vocab_file = tm.find_vocab("qwen2", cache_dir=REPO / ".cache" / "vocab")
+    L.llama_log_set(quiet, ctypes.c_void_p(0))
+    L.llama_backend_init()
+    params = L.llama_model_default_params()
+    params.vocab_only = True
+    model = L.llama_model_load_from_file(str(vocab_file).encode(), params)
+    try:
+        vocab = L.llama_model_get_vocab(model)
+        for fmt in ("hermes", "qwen3_coder", "llama3", "mistral", "harmony", "deepseek"):
+            grammar = toolgrammar.build(fmt, json.loads(json.dumps(tools)), required=True)
+            assert grammar_problem(grammar.gbnf, MAX_MADE_GRAMMAR_CHARS) is None, fmt
+            sampler = L.llama_sampler_init_grammar(vocab, grammar.gbnf.encode(), b"root")
+            assert sampler, fmt  # llama.cpp's parser took it
+            L.llama_sampler_free(sampler)
+    finally:
+        L.llama_model_free(model)
