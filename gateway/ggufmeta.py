@@ -62,6 +62,9 @@ class GGUFInfo:
     output_bytes: int = 0
     tied_output: bool = False  # no output.weight: the output head reuses the token embeddings
     n_vocab: int = 0
+    # the vocabulary names its fill-in-the-middle tokens (tokenizer.ggml.fim_{pre,suf,mid}_token_id;
+    # llama.cpp also finds them by their text once loaded, which a header alone does not tell)
+    fim: bool = False
     # the architecture's numbers (block_count, attention.head_count_kv, ...), without the prefix;
     # a per-layer array appears as its length
     shape: dict[str, int | float] = field(default_factory=dict)
@@ -285,6 +288,7 @@ def read_info(path: str | Path) -> GGUFInfo:
         output_bytes=weights.output,
         tied_output=not weights.has_output_head,
         n_vocab=num("tokenizer.ggml.tokens") or 0,
+        fim=all(type(meta.get(f"tokenizer.ggml.fim_{k}_token_id")) is int for k in ("pre", "suf", "mid")),
         shape={k[len(arch) + 1:]: v for k, v in meta.items() if k.startswith(f"{arch}.")
                and isinstance(v, (int, float)) and not isinstance(v, (bool, ArrayLength))},
     )

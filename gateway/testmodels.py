@@ -131,10 +131,15 @@ def write_scripted_model(
     context_length: int = 4096,
     extra_special: Sequence[str] = (),
     split_max_tensors: int = 0,
+    fim_ids: bool = False,
 ) -> ScriptedModel:
     """Write a scripted GGUF to ``path`` and return what each trigger will produce.
 
-    ``split_max_tensors`` > 0 writes a split model (``NAME-00001-of-0000N.gguf`` ...)."""
+    ``split_max_tensors`` > 0 writes a split model (``NAME-00001-of-0000N.gguf`` ...).
+    ``fim_ids`` names the fill-in-the-middle tokens in the header
+    (``tokenizer.ggml.fim_{pre,suf,mid}_token_id``: ``<|fim_prefix|>``, ``<|fim_suffix|>``,
+    ``<|fim_middle|>``, which ``extra_special`` must hold), as converted FIM models do; without
+    it llama.cpp finds such tokens by their text."""
     import gguf
 
     if isinstance(scripts, Script):
@@ -205,6 +210,9 @@ def write_scripted_model(
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     _spm_tokenizer(w, vocab.texts, vocab.types, bos, eog)
     w.add_chat_template(chat_template)
+    if fim_ids:
+        for key, text in (("pre", "<|fim_prefix|>"), ("suf", "<|fim_suffix|>"), ("mid", "<|fim_middle|>")):
+            w.add_uint32(f"tokenizer.ggml.fim_{key}_token_id", vocab.index[text])
     w.add_tensor("token_embd.weight", embd)
     w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
     w.add_tensor("output.weight", out.astype(np.float16))

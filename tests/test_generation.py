@@ -304,7 +304,8 @@ async def test_bad_json_is_a_400(client, raw):
     ({"model": "plain", "prompt": "x", "logprobs": 9}, "logprobs"),
     ({"model": "plain", "prompt": "x", "logprobs": 1, "echo": True}, "logprobs"),
     ({"model": "plain", "prompt": "x", "best_of": 3}, "best_of"),
-    ({"model": "plain", "prompt": "x", "suffix": "y"}, "suffix"),
+    ({"model": "plain", "prompt": "x", "suffix": "y"}, "suffix"),  # a model without FIM tokens
+    ({"model": "plain", "prompt": "x", "suffix": 5}, "suffix"),
 ])
 async def test_bad_completion_requests(client, body, param):
     r = await client.post("/v1/completions", json=body)

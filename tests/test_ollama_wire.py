@@ -85,7 +85,7 @@ def test_chat_mistakes_name_their_field(body, param):
 @pytest.mark.parametrize("body, param", [
     ({"model": "m", "prompt": 5}, "prompt"),
     ({"model": "m", "prompt": "x", "images": ["aGk="]}, "images"),
-    ({"model": "m", "prompt": "x", "suffix": "y"}, "suffix"),
+    ({"model": "m", "prompt": "x", "suffix": 5}, "suffix"),  # a string: fill in the middle (test_infill.py)
     ({"model": "m", "prompt": "x", "template": "{{ .Prompt }}"}, "template"),
     ({"model": "m", "prompt": "x", "raw": "yes"}, "raw"),
 ])

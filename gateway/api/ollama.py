@@ -19,7 +19,7 @@ from .. import __version__, answer
 from ..appkeys import CONFIG, REGISTRY
 from ..errors import ApiError
 from ..events import observation
-from ..protocol import ollama
+from ..protocol import fim, ollama
 from ..protocol.params import apply_defaults, apply_effort
 from ..sse import LineStream
 from .body import read_json_object
@@ -74,7 +74,10 @@ async def _answer(request: web.Request, parsed: ollama.OllamaParsed, chat: bool)
         obs.model = spec.name
         registry.keep_alive(spec, parsed.keep_alive)
         apply_defaults(parsed, spec.defaults)
-        answer.prepare(req, spec.name, spec.reasoning, spec.tool_format, backend.info)
+        if req.suffix is not None:
+            fim.require_fim(backend.info, spec.name, req.suffix_param)
+        answer.prepare(req, spec.name, spec.reasoning if req.suffix is None else None, spec.tool_format,
+                       backend.info)
         apply_effort(req, parsed.reasoning_effort, spec.reasoning_budgets, req.reasoning)
         async with backend.generate(req) as gen:
             _, parser = await answer.start(gen, req, stream=False)  # Ollama gives each call whole
@@ -208,6 +211,7 @@ async def show(request: web.Request) -> web.Response:
         model_info = {k: v for k, v in model_info.items() if v is not None}
     template = spec.chat_template or (info.chat_template if info else None) or ""
     capabilities = ["embedding"] if spec.embeddings else [] if spec.reranker else ["completion"]
+    fills = False
     if capabilities == ["completion"]:
         # what a loaded model reported (its vocabulary's markers too), else what its template shows
         model = registry.state(spec)
@@ -217,8 +221,13 @@ async def show(request: web.Request) -> web.Response:
             capabilities.append("tools")
         if answer.reasoning_format(spec.reasoning, known) not in (None, "think_leading"):
             capabilities.append("thinking")
+        # its vocabulary's FIM tokens: what the loaded model reported, else what its header names
+        fills = bool(known.get("fim", info.fim if info is not None else False))
+        if fills:
+            capabilities.append("insert")  # Ollama's name for fill in the middle
     return web.json_response({"modelfile": f"FROM {spec.path or spec.name}\n", "parameters": "",
-                              "template": template, "details": ollama.details(info), "model_info": model_info,
+                              "template": ollama.show_template(template, fills), "details": ollama.details(info),
+                              "model_info": model_info,
                               "capabilities": capabilities, "modified_at": _modified(spec)})
 
 

@@ -1,8 +1,11 @@
-"""OpenAI wire shape: /v1/models, /v1/chat/completions, /v1/completions."""
+"""OpenAI wire shape: /v1/models, /v1/chat/completions, /v1/completions (``suffix``: fill in
+the middle), Mistral's /v1/fim/completions; and llama-server's /infill, /props, /tokenize,
+/detokenize, /apply-template, /rerank."""
 
 from __future__ import annotations
 
 import logging
+import time
 
 from aiohttp import web
 
@@ -10,9 +13,11 @@ from .. import answer
 from ..appkeys import CONFIG, REGISTRY
 from ..errors import ApiError, InvalidRequest
 from ..events import observation
+from ..protocol import fim
 from ..protocol import openai as oai
+from ..protocol import props as props_wire
 from ..protocol import rerank as rerank_wire
-from ..protocol.params import apply_effort, require_model
+from ..protocol.params import apply_defaults, apply_effort, require_model
 from .body import read_json_object
 from .common import apply_limits, event_stream, ignore_gone, load_progress
 
@@ -39,11 +44,18 @@ async def completions(request: web.Request) -> web.StreamResponse:
     return await _complete(request, oai.parse_completion(await read_json_object(request)), "completion")
 
 
+async def fim_completions(request: web.Request) -> web.StreamResponse:
+    """Mistral's fill-in-the-middle route, answered in Mistral's shape (a chat completion's)."""
+    return await _complete(request, fim.parse_fim(await read_json_object(request)), "fim")
+
+
 async def _complete(request: web.Request, parsed: oai.Parsed, kind: str) -> web.StreamResponse:
     apply_limits(request, parsed)
     progress = load_progress(request, parsed.stream, lambda err: [(err.openai_body(), None)])
     async with request.app[REGISTRY].lease(parsed.model, on_progress=progress) as (spec, backend):
         observation(request).model = spec.name
+        if parsed.request.suffix is not None:
+            fim.require_fim(backend.info, spec.name, parsed.request.suffix_param)
         oai.apply_defaults(parsed, spec.defaults)
         return await _run(request, parsed, kind, spec, backend)
 
@@ -110,7 +122,7 @@ async def _stream(request: web.Request, render: oai.Renderer, parsed: oai.Parsed
                     elif isinstance(item, answer.Call | answer.CallArgs):
                         await sse.send(render.call_chunk(item, index), hold=True)
                     else:
-                        await sse.send(render.final_chunk(item.reason, index))
+                        await sse.send(render.final_chunk(item.reason, index, item))
                         finishes.append(item)
             if parsed.include_usage:
                 await sse.send(render.usage_chunk(finishes))
@@ -128,6 +140,88 @@ async def _stream(request: web.Request, render: oai.Renderer, parsed: oai.Parsed
     finally:
         for gen in gens:
             gen.close()
+
+
+def _only_model(request: web.Request, name: str) -> str:
+    """``name``, or where the caller named none (llama-server's clients name none) the
+    gateway's only model; with several, a 400 naming ``model`` (as llama-server's router's
+    "model name is missing from the request")."""
+    if name:
+        return name
+    specs = request.app[REGISTRY].specs()
+    if len(specs) == 1:
+        return specs[0].name
+    raise InvalidRequest(f"`model` is required: this gateway serves {len(specs)} models (see /v1/models)", "model")
+
+
+async def infill(request: web.Request) -> web.StreamResponse:
+    """llama-server's /infill: fill in the middle, answered in the shape of its /completion."""
+    parsed = fim.parse_infill(await read_json_object(request))
+    parsed.model = _only_model(request, parsed.model)
+    apply_limits(request, parsed)
+    req, obs = parsed.request, observation(request)
+    progress = load_progress(request, parsed.stream, lambda err: [(err.openai_body(), None)])
+    async with request.app[REGISTRY].lease(parsed.model, on_progress=progress) as (spec, backend):
+        obs.model = spec.name
+        fim.require_fim(backend.info, spec.name, req.suffix_param)
+        apply_defaults(parsed, spec.defaults)
+        answer.prepare(req, spec.name, None, spec.tool_format, backend.info)
+        started = time.monotonic()
+        async with backend.generate(req) as gen:
+            begun, parser = await answer.start(gen, req, stream=parsed.stream)
+            if parsed.stream:
+                return await _infill_stream(request, spec.name, parsed, gen, parser, begun.prompt_tokens, started)
+            text: list[str] = []
+            async for item in answer.pieces(gen, parser, obs):
+                if isinstance(item, answer.Piece):
+                    text.append(item.text)
+                elif isinstance(item, answer.Finish):
+                    timing = fim.timings(item, started, obs.first_token, obs.last_token)
+                    whole = fim.final(spec.name, "".join(text), item, timing, req)
+                    return web.json_response(fim.pick(parsed.response_fields, whole))
+    raise ApiError("the model worker ended the answer without finishing it", status=500)
+
+
+async def _infill_stream(request: web.Request, model: str, parsed: fim.InfillParsed, gen, parser, evaluated: int,
+                         started: float) -> web.StreamResponse:
+    """llama-server's /completion stream: ``data: {...}`` per piece, the final object last, no
+    ``[DONE]``; a failure mid-answer is an ``error`` object in-band."""
+    obs = observation(request)
+    sse = event_stream(request)
+    await sse.open()
+    gen.on_idle = sse.flush
+    try:
+        async for item in answer.pieces(gen, parser, obs):
+            if isinstance(item, answer.Piece):
+                predicted = 1 + len(obs.gaps) if obs.first_token is not None else 0
+                await sse.send(fim.partial(item.text, predicted, evaluated), hold=True)
+            elif isinstance(item, answer.Finish):
+                timing = fim.timings(item, started, obs.first_token, obs.last_token)
+                await sse.send(fim.pick(parsed.response_fields, fim.final(model, "", item, timing, parsed.request)))
+    except ApiError as err:
+        log.warning("infill stream for %s ended by an error: %s", model, err.message)
+        await ignore_gone(sse.send(err.openai_body()))
+    except ConnectionResetError:
+        obs.disconnected = True
+        return sse.response
+    await ignore_gone(sse.close())
+    return sse.response
+
+
+async def props(request: web.Request) -> web.Response:
+    """llama-server's GET /props for ``?model=NAME`` (loading it, as llama-server's router
+    does); without it, the only model's, or with several the router's own answer."""
+    registry = request.app[REGISTRY]
+    name = request.query.get("model", "")
+    specs = registry.specs()
+    if not name and len(specs) != 1:
+        return web.json_response(props_wire.router(len(specs)))
+    name = name or specs[0].name
+    async with registry.lease(name, embeddings=None) as (spec, backend):
+        observation(request).model = spec.name
+        info = backend.info
+    header = registry.info(spec)
+    return web.json_response(props_wire.model(spec, info, header.quantization if header else None))
 
 
 async def embeddings(request: web.Request) -> web.Response:
@@ -194,6 +288,9 @@ def setup(app: web.Application) -> None:
     app.router.add_get("/v1/models", list_models)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/fim/completions", fim_completions)
+    app.router.add_post("/infill", infill)
+    app.router.add_get("/props", props)
     app.router.add_post("/v1/embeddings", embeddings)
     for prefix in ("", "/v1"):
         app.router.add_post(f"{prefix}/rerank", rerank)

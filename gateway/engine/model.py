@@ -209,6 +209,9 @@ class Model:
             "chat_template": self.template, "has_model_template": self.model_template is not None,
             "gpu_offload": self.gpu_offload, "device": self.device, "pid": os.getpid(),
             "special_tokens": [m for m in (*MARKER_TOKENS, *CALL_MARKERS) if self.vocab.single_token(m)],
+            "fim": not self.vocab.fim.missing(),  # fill-in-the-middle: prefix, suffix and middle tokens
+            "bos_token": self._token_text(self.vocab.bos), "eos_token": self._token_text(self.vocab.eos),
+            "build_info": f"llama-cpp-python {getattr(self.ll, '__version__', '?')}",
             "n_embd": self.n_embd, "embeddings": self.params.embeddings, "reranker": self.params.reranker,
             "rpc": list(self.params.rpc),
             # what llama.cpp was given (README: llama-server's flags)
@@ -220,6 +223,9 @@ class Model:
             "buffers": BUFFERS,  # llama.cpp's own allocations, by kind and device
             "devices": self.device_memory(),  # and what its devices have free with this model loaded
         }
+
+    def _token_text(self, token: int) -> str:
+        return self.vocab.piece(token).decode("utf-8", "replace") if token >= 0 else ""
 
     def device_memory(self) -> list[dict[str, Any]]:
         """The devices and their free memory now: every one, or where ``devices`` names some,

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 from .. import chat_template
 from ..grammar import MAX_MADE_GRAMMAR_CHARS, grammar_problem
 from ..reasoning import ReasoningSplitter
-from . import protocol
+from . import infill, protocol
 from .model import Model
 from .refusals import Refused, failure
 from .sampling import structured_grammar
@@ -40,12 +40,44 @@ class Prompts:
     def tokens(self, req: Source, add_special: bool = True, param: str | None = None) -> PromptTokens:
         """The prompt as tokens, and the end of its text. A text that cannot fit is refused
         untokenized; ``param`` names the field in the refusal."""
+        if isinstance(req, protocol.GenerationRequest) and req.suffix is not None:
+            return self.infill(req)
         param = param or ("messages" if req.messages is not None else "prompt")
         if req.prompt_tokens is not None:
             return PromptTokens(self.vocab.known_ids(req.prompt_tokens, param), "")
         text = self.render(req) if req.messages is not None else req.prompt or ""
         self.check_fits(text, param)
         return PromptTokens(self.vocab.tokenize(text, add_special=add_special), text[-PROMPT_TAIL:])
+
+    def infill(self, req: protocol.GenerationRequest) -> PromptTokens:
+        """A fill-in-the-middle prompt: ``prompt`` before the cursor, ``suffix`` after it, the
+        extra files before both, in the model's FIM tokens (``infill.layout``, llama-server's
+        layout). A vocabulary without them is a 400 naming the suffix's field. Texts far longer
+        than what the layout keeps of them are cut (by bytes) before tokenizing."""
+        vocab, fim = self.vocab, self.vocab.fim
+        if missing := fim.missing():
+            raise Refused(400, f"model {self.model.params.name!r} cannot fill in the middle: its vocabulary has no "
+                               f"FIM {', '.join(missing)} token (tokenizer.ggml.fim_*_token_id); leave out "
+                               f"`{req.suffix_param}` for a plain completion", req.suffix_param, "fim_not_supported")
+        self.check_fits(req.infill_prompt, "prompt")
+        n_batch = self.model.cp.n_batch
+        chars = max(len(req.prompt or ""), len(req.suffix or ""), sum(len(e["text"]) for e in req.infill_extra))
+        # a text of at most this many bytes is never cut (a char is at most 4 bytes), and the
+        # vocabulary's scan for its longest piece is spared
+        longest = vocab.longest_piece() if 4 * chars > min(n_batch, self.n_ctx) else 1
+
+        def plain(text: str) -> list[int]:  # a caller's code: special tokens written in it stay text
+            return vocab.tokenize(text, add_special=False, parse_special=False)
+
+        keep = (n_batch + 8) * longest  # more bytes than the layout's share of a batch can hold
+        extra = infill.recent([infill.Extra(e.get("filename", "tmp"), e["text"]) for e in req.infill_extra],
+                              (self.n_ctx + 8) * longest)
+        prefix, suffix = infill.tail_bytes(req.prompt or "", keep), infill.head_bytes(req.suffix or "", keep)
+        tokens = infill.layout(
+            fim, plain, plain(prefix), plain(suffix), vocab.tokenize(req.infill_prompt, add_special=False), extra,
+            n_batch=n_batch, n_predict=-1 if req.max_tokens is None else req.max_tokens, n_ctx=self.n_ctx,
+            bos=vocab.bos if vocab.add_bos and vocab.bos >= 0 else None)
+        return PromptTokens(tokens, req.infill_prompt[-PROMPT_TAIL:])
 
     def check_fits(self, text: str, param: str) -> None:
         """Refuse, before tokenizing it, a text that cannot fit in a slot's context (tokenizing

@@ -233,6 +233,12 @@ class GenerationRequest:
     reasoning: str | None = None  # the model's thinking format (reasoning.py), set once the model is known
     thinking_budget: int | None = None  # most tokens of thinking; past it the worker ends the thinking block
     echo: bool = False  # the start event carries the prompt's text
+    # fill-in-the-middle (engine/infill.py lays the prompt out from the model's FIM tokens):
+    # with ``suffix`` set, ``prompt`` is the text before the cursor and ``suffix`` the text after
+    suffix: str | None = None
+    infill_extra: list[dict[str, str]] = field(default_factory=list)  # other files: {"filename", "text"}
+    infill_prompt: str = ""  # llama-server's /infill ``prompt``: text after the prefix, special tokens read
+    suffix_param: str = "suffix"  # the caller's field for the suffix, as a refusal names it
     deadline: float | None = None  # wall-clock time (time.time()) at which the answer ends with "length"
     # whose cached prompts this request may reuse (server.isolate_cache_by_key: the API key's
     # name); a slot holding another scope's cache is read afresh

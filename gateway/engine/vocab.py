@@ -8,6 +8,7 @@ import ctypes
 import threading
 from typing import Any
 
+from .infill import FimTokens
 from .refusals import Refused
 
 
@@ -19,6 +20,7 @@ class Vocab:
         self.bos = ll.llama_vocab_bos(self.handle)
         self.eos = ll.llama_vocab_eos(self.handle)
         self.add_bos = bool(ll.llama_vocab_get_add_bos(self.handle))
+        self.fim = self._fim_tokens()
         self._pieces: dict[int, bytes] = {}
         self._is_eog: dict[int, bool] = {}
         self._eog: list[int] | None = None
@@ -51,15 +53,26 @@ class Vocab:
                                                  default=1))
             return self._longest_piece
 
-    def tokenize(self, text: str, add_special: bool) -> list[int]:
+    def _fim_tokens(self) -> FimTokens:
+        """The fill-in-the-middle tokens llama.cpp found: the GGUF's ``tokenizer.ggml.fim_*``
+        ids, else the known token texts (llama-vocab.cpp); -1 (LLAMA_TOKEN_NULL) is none."""
+        def get(name: str) -> int | None:
+            tok = getattr(self.ll, f"llama_vocab_fim_{name}")(self.handle)
+            return tok if 0 <= tok < self.n_vocab else None
+
+        return FimTokens(*(get(n) for n in ("pre", "suf", "mid", "rep", "sep", "pad")))
+
+    def tokenize(self, text: str, add_special: bool, parse_special: bool = True) -> list[int]:
+        """``parse_special``: special tokens written in the text are read as such (a chat
+        template's markers); off for text a caller wrote as it is (fill-in-the-middle code)."""
         data = text.encode("utf-8")
         cap = len(data) + 8
         arr = (self.ll.llama_token * cap)()
-        n = self.ll.llama_tokenize(self.handle, data, len(data), arr, cap, add_special, True)
+        n = self.ll.llama_tokenize(self.handle, data, len(data), arr, cap, add_special, parse_special)
         if n < 0:
             cap = -n
             arr = (self.ll.llama_token * cap)()
-            n = self.ll.llama_tokenize(self.handle, data, len(data), arr, cap, add_special, True)
+            n = self.ll.llama_tokenize(self.handle, data, len(data), arr, cap, add_special, parse_special)
         tokens = list(arr[:n])
         if len(tokens) > 1 and tokens[0] == tokens[1] == self.bos and self.add_bos:
             tokens.pop(0)  # the template wrote bos_token and the tokenizer added one too

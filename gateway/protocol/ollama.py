@@ -18,6 +18,7 @@ from ..config import parse_duration
 from ..engine.protocol import GenerationRequest
 from ..errors import InvalidRequest
 from . import tools as wire_tools
+from .fim import read_suffix
 from .params import SAMPLING, Parsed, check_schema, read_stops, shown
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -210,7 +211,9 @@ def parse_chat(body: dict[str, Any]) -> OllamaParsed:
 
 def parse_generate(body: dict[str, Any]) -> OllamaParsed:
     """``/api/generate``: ``prompt`` (with ``system``) through the chat template, or as it is
-    with ``raw``. An empty prompt only loads the model (``keep_alive: 0``: unloads it)."""
+    with ``raw``; with ``suffix``, ``prompt`` and ``suffix`` as the text before and after the
+    cursor (fill in the middle, ``system`` unused). An empty prompt without a suffix only loads
+    the model (``keep_alive: 0``: unloads it)."""
     model = _model(body)
     prompt, system = body.get("prompt", ""), body.get("system")
     if prompt is None:
@@ -220,11 +223,14 @@ def parse_generate(body: dict[str, Any]) -> OllamaParsed:
     if system is not None and not isinstance(system, str):
         raise InvalidRequest("system must be a string", "system")
     _no_images(body.get("images"), "images")
-    for name in ("suffix", "template", "context"):
+    for name in ("template", "context"):
         if body.get(name):
             raise InvalidRequest(f"{name} is not supported by this gateway", name)
+    suffix = read_suffix(body)
     raw = _bool(body, "raw", False)
-    if raw:
+    if suffix is not None:  # fill in the middle, as Ollama does for a model whose template has .Suffix
+        req = GenerationRequest(prompt=prompt, suffix=suffix)
+    elif raw:
         req = GenerationRequest(prompt=prompt)
     else:
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
@@ -301,6 +307,19 @@ def details(info: Any) -> dict[str, Any]:
     return {"parent_model": "", "format": "gguf", "family": arch, "families": [arch] if arch else None,
             "parameter_size": getattr(info, "size_label", None) or "",
             "quantization_level": getattr(info, "quantization", None) or ""}
+
+
+# /api/show's template for a model that fills in the middle: Continue's editor extension (and
+# Ollama's own clients) send a ``suffix`` only to a model whose template mentions ``.Suffix``.
+FIM_TEMPLATE = ("{{- if .Suffix }}{{- /* fill in the middle: the model's FIM tokens around .Prompt and .Suffix, "
+                "as llama-server's /infill lays them out */ -}}{{ .Prompt }}{{ .Suffix }}{{- else }}\n{template}\n"
+                "{{- end }}")
+
+
+def show_template(template: str, fim: bool) -> str:
+    """/api/show's ``template``: the model's chat template, inside a ``.Suffix`` branch where
+    the model fills in the middle (Ollama's FIM models' templates have that shape)."""
+    return FIM_TEMPLATE.replace("{template}", template) if fim else template
 
 
 def ollama_name(name: str) -> str:

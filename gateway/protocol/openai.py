@@ -21,6 +21,7 @@ from ..engine.protocol import GenerationRequest
 from ..errors import InvalidRequest
 from ..grammar import grammar_problem
 from . import tools as wire_tools
+from .fim import read_suffix
 from .params import (  # noqa: F401 (apply_defaults: re-exported)
     EFFORTS,
     SAMPLING,
@@ -236,13 +237,15 @@ def parse_completion(body: dict[str, Any]) -> Parsed:
         raise InvalidRequest("`prompt` must be a string, an array of token ids, or an array of those", "prompt")
     if len(prompts) > MAX_PROMPTS:
         raise InvalidRequest(f"`prompt` may hold at most {MAX_PROMPTS} prompts, got {len(prompts)}", "prompt")
-    for name, harmless in (("suffix", (None, "")), ("best_of", (None, 1))):
-        value = body.get(name)
-        if not any(value is h or (type(value) is type(h) and value == h) for h in harmless):
-            raise InvalidRequest(f"`{name}` is not supported", name)
+    best_of = body.get("best_of")
+    if best_of is not None and (type(best_of) is not int or best_of != 1):
+        raise InvalidRequest("`best_of` is not supported", "best_of")
     echo = body.get("echo", False)
     if not isinstance(echo, bool):
         raise InvalidRequest("`echo` must be true or false", "echo")
+    suffix = read_suffix(body)  # fill-in-the-middle: the prompt is the text before the cursor
+    if suffix is not None and (echo or not all(isinstance(p, str) for p in prompts)):
+        raise InvalidRequest("`suffix` needs text prompts and no `echo`", "suffix")
     logprobs = body.get("logprobs")
     if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int) or not 0 <= logprobs <= 5):
         raise InvalidRequest(f"`logprobs` must be an integer from 0 to 5, got {shown(logprobs)}", "logprobs")
@@ -259,7 +262,7 @@ def parse_completion(body: dict[str, Any]) -> Parsed:
     for p in prompts:
         one = dataclasses.replace(req, stop=list(req.stop))
         if isinstance(p, str):
-            one.prompt = p
+            one.prompt, one.suffix = p, suffix
         else:
             one.prompt_tokens = p
         requests.append(one)
@@ -319,18 +322,25 @@ def usage(finishes: list[Finish], chat: bool) -> dict[str, Any]:
 class Renderer:
     """Builds every body and chunk of one answer, chat or text completion."""
 
-    kind: str  # "chat" | "completion"
+    # "chat" | "completion" | "fim": Mistral's /v1/fim/completions, in the chat shape (Mistral's
+    # answers, and Continue reads ``choices[0].delta.content``), its last chunk carrying an empty
+    # content and the usage (a chunk without choices would break those readers)
+    kind: str
     model: str
     fields: tuple[str, ...] = ("reasoning_content", "reasoning")  # where thinking goes in a message or delta
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
 
+    @property
+    def chat(self) -> bool:
+        return self.kind in ("chat", "fim")
+
     def __post_init__(self) -> None:
         if not self.id:
-            self.id = new_id("chatcmpl" if self.kind == "chat" else "cmpl")
+            self.id = new_id("chatcmpl" if self.chat else "cmpl")
 
     def _chunk(self, choice: dict[str, Any], usage_: dict[str, Any] | None = None, choices: bool = True):
-        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
         body: dict[str, Any] = {"id": self.id, "object": obj, "created": self.created, "model": self.model,
                                 "choices": [choice] if choices else []}
         if usage_ is not None:
@@ -338,7 +348,7 @@ class Renderer:
         return body
 
     def first_chunk(self) -> dict[str, Any] | None:
-        if self.kind != "chat":
+        if not self.chat:
             return None
         return self._chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                             "finish_reason": None})
@@ -347,7 +357,7 @@ class Renderer:
         """Chat: {"content": [...]}; text completions: the legacy tokens / token_logprobs shape."""
         if entries is None:
             return None
-        if self.kind == "chat":
+        if self.chat:
             return {"content": entries, "refusal": None}
         offsets, at = [], offset
         for e in entries:
@@ -359,7 +369,7 @@ class Renderer:
 
     def delta_chunk(self, piece: Piece, index: int = 0, offset: int = 0) -> dict[str, Any]:
         logprobs = self._logprobs(piece.logprobs, offset)
-        if self.kind != "chat":
+        if not self.chat:
             return self._chunk({"index": index, "text": piece.text, "logprobs": logprobs, "finish_reason": None})
         if piece.kind == "thinking":
             delta = {f: piece.text for f in self.fields}
@@ -377,20 +387,23 @@ class Renderer:
         return self._chunk({"index": index, "delta": {"tool_calls": [call]}, "logprobs": None,
                             "finish_reason": None})
 
-    def final_chunk(self, finish_reason: str, index: int = 0) -> dict[str, Any]:
-        if self.kind == "chat":
+    def final_chunk(self, finish_reason: str, index: int = 0, finish: Finish | None = None) -> dict[str, Any]:
+        if self.kind == "fim":
+            return self._chunk({"index": index, "delta": {"content": ""}, "logprobs": None,
+                                "finish_reason": finish_reason}, usage([finish], False) if finish else None)
+        if self.chat:
             return self._chunk({"index": index, "delta": {}, "logprobs": None, "finish_reason": finish_reason})
         return self._chunk({"index": index, "text": "", "logprobs": None, "finish_reason": finish_reason})
 
     def usage_chunk(self, finishes: list[Finish]) -> dict[str, Any]:
-        return self._chunk({}, usage(finishes, self.kind == "chat"), choices=False)
+        return self._chunk({}, usage(finishes, self.chat), choices=False)
 
     def choice(self, index: int, content: str, thinking: str, finish: Finish,
                logprobs: list[dict[str, Any]] | None, echo: str = "",
                calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         """``calls``: the tool calls made, each ``{"id", "name", "arguments"}`` (arguments as
         JSON text); with calls, ``content`` is the text before them, or null."""
-        if self.kind == "chat":
+        if self.chat:
             message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
             if thinking:
                 message.update({f: thinking for f in self.fields})
@@ -405,6 +418,6 @@ class Renderer:
                 "finish_reason": finish.reason}
 
     def whole(self, choices: list[dict[str, Any]], finishes: list[Finish]) -> dict[str, Any]:
-        return {"id": self.id, "object": "chat.completion" if self.kind == "chat" else "text_completion",
+        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
                 "created": self.created, "model": self.model, "choices": choices,
-                "usage": usage(finishes, self.kind == "chat")}
+                "usage": usage(finishes, self.chat)}

@@ -1,0 +1,124 @@
+"""Fill-in-the-middle prompts: the text before and after the cursor, and other files as
+context, laid out in the model's FIM tokens exactly as llama-server lays them out
+(``format_prompt_infill`` in llama.cpp's tools/server/server-common.cpp; older trees:
+``format_infill`` in tools/server/utils.hpp).
+
+Pure: the vocabulary comes in as a ``FimTokens`` and a tokenizer function, so the layout is
+tested without a model (tests/test_infill.py). ``Prompts`` (prompts.py) calls it in the worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+# llama-server's separator between extra chunks for a vocabulary without fim_sep, which it
+# writes in binary "to avoid confusing the AI": "\n\n--- snippet ---\n\n"
+SNIPPET = "\n\n--- snippet ---\n\n"
+REPO = "myproject\n"  # llama-server's project name after fim_rep ("TODO: make project name an input")
+CURRENT_FILE = "filename\n"  # and its name of the file being edited ("TODO: current filename")
+
+
+@dataclass(frozen=True, slots=True)
+class FimTokens:
+    """A vocabulary's fill-in-the-middle tokens (None: it has none). llama.cpp reads them from
+    ``tokenizer.ggml.fim_*_token_id`` or, failing that, finds them by their known texts
+    (``<|fim_prefix|>``, ``<fim_prefix>``, ``<PRE>``, ``▁<PRE>``, ...: llama-vocab.cpp's load),
+    and answers both through ``llama_vocab_fim_pre`` etc."""
+
+    pre: int | None
+    suf: int | None
+    mid: int | None
+    rep: int | None = None
+    sep: int | None = None
+    pad: int | None = None
+
+    def missing(self) -> list[str]:
+        """The tokens infill needs that this vocabulary lacks (llama-server's /infill check)."""
+        return [name for name, tok in (("prefix", self.pre), ("suffix", self.suf), ("middle", self.mid))
+                if tok is None]
+
+
+@dataclass(frozen=True, slots=True)
+class Extra:
+    filename: str
+    text: str
+
+
+def layout(fim: FimTokens, tokenize: Callable[[str], list[int]], prefix: list[int], suffix: list[int],
+           prompt: list[int], extra: list[Extra], *, n_batch: int, n_predict: int, n_ctx: int,
+           bos: int | None) -> list[int]:
+    """The prompt's tokens, llama-server's repo-level pattern (https://arxiv.org/pdf/2409.12186):
+
+        [FIM_REP]myproject\\n [FIM_SEP]filename0\\n extra chunk 0 ... [FIM_SEP]filename\\n
+        [BOS][FIM_PRE]prefix prompt[FIM_SUF]suffix[FIM_MID]
+
+    ``prefix``, ``suffix`` and ``prompt`` are tokenized already (prefix and suffix without
+    reading special tokens in them, ``prompt`` with); ``tokenize`` reads the other texts,
+    without special tokens. A vocabulary without fim_sep gets each chunk after SNIPPET instead.
+    As llama-server:
+    - the prefix keeps its last 3/4 of ``n_batch`` tokens, the suffix its first
+      ``n_batch/4 - (2 + len(prompt))``: prefix and suffix fit in one batch, 3:1;
+    - the extra context keeps its last ``n_ctx - n_batch - 2 * n_predict`` tokens, and goes
+      before the BOS (llama-server puts the BOS in front first, then inserts the extra context
+      in front of that);
+    - ``n_predict`` is -1 for "until the end": llama-server passes its --n-predict flag (-1 by
+      default) here; this gateway passes the request's own limit where it has one;
+    - where the whole would not leave the answer room in ``n_ctx`` (see below), less is kept.
+    PSM order only (llama-server's --spm-infill, suffix first, is not offered)."""
+    extra_tokens: list[int] = []
+    if fim.rep is not None:
+        extra_tokens += [fim.rep, *tokenize(REPO)]
+    for chunk in extra:
+        if fim.sep is not None:
+            extra_tokens += [fim.sep, *tokenize(chunk.filename + "\n")]
+        else:
+            extra_tokens += tokenize(SNIPPET)
+        extra_tokens += tokenize(chunk.text)
+    if fim.sep is not None:
+        extra_tokens += [fim.sep, *tokenize(CURRENT_FILE)]
+
+    n_prefix_take = min(len(prefix), 3 * (n_batch // 4))
+    n_suffix_take = min(len(suffix), max(0, n_batch // 4 - (2 + len(prompt))))
+    n_extra_take = min(max(0, n_ctx - n_batch - 2 * n_predict), len(extra_tokens))
+    # Past llama-server: the answer keeps room for at least max(n_predict, 1) tokens (llama-server
+    # would shift the context instead, which this gateway does not): the extra context gives way
+    # first, then the prefix's oldest tokens.
+    fixed = 3 + (bos is not None) + len(prompt) + n_suffix_take
+    room = max(0, n_ctx - max(n_predict, 1) - fixed)
+    n_prefix_take = min(n_prefix_take, room)
+    n_extra_take = min(n_extra_take, room - n_prefix_take)
+
+    assert fim.pre is not None and fim.suf is not None and fim.mid is not None, fim.missing()
+    head = [fim.pre, *prefix[len(prefix) - n_prefix_take:], *prompt]
+    tail = [fim.suf, *suffix[:n_suffix_take]]
+    if bos is not None:
+        head.insert(0, bos)
+    context = extra_tokens[len(extra_tokens) - n_extra_take:]
+    return [*context, *head, *tail, fim.mid]
+
+
+def recent(extra: list[Extra], keep: int) -> list[Extra]:
+    """The last chunks of ``extra`` whose texts hold at most about ``keep`` bytes together, and
+    the one that crosses it: ``layout`` keeps only the end of the extra context, so chunks wholly
+    before what the context can hold need not be tokenized."""
+    out: list[Extra] = []
+    for chunk in reversed(extra):
+        out.append(chunk)
+        keep -= len(chunk.text.encode("utf-8"))  # texts only: a filename may not reach the prompt
+        if keep <= 0:
+            break
+    return out[::-1]
+
+
+def tail_bytes(text: str, keep: int) -> str:
+    """The end of ``text``, at most about ``keep`` bytes of it (whole characters): a prefix far
+    longer than what ``layout`` keeps of it need not be tokenized whole."""
+    data = text.encode("utf-8")
+    return text if len(data) <= keep else data[-keep:].decode("utf-8", "ignore")
+
+
+def head_bytes(text: str, keep: int) -> str:
+    """The start of ``text``, at most about ``keep`` bytes of it (whole characters)."""
+    data = text.encode("utf-8")
+    return text if len(data) <= keep else data[:keep].decode("utf-8", "ignore")
