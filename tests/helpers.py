@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -29,6 +30,25 @@ def chromium() -> str | None:
         if candidate and (found := shutil.which(candidate)):
             return found
     return None
+
+
+@contextlib.contextmanager
+def headless_chromium():
+    """Debian's Chromium driven by Playwright, for a module's ``browser`` fixture; the test is
+    skipped, saying why, where Playwright or a Chromium is missing (nothing downloads one)."""
+    import pytest
+
+    sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed (the test extra has it)")
+    binary = chromium()
+    if binary is None:
+        pytest.skip("no Chromium installed (Debian/Ubuntu: apt-get install chromium); "
+                    "./scripts/test installs it where it may")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=binary, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
 
 
 def gateway_command() -> list[str]:

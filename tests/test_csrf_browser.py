@@ -15,13 +15,11 @@ import time
 import urllib.request
 
 import pytest
-from helpers import CHROMIUM_ARGS, ServerProcess, chromium, free_port
+from helpers import ServerProcess, free_port, headless_chromium
 
 from gateway import testmodels as tm
 
 pytestmark = pytest.mark.slow
-
-sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed (the test extra has it)")
 
 ATTACK = """<!doctype html><html><body>
 <form id="f" method="POST" action="{gw}/models/load" enctype="text/plain" target="sink">
@@ -46,14 +44,8 @@ ATTACK = """<!doctype html><html><body>
 
 @pytest.fixture(scope="module")
 def browser():
-    binary = chromium()
-    if binary is None:
-        pytest.skip("no Chromium installed (Debian/Ubuntu: apt-get install chromium); "
-                    "./scripts/test installs it where it may")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=binary, args=CHROMIUM_ARGS)
+    with headless_chromium() as b:
         yield b
-        b.close()
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import time
 import urllib.request
 
 import pytest
-from helpers import CHROMIUM_ARGS, ServerProcess, chromium
+from helpers import ServerProcess, headless_chromium
 
 from gateway import testmodels as tm
 
@@ -27,14 +27,8 @@ KEY = "s3cret"
 
 @pytest.fixture(scope="module")
 def browser():
-    binary = chromium()
-    if binary is None:
-        pytest.skip("no Chromium installed (Debian/Ubuntu: apt-get install chromium); "
-                    "./scripts/test installs it where it may")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=binary, args=CHROMIUM_ARGS)
+    with headless_chromium() as b:
         yield b
-        b.close()
 
 
 @pytest.fixture(scope="module")
