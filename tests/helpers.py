@@ -148,6 +148,36 @@ class ServerProcess:
         self.stop()
 
 
+_QUIET_LOG = None  # llama.cpp keeps the log callback's address: it must live as long as the process
+
+
+@contextlib.contextmanager
+def vocab_only(vocab: str):
+    """llama.cpp's real ``vocab`` vocabulary (a vocab-only GGUF) loaded in this process, for
+    grammar tests, with llama.cpp's log quiet (a grammar's debug lines cut UTF-8, which the
+    binding's logger cannot print). Yields the ``llama_vocab`` handle."""
+    import ctypes
+
+    import llama_cpp as L
+
+    from gateway import testmodels as tm
+
+    global _QUIET_LOG
+    if _QUIET_LOG is None:
+        _QUIET_LOG = L.llama_log_callback(lambda level, text, user_data: None)
+    L.llama_log_set(_QUIET_LOG, ctypes.c_void_p(0))
+    L.llama_backend_init()
+    params = L.llama_model_default_params()
+    params.vocab_only = True
+    model = L.llama_model_load_from_file(str(tm.find_vocab(vocab, cache_dir=REPO / ".cache" / "vocab")).encode(),
+                                         params)
+    assert model
+    try:
+        yield L.llama_model_get_vocab(model)
+    finally:
+        L.llama_model_free(model)
+
+
 def tiny_random_model(vocab: str, seed: int) -> Path:
     """A one-layer random-weight llama with llama.cpp's real ``vocab`` vocabulary, written once
     into the repository's cache and kept between runs."""

@@ -13,7 +13,6 @@
 
 Skipped, with the reason, where npm or the package is not to be had."""
 
-import ctypes
 import json
 import os
 import shutil
@@ -23,7 +22,7 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from helpers import REPO, ServerProcess, agent_model
+from helpers import REPO, ServerProcess, agent_model, vocab_only
 
 from gateway import testmodels as tm
 
@@ -162,10 +161,6 @@ def test_claude_codes_whole_first_request_is_read_and_its_tools_make_grammars(tm
     from gateway.grammar import MAX_MADE_GRAMMAR_CHARS, grammar_problem
     from gateway.protocol import anthropic
 
-    @L.llama_log_callback
-    def quiet(level, text, user_data):  # the grammar's debug lines cut UTF-8, which the binding's logger cannot print
-        pass
-
     body = first_request(claude(), tmp_path)
     parsed = anthropic.parse(body)
     messages = parsed.request.messages
@@ -175,19 +170,10 @@ def test_claude_codes_whole_first_request_is_read_and_its_tools_make_grammars(tm
         assert [m["role"] for m in messages[1:]] == ["user"] and "<system-reminder>" in messages[1]["content"]
     tools = parsed.request.tools
     assert tools and len(tools) >= 10
-    vocab_file = tm.find_vocab("qwen2", cache_dir=REPO / ".cache" / "vocab")
-    L.llama_log_set(quiet, ctypes.c_void_p(0))
-    L.llama_backend_init()
-    params = L.llama_model_default_params()
-    params.vocab_only = True
-    model = L.llama_model_load_from_file(str(vocab_file).encode(), params)
-    try:
-        vocab = L.llama_model_get_vocab(model)
+    with vocab_only("qwen2") as vocab:
         for fmt in ("hermes", "qwen3_coder", "llama3", "mistral", "harmony", "deepseek"):
             grammar = toolgrammar.build(fmt, json.loads(json.dumps(tools)), required=True)
             assert grammar_problem(grammar.gbnf, MAX_MADE_GRAMMAR_CHARS) is None, fmt
             sampler = L.llama_sampler_init_grammar(vocab, grammar.gbnf.encode(), b"root")
             assert sampler, fmt  # llama.cpp's parser took it
             L.llama_sampler_free(sampler)
-    finally:
-        L.llama_model_free(model)

@@ -5,16 +5,14 @@ free text before a lazy grammar's trigger is never constrained."""
 
 import ctypes
 import math
-from pathlib import Path
 
 import llama_cpp as L
 import pytest
+from helpers import vocab_only
 
-from gateway import testmodels as tm
 from gateway.engine import toolgrammar
 from gateway.grammar import MAX_GRAMMAR_CHARS, MAX_MADE_GRAMMAR_CHARS, grammar_problem
 
-REPO = Path(__file__).resolve().parent.parent
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}}
 NOW = {"type": "function", "function": {"name": "now"}}
@@ -39,22 +37,10 @@ VARIANTS = {  # the other spellings a format's grammar allows
 }
 
 
-@L.llama_log_callback
-def _quiet(level, text, user_data):  # the grammar's debug lines cut UTF-8, which the binding's logger cannot print
-    pass
-
-
 @pytest.fixture(scope="module")
 def vocab():
-    path = tm.find_vocab("qwen2", cache_dir=REPO / ".cache" / "vocab")
-    L.llama_log_set(_quiet, ctypes.c_void_p(0))
-    L.llama_backend_init()
-    params = L.llama_model_default_params()
-    params.vocab_only = True
-    model = L.llama_model_load_from_file(str(path).encode(), params)
-    assert model
-    yield L.llama_model_get_vocab(model)
-    L.llama_model_free(model)
+    with vocab_only("qwen2") as v:
+        yield v
 
 
 def tokens(vocab, text: str) -> list[int]:
