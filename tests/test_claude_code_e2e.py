@@ -15,21 +15,20 @@ Skipped, with the reason, where npm or the package is not to be had."""
 
 import json
 import os
-import shutil
 import subprocess
 import threading
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from helpers import REPO, ServerProcess, agent_model, vocab_only
+from agents import npm_program
+from helpers import ServerProcess, agent_model, vocab_only
 
 from gateway import testmodels as tm
 
 pytestmark = pytest.mark.slow
 
 VERSION = "2.1.197"  # the version this was tried with; GGUF_GATEWAY_CLAUDE_CODE picks another
-PREFIX = REPO / ".cache" / "claude-code"
 COMMAND = "echo claude-code-ran > marker.txt"
 CALL = ["<tool_call>", "\n", '{"name":', ' "Bash",', ' "arguments":', ' {"command":', f' "{COMMAND}"}}}}', "\n",
         "</tool_call>"]
@@ -45,20 +44,9 @@ def environment(url: str, home) -> dict[str, str]:
 
 
 def claude() -> str:
-    """The ``claude`` executable, installed on first use; skips where it cannot be."""
-    exe = PREFIX / "node_modules" / ".bin" / "claude"
-    if exe.exists():
-        return str(exe)
-    npm = shutil.which("npm")
-    if npm is None:
-        pytest.skip("npm is not installed: cannot fetch @anthropic-ai/claude-code")
-    version = os.environ.get("GGUF_GATEWAY_CLAUDE_CODE", VERSION)
-    PREFIX.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", str(PREFIX),
-                           f"@anthropic-ai/claude-code@{version}"], capture_output=True, text=True, timeout=600)
-    if done.returncode != 0 or not exe.exists():
-        pytest.skip(f"npm could not install @anthropic-ai/claude-code@{version}: {done.stderr[-500:]}")
-    return str(exe)
+    """The ``claude`` executable, installed on first use."""
+    return str(npm_program("@anthropic-ai/claude-code", VERSION, "claude", "claude-code",
+                           env_version="GGUF_GATEWAY_CLAUDE_CODE"))
 
 
 def run_claude(tmp_path, n_ctx: int, prompts: list[str], *args: str, server: str = "") -> tuple[dict, list[dict], str]:

@@ -17,20 +17,18 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+from agents import LoggingProxy, npm_program
 from helpers import REPO, ServerProcess, agent_model
-from test_responses_codex_cli import LoggingProxy
 
 from gateway import testmodels as tm
 
 pytestmark = pytest.mark.slow
 
 VERSION = "1.5.47"  # the version this tier was written against; GGUF_GATEWAY_CONTINUE_CLI picks another
-PREFIX = REPO / ".cache" / "continue-cli"
 PROOF = "continue-ran"
 FINAL = ["The", " command", " ran", "."]
 NOTE = "The secret word is walrus."
@@ -42,25 +40,8 @@ def call(name: str, arguments: str) -> list[str]:
 
 
 def cn_binary() -> Path:
-    """Continue's ``cn``, installed on first use; a skip naming the reason where it cannot be."""
-    version = os.environ.get("GGUF_GATEWAY_CONTINUE_CLI", VERSION)
-    binary = PREFIX / "node_modules" / ".bin" / "cn"
-    installed = PREFIX / "node_modules" / "@continuedev" / "cli" / "package.json"
-    if installed.exists() and json.loads(installed.read_text()).get("version") == version and binary.exists():
-        return binary
-    npm = shutil.which("npm")
-    if npm is None:
-        pytest.skip("npm is not installed: the Continue CLI tier needs it to install @continuedev/cli")
-    PREFIX.mkdir(parents=True, exist_ok=True)
-    try:
-        done = subprocess.run([npm, "install", "--no-save", "--no-audit", "--no-fund", "--prefix", str(PREFIX),
-                               f"@continuedev/cli@{version}"], capture_output=True, text=True, timeout=600,
-                              stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        pytest.skip(f"npm install @continuedev/cli@{version} timed out (no registry?)")
-    if done.returncode != 0 or not binary.exists():
-        pytest.skip(f"npm could not install @continuedev/cli@{version}: {done.stderr.strip()[-300:]}")
-    return binary
+    """Continue's ``cn``, installed on first use."""
+    return npm_program("@continuedev/cli", VERSION, "cn", "continue-cli", env_version="GGUF_GATEWAY_CONTINUE_CLI")
 
 
 def config_yaml(model: str, api_base: str) -> str:

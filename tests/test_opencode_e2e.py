@@ -12,20 +12,18 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import REPO, ServerProcess, agent_model
-from test_responses_codex_cli import LoggingProxy
+from agents import LoggingProxy, npm_program
+from helpers import ServerProcess, agent_model
 
 from gateway import testmodels as tm
 
 pytestmark = pytest.mark.slow
 
 VERSION = "1.18.33"  # the registry's latest when this tier was written
-PREFIX = REPO / ".cache" / "opencode"
 PROOF = "opencode-was-here"
 COMMAND = f"echo {PROOF} > proof.txt"
 CALL = ["<tool_call>", "\n", '{"name":', ' "bash",', ' "arguments":', ' {"command":', f' "{COMMAND}"}}}}', "\n",
@@ -37,20 +35,8 @@ N_CTX = 131072
 
 
 def opencode() -> str:
-    """The ``opencode`` executable, installed on first use; skips where it cannot be."""
-    exe = PREFIX / "node_modules" / ".bin" / "opencode"
-    installed = PREFIX / "node_modules" / "opencode-ai" / "package.json"
-    if installed.exists() and json.loads(installed.read_text()).get("version") == VERSION and exe.exists():
-        return str(exe)
-    npm = shutil.which("npm")
-    if npm is None:
-        pytest.skip("npm is not installed: the opencode tier needs it to install opencode-ai")
-    PREFIX.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run([npm, "install", "--no-save", "--no-audit", "--no-fund", "--prefix", str(PREFIX),
-                           f"opencode-ai@{VERSION}"], capture_output=True, text=True, timeout=600)
-    if done.returncode != 0 or not exe.exists():
-        pytest.skip(f"npm could not install opencode-ai@{VERSION}: {done.stderr.strip()[-300:]}")
-    return str(exe)
+    """The ``opencode`` executable, installed on first use."""
+    return str(npm_program("opencode-ai", VERSION, "opencode", "opencode"))
 
 
 def config(base_url: str) -> dict:

@@ -7,94 +7,27 @@ registry) the tests are skipped, saying why."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import shutil
 import subprocess
-import threading
 from pathlib import Path
 
-import aiohttp
 import pytest
-from aiohttp import web
-from helpers import REPO, ServerProcess, free_port
-from test_responses_codex_e2e import call_model
+from agents import LoggingProxy, call_model, npm_program
+from helpers import ServerProcess
 
 from gateway import testmodels as tm
 
 pytestmark = pytest.mark.slow
 
 CODEX_VERSION = "0.169.0"  # the version this tier was written against (issue 35)
-CODEX_DIR = REPO / ".cache" / "codex"
 PROOF = "codex-was-here"
 
 
 def codex_binary() -> Path:
-    """Codex's launcher, installed on first use; a skip naming the reason where it cannot be."""
-    binary = CODEX_DIR / "node_modules" / ".bin" / "codex"
-    installed = CODEX_DIR / "node_modules" / "@openai" / "codex" / "package.json"
-    if installed.exists() and json.loads(installed.read_text()).get("version") == CODEX_VERSION and binary.exists():
-        return binary
-    npm = shutil.which("npm")
-    if npm is None:
-        pytest.skip("npm is not installed: the Codex CLI tier needs it to install @openai/codex")
-    CODEX_DIR.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run([npm, "install", "--no-save", "--no-audit", "--no-fund", "--prefix", str(CODEX_DIR),
-                           f"@openai/codex@{CODEX_VERSION}"], capture_output=True, text=True, timeout=600)
-    if done.returncode != 0 or not binary.exists():
-        pytest.skip(f"npm could not install @openai/codex@{CODEX_VERSION}: {done.stderr.strip()[-300:]}")
-    return binary
+    return npm_program("@openai/codex", CODEX_VERSION, "codex", "codex")
 
 
-class LoggingProxy:
-    """A loopback reverse proxy in its own thread: forwards every request to ``target`` as it
-    comes (streams included) and records its method, path, status and body."""
-
-    def __init__(self, target: str):
-        self.target, self.port = target, free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.records: list[dict] = []
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    async def _forward(self, request: web.Request) -> web.StreamResponse:
-        body = await request.read()
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
-        async with aiohttp.ClientSession(auto_decompress=False) as session, \
-                session.request(request.method, self.target + request.path_qs, data=body, headers=headers) as up:
-            self.records.append({"method": request.method, "path": request.path, "status": up.status,
-                                 "body": json.loads(body) if body else None})
-            skip = ("content-length", "transfer-encoding")
-            response = web.StreamResponse(status=up.status,
-                                          headers={k: v for k, v in up.headers.items() if k.lower() not in skip})
-            await response.prepare(request)
-            async for chunk in up.content.iter_any():
-                await response.write(chunk)
-            await response.write_eof()
-            return response
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        app = web.Application(client_max_size=64 * 2**20)
-        app.router.add_route("*", "/{tail:.*}", self._forward)
-        self._runner = web.AppRunner(app)
-        self._loop.run_until_complete(self._runner.setup())
-        self._loop.run_until_complete(web.TCPSite(self._runner, "127.0.0.1", self.port).start())
-        self._ready.set()
-        self._loop.run_forever()
-
-    def __enter__(self) -> LoggingProxy:
-        self._thread.start()
-        self._ready.wait(10)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        self._loop.close()
 
 
 @pytest.fixture(scope="module")

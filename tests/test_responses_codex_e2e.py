@@ -8,7 +8,8 @@ import json
 
 import openai
 import pytest
-from helpers import REPO, ServerProcess
+from agents import call_model
+from helpers import ServerProcess
 from openapi import validate, validate_event
 
 from gateway import testmodels as tm
@@ -22,17 +23,6 @@ PATCH = {"type": "custom", "name": "apply_patch", "description": "Apply a patch 
          "format": {"type": "grammar", "syntax": "lark", "definition": 'start: "*** Begin Patch" /(.|\\n)*/'}}
 HOSTED = [{"type": "web_search", "external_web_access": False}, {"type": "image_generation", "output_format": "png"}]
 PATCH_TEXT = "*** Begin Patch\n*** Add File: a.txt\n+hi\n*** End Patch"
-
-
-def call_model(path, name: str, arguments: list[str], final: list[str]):
-    """A scripted model under Qwen 2.5's real template that calls ``name`` with the JSON
-    ``arguments`` (its pieces), then answers ``final`` once the tool's result is in (the template
-    ends a prompt after a tool result with "!", the final script's trigger)."""
-    qwen = tm.llama_cpp_source_file("models/templates/Qwen-Qwen2.5-7B-Instruct.jinja", REPO / ".cache" / "templates")
-    template = qwen.read_text() + "{%- if messages[-1]['role'] == 'tool' %}!{% endif %}"
-    call = [tm.Special("<tool_call>"), "\n", '{"name":', f' "{name}",', ' "arguments":', *arguments, "}", "\n",
-            tm.Special("</tool_call>")]
-    tm.write_scripted_model(path, [tm.Script(call), tm.Script(final, trigger="!")], chat_template=template)
 
 
 @pytest.fixture(scope="module")
