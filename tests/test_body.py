@@ -70,6 +70,7 @@ def test_compressed_bodies_are_decoded_within_the_limit():
 @pytest.mark.parametrize("headers, ok", [
     ({}, True), ({"Content-Type": "application/json"}, True), ({"Content-Type": "application/json; charset=utf-8"}, True),
     ({"Content-Type": "application/vnd.api+json"}, True),
+    ({"Content-Type": "application/octet-stream"}, True),  # what an HTTP library writes for bytes; a browser asks first
     ({"Content-Type": "application/x-www-form-urlencoded"}, True),  # curl -d, no browser headers
     ({"Content-Type": "application/x-www-form-urlencoded", "Origin": "http://127.0.0.1:8080"}, False),
     ({"Content-Type": "application/x-www-form-urlencoded", "Sec-Fetch-Mode": "navigate"}, False),

@@ -54,21 +54,27 @@ async def read_json_object(request: web.Request) -> dict[str, Any]:
 
 
 def check_content_type(headers: Mapping[str, str]) -> None:
-    """A JSON body must say it is JSON where a browser could have sent it: a form or a
-    ``text/plain`` body is what a page on another site can make a browser post without asking
-    (CSRF). No type, and the form type from a client that is not a browser (``curl -d``, as
-    Ollama's own examples post), are taken as JSON."""
+    """A JSON body must say it is JSON where a browser could have sent it: the types a page on
+    another site can make a browser post without asking first (CORS's safelisted
+    ``text/plain``, ``multipart/form-data`` and ``application/x-www-form-urlencoded``) are
+    refused (CSRF). Any other type (``application/octet-stream``, as an HTTP library writes for
+    bytes) a browser must ask about first, which CORS answers, so it is taken as JSON like no
+    type at all; and so is the form type from a client that is not a browser (``curl -d``, as
+    Ollama's own examples post)."""
     given = headers.get("Content-Type")
     if given is None:
         return
     kind = given.split(";", 1)[0].strip().lower()
-    if kind == "application/json" or kind.endswith("+json"):
+    if kind not in _SIMPLE_TYPES:
         return
     browser = "Origin" in headers or any(k.lower().startswith("sec-fetch-") for k in headers)
     if kind == "application/x-www-form-urlencoded" and not browser:
         return
     raise ApiError(f"Content-Type {given[:60]!r} is not JSON: send the body as application/json", status=415,
                    code="unsupported_media_type")
+
+
+_SIMPLE_TYPES = frozenset({"text/plain", "multipart/form-data", "application/x-www-form-urlencoded"})
 
 
 def parse_body(raw: bytes, encoding: str, limit: int) -> dict[str, Any]:
