@@ -1,6 +1,7 @@
-"""What the real agent programs' test tier shares: each program installed from npm on first use
-(``npm_program``), the scripted model that makes Codex's calls (``call_model``), and a logging
-proxy that records every request an agent makes (each tier asserts none got a 4xx or 5xx)."""
+"""What the real agent programs' test tier shares: each program installed from npm or PyPI on
+first use (``npm_program``, ``pip_program``), the scripted model that makes Codex's calls
+(``call_model``), and a logging proxy that records every request an agent makes (each tier
+asserts none got a 4xx or 5xx)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -56,6 +58,32 @@ def npm_program(package: str, version: str, binary: str, folder: str, env_versio
     return exe
 
 
+def pip_program(package: str, version: str, binary: str, folder: str, env_version: str | None = None) -> Path:
+    """``binary`` of PyPI's ``package`` at ``version`` (or the one ``$env_version`` names), installed
+    on first use into a virtual environment of its own in the repository's ignored
+    ``.cache/folder`` (a program such as aider pins its own versions of what the gateway uses);
+    pip's wheel cache is left alone. The test is skipped, saying why, where the index is not to
+    be had."""
+    version = os.environ.get(env_version, version) if env_version else version
+    prefix = REPO / ".cache" / folder
+    exe, python = prefix / "bin" / binary, prefix / "bin" / "python"
+    stamp = prefix / "installed.txt"
+    if exe.exists() and stamp.exists() and stamp.read_text() == f"{package}=={version}":
+        return exe
+    try:
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(prefix)], check=True, capture_output=True,
+                       timeout=120)
+        done = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                               f"{package}=={version}"], capture_output=True, text=True, timeout=900,
+                              stdin=subprocess.DEVNULL)
+    except (subprocess.TimeoutExpired, subprocess.CalledProcessError) as e:
+        pytest.skip(f"could not install {package}=={version}: {e}")
+    if done.returncode != 0 or not exe.exists():
+        pytest.skip(f"pip could not install {package}=={version}: {done.stderr.strip()[-300:]}")
+    stamp.write_text(f"{package}=={version}")
+    return exe
+
+
 class LoggingProxy:
     """A loopback reverse proxy in its own thread: forwards every request to ``target`` as it
     comes (streams included) and records its method, path, status and body."""
@@ -72,7 +100,9 @@ class LoggingProxy:
         body = await request.read()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
         async with aiohttp.ClientSession(auto_decompress=False) as session, \
-                session.request(request.method, self.target + request.path_qs, data=body, headers=headers) as up:
+                session.request(request.method, self.target + request.path_qs, data=body, headers=headers,
+                                # forwarded as sent: no Content-Type where the agent wrote none
+                                skip_auto_headers=() if "Content-Type" in request.headers else ("Content-Type",)) as up:
             self.records.append({"method": request.method, "path": request.path, "status": up.status,
                                  "body": json.loads(body) if body else None})
             skip = ("content-length", "transfer-encoding")
