@@ -30,6 +30,7 @@ from .engine.protocol import (  # noqa: F401 (the kinds: re-exported)
     Prompt,
     Tokens,
 )
+from .engine.settings import settings_of
 from .ggufmeta import ModelFileError
 
 
@@ -115,6 +116,15 @@ def kv_cache(spec: ModelSpec, server: ServerConfig) -> dict[str, Any]:
     return {"kv_cache_dir": str(root), "kv_cache_max_bytes": server.kv_cache_max_bytes}
 
 
+def load_params(spec: ModelSpec, server: ServerConfig) -> LoadParams:
+    """What a local model's worker loads: the spec's file and every llama.cpp setting it holds
+    (``LlamaSettings``'s fields, whatever they are), and what the gateway adds. ``spec`` is local
+    (``path`` set)."""
+    return LoadParams(name=spec.name, path=str(spec.path), **settings_of(spec),
+                      embeddings=spec.embeddings or spec.reranker, stream_interval=server.stream_interval_ms / 1000,
+                      **kv_cache(spec, server))
+
+
 class LocalWorkers:
     """The ``BackendFactory`` of a serving gateway: ``start_local``, each worker started from a
     spare process made ready after the last load (``engine.client.Spare``), so that a model
@@ -142,19 +152,8 @@ async def start_local(spec: ModelSpec, server: ServerConfig, *, on_exit: Callabl
         raise StartFailed(f"model {spec.name!r} has no file to run here")
     try:
         await asyncio.to_thread(discovery.INFO_CACHE.get, spec.path)  # a bad file fails here, before a spawn
-        worker = WorkerProcess(LoadParams(
-            name=spec.name, path=str(spec.path), n_ctx=spec.n_ctx, n_gpu_layers=spec.n_gpu_layers,
-            n_threads=spec.n_threads, n_batch=spec.n_batch, parallel=spec.parallel, flash_attn=spec.flash_attn,
-            repack=spec.repack, swa_full=spec.swa_full, use_mmap=spec.use_mmap,
-            chat_template=spec.chat_template, embeddings=spec.embeddings or spec.reranker, reranker=spec.reranker,
-            stream_interval=server.stream_interval_ms / 1000, rpc=spec.rpc,
-            cache_type_k=spec.cache_type_k, cache_type_v=spec.cache_type_v, n_ubatch=spec.n_ubatch,
-            n_threads_batch=spec.n_threads_batch, main_gpu=spec.main_gpu, devices=spec.devices,
-            split_mode=spec.split_mode, tensor_split=spec.tensor_split, use_mlock=spec.use_mlock,
-            rope_freq_base=spec.rope_freq_base, rope_freq_scale=spec.rope_freq_scale, kv_unified=spec.kv_unified,
-            lora=tuple((str(path), scale) for path, scale in spec.lora),
-            **kv_cache(spec, server),
-        ), on_exit=on_exit, on_busy=lambda _worker: on_busy(), on_progress=on_progress)
+        worker = WorkerProcess(load_params(spec, server), on_exit=on_exit, on_busy=lambda _worker: on_busy(),
+                               on_progress=on_progress)
         await worker.start(spare)
     except (ModelFileError, LoadFailed) as e:
         raise StartFailed(str(e)) from None

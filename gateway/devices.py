@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import sysmem
-from .engine.protocol import Device
+from .engine.hardware import Device
 from .sysmem import RAM
 
 log = logging.getLogger("gguf_gateway.devices")

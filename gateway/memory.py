@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .config import ModelSpec
-from .engine.protocol import CACHE_TYPES, DEFAULT_N_CTX, HOST_KINDS, Device
+from .engine.hardware import HOST_KINDS, Device
+from .engine.settings import CACHE_TYPES, DEFAULT_N_CTX
 from .ggufmeta import GGUFInfo
 from .sysmem import RAM
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from gateway.backend import start_local
 from gateway.config import ModelSpec, ServerConfig
 from gateway.devices import Inventory
-from gateway.engine.protocol import Device
+from gateway.engine.hardware import Device
 from gateway.ggufmeta import read_info
 from gateway.memory import allocated, estimate, gpu_context
 

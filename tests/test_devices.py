@@ -19,7 +19,7 @@ from gateway import testmodels as tm
 from gateway.app import create_app
 from gateway.appkeys import REGISTRY
 from gateway.config import ModelSpec, load_config
-from gateway.engine.protocol import Device
+from gateway.engine.hardware import Device
 from gateway.ggufmeta import read_info
 from gateway.memory import GPU_CONTEXT, RAM, RPC, estimate, layer_devices, model_devices, pool_of
 

@@ -22,9 +22,9 @@ def tok(text: str) -> list[int]:
 
 
 def lay(fim_tokens=PSM, prefix="def f(", suffix=")\n", prompt="", extra=(), n_batch=2048, n_predict=-1,
-        n_ctx=4096, bos=None):
+        n_ctx=4096, bos=None, spm=False):
     return infill.layout(fim_tokens, tok, tok(prefix), tok(suffix), tok(prompt), list(extra), n_batch=n_batch,
-                         n_predict=n_predict, n_ctx=n_ctx, bos=bos)
+                         n_predict=n_predict, n_ctx=n_ctx, bos=bos, spm=spm)
 
 
 def test_prefix_suffix_middle_order():
@@ -33,6 +33,15 @@ def test_prefix_suffix_middle_order():
 
 def test_bos_goes_before_the_prefix_token_and_the_prompt_after_the_prefix():
     assert lay(bos=BOS, prompt="x") == [BOS, PRE, *tok("def f("), *tok("x"), SUF, *tok(")\n"), MID]
+
+
+def test_suffix_first_as_llama_servers_spm_infill():
+    """models.yaml's ``spm_infill``: the same parts, the suffix's first, after the extra context
+    and the BOS."""
+    assert lay(bos=BOS, prompt="x", spm=True) == [BOS, SUF, *tok(")\n"), PRE, *tok("def f("), *tok("x"), MID]
+    got = lay(REPO_LEVEL, extra=[Extra("a.py", "A")], spm=True)
+    assert got[-len(tok(")\n")) - len(tok("def f(")) - 3:] == [SUF, *tok(")\n"), PRE, *tok("def f("), MID]
+    assert got[0] == REP
 
 
 def test_extra_files_with_repo_level_tokens():

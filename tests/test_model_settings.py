@@ -10,7 +10,7 @@ from gateway import testmodels as tm
 from gateway.app import create_app
 from gateway.backend import start_local
 from gateway.config import ConfigError, ServerConfig, load_config
-from gateway.engine.protocol import physical_cores
+from gateway.engine.hardware import physical_cores
 
 HI = [{"role": "user", "content": "hi"}]
 

@@ -1,6 +1,6 @@
 """The devices llama.cpp can place a model on, with their memory, as ggml reports them.
 
-``python -m gateway.engine.devices`` prints them as a JSON list (``protocol.Device.describe``)
+``python -m gateway.engine.devices`` prints them as a JSON list (``hardware.Device.describe``)
 and exits: the gateway asks this way (``gateway.devices``), because initialising a GPU backend
 in the gateway's own process would hold its memory for as long as the gateway runs. The CPU
 device reports system memory; a CUDA device's free memory is ``cudaMemGetInfo``'s, a Metal
@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 from . import ggml
-from .protocol import HOST_KINDS, Device
+from .hardware import HOST_KINDS, Device
 
 # enum ggml_backend_dev_type, in order
 KINDS = ("cpu", "gpu", "igpu", "accel", "meta")

@@ -47,7 +47,7 @@ class Extra:
 
 def layout(fim: FimTokens, tokenize: Callable[[str], list[int]], prefix: list[int], suffix: list[int],
            prompt: list[int], extra: list[Extra], *, n_batch: int, n_predict: int, n_ctx: int,
-           bos: int | None) -> list[int]:
+           bos: int | None, spm: bool = False) -> list[int]:
     """The prompt's tokens, llama-server's repo-level pattern (https://arxiv.org/pdf/2409.12186):
 
         [FIM_REP]myproject\\n [FIM_SEP]filename0\\n extra chunk 0 ... [FIM_SEP]filename\\n
@@ -65,7 +65,8 @@ def layout(fim: FimTokens, tokenize: Callable[[str], list[int]], prefix: list[in
     - ``n_predict`` is -1 for "until the end": llama-server passes its --n-predict flag (-1 by
       default) here; this gateway passes the request's own limit where it has one;
     - where the whole would not leave the answer room in ``n_ctx`` (see below), less is kept.
-    PSM order only (llama-server's --spm-infill, suffix first, is not offered)."""
+    ``spm`` puts the suffix first, as llama-server's --spm-infill does:
+    ``[BOS][FIM_SUF]suffix[FIM_PRE]prefix prompt[FIM_MID]``, the same parts kept."""
     extra_tokens: list[int] = []
     if fim.rep is not None:
         extra_tokens += [fim.rep, *tokenize(REPO)]
@@ -92,6 +93,8 @@ def layout(fim: FimTokens, tokenize: Callable[[str], list[int]], prefix: list[in
     assert fim.pre is not None and fim.suf is not None and fim.mid is not None, fim.missing()
     head = [fim.pre, *prefix[len(prefix) - n_prefix_take:], *prompt]
     tail = [fim.suf, *suffix[:n_suffix_take]]
+    if spm:
+        head, tail = tail, head
     if bos is not None:
         head.insert(0, bos)
     context = extra_tokens[len(extra_tokens) - n_extra_take:]

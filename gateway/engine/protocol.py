@@ -50,105 +50,27 @@ from __future__ import annotations
 import json
 import os
 import struct
+import types
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
-from typing import Any, TypeVar, get_type_hints
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from pathlib import Path, PurePath
+from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
+
+from .settings import LlamaSettings
+
+
+def _plain(o: Any) -> Any:
+    """JSON's form of what JSON has no type for: a path (as text)."""
+    if isinstance(o, PurePath):
+        return str(o)
+    raise TypeError(f"{type(o).__name__} is not JSON serializable")
+
 
 _HEADER = struct.Struct(">I")
 _TEXT = struct.Struct(">IBQI")  # frame length, 0 (where JSON has "{"), request id, tokens so far
 _TEXT_BODY = struct.Struct(">xQI")
-_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode  # made once: used per token
+_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=_plain).encode  # made once: used per token
 _unjson = json.JSONDecoder().decode
-
-
-def default_threads() -> int:
-    """A model's thread count when none is configured: the physical cores among the CPUs this
-    process may use (at most 16), as llama.cpp's own default. With SMT two threads on one core
-    share its arithmetic units, and llama.cpp's threads wait for each other at every step, so
-    every logical CPU decodes slower than one per core."""
-    try:
-        cpus = os.sched_getaffinity(0)
-    except AttributeError:  # macOS
-        return max(1, min(_macos_physical_cores() or os.cpu_count() or 1, 16))
-    return max(1, min(physical_cores(cpus), 16))
-
-
-def physical_cores(cpus: set[int], sysfs: str = "/sys/devices/system/cpu") -> int:
-    """How many distinct cores (package, core id) the logical CPUs ``cpus`` are on, from
-    Linux's sysfs; where it says nothing, the CPUs themselves."""
-    cores = set()
-    for cpu in cpus:
-        try:
-            with open(f"{sysfs}/cpu{cpu}/topology/physical_package_id") as f:
-                package = f.read().strip()
-            with open(f"{sysfs}/cpu{cpu}/topology/core_id") as f:
-                core = f.read().strip()
-        except OSError:
-            return len(cpus)
-        cores.add((package, core))
-    return len(cores) or len(cpus)
-
-
-def _macos_physical_cores() -> int | None:
-    import subprocess
-
-    try:
-        out = subprocess.run(["sysctl", "-n", "hw.physicalcpu"], capture_output=True, text=True, timeout=5)
-        return int(out.stdout.strip())
-    except (OSError, ValueError, subprocess.SubprocessError):
-        return None
-
-
-DEFAULT_N_CTX = 4096  # a slot's context for a model with no n_ctx of its own (at most its trained one)
-
-
-@dataclass(frozen=True)
-class CacheType:
-    """A KV cache type models.yaml may name (llama-server's --cache-type-k/-v)."""
-
-    ggml: int  # enum ggml_type
-    bytes: float  # per value, block overhead included
-    quantized: bool  # a quantized V cache needs flash attention
-
-
-CACHE_TYPES = {"f32": CacheType(0, 4.0, False), "f16": CacheType(1, 2.0, False), "bf16": CacheType(30, 2.0, False),
-               "q8_0": CacheType(8, 34 / 32, True), "q4_0": CacheType(2, 18 / 32, True),
-               "q4_1": CacheType(3, 20 / 32, True), "iq4_nl": CacheType(20, 18 / 32, True),
-               "q5_0": CacheType(6, 22 / 32, True), "q5_1": CacheType(7, 24 / 32, True)}
-
-
-# ggml's device kinds that use the system's memory and are not offloaded to (llama.cpp's
-# ``--device`` refuses them)
-HOST_KINDS = ("cpu", "accel")
-
-
-@dataclass(frozen=True)
-class Device:
-    """One of llama.cpp's devices as ggml reports it (``engine.devices``): what the gateway's
-    placement counts a GPU's memory by. Crosses from the probe process as a JSON object."""
-
-    name: str  # ggml's: CPU, CUDA0, MTL0, Vulkan0, ...
-    description: str
-    kind: str  # cpu, gpu (own memory), igpu (host memory), accel, meta
-    free: int  # bytes, when it was read
-    total: int
-
-    @property
-    def pool(self) -> str:
-        """The name memory is counted under: the device's, lowercased (``memory.RAM`` for the CPU)."""
-        return "ram" if self.kind in HOST_KINDS else self.name.lower()
-
-    def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "description": self.description, "kind": self.kind, "free": self.free,
-                "total": self.total}
-
-    @classmethod
-    def parse(cls, d: Any) -> Device:
-        """From ``describe()``'s object; raises ValueError on anything else."""
-        try:
-            return cls(str(d["name"]), str(d["description"]), str(d["kind"]), int(d["free"]), int(d["total"]))
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"not a device: {d!r}") from e
 
 
 # The kinds of request a model may serve (``WorkerProcess.serves``, ``backend.Backend``).
@@ -158,36 +80,15 @@ CHAT, COMPLETIONS, EMBEDDINGS, TOKENIZE, RERANK = "chat", "completions", "embedd
 # --- what commands carry ---------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class LoadParams:
+class LoadParams(LlamaSettings):
+    """What a worker loads: the model's file and its llama.cpp settings (``LlamaSettings``'s
+    fields, keyword-only: ``backend.load_params`` copies them from the model's spec), and what
+    the gateway adds."""
+
     name: str
     path: str
-    n_ctx: int | None = None
-    n_gpu_layers: int = -1
-    n_threads: int | None = None
-    n_batch: int = 512
-    flash_attn: bool | None = None  # None: llama.cpp decides
-    repack: bool = False  # llama.cpp's repacked CPU weights (use_extra_bufts)
-    swa_full: bool = True  # a full-size cache for sliding-window layers
-    use_mmap: bool = True
-    chat_template: str | None = None
     embeddings: bool = False  # an embedding context (pooled vectors) instead of a generating one
-    reranker: bool = False  # a rank-pooling context: one score per (query, document)
-    parallel: int = 4  # sequence slots decoded together (continuous batching); 1 for embeddings
     stream_interval: float = 0.0  # seconds an answer's text may be held to go out with the next tokens'
-    rpc: tuple[str, ...] = ()  # llama.cpp rpc-servers (host:port) holding part of the layers
-    cache_type_k: str = "f16"
-    cache_type_v: str = "f16"
-    n_ubatch: int | None = None  # None: n_batch
-    n_threads_batch: int | None = None  # None: n_threads
-    main_gpu: int = 0
-    devices: tuple[str, ...] | None = None  # None: every GPU; (): none
-    split_mode: str = "layer"
-    tensor_split: tuple[float, ...] = ()
-    use_mlock: bool = False
-    rope_freq_base: float | None = None  # None: the model's own
-    rope_freq_scale: float | None = None
-    kv_unified: bool = False  # one pool of n_ctx cells shared by the slots
-    lora: tuple[tuple[str, float], ...] = ()  # (adapter GGUF, scale)
     # where the slots' caches are saved at exit and restored at load (``kvcache``); None: neither
     kv_cache_dir: str | None = None
     kv_cache_max_bytes: int = 0  # the whole directory's bound, least recently used removed first
@@ -227,9 +128,9 @@ class GenerationRequest:
     logprobs: int | None = None  # None: none; N: each token's log-probability and its N likeliest alternatives
     tools: list[dict[str, Any]] | None = None  # function tools (protocol/tools.py's shape)
     tool_choice: str = "auto"  # auto | required (none: the wire layer leaves tools out)
-    tool_name: str | None = None  # with required: this tool only
+    tool_names: tuple[str, ...] | None = None  # the tools the model may call, when not all (allowed_tools, a named one)
     parallel_tool_calls: bool = True
-    tool_format: str | None = None  # the model's call format (toolcalls.py), set once the model is known
+    tool_format: str | None = None  # the model's call format (text/toolformats), set once the model is known
     reasoning: str | None = None  # the model's thinking format (reasoning.py), set once the model is known
     thinking_budget: int | None = None  # most tokens of thinking; past it the worker ends the thinking block
     echo: bool = False  # the start event carries the prompt's text
@@ -331,10 +232,47 @@ _OPS: dict[str, type] = {"load": Load, "generate": Generate, "cancel": Cancel, "
                          "embed": Embed, "exit": Exit}
 
 
-def _nested(cls: type) -> tuple[tuple[str, Callable[..., Any] | None], ...]:
-    """A command's fields, each with the dataclass it holds (sent as a JSON object) or None."""
+def _from_json(tp: Any) -> Callable[[Any], Any] | None:
+    """How a value JSON read becomes the annotated type ``tp`` again where JSON has no such type
+    (a tuple, a path); None where it already is that type."""
+    origin, args = get_origin(tp), get_args(tp)
+    if tp is Path:
+        return Path
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            item = _from_json(args[0])
+            return tuple if item is None else lambda v: tuple(map(item, v))
+        parts = [_from_json(a) or (lambda x: x) for a in args]
+        return lambda v: tuple(f(x) for f, x in zip(parts, v))
+    if origin is Union or origin is types.UnionType:
+        arms = [a for a in args if a is not type(None)]
+        inner = [c for a in arms if (c := _from_json(a)) is not None]
+        if not inner:
+            return None
+        if len(arms) > 1:  # JSON could not tell which arm a value was: a field type this cannot carry
+            raise TypeError(f"{tp} cannot cross as JSON")
+        return lambda v: None if v is None else inner[0](v)
+    return None
+
+
+def _reader(cls: Any) -> Callable[[dict[str, Any]], Any]:
+    """``cls`` (a dataclass) from the JSON object ``asdict`` made of one, each field of its type."""
     hints = get_type_hints(cls)
-    return tuple((f.name, hints[f.name] if is_dataclass(hints[f.name]) else None) for f in fields(cls))
+    convert = {f.name: c for f in fields(cls) if (c := _from_json(hints[f.name])) is not None}
+
+    def read(d: dict[str, Any]) -> Any:
+        for name, c in convert.items():
+            if name in d:
+                d[name] = c(d[name])
+        return cls(**d)
+    return read
+
+
+def _nested(cls: type) -> tuple[tuple[str, Callable[[dict[str, Any]], Any] | None], ...]:
+    """A command's fields, each with the reader of the dataclass it holds (sent as a JSON object)
+    or None."""
+    hints = get_type_hints(cls)
+    return tuple((f.name, _reader(hints[f.name]) if is_dataclass(hints[f.name]) else None) for f in fields(cls))
 
 
 _OP_FIELDS = {cls: (op, _nested(cls)) for op, cls in _OPS.items()}
@@ -354,14 +292,9 @@ def decode_command(data: bytes) -> Command:
     """One command from a frame's body."""
     msg = _unjson(data.decode())
     cls = _OPS[msg.pop("op")]
-    for name, nested in _OP_FIELDS[cls][1]:
-        if nested is not None:
-            msg[name] = nested(**msg[name])
-            if isinstance(msg[name], LoadParams):  # JSON has no tuples: the frozen params' lists as they were
-                params = msg[name]
-                msg[name] = replace(params, rpc=tuple(params.rpc), tensor_split=tuple(params.tensor_split),
-                                    devices=None if params.devices is None else tuple(params.devices),
-                                    lora=tuple((path, scale) for path, scale in params.lora))
+    for name, read in _OP_FIELDS[cls][1]:
+        if read is not None:
+            msg[name] = read(msg[name])
     return cls(**msg)
 
 

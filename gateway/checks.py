@@ -1,0 +1,217 @@
+"""Checks of configuration values, written as declarations: each check is a callable
+``(report, where, value)`` that returns the value as the gateway keeps it, or ``INVALID``
+after telling ``report`` what is wrong at ``where`` (a dotted YAML path). Tables of them
+(``{key: check}``) describe a mapping; ``mapping`` walks one.
+
+Pure and small: the models.yaml reader (``config``) uses them, and so does the declaration of
+llama.cpp's load settings (``engine.settings``), which both processes import.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+INVALID: Any = object()  # what a check returns after reporting a problem
+
+
+class Report(Protocol):
+    """Where problems go, and what relative paths are relative to."""
+
+    base: Path
+
+    def error(self, where: str, message: str) -> None: ...
+
+
+Check = Callable[[Report, str, Any], Any]
+
+
+def show(value: Any) -> str:
+    """A value as a problem quotes it (JSON where it can be)."""
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+
+
+def parse_duration(value: Any) -> float | None:
+    """Seconds from ``300``, ``"5m"``, ``"1h30m"``, ``"90s"``; ``-1`` means forever (``inf``).
+
+    None when ``value`` is not a duration."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        if value == -1:
+            return float("inf")
+        try:
+            seconds = float(value)
+        except OverflowError:  # an integer past any float
+            return None
+        return seconds if 0 <= seconds < float("inf") else None
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("-1", "forever", "inf"):
+            return float("inf")
+        try:
+            return parse_duration(float(text))
+        except ValueError:
+            pass
+        parts = _DURATION_RE.findall(text)
+        if parts and "".join(n + u for n, u in parts) == text:
+            scale = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+            return sum(float(n) * scale[u] for n, u in parts)
+    return None
+
+
+SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 2**10, "m": 1000**2, "mb": 1000**2, "mib": 2**20,
+              "g": 1000**3, "gb": 1000**3, "gib": 2**30, "t": 1000**4, "tb": 1000**4, "tib": 2**40}
+
+
+def parse_bytes(value: Any) -> int | None:
+    """A size: bytes as an integer, or a string with a unit (``512MiB``, ``4 GB``); None if not one."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value if value >= 0 else None
+    if not isinstance(value, str):
+        return None
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", value)
+    if m is None or m.group(2).lower() not in SIZE_UNITS:
+        return None
+    return int(float(m.group(1)) * SIZE_UNITS[m.group(2).lower()])
+
+
+def mapping(r: Report, where: str, value: Any, allowed: Mapping[str, Check]) -> dict[str, Any]:
+    """The keys of ``value`` that pass their check in ``allowed``; an unknown key is a problem."""
+    out: dict[str, Any] = {}
+    if value is None:
+        return out
+    if not isinstance(value, dict):
+        r.error(where, f"must be a mapping, got {show(value)}")
+        return out
+    for key, item in value.items():
+        sub = f"{where}.{key}"
+        if key not in allowed:
+            r.error(sub, f"unknown key (expected one of: {', '.join(allowed)})")
+            continue
+        parsed = allowed[key](r, sub, item)
+        if parsed is not INVALID:
+            out[key] = parsed
+    return out
+
+
+def table(allowed: Mapping[str, Check]) -> Check:
+    """A nested mapping checked by ``allowed``."""
+    return lambda r, where, v: mapping(r, where, v, allowed)
+
+
+def resolve_path(r: Report, where: str, value: Any) -> Path | None:
+    """A file path, ``~`` and ``$VARS`` expanded, relative to ``r.base``; None after a problem."""
+    if not isinstance(value, str) or not value.strip():
+        r.error(where, f"must be a file path, got {show(value)}")
+        return None
+    expanded = os.path.expanduser(os.path.expandvars(value.strip()))
+    return (r.base / expanded).resolve() if not os.path.isabs(expanded) else Path(expanded)
+
+
+def path(r: Report, where: str, v: Any) -> Any:
+    p = resolve_path(r, where, v)
+    return INVALID if p is None else p
+
+
+def integer(*, minimum: int | None = None, maximum: int | None = None, what: str = "an integer") -> Check:
+    def check(r: Report, where: str, v: Any) -> Any:
+        ok = isinstance(v, int) and not isinstance(v, bool)
+        ok = ok and (minimum is None or v >= minimum) and (maximum is None or v <= maximum)
+        if not ok:
+            r.error(where, f"must be {what}, got {show(v)}")
+            return INVALID
+        return v
+    return check
+
+
+POSITIVE_INTEGER = integer(minimum=1, what="a positive integer")
+
+
+def one_of(choices: tuple[str, ...]) -> Check:
+    def check(r: Report, where: str, v: Any) -> Any:
+        if v not in choices:
+            r.error(where, f"must be one of {', '.join(choices)}, got {show(v)}")
+            return INVALID
+        return v
+    return check
+
+
+def boolean(r: Report, where: str, v: Any) -> Any:
+    if not isinstance(v, bool):
+        r.error(where, f"must be true or false, got {show(v)}")
+        return INVALID
+    return v
+
+
+def string(r: Report, where: str, v: Any) -> Any:
+    if not isinstance(v, str) or not v.strip():
+        r.error(where, f"must be a non-empty string, got {show(v)}")
+        return INVALID
+    return v.strip()
+
+
+def list_of(item: Check) -> Check:
+    def check(r: Report, where: str, v: Any) -> Any:
+        if v is None:
+            return ()
+        if not isinstance(v, list):
+            r.error(where, f"must be a list, got {show(v)}")
+            return INVALID
+        items = [item(r, f"{where}[{i}]", x) for i, x in enumerate(v)]
+        return INVALID if any(x is INVALID for x in items) else tuple(items)
+    return check
+
+
+def number(r: Report, where: str, v: Any) -> Any:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or abs(v) == float("inf"):
+        r.error(where, f"must be a number, got {show(v)}")
+        return INVALID
+    return float(v)
+
+
+def positive_number(r: Report, where: str, v: Any) -> Any:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
+        r.error(where, f"must be a number > 0, got {show(v)}")
+        return INVALID
+    return float(v)
+
+
+def seconds(r: Report, where: str, v: Any) -> Any:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+        r.error(where, f"must be a number of seconds >= 0, got {show(v)}")
+        return INVALID
+    return float(v)
+
+
+def positive_seconds(r: Report, where: str, v: Any) -> Any:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+        r.error(where, f"must be a number of seconds > 0, got {show(v)}")
+        return INVALID
+    return float(v)
+
+
+def duration(r: Report, where: str, v: Any) -> Any:
+    secs = parse_duration(v)
+    if secs is None:
+        r.error(where, f'must be a duration (seconds, or like "5m", "1h"; -1 keeps it loaded), got {show(v)}')
+        return INVALID
+    return secs
+
+
+def byte_size(r: Report, where: str, v: Any) -> Any:
+    n = parse_bytes(v)
+    if n is None:
+        r.error(where, f"must be a size: bytes, or a number with a unit (512MiB, 4GiB), got {show(v)}")
+        return INVALID
+    return n

@@ -1,0 +1,163 @@
+"""llama.cpp's load settings, each declared once: ``LlamaSettings``.
+
+Each field is one setting: its name is its models.yaml key, its annotation its type, its default
+the default, and its metadata the check models.yaml's value must pass (``gateway.checks``).
+``config.ModelSpec`` derives from it (models.yaml's local keys are its fields), and so does the
+worker's ``LoadParams`` (``engine.protocol``), built from a spec by the fields
+(``settings_of``) and decoded from JSON by their types. A new setting is one field here; the
+worker then reads it from ``LoadParams`` (``engine.model``).
+
+Also here, the values some settings name: KV cache types, split modes, a slot's default context.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, TypeVar
+
+from .. import checks
+from ..checks import INVALID, POSITIVE_INTEGER, Check, Report, show
+
+DEFAULT_N_CTX = 4096  # a slot's context for a model with no n_ctx of its own (at most its trained one)
+
+
+@dataclass(frozen=True)
+class CacheType:
+    """A KV cache type models.yaml may name (llama-server's --cache-type-k/-v)."""
+
+    ggml: int  # enum ggml_type
+    bytes: float  # per value, block overhead included
+    quantized: bool  # a quantized V cache needs flash attention
+
+
+CACHE_TYPES = {"f32": CacheType(0, 4.0, False), "f16": CacheType(1, 2.0, False), "bf16": CacheType(30, 2.0, False),
+               "q8_0": CacheType(8, 34 / 32, True), "q4_0": CacheType(2, 18 / 32, True),
+               "q4_1": CacheType(3, 20 / 32, True), "iq4_nl": CacheType(20, 18 / 32, True),
+               "q5_0": CacheType(6, 22 / 32, True), "q5_1": CacheType(7, 24 / 32, True)}
+
+SPLIT_MODES = ("none", "layer", "row")
+
+
+# --- checks of the settings that need more than a type -------------------------------------------
+
+def _rpc_server(r: Report, where: str, v: Any) -> Any:
+    """``host:port`` of a llama.cpp ``rpc-server``."""
+    host, _, port = v.rpartition(":") if isinstance(v, str) else ("", "", "")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        r.error(where, f"must be host:port of an rpc-server, got {show(v)}")
+        return INVALID
+    return f"{host.strip()}:{int(port)}"
+
+
+def _tensor_split(r: Report, where: str, v: Any) -> Any:
+    """Each GPU's share, as llama-server's --tensor-split: numbers >= 0, not all 0."""
+    if not isinstance(v, list) or not v or len(v) > 16 or any(
+            isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 <= x < float("inf") for x in v) \
+            or not any(v):
+        r.error(where, f"must be a list of each GPU's share (numbers >= 0, not all 0; at most 16), got {show(v)}")
+        return INVALID
+    return tuple(float(x) for x in v)
+
+
+def _device_names(r: Report, where: str, v: Any) -> Any:
+    """llama-server's --device: ``none``, or a list of llama.cpp's device names (CUDA0,
+    Vulkan1, ...: ``gguf-gateway devices`` lists them), checked against llama.cpp at load."""
+    if isinstance(v, str) and v.strip().lower() == "none":
+        return ()
+    if not isinstance(v, list) or not v or len(v) > 16 or any(
+            not isinstance(x, str) or not x.strip() or x.strip().lower() == "none" for x in v) \
+            or len({x.strip().lower() for x in v}) != len(v):
+        r.error(where, f"must be none or a list of distinct device names (CUDA0, Vulkan1, ...: see "
+                       f"gguf-gateway devices), got {show(v)}")
+        return INVALID
+    return tuple(x.strip() for x in v)
+
+
+def _lora_adapter(r: Report, where: str, v: Any) -> Any:
+    """A LoRA adapter: its GGUF path, or ``{path: ..., scale: 1.0}``."""
+    raw = {"path": v} if isinstance(v, str) else v
+    if not isinstance(raw, dict):
+        r.error(where, f"must be a path or {{path: FILE, scale: NUMBER}}, got {show(v)}")
+        return INVALID
+    parsed = checks.mapping(r, where, raw, {"path": checks.path, "scale": checks.number})
+    if "path" not in parsed:
+        if "path" not in raw:
+            r.error(f"{where}.path", "is required")
+        return INVALID
+    return (parsed["path"], parsed.get("scale", 1.0))
+
+
+T = TypeVar("T")
+
+
+def setting(default: T, check: Check) -> T:
+    """A field of ``LlamaSettings``: its default, and the check of its models.yaml value."""
+    return field(default=default, metadata={"check": check})
+
+
+# --- the settings ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True, kw_only=True)
+class LlamaSettings:
+    """How llama.cpp loads a model (llama-server's flags, passed as they are). Keyword-only, so
+    that a class deriving from it keeps its own positional fields."""
+
+    n_ctx: int | None = setting(None, POSITIVE_INTEGER)  # None: the model's trained context, capped (DEFAULT_N_CTX)
+    n_gpu_layers: int = setting(-1, checks.integer(minimum=-1, what="an integer >= -1 (-1: all layers)"))
+    n_threads: int | None = setting(None, POSITIVE_INTEGER)  # None: the CPUs this process may use (at most 16)
+    n_batch: int = setting(512, POSITIVE_INTEGER)
+    # sequence slots decoded together (continuous batching), each holding n_ctx tokens; 1 for embeddings
+    parallel: int = setting(4, checks.integer(minimum=1, maximum=64, what="an integer from 1 to 64"))
+    flash_attn: bool | None = setting(None, checks.boolean)  # None: llama.cpp decides
+    # llama.cpp's repacked CPU weight layouts (use_extra_bufts): faster kernels on some CPUs, but a
+    # token's logits then depend on how many other tokens share its batch (greedy answers change
+    # under load)
+    repack: bool = setting(False, checks.boolean)
+    # sliding-window layers keep every position (llama.cpp's C default): a prefix is reused however
+    # far back a prompt leaves it, and answers do not depend on how a prompt was split; false
+    # keeps only the window (llama-server's default), far less memory
+    swa_full: bool = setting(True, checks.boolean)
+    use_mmap: bool = setting(True, checks.boolean)
+    chat_template: str | None = setting(None, checks.string)  # Jinja source overriding the GGUF's own template
+    # llama.cpp RPC servers (host:port) that hold part of the layers
+    rpc: tuple[str, ...] = setting((), checks.list_of(_rpc_server))
+    reranker: bool = setting(False, checks.boolean)  # scores documents against a query with llama.cpp's rank pooling
+    cache_type_k: str = setting("f16", checks.one_of(tuple(CACHE_TYPES)))
+    cache_type_v: str = setting("f16", checks.one_of(tuple(CACHE_TYPES)))  # a quantized one needs flash attention
+    n_ubatch: int | None = setting(None, POSITIVE_INTEGER)  # physical batch; None: n_batch
+    n_threads_batch: int | None = setting(None, POSITIVE_INTEGER)  # threads reading prompts; None: n_threads
+    main_gpu: int = setting(0, checks.integer(minimum=0, what="a GPU index >= 0"))
+    split_mode: str = setting("layer", checks.one_of(SPLIT_MODES))  # how a model spreads over several GPUs
+    tensor_split: tuple[float, ...] = setting((), _tensor_split)  # each GPU's share of the model
+    # the devices llama.cpp may offload to, by name (llama-server's --device): None: every GPU;
+    # (): none (``devices: none``), the model stays on the CPU and touches no GPU
+    devices: tuple[str, ...] | None = setting(None, _device_names)
+    use_mlock: bool = setting(False, checks.boolean)  # lock the weights in RAM (never swapped out)
+    rope_freq_base: float | None = setting(None, checks.positive_number)  # None: the model's own
+    rope_freq_scale: float | None = setting(None, checks.positive_number)
+    # the slots share one pool of n_ctx cells (llama-server's default) instead of n_ctx each
+    kv_unified: bool = setting(False, checks.boolean)
+    lora: tuple[tuple[Path, float], ...] = setting((), checks.list_of(_lora_adapter))  # (adapter GGUF, scale)
+    # fill in the middle suffix first (llama-server's --spm-infill), for models trained that way
+    spm_infill: bool = setting(False, checks.boolean)
+
+
+SETTINGS = tuple(fields(LlamaSettings))
+CHECKS: dict[str, Check] = {f.name: f.metadata["check"] for f in SETTINGS}  # models.yaml's checks, by key
+
+
+def settings_of(source: LlamaSettings) -> dict[str, Any]:
+    """Every llama.cpp setting of ``source`` (a spec or load parameters), by name."""
+    return {f.name: getattr(source, f.name) for f in SETTINGS}
+
+
+def conflict(given: dict[str, Any]) -> tuple[str, str] | None:
+    """The first pair of checked settings that cannot go together: (key, problem), or None."""
+    if CACHE_TYPES[given.get("cache_type_v", "f16")].quantized and given.get("flash_attn") is False:
+        return "cache_type_v", ("a quantized V cache needs flash attention: "
+                                "leave flash_attn unset (llama.cpp decides) or true")
+    n_batch = given.get("n_batch", LlamaSettings.n_batch)
+    if given.get("n_ubatch", 0) > n_batch:
+        return "n_ubatch", f"must be at most n_batch ({n_batch})"
+    return None
