@@ -8,13 +8,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from . import toolcalls
 from .backend import GenerationEvents
 from .engine import protocol
 from .errors import ApiError, from_event
 from .events import Observation
 from .reasoning import THINKING, detect
-from .toolcalls import AnswerParser
+from .text import toolformats
+from .text.toolformats import AnswerParser
 from .upstream import NATIVE
 
 
@@ -81,7 +81,7 @@ def tool_format(configured: str, info: dict[str, Any]) -> str | None:
         return None
     if configured != "auto":
         return configured
-    return toolcalls.detect(info.get("chat_template"), info.get("special_tokens", [])) or "plain"
+    return toolformats.detect(info.get("chat_template"), info.get("special_tokens", [])) or "plain"
 
 
 def prepare(req: protocol.GenerationRequest, model: str, reasoning: str | None, tools: str,
@@ -225,14 +225,14 @@ class _Items:
     def __init__(self) -> None:
         self.completed = 0
 
-    def __call__(self, items: list[toolcalls.Item]) -> list[Item]:
+    def __call__(self, items: list[toolformats.Item]) -> list[Item]:
         out: list[Item] = []
         for item in items:
             if isinstance(item, tuple):
                 out.append(Piece(item[0], item[1]))
-            elif isinstance(item, toolcalls.CallStart):
+            elif isinstance(item, toolformats.CallStart):
                 out.append(Call(item.index, item.id, item.name))
-            elif isinstance(item, toolcalls.CallArgs):
+            elif isinstance(item, toolformats.CallArgs):
                 out.append(CallArgs(item.index, item.text))
             elif item.error is None:
                 self.completed += 1

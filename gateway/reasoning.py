@@ -22,7 +22,7 @@ Formats, as small state machines (state -> marker -> next state):
 The starting state comes from the end of the prompt: feeding the prompt's tail first means a
 chat template that opens ``<think>`` (or a channel) in the prompt starts the answer inside it.
 
-Tool calls in harmony (``calls=True``, what ``toolcalls.ToolCallParser`` asks for): a message
+Tool calls in harmony (``calls=True``, what ``toolformats.ToolCallParser`` asks for): a message
 whose header, role part (``<|start|>assistant to=functions.f``) or channel part
 (``<|channel|>commentary to=functions.f <|constrain|>json``), names a recipient other than
 ``assistant`` is a call: the splitter yields ``("recipient", "functions.f")`` when its body

@@ -11,7 +11,7 @@ from realmodel import CACHE
 from gateway import testmodels as tm
 from gateway.app import create_app
 from gateway.config import load_config
-from gateway.engine.toolhistory import mistral_id
+from gateway.text.toolformats.mistral import mistral_id
 
 S = tm.Special
 NUMBER = {"type": "function", "function": {"name": "get_weather", "parameters": {

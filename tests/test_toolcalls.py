@@ -10,12 +10,7 @@ from hypothesis import strategies as st
 from realmodel import CACHE
 
 from gateway import testmodels as tm
-from gateway.toolcalls import (
-    DS_CALL_BEGIN,
-    DS_CALL_END,
-    DS_CALLS_BEGIN,
-    DS_CALLS_END,
-    DS_SEP,
+from gateway.text.toolformats import (
     FORMATS,
     AnswerParser,
     CallArgs,
@@ -26,6 +21,11 @@ from gateway.toolcalls import (
     detect,
     plain_system_prompt,
 )
+from gateway.text.toolformats.deepseek import CALL_BEGIN as DS_CALL_BEGIN
+from gateway.text.toolformats.deepseek import CALL_END as DS_CALL_END
+from gateway.text.toolformats.deepseek import CALLS_BEGIN as DS_CALLS_BEGIN
+from gateway.text.toolformats.deepseek import CALLS_END as DS_CALLS_END
+from gateway.text.toolformats.deepseek import SEP as DS_SEP
 
 # --- detection on the real templates -----------------------------------------------------------
 

@@ -110,7 +110,7 @@ def test_free_text_stays_free_until_the_trigger(vocab):
 def test_a_required_call_allows_no_text_first_and_a_named_one_only_that_tool(vocab):
     required = toolgrammar.build("hermes", TOOLS, required=True)
     assert run(vocab, required, "Sure. " + CALLS["hermes"])[0] is False
-    named = toolgrammar.build("hermes", TOOLS, required=True, name="now")
+    named = toolgrammar.build("hermes", TOOLS, required=True, names=("now",))
     assert run(vocab, named, CALLS["hermes"])[0] is False
     assert run(vocab, named, '<tool_call>{"name": "now", "arguments": {}}</tool_call>') == (True, True)
 

@@ -14,12 +14,15 @@ import os
 import re
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from .. import chat_template
 from ..reasoning import MARKER_TOKENS
-from ..toolcalls import MARKER_TOKENS as CALL_MARKERS
+from ..text.toolformats import MARKER_TOKENS as CALL_MARKERS
 from . import devices, ggml, protocol, rpc
+from .hardware import default_threads
+from .settings import CACHE_TYPES, DEFAULT_N_CTX
 from .vocab import Vocab
 
 MAX_SLOTS = 64
@@ -117,7 +120,7 @@ class Model:
         self.vocab = Vocab(ll, self.handle)
         n_ctx_train = ll.llama_model_n_ctx_train(self.handle)
         cp = ll.llama_context_default_params()
-        n_ctx = params.n_ctx or min(n_ctx_train or protocol.DEFAULT_N_CTX, protocol.DEFAULT_N_CTX)
+        n_ctx = params.n_ctx or min(n_ctx_train or DEFAULT_N_CTX, DEFAULT_N_CTX)
         # One cache stream of n_ctx cells per slot (llama-server's --parallel without --kv-unified):
         # every request may use the whole context, and a batch attends only to its own cells.
         self.n_slots = n_slots = 1 if params.embeddings else max(1, min(params.parallel, MAX_SLOTS))
@@ -128,11 +131,11 @@ class Model:
         cp.n_ctx = n_ctx if params.kv_unified else n_ctx * n_slots
         cp.n_batch = max(min(params.n_batch, n_ctx), n_slots)
         cp.n_ubatch = min(cp.n_batch, max(params.n_ubatch or cp.n_batch, n_slots))
-        threads = params.n_threads or protocol.default_threads()
+        threads = params.n_threads or default_threads()
         cp.n_threads = threads
         cp.n_threads_batch = params.n_threads_batch or threads
-        cp.type_k = protocol.CACHE_TYPES[params.cache_type_k].ggml
-        cp.type_v = protocol.CACHE_TYPES[params.cache_type_v].ggml
+        cp.type_k = CACHE_TYPES[params.cache_type_k].ggml
+        cp.type_v = CACHE_TYPES[params.cache_type_v].ggml
         if params.rope_freq_base is not None:
             cp.rope_freq_base = params.rope_freq_base
         if params.rope_freq_scale is not None:
@@ -177,7 +180,7 @@ class Model:
         if self.rpc_devices:
             self.device += f"+rpc:{self.rpc_devices}"
 
-    def _lora(self, adapters: tuple[tuple[str, float], ...]) -> list[Any]:
+    def _lora(self, adapters: tuple[tuple[Path, float], ...]) -> list[Any]:
         """Load the LoRA adapters and set them on the context (each with its scale); raises
         on one llama.cpp refuses (not a LoRA, or made for another model)."""
         ll = self.ll

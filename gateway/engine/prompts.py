@@ -23,7 +23,7 @@ from .toolhistory import for_template
 
 PROMPT_TAIL = 256  # characters of a prompt's text kept for the start event
 
-Question = protocol.Tokenize | protocol.Detokenize | protocol.ApplyTemplate  # answered without decoding
+PromptQuestion = protocol.Tokenize | protocol.Detokenize | protocol.ApplyTemplate  # answered without decoding
 Source = protocol.GenerationRequest | protocol.PromptRequest  # what a prompt is read from
 
 
@@ -76,7 +76,7 @@ class Prompts:
         tokens = infill.layout(
             fim, plain, plain(prefix), plain(suffix), vocab.tokenize(req.infill_prompt, add_special=False), extra,
             n_batch=n_batch, n_predict=-1 if req.max_tokens is None else req.max_tokens, n_ctx=self.n_ctx,
-            bos=vocab.bos if vocab.add_bos and vocab.bos >= 0 else None)
+            bos=vocab.bos if vocab.add_bos and vocab.bos >= 0 else None, spm=self.model.params.spm_infill)
         return PromptTokens(tokens, req.infill_prompt[-PROMPT_TAIL:])
 
     def check_fits(self, text: str, param: str) -> None:
@@ -105,7 +105,7 @@ class Prompts:
             if req.reasoning == "think" and req.tool_choice == "required":
                 think = "open" if ReasoningSplitter("think", prompt.tail).thinking else "optional"
             req.grammar, triggers = tool_grammar(req.tool_format, json.dumps(req.tools), req.tool_choice == "required",
-                                                 req.tool_name, req.parallel_tool_calls, think)
+                                                 req.tool_names, req.parallel_tool_calls, think)
             req.grammar_triggers = list(triggers)
         n_prompt = len(prompt.tokens)
         if n_prompt == 0:
@@ -158,7 +158,7 @@ class Prompts:
                                   "chat_template_kwargs") from None
             raise Refused(500, f"model {self.model.params.name!r}: {e}", None, "chat_template_error") from None
 
-    def answer(self, question: Question) -> protocol.Event:
+    def answer(self, question: PromptQuestion) -> protocol.Event:
         """A question that needs no decoding: tokenize, detokenize or apply a chat template."""
         rid = question.id
         try:
@@ -178,7 +178,7 @@ class Prompts:
 
 
 @functools.lru_cache(maxsize=64)
-def tool_grammar(fmt: str, tools_json: str, required: bool, name: str | None, parallel: bool,
+def tool_grammar(fmt: str, tools_json: str, required: bool, names: tuple[str, ...] | None, parallel: bool,
                  think: str | None) -> tuple[str, tuple[str, ...]]:
     """The GBNF and trigger patterns (none: constrained from the first token) for calls to the
     tools; kept for the next request with the same tools, as an agent sends them every turn.
@@ -186,7 +186,7 @@ def tool_grammar(fmt: str, tools_json: str, required: bool, name: str | None, pa
     from . import toolgrammar
 
     try:
-        built = toolgrammar.build(fmt, json.loads(tools_json), required=required, name=name, parallel=parallel,
+        built = toolgrammar.build(fmt, json.loads(tools_json), required=required, names=names, parallel=parallel,
                                   think=think)
     except Exception as e:  # the converter asserts, raises KeyError, ValueError, RecursionError, ...
         raise Refused(400, f"`tools` holds a parameter schema this server cannot follow: {e}", "tools") from None

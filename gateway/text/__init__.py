@@ -1,0 +1,1 @@
+"""Pure text handling shared by the server and the worker processes."""
