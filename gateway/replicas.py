@@ -27,7 +27,8 @@ from .engine import protocol
 from .engine.client import Events, RequestFailed
 from .engine.protocol import Event, GenerationRequest
 from .errors import ApiError, from_event
-from .upstream import RETRYABLE, Health, RemoteBackend
+from .upstream import RETRYABLE, RemoteBackend
+from .upstream_health import Health
 
 log = logging.getLogger(__name__)
 

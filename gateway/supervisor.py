@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from . import lifecycle, placement
-from .backend import Backend, StartFailed
+from .backend import CHAT, EMBEDDINGS, RERANK, Backend, StartFailed
 from .config import ModelSpec
 from .errors import ApiError
 from .lifecycle import ModelState
@@ -122,7 +122,8 @@ class ModelSupervisor:
     @contextlib.asynccontextmanager
     async def lease(self, kind: str, max_queue: int, on_progress: Progress | None = None) -> AsyncIterator[Backend]:
         """The running backend for one request of ``kind``; the model stays loaded meanwhile.
-        429 past ``max_queue`` waiting requests; 501 when the backend does not serve ``kind``.
+        429 past ``max_queue`` waiting requests; 501 when the backend does not serve ``kind``
+        (``refusal``; the registry asks it of the spec before a load).
         ``on_progress``: told how a load the request waits for goes (``ready``)."""
         if self.waiting + self.in_flight - self.parallel >= max_queue:  # every sequence busy, max_queue waiting
             raise ApiError(f"model {self.spec.name!r} already has {max_queue} request(s) waiting (server.max_queue); "
@@ -132,9 +133,8 @@ class ModelSupervisor:
             backend = await self.ready(on_progress)
         finally:
             self.waiting -= 1
-        if kind not in backend.serves:
-            raise ApiError(f"model {self.spec.name!r} does not serve {kind} requests", status=501, param="model",
-                           code="unsupported_model")
+        if (refused := refusal(self.spec, kind, backend.serves)) is not None:
+            raise refused
         self.in_flight += 1
         self._cancel_timer()
         try:
@@ -283,3 +283,23 @@ class ModelSupervisor:
 def load_failed(spec: ModelSpec, reason: str, retry_after: float) -> ApiError:
     return ApiError(f"model {spec.name!r} failed to load: {reason}", status=503, param="model",
                     code="model_load_failed", headers={"Retry-After": str(max(1, math.ceil(retry_after)))})
+
+
+def refusal(spec: ModelSpec, kind: str, serves: frozenset[str] | None = None) -> ApiError | None:
+    """The 501 for a request of ``kind`` the model does not serve, or None. A local model serves
+    one of chat, embeddings and rerank, which its spec tells before any load (``serves`` None),
+    with what to set in models.yaml; once the backend runs, what it says it ``serves`` decides
+    (an upstream's kinds, or a replica set's, are known only then). Any model tokenizes."""
+    if serves is not None:
+        if kind in serves:
+            return None
+        return ApiError(f"model {spec.name!r} does not serve {kind} requests", status=501, param="model",
+                        code="unsupported_model")
+    has = RERANK if spec.reranker else EMBEDDINGS if spec.embeddings else CHAT
+    if kind not in (CHAT, EMBEDDINGS, RERANK) or not spec.local or kind == has:
+        return None
+    what = {RERANK: "is not a reranker: give it `reranker: true` in models.yaml",
+            EMBEDDINGS: "cannot embed: give it `embeddings: true` in models.yaml",
+            CHAT: "is a reranker: use /v1/rerank" if has == RERANK else
+            "is an embedding model: use /v1/embeddings"}[kind]
+    return ApiError(f"model {spec.name!r} {what}", status=501, param="model", code="unsupported_model")

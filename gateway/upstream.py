@@ -1,17 +1,13 @@
-"""Models answered by another machine's OpenAI-compatible server: ``RemoteBackend`` (the
-``Backend`` of a models.yaml entry with ``upstream:``), each upstream's health, and the
-upstreams' model lists (``upstream_discover``).
-
-Health is a small state machine (``Health``; ``UpstreamHealth.move`` is the one place it
-changes): unknown until the upstream is first reached, up after an answer or a probe, down
-after a connection failure, a timeout or a 502/503/504. Down, it is not tried again until its
-back-off has passed (the first wait, doubling up to the cap): requests get 503
-``upstream_unavailable`` with ``Retry-After`` at once, and the probe loop (``Upstreams.watch``)
-tries it when the back-off ends, so it comes back without a request paying for it.
+"""Models answered by another machine's OpenAI-compatible server: ``RemoteBackend``, the
+``Backend`` of a models.yaml entry with ``upstream:``, and the bounded reads it (and the probe
+loop, ``upstream_table.py``) makes. Each upstream's health is ``upstream_health.py``'s; the
+table of upstreams, their probes and listed models (``upstream_discover``) ``upstream_table.py``'s.
 
 A request's answer is always streamed from the upstream, and goes on to the client as it
 arrives (a whole answer is the stream collected, as for a local model); leaving the
-generation closes the upstream connection at once, so the upstream stops generating.
+generation closes the upstream connection at once, so the upstream stops generating. A
+request to an upstream that is down and in its back-off is refused at once (503
+``upstream_unavailable``), and what a request sees moves the upstream's health.
 
 An upstream is another party, and nothing it does may cost this gateway more than the request
 it answers. Every read from it has a byte bound (``upstream_wire``'s), a time bound and ends
@@ -34,81 +30,26 @@ import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
-from enum import Enum
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import aiohttp
 
-from . import placement
 from . import upstream_wire as wire
-from .config import ModelSpec, Upstream, normalize_name
+from .config import ModelSpec, Upstream
 from .engine import protocol
 from .engine.client import Events, RequestFailed
 from .engine.protocol import CHAT, COMPLETIONS, EMBEDDINGS, Event, GenerationRequest
 from .errors import ApiError, from_event
 from .untrusted import shown
+from .upstream_health import UpstreamHealth
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 NATIVE = "native"  # a backend's tool_calls info: calls arrive parsed (CallDelta), not as text
 RETRYABLE = ("upstream_unavailable", "worker_crashed", "model_unavailable")  # a replica may answer instead
-_FAILING_STATUS = (502, 503, 504)  # an upstream answering these is failing, not refusing
-
-
-class Health(Enum):
-    UNKNOWN = "unknown"
-    UP = "up"
-    DOWN = "down"
-
-
-@dataclass
-class UpstreamHealth:
-    """One upstream's health and back-off. ``name``: the models.yaml entry (or replica) it
-    serves, the label it is shown and counted by (never its URL or key)."""
-
-    name: str
-    upstream: Upstream
-    backoff: tuple[float, float] = (2.0, 60.0)  # the first wait after a failure, and the cap
-    state: Health = Health.UNKNOWN
-    failures: int = 0  # in a row
-    retry_at: float = 0.0  # time.monotonic() before which a down upstream is not tried
-    error: str | None = None
-    checked_at: float = -1e18  # last probe
-    models: list[str] | None = None  # the ids its /models listed at the last probe
-    spec: ModelSpec | None = None  # the entry it serves: what its discovered models inherit
-
-    def move(self, new: Health) -> None:
-        """The one place the state changes (every move is allowed: health is what was last seen)."""
-        if new is not self.state:
-            log.log(logging.WARNING if new is Health.DOWN else logging.INFO, "upstream %r is %s%s", self.name,
-                    new.value, f": {self.error}" if new is Health.DOWN else "")
-        self.state = new
-
-    def succeeded(self) -> None:
-        self.failures, self.error = 0, None
-        self.move(Health.UP)
-
-    def failed(self, why: str) -> None:
-        self.failures += 1
-        self.retry_at = time.monotonic() + placement.backoff(self.failures, *self.backoff)
-        self.error = shown(why, 300)  # it may quote the upstream: logged and shown as it is
-        self.move(Health.DOWN)
-
-    @property
-    def wait(self) -> float:
-        """Seconds until a down upstream may be tried again (0: now)."""
-        return max(0.0, self.retry_at - time.monotonic()) if self.state is Health.DOWN else 0.0
-
-    def unavailable(self, why: str | None = None) -> protocol.Error:
-        return protocol.Error(0, 503, f"the upstream server for {self.name!r} is unavailable: "
-                                      f"{why or self.error or 'not reachable'}", "model", "upstream_unavailable",
-                              max(self.wait, 1.0))
-
-    def describe(self) -> dict[str, Any]:
-        return {"state": self.state.value, "error": self.error,
-                "retry_after": round(self.wait, 1) if self.wait else None}
+FAILING_STATUS = (502, 503, 504)  # an upstream answering these is failing, not refusing
 
 
 def headers(upstream: Upstream) -> dict[str, str]:
@@ -173,7 +114,7 @@ def _close(resp: aiohttp.ClientResponse) -> None:
     resp.close()
 
 
-def _compressed(resp: aiohttp.ClientResponse) -> str | None:
+def compressed(resp: aiohttp.ClientResponse) -> str | None:
     """The Content-Encoding of an answer that came compressed although it was asked not to be."""
     encoding = resp.headers.get("Content-Encoding", "").strip().lower()
     return None if encoding in ("", "identity") else encoding
@@ -188,7 +129,10 @@ class RemoteBackend:
         self.model = spec.upstream.model or spec.name
         # no chat template here: calls come parsed, raw thinking markers in the text are split
         # by the model's ``reasoning`` setting
-        self.info: dict[str, Any] = {"tool_calls": NATIVE, "n_ctx": None, "upstream": True}
+        # fill-in-the-middle goes on to the upstream (its /infill, else /completions with a
+        # suffix: RemoteGeneration._infill), which refuses it for a model that cannot
+        self.info: dict[str, Any] = {"tool_calls": NATIVE, "n_ctx": None, "upstream": True,
+                                     "fim": wire.FIM_FORWARDED}
         up = spec.upstream
         # reads are timed by the request (first_byte_timeout, idle_timeout, its deadline), not per socket read
         self.session = client_session(up, aiohttp.ClientTimeout(total=None, connect=up.connect_timeout),
@@ -228,21 +172,22 @@ class RemoteBackend:
     def _release(self, rid: int) -> None:
         self._live.pop(rid, None)
 
-    async def post(self, path: str, body: dict[str, Any]) -> aiohttp.ClientResponse:
-        """Send a request and wait for its answer's headers (``first_byte`` timeout). Health
-        follows what happened; a failure raises ``RequestFailed`` with the error to answer."""
+    async def post(self, path: str, body: dict[str, Any], url: str | None = None) -> aiohttp.ClientResponse:
+        """Send a request (to ``path`` under the upstream's base URL, or to ``url`` on the same
+        server) and wait for its answer's headers (``first_byte`` timeout). Health follows what
+        happened; a failure raises ``RequestFailed`` with the error to answer."""
         if self.health.wait:
             raise RequestFailed(self.health.unavailable())
         up = self.upstream
         try:
-            resp = await within(self.session.post(up.url + path, json=body, allow_redirects=False),
+            resp = await within(self.session.post(url or up.url + path, json=body, allow_redirects=False),
                                 up.first_byte_timeout, _close)
         except asyncio.TimeoutError:
             raise RequestFailed(self._failing(f"no answer within {up.first_byte_timeout:g} s")) from None
         except (aiohttp.ClientError, OSError) as e:
-            raise RequestFailed(self._failing(_why(e))) from None
+            raise RequestFailed(self._failing(reason(e))) from None
         if resp.status == 200:
-            if (encoding := _compressed(resp)) is not None:
+            if (encoding := compressed(resp)) is not None:
                 resp.close()
                 raise RequestFailed(self._refused(502, f"the upstream server for {self.spec.name!r} sent its "
                                                        f"answer compressed ({shown(encoding, 40)}) although it was "
@@ -255,7 +200,7 @@ class RemoteBackend:
             body_bytes = b""
         finally:
             resp.close()
-        if resp.status in _FAILING_STATUS:
+        if resp.status in FAILING_STATUS:
             raise RequestFailed(self._failing(f"HTTP {resp.status}: {body_bytes[:200].decode(errors='replace')}"))
         if 300 <= resp.status < 400:  # following it would send the caller's request to another host
             log.warning("the upstream server for %r answered %s with a redirect (HTTP %d to %s); redirects are not "
@@ -293,7 +238,7 @@ class RemoteBackend:
         except asyncio.TimeoutError:
             raise from_event(self._failing(f"no whole embeddings answer within {seconds:g} s")) from None
         except (aiohttp.ClientError, OSError) as e:
-            raise ApiError(f"the upstream server for {self.spec.name!r} broke its embeddings answer ({_why(e)})",
+            raise ApiError(f"the upstream server for {self.spec.name!r} broke its embeddings answer ({reason(e)})",
                            status=502, code="upstream_malformed") from None
         vectors, prompt_tokens = wire.embeddings_answer(body, len(inputs))
         return protocol.Embeddings(0, vectors, prompt_tokens)
@@ -325,7 +270,7 @@ class RemoteBackend:
         await self.session.close()
 
 
-def _why(e: BaseException) -> str:
+def reason(e: BaseException) -> str:
     """An exception as a message (its text may quote the upstream: shown escaped)."""
     return shown(f"{type(e).__name__}: {e}", 300) if str(e) else type(e).__name__
 
@@ -350,7 +295,8 @@ class RemoteGeneration(Events):
         self.on_idle: Callable[[], Awaitable[None]] | None = None
         self._events: collections.deque[Event] = collections.deque()
         self._resp: aiohttp.ClientResponse | None = None
-        self._reader = wire.ChunkReader(rid, chat=request.messages is not None, bounds=wire.answer_bounds(request))
+        self._reader: wire.ChunkReader | wire.InfillReader = wire.ChunkReader(
+            rid, chat=request.messages is not None, bounds=wire.answer_bounds(request))
         self._sse = wire.SSEDecoder()
         self._began = False  # the request was sent
         self._answering = False  # its first event came: Start is out
@@ -382,9 +328,9 @@ class RemoteGeneration(Events):
         except _Late as late:
             self._late(late.request_deadline)
         except (aiohttp.ClientError, OSError) as e:
-            self.backend.health.failed(_why(e))
+            self.backend.health.failed(reason(e))
             self._fail(protocol.Error(self.id, 502, f"the upstream server for {self.backend.spec.name!r} broke "
-                                                    f"its answer: {_why(e)}", None, "upstream_unavailable"))
+                                                    f"its answer: {reason(e)}", None, "upstream_unavailable"))
         if first and self._events and not isinstance(self._events[0], protocol.Error):  # an answer has begun
             self._events.appendleft(protocol.Start(self.id, 0, 0, 0))
             self._answering = True
@@ -392,13 +338,32 @@ class RemoteGeneration(Events):
     async def _open(self) -> None:
         self._began = True
         self._due = asyncio.get_running_loop().time() + self.backend.upstream.first_byte_timeout
-        path, body = wire.request_body(self.request, self.backend.model)
-        # post's own timeout is first_byte's (a 503: the upstream is failing, and a replica may answer)
-        self._resp = await self._in_time(self.backend.post(path, body), _close, upstream_due=False)
+        if self.request.suffix is not None:
+            self._resp = await self._infill()
+        else:
+            path, body = wire.request_body(self.request, self.backend.model)
+            # post's own timeout is first_byte's (a 503: the upstream is failing, and a replica may answer)
+            self._resp = await self._in_time(self.backend.post(path, body), _close, upstream_due=False)
         if self._resp.content_type == "application/json":  # a server that does not stream
             await self._read_whole()
         else:
             await self._read()
+
+    async def _infill(self) -> aiohttp.ClientResponse:
+        """Fill in the middle: the upstream's /infill, or where it has none (FIM_FALLBACK) its
+        /completions with a suffix (``request_body`` refuses what that cannot carry)."""
+        req, backend = self.request, self.backend
+        try:
+            resp = await self._in_time(backend.post("/infill", wire.infill_body(req, backend.model),
+                                                    url=wire.infill_url(backend.upstream.url)),
+                                       _close, upstream_due=False)
+            self._reader = wire.InfillReader(self.id, wire.answer_bounds(req))
+            return resp
+        except RequestFailed as e:
+            if e.event.status not in wire.FIM_FALLBACK:
+                raise
+        path, body = wire.request_body(req, backend.model)
+        return await self._in_time(backend.post(path, body), _close, upstream_due=False)
 
     async def _in_time(self, step: Awaitable[T], discard: Callable[[T], object] | None = None, *,
                        upstream_due: bool = True) -> T:
@@ -422,8 +387,7 @@ class RemoteGeneration(Events):
         """A whole answer where a stream was asked for, read as the stream it stands for."""
         assert self._resp is not None
         body = await self._in_time(read_body(self._resp, wire.MAX_EVENT_BYTES, "a whole answer"))
-        chunk = wire.whole_as_chunk(body, self._reader.chat)
-        self._events.extend(self._reader.take(chunk, len(body)) + self._reader.feed("[DONE]"))
+        self._events.extend(self._reader.whole(body))
 
     async def _read(self) -> None:
         """Read the stream until at least one event is queued. The upstream's time for it runs
@@ -485,135 +449,3 @@ class RemoteGeneration(Events):
             else:
                 self._drop()
         self.backend._release(self.id)
-
-
-class Upstreams:
-    """Every upstream's health (kept across loads and unloads of its model), the probe loop
-    that watches them, and the models the ``upstream_discover`` ones list."""
-
-    def __init__(self, backoff: tuple[float, float] = (2.0, 60.0), check_seconds: float = 30.0):
-        self.backoff = backoff
-        self.check_seconds = check_seconds  # how often an upstream that is not down is probed; 0: never
-        self._health: dict[str, UpstreamHealth] = {}
-        # a discovered model's normalized name -> its spec and its upstream's health, made anew
-        # when a list comes in or a reload changes the upstreams (``_relist``), not per lookup
-        self._found: dict[str, tuple[ModelSpec, UpstreamHealth]] = {}
-        self._probing: dict[str, asyncio.Task[None]] = {}
-
-    def health(self, spec: ModelSpec) -> UpstreamHealth:
-        """The health of the upstream ``spec`` runs on (a discovered model shares its entry's)."""
-        assert spec.upstream is not None
-        if (found := self._found.get(normalize_name(spec.name))) is not None and spec.name not in self._health:
-            return found[1]
-        h = self._health.get(spec.name)
-        if h is None or h.upstream != spec.upstream:
-            h = self._health[spec.name] = UpstreamHealth(spec.name, spec.upstream, self.backoff, spec=spec)
-        return h
-
-    def known(self) -> list[UpstreamHealth]:
-        return list(self._health.values())
-
-    def backend(self, spec: ModelSpec) -> RemoteBackend:
-        return RemoteBackend(spec, self.health(spec))
-
-    def sync(self, specs: list[ModelSpec]) -> None:
-        """Watch exactly the upstreams of ``specs`` (at start and after a reload)."""
-        wanted = {m.name: m for s in specs for m in s.members if m.upstream is not None}
-        for name in [n for n in self._health if n not in wanted]:
-            del self._health[name]
-        for member in wanted.values():
-            self.health(member)
-        self._relist()
-
-    def listed(self, h: UpstreamHealth, models: list[str]) -> None:
-        """The model ids upstream ``h`` lists now (its /models); the table is made anew only
-        when they changed (a probe comes every few seconds, the list seldom changes)."""
-        if models != h.models:
-            h.models = models
-            self._relist()
-
-    def _relist(self) -> None:
-        """A spec per model a ``upstream_discover`` upstream listed, named prefix + its id, with the
-        entry's settings (reasoning, defaults, keep_alive...); the first upstream to list a name has it."""
-        found: dict[str, tuple[ModelSpec, UpstreamHealth]] = {}
-        for h in self._health.values():
-            if h.upstream.discover and h.models:
-                parent = h.spec or ModelSpec(name=h.name, upstream=h.upstream)
-                for mid in h.models:
-                    spec = replace(parent, name=h.upstream.prefix + mid, aliases=(), source="upstream",
-                                   upstream=replace(h.upstream, model=mid, discover=False))
-                    found.setdefault(normalize_name(spec.name), (spec, h))
-        self._found = found
-
-    def discovered(self) -> list[ModelSpec]:
-        return [spec for spec, _ in self._found.values()]
-
-    def resolve(self, key: str) -> ModelSpec | None:
-        """The discovered model named ``key`` (normalized), if any."""
-        found = self._found.get(key)
-        return found[0] if found is not None else None
-
-    async def probe(self, h: UpstreamHealth) -> None:
-        """GET the upstream's /models: up (and the model ids ``wire.listing`` takes) or down. A
-        list that cannot be taken (too large, not JSON, behind a redirect) leaves it up, listing
-        nothing."""
-        h.checked_at = time.monotonic()
-        up = h.upstream
-        timeout = aiohttp.ClientTimeout(total=up.connect_timeout + min(up.first_byte_timeout, 30.0),
-                                        connect=up.connect_timeout)
-        body, problem = None, None
-        try:
-            async with client_session(up, timeout) as session, \
-                    session.get(up.url + "/models", allow_redirects=False) as resp:
-                if resp.status in _FAILING_STATUS:
-                    raise OSError(f"HTTP {resp.status}")
-                if 300 <= resp.status < 400:
-                    problem = f"it is behind a redirect (HTTP {resp.status}), which is not followed"
-                elif resp.status == 200 and (encoding := _compressed(resp)) is not None:
-                    problem = f"it came compressed ({shown(encoding, 40)}) although it was asked not to"
-                elif resp.status == 200:
-                    body = await read_body(resp, wire.MAX_LIST_BYTES, "a model list")
-            found = wire.listing(body) if body is not None else None
-        except wire.MalformedStream as e:
-            found, problem = None, e.message
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
-            h.failed(_why(e))
-            return
-        h.succeeded()
-        if found is not None:
-            if (found.refused or found.left_out) and found.ids != h.models:
-                log.warning("upstream %r lists %d model ids that cannot be names (the first: %s) and %d past the %d "
-                            "taken", h.name, found.refused, found.why, found.left_out, wire.MAX_LISTED)
-            self.listed(h, found.ids)
-        elif problem is not None:
-            if h.models != []:
-                log.warning("upstream %r: its model list is not taken: %s", h.name, problem)
-            self.listed(h, [])
-
-    def _due(self, h: UpstreamHealth, now: float) -> bool:
-        if h.state is Health.DOWN:
-            return now >= h.retry_at
-        if h.upstream.discover and h.models is None and h.checked_at < 0:  # its list, once, whatever the interval
-            return True
-        return bool(self.check_seconds) and now - h.checked_at >= self.check_seconds
-
-    async def refresh(self, discover_only: bool = False) -> None:
-        """Probe every upstream that is due now (or, ``discover_only``, every discovering one)."""
-        now = time.monotonic()
-        due = [h for h in self._health.values()
-               if (h.upstream.discover if discover_only else self._due(h, now)) and h.name not in self._probing]
-        for h in due:
-            self._probing[h.name] = asyncio.ensure_future(self.probe(h))
-        tasks = [self._probing[h.name] for h in due]
-        try:
-            await asyncio.gather(*tasks, return_exceptions=True)
-        finally:
-            for h in due:
-                self._probing.pop(h.name, None)
-
-    async def watch(self) -> None:
-        """Probe upstreams as they fall due, until cancelled."""
-        while True:
-            await self.refresh()
-            await asyncio.sleep(1.0)
-

@@ -25,9 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench import Server, long_prompt
-
-from gateway import testmodels as tm
+from benchlib import Server, long_prompt, random_model
 
 N_CTX = 8192
 TURN = " Now tell me what happened next, in one short sentence, about the {topic}."
@@ -36,13 +34,7 @@ TOPICS = ("bridge", "harbor", "market", "winter", "garden", "river", "forest", "
 
 def second_model() -> Path:
     """The default model B: bench.py's random-weight model again, other weights (seed 1)."""
-    path = tm.data_dir() / "bench" / "random-qwen2-81m-b.gguf"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        print(f"writing the second benchmark model to {path} ...", file=sys.stderr)
-        tm.write_random_model(path.with_suffix(".part"), tm.find_vocab("qwen2"), seed=1)
-        path.with_suffix(".part").replace(path)
-    return path
+    return random_model("random-qwen2-81m-b.gguf", seed=1, what="the second benchmark model")
 
 
 def history(words: int, salt: str) -> str:

@@ -135,7 +135,7 @@ async def test_a_full_queue_answers_429_with_retry_after(aiohttp_client, files, 
     waiting = asyncio.create_task(client.post("/v1/chat/completions",
                                               json={"model": "loop", "messages": HI, "max_tokens": 2}))
     for _ in range(200):
-        if client.app[REGISTRY].state(client.app[REGISTRY].resolve("loop")).in_flight == 3:
+        if client.app[REGISTRY].supervisor(client.app[REGISTRY].resolve("loop")).in_flight == 3:
             break
         await asyncio.sleep(0.01)
     metrics = await (await client.get("/metrics")).text()

@@ -261,7 +261,7 @@ async def test_the_registry_waits_for_room_while_every_model_is_busy(tmp_path):
     async with reg.lease("a"):
         waiting = asyncio.ensure_future(use_b())
         await asyncio.sleep(0.02)
-        assert started == ["a"] and reg.state(reg.resolve("b")).state is ModelState.LOADING
+        assert started == ["a"] and reg.supervisor(reg.resolve("b")).state is ModelState.LOADING
         order.append("a done")
     await waiting
     assert order == ["a done", "b"] and set(reg.loaded()) == {"b"}
@@ -282,7 +282,7 @@ async def test_a_backend_that_exits_unexpectedly_counts_as_a_worker_failure(tmp_
     assert reg.worker_failures == 0
     await reg.load("a")
     exits[1](False)
-    assert reg.worker_failures == 1 and reg.state(reg.resolve("a")).state is ModelState.UNLOADED
+    assert reg.worker_failures == 1 and reg.supervisor(reg.resolve("a")).state is ModelState.UNLOADED
 
 
 def slow_load(monkeypatch, after: float, every: float):

@@ -1,12 +1,14 @@
-"""Upstreams' health and listed models (gateway/upstream.py), without a network: the state
-machine and its back-off, what discovered models inherit, and what a reload keeps."""
+"""Upstreams' health and listed models (gateway/upstream_health.py, upstream_table.py), without
+a network: the state machine and its back-off, what discovered models inherit, and what a
+reload keeps."""
 
 import time
 
 import pytest
 
 from gateway.config import ModelSpec, Upstream
-from gateway.upstream import Health, Upstreams
+from gateway.upstream_health import Health
+from gateway.upstream_table import Upstreams
 
 
 def entry(name="box", **kw):

@@ -48,7 +48,7 @@ def rss_bytes(pid: int) -> int | None:
 
 
 def describe(registry: Registry, spec) -> dict[str, Any]:
-    model = registry.state(spec)
+    model = registry.supervisor(spec)
     info = registry.info(spec)
     found = registry.found.get(spec.name)
     backend = model.backend if model.backend is not None and model.backend.alive else None

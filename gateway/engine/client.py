@@ -29,7 +29,9 @@ log = logging.getLogger(__name__)
 
 _LEN = struct.Struct(">I")
 SAVE_TIMEOUT = 120.0  # seconds a worker saving its KV caches at exit may take before it is killed
-Question = protocol.Tokenize | protocol.Detokenize | protocol.ApplyTemplate | protocol.Embed  # one answer each
+# what ``ask`` sends: a command the worker answers with one event (embed included, unlike
+# ``prompts.PromptQuestion``, which the worker's prep threads answer without decoding)
+WorkerQuestion = protocol.Tokenize | protocol.Detokenize | protocol.ApplyTemplate | protocol.Embed
 
 
 class LoadFailed(Exception):
@@ -267,7 +269,7 @@ class WorkerProcess:
     def _unavailable(self, rid: int) -> Error:
         return Error(rid, 503, f"model {self.params.name!r} is not running; retry", None, "model_unavailable")
 
-    async def ask(self, question: Callable[[int], Question]) -> Event:
+    async def ask(self, question: Callable[[int], WorkerQuestion]) -> Event:
         """One question (made with its request id) with one answer; an error event raises
         ``RequestFailed``."""
         rid = next(self._ids)

@@ -40,7 +40,7 @@ from . import embedding, kvcache, protocol
 from .decoding import Decoder
 from .model import Model, prepare
 from .outbox import Outbox
-from .prompts import Prompts, PromptTokens, Question
+from .prompts import PromptQuestion, Prompts, PromptTokens
 from .refusals import Refused, failure
 from .sampling import Sampling
 
@@ -163,7 +163,7 @@ class Worker:
         except Exception as e:  # a full disk, a directory we may not write
             sys.stderr.write(f"could not save the KV caches of {params.name}: {e}\n")
 
-    def _answer(self, question: Question) -> None:
+    def _answer(self, question: PromptQuestion) -> None:
         """On a prep thread: a question's answer, unless its asker left before it began."""
         if not self.asking.get(question.id) and self.prompts is not None:
             event = self.prompts.answer(question)
