@@ -1,5 +1,6 @@
 """The OpenAI wire spoken as a client to an upstream server: a ``GenerationRequest`` as the
-body of ``/chat/completions`` or ``/completions``, the upstream's server-sent events back as
+body of ``/chat/completions`` or ``/completions`` (or, to fill in the middle, llama-server's
+``/infill``), the upstream's server-sent events back as
 backend events (``Start`` is the backend's; ``Text``, ``Thinking``, ``CallDelta``, ``Done``
 come from here), its embeddings and model list, and its error bodies as ``ApiError``s. Pure: no
 I/O, so every cut of a stream and every malformed chunk is testable without a server.
@@ -108,8 +109,12 @@ def request_body(req: GenerationRequest, model: str) -> tuple[str, dict[str, Any
         path = "/chat/completions"
         body["messages"] = [_message(m) for m in req.messages]
         if req.tools:
-            body["tools"] = req.tools
-            body["tool_choice"] = ({"type": "function", "function": {"name": req.tool_name}} if req.tool_name
+            # a choice of several tools (allowed_tools) reaches the upstream as those tools alone,
+            # which every OpenAI-compatible server follows
+            allowed = req.tool_names
+            body["tools"] = [t for t in req.tools if allowed is None or t["function"]["name"] in allowed]
+            body["tool_choice"] = ({"type": "function", "function": {"name": allowed[0]}}
+                                   if allowed is not None and len(allowed) == 1 and req.tool_choice == "required"
                                    else req.tool_choice)
             if not req.parallel_tool_calls:
                 body["parallel_tool_calls"] = False
@@ -122,6 +127,9 @@ def request_body(req: GenerationRequest, model: str) -> tuple[str, dict[str, Any
         body["prompt"] = req.prompt if req.prompt is not None else req.prompt_tokens
         if req.echo:
             body["echo"] = True
+        if req.suffix is not None:  # fill in the middle, where the upstream has no /infill
+            _fim_fallback(req)
+            body["suffix"] = req.suffix
     if req.max_tokens is not None:
         body["max_tokens"] = req.max_tokens
     for name in req.given:
@@ -358,6 +366,10 @@ class ChunkReader:
             return CallDelta(self.rid, index, call_id, name, arguments)
         return CallDelta(self.rid, index, None, None, arguments)
 
+    def whole(self, body: bytes) -> list[Event]:
+        """A whole answer where a stream was asked for, read as the stream it stands for."""
+        return self.take(whole_as_chunk(body, self.chat), len(body)) + self.feed("[DONE]")
+
     def finished(self) -> Done:
         """The ``Done`` event: usage as the upstream counted it, else the chunks counted here."""
         reason = {"content_filter": "stop", "function_call": "tool_calls"}.get(self.finish or "stop",
@@ -386,6 +398,127 @@ def whole_as_chunk(body: bytes, chat: bool) -> dict[str, Any]:
     else:
         part = {"index": 0, "text": choice.get("text"), "finish_reason": choice.get("finish_reason")}
     return {"choices": [part], **({"usage": data["usage"]} if isinstance(data.get("usage"), dict) else {})}
+
+
+# --- fill-in-the-middle ----------------------------------------------------------------------
+# A FIM request (``req.suffix`` set) goes to the upstream's llama-server-shaped ``POST /infill``
+# (at the server's root, beside the OpenAI base URL's /v1: llama-server and this gateway serve it
+# there), which lays the prompt out from the model's FIM tokens where the vocabulary is. An
+# upstream that answers one of FIM_FALLBACK for it (vLLM, Ollama, LM Studio) gets
+# ``request_body``'s ``/completions`` with ``prompt`` and ``suffix`` instead, the OpenAI shape
+# their completions take a suffix in.
+FIM_FALLBACK = (404, 405)
+# A backend's ``fim`` info where its upstream server is sent fill-in-the-middle: whether the model
+# can is not known here, the upstream refuses for itself
+FIM_FORWARDED = "upstream"
+
+
+def infill_url(base_url: str) -> str:
+    """The upstream's /infill: at the root of the server whose OpenAI base URL is ``base_url``
+    (its trailing ``/v1`` left out)."""
+    root = base_url.rstrip("/")
+    return (root[:-len("/v1")] if root.endswith("/v1") else root) + "/infill"
+
+
+def infill_body(req: GenerationRequest, model: str) -> dict[str, Any]:
+    """llama-server's /infill request for ``req`` (``req.suffix`` set), always streamed."""
+    assert req.suffix is not None and req.prompt is not None
+    body: dict[str, Any] = {"model": model, "stream": True, "input_prefix": req.prompt, "input_suffix": req.suffix}
+    if req.infill_extra:
+        body["input_extra"] = req.infill_extra
+    if req.infill_prompt:
+        body["prompt"] = req.infill_prompt
+    if req.max_tokens is not None:
+        body["n_predict"] = req.max_tokens
+    for name in req.given:
+        if name in SAMPLING_FIELDS:
+            body[name] = getattr(req, name)
+    if req.stop:
+        body["stop"] = req.stop
+    if req.ignore_eos:
+        body["ignore_eos"] = True
+    return body
+
+
+def _fim_fallback(req: GenerationRequest) -> None:
+    """Refuse what the OpenAI completions shape cannot carry, rather than drop it."""
+    for value, param in ((req.infill_extra, "input_extra"), (req.infill_prompt, "prompt")):
+        if value:
+            raise ApiError(f"`{param}` cannot reach this model: its upstream server has no /infill, and its "
+                           "/completions takes a prompt and a suffix only; leave it out", status=501,
+                           param=param, code="fim_not_supported")
+
+
+class InfillReader:
+    """An upstream's /infill stream (llama-server's /completion shape: ``{"content", "stop":
+    false}`` per piece, the last with ``"stop": true``, its ``stop_type``, token counts and
+    ``timings``; no ``[DONE]``) -> backend events, with ``ChunkReader``'s bounds and interface."""
+
+    chat = False
+
+    def __init__(self, rid: int, bounds: Bounds = Bounds()):
+        self.rid, self.bounds = rid, bounds
+        self.tokens = self.pieces = self.kept = 0
+        self.done = self.truncated = False
+        self.finish: str | None = None
+        self.stop: str | None = None
+        self.prompt_tokens = self.completion_tokens = self.cached_tokens = 0
+        self.usage = False
+
+    def feed(self, data: str) -> list[Event]:
+        if self.done:
+            return []
+        if data.strip() == "[DONE]":  # a server that sends one anyway
+            self.done = True
+            return [self.finished()]
+        return self.take(_loads(data, "an event"), len(data))
+
+    def whole(self, body: bytes) -> list[Event]:
+        """A whole answer (stream: false, or a server that ignored stream: true): the last object."""
+        return self.take(_loads(body, "a whole answer", "answer"), len(body)) + self.feed("[DONE]")
+
+    def take(self, chunk: Any, size: int) -> list[Event]:
+        if self.done:
+            return []
+        if not isinstance(chunk, dict):
+            raise MalformedStream("an event that is not a JSON object")
+        if "error" in chunk:
+            raise in_band_error(chunk["error"])
+        content = chunk.get("content")
+        if content is not None and not isinstance(content, str):
+            raise MalformedStream("`content` that is not a string")
+        out: list[Event] = []
+        if content:
+            self.tokens += 1
+            out.append(Text(self.rid, content, self.tokens, None))
+            self.pieces += 1
+            self.kept += size
+            if self.pieces > self.bounds.chunks or self.kept > self.bounds.bytes:
+                return [self.cut()]
+        if chunk.get("stop") is True:
+            kind = chunk.get("stop_type")
+            self.finish = "length" if kind == "limit" else "stop"
+            word = chunk.get("stopping_word")
+            self.stop = word if kind == "word" and isinstance(word, str) and word else None
+            if "tokens_predicted" in chunk or "tokens_evaluated" in chunk:
+                self.usage = True
+                self.prompt_tokens = _count(chunk.get("tokens_evaluated"))
+                self.completion_tokens = _count(chunk.get("tokens_predicted"))
+                timings = chunk.get("timings")
+                cached = chunk.get("tokens_cached", timings.get("cache_n") if isinstance(timings, dict) else 0)
+                self.cached_tokens = _count(cached)
+            self.done = True
+            out.append(self.finished())
+        return out
+
+    def cut(self, reason: str = "length") -> Done:
+        self.done = self.truncated = True
+        self.finish = reason
+        return self.finished()
+
+    def finished(self) -> Done:
+        completion = self.completion_tokens if self.usage else self.tokens
+        return Done(self.rid, self.finish or "stop", self.stop, self.prompt_tokens, completion, self.cached_tokens)
 
 
 def embeddings_bound(inputs: int) -> int:

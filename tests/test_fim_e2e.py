@@ -92,8 +92,13 @@ def test_infill_n_predict_and_stop(server):
 
 
 def test_infill_without_model_needs_one_when_several_are_served(server):
+    assert post(server, "/infill", INFILL)[0] == 200  # coder running: it says it can fill (its header cannot)
     status, body = post(server, "/infill", {k: v for k, v in INFILL.items() if k != "model"})
     assert status == 400 and body["error"]["param"] == "model"
+    # several of them can fill in the middle (repo's header says so): the error names those,
+    # not the ones that cannot
+    assert all(n in body["error"]["message"] for n in ("coder", "repo"))
+    assert "plain" not in body["error"]["message"] and "qwen" not in body["error"]["message"]
 
 
 def test_mistral_fim_route(server):

@@ -51,11 +51,14 @@ def codex(tmp_path_factory):
             'model = "plain"\nmodel_provider = "gateway"\n\n[model_providers.gateway]\nname = "gguf-gateway"\n'
             f'base_url = "{proxy.url}/v1"\nwire_api = "responses"\n')
 
-        def run(prompt: str, *args: str) -> tuple[subprocess.CompletedProcess, Path]:
-            work = Path(d / f"work{len(proxy.records)}")
-            work.mkdir()
+        def run(prompt: str, *args: str, resume_in: Path | None = None) -> tuple[subprocess.CompletedProcess, Path]:
+            """``codex exec`` in a new directory, or with ``resume_in`` ``codex exec resume
+            --last`` in that directory (--last picks the newest session started there)."""
+            work = resume_in or Path(d / f"work{len(proxy.records)}")
+            work.mkdir(exist_ok=True)
             env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "CODEX_"))}
-            done = subprocess.run([str(binary), "exec", "--skip-git-repo-check", *args, prompt], cwd=work,
+            command = ["exec", "resume", "--last"] if resume_in else ["exec"]
+            done = subprocess.run([str(binary), *command, "--skip-git-repo-check", *args, prompt], cwd=work,
                                   env={**env, "CODEX_HOME": str(home)}, stdin=subprocess.DEVNULL,
                                   capture_output=True, text=True, timeout=300)
             return done, work
@@ -112,3 +115,19 @@ def test_a_namespaced_call_reaches_its_tool(codex):
     output = next(i for i in last["input"] if i.get("type") == "function_call_output")
     # close_agent's own handler answered (it cannot parse that id); an unrouted call would not get there
     assert "invalid agent id" in json.dumps(output)
+
+
+def test_a_resumed_session_sends_the_first_turns_history(codex):
+    run, proxy = codex
+    done, work = run("Say hello")
+    assert done.returncode == 0, done.stderr[-2000:]
+    first = len(proxy.records)
+    again, _ = run("Say it once more", resume_in=work)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "Hello from the gateway." in again.stdout
+    no_failures(proxy)
+    turns = [r["body"] for r in proxy.records[first:] if r["path"] == "/v1/responses"]
+    assert turns, "the resumed session made no Responses request"
+    history = json.dumps(turns[-1]["input"])
+    # the first turn's question and answer, then the new question, all in the resumed request
+    assert history.index("Say hello") < history.index("Hello from the gateway.") < history.index("Say it once more")

@@ -205,12 +205,12 @@ def test_what_codex_sends_besides_is_accepted():
     ({"type": "function", "name": "search", "namespace": "mcp__docs__"}, "required", "mcp__docs__search"),
     ({"type": "custom", "name": "apply_patch"}, "required", "apply_patch"),
     ({"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "exec_command"}]},
-     "required", None),
+     "required", "exec_command"),
     ({"type": "web_search_preview"}, "auto", None),
 ])
 def test_tool_choice_shapes(choice, mode, name):
     parsed = parse(tools=[EXEC, DOCS, PATCH], tool_choice=choice)
-    assert (parsed.request.tool_choice, parsed.request.tool_name) == (mode, name)
+    assert (parsed.request.tool_choice, parsed.request.tool_names) == (mode, name and (name,))
 
 
 @pytest.mark.parametrize("fields, param", [

@@ -22,10 +22,10 @@ def anth(**body):
 
 def test_openai_tools_and_choice():
     req = chat(tools=[WEATHER])
-    assert req.tools == [WEATHER] and req.tool_choice == "auto" and req.tool_name is None and req.parallel_tool_calls
+    assert req.tools == [WEATHER] and req.tool_choice == "auto" and req.tool_names is None and req.parallel_tool_calls
     req = chat(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}},
                parallel_tool_calls=False)
-    assert req.tool_choice == "required" and req.tool_name == "get_weather" and not req.parallel_tool_calls
+    assert req.tool_choice == "required" and req.tool_names == ("get_weather",) and not req.parallel_tool_calls
     assert chat(tools=[WEATHER], tool_choice="none").tools is None  # none: the model sees no tools
     bare = chat(tools=[{"type": "function", "function": {"name": "now"}}]).tools[0]["function"]
     assert bare == {"name": "now", "parameters": {"type": "object", "properties": {}}}
@@ -81,9 +81,9 @@ def test_anthropic_tools_choice_and_history():
     req = anth(tools=[ANTH_TOOL], tool_choice={"type": "any", "disable_parallel_tool_use": True})
     assert req.tools[0]["function"]["name"] == "get_weather" and req.tools[0]["function"]["parameters"] == \
         ANTH_TOOL["input_schema"]
-    assert req.tool_choice == "required" and req.tool_name is None and not req.parallel_tool_calls
+    assert req.tool_choice == "required" and req.tool_names is None and not req.parallel_tool_calls
     req = anth(tools=[ANTH_TOOL], tool_choice={"type": "tool", "name": "get_weather"})
-    assert req.tool_choice == "required" and req.tool_name == "get_weather" and req.parallel_tool_calls
+    assert req.tool_choice == "required" and req.tool_names == ("get_weather",) and req.parallel_tool_calls
     messages = [*ASK,
                 {"role": "assistant", "content": [{"type": "text", "text": "Checking."},
                                                   {"type": "tool_use", "id": "toolu_1", "name": "get_weather",

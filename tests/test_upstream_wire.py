@@ -14,7 +14,7 @@ from gateway.engine.protocol import CallDelta, Done, GenerationRequest, Start, T
 from gateway.errors import ApiError
 from gateway.protocol import anthropic as anth
 from gateway.protocol import openai as oai
-from gateway.toolcalls import AnswerParser
+from gateway.text.toolformats import AnswerParser
 
 
 def chunk(delta=None, finish=None, text=None, usage=None):

@@ -4,7 +4,7 @@ in Anthropic's words on both (``protocol.anthropic.context_error``)."""
 from __future__ import annotations
 
 import json
-import logging
+from typing import Any
 
 from aiohttp import web
 
@@ -13,12 +13,12 @@ from ..appkeys import CONFIG, REGISTRY
 from ..errors import ApiError
 from ..events import observation
 from ..protocol import anthropic as anth
-from ..protocol.params import Parsed, apply_defaults, apply_effort
+from ..protocol.params import Parsed
 from ..protocol.tools import anthropic_left_out
+from ..sse import EventStream
+from . import pipeline
 from .body import read_json_object
-from .common import apply_limits, dropped_tools, event_stream, ignore_gone, load_progress
-
-log = logging.getLogger(__name__)
+from .common import dropped_tools, event_stream
 
 
 async def _parse(request: web.Request, counting: bool = False) -> tuple[Parsed, dict[str, str]]:
@@ -29,44 +29,37 @@ async def _parse(request: web.Request, counting: bool = False) -> tuple[Parsed, 
     return parsed, dropped_tools(request, anthropic_left_out(body))
 
 
+def _told(err: ApiError) -> list[tuple[dict[str, Any], str | None]]:
+    """A failure in an Anthropic stream: its ``error`` event."""
+    return [(err.anthropic_body(), "error")]
+
+
 async def messages(request: web.Request) -> web.StreamResponse:
     parsed, headers = await _parse(request)
-    apply_limits(request, parsed)
-    obs = observation(request)
-    progress = load_progress(request, parsed.stream, lambda err: [(err.anthropic_body(), "error")])
-    async with request.app[REGISTRY].lease(parsed.model, on_progress=progress) as (spec, backend):
-        obs.model = spec.name
-        apply_defaults(parsed, spec.defaults)
-        render = anth.Renderer(spec.name, id=f"msg_{obs.request_id}")
-        answer.prepare(parsed.request, spec.name, spec.reasoning, spec.tool_format, backend.info)
-        apply_effort(parsed.request, parsed.reasoning_effort, spec.reasoning_budgets, parsed.request.reasoning)
-        async with backend.generate(parsed.request) as gen:
-            try:
-                begun, parser = await answer.start(gen, parsed.request, stream=parsed.stream)
-            except ApiError as err:
-                raise anth.context_error(err) from None
-            items = answer.pieces(gen, parser, obs)
-            if parsed.stream:
-                return await _stream(request, render, gen, items, begun.prompt_tokens, begun.cached_tokens, headers)
-            blocks: list[dict] = []
-            arguments: list[str] = []  # of the open tool_use block
-            async for item in items:
-                if isinstance(item, answer.Piece):
-                    if not blocks or blocks[-1]["type"] != ("thinking" if item.kind == "thinking" else "text"):
-                        blocks.append(render.block(item.kind))
-                    blocks[-1]["thinking" if item.kind == "thinking" else "text"] += item.text
-                elif isinstance(item, answer.Call):
-                    _fill(blocks, arguments)
-                    blocks.append(render.tool_block(item))
-                elif isinstance(item, answer.CallArgs):
-                    arguments.append(item.text)
-                else:
-                    _fill(blocks, arguments)
-                    if not any(b["type"] in ("text", "tool_use") for b in blocks):
-                        blocks.append(render.block("content"))
-                    return web.json_response(render.message(blocks, item, item.prompt_tokens, item.cached_tokens),
-                                             headers=headers)
-    raise ApiError("the model worker ended the answer without finishing it", status=500)
+    async with pipeline.run(request, parsed, failure=_told, refused=anth.context_error) as (spec, run):
+        render = anth.Renderer(spec.name, id=f"msg_{observation(request).request_id}")
+        if parsed.stream:
+            return await _stream(request, render, run, headers)
+        blocks: list[dict] = []
+        arguments: list[str] = []  # of the open tool_use block
+
+        def feed(item: answer.Item) -> None:
+            if isinstance(item, answer.Piece):
+                if not blocks or blocks[-1]["type"] != ("thinking" if item.kind == "thinking" else "text"):
+                    blocks.append(render.block(item.kind))
+                blocks[-1]["thinking" if item.kind == "thinking" else "text"] += item.text
+            elif isinstance(item, answer.Call):
+                _fill(blocks, arguments)
+                blocks.append(render.tool_block(item))
+            else:
+                arguments.append(item.text)
+
+        finish = await pipeline.collect(run, feed)
+        _fill(blocks, arguments)
+        if not any(b["type"] in ("text", "tool_use") for b in blocks):
+            blocks.append(render.block("content"))
+        return web.json_response(render.message(blocks, finish, finish.prompt_tokens, finish.cached_tokens),
+                                 headers=headers)
 
 
 def _fill(blocks: list[dict], arguments: list[str]) -> None:
@@ -77,31 +70,28 @@ def _fill(blocks: list[dict], arguments: list[str]) -> None:
     arguments.clear()
 
 
-async def _stream(request: web.Request, render: anth.Renderer, gen, items, prompt_tokens: int,
-                  cached_tokens: int, headers: dict[str, str]) -> web.StreamResponse:
-    sse = event_stream(request)
-    if not sse.opened:  # a load's progress may have opened it already
-        sse.response.headers.update(headers)
-    await sse.open()
-    gen.on_idle = sse.flush  # the deltas of events that arrived together go out in one write
-    index, kind = -1, None  # the open content block
+async def _stream(request: web.Request, render: anth.Renderer, run: pipeline.Run,
+                  headers: dict[str, str]) -> web.StreamResponse:
+    async def write(sse: EventStream) -> None:
+        index, kind = -1, None  # the open content block
 
-    async def close_block() -> None:
-        if kind is not None:
-            await sse.send({"type": "content_block_stop", "index": index}, event="content_block_stop")
+        async def close_block() -> None:
+            if kind is not None:
+                await sse.send({"type": "content_block_stop", "index": index}, event="content_block_stop")
 
-    async def open_block(new_kind: str, block: dict | None = None) -> None:
-        nonlocal index, kind
-        await close_block()
-        index, kind = index + 1, new_kind
-        await sse.send({"type": "content_block_start", "index": index,
-                        "content_block": block or render.block(new_kind)}, event="content_block_start")
+        async def open_block(new_kind: str, block: dict | None = None) -> None:
+            nonlocal index, kind
+            await close_block()
+            index, kind = index + 1, new_kind
+            await sse.send({"type": "content_block_start", "index": index,
+                            "content_block": block or render.block(new_kind)}, event="content_block_start")
 
-    try:
-        await sse.send({"type": "message_start", "message": render.message([], None, prompt_tokens, cached_tokens)},
+        begun = run.begun
+        await sse.send({"type": "message_start",
+                        "message": render.message([], None, begun.prompt_tokens, begun.cached_tokens)},
                        event="message_start")
         await sse.send({"type": "ping"}, event="ping")
-        async for item in items:
+        async for item in run.items:
             if isinstance(item, answer.Piece):
                 if kind != item.kind:
                     await open_block(item.kind)
@@ -123,15 +113,9 @@ async def _stream(request: web.Request, render: anth.Renderer, gen, items, promp
             await sse.send({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": seq},
                             "usage": {"output_tokens": item.completion_tokens}}, event="message_delta")
             await sse.send({"type": "message_stop"}, event="message_stop")
-    except ApiError as err:  # the worker failed mid-answer: Anthropic's in-band error event
-        log.warning("stream %s ended by an error: %s", render.id, err.message)
-        await ignore_gone(sse.send(err.anthropic_body(), event="error"))
-    except ConnectionResetError:
-        log.info("client disconnected from stream %s", render.id)
-        observation(request).disconnected = True
-        return sse.response
-    await ignore_gone(sse.close())
-    return sse.response
+
+    return await pipeline.stream(request, event_stream(request), [run.gen], write, _told, name=render.id,
+                                 headers=headers)
 
 
 async def count_tokens(request: web.Request) -> web.Response:

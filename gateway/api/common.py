@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
 
 from aiohttp import web
 
 from ..appkeys import CONFIG
-from ..errors import ApiError, InvalidRequest
+from ..errors import InvalidRequest
 from ..events import PRINCIPAL, STREAM, observation
 from ..protocol.params import Parsed
 from ..sse import EventStream
-from ..supervisor import Progress
 
 
 def apply_limits(request: web.Request, parsed: Parsed) -> None:
@@ -40,33 +37,6 @@ def event_stream(request: web.Request) -> EventStream:
     if sse is None:
         sse = request[STREAM] = EventStream(request, write_timeout=request.app[CONFIG].server.write_timeout)
     return sse
-
-
-def load_progress(request: web.Request, stream: bool,
-                  failure: Callable[[ApiError], list[tuple[dict[str, Any], str | None]]]) -> Progress | None:
-    """For a streamed request: what tells its client how the load it waits for goes, as SSE
-    comment lines (``: loading 43%``, which OpenAI's and Anthropic's clients skip). That opens
-    the stream with status 200, so from then on a failure is told in-band, as ``failure`` says
-    (``app.errors_middleware``)."""
-    if not stream:
-        return None
-
-    async def tell(fraction: float) -> None:
-        sse = event_stream(request)
-        if not sse.opened:
-            sse.failure = failure
-            await sse.open()
-        await sse.comment(f"loading {int(fraction * 100)}%")
-
-    return tell
-
-
-async def ignore_gone(write: Awaitable[object]) -> None:
-    """A last write to a client that has just gone away: nothing left to tell it."""
-    try:
-        await write
-    except ConnectionResetError:
-        pass
 
 
 DROPPED_TOOLS = "X-Gateway-Dropped-Tools"  # the tools a request gave that its prompt left out

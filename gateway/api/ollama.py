@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import hashlib
-import logging
 import math
 import time
 from datetime import datetime, timedelta, timezone
@@ -17,15 +16,14 @@ from aiohttp import web
 
 from .. import __version__, answer
 from ..appkeys import CONFIG, REGISTRY
+from ..backend import Backend
+from ..config import ModelSpec
 from ..errors import ApiError
 from ..events import observation
-from ..protocol import fim, ollama
-from ..protocol.params import apply_defaults, apply_effort
-from ..sse import LineStream
+from ..protocol import ollama
+from ..sse import EventStream, LineStream
+from . import pipeline
 from .body import read_json_object
-from .common import apply_limits, ignore_gone
-
-log = logging.getLogger(__name__)
 
 FOREVER = 3650 * 86400.0  # seconds: how far off a model kept loaded for good (or busy) shows its expiry
 
@@ -64,75 +62,51 @@ async def _load_only(request: web.Request, parsed: ollama.OllamaParsed, chat: bo
 
 
 async def _answer(request: web.Request, parsed: ollama.OllamaParsed, chat: bool) -> web.StreamResponse:
-    apply_limits(request, parsed)
     clock = ollama.Clock(time.monotonic())
-    registry = request.app[REGISTRY]
     req = parsed.request
-    async with registry.lease(parsed.model) as (spec, backend):
+
+    def on_lease(spec: ModelSpec, _backend: Backend) -> None:
         clock.loaded = time.monotonic()
-        obs = observation(request)
-        obs.model = spec.name
-        registry.keep_alive(spec, parsed.keep_alive)
-        apply_defaults(parsed, spec.defaults)
-        if req.suffix is not None:
-            fim.require_fim(backend.info, spec.name, req.suffix_param)
-        answer.prepare(req, spec.name, spec.reasoning if req.suffix is None else None, spec.tool_format,
-                       backend.info)
-        apply_effort(req, parsed.reasoning_effort, spec.reasoning_budgets, req.reasoning)
-        async with backend.generate(req) as gen:
-            _, parser = await answer.start(gen, req, stream=False)  # Ollama gives each call whole
-            clock.first = time.monotonic()
-            items = answer.pieces(gen, parser, obs)
-            if parsed.stream:
-                return await _stream(request, parsed, chat, gen, items, clock)
-            text: dict[str, list[str]] = {"content": [], "thinking": []}
-            calls: list[dict[str, Any]] = []
-            async for item in items:
-                if isinstance(item, answer.Piece):
-                    text[item.kind].append(item.text)
-                elif isinstance(item, answer.Call):
-                    calls.append({"name": item.name, "arguments": ""})
-                elif isinstance(item, answer.CallArgs):
-                    calls[-1]["arguments"] += item.text
-                else:
-                    body = ollama.chunk(parsed.model, chat, "".join(text["content"]), "".join(text["thinking"]),
-                                        calls)
-                    body.update(done=True, done_reason=ollama.done_reason(item.reason),
-                                **clock.stats(item.prompt_tokens, item.completion_tokens))
-                    return web.json_response(body)
-    raise ApiError("the model worker ended the answer without finishing it", status=500)
+        request.app[REGISTRY].keep_alive(spec, parsed.keep_alive)
+
+    # Ollama's streams carry no load progress (its clients read each line as JSON), and give
+    # each call whole
+    async with pipeline.run(request, parsed, thinking=req.suffix is None, on_lease=on_lease,
+                            whole_calls=True) as (_spec, run):
+        clock.first = time.monotonic()
+        if parsed.stream:
+            return await _stream(request, parsed, chat, run, clock)
+        whole = pipeline.Whole()
+        finish = await pipeline.collect(run, whole.feed)
+        body = ollama.chunk(parsed.model, chat, whole.content, whole.thinking, whole.calls)
+        body.update(done=True, done_reason=ollama.done_reason(finish.reason),
+                    **clock.stats(finish.prompt_tokens, finish.completion_tokens))
+        return web.json_response(body)
 
 
-async def _stream(request: web.Request, parsed: ollama.OllamaParsed, chat: bool, gen, items,
+async def _stream(request: web.Request, parsed: ollama.OllamaParsed, chat: bool, run: pipeline.Run,
                   clock: ollama.Clock) -> web.StreamResponse:
-    lines = LineStream(request, write_timeout=request.app[CONFIG].server.write_timeout)
-    await lines.open()
-    gen.on_idle = lines.flush
-    calls: list[dict[str, Any]] = []
-    try:
-        async for item in items:
+    held = pipeline.Whole()  # the calls, sent in one line once the answer ends, as Ollama sends them
+
+    async def write(lines: EventStream) -> None:
+        async for item in run.items:
             if isinstance(item, answer.Piece):
                 content, thinking = (item.text, "") if item.kind == "content" else ("", item.text)
                 await lines.send(ollama.chunk(parsed.model, chat, content, thinking), hold=True)
-            elif isinstance(item, answer.Call):
-                calls.append({"name": item.name, "arguments": ""})
-            elif isinstance(item, answer.CallArgs):
-                calls[-1]["arguments"] += item.text
-            else:
-                if calls:  # each call whole, in one line, as Ollama sends them
-                    await lines.send(ollama.chunk(parsed.model, chat, calls=calls))
+            elif isinstance(item, answer.Finish):
+                if held.calls:
+                    await lines.send(ollama.chunk(parsed.model, chat, calls=held.calls))
                 last = ollama.chunk(parsed.model, chat)
                 last.update(done=True, done_reason=ollama.done_reason(item.reason),
                             **clock.stats(item.prompt_tokens, item.completion_tokens))
                 await lines.send(last)
-    except ApiError as err:  # the model failed mid-answer: Ollama's clients read an error line
-        log.warning("stream for %s ended by an error: %s", parsed.model, err.message)
-        await ignore_gone(lines.send({"error": err.message}))
-    except ConnectionResetError:
-        observation(request).disconnected = True
-        return lines.response
-    await ignore_gone(lines.close())
-    return lines.response
+            else:
+                held.feed(item)
+
+    # the model failed mid-answer: Ollama's clients read an error line
+    return await pipeline.stream(request, LineStream(request, write_timeout=request.app[CONFIG].server.write_timeout),
+                                 [run.gen], write, lambda err: [({"error": err.message}, None)],
+                                 name=f"for {parsed.model}")
 
 
 async def embed(request: web.Request) -> web.Response:
@@ -185,7 +159,7 @@ async def ps(request: web.Request) -> web.Response:
     registry = request.app[REGISTRY]
     out = []
     for spec in registry.specs():
-        model = registry.state(spec)
+        model = registry.supervisor(spec)
         if model.backend is None or not model.backend.alive:
             continue
         keep = model.keep_alive if model.keep_alive is not None else model.timing.keep_alive
@@ -214,7 +188,7 @@ async def show(request: web.Request) -> web.Response:
     fills = False
     if capabilities == ["completion"]:
         # what a loaded model reported (its vocabulary's markers too), else what its template shows
-        model = registry.state(spec)
+        model = registry.supervisor(spec)
         known = model.backend.info if model.backend is not None and model.backend.alive else {}
         known = {"chat_template": template, "special_tokens": [], **known}
         if answer.tool_format(spec.tool_format, known) not in (None, "plain"):

@@ -4,24 +4,25 @@ the middle), Mistral's /v1/fim/completions; and llama-server's /infill, /props, 
 
 from __future__ import annotations
 
-import logging
 import time
+from typing import Any
 
 from aiohttp import web
 
 from .. import answer
 from ..appkeys import CONFIG, REGISTRY
+from ..backend import Backend
 from ..errors import ApiError, InvalidRequest
 from ..events import observation
 from ..protocol import fim
 from ..protocol import openai as oai
 from ..protocol import props as props_wire
 from ..protocol import rerank as rerank_wire
-from ..protocol.params import apply_defaults, apply_effort, require_model
+from ..protocol.params import require_model
+from ..sse import EventStream
+from . import pipeline
 from .body import read_json_object
-from .common import apply_limits, event_stream, ignore_gone, load_progress
-
-log = logging.getLogger(__name__)
+from .common import apply_limits, event_stream
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -46,76 +47,58 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 async def fim_completions(request: web.Request) -> web.StreamResponse:
     """Mistral's fill-in-the-middle route, answered in Mistral's shape (a chat completion's)."""
-    return await _complete(request, fim.parse_fim(await read_json_object(request)), "fim")
+    parsed = fim.parse_fim(await read_json_object(request))
+    parsed.model = _fim_model(request, parsed.model)
+    return await _complete(request, parsed, "fim")
+
+
+def _told(err: ApiError) -> list[tuple[dict[str, Any], str | None]]:
+    """A failure in an OpenAI-shaped stream (and llama-server's): the error object, in-band."""
+    return [(err.openai_body(), None)]
 
 
 async def _complete(request: web.Request, parsed: oai.Parsed, kind: str) -> web.StreamResponse:
-    apply_limits(request, parsed)
-    progress = load_progress(request, parsed.stream, lambda err: [(err.openai_body(), None)])
-    async with request.app[REGISTRY].lease(parsed.model, on_progress=progress) as (spec, backend):
-        observation(request).model = spec.name
-        if parsed.request.suffix is not None:
-            fim.require_fim(backend.info, spec.name, parsed.request.suffix_param)
-        oai.apply_defaults(parsed, spec.defaults)
-        return await _run(request, parsed, kind, spec, backend)
+    thinking = kind == "chat" and parsed.reasoning_format != "none"
+    async with pipeline.lease(request, parsed, thinking=thinking, failure=_told) as (spec, backend):
+        render = oai.Renderer(kind, spec.name, fields=request.app[CONFIG].server.reasoning_fields,
+                              id=f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{observation(request).request_id}")
+        if parsed.stream:
+            return await _stream(request, render, parsed, backend)
+        return await _whole(request, render, parsed, backend)
 
 
-async def _run(request: web.Request, parsed: oai.Parsed, kind: str, spec, backend) -> web.StreamResponse:
-    obs = observation(request)
-    render = oai.Renderer(kind, spec.name, fields=request.app[CONFIG].server.reasoning_fields,
-                          id=f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{obs.request_id}")
-    reasoning = spec.reasoning if kind == "chat" and parsed.reasoning_format != "none" else None
-    for req in parsed.requests:
-        answer.prepare(req, spec.name, reasoning, spec.tool_format, backend.info)
-        apply_effort(req, parsed.reasoning_effort, spec.reasoning_budgets, req.reasoning)
-    if parsed.stream:
-        return await _stream(request, render, parsed, backend)
+async def _whole(request: web.Request, render: oai.Renderer, parsed: oai.Parsed, backend: Backend) -> web.Response:
     choices, finishes = [], []
     for index, req in enumerate(parsed.requests):  # a batch of prompts runs one after another
-        async with backend.generate(req) as gen:
-            begun, parser = await answer.start(gen, req, stream=False)
-            text: dict[str, list[str]] = {"content": [], "thinking": []}
-            probs: list[dict] | None = [] if req.logprobs is not None else None
-            calls: list[dict] = []
-            async for item in answer.pieces(gen, parser, obs):
-                if isinstance(item, answer.Piece):
-                    text[item.kind].append(item.text)
-                    if probs is not None and item.logprobs:
-                        probs += item.logprobs
-                elif isinstance(item, answer.Call):
-                    calls.append({"id": item.id, "name": item.name, "arguments": ""})
-                elif isinstance(item, answer.CallArgs):
-                    calls[-1]["arguments"] += item.text
-                else:
-                    choices.append(render.choice(index, "".join(text["content"]), "".join(text["thinking"]), item,
-                                                 probs, begun.prompt_text or "", calls))
-                    finishes.append(item)
+        async with pipeline.generate(request, backend, req, stream=False) as run:
+            whole = pipeline.Whole(logprobs=[] if req.logprobs is not None else None)
+            finish = await pipeline.collect(run, whole.feed)
+        choices.append(render.choice(index, whole.content, whole.thinking, finish, whole.logprobs,
+                                     run.begun.prompt_text or "", whole.calls))
+        finishes.append(finish)
     return web.json_response(render.whole(choices, finishes))
 
 
-async def _stream(request: web.Request, render: oai.Renderer, parsed: oai.Parsed, backend):
-    gens = [backend.generate(req) for req in parsed.requests]  # queued in order in the worker
+async def _stream(request: web.Request, render: oai.Renderer, parsed: oai.Parsed,
+                  backend: Backend) -> web.StreamResponse:
+    reqs = parsed.requests
+    gens = [backend.generate(req) for req in reqs]  # queued in order in the worker
     try:
         # a refusal is still a plain error response
-        first, parser = await answer.start(gens[0], parsed.requests[0], stream=True)
-        sse = event_stream(request)
-        await sse.open()
-        for gen in gens:
-            gen.on_idle = sse.flush  # the deltas of events that arrived together go out in one write
-        finishes = []
-        try:
+        first = await pipeline.start(request, gens[0], reqs[0], stream=True)
+        finishes: list[answer.Finish] = []
+
+        async def write(sse: EventStream) -> None:
             if (chunk := render.first_chunk()) is not None:
                 await sse.send(chunk)
             for index, gen in enumerate(gens):
-                begun = first if index == 0 else None
-                if begun is None:
-                    begun, parser = await answer.start(gen, parsed.requests[index], stream=True)
+                run = first if index == 0 else await pipeline.start(request, gen, reqs[index], stream=True)
                 offset = 0
-                if begun.prompt_text:
-                    echo = begun.prompt_text
+                if run.begun.prompt_text:
+                    echo = run.begun.prompt_text
                     await sse.send(render.delta_chunk(answer.Piece("content", echo), index))
                     offset = len(echo)
-                async for item in answer.pieces(gen, parser, observation(request)):
+                async for item in run.items:
                     if isinstance(item, answer.Piece):
                         await sse.send(render.delta_chunk(item, index, offset), hold=True)
                         offset += len(item.text)
@@ -126,86 +109,76 @@ async def _stream(request: web.Request, render: oai.Renderer, parsed: oai.Parsed
                         finishes.append(item)
             if parsed.include_usage:
                 await sse.send(render.usage_chunk(finishes))
-        except ApiError as err:  # the worker failed mid-answer: say so in-band, then end the stream
-            log.warning("stream %s ended by an error: %s", render.id, err.message)
-            await ignore_gone(sse.send(render.final_chunk("error")))
-            await ignore_gone(sse.send(err.openai_body()))
-        except ConnectionResetError:  # the client went away; closing the generations cancels the work
-            log.info("client disconnected from stream %s", render.id)
-            observation(request).disconnected = True
-            return sse.response
-        await ignore_gone(sse.send("[DONE]"))
-        await ignore_gone(sse.close())
-        return sse.response
+
+        # the worker failed mid-answer: the choice ends with "error", then the error object
+        return await pipeline.stream(request, event_stream(request), gens, write,
+                                     lambda err: [(render.final_chunk("error"), None), *_told(err)],
+                                     name=render.id, done="[DONE]")
     finally:
         for gen in gens:
             gen.close()
 
 
-def _only_model(request: web.Request, name: str) -> str:
-    """``name``, or where the caller named none (llama-server's clients name none) the
-    gateway's only model; with several, a 400 naming ``model`` (as llama-server's router's
-    "model name is missing from the request")."""
+def _fim_model(request: web.Request, name: str) -> str:
+    """``name``, or where the caller named none (llama-server's editor clients name none) the
+    model ``fim.choose_model`` picks among the gateway's text models: a local model's GGUF
+    header says whether it can fill in the middle, a loaded backend (an upstream's) says so
+    once it runs."""
     if name:
         return name
-    specs = request.app[REGISTRY].specs()
-    if len(specs) == 1:
-        return specs[0].name
-    raise InvalidRequest(f"`model` is required: this gateway serves {len(specs)} models (see /v1/models)", "model")
+    registry = request.app[REGISTRY]
+    loaded = registry.loaded()
+    candidates: list[tuple[str, bool | None]] = []
+    for spec in registry.specs():
+        if spec.embeddings or spec.reranker:
+            continue
+        # what a running backend reports beats the header, which knows FIM tokens by their ids
+        # only (llama.cpp also finds them by their text once loaded)
+        header, backend = registry.info(spec), loaded.get(spec.name)
+        known = backend.info.get("fim") if backend is not None else None
+        known = known if isinstance(known, bool) else None  # an upstream's: its server decides
+        candidates.append((spec.name, known if known is not None else header.fim if header is not None else None))
+    if not candidates:
+        raise InvalidRequest("`model` is required: this gateway serves no text model (see /v1/models)", "model")
+    return fim.choose_model(candidates)
 
 
 async def infill(request: web.Request) -> web.StreamResponse:
     """llama-server's /infill: fill in the middle, answered in the shape of its /completion."""
     parsed = fim.parse_infill(await read_json_object(request))
-    parsed.model = _only_model(request, parsed.model)
-    apply_limits(request, parsed)
+    parsed.model = _fim_model(request, parsed.model)
     req, obs = parsed.request, observation(request)
-    progress = load_progress(request, parsed.stream, lambda err: [(err.openai_body(), None)])
-    async with request.app[REGISTRY].lease(parsed.model, on_progress=progress) as (spec, backend):
-        obs.model = spec.name
-        fim.require_fim(backend.info, spec.name, req.suffix_param)
-        apply_defaults(parsed, spec.defaults)
-        answer.prepare(req, spec.name, None, spec.tool_format, backend.info)
+    async with pipeline.lease(request, parsed, thinking=False, failure=_told) as (spec, backend):
         started = time.monotonic()
-        async with backend.generate(req) as gen:
-            begun, parser = await answer.start(gen, req, stream=parsed.stream)
+        async with pipeline.generate(request, backend, req, stream=parsed.stream) as run:
             if parsed.stream:
-                return await _infill_stream(request, spec.name, parsed, gen, parser, begun.prompt_tokens, started)
-            text: list[str] = []
-            async for item in answer.pieces(gen, parser, obs):
-                if isinstance(item, answer.Piece):
-                    text.append(item.text)
-                elif isinstance(item, answer.Finish):
-                    timing = fim.timings(item, started, obs.first_token, obs.last_token)
-                    whole = fim.final(spec.name, "".join(text), item, timing, req)
-                    return web.json_response(fim.pick(parsed.response_fields, whole))
-    raise ApiError("the model worker ended the answer without finishing it", status=500)
+                return await _infill_stream(request, spec.name, parsed, run, started)
+            text: list[str] = []  # every piece: an upstream's thinking too, as the completion's text
+            finish = await pipeline.collect(run, lambda item: text.append(item.text)
+                                            if isinstance(item, answer.Piece) else None)
+            timing = fim.timings(finish, started, obs.first_token, obs.last_token)
+            return web.json_response(fim.pick(parsed.response_fields,
+                                              fim.final(spec.name, "".join(text), finish, timing, req)))
 
 
-async def _infill_stream(request: web.Request, model: str, parsed: fim.InfillParsed, gen, parser, evaluated: int,
+async def _infill_stream(request: web.Request, model: str, parsed: fim.InfillParsed, run: pipeline.Run,
                          started: float) -> web.StreamResponse:
     """llama-server's /completion stream: ``data: {...}`` per piece, the final object last, no
     ``[DONE]``; a failure mid-answer is an ``error`` object in-band."""
     obs = observation(request)
-    sse = event_stream(request)
-    await sse.open()
-    gen.on_idle = sse.flush
-    try:
-        async for item in answer.pieces(gen, parser, obs):
+    evaluated = run.begun.prompt_tokens
+
+    async def write(sse: EventStream) -> None:
+        async for item in run.items:
             if isinstance(item, answer.Piece):
                 predicted = 1 + len(obs.gaps) if obs.first_token is not None else 0
                 await sse.send(fim.partial(item.text, predicted, evaluated), hold=True)
             elif isinstance(item, answer.Finish):
                 timing = fim.timings(item, started, obs.first_token, obs.last_token)
                 await sse.send(fim.pick(parsed.response_fields, fim.final(model, "", item, timing, parsed.request)))
-    except ApiError as err:
-        log.warning("infill stream for %s ended by an error: %s", model, err.message)
-        await ignore_gone(sse.send(err.openai_body()))
-    except ConnectionResetError:
-        obs.disconnected = True
-        return sse.response
-    await ignore_gone(sse.close())
-    return sse.response
+
+    return await pipeline.stream(request, event_stream(request), [run.gen], write, _told,
+                                 name=f"for {model} (infill)")
 
 
 async def props(request: web.Request) -> web.Response:

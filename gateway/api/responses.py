@@ -7,21 +7,20 @@ event's ``dropped_tools``."""
 
 from __future__ import annotations
 
-import logging
+from typing import Any
 
 from aiohttp import web
 
 from .. import answer
-from ..appkeys import CONFIG, REGISTRY, RESPONSES
+from ..appkeys import CONFIG, RESPONSES
 from ..errors import ApiError
-from ..events import PRINCIPAL, observation
+from ..events import PRINCIPAL
 from ..protocol import responses as wire
-from ..protocol.params import apply_defaults, apply_effort
 from ..response_store import ResponseStore, Stored
+from ..sse import EventStream
+from . import pipeline
 from .body import read_json_object
-from .common import apply_limits, dropped_tools, event_stream, ignore_gone, load_progress
-
-log = logging.getLogger(__name__)
+from .common import dropped_tools, event_stream
 
 
 def owner(request: web.Request) -> str | None:
@@ -46,30 +45,22 @@ async def create(request: web.Request) -> web.StreamResponse:
     req = parsed.request
     req.messages = wire.conversation(parsed.instructions, history, parsed.input_messages)
     headers = dropped_tools(request, parsed.dropped)
-    apply_limits(request, parsed)
     builder = wire.ResponseBuilder(parsed.model, parsed, wire.new_id("resp"))
     # failing before the answer began, in a stream a load's progress opened: the response's
     # first events, as OpenAI's clients expect, then its failure
-    progress = load_progress(request, parsed.stream,
-                             lambda err: [(e, e["type"]) for e in builder.start() + builder.fail(err)])
-    async with request.app[REGISTRY].lease(parsed.model, on_progress=progress) as (spec, backend):
-        obs = observation(request)
-        obs.model = spec.name
-        apply_defaults(parsed, spec.defaults)
-        answer.prepare(req, spec.name, spec.reasoning, spec.tool_format, backend.info)
-        apply_effort(req, parsed.reasoning_effort, spec.reasoning_budgets, req.reasoning)
-        async with backend.generate(req) as gen:
-            _, parser = await answer.start(gen, req, stream=parsed.stream)
-            items = answer.pieces(gen, parser, obs)
-            if parsed.stream:
-                return await _stream(request, builder, gen, items, history, parsed, headers)
-            async for item in items:
-                if isinstance(item, answer.Finish):
-                    _, body = builder.finish(item)
-                    _keep(request, builder, body, history, parsed)
-                    return web.json_response(body, headers=headers)
-                builder.feed(item)
-    raise ApiError("the model worker ended the answer without finishing it", status=500)
+    async with pipeline.run(request, parsed, failure=lambda err: _events(builder.start() + builder.fail(err))) \
+            as (_spec, run):
+        if parsed.stream:
+            return await _stream(request, builder, run, history, parsed, headers)
+        finish = await pipeline.collect(run, builder.feed)
+        _, body = builder.finish(finish)
+        _keep(request, builder, body, history, parsed)
+        return web.json_response(body, headers=headers)
+
+
+def _events(events: list[dict]) -> list[tuple[dict[str, Any], str | None]]:
+    """Stream events as they are sent: each under its type's event name."""
+    return [(event, event["type"]) for event in events]
 
 
 def _keep(request: web.Request, builder: wire.ResponseBuilder, body: dict, history: list[dict],
@@ -79,35 +70,25 @@ def _keep(request: web.Request, builder: wire.ResponseBuilder, body: dict, histo
                                    owner(request))
 
 
-async def _stream(request: web.Request, builder: wire.ResponseBuilder, gen, items, history: list[dict],
+async def _stream(request: web.Request, builder: wire.ResponseBuilder, run: pipeline.Run, history: list[dict],
                   parsed: wire.ResponsesParsed, headers: dict[str, str]) -> web.StreamResponse:
-    sse = event_stream(request)
-    if not sse.opened:  # a load's progress may have opened it already
-        sse.response.headers.update(headers)
-    await sse.open()
-    gen.on_idle = sse.flush
+    async def write(sse: EventStream) -> None:
+        async def send(events: list[dict], hold: bool = False) -> None:
+            for data, event in _events(events):
+                await sse.send(data, event=event, hold=hold)
 
-    async def send(events: list[dict], hold: bool = False) -> None:
-        for event in events:
-            await sse.send(event, event=event["type"], hold=hold)
-
-    try:
         await send(builder.start())
-        async for item in items:
+        async for item in run.items:
             if isinstance(item, answer.Finish):
                 events, body = builder.finish(item)
                 _keep(request, builder, body, history, parsed)
                 await send(events)
             else:
                 await send(builder.feed(item), hold=True)
-    except ApiError as err:  # the model failed mid-answer: OpenAI's error event, then the failed response
-        log.warning("stream %s ended by an error: %s", builder.id, err.message)
-        await ignore_gone(send(builder.fail(err)))
-    except ConnectionResetError:
-        observation(request).disconnected = True
-        return sse.response
-    await ignore_gone(sse.close())
-    return sse.response
+
+    # the model failed mid-answer: OpenAI's error event, then the failed response
+    return await pipeline.stream(request, event_stream(request), [run.gen], write,
+                                 lambda err: _events(builder.fail(err)), name=builder.id, headers=headers)
 
 
 async def retrieve(request: web.Request) -> web.Response:

@@ -134,7 +134,7 @@ def parse(body: dict[str, Any], *, keep_billing_header: bool = False, counting: 
 
     req = GenerationRequest(messages=messages, max_tokens=max_tokens)
     if tools and choice.mode != "none":
-        req.tools, req.tool_choice, req.tool_name, req.parallel_tool_calls = (tools, choice.mode, choice.name,
+        req.tools, req.tool_choice, req.tool_names, req.parallel_tool_calls = (tools, choice.mode, choice.names,
                                                                              choice.parallel)
     explicit = read_sampling(body, req, ANTHROPIC_SAMPLING, anthropic=True)
     req.stop = read_stops(body.get("stop_sequences"), "stop_sequences", anthropic=True)

@@ -17,7 +17,8 @@ from typing import Any
 from ..answer import Finish
 from ..engine.protocol import GenerationRequest
 from ..errors import ApiError, InvalidRequest
-from .params import SAMPLING, Parsed, read_sampling, read_stops, require_model, shown
+from ..upstream_wire import FIM_FORWARDED
+from .params import SAMPLING, Parsed, read_sampling, read_stops, shown
 
 MAX_EXTRA = 1024  # input_extra chunks (each is tokenized; the body's size bounds their text)
 MAX_FILENAME = 1024  # characters of a chunk's filename
@@ -34,12 +35,48 @@ def read_suffix(body: dict[str, Any], name: str = "suffix") -> str | None:
 
 
 def require_fim(info: dict[str, Any], model: str, param: str) -> None:
-    """Refuse fill-in-the-middle on a model that did not report FIM tokens (an upstream's or
-    replicas' model among them: the layout needs the vocabulary); the worker checks again."""
+    """Refuse fill-in-the-middle on a model that did not report FIM tokens (the layout needs
+    the vocabulary; the worker checks again), or whose upstream server is not sent FIM
+    requests: never a completion with the suffix dropped."""
+    if info.get("fim") == FIM_FORWARDED:
+        return
+    if info.get("upstream"):
+        raise ApiError(f"model {model!r} is answered by an upstream server, and fill-in-the-middle is not served "
+                       f"through it; leave out `{param}` for a plain completion", status=501, param=param,
+                       code="fim_not_supported")
     if not info.get("fim"):
         raise ApiError(f"model {model!r} cannot fill in the middle: its vocabulary has no FIM prefix, suffix "
                        f"and middle tokens (tokenizer.ggml.fim_*_token_id); leave out `{param}` for a plain "
                        "completion", status=400, param=param, code="fim_not_supported")
+
+
+def _model(body: dict[str, Any]) -> str:
+    """The request's ``model``, or "" where it names none (``choose_model`` picks one)."""
+    model = body.get("model")
+    if model is not None and (not isinstance(model, str) or not model.strip()):
+        raise InvalidRequest("`model` must be the name of a model on this gateway (see /v1/models)", "model")
+    return model or ""
+
+
+def choose_model(candidates: list[tuple[str, bool | None]]) -> str:
+    """The model a FIM request that names none goes to, as llama-server's editor clients
+    (llama.vscode, llama.vim) send it: ``candidates`` are the gateway's text models, each with
+    whether it can fill in the middle (its GGUF header's FIM tokens; None: not known before it
+    loads, as an upstream's). The only model, as on every route that takes a missing ``model``
+    (it then answers for itself); else the only one that can fill in the middle; else a 400 on
+    ``model`` naming the candidates."""
+    if len(candidates) == 1:
+        return candidates[0][0]
+    able = [name for name, fim in candidates if fim]
+    if len(able) == 1:
+        return able[0]
+    if able:
+        raise InvalidRequest(f"`model` is required: {len(able)} models on this gateway can fill in the middle "
+                             f"({', '.join(able)}); name one", "model")
+    unknown = [name for name, fim in candidates if fim is None]
+    known = (f"; not known before they load: {', '.join(unknown)}" if unknown else "")
+    raise InvalidRequest(f"`model` is required: none of this gateway's {len(candidates)} models is known to fill "
+                         f"in the middle (no FIM tokens in their GGUF headers{known}); name one", "model")
 
 
 def _stream(body: dict[str, Any]) -> bool:
@@ -140,13 +177,11 @@ def pick(paths: list[str], body: dict[str, Any]) -> dict[str, Any]:
 def parse_infill(body: dict[str, Any]) -> InfillParsed:
     """llama-server's /infill: ``input_prefix`` and ``input_suffix`` (both required, as there),
     ``input_extra``, ``prompt`` (after the prefix), ``n_predict`` / ``max_tokens``, ``stream``,
-    ``stop`` and the sampling fields. ``model`` may be left out where the gateway has one
-    model (the handler settles it: ``Parsed.model`` is "" then); ``response_fields``. Other
+    ``stop`` and the sampling fields. ``model`` may be left out (the handler settles it with
+    ``choose_model``: ``Parsed.model`` is "" then); ``response_fields``. Other
     llama-server fields (``cache_prompt``, ``t_max_prompt_ms``, ``samplers``, ``n_indent``, ...)
     are ignored."""
-    model = body.get("model")
-    if model is not None and (not isinstance(model, str) or not model.strip()):
-        raise InvalidRequest("`model` must be the name of a model on this gateway (see /v1/models)", "model")
+    model = _model(body)
     req = GenerationRequest(prompt=_string(body, "input_prefix", True), suffix=_string(body, "input_suffix", True),
                             infill_extra=read_extra(body.get("input_extra")),
                             infill_prompt=_string(body, "prompt", False), suffix_param="input_suffix")
@@ -165,8 +200,9 @@ def parse_fim(body: dict[str, Any]) -> Parsed:
     """Mistral's /v1/fim/completions: ``model``, ``prompt`` (before the cursor), ``suffix``
     (after it; absent: a plain completion of the prompt, as Mistral's), ``stop``,
     ``max_tokens`` (or ``min_tokens``, ignored), ``stream``, ``temperature``, ``top_p``,
-    ``random_seed`` (Mistral's name for ``seed``)."""
-    model = require_model(body)
+    ``random_seed`` (Mistral's name for ``seed``). ``model`` may be left out, as on /infill
+    (the handler settles it: ``Parsed.model`` is "" then)."""
+    model = _model(body)
     req = GenerationRequest(prompt=_string(body, "prompt", True), suffix=read_suffix(body))
     if req.suffix is None:
         req.suffix = ""  # Mistral's FIM route lays a prompt out as FIM, whatever follows it

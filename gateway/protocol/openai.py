@@ -204,7 +204,7 @@ def parse_chat(body: dict[str, Any]) -> Parsed:
     if tools and choice.mode != "none":
         if req.grammar is not None or req.response_format is not None:
             raise InvalidRequest("give `tools` or a `grammar` / `response_format`, not both", "tools")
-        req.tools, req.tool_choice, req.tool_name, req.parallel_tool_calls = (tools, choice.mode, choice.name,
+        req.tools, req.tool_choice, req.tool_names, req.parallel_tool_calls = (tools, choice.mode, choice.names,
                                                                              choice.parallel)
     req.logprobs = _chat_logprobs(body)
     fmt = body.get("reasoning_format")

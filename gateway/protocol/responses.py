@@ -166,9 +166,29 @@ def read_tools(value: Any) -> ToolSet:
 
 def _tool_choice(body: dict[str, Any], tools: list[dict[str, Any]] | None) -> wire_tools.ToolChoice:
     """``tool_choice`` in the Responses shapes: a mode, a named function or custom tool (in a
-    namespace, by its flat name), ``allowed_tools`` (its mode; the subset is not enforced), or a
-    hosted tool (left out of the prompt, so ``auto``)."""
+    namespace, by its flat name), ``allowed_tools`` (its mode over the functions and custom
+    tools it names; hosted tools in it are left out, as from ``tools``), or a hosted tool (left
+    out of the prompt, so ``auto``)."""
     choice = body.get("tool_choice")
+    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+        entries, picks = choice.get("tools"), []
+        if not isinstance(entries, list) or not entries:
+            raise InvalidRequest("`tool_choice.tools` must be a non-empty array of tools", "tool_choice.tools")
+        for i, entry in enumerate(entries):
+            kind = entry.get("type") if isinstance(entry, dict) else None
+            if not isinstance(entry, dict) or not isinstance(kind, str) or not TOOL_TYPE.fullmatch(kind):
+                raise InvalidRequest(f"`tool_choice.tools[{i}]` must be a tool, as in `tools`",
+                                     f"tool_choice.tools[{i}].type")
+            if kind in ("function", "custom"):
+                name, namespace = entry.get("name"), entry.get("namespace")
+                if isinstance(name, str) and isinstance(namespace, str):
+                    name = flat_name(namespace, name)
+                picks.append((f"tool_choice.tools[{i}].name", name))
+        parallel = body.get("parallel_tool_calls")
+        if parallel is not None and not isinstance(parallel, bool):
+            raise InvalidRequest("`parallel_tool_calls` must be true or false", "parallel_tool_calls")
+        return wire_tools.allowed_choice(choice.get("mode"), picks, tools, parallel is not False,
+                                         "tool_choice.mode", "tool_choice.tools")
     if isinstance(choice, dict):
         kind = choice.get("type")
         if kind in ("function", "custom"):
@@ -176,8 +196,6 @@ def _tool_choice(body: dict[str, Any], tools: list[dict[str, Any]] | None) -> wi
             if isinstance(name, str) and isinstance(namespace, str):
                 name = flat_name(namespace, name)
             choice = {"type": "function", "function": {"name": name}}
-        elif kind == "allowed_tools":
-            choice = choice.get("mode", "auto")
         elif isinstance(kind, str) and TOOL_TYPE.fullmatch(kind):
             choice = "auto"
     return wire_tools.openai_tool_choice({"tool_choice": choice,
@@ -379,7 +397,7 @@ def parse(body: dict[str, Any]) -> ResponsesParsed:
     if tools and choice.mode != "none":
         if req.response_format is not None:
             raise InvalidRequest("give `tools` or `text.format`, not both", "tools")
-        req.tools, req.tool_choice, req.tool_name, req.parallel_tool_calls = (tools, choice.mode, choice.name,
+        req.tools, req.tool_choice, req.tool_names, req.parallel_tool_calls = (tools, choice.mode, choice.names,
                                                                              choice.parallel)
     effort, summary = _reasoning(body.get("reasoning"))
     include = body.get("include")

@@ -8,8 +8,11 @@ server follows too):
   template renderer hands them as a JSON string to templates that read them as one);
 - a result: ``{"role": "tool", "tool_call_id", "name", "content"}``.
 
-A choice is one of ``auto``, ``none``, ``required`` and optionally a tool's name (which makes
-it ``required`` for that one tool). Every mistake is an ``InvalidRequest`` naming the param.
+A choice is one of ``auto``, ``none``, ``required`` and optionally the tools the model may call
+when not all of them: a tool's name (which makes it ``required`` for that one tool), or the
+names of OpenAI's ``allowed_tools`` (in their mode; every tool stays in the prompt, as on
+OpenAI, so the prompt cache holds, and the call grammar offers the allowed ones only). Every
+mistake is an ``InvalidRequest`` naming the param.
 """
 
 from __future__ import annotations
@@ -34,8 +37,35 @@ IMAGE_NOTE = "[an image this model cannot see]"
 @dataclass
 class ToolChoice:
     mode: str = "auto"  # auto | none | required
-    name: str | None = None  # with required: this tool and no other
+    # the tools the model may call, when not all (goes into the request's ``tool_names``)
+    names: tuple[str, ...] | None = None
     parallel: bool = True  # several calls in one answer
+
+
+def allowed_choice(mode: Any, picks: list[tuple[str, Any]], tools: list[dict[str, Any]] | None, parallel: bool,
+                   mode_param: str, list_param: str) -> ToolChoice:
+    """OpenAI's ``allowed_tools``: ``mode`` (auto or required) over the tools named in
+    ``picks`` ((param, name) each, read from the wire's own shape), each of which must be in
+    ``tools``. All of them allowed is no restriction; none of them (a list of hosted tools this
+    server leaves out) is ``none``."""
+    if mode is None:
+        mode = "auto"
+    if mode not in ("auto", "required"):
+        raise InvalidRequest(f"`{mode_param}` must be auto or required, got {shown(mode)}", mode_param)
+    if not tools and mode == "required":
+        raise InvalidRequest(f"`{mode_param}` \"required\" needs `tools`", mode_param)
+    wanted = set()
+    for param, name in picks:
+        if not isinstance(name, str):
+            raise InvalidRequest(f"`{param}` must be a tool's name", param)
+        wanted.add(_known(name, tools, param))
+    names = [t["function"]["name"] for t in tools or () if t["function"]["name"] in wanted]
+    if not names:
+        if mode == "required":
+            raise InvalidRequest(f"`{list_param}` allows no tool this server can call, and the mode is required",
+                                 list_param)
+        return ToolChoice("none", None, parallel)
+    return ToolChoice(mode, None if len(names) == len(tools or ()) else tuple(names), parallel)
 
 
 def _schema(value: Any, where: str, anthropic: bool) -> dict[str, Any]:
@@ -112,12 +142,28 @@ def openai_tool_choice(body: dict[str, Any], tools: list[dict[str, Any]] | None)
         if choice == "required" and not tools:
             raise InvalidRequest("`tool_choice` \"required\" needs `tools`", "tool_choice")
         return ToolChoice(choice, None, parallel)
+    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+        spec = choice.get("allowed_tools")
+        entries = spec.get("tools") if isinstance(spec, dict) else None
+        where = "tool_choice.allowed_tools.tools"
+        if not isinstance(entries, list) or not entries:
+            raise InvalidRequest(f"`{where}` must be a non-empty array of "
+                                 "{\"type\": \"function\", \"function\": {\"name\": ...}}", where)
+        picks = []
+        for i, entry in enumerate(entries):
+            f = entry.get("function") if isinstance(entry, dict) and entry.get("type") == "function" else None
+            if not isinstance(f, dict):
+                raise InvalidRequest(f"`{where}[{i}]` must be {{\"type\": \"function\", \"function\": "
+                                     "{\"name\": ...}}", f"{where}[{i}]")
+            picks.append((f"{where}[{i}].function.name", f.get("name")))
+        assert isinstance(spec, dict)
+        return allowed_choice(spec.get("mode"), picks, tools, parallel, "tool_choice.allowed_tools.mode", where)
     function = choice.get("function") if isinstance(choice, dict) and choice.get("type") == "function" else None
     name = function.get("name") if isinstance(function, dict) else None
     if not isinstance(name, str):
         raise InvalidRequest("`tool_choice` must be a string or "
                              "{\"type\": \"function\", \"function\": {\"name\": ...}}", "tool_choice")
-    return ToolChoice("required", _known(name, tools, "tool_choice.function.name"), parallel)
+    return ToolChoice("required", (_known(name, tools, "tool_choice.function.name"),), parallel)
 
 
 def _known(name: str, tools: list[dict[str, Any]] | None, param: str, anthropic: bool = False) -> str:
@@ -220,5 +266,5 @@ def anthropic_tool_choice(body: dict[str, Any], tools: list[dict[str, Any]] | No
         name = choice.get("name")
         if not isinstance(name, str):
             raise InvalidRequest("tool_choice.name: Field required", "tool_choice.name")
-        return ToolChoice("required", _known(name, tools, "tool_choice.name", anthropic=True), not parallel)
+        return ToolChoice("required", (_known(name, tools, "tool_choice.name", anthropic=True),), not parallel)
     return ToolChoice("required" if kind == "any" else str(kind), None, not parallel)
