@@ -1,6 +1,8 @@
-"""Rules the package's structure keeps: no import cycle, counting imports inside functions too."""
+"""Rules the package's structure keeps: no import cycle, and imports pointing down the layers
+that gateway/ARCHITECTURE.md draws, counting imports inside functions too."""
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "gateway"
@@ -63,6 +65,84 @@ def test_no_import_cycle_in_the_package():
     graph = {name: imports(name, path, known) for name, path in known.items()}
     assert "gateway.app" in graph and graph["gateway.app"]  # the walk sees the package
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
+
+
+def layers(text: str) -> list[tuple[str, list[str]]]:
+    """The "## Layers" table of ARCHITECTURE.md, top row first: each layer's name and the paths
+    (relative to gateway/, a folder ending in "/") its second column lists in backticks."""
+    section = text.split("## Layers", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 3 or not cells[1].startswith("`"):
+            continue
+        rows.append((cells[0], re.findall(r"`([^`]+)`", cells[1])))
+    return rows
+
+
+def layer_of(module: str, table: list[tuple[str, list[str]]]) -> int | None:
+    """The row a module (dotted, under ``gateway``) belongs to: the longest path that holds it."""
+    rel = module.split(".", 1)[1].replace(".", "/") if "." in module else "__init__"
+    best, best_len = None, -1
+    for rank, (_, paths) in enumerate(table):
+        for path in paths:
+            hit = rel + "/" == path or rel.startswith(path) if path.endswith("/") else rel + ".py" == path
+            if hit and len(path) > best_len:
+                best, best_len = rank, len(path)
+    return best
+
+
+def wrong_way(graph: dict[str, set[str]], table: list[tuple[str, list[str]]]) -> list[str]:
+    """Imports that point up the table or sideways into another layer of the same row."""
+    out = []
+    for importer, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            a, b = layer_of(importer, table), layer_of(target, table)
+            if a is not None and b is not None and a > b:
+                out.append(f"{importer} ({table[a][0]}) imports {target} ({table[b][0]})")
+    return out
+
+
+def test_the_layer_check_finds_an_import_that_points_up():
+    table = [("top", ["front.py", "handlers/"]), ("middle", ["things/"]), ("bottom", ["floor.py"])]
+    assert layer_of("gateway.handlers.one", table) == 0 and layer_of("gateway.things.two", table) == 1
+    assert wrong_way({"gateway.handlers.one": {"gateway.things.two", "gateway.floor"}}, table) == []
+    assert wrong_way({"gateway.floor": {"gateway.front"}}, table) == ["gateway.floor (bottom) imports gateway.front (top)"]
+    assert layer_of("gateway.elsewhere", table) is None
+
+
+def test_imports_point_down_the_layers_that_architecture_md_draws():
+    known = modules()
+    table = layers((PACKAGE / "ARCHITECTURE.md").read_text())
+    assert len(table) >= 5, table
+    unplaced = sorted(m for m in known if m != "gateway" and layer_of(m, table) is None)
+    assert not unplaced, f"modules in no layer of ARCHITECTURE.md: {unplaced}"
+    graph = {name: imports(name, path, known) for name, path in known.items()}
+    assert not wrong_way(graph, table), "\n".join(wrong_way(graph, table))
+
+
+def stale_paths(text: str, root: Path) -> list[str]:
+    """The files and folders (``name.py``, ``folder/``, in backticks) a text names that are not
+    there: ``tests/...``, ``scripts/...`` and ``deploy/...`` from the repository's root, anything
+    else anywhere under the package (``openai.py`` may be ``api/openai.py``)."""
+    package = root / "gateway"
+    under = {p.relative_to(package).as_posix() + ("/" if p.is_dir() else "") for p in package.rglob("*")
+             if "__pycache__" not in p.parts}
+    out = []
+    for name in sorted(set(re.findall(r"`([A-Za-z0-9_./-]+(?:\.py|/))`", text))):
+        if name.startswith(("tests/", "scripts/", "deploy/", "../")):
+            found = name.startswith("../") or (root / name).exists()
+        else:
+            found = any(p == name or p.endswith("/" + name) for p in under)
+        if not found:
+            out.append(name)
+    return out
+
+
+def test_architecture_md_names_only_paths_that_exist():
+    root = PACKAGE.parent
+    assert stale_paths("`gone.py` and `api/` and `tests/nothing.py`", root) == ["gone.py", "tests/nothing.py"]
+    assert stale_paths((PACKAGE / "ARCHITECTURE.md").read_text(), root) == []
 
 
 def test_the_http_process_does_not_load_llama_cpp():
