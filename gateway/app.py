@@ -13,17 +13,17 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from .answer import api_error
 from .api import admin, anthropic, dashboard, ollama, openai, responses
-from .appkeys import CONFIG, CONNECTIONS, EVENTS, LIFECYCLE, LIVE, METRICS, REGISTRY
-from .config import Config
-from .connections import ConnectionGuard, Limits
+from .api.appkeys import CONFIG, CONNECTIONS, EVENTS, LIFECYCLE, LIVE, METRICS, REGISTRY
+from .base.errors import ApiError
 from .engine.client import RequestFailed
-from .errors import ApiError
-from .events import ERROR_CODE, OBSERVATION, PRINCIPAL, STREAM, EventSink, Observation, request_id
-from .live import Live
-from .metrics import Metrics
-from .registry import Registry
+from .models.config import Config
+from .server.connections import ConnectionGuard, Limits
+from .server.events import ERROR_CODE, OBSERVATION, PRINCIPAL, STREAM, EventSink, Observation, request_id
+from .server.live import Live
+from .server.metrics import Metrics
+from .serving.registry import Registry
+from .wire.answer import api_error
 
 __all__ = ["CONFIG", "CONNECTIONS", "EVENTS", "LIFECYCLE", "METRICS", "REGISTRY", "create_app", "server_settings"]
 

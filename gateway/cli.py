@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import __version__
-from .config import Config, ConfigError, find_config_path, load_config
-from .ggufmeta import ModelFileError, read_info
+from .models.config import Config, ConfigError, find_config_path, load_config
+from .models.ggufmeta import ModelFileError, read_info
 
 log = logging.getLogger("gateway")
 
@@ -80,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def cmd_devices(args: argparse.Namespace) -> int:
     """What llama.cpp sees, read the way the gateway reads it (a probe process)."""
-    from .devices import Inventory
+    from .hardware.devices import Inventory
 
     found = asyncio.run(Inventory().probe())
     if found is None:
@@ -162,9 +162,9 @@ def _human(n: int) -> str:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from .answer import tool_format
-    from .chat_template import CHATML
-    from .registry import Registry
+    from .serving.registry import Registry
+    from .text.chat_template import CHATML
+    from .wire.answer import tool_format
 
     config = _load(args, check_files=False)
     if config is None:
@@ -233,7 +233,7 @@ def _served_by(spec) -> str:
 def cmd_serve(args: argparse.Namespace) -> int:
     handler = logging.StreamHandler()
     if args.log_format == "json":
-        from .events import JsonLogFormatter
+        from .server.events import JsonLogFormatter
 
         handler.setFormatter(JsonLogFormatter())
     elif os.environ.get("JOURNAL_STREAM"):  # journald stamps each line itself
@@ -258,7 +258,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                   "Set server.api_keys (or $GGUF_GATEWAY_API_KEYS), bind 127.0.0.1, or pass "
                   "--allow-unauthenticated", host)
         return 2
-    from .connections import QuietConnectionLogs, raise_fd_limit
+    from .server.connections import QuietConnectionLogs, raise_fd_limit
 
     QuietConnectionLogs().install()
     server = dataclasses.replace(config.server, host=host, port=port)
@@ -279,8 +279,8 @@ async def _serve(config: Config, host: str, port: int) -> int:
     from aiohttp import web
 
     from .app import CONNECTIONS, LIFECYCLE, create_app, server_settings
-    from .registry import Registry
-    from .systemd import Notifier
+    from .server.systemd import Notifier
+    from .serving.registry import Registry
 
     notifier = Notifier()
     registry = await asyncio.to_thread(Registry, config, allow_demo=True)

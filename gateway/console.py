@@ -20,8 +20,8 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
-from .config import Config
-from .untrusted import shown
+from .backends.untrusted import shown
+from .models.config import Config
 
 DIM, RESET = "\x1b[2m", "\x1b[0m"
 

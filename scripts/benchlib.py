@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gateway import testmodels as tm
+from gateway.models import testmodels as tm
 
 WORDS = ("river city people market bridge winter summer stone house garden road north south light water "
          "music story table window letter morning evening school church harbor forest field mountain").split()

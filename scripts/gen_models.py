@@ -4,7 +4,7 @@
     scripts/gen_models.py OUT_DIR                 # the scripted set
     scripts/gen_models.py OUT_DIR --random        # also random-81m.gguf (qwen2's 152k vocabulary)
 
-The generator itself is ``gateway.testmodels`` (the gateway uses it for its demo model);
+The generator itself is ``gateway.models.testmodels`` (the gateway uses it for its demo model);
 this file is its command line, importable as ``write_all`` too.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway import testmodels as tm  # noqa: E402
+from gateway.models import testmodels as tm  # noqa: E402
 
 
 def write_all(out: Path) -> dict[str, Path]:

@@ -1,5 +1,5 @@
 """What llama.cpp's grammar parser does with repetitions: the measurements behind the bounds in
-``gateway/grammar.py`` and ``gateway/schemacheck.py``.
+``gateway/text/grammar.py`` and ``gateway/text/schemacheck.py``.
 
 Each grammar is handed to ``llama_sampler_init_grammar`` (with a real vocabulary, vocab only) in
 a process of its own, so that a crash is a result: for each, whether it parsed, the seconds the
@@ -45,7 +45,7 @@ def one(grammar: str) -> dict:
 
     import llama_cpp as L
 
-    from gateway import testmodels as tm
+    from gateway.models import testmodels as tm
 
     resource.setrlimit(resource.RLIMIT_AS, (LIMIT_BYTES, LIMIT_BYTES))
 

@@ -64,9 +64,9 @@ sys.path.insert(0, str(REPO / "tests"))
 import aiohttp  # noqa: E402
 from hostile_upstream import FLOOD_TEXT, HostileUpstream, Watch  # noqa: E402
 
-from gateway import testmodels as tm  # noqa: E402
-from gateway import upstream_wire as wire  # noqa: E402
-from gateway.engine.protocol import GenerationRequest  # noqa: E402
+from gateway.backends import upstream_wire as wire  # noqa: E402
+from gateway.engine.ipc import GenerationRequest  # noqa: E402
+from gateway.models import testmodels as tm  # noqa: E402
 
 
 def rss_tree(pid: int) -> int | None:

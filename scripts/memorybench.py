@@ -2,7 +2,7 @@
 on each device this machine has.
 
 For each model and each set of settings, the model is loaded in a worker as the gateway loads
-it, and the estimate (``gateway.memory.estimate``, on the devices llama.cpp reports) is set
+it, and the estimate (``gateway.models.memory.estimate``, on the devices llama.cpp reports) is set
 beside llama.cpp's own "buffer size" report, by pool (``ram``, ``cuda0``, ...). The allowance
 for a GPU runtime's context (``memory.GPU_CONTEXT``) is left out of the comparison: no buffer
 shows it. On a machine with a GPU this is how to see how far the estimate is from that card.
@@ -13,12 +13,12 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from gateway.backend import start_local
-from gateway.config import ModelSpec, ServerConfig
-from gateway.devices import Inventory
-from gateway.engine.hardware import Device
-from gateway.ggufmeta import read_info
-from gateway.memory import allocated, estimate, gpu_context
+from gateway.backends.local import start_local
+from gateway.engine.topology import Device
+from gateway.hardware.devices import Inventory
+from gateway.models.config import ModelSpec, ServerConfig
+from gateway.models.ggufmeta import read_info
+from gateway.models.memory import allocated, estimate, gpu_context
 
 MiB = 2**20
 # the settings each model is loaded with: the defaults, part of the layers on a GPU, more slots

@@ -27,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gateway import testmodels  # noqa: E402
+from gateway.models import testmodels  # noqa: E402
 
 CACHE = Path(os.environ.get("GGUF_GATEWAY_TEST_CACHE") or REPO / ".cache")
 

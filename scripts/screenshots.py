@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO / "tests"))  # the test suite's server and browser h
 
 from helpers import CHROMIUM_ARGS, ServerProcess, chromium  # noqa: E402
 
-from gateway import testmodels as tm  # noqa: E402
+from gateway.models import testmodels as tm  # noqa: E402
 
 
 def post(url: str, body: dict) -> int:

@@ -19,7 +19,7 @@ import pytest
 from aiohttp import web
 from helpers import REPO, free_port
 
-from gateway import testmodels as tm
+from gateway.models import testmodels as tm
 
 
 def call_model(path, name: str, arguments: list[str], final: list[str]):

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway import testmodels
+from gateway.models import testmodels
 
 
 @pytest.fixture(autouse=True)

@@ -160,7 +160,7 @@ def vocab_only(vocab: str):
 
     import llama_cpp as L
 
-    from gateway import testmodels as tm
+    from gateway.models import testmodels as tm
 
     global _QUIET_LOG
     if _QUIET_LOG is None:
@@ -181,7 +181,7 @@ def vocab_only(vocab: str):
 def tiny_random_model(vocab: str, seed: int) -> Path:
     """A one-layer random-weight llama with llama.cpp's real ``vocab`` vocabulary, written once
     into the repository's cache and kept between runs."""
-    from gateway import testmodels as tm
+    from gateway.models import testmodels as tm
 
     path = REPO / ".cache" / "models" / f"random-{vocab}-tiny.gguf"
     if not path.exists():
@@ -206,7 +206,7 @@ def agent_model(path: Path, final: list[str] = ["It", " is", " 18", " C", "."], 
     ``final`` once the tool's result is in: one line is added at the template's end, so after a
     tool result the prompt ends in "!" instead of a newline, and a scripted model's next token
     depends only on the prompt's last token."""
-    from gateway import testmodels as tm
+    from gateway.models import testmodels as tm
 
     qwen = tm.llama_cpp_source_file("models/templates/Qwen-Qwen2.5-7B-Instruct.jinja", REPO / ".cache" / "templates")
     template = qwen.read_text() + "{%- if messages[-1]['role'] == 'tool' %}!{% endif %}"

@@ -25,7 +25,7 @@ import pytest
 from agents import LoggingProxy, pip_program
 from helpers import REPO, ServerProcess
 
-from gateway import testmodels as tm
+from gateway.models import testmodels as tm
 
 pytestmark = pytest.mark.slow
 

@@ -8,12 +8,12 @@ import json
 import pytest
 from realmodel import CACHE
 
-from gateway import testmodels as tm
 from gateway.app import create_app
-from gateway.config import load_config
+from gateway.base.errors import InvalidRequest
 from gateway.engine import toolgrammar
-from gateway.errors import InvalidRequest
-from gateway.protocol import openai, responses
+from gateway.models import testmodels as tm
+from gateway.models.config import load_config
+from gateway.wire import openai, responses
 
 S = tm.Special
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {

@@ -7,10 +7,10 @@ import re
 
 import pytest
 
-from gateway.errors import ApiError, InvalidRequest
-from gateway.protocol import anthropic
-from gateway.protocol.tools import IMAGE_NOTE, anthropic_left_out
-from gateway.schemacheck import allows_any, schema_problem
+from gateway.base.errors import ApiError, InvalidRequest
+from gateway.text.schemacheck import allows_any, schema_problem
+from gateway.wire import anthropic
+from gateway.wire.tools import IMAGE_NOTE, anthropic_left_out
 
 USER = {"role": "user", "content": "hi"}
 BILLING = "x-anthropic-billing-header: cc_version=2.1.197.4f2; cc_entrypoint=sdk-cli; cch=00000;"

@@ -12,9 +12,9 @@ import anthropic
 import pytest
 from helpers import WEATHER, ServerProcess, agent_model
 
-from gateway import testmodels as tm
 from gateway.app import create_app
-from gateway.config import load_config
+from gateway.models import testmodels as tm
+from gateway.models.config import load_config
 
 pytestmark = pytest.mark.slow
 

@@ -5,7 +5,7 @@ import openai
 import pytest
 from helpers import ServerProcess
 
-from gateway import testmodels as tm
+from gateway.models import testmodels as tm
 
 pytestmark = pytest.mark.slow
 

@@ -2,8 +2,8 @@ import pytest
 from openapi import validate
 
 from gateway.app import create_app
-from gateway.config import load_config
-from gateway.registry import Registry
+from gateway.models.config import load_config
+from gateway.serving.registry import Registry
 
 
 @pytest.fixture

@@ -4,10 +4,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from gateway.backend import CHAT, COMPLETIONS, EMBEDDINGS, TOKENIZE
+from gateway.backends.local import CHAT, COMPLETIONS, EMBEDDINGS, TOKENIZE
 from gateway.engine.client import WorkerProcess
+from gateway.engine.ipc import LoadParams
 from gateway.engine.model import _device
-from gateway.engine.protocol import LoadParams
 
 
 def test_a_model_serves_text_or_vectors():

@@ -14,9 +14,9 @@ import pytest
 from openapi import validate
 from workerevents import record_done
 
-from gateway import testmodels as tm
 from gateway.app import create_app
-from gateway.config import load_config
+from gateway.models import testmodels as tm
+from gateway.models.config import load_config
 
 SCRIPTS = [tm.Script(["The", " first", " answer", "."], trigger="\n"),
            tm.Script(["Second", " reply", " here", "!"], trigger="?"),

@@ -9,7 +9,7 @@ import sys
 import pytest
 from helpers import REPO
 
-from gateway import testmodels as tm
+from gateway.models import testmodels as tm
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ import urllib.request
 import pytest
 from helpers import ServerProcess
 
-from gateway import testmodels as tm
+from gateway.models import testmodels as tm
 
 pytestmark = pytest.mark.slow
 

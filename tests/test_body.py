@@ -7,7 +7,7 @@ import zlib
 import pytest
 
 from gateway.api.body import MAX_DEPTH, check_content_type, parse_body
-from gateway.errors import ApiError
+from gateway.base.errors import ApiError
 
 LIMIT = 1 << 20
 

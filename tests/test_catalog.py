@@ -2,9 +2,9 @@
 
 import shutil
 
-from gateway import testmodels as tm
-from gateway.catalog import DEMO_NAME, ModelCatalog
-from gateway.config import load_config
+from gateway.models import testmodels as tm
+from gateway.models.catalog import DEMO_NAME, ModelCatalog
+from gateway.models.config import load_config
 
 
 def test_models_yaml_beats_discovery_and_a_tag_falls_back(tmp_path, write_config):

@@ -1,6 +1,6 @@
 import pytest
 
-from gateway.chat_template import CHATML, TemplateBroken, TemplateInputError, render
+from gateway.text.chat_template import CHATML, TemplateBroken, TemplateInputError, render
 
 MSGS = [{"role": "user", "content": "hi"}]
 
@@ -53,7 +53,7 @@ TWO_TURNS = [
 def real_template():
     from realmodel import CACHE
 
-    from gateway import testmodels as tm
+    from gateway.models import testmodels as tm
 
     def read(name: str) -> str:
         return tm.llama_cpp_source_file(f"models/templates/{name}.jinja", CACHE / "templates").read_text()
@@ -65,7 +65,7 @@ def real_template():
     ("deepseek-ai-DeepSeek-V3.1", False), ("meetkai-functionary-medium-v3.2", True),
 ])
 def test_a_calls_arguments_reach_each_template_as_it_reads_them(real_template, name, as_string):
-    from gateway.chat_template import arguments_as_string
+    from gateway.text.chat_template import arguments_as_string
 
     source = real_template(name)
     assert arguments_as_string(source) is as_string

@@ -24,7 +24,7 @@ import pytest
 from agents import npm_program
 from helpers import ServerProcess, agent_model, vocab_only
 
-from gateway import testmodels as tm
+from gateway.models import testmodels as tm
 
 pytestmark = pytest.mark.slow
 
@@ -146,8 +146,8 @@ def test_claude_codes_whole_first_request_is_read_and_its_tools_make_grammars(tm
     import llama_cpp as L
 
     from gateway.engine import toolgrammar
-    from gateway.grammar import MAX_MADE_GRAMMAR_CHARS, grammar_problem
-    from gateway.protocol import anthropic
+    from gateway.text.grammar import MAX_MADE_GRAMMAR_CHARS, grammar_problem
+    from gateway.wire import anthropic
 
     body = first_request(claude(), tmp_path)
     parsed = anthropic.parse(body)

@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO
 
-from gateway.config import ENV_CONFIG, ConfigError, find_config_path, load_config
+from gateway.models.config import ENV_CONFIG, ConfigError, find_config_path, load_config
 
 
 def problems_of(path) -> list[str]:
@@ -284,7 +284,7 @@ def test_upstream_and_replica_mistakes_are_named(write_config, entry, problem):
 
 
 def test_a_duration_past_any_float_is_a_mistake_not_a_crash(write_config):
-    from gateway.config import parse_duration
+    from gateway.models.config import parse_duration
 
     assert parse_duration(10 ** 400) is None and parse_duration(-1) == float("inf") and parse_duration(1e308) == 1e308
     found = problems_of(write_config(f"server:\n  keep_alive: {10 ** 400}\n"))

@@ -1,7 +1,7 @@
 """The connection guard's policy and bookkeeping, with stand-in transports (the real server's
 connections are driven in test_hostile.py)."""
 
-from gateway.connections import Conn, ConnectionGuard, ConnState, Limits, expiry
+from gateway.server.connections import Conn, ConnectionGuard, ConnState, Limits, expiry
 
 LIMITS = Limits(header_timeout=10, keepalive_timeout=30, max_connections=3)
 
@@ -57,7 +57,7 @@ def test_connection_noise_is_one_line_without_the_bytes_and_rate_limited():
 
     from aiohttp.http_exceptions import LineTooLong
 
-    from gateway.connections import QuietConnectionLogs
+    from gateway.server.connections import QuietConnectionLogs
 
     quiet = QuietConnectionLogs(interval=60)
 

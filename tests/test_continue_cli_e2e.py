@@ -24,7 +24,7 @@ import pytest
 from agents import LoggingProxy, npm_program
 from helpers import REPO, ServerProcess, agent_model
 
-from gateway import testmodels as tm
+from gateway.models import testmodels as tm
 
 pytestmark = pytest.mark.slow
 

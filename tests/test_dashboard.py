@@ -5,7 +5,7 @@ driven in a real browser in test_dashboard_browser.py."""
 import json
 
 from gateway.app import create_app
-from gateway.config import load_config
+from gateway.models.config import load_config
 
 KEY = {"Authorization": "Bearer k1"}
 

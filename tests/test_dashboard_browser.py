@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 from helpers import ServerProcess, headless_chromium
 
-from gateway import testmodels as tm
+from gateway.models import testmodels as tm
 
 pytestmark = pytest.mark.slow
 

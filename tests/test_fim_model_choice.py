@@ -6,9 +6,9 @@ real `gguf-gateway serve` process with one FIM model among others."""
 import pytest
 from helpers import ServerProcess, request
 
-from gateway import testmodels as tm
-from gateway.errors import InvalidRequest
-from gateway.protocol import fim
+from gateway.base.errors import InvalidRequest
+from gateway.models import testmodels as tm
+from gateway.wire import fim
 
 FIM_SPECIAL = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
 MIDDLE = [" return", " a", " +", " b"]

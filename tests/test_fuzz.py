@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from openapi import validate
 
-from gateway import chat_template
-from gateway import testmodels as tm
+from gateway.models import testmodels as tm
+from gateway.text import chat_template
 
 # Hypothesis warns when it builds the repr of a strategy holding the large hostile values (it does
 # so while rejecting a draw, not on a failure); that warning is about its own cost, not a finding.

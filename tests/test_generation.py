@@ -9,9 +9,9 @@ import pytest
 from openapi import validate, validate_completion_chunk
 from workerevents import record_done
 
-from gateway import testmodels as tm
 from gateway.app import REGISTRY, create_app
-from gateway.config import load_config
+from gateway.models import testmodels as tm
+from gateway.models.config import load_config
 
 HI = [{"role": "user", "content": "hi"}]
 UTF8_TOKENS = 1 + 6 + 7 + 7 + 5  # "Price:" is one token; every other word is spelled in bytes
@@ -430,7 +430,7 @@ async def test_ignore_eos_runs_to_max_tokens(client):
 
 
 def test_an_explicit_zero_beats_the_models_default():
-    from gateway.protocol.openai import apply_defaults, parse_chat
+    from gateway.wire.openai import apply_defaults, parse_chat
 
     parsed = parse_chat({"model": "m", "messages": HI, "temperature": 0, "presence_penalty": 0})
     apply_defaults(parsed, {"temperature": 0.7, "presence_penalty": 1.0, "top_k": 5, "max_tokens": 9})

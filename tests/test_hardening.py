@@ -8,9 +8,9 @@ import pytest
 from helpers import ServerProcess, free_port, run_cli
 from openapi import validate
 
-from gateway import testmodels as tm
 from gateway.app import REGISTRY, create_app
-from gateway.config import load_config
+from gateway.models import testmodels as tm
+from gateway.models.config import load_config
 
 HI = [{"role": "user", "content": "hi"}]
 

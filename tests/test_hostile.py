@@ -18,7 +18,7 @@ import zlib
 import pytest
 from helpers import ServerProcess, request
 
-from gateway import testmodels as tm
+from gateway.models import testmodels as tm
 
 pytestmark = pytest.mark.slow
 

@@ -11,8 +11,8 @@ import time
 import pytest
 from helpers import ServerProcess, request
 
-from gateway import testmodels as tm
-from gateway.grammar import MAX_REPEAT
+from gateway.models import testmodels as tm
+from gateway.text.grammar import MAX_REPEAT
 
 pytestmark = pytest.mark.slow
 

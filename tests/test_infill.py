@@ -1,15 +1,15 @@
 """Fill-in-the-middle: the prompt's layout without a model (engine/infill.py, llama-server's
-format_prompt_infill), the wire parsers (protocol/fim.py, suffix on the other routes), and the
+format_prompt_infill), the wire parsers (wire/fim.py, suffix on the other routes), and the
 worker's own side on scripted models."""
 
 import pytest
 
-from gateway.answer import Finish
+from gateway.base.errors import InvalidRequest
 from gateway.engine import infill
 from gateway.engine.infill import Extra, FimTokens
-from gateway.errors import InvalidRequest
-from gateway.protocol import fim, ollama
-from gateway.protocol import openai as oai
+from gateway.wire import fim, ollama
+from gateway.wire import openai as oai
+from gateway.wire.answer import Finish
 
 PRE, SUF, MID, REP, SEP, BOS = 1, 2, 3, 4, 5, 9
 PSM = FimTokens(PRE, SUF, MID)  # a vocabulary with no repo-level tokens (starcoder's)
@@ -190,9 +190,9 @@ def test_response_fields_as_llama_vim_asks_for_them():
 # --- the worker itself ---------------------------------------------------------------------
 
 async def _generate(path, req):
-    from gateway.backend import start_local
-    from gateway.config import ModelSpec, ServerConfig
-    from gateway.engine import protocol
+    from gateway.backends.local import start_local
+    from gateway.engine import ipc
+    from gateway.models.config import ModelSpec, ServerConfig
 
     backend = await start_local(ModelSpec("m", path), ServerConfig(), on_exit=lambda b, e: None,
                                 on_busy=lambda: None, on_progress=lambda f: None)
@@ -201,7 +201,7 @@ async def _generate(path, req):
         async with backend.generate(req) as gen:
             async for event in gen:
                 events.append(event)
-                if isinstance(event, protocol.Done | protocol.Error):
+                if isinstance(event, ipc.Done | ipc.Error):
                     break
         return backend.info, events
     finally:
@@ -212,8 +212,8 @@ async def _generate(path, req):
 async def test_the_worker_refuses_a_suffix_on_a_vocabulary_without_fim_tokens(tmp_path):
     """The gateway refuses first (``fim.require_fim``); a request that reaches the worker anyway
     (a replica set's other member) is refused there too, naming the caller's field."""
-    from gateway import testmodels as tm
-    from gateway.engine.protocol import Error, GenerationRequest
+    from gateway.engine.ipc import Error, GenerationRequest
+    from gateway.models import testmodels as tm
 
     tm.plain(tmp_path / "p.gguf")
     info, events = await _generate(tmp_path / "p.gguf", GenerationRequest(prompt="a", suffix="b",
@@ -224,8 +224,8 @@ async def test_the_worker_refuses_a_suffix_on_a_vocabulary_without_fim_tokens(tm
 
 @pytest.mark.slow
 async def test_the_worker_lays_out_fim_by_the_tokens_texts(tmp_path):
-    from gateway import testmodels as tm
-    from gateway.engine.protocol import Done, GenerationRequest, Start
+    from gateway.engine.ipc import Done, GenerationRequest, Start
+    from gateway.models import testmodels as tm
 
     tm.write_scripted_model(tmp_path / "c.gguf", tm.Script([" ok"], trigger="<|fim_middle|>"),
                             extra_special=("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"))

@@ -11,10 +11,10 @@ import stat
 import pytest
 from helpers import tiny_random_model
 
-from gateway import testmodels as tm
 from gateway.app import create_app
-from gateway.config import ConfigError, load_config, parse_bytes
 from gateway.engine.kvcache import Saved, evict, model_dir
+from gateway.models import testmodels as tm
+from gateway.models.config import ConfigError, load_config, parse_bytes
 
 
 @pytest.mark.parametrize(("sizes_used", "limit", "removed"), [

@@ -1,6 +1,6 @@
-"""The dashboard's live data (``gateway.live``): pure, driven with events and a clock."""
+"""The dashboard's live data (``gateway.server.live``): pure, driven with events and a clock."""
 
-from gateway.live import Live
+from gateway.server.live import Live
 
 
 def event(t, model="m", status=200, tokens=5, ttft=0.5, endpoint="/v1/chat/completions", finish="stop"):

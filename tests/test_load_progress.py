@@ -18,9 +18,9 @@ import openai
 import pytest
 from helpers import ServerProcess
 
-from gateway import testmodels as tm
-from gateway.backend import start_local
-from gateway.config import ModelSpec, ServerConfig
+from gateway.backends.local import start_local
+from gateway.models import testmodels as tm
+from gateway.models.config import ModelSpec, ServerConfig
 
 HI = [{"role": "user", "content": "hi"}]
 

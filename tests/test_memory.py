@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from helpers import tiny_random_model
 
-from gateway import testmodels as tm
 from gateway.app import create_app
-from gateway.backend import start_local
-from gateway.config import ModelSpec, ServerConfig, load_config
-from gateway.ggufmeta import read_info
-from gateway.memory import allocated, estimate
+from gateway.backends.local import start_local
+from gateway.models import testmodels as tm
+from gateway.models.config import ModelSpec, ServerConfig, load_config
+from gateway.models.ggufmeta import read_info
+from gateway.models.memory import allocated, estimate
 
 HI = [{"role": "user", "content": "hi"}]
 

@@ -4,9 +4,9 @@ as /proc/meminfo and vm_stat say."""
 
 import pytest
 
-from gateway import sysmem
 from gateway.app import create_app
-from gateway.config import ConfigError, load_config
+from gateway.hardware import sysmem
+from gateway.models.config import ConfigError, load_config
 
 HI = [{"role": "user", "content": "hi"}]
 

@@ -6,11 +6,11 @@ import textwrap
 
 import pytest
 
-from gateway import testmodels as tm
 from gateway.app import create_app
-from gateway.backend import start_local
-from gateway.config import ConfigError, ServerConfig, load_config
-from gateway.engine.hardware import physical_cores
+from gateway.backends.local import start_local
+from gateway.engine.topology import physical_cores
+from gateway.models import testmodels as tm
+from gateway.models.config import ConfigError, ServerConfig, load_config
 
 HI = [{"role": "user", "content": "hi"}]
 
@@ -61,7 +61,7 @@ async def test_a_device_llama_cpp_does_not_have_fails_the_load_naming_what_it_ha
                                                                                   says):
     from dataclasses import replace
 
-    from gateway.backend import StartFailed
+    from gateway.backends.local import StartFailed
 
     spec = replace(config(write_config, model_dir, "n_ctx: 512\n").models[0], devices=names)
     with pytest.raises(StartFailed) as e:

@@ -13,7 +13,7 @@ import ollama
 import pytest
 from helpers import WEATHER, ServerProcess, agent_model, free_port
 
-from gateway import testmodels as tm
+from gateway.models import testmodels as tm
 
 pytestmark = pytest.mark.slow
 

@@ -1,12 +1,12 @@
-"""Ollama's request shapes (gateway/protocol/ollama.py): fields into a GenerationRequest, every
+"""Ollama's request shapes (gateway/wire/ollama.py): fields into a GenerationRequest, every
 mistake a 400 naming its field, and no input that raises anything else."""
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.errors import InvalidRequest
-from gateway.protocol import ollama
+from gateway.base.errors import InvalidRequest
+from gateway.wire import ollama
 
 ASK = [{"role": "user", "content": "hi"}]
 

@@ -19,7 +19,7 @@ import pytest
 from agents import LoggingProxy, npm_program
 from helpers import ServerProcess, agent_model
 
-from gateway import testmodels as tm
+from gateway.models import testmodels as tm
 
 pytestmark = pytest.mark.slow
 

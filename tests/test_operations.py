@@ -14,9 +14,9 @@ import pytest
 from helpers import REPO, ServerProcess, run_cli
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway import testmodels as tm
 from gateway.app import create_app
-from gateway.config import load_config
+from gateway.models import testmodels as tm
+from gateway.models.config import load_config
 
 HI = [{"role": "user", "content": "hi"}]
 
@@ -273,7 +273,7 @@ def test_the_unit_verifies_and_rates_ok(tmp_path):
 def test_rejection_reasons_are_a_bounded_set_of_series():
     """An upstream's error code becomes a reason: a server minting a new code per answer must not
     grow the metrics without end."""
-    from gateway.metrics import MAX_REASONS, Metrics
+    from gateway.server.metrics import MAX_REASONS, Metrics
 
     m = Metrics()
     for i in range(MAX_REASONS + 50):

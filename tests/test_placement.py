@@ -2,8 +2,8 @@
 
 import pytest
 
-from gateway.lifecycle import MOVES, ModelState, move
-from gateway.placement import Replica, Resident, Room, backoff, cpu_shares, make_room, replica_order
+from gateway.models.lifecycle import MOVES, ModelState, move
+from gateway.models.placement import Replica, Resident, Room, backoff, cpu_shares, make_room, replica_order
 
 U, L, R, F = ModelState.UNLOADED, ModelState.LOADING, ModelState.READY, ModelState.FAILED
 

@@ -11,7 +11,7 @@ import pytest
 from helpers import ServerProcess, run_cli
 from realmodel import CACHE, Reference, gemma_path
 
-from gateway import testmodels as tm
+from gateway.models import testmodels as tm
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 

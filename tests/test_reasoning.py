@@ -7,11 +7,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from openapi import validate
 
-from gateway import testmodels as tm
 from gateway.app import create_app
-from gateway.config import load_config
-from gateway.protocol.openai import parse_chat
-from gateway.reasoning import ReasoningSplitter, detect
+from gateway.models import testmodels as tm
+from gateway.models.config import load_config
+from gateway.text.reasoning import ReasoningSplitter, detect
+from gateway.wire.openai import parse_chat
 
 HI = [{"role": "user", "content": "hi"}]
 S = tm.Special
@@ -251,7 +251,7 @@ async def test_an_answer_opening_with_think_as_text_is_split_on_a_model_that_sho
 
 
 def test_think_only_at_the_start_on_such_a_model():
-    from gateway.reasoning import ReasoningSplitter
+    from gateway.text.reasoning import ReasoningSplitter
 
     later = ReasoningSplitter("think_leading", "<|im_start|>assistant\n")
     assert later.feed(" Use <think> tags.") + later.flush() == [("content", " Use <think> tags.")]
@@ -266,7 +266,7 @@ def test_think_only_at_the_start_on_such_a_model():
     ("pair:" + json.dumps(["<reasoning>", "</reasoning>"]), "<reasoning>Plan.</reasoning>Done."),
 ])
 def test_more_thinking_formats_cut_anywhere(fmt, text):
-    from gateway.reasoning import ReasoningSplitter
+    from gateway.text.reasoning import ReasoningSplitter
 
     for cut in range(1, len(text)):
         r = ReasoningSplitter(fmt)
@@ -285,8 +285,8 @@ def test_more_thinking_formats_cut_anywhere(fmt, text):
 def test_new_formats_are_detected_from_real_templates(name, fmt):
     from realmodel import CACHE
 
-    from gateway import testmodels as tm
-    from gateway.reasoning import detect
+    from gateway.models import testmodels as tm
+    from gateway.text.reasoning import detect
 
     source = tm.llama_cpp_source_file(f"models/templates/{name}.jinja", CACHE / "templates").read_text()
     assert detect(source, []) == fmt
@@ -318,8 +318,8 @@ async def test_reasoning_fields_can_be_picked(aiohttp_client, model_files, write
 
 
 def test_a_model_names_its_own_pair_of_markers(write_config):
-    from gateway.config import ConfigError
-    from gateway.reasoning import pair_format
+    from gateway.models.config import ConfigError
+    from gateway.text.reasoning import pair_format
 
     cfg = load_config(write_config('models:\n  m:\n    path: x.gguf\n    reasoning: ["<r>", "</r>"]\n'))
     assert cfg.models[0].reasoning == pair_format("<r>", "</r>")

@@ -9,11 +9,11 @@ import shutil
 import pytest
 from openapi import validate
 
-from gateway import testmodels as tm
 from gateway.app import REGISTRY, create_app
-from gateway.backend import start_local
-from gateway.config import load_config
-from gateway.registry import Registry
+from gateway.backends.local import start_local
+from gateway.models import testmodels as tm
+from gateway.models.config import load_config
+from gateway.serving.registry import Registry
 
 HI = [{"role": "user", "content": "hi"}]
 
@@ -360,7 +360,7 @@ async def test_a_worker_that_cannot_start_is_a_503_not_a_500(aiohttp_client, scr
 
 
 async def test_busy_workers_share_the_cpus(aiohttp_client, scripted, write_config):
-    from gateway.engine.hardware import default_threads
+    from gateway.engine.topology import default_threads
 
     client = await aiohttp_client(create_app(config_for(write_config, f"models:\n  loop: {scripted}/loop.gguf\n"
                                                                       f"  loop2: {scripted}/loop.gguf\n")),

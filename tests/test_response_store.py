@@ -3,7 +3,7 @@ recently used dropped first."""
 
 import tracemalloc
 
-from gateway.response_store import ResponseStore, Stored, encode
+from gateway.server.response_store import ResponseStore, Stored, encode
 
 
 def stored(text: str) -> Stored:

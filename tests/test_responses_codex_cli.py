@@ -16,7 +16,7 @@ import pytest
 from agents import LoggingProxy, call_model, npm_program
 from helpers import ServerProcess
 
-from gateway import testmodels as tm
+from gateway.models import testmodels as tm
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ from agents import call_model
 from helpers import ServerProcess
 from openapi import validate, validate_event
 
-from gateway import testmodels as tm
+from gateway.models import testmodels as tm
 
 pytestmark = pytest.mark.slow
 

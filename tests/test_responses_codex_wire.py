@@ -1,4 +1,4 @@
-"""The Responses wire as Codex uses it (gateway/protocol/responses.py), on its own: namespace and
+"""The Responses wire as Codex uses it (gateway/wire/responses.py), on its own: namespace and
 custom tools flattened for the model and named back, hosted tools dropped, the reasoning summary
 and the sealed reasoning, and the fields Codex sends that change nothing."""
 
@@ -8,10 +8,10 @@ import json
 import pytest
 from openapi import validate, validate_event
 
-from gateway.answer import Call, CallArgs, Finish, Piece
-from gateway.errors import InvalidRequest
-from gateway.protocol import responses
-from gateway.protocol.tools import IMAGE_NOTE
+from gateway.base.errors import InvalidRequest
+from gateway.wire import responses
+from gateway.wire.answer import Call, CallArgs, Finish, Piece
+from gateway.wire.tools import IMAGE_NOTE
 
 SEARCH = {"type": "function", "name": "search", "description": "Search the docs",
           "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}

@@ -11,7 +11,7 @@ import pytest
 from helpers import ServerProcess, agent_model
 from openapi import validate, validate_event
 
-from gateway import testmodels as tm
+from gateway.models import testmodels as tm
 
 pytestmark = pytest.mark.slow
 

@@ -1,11 +1,11 @@
-"""The Responses builder (gateway/protocol/responses.py) on its own: an answer that breaks
+"""The Responses builder (gateway/wire/responses.py) on its own: an answer that breaks
 mid-way ends with OpenAI's error event and a failed response, each as OpenAI's schemas say."""
 
 from openapi import validate_event
 
-from gateway.answer import Piece
-from gateway.errors import ApiError
-from gateway.protocol import responses
+from gateway.base.errors import ApiError
+from gateway.wire import responses
+from gateway.wire.answer import Piece
 
 
 def test_a_broken_answer_ends_with_an_error_event_and_a_failed_response():

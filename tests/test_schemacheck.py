@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.errors import InvalidRequest
-from gateway.grammar import MAX_REPEAT, MAX_UNROLLED, grammar_problem
-from gateway.protocol import anthropic, ollama, openai, responses
-from gateway.schemacheck import schema_problem
+from gateway.base.errors import InvalidRequest
+from gateway.text.grammar import MAX_REPEAT, MAX_UNROLLED, grammar_problem
+from gateway.text.schemacheck import schema_problem
+from gateway.wire import anthropic, ollama, openai, responses
 
 STRING = {"type": "string"}
 

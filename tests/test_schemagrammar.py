@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.engine.schemagrammar import int_range, repetition, schema_grammar
-from gateway.grammar import MAX_GRAMMAR_DEPTH, MAX_REPEAT, grammar_problem
-from gateway.schemacheck import LARGEST_INT
+from gateway.text.grammar import MAX_GRAMMAR_DEPTH, MAX_REPEAT, grammar_problem
+from gateway.text.schemacheck import LARGEST_INT
 
 
 def as_regex(expr: str) -> re.Pattern:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway import testmodels as tm
-from gateway.backend import LocalWorkers
-from gateway.config import ModelSpec, ServerConfig
+from gateway.backends.local import LocalWorkers
+from gateway.models import testmodels as tm
+from gateway.models.config import ModelSpec, ServerConfig
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for child processes")
 

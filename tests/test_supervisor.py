@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from gateway.backend import CHAT, TOKENIZE, StartFailed
-from gateway.config import Config, ModelSpec, ServerConfig
-from gateway.errors import ApiError
-from gateway.lifecycle import ModelState
-from gateway.registry import Registry
-from gateway.supervisor import ModelSupervisor, Timing
+from gateway.backends.local import CHAT, TOKENIZE, StartFailed
+from gateway.base.errors import ApiError
+from gateway.models.config import Config, ModelSpec, ServerConfig
+from gateway.models.lifecycle import ModelState
+from gateway.serving.registry import Registry
+from gateway.serving.supervisor import ModelSupervisor, Timing
 
 
 class StandIn:
@@ -288,7 +288,7 @@ async def test_a_backend_that_exits_unexpectedly_counts_as_a_worker_failure(tmp_
 def slow_load(monkeypatch, after: float, every: float):
     """A supervisor whose load waits for its host's gate, progress told after ``after`` and
     every ``every`` seconds, and a callback that notes what it is told."""
-    from gateway import supervisor as sup_module
+    from gateway.serving import supervisor as sup_module
     monkeypatch.setattr(sup_module, "PROGRESS_AFTER", after)
     monkeypatch.setattr(sup_module, "PROGRESS_EVERY", every)
     host = Host()

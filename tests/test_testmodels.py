@@ -4,8 +4,8 @@ import llama_cpp
 import pytest
 from helpers import REPO
 
-from gateway import testmodels as tm
-from gateway.ggufmeta import read_info
+from gateway.models import testmodels as tm
+from gateway.models.ggufmeta import read_info
 
 CHAT_PROMPT = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 

@@ -3,7 +3,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.textstream import StopMatcher, Utf8Stream
+from gateway.text.textstream import StopMatcher, Utf8Stream
 
 
 def cuts(data, draw_points):

@@ -5,9 +5,9 @@ from there (a scripted model continues from the marker's successor: the answer).
 
 import pytest
 
-from gateway import testmodels as tm
 from gateway.app import create_app
-from gateway.config import load_config
+from gateway.models import testmodels as tm
+from gateway.models.config import load_config
 
 S = tm.Special
 ASK = [{"role": "user", "content": "Think."}]

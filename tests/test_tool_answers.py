@@ -9,9 +9,9 @@ import pytest
 from openapi import validate
 from realmodel import CACHE
 
-from gateway import testmodels as tm
 from gateway.app import create_app
-from gateway.config import load_config
+from gateway.models import testmodels as tm
+from gateway.models.config import load_config
 
 S = tm.Special
 WEATHER = {"type": "function", "function": {

@@ -9,7 +9,7 @@ import pytest
 from helpers import tiny_random_model
 
 from gateway.app import create_app
-from gateway.config import load_config
+from gateway.models.config import load_config
 
 pytestmark = pytest.mark.slow
 

@@ -8,9 +8,9 @@ import json
 import pytest
 from realmodel import CACHE
 
-from gateway import testmodels as tm
 from gateway.app import create_app
-from gateway.config import load_config
+from gateway.models import testmodels as tm
+from gateway.models.config import load_config
 from gateway.text.toolformats.mistral import mistral_id
 
 S = tm.Special

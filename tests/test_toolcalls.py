@@ -9,7 +9,7 @@ from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 from realmodel import CACHE
 
-from gateway import testmodels as tm
+from gateway.models import testmodels as tm
 from gateway.text.toolformats import (
     FORMATS,
     AnswerParser,

@@ -11,7 +11,7 @@ import pytest
 from helpers import vocab_only
 
 from gateway.engine import toolgrammar
-from gateway.grammar import MAX_GRAMMAR_CHARS, MAX_MADE_GRAMMAR_CHARS, grammar_problem
+from gateway.text.grammar import MAX_GRAMMAR_CHARS, MAX_MADE_GRAMMAR_CHARS, grammar_problem
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}}

@@ -3,8 +3,8 @@ shape, and every mistake a 400 naming its param."""
 
 import pytest
 
-from gateway.errors import InvalidRequest
-from gateway.protocol import anthropic, openai
+from gateway.base.errors import InvalidRequest
+from gateway.wire import anthropic, openai
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather in a city",
@@ -130,7 +130,7 @@ def test_anthropic_tool_mistakes_name_their_param(body, param):
 def test_openai_calls_whole_and_streamed_fit_the_schema():
     from openapi import validate
 
-    from gateway.answer import Call, CallArgs, Finish
+    from gateway.wire.answer import Call, CallArgs, Finish
 
     render = openai.Renderer("chat", "m")
     finish = Finish("tool_calls", None, 10, 5, 0)
@@ -151,7 +151,7 @@ def test_openai_calls_whole_and_streamed_fit_the_schema():
 
 
 def test_anthropic_tool_use_blocks():
-    from gateway.answer import Call, Finish
+    from gateway.wire.answer import Call, Finish
 
     render = anthropic.Renderer("m")
     block = render.tool_block(Call(0, "call_abc", "get_weather"), {"city": "Paris"})
@@ -164,9 +164,9 @@ def test_anthropic_tool_use_blocks():
 async def test_tools_and_their_history_reach_the_models_template(aiohttp_client, tmp_path, write_config):
     from realmodel import CACHE
 
-    from gateway import testmodels as tm
     from gateway.app import create_app
-    from gateway.config import load_config
+    from gateway.models import testmodels as tm
+    from gateway.models.config import load_config
 
     qwen = tm.llama_cpp_source_file("models/templates/Qwen-Qwen2.5-7B-Instruct.jinja", CACHE / "templates")
     tm.plain(tmp_path / "q.gguf", chat_template=qwen.read_text())

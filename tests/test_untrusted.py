@@ -6,7 +6,7 @@ import io
 import pytest
 
 from gateway import console
-from gateway.untrusted import MAX_NAME, name_problem, shown
+from gateway.backends.untrusted import MAX_NAME, name_problem, shown
 
 DANGER = ("\x1b", "\x07", "\x9b", "\u202e", "\u2066", "\u200f", "\u2028", "\r")
 

@@ -19,7 +19,7 @@ import openai
 import pytest
 from helpers import WEATHER, ServerProcess, agent_model, free_port
 
-from gateway import testmodels as tm
+from gateway.models import testmodels as tm
 
 pytestmark = pytest.mark.slow
 

@@ -15,12 +15,11 @@ import urllib.request
 import pytest
 from helpers import ServerProcess, request
 
-from gateway import testmodels as tm
-from gateway import upstream_wire as wire
-from gateway.config import ModelSpec, Upstream
-from gateway.engine.protocol import Done, GenerationRequest, Text
-from gateway.errors import ApiError
-from gateway.protocol import fim
+from gateway.backends import upstream_wire as wire
+from gateway.base.errors import ApiError
+from gateway.engine.ipc import Done, GenerationRequest, Text
+from gateway.models import testmodels as tm
+from gateway.wire import fim
 
 FIM_SPECIAL = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
 MIDDLE = [" return", " a", " +", " b"]
@@ -169,23 +168,6 @@ def test_the_wire_speaks_a_real_gateways_infill_and_completions(inner):
     assert "".join(e.text for e in events if isinstance(e, Text)) == "".join(MIDDLE)
 
 
-def _forwarded() -> bool:
-    """Whether this gateway's upstream backend sends FIM requests on (``wire.FIM_FORWARDED``)."""
-    import asyncio
-
-    from gateway.upstream import RemoteBackend
-    from gateway.upstream_health import UpstreamHealth
-
-    async def probe() -> bool:
-        up = Upstream(url="http://127.0.0.1:9/v1")
-        backend = RemoteBackend(ModelSpec(name="x", upstream=up), UpstreamHealth("x", up))
-        try:
-            return backend.info.get("fim") == wire.FIM_FORWARDED
-        finally:
-            await backend.session.close()
-    return asyncio.run(probe())
-
-
 @pytest.fixture(scope="module")
 def outer(inner, tmp_path_factory):
     d = tmp_path_factory.mktemp("fim-outer")
@@ -218,7 +200,6 @@ def sse_texts(server, path, body) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _forwarded(), reason="gateway/upstream.py does not send FIM requests to /infill yet")
 def test_fim_through_an_upstream_gateway_on_every_route(outer):
     infill = {"model": "far-coder", "input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": 16,
               "input_extra": [{"filename": "util.py", "text": "x = 1\n"}]}
@@ -240,7 +221,6 @@ def test_fim_through_an_upstream_gateway_on_every_route(outer):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _forwarded(), reason="gateway/upstream.py does not send FIM requests to /infill yet")
 def test_an_upstream_without_infill_gets_the_suffix_on_completions(outer):
     _NoInfill.seen.clear()
     status, body = post(outer, "/v1/completions", {"model": "vllm-like", "prompt": PREFIX, "suffix": SUFFIX})

@@ -18,8 +18,8 @@ import pytest
 from helpers import ServerProcess, run_cli
 from hostile_upstream import BAD_NAMES, FLOOD_TEXT, GOOD_NAMES, HostileUpstream, Watch
 
-from gateway import upstream_wire as wire
-from gateway.engine.protocol import GenerationRequest
+from gateway.backends import upstream_wire as wire
+from gateway.engine.ipc import GenerationRequest
 
 pytestmark = pytest.mark.slow
 

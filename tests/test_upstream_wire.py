@@ -1,4 +1,4 @@
-"""The OpenAI wire spoken to an upstream (gateway/upstream_wire.py): request bodies, server-sent
+"""The OpenAI wire spoken to an upstream (gateway/backends/upstream_wire.py): request bodies, server-sent
 events cut anywhere, chunks read into events, malformed streams, and error bodies."""
 
 import json
@@ -8,13 +8,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway import upstream_wire as wire
-from gateway.answer import Call, CallArgs, Finish, Piece, pieces
-from gateway.engine.protocol import CallDelta, Done, GenerationRequest, Start, Text, Thinking
-from gateway.errors import ApiError
-from gateway.protocol import anthropic as anth
-from gateway.protocol import openai as oai
+from gateway.backends import upstream_wire as wire
+from gateway.base.errors import ApiError
+from gateway.engine.ipc import CallDelta, Done, GenerationRequest, Start, Text, Thinking
 from gateway.text.toolformats import AnswerParser
+from gateway.wire import anthropic as anth
+from gateway.wire import openai as oai
+from gateway.wire.answer import Call, CallArgs, Finish, Piece, pieces
 
 
 def chunk(delta=None, finish=None, text=None, usage=None):

@@ -1,4 +1,4 @@
-"""Upstreams' health and listed models (gateway/upstream_health.py, upstream_table.py), without
+"""Upstreams' health and listed models (gateway/backends/upstream_health.py, upstream_table.py), without
 a network: the state machine and its back-off, what discovered models inherit, and what a
 reload keeps."""
 
@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from gateway.config import ModelSpec, Upstream
-from gateway.upstream_health import Health
-from gateway.upstream_table import Upstreams
+from gateway.backends.upstream_health import Health
+from gateway.backends.upstream_table import Upstreams
+from gateway.models.config import ModelSpec, Upstream
 
 
 def entry(name="box", **kw):
@@ -59,7 +59,7 @@ async def test_within_never_loses_a_cancellation_and_discards_what_it_abandons()
     as the step finishes: under a flood every read finishes at once, so a client's going was lost."""
     import asyncio
 
-    from gateway.upstream import within
+    from gateway.backends.upstream import within
 
     async def reader(n: int) -> None:
         for _ in range(n):

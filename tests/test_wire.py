@@ -9,9 +9,9 @@ import pytest
 from helpers import REPO, tiny_random_model
 from openapi import validate
 
-from gateway import testmodels as tm
 from gateway.app import create_app
-from gateway.config import load_config
+from gateway.models import testmodels as tm
+from gateway.models.config import load_config
 
 S = tm.Special
 HI = [{"role": "user", "content": "hi"}]

@@ -4,20 +4,20 @@ order answers ended), when no handler reads that request's events any more."""
 
 from __future__ import annotations
 
-from gateway.engine import protocol
+from gateway.engine import ipc
 
 
-def record_done(monkeypatch) -> list[protocol.Done]:
+def record_done(monkeypatch) -> list[ipc.Done]:
     """Every done event that any worker of this process sends from now on (until the test ends),
     in the order the gateway reads them."""
-    seen: list[protocol.Done] = []
-    decode = protocol.decode_event
+    seen: list[ipc.Done] = []
+    decode = ipc.decode_event
 
-    def decode_and_record(data: bytes | bytearray) -> protocol.Event:
+    def decode_and_record(data: bytes | bytearray) -> ipc.Event:
         event = decode(data)
-        if isinstance(event, protocol.Done):
+        if isinstance(event, ipc.Done):
             seen.append(event)
         return event
 
-    monkeypatch.setattr(protocol, "decode_event", decode_and_record)
+    monkeypatch.setattr(ipc, "decode_event", decode_and_record)
     return seen

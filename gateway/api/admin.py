@@ -10,13 +10,14 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from .. import __version__, memory
-from ..appkeys import CONFIG, LIFECYCLE, METRICS, REGISTRY
-from ..events import PRINCIPAL
-from ..lifecycle import ModelState
-from ..protocol.params import require_model
-from ..registry import Registry
-from ..replicas import ReplicaSet
+from .. import __version__
+from ..backends.replicas import ReplicaSet
+from ..models import memory
+from ..models.lifecycle import ModelState
+from ..server.events import PRINCIPAL
+from ..serving.registry import Registry
+from ..wire.params import require_model
+from .appkeys import CONFIG, LIFECYCLE, METRICS, REGISTRY
 from .body import read_json_object
 
 

@@ -8,15 +8,15 @@ from typing import Any
 
 from aiohttp import web
 
-from .. import answer
-from ..appkeys import CONFIG, REGISTRY
-from ..errors import ApiError
-from ..events import observation
-from ..protocol import anthropic as anth
-from ..protocol.params import Parsed
-from ..protocol.tools import anthropic_left_out
-from ..sse import EventStream
+from ..base.errors import ApiError
+from ..server.events import observation
+from ..server.sse import EventStream
+from ..wire import answer
+from ..wire import anthropic as anth
+from ..wire.params import Parsed
+from ..wire.tools import anthropic_left_out
 from . import pipeline
+from .appkeys import CONFIG, REGISTRY
 from .body import read_json_object
 from .common import dropped_tools, event_stream
 

@@ -21,8 +21,8 @@ from typing import Any
 
 from aiohttp import web
 
-from ..appkeys import CONFIG
-from ..errors import ApiError, InvalidRequest
+from ..base.errors import ApiError, InvalidRequest
+from .appkeys import CONFIG
 
 MAX_DEPTH = 100  # JSON nesting; a chat request needs about 6, a JSON schema rarely 30
 OFF_LOOP_BYTES = 256 * 1024  # bodies larger than this are decoded and parsed in a thread

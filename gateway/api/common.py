@@ -6,11 +6,11 @@ import time
 
 from aiohttp import web
 
-from ..appkeys import CONFIG
-from ..errors import InvalidRequest
-from ..events import PRINCIPAL, STREAM, observation
-from ..protocol.params import Parsed
-from ..sse import EventStream
+from ..base.errors import InvalidRequest
+from ..server.events import PRINCIPAL, STREAM, observation
+from ..server.sse import EventStream
+from ..wire.params import Parsed
+from .appkeys import CONFIG
 
 
 def apply_limits(request: web.Request, parsed: Parsed) -> None:

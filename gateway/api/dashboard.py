@@ -1,5 +1,5 @@
 """The gateway's own page: the dashboard and playground at ``/`` (static files shipped in the
-package, ``gateway/web/``), and the live stream it draws from (``/dashboard/live``).
+package, ``gateway/api/web/``), and the live stream it draws from (``/dashboard/live``).
 
 The page's files are open to all, as they hold no data; everything the page shows comes from
 routes behind the API keys (``/models``, ``/dashboard/live``, the admin and chat routes), which
@@ -14,9 +14,9 @@ from importlib import resources
 
 from aiohttp import web
 
-from ..appkeys import CONFIG, LIFECYCLE, LIVE, REGISTRY
-from ..events import PRINCIPAL
+from ..server.events import PRINCIPAL
 from .admin import describe
+from .appkeys import CONFIG, LIFECYCLE, LIVE, REGISTRY
 from .common import event_stream
 
 FILES = {"/": ("index.html", "text/html"), "/ui/app.js": ("app.js", "text/javascript"),
@@ -59,7 +59,7 @@ async def live_stream(request: web.Request) -> web.StreamResponse:
 
 
 def setup(app: web.Application) -> None:
-    web_dir = resources.files("gateway") / "web"
+    web_dir = resources.files("gateway.api") / "web"
     for path, (name, content_type) in FILES.items():
         body = (web_dir / name).read_bytes()  # read once, at start: a handful of small files
 

@@ -14,15 +14,15 @@ from typing import Any
 
 from aiohttp import web
 
-from .. import __version__, answer
-from ..appkeys import CONFIG, REGISTRY
-from ..backend import Backend
-from ..config import ModelSpec
-from ..errors import ApiError
-from ..events import observation
-from ..protocol import ollama
-from ..sse import EventStream, LineStream
+from .. import __version__
+from ..backends.local import Backend
+from ..base.errors import ApiError
+from ..models.config import ModelSpec
+from ..server.events import observation
+from ..server.sse import EventStream, LineStream
+from ..wire import answer, ollama
 from . import pipeline
+from .appkeys import CONFIG, REGISTRY
 from .body import read_json_object
 
 FOREVER = 3650 * 86400.0  # seconds: how far off a model kept loaded for good (or busy) shows its expiry

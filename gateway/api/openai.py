@@ -9,18 +9,17 @@ from typing import Any
 
 from aiohttp import web
 
-from .. import answer
-from ..appkeys import CONFIG, REGISTRY
-from ..backend import Backend
-from ..errors import ApiError, InvalidRequest
-from ..events import observation
-from ..protocol import fim
-from ..protocol import openai as oai
-from ..protocol import props as props_wire
-from ..protocol import rerank as rerank_wire
-from ..protocol.params import require_model
-from ..sse import EventStream
+from ..backends.local import Backend
+from ..base.errors import ApiError, InvalidRequest
+from ..server.events import observation
+from ..server.sse import EventStream
+from ..wire import answer, fim
+from ..wire import openai as oai
+from ..wire import props as props_wire
+from ..wire import rerank as rerank_wire
+from ..wire.params import require_model
 from . import pipeline
+from .appkeys import CONFIG, REGISTRY
 from .body import read_json_object
 from .common import apply_limits, event_stream
 

@@ -19,17 +19,16 @@ from typing import Any
 
 from aiohttp import web
 
-from .. import answer
-from ..appkeys import REGISTRY
-from ..backend import Backend, GenerationEvents
-from ..config import ModelSpec
-from ..engine.protocol import GenerationRequest, Start
-from ..errors import ApiError
-from ..events import observation
-from ..protocol import fim
-from ..protocol.params import Parsed, apply_defaults, apply_effort
-from ..sse import EventStream
-from ..supervisor import Progress
+from ..backends.local import Backend, GenerationEvents
+from ..base.errors import ApiError
+from ..engine.ipc import GenerationRequest, Start
+from ..models.config import ModelSpec
+from ..server.events import observation
+from ..server.sse import EventStream
+from ..serving.supervisor import Progress
+from ..wire import answer, fim
+from ..wire.params import Parsed, apply_defaults, apply_effort
+from .appkeys import REGISTRY
 from .common import apply_limits, event_stream
 
 log = logging.getLogger(__name__)

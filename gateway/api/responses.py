@@ -11,14 +11,14 @@ from typing import Any
 
 from aiohttp import web
 
-from .. import answer
-from ..appkeys import CONFIG, RESPONSES
-from ..errors import ApiError
-from ..events import PRINCIPAL
-from ..protocol import responses as wire
-from ..response_store import ResponseStore, Stored
-from ..sse import EventStream
+from ..base.errors import ApiError
+from ..server.events import PRINCIPAL
+from ..server.response_store import ResponseStore, Stored
+from ..server.sse import EventStream
+from ..wire import answer
+from ..wire import responses as wire
 from . import pipeline
+from .appkeys import CONFIG, RESPONSES
 from .body import read_json_object
 from .common import dropped_tools, event_stream
 

@@ -22,8 +22,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from . import protocol
-from .protocol import Command, Error, Event
+from . import ipc
+from .ipc import Command, Error, Event
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ _LEN = struct.Struct(">I")
 SAVE_TIMEOUT = 120.0  # seconds a worker saving its KV caches at exit may take before it is killed
 # what ``ask`` sends: a command the worker answers with one event (embed included, unlike
 # ``prompts.PromptQuestion``, which the worker's prep threads answer without decoding)
-WorkerQuestion = protocol.Tokenize | protocol.Detokenize | protocol.ApplyTemplate | protocol.Embed
+WorkerQuestion = ipc.Tokenize | ipc.Detokenize | ipc.ApplyTemplate | ipc.Embed
 
 
 class LoadFailed(Exception):
@@ -123,7 +123,7 @@ class Spare:
 
 
 class WorkerProcess:
-    def __init__(self, params: protocol.LoadParams, *, on_exit: Callable[[WorkerProcess, bool], None] | None = None,
+    def __init__(self, params: ipc.LoadParams, *, on_exit: Callable[[WorkerProcess, bool], None] | None = None,
                  on_busy: Callable[[WorkerProcess], None] | None = None,
                  on_progress: Callable[[float], None] | None = None):
         self.params = params
@@ -145,10 +145,10 @@ class WorkerProcess:
     def serves(self) -> frozenset[str]:
         """The kinds of request this model answers."""
         if self.params.reranker:
-            return frozenset({protocol.RERANK, protocol.TOKENIZE})
+            return frozenset({ipc.RERANK, ipc.TOKENIZE})
         if self.params.embeddings:
-            return frozenset({protocol.EMBEDDINGS, protocol.TOKENIZE})
-        return frozenset({protocol.CHAT, protocol.COMPLETIONS, protocol.TOKENIZE})
+            return frozenset({ipc.EMBEDDINGS, ipc.TOKENIZE})
+        return frozenset({ipc.CHAT, ipc.COMPLETIONS, ipc.TOKENIZE})
 
     @property
     def device(self) -> str:
@@ -178,7 +178,7 @@ class WorkerProcess:
         self._transport, _ = await loop.connect_write_pipe(asyncio.Protocol, os.fdopen(spawned.cmd_w, "wb", 0))
         self._ready = loop.create_future()
         self._reader_task = asyncio.create_task(self._wait_exit(closed), name=f"worker-{self.params.name}")
-        self._send(protocol.Load(self.params))
+        self._send(ipc.Load(self.params))
         try:
             self.info = await self._ready
         except BaseException:
@@ -194,16 +194,16 @@ class WorkerProcess:
 
     def _send(self, command: Command) -> None:
         if self._transport is not None and not self._transport.is_closing():
-            self._transport.write(protocol.encode_command(command))
+            self._transport.write(ipc.encode_command(command))
 
     def _dispatch(self, event: Event) -> None:
-        if isinstance(event, protocol.Ready):
+        if isinstance(event, ipc.Ready):
             if self._ready and not self._ready.done():
                 self._ready.set_result(event.info)
-        elif isinstance(event, protocol.LoadProgress):
+        elif isinstance(event, ipc.LoadProgress):
             if self._on_progress is not None:
                 self._on_progress(event.fraction)
-        elif isinstance(event, protocol.LoadFailed):
+        elif isinstance(event, ipc.LoadFailed):
             if self._ready and not self._ready.done():
                 self._ready.set_exception(LoadFailed(event.error))
         elif (q := self._queues.get(event.id)) is not None:
@@ -236,7 +236,7 @@ class WorkerProcess:
         """Fail every request of this worker at once with ``message`` (503), cancelling its work."""
         for rid, q in list(self._queues.items()):
             q.put_nowait(Error(rid, 503, message, None, "shutting_down"))
-            self._send(protocol.Cancel(rid))
+            self._send(ipc.Cancel(rid))
 
     @property
     def busy(self) -> bool:
@@ -245,7 +245,7 @@ class WorkerProcess:
     def set_threads(self, n: int) -> None:
         if n != self.threads and self.alive:
             self.threads = n
-            self._send(protocol.Threads(n))
+            self._send(ipc.Threads(n))
 
     def _track(self, rid: int, q: _Inbox | None) -> None:
         was = self.busy
@@ -256,14 +256,14 @@ class WorkerProcess:
         if was != self.busy and self._on_busy is not None:
             self._on_busy(self)
 
-    def generate(self, request: protocol.GenerationRequest) -> Generation:
+    def generate(self, request: ipc.GenerationRequest) -> Generation:
         rid = next(self._ids)
         q: _Inbox = _Inbox()
         self._track(rid, q)
         if not self.alive:
             q.put_nowait(self._unavailable(rid))
         else:
-            self._send(protocol.Generate(rid, request))
+            self._send(ipc.Generate(rid, request))
         return Generation(self, rid, q)
 
     def _unavailable(self, rid: int) -> Error:
@@ -282,7 +282,7 @@ class WorkerProcess:
             try:
                 answer = await q.get()
             except asyncio.CancelledError:  # the caller left: a question not begun is skipped
-                self._send(protocol.Cancel(rid))
+                self._send(ipc.Cancel(rid))
                 raise
         finally:
             self._track(rid, None)
@@ -290,37 +290,37 @@ class WorkerProcess:
             raise RequestFailed(answer)
         return answer
 
-    async def tokenize(self, request: dict[str, Any], with_pieces: bool = False) -> protocol.Tokens:
+    async def tokenize(self, request: dict[str, Any], with_pieces: bool = False) -> ipc.Tokens:
         """A prompt (``{"prompt"|"messages", "add_special"?, "param"?}``) as the model's tokens."""
-        prompt = protocol.PromptRequest.of(request)
-        return _expect(await self.ask(lambda rid: protocol.Tokenize(rid, prompt, with_pieces)), protocol.Tokens)
+        prompt = ipc.PromptRequest.of(request)
+        return _expect(await self.ask(lambda rid: ipc.Tokenize(rid, prompt, with_pieces)), ipc.Tokens)
 
-    async def detokenize(self, tokens: list[int]) -> protocol.Detokenized:
-        return _expect(await self.ask(lambda rid: protocol.Detokenize(rid, tokens)), protocol.Detokenized)
+    async def detokenize(self, tokens: list[int]) -> ipc.Detokenized:
+        return _expect(await self.ask(lambda rid: ipc.Detokenize(rid, tokens)), ipc.Detokenized)
 
-    async def apply_template(self, request: dict[str, Any]) -> protocol.Prompt:
+    async def apply_template(self, request: dict[str, Any]) -> ipc.Prompt:
         """A chat request's messages through the model's template, as the prompt's text."""
-        prompt = protocol.PromptRequest.of(request)
-        return _expect(await self.ask(lambda rid: protocol.ApplyTemplate(rid, prompt)), protocol.Prompt)
+        prompt = ipc.PromptRequest.of(request)
+        return _expect(await self.ask(lambda rid: ipc.ApplyTemplate(rid, prompt)), ipc.Prompt)
 
-    async def embed(self, inputs: list[Any]) -> protocol.Embeddings:
-        return _expect(await self.ask(lambda rid: protocol.Embed(rid, inputs)), protocol.Embeddings)
+    async def embed(self, inputs: list[Any]) -> ipc.Embeddings:
+        return _expect(await self.ask(lambda rid: ipc.Embed(rid, inputs)), ipc.Embeddings)
 
-    async def rerank(self, query: str, documents: list[str]) -> protocol.Embeddings:
+    async def rerank(self, query: str, documents: list[str]) -> ipc.Embeddings:
         """Each document's relevance to ``query``, as one-number vectors in document order."""
-        return _expect(await self.ask(lambda rid: protocol.Embed(rid, documents, query)), protocol.Embeddings)
+        return _expect(await self.ask(lambda rid: ipc.Embed(rid, documents, query)), ipc.Embeddings)
 
     def _release(self, rid: int, finished: bool) -> None:
         self._track(rid, None)
         if not finished and self.alive:
-            self._send(protocol.Cancel(rid))
+            self._send(ipc.Cancel(rid))
 
     async def stop(self, timeout: float = 5.0) -> None:
         """Ask the worker to exit; kill it if it does not within ``timeout``."""
         self._stopping = True
         if self.proc is None or self.proc.returncode is not None:
             return
-        self._send(protocol.Exit())
+        self._send(ipc.Exit())
         if self.params.kv_cache_dir:
             timeout = max(timeout, SAVE_TIMEOUT)  # it writes its slots' caches first
         try:
@@ -339,7 +339,7 @@ class WorkerProcess:
             self.proc.send_signal(sig)
 
 
-def _expect(event: Event, kind: type[protocol.TEvent]) -> protocol.TEvent:
+def _expect(event: Event, kind: type[ipc.TEvent]) -> ipc.TEvent:
     if not isinstance(event, kind):
         raise TypeError(f"the worker answered {type(event).__name__} where {kind.__name__} was due")
     return event
@@ -391,7 +391,7 @@ class _Frames(asyncio.Protocol):
             (n,) = _LEN.unpack_from(buf, at)
             if len(buf) - at - 4 < n:
                 break
-            self._dispatch(protocol.decode_event(buf[at + 4:at + 4 + n]))
+            self._dispatch(ipc.decode_event(buf[at + 4:at + 4 + n]))
             at += 4 + n
         del buf[:at]
 
@@ -445,7 +445,7 @@ class Generation(Events):
         if self.on_idle is not None and not self._q:
             await self.on_idle()
         event = await self._q.get()
-        if isinstance(event, protocol.TERMINAL):
+        if isinstance(event, ipc.TERMINAL):
             self.finished = True
         return event
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import time
 
-from ..reasoning import closing
-from . import protocol
+from ..text.reasoning import closing
+from . import ipc
 from .model import Model
 from .outbox import Outbox
 from .refusals import failure
@@ -34,7 +34,7 @@ class Decoder:
         self._is_eog, self._piece = model.vocab.is_eog, model.vocab.piece
         self._tokenize = model.vocab.tokenize
 
-    def admit(self, rid: int, req: protocol.GenerationRequest, tokens: list[int], prompt_tail: str) -> Sequence:
+    def admit(self, rid: int, req: ipc.GenerationRequest, tokens: list[int], prompt_tail: str) -> Sequence:
         """Give a prepared request (``Prompts.prepare``) the free slot whose cache shares the
         longest prefix with its prompt, and drop the rest of that slot's cache. Raises ``Refused``."""
         n_prompt = len(tokens)
@@ -144,11 +144,11 @@ class Decoder:
                 seq.slot.cached = []
                 self.drop(seq)
                 if rc == 1:  # no room in the cache: only a shared pool (kv_unified) runs out while requests fit
-                    self.out.send(protocol.Error(seq.rid, 503, "the model's shared context (kv_unified) is full with "
+                    self.out.send(ipc.Error(seq.rid, 503, "the model's shared context (kv_unified) is full with "
                                                  "other requests; retry shortly, or give it a larger n_ctx", None,
                                                  "context_full", 2.0))
                 else:
-                    self.out.send(protocol.Error(seq.rid, 500, f"llama_decode failed with status {rc}", None,
+                    self.out.send(ipc.Error(seq.rid, 500, f"llama_decode failed with status {rc}", None,
                                                  "decode_failed"))
             return
         for seq, part, want in chunks:
@@ -224,7 +224,7 @@ class Decoder:
             if matched is not None:
                 seq.matched, finish = matched, "stop"
         self.drop(seq)
-        self.out.send(protocol.Done(seq.rid, finish, seq.matched, len(seq.tokens), seq.n_gen, seq.common))
+        self.out.send(ipc.Done(seq.rid, finish, seq.matched, len(seq.tokens), seq.n_gen, seq.common))
 
     def drop(self, seq: Sequence) -> None:
         """Free the sequence's slot; its cache stays for the next request to reuse."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from . import protocol
+from . import ipc
 from .model import Model
 from .prompts import Prompts
 from .refusals import Refused
@@ -34,7 +34,7 @@ def rerank_tokens(model: Model, prompts: Prompts, query: str, document: str) -> 
     return tokens + ([eos] if add_eos else [])
 
 
-def embed(model: Model, prompts: Prompts, rid: int, inputs: list[Any], query: str | None = None) -> protocol.Embeddings:
+def embed(model: Model, prompts: Prompts, rid: int, inputs: list[Any], query: str | None = None) -> ipc.Embeddings:
     """The vectors of ``inputs`` (each a text or token ids), or for a reranker (``query`` set)
     each document's score against the query, as a one-number vector (llama.cpp's rank pooling:
     the classifier's first output; a probability for Qwen3-style rerankers, a logit for
@@ -47,8 +47,8 @@ def embed(model: Model, prompts: Prompts, rid: int, inputs: list[Any], query: st
         if query is not None:
             tokens = rerank_tokens(model, prompts, query, item)
         else:
-            source = protocol.PromptRequest(prompt=item) if isinstance(item, str) else \
-                protocol.PromptRequest(prompt_tokens=item)
+            source = ipc.PromptRequest(prompt=item) if isinstance(item, str) else \
+                ipc.PromptRequest(prompt_tokens=item)
             tokens = prompts.tokens(source, param="input").tokens
         if not tokens:
             raise Refused(400, f"{param} {i} is empty", param)
@@ -75,4 +75,4 @@ def embed(model: Model, prompts: Prompts, rid: int, inputs: list[Any], query: st
         vec = [float(ptr[j]) for j in range(model.n_embd)]
         norm = math.sqrt(sum(x * x for x in vec)) or 1.0
         vectors.append([x / norm for x in vec])
-    return protocol.Embeddings(rid, vectors, total)
+    return ipc.Embeddings(rid, vectors, total)

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import protocol
+from . import ipc
 
 # LoadParams fields that do not change what a slot's cache holds
 _NOT_IDENTITY = {"name", "n_threads", "n_threads_batch", "n_batch", "n_ubatch", "stream_interval", "chat_template",
@@ -62,7 +62,7 @@ def evict(saved: list[Saved], max_bytes: int) -> list[Saved]:
     return out
 
 
-def identity(ll, params: protocol.LoadParams) -> str:
+def identity(ll, params: ipc.LoadParams) -> str:
     """What a saved cache must have been made under to be loaded into this one."""
     st = os.stat(params.path)
     settings = {k: v for k, v in dataclasses.asdict(params).items() if k not in _NOT_IDENTITY}

@@ -17,12 +17,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .. import chat_template
-from ..reasoning import MARKER_TOKENS
+from ..text import chat_template
+from ..text.reasoning import MARKER_TOKENS
 from ..text.toolformats import MARKER_TOKENS as CALL_MARKERS
-from . import devices, ggml, protocol, rpc
-from .hardware import default_threads
+from . import device_probe, ggml, ipc, rpc
 from .settings import CACHE_TYPES, DEFAULT_N_CTX
+from .topology import default_threads
 from .vocab import Vocab
 
 MAX_SLOTS = 64
@@ -75,7 +75,7 @@ def prepare() -> None:
 
 
 class Model:
-    def __init__(self, params: protocol.LoadParams, on_progress: Callable[[float], None] | None = None):
+    def __init__(self, params: ipc.LoadParams, on_progress: Callable[[float], None] | None = None):
         """Load the model; ``on_progress(fraction)`` is called as the weights are read (on this
         thread, from inside llama.cpp: it must not raise)."""
         import llama_cpp
@@ -96,7 +96,7 @@ class Model:
         mp.main_gpu = params.main_gpu
         if params.devices is not None:  # only these (llama-server's --device); the list must outlive the load
             try:
-                self._devices = devices.offload_list(ll, params.devices)
+                self._devices = device_probe.offload_list(ll, params.devices)
             except (ValueError, ggml.Missing) as e:
                 raise RuntimeError(str(e)) from None
             mp.devices = ctypes.cast(self._devices, ctypes.c_void_p)
@@ -235,6 +235,6 @@ class Model:
         only those and the CPU (asking another GPU would start its runtime in this process)."""
         named = None if self.params.devices is None else {n.lower() for n in self.params.devices}
         try:
-            return [d.describe() for d in devices.query(self.ll, named)]
+            return [d.describe() for d in device_probe.query(self.ll, named)]
         except ggml.Missing:
             return []

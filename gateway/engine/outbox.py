@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 
-from . import protocol
+from . import ipc
 
 
 class Outbox:
@@ -23,9 +23,9 @@ class Outbox:
         self.held_since = 0.0  # when the oldest held text event was queued
         self.holding = False  # a held text event is queued
 
-    def send(self, event: protocol.Event, hold: bool = False) -> None:
+    def send(self, event: ipc.Event, hold: bool = False) -> None:
         """Queue an event; ``flush`` writes the queued events in one write."""
-        self.put(protocol.encode_event(event), hold)
+        self.put(ipc.encode_event(event), hold)
 
     def put(self, frame: bytes, hold: bool = False) -> None:
         """``send`` for an event already framed."""
@@ -41,6 +41,6 @@ class Outbox:
             return
         data, self.frames, self.urgent, self.holding = b"".join(self.frames), [], False, False
         try:
-            protocol.write_all_blocking(self.fd, data)
+            ipc.write_all_blocking(self.fd, data)
         except (BrokenPipeError, OSError):
             os._exit(0)  # the gateway is gone

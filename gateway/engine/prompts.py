@@ -12,10 +12,10 @@ import functools
 import json
 from typing import Any, NamedTuple
 
-from .. import chat_template
-from ..grammar import MAX_MADE_GRAMMAR_CHARS, grammar_problem
-from ..reasoning import ReasoningSplitter
-from . import infill, protocol
+from ..text import chat_template
+from ..text.grammar import MAX_MADE_GRAMMAR_CHARS, grammar_problem
+from ..text.reasoning import ReasoningSplitter
+from . import infill, ipc
 from .model import Model
 from .refusals import Refused, failure
 from .sampling import structured_grammar
@@ -23,8 +23,8 @@ from .toolhistory import for_template
 
 PROMPT_TAIL = 256  # characters of a prompt's text kept for the start event
 
-PromptQuestion = protocol.Tokenize | protocol.Detokenize | protocol.ApplyTemplate  # answered without decoding
-Source = protocol.GenerationRequest | protocol.PromptRequest  # what a prompt is read from
+PromptQuestion = ipc.Tokenize | ipc.Detokenize | ipc.ApplyTemplate  # answered without decoding
+Source = ipc.GenerationRequest | ipc.PromptRequest  # what a prompt is read from
 
 
 class PromptTokens(NamedTuple):
@@ -40,7 +40,7 @@ class Prompts:
     def tokens(self, req: Source, add_special: bool = True, param: str | None = None) -> PromptTokens:
         """The prompt as tokens, and the end of its text. A text that cannot fit is refused
         untokenized; ``param`` names the field in the refusal."""
-        if isinstance(req, protocol.GenerationRequest) and req.suffix is not None:
+        if isinstance(req, ipc.GenerationRequest) and req.suffix is not None:
             return self.infill(req)
         param = param or ("messages" if req.messages is not None else "prompt")
         if req.prompt_tokens is not None:
@@ -49,7 +49,7 @@ class Prompts:
         self.check_fits(text, param)
         return PromptTokens(self.vocab.tokenize(text, add_special=add_special), text[-PROMPT_TAIL:])
 
-    def infill(self, req: protocol.GenerationRequest) -> PromptTokens:
+    def infill(self, req: ipc.GenerationRequest) -> PromptTokens:
         """A fill-in-the-middle prompt: ``prompt`` before the cursor, ``suffix`` after it, the
         extra files before both, in the model's FIM tokens (``infill.layout``, llama-server's
         layout). A vocabulary without them is a 400 naming the suffix's field. Texts far longer
@@ -93,7 +93,7 @@ class Prompts:
                                f"stands for more than {longest} bytes). Please reduce the {param}.",
                           param, "context_length_exceeded")
 
-    def prepare(self, req: protocol.GenerationRequest) -> PromptTokens:
+    def prepare(self, req: ipc.GenerationRequest) -> PromptTokens:
         """What admission needs, worked out off the decode loop (in a prep thread): the grammar
         of a ``response_format``, and the prompt's tokens and text tail, checked against the
         context. Raises ``Refused``."""
@@ -158,19 +158,19 @@ class Prompts:
                                   "chat_template_kwargs") from None
             raise Refused(500, f"model {self.model.params.name!r}: {e}", None, "chat_template_error") from None
 
-    def answer(self, question: PromptQuestion) -> protocol.Event:
+    def answer(self, question: PromptQuestion) -> ipc.Event:
         """A question that needs no decoding: tokenize, detokenize or apply a chat template."""
         rid = question.id
         try:
             match question:
-                case protocol.ApplyTemplate(request=req):
-                    return protocol.Prompt(rid, self.render(req))
-                case protocol.Tokenize(request=req, with_pieces=with_pieces):
+                case ipc.ApplyTemplate(request=req):
+                    return ipc.Prompt(rid, self.render(req))
+                case ipc.Tokenize(request=req, with_pieces=with_pieces):
                     tokens = self.tokens(req, req.add_special, req.param).tokens
                     pieces = [self.vocab.piece(t).decode("utf-8", "replace") for t in tokens] if with_pieces else None
-                    return protocol.Tokens(rid, tokens, pieces)
-                case protocol.Detokenize(tokens=tokens):
-                    return protocol.Detokenized(rid, self.vocab.detokenize(self.vocab.known_ids(tokens, "tokens")))
+                    return ipc.Tokens(rid, tokens, pieces)
+                case ipc.Detokenize(tokens=tokens):
+                    return ipc.Detokenized(rid, self.vocab.detokenize(self.vocab.known_ids(tokens, "tokens")))
         except Refused as r:
             return r.event(rid)
         except Exception as e:  # a bug here must fail one question, not leave it unanswered

@@ -3,7 +3,7 @@ bug stopped (``failure``). Either becomes the request's error event, and ends th
 
 from __future__ import annotations
 
-from . import protocol
+from . import ipc
 
 
 class Refused(Exception):
@@ -13,10 +13,10 @@ class Refused(Exception):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
 
-    def event(self, rid: int) -> protocol.Error:
-        return protocol.Error(rid, self.status, self.message, self.param, self.code)
+    def event(self, rid: int) -> ipc.Error:
+        return ipc.Error(rid, self.status, self.message, self.param, self.code)
 
 
-def failure(rid: int, e: Exception) -> protocol.Error:
+def failure(rid: int, e: Exception) -> ipc.Error:
     """A bug met while serving request ``rid``: it fails that request alone."""
-    return protocol.Error(rid, 500, f"{type(e).__name__}: {e}", None, "worker_error")
+    return ipc.Error(rid, 500, f"{type(e).__name__}: {e}", None, "worker_error")

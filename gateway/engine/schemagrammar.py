@@ -29,8 +29,8 @@ from typing import Any
 
 from llama_cpp import llama_grammar
 
-from ..grammar import MAX_REPEAT
-from ..schemacheck import LARGEST_INT, allows_any, integer_bounds, ref_parts, resolve
+from ..text.grammar import MAX_REPEAT
+from ..text.schemacheck import LARGEST_INT, allows_any, integer_bounds, ref_parts, resolve
 
 
 def repetition(item: str, least: int, most: int | None) -> str:

@@ -1,9 +1,9 @@
 """llama.cpp's load settings, each declared once: ``LlamaSettings``.
 
 Each field is one setting: its name is its models.yaml key, its annotation its type, its default
-the default, and its metadata the check models.yaml's value must pass (``gateway.checks``).
+the default, and its metadata the check models.yaml's value must pass (``gateway.base.checks``).
 ``config.ModelSpec`` derives from it (models.yaml's local keys are its fields), and so does the
-worker's ``LoadParams`` (``engine.protocol``), built from a spec by the fields
+worker's ``LoadParams`` (``engine.ipc``), built from a spec by the fields
 (``settings_of``) and decoded from JSON by their types. A new setting is one field here; the
 worker then reads it from ``LoadParams`` (``engine.model``).
 
@@ -16,8 +16,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .. import checks
-from ..checks import INVALID, POSITIVE_INTEGER, Check, Report, show
+from ..base import checks
+from ..base.checks import INVALID, POSITIVE_INTEGER, Check, Report, show
 
 DEFAULT_N_CTX = 4096  # a slot's context for a model with no n_ctx of its own (at most its trained one)
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from ..reasoning import ReasoningSplitter
-from ..textstream import StopMatcher, Utf8Stream
-from . import protocol
+from ..text.reasoning import ReasoningSplitter
+from ..text.textstream import StopMatcher, Utf8Stream
+from . import ipc
 from .outbox import Outbox
 
 
@@ -57,7 +57,7 @@ class Sequence:
 
     _order = 0
 
-    def __init__(self, rid: int, req: protocol.GenerationRequest, tokens: list[int], slot: Slot, common: int,
+    def __init__(self, rid: int, req: ipc.GenerationRequest, tokens: list[int], slot: Slot, common: int,
                  prompt_tail: str, chain, limit: int):
         Sequence._order += 1
         self.order = Sequence._order  # admission order: the oldest prompt is prefilled first
@@ -85,8 +85,8 @@ class Sequence:
         self.n_thinking = 0
         self.forced: list[int] = []
 
-    def text_event(self, text: str) -> protocol.Text:
-        event = protocol.Text(self.rid, text, self.n_gen, self.probs or None)
+    def text_event(self, text: str) -> ipc.Text:
+        event = ipc.Text(self.rid, text, self.n_gen, self.probs or None)
         self.probs = []
         return event
 
@@ -96,7 +96,7 @@ class Sequence:
         if self.probs:
             out.send(self.text_event(text), hold=self.shown)
         else:
-            out.put(protocol.text_frame(self.rid, text, self.n_gen), hold=self.shown)
+            out.put(ipc.text_frame(self.rid, text, self.n_gen), hold=self.shown)
         self.shown = True
 
 

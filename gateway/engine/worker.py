@@ -1,7 +1,7 @@
 """The model worker: a child process that owns one llama.cpp model and context.
 
 Run as ``python -m gateway.engine.worker CMD_FD EVENT_FD``. It loads the model named by
-the first command, then serves the commands of ``protocol.py`` until told to exit or its
+the first command, then serves the commands of ``ipc.py`` until told to exit or its
 command pipe closes. llama.cpp may abort the process on some faults; that takes down this
 model only, and the parent sees the pipe close.
 
@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from . import embedding, kvcache, protocol
+from . import embedding, ipc, kvcache
 from .decoding import Decoder
 from .model import Model, prepare
 from .outbox import Outbox
@@ -52,7 +52,7 @@ INLINE_PREP_CHARS = 4096  # a prompt this short is read in the loop itself when 
 class Queued:
     """A generate or embed command waiting for a slot (``Worker.pending``, in arrival order)."""
 
-    command: protocol.Generate | protocol.Embed
+    command: ipc.Generate | ipc.Embed
     prepared: PromptTokens | None = None  # a generate's prompt, once read
     cancelled: bool = False  # dropped from the queue by a cancel
 
@@ -63,7 +63,7 @@ class Prepared:
     tail, or its refusal; None for a request cancelled before it was read)."""
 
     job: Queued
-    result: PromptTokens | protocol.Error | None
+    result: PromptTokens | ipc.Error | None
     threaded: bool  # read on a prep thread (not in the loop)
 
 
@@ -71,7 +71,7 @@ class Prepared:
 class Reply:
     """Inbox message: the answer to a question, worked out on a prep thread."""
 
-    event: protocol.Event
+    event: ipc.Event
 
 
 class Worker:
@@ -85,7 +85,7 @@ class Worker:
     def __init__(self, cmd_fd: int, ev_fd: int):
         self.cmd_fd = cmd_fd
         self.out = Outbox(ev_fd)
-        self.inbox: queue.Queue[protocol.Command | Prepared | Reply | None] = queue.Queue()
+        self.inbox: queue.Queue[ipc.Command | Prepared | Reply | None] = queue.Queue()
         self.pending: deque[Queued] = deque()  # generate and embed commands in arrival order
         self.prep = ThreadPoolExecutor(PREP_THREADS, thread_name_prefix="prep")
         self.asking: dict[int, bool] = {}  # questions on the prep threads -> whether their asker left
@@ -99,26 +99,26 @@ class Worker:
     def _read(self) -> None:
         while True:
             try:
-                msg = protocol.read_command_blocking(self.cmd_fd)
+                msg = ipc.read_command_blocking(self.cmd_fd)
             except OSError:
                 msg = None
             self.inbox.put(msg)
             if msg is None:
                 return
 
-    def _take(self, msg: protocol.Command | Prepared | Reply | None) -> None:
+    def _take(self, msg: ipc.Command | Prepared | Reply | None) -> None:
         match msg:
-            case protocol.Exit():
+            case ipc.Exit():
                 self._save_caches()
                 self.out.flush()
                 os._exit(0)
             case None:  # the gateway is gone
                 self.out.flush()
                 os._exit(0)
-            case protocol.Generate() | protocol.Embed():
+            case ipc.Generate() | ipc.Embed():
                 job = Queued(msg)
                 self.pending.append(job)
-                if isinstance(msg, protocol.Generate):
+                if isinstance(msg, ipc.Generate):
                     if self._quick(msg.request):
                         self._prepare(job)  # its result is the next message this loop takes
                     else:
@@ -129,14 +129,14 @@ class Worker:
                     self.preparing -= 1
                 if job.cancelled:
                     pass  # dropped from pending by its cancel; nothing is sent for it
-                elif isinstance(result, protocol.Error):
+                elif isinstance(result, ipc.Error):
                     self.pending.remove(job)
                     self.out.send(result)
                 else:
                     job.prepared = result
             case Reply(event=event):
                 self.out.send(event)
-            case protocol.Cancel(id=rid):
+            case ipc.Cancel(id=rid):
                 if rid in self.asking:
                     self.asking[rid] = True  # not started yet: skipped; started: its answer is dropped
                 for job in self.pending:
@@ -146,9 +146,9 @@ class Worker:
                 for seq in self.decoder.active() if self.decoder else ():
                     if seq.rid == rid:
                         seq.cancelled = True
-            case protocol.Threads(n=n) if self.model is not None:
+            case ipc.Threads(n=n) if self.model is not None:
                 self.model.set_threads(n)
-            case protocol.Tokenize() | protocol.Detokenize() | protocol.ApplyTemplate() if self.model is not None:
+            case ipc.Tokenize() | ipc.Detokenize() | ipc.ApplyTemplate() if self.model is not None:
                 self.asking[msg.id] = False
                 self.prep.submit(self._answer, msg)
 
@@ -171,7 +171,7 @@ class Worker:
                 self.inbox.put(Reply(event))
         self.asking.pop(question.id, None)
 
-    def _quick(self, req: protocol.GenerationRequest) -> bool:
+    def _quick(self, req: ipc.GenerationRequest) -> bool:
         """Whether to read this prompt in the loop itself: only a short one, and only while the
         model decodes nothing and no prompt is being read (the hand-off to a prep thread and back
         costs about a tenth of a millisecond, a short prompt less)."""
@@ -193,8 +193,8 @@ class Worker:
                 self.inbox.put(Prepared(job, None, True))
             return
         command = job.command
-        assert isinstance(command, protocol.Generate)
-        result: PromptTokens | protocol.Error
+        assert isinstance(command, ipc.Generate)
+        result: PromptTokens | ipc.Error
         try:
             assert self.prompts is not None  # generate commands are taken only once it is loaded
             result = self.prompts.prepare(command.request)
@@ -206,7 +206,7 @@ class Worker:
 
     def _admissible(self) -> bool:
         """A waiting request could start now, or waits only for a slot to free."""
-        return any(isinstance(job.command, protocol.Embed) or job.prepared is not None for job in self.pending)
+        return any(isinstance(job.command, ipc.Embed) or job.prepared is not None for job in self.pending)
 
     def _poll(self, block: bool) -> None:
         if block:
@@ -222,7 +222,7 @@ class Worker:
         being read lets those behind it go first. An embedding request runs alone."""
         for job in list(self.pending):
             command = job.command
-            if isinstance(command, protocol.Embed):
+            if isinstance(command, ipc.Embed):
                 if decoder.active():
                     return
                 self.pending.remove(job)
@@ -235,16 +235,16 @@ class Worker:
             self.pending.remove(job)
             self._guard(command.id, self._start, decoder, command, job.prepared)
 
-    def _start(self, decoder: Decoder, command: protocol.Generate, prompt: PromptTokens) -> None:
+    def _start(self, decoder: Decoder, command: ipc.Generate, prompt: PromptTokens) -> None:
         req = command.request
         seq = decoder.admit(command.id, req, prompt.tokens, prompt.tail)
         echo = None
         if req.echo:
             assert self.model is not None
             echo = req.prompt if req.prompt is not None else self.model.vocab.detokenize(seq.tokens)
-        self.out.send(protocol.Start(command.id, len(seq.tokens), seq.common, seq.slot.id, seq.prompt_tail, echo))
+        self.out.send(ipc.Start(command.id, len(seq.tokens), seq.common, seq.slot.id, seq.prompt_tail, echo))
 
-    def _embed(self, command: protocol.Embed) -> None:
+    def _embed(self, command: ipc.Embed) -> None:
         assert self.model is not None and self.prompts is not None and self.decoder is not None
         event = embedding.embed(self.model, self.prompts, command.id, command.inputs, command.query)
         self.decoder.forget_cache()
@@ -263,7 +263,7 @@ class Worker:
         out = self.out
         prepare()  # before the first command: a spare process is ready ahead of its load
         first = self.inbox.get()
-        if not isinstance(first, protocol.Load):
+        if not isinstance(first, ipc.Load):
             os._exit(0)
         told = -1
 
@@ -272,7 +272,7 @@ class Worker:
             percent = int(fraction * 100)
             if percent != told:
                 told = percent
-                out.send(protocol.LoadProgress(round(fraction, 4)))
+                out.send(ipc.LoadProgress(round(fraction, 4)))
                 out.flush()
 
         try:
@@ -280,7 +280,7 @@ class Worker:
             self.prompts = Prompts(model)
             decoder = self.decoder = Decoder(model, Sampling(model), out)
         except Exception as e:  # report, then leave: a failed load has nothing to serve
-            out.send(protocol.LoadFailed(str(e)))
+            out.send(ipc.LoadFailed(str(e)))
             out.flush()
             os._exit(0)
         restored = (0, 0)
@@ -289,7 +289,7 @@ class Worker:
                 restored = kvcache.restore(model, decoder.slots, first.model.kv_cache_dir)
             except Exception as e:  # an unreadable cache directory is a miss
                 sys.stderr.write(f"could not restore the KV caches of {first.model.name}: {e}\n")
-        out.send(protocol.Ready({**model.info(), "restored_slots": restored[0], "restored_tokens": restored[1]}))
+        out.send(ipc.Ready({**model.info(), "restored_slots": restored[0], "restored_tokens": restored[1]}))
         out.flush()
         interval = model.params.stream_interval
         while True:

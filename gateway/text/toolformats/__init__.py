@@ -60,7 +60,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from ...reasoning import CONTENT, THINKING, ReasoningSplitter
+from ..reasoning import CONTENT, THINKING, ReasoningSplitter
 from . import deepseek, harmony, hermes, llama3, mistral, plain, qwen3_coder
 from .interface import Format
 from .machine import CallArgs, CallEnd, CallStart, Item

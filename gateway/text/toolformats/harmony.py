@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ...reasoning import CALL, RECIPIENT, ReasoningSplitter
+from ..reasoning import CALL, RECIPIENT, ReasoningSplitter
 from .gbnf import Grammar, Rules, lit, until
 from .interface import history_as_is
 from .jsoncall import JsonCalls

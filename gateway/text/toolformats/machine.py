@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, ClassVar
 
-from ...reasoning import CONTENT
+from ..reasoning import CONTENT
 from .scan import WS, JsonScan, is_object, tool_params, until
 
 

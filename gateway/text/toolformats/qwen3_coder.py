@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...schemacheck import allows_any
+from ..schemacheck import allows_any
 from .gbnf import WS, Grammar, Rules, lit, repeat, until
 from .hermes import TOOL_CALL, TOOL_CALL_END
 from .hermes import Parser as HermesParser

@@ -1,0 +1,23 @@
+"""The application's typed state, one key each: handlers import these, never ``app.py``
+(which imports the handlers)."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from ..models.config import Config
+from ..server.connections import ConnectionGuard
+from ..server.events import EventSink
+from ..server.live import Live
+from ..server.metrics import Metrics
+from ..server.response_store import ResponseStore
+from ..serving.registry import Registry
+
+CONFIG = web.AppKey("config", Config)
+REGISTRY = web.AppKey("registry", Registry)
+METRICS = web.AppKey("metrics", Metrics)
+EVENTS = web.AppKey("events", EventSink)
+LIFECYCLE = web.AppKey("lifecycle", dict)  # {"draining": bool}
+CONNECTIONS = web.AppKey("connections", ConnectionGuard)
+LIVE = web.AppKey("live", Live)  # what the dashboard draws
+RESPONSES = web.AppKey("responses", ResponseStore)  # OpenAI Responses kept for previous_response_id

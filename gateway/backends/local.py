@@ -1,0 +1,160 @@
+"""What the registry and the handlers know of a loaded model: the ``Backend`` protocol.
+
+A backend serves some kinds of request (``serves``), runs on a device (``device``: cpu,
+cuda, metal, ...), and answers with typed events (``engine/ipc.py``). The local llama.cpp
+worker (``engine.client.WorkerProcess``, started by ``start_local``) is the first
+implementation; one that forwards to another machine's server implements the same calls and
+its own ``BackendFactory``, and no handler changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol
+
+from ..engine.client import LoadFailed, Spare, WorkerProcess
+from ..engine.ipc import (  # noqa: F401 (the kinds: re-exported)
+    CHAT,
+    COMPLETIONS,
+    EMBEDDINGS,
+    RERANK,
+    TOKENIZE,
+    Detokenized,
+    Embeddings,
+    Event,
+    GenerationRequest,
+    LoadParams,
+    Prompt,
+    Tokens,
+)
+from ..engine.settings import settings_of
+from ..models import discovery
+from ..models.config import ModelSpec, ServerConfig, default_kv_cache_dir
+from ..models.ggufmeta import ModelFileError
+
+
+class StartFailed(Exception):
+    """A backend could not start (a bad file, a worker that died loading, a server not there)."""
+
+
+class GenerationEvents(Protocol):
+    """One generation's events (``Start``, ``Text``..., then ``Done``; or ``Error``), in order.
+    Leaving the ``async with`` before the last one cancels the generation."""
+
+    # awaited before waiting for an event that has not arrived yet: a streamed answer writes
+    # what it holds then
+    on_idle: Callable[[], Awaitable[None]] | None
+
+    async def next(self) -> Event: ...
+
+    def __aiter__(self) -> AsyncIterator[Event]: ...
+
+    async def __aenter__(self) -> GenerationEvents: ...
+
+    async def __aexit__(self, *exc: Any) -> None: ...
+
+    def close(self) -> None: ...  # leave early: the rest of the answer is not wanted
+
+
+class Backend(Protocol):
+    info: dict[str, Any]  # what the model reported at load (n_ctx, chat_template, special tokens, ...)
+
+    @property
+    def serves(self) -> frozenset[str]: ...
+
+    @property
+    def device(self) -> str: ...
+
+    @property
+    def alive(self) -> bool: ...
+
+    @property
+    def busy(self) -> bool: ...
+
+    @property
+    def in_flight(self) -> int: ...
+
+    @property
+    def pid(self) -> int | None: ...  # the process on this machine that runs it, if any
+
+    def set_threads(self, n: int) -> None: ...  # a backend on this machine's CPUs decodes with n threads
+
+    def abort_all(self, message: str) -> None: ...  # end every request in flight with an error
+
+    def generate(self, request: GenerationRequest) -> GenerationEvents: ...
+
+    async def tokenize(self, request: dict[str, Any], with_pieces: bool = False) -> Tokens: ...
+
+    async def detokenize(self, tokens: list[int]) -> Detokenized: ...
+
+    async def apply_template(self, request: dict[str, Any]) -> Prompt: ...
+
+    async def embed(self, inputs: list[Any]) -> Embeddings: ...
+
+    async def rerank(self, query: str, documents: list[str]) -> Embeddings: ...
+
+    async def stop(self, timeout: float = 5.0) -> None: ...
+
+
+class BackendFactory(Protocol):
+    """Starts the backend for a model; raises ``StartFailed``. ``on_exit(backend, expected)``:
+    the backend went away (expected: asked to stop); ``on_busy()``: it went from idle to busy
+    or back; ``on_progress(fraction)``: how far its load has gone, 0 to 1 (a backend with
+    nothing to load never calls it)."""
+
+    async def __call__(self, spec: ModelSpec, server: ServerConfig, *, on_exit: Callable[[Backend, bool], None],
+                       on_busy: Callable[[], None], on_progress: Callable[[float], None]) -> Backend: ...
+
+
+def kv_cache(spec: ModelSpec, server: ServerConfig) -> dict[str, Any]:
+    """Where a local model's slots are saved at unload and restored at load (a generating model
+    only: an embedding context keeps nothing worth restoring)."""
+    if not server.kv_cache_max_bytes or spec.embeddings or spec.reranker:
+        return {}
+    root = server.kv_cache_dir or default_kv_cache_dir()
+    return {"kv_cache_dir": str(root), "kv_cache_max_bytes": server.kv_cache_max_bytes}
+
+
+def load_params(spec: ModelSpec, server: ServerConfig) -> LoadParams:
+    """What a local model's worker loads: the spec's file and every llama.cpp setting it holds
+    (``LlamaSettings``'s fields, whatever they are), and what the gateway adds. ``spec`` is local
+    (``path`` set)."""
+    return LoadParams(name=spec.name, path=str(spec.path), **settings_of(spec),
+                      embeddings=spec.embeddings or spec.reranker, stream_interval=server.stream_interval_ms / 1000,
+                      **kv_cache(spec, server))
+
+
+class LocalWorkers:
+    """The ``BackendFactory`` of a serving gateway: ``start_local``, each worker started from a
+    spare process made ready after the last load (``engine.client.Spare``), so that a model
+    switch does not wait for an interpreter and llama.cpp's import. ``close`` ends the spare."""
+
+    def __init__(self, spare: bool = True):
+        self.spare = Spare() if spare else None
+
+    async def __call__(self, spec: ModelSpec, server: ServerConfig, *, on_exit: Callable[[Backend, bool], None],
+                       on_busy: Callable[[], None], on_progress: Callable[[float], None]) -> Backend:
+        return await start_local(spec, server, on_exit=on_exit, on_busy=on_busy, on_progress=on_progress,
+                                 spare=self.spare)
+
+    async def close(self) -> None:
+        if self.spare is not None:
+            await self.spare.close()
+
+
+async def start_local(spec: ModelSpec, server: ServerConfig, *, on_exit: Callable[[Backend, bool], None],
+                      on_busy: Callable[[], None], on_progress: Callable[[float], None],
+                      spare: Spare | None = None) -> Backend:
+    """A llama.cpp worker process on this machine (``spare``'s, where it has one ready); raises
+    ``StartFailed``."""
+    if spec.path is None:
+        raise StartFailed(f"model {spec.name!r} has no file to run here")
+    try:
+        await asyncio.to_thread(discovery.INFO_CACHE.get, spec.path)  # a bad file fails here, before a spawn
+        worker = WorkerProcess(load_params(spec, server), on_exit=on_exit, on_busy=lambda _worker: on_busy(),
+                               on_progress=on_progress)
+        await worker.start(spare)
+    except (ModelFileError, LoadFailed) as e:
+        raise StartFailed(str(e)) from None
+    return worker

@@ -1,0 +1,243 @@
+"""models.yaml's models: each entry's keys and their checks, declared by the kind of backend
+(``LOCAL``: a GGUF run here, its llama.cpp keys being ``engine.settings.LlamaSettings``'s;
+``UPSTREAM``: another server; ``COMMON`` to both), and the entries made into ``ModelSpec``s,
+replicas and upstreams included."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from ...base import checks
+from ...base.checks import INVALID, Check, Report, show
+from ...engine import settings
+from ...text.sampling_params import SAMPLING
+from .parsing import Parsing
+from .specs import REASONING_MODES, TOOL_FORMATS, ModelSpec, Upstream, normalize_name
+
+_EFFORTS = ("minimal", "low", "medium", "high")
+
+
+def _reasoning(r: Report, where: str, v: Any) -> Any:
+    """One of REASONING_MODES, or the model's own ``[open, close]`` pair of thinking markers."""
+    if isinstance(v, list):
+        if len(v) == 2 and all(isinstance(m, str) and m.strip() for m in v) and v[0] != v[1]:
+            from ...text.reasoning import pair_format
+
+            return pair_format(v[0], v[1])
+        r.error(where, f"a pair of markers must be two different non-empty strings [open, close], got {show(v)}")
+        return INVALID
+    return checks.one_of(REASONING_MODES)(r, where, v)
+
+
+def _reasoning_budgets(r: Report, where: str, v: Any) -> Any:
+    if not isinstance(v, dict) or any(k not in _EFFORTS for k in v) or any(
+            b is not None and (not isinstance(b, int) or isinstance(b, bool) or b < 0) for b in v.values()):
+        r.error(where, f"must map {', '.join(_EFFORTS)} to a number of tokens >= 0 (or null: no cap), got {show(v)}")
+        return INVALID
+    return dict(v)
+
+
+def _sampling_default(param: Any) -> Check:
+    def check(r: Report, where: str, x: Any) -> Any:
+        problem = param.problem(x)
+        if problem:
+            r.error(where, f"{problem}, got {show(x)}")
+            return INVALID
+        return x
+    return check
+
+
+def _url(r: Report, where: str, v: Any) -> Any:
+    """An http(s) base URL; a bare host gets OpenAI's ``/v1``."""
+    parts = urlsplit(v.strip()) if isinstance(v, str) else None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or parts.query or \
+            parts.fragment or parts.username or parts.password:
+        r.error(where, f"must be an http:// or https:// base URL such as http://host:8080/v1 "
+                       f"(no query, no credentials: give `api_key`), got {show(v)}")
+        return INVALID
+    try:
+        parts.port  # noqa: B018 (raises on a bad port)
+    except ValueError:
+        r.error(where, f"has a bad port: {show(v)}")
+        return INVALID
+    path = parts.path.rstrip("/") or "/v1"
+    return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+
+
+COMMON: dict[str, Check] = {
+    "aliases": checks.list_of(checks.string),
+    "keep_alive": checks.duration,
+    "preload": checks.boolean,
+    "reasoning": _reasoning,
+    "reasoning_budgets": _reasoning_budgets,
+    "defaults": checks.table({name: _sampling_default(p) for name, p in SAMPLING.items()}),
+    "embeddings": checks.boolean,
+}
+
+LOCAL: dict[str, Check] = {
+    "path": checks.path,
+    **settings.CHECKS,
+    "tool_format": checks.one_of(TOOL_FORMATS),
+    "pin": checks.boolean,
+    **COMMON,
+}
+
+UPSTREAM: dict[str, Check] = {
+    "upstream": _url,
+    "model": checks.string,
+    "api_key": checks.string,
+    "api_key_env": checks.string,
+    "api_key_file": checks.path,
+    "upstream_discover": checks.boolean,
+    "prefix": checks.string,
+    "timeouts": checks.table({"connect": checks.positive_seconds, "first_byte": checks.positive_seconds,
+                              "idle": checks.positive_seconds}),
+    "max_connections": checks.integer(minimum=1, maximum=4096, what="an integer from 1 to 4096"),
+    "parallel": checks.integer(minimum=1, maximum=1024, what="an integer from 1 to 1024"),
+    **COMMON,
+}
+
+REPLICAS: dict[str, Check] = {**COMMON, "replicas": checks.list_of(lambda r, w, v: v)}
+
+
+def parse_models(r: Parsing, data: dict[str, Any], *, check_files: bool) -> list[ModelSpec]:
+    """The specs of ``models:`` and of the older layout's top-level ``name: path`` pairs; a name
+    (or alias) used twice is a problem, a model file not there a warning."""
+    entries: list[tuple[str, str, Any]] = []  # (yaml path, name, raw)
+    models_raw = data.get("models")
+    if models_raw is not None and not isinstance(models_raw, dict):
+        r.error("models", f"must be a mapping of name to path or settings, got {show(models_raw)}")
+    elif models_raw:
+        entries += [(f"models.{k}", k, v) for k, v in models_raw.items()]
+    for key, value in data.items():
+        if key in ("server", "models"):
+            continue
+        if isinstance(value, str):  # the older layout: top-level `name: path` pairs
+            entries.append((str(key), key, value))
+        else:
+            r.error(str(key), "unknown key (expected server, models, or a `name: path` model entry)")
+
+    models: list[ModelSpec] = []
+    seen: dict[str, str] = {}
+    for where, name, raw in entries:
+        spec = _model(r, where, name, raw)
+        if spec is None:
+            continue
+        for n in spec.names:
+            key = normalize_name(n)
+            if key in seen:
+                r.error(where, f"name {show(n)} is already used by {seen[key]}")
+            else:
+                seen[key] = where
+        for member in spec.members:
+            if check_files and member.path is not None and not member.path.is_file():
+                r.warn(where, f"model file not found: {member.path}")
+        models.append(spec)
+    return models
+
+
+def _model(r: Parsing, where: str, name: Any, raw: Any) -> ModelSpec | None:
+    if not isinstance(name, str) or not name.strip():
+        r.error(where, f"model name must be a non-empty string, got {show(name)}")
+        return None
+    name = name.strip()
+    if isinstance(raw, str):
+        path = checks.resolve_path(r, where, raw)
+        return ModelSpec(name=name, path=path) if path else None
+    if not isinstance(raw, dict):
+        r.error(where, f"must be a file path or a mapping with `path` (or `upstream`, `replicas`), got {show(raw)}")
+        return None
+    before = len(r.problems)
+    kinds = [k for k in ("path", "upstream", "replicas") if k in raw]
+    if not kinds:
+        r.error(f"{where}.path", "required: the model's GGUF file (or `upstream`: another server's URL, "
+                                 "or `replicas`)")
+        return None
+    if len(kinds) > 1:
+        r.error(where, f"needs exactly one of `path`, `upstream` or `replicas`, got {', '.join(kinds)}")
+        return None
+    if kinds == ["replicas"]:
+        stray = sorted(k for k in raw if k not in REPLICAS)
+        if stray:
+            r.error(where, f"{', '.join(stray)}: set these on each replica, not on the entry")
+        fields = checks.mapping(r, where, {k: v for k, v in raw.items() if k not in stray}, REPLICAS)
+        members = []
+        for i, item in enumerate(fields.get("replicas", ()), 1):
+            member = _member(r, f"{where}.replicas[{i - 1}]", f"{name}#{i}", item)
+            if member is not None:
+                members.append(member)
+        if not fields.get("replicas"):
+            r.error(f"{where}.replicas", "must list at least one replica")
+        fields["replicas"] = tuple(members)
+        fields["parallel"] = sum(m.parallel for m in members) or 1
+    else:
+        fields = _kind_fields(r, where, raw, upstream=kinds == ["upstream"])
+    if len(r.problems) > before:
+        return None
+    return _spec(r, where, name, fields)
+
+
+def _member(r: Parsing, where: str, name: str, raw: Any) -> ModelSpec | None:
+    """One replica: a GGUF path, or a mapping for a local or an upstream backend."""
+    if isinstance(raw, str):
+        path = checks.resolve_path(r, where, raw)
+        return ModelSpec(name=name, path=path) if path else None
+    if not isinstance(raw, dict):
+        r.error(where, f"must be a file path or a mapping with `path` or `upstream`, got {show(raw)}")
+        return None
+    before = len(r.problems)
+    kinds = [k for k in ("path", "upstream") if k in raw]
+    if len(kinds) != 1:
+        r.error(where, f"needs exactly one of `path` or `upstream`, got {', '.join(kinds) or 'none'}")
+        return None
+    fields = _kind_fields(r, where, raw, upstream=kinds == ["upstream"])
+    if len(r.problems) > before:
+        return None
+    return _spec(r, where, name, fields)
+
+
+def _kind_fields(r: Parsing, where: str, raw: dict[str, Any], *, upstream: bool) -> dict[str, Any]:
+    """A local or an upstream entry's fields; a key that belongs to the other kind of backend
+    is named as such (a typo'd config must not half-work)."""
+    table, other = (UPSTREAM, LOCAL) if upstream else (LOCAL, UPSTREAM)
+    what = "a local model (`path`), not an upstream" if upstream else "an upstream (`upstream`), not a local model"
+    for key in raw:
+        if key not in table and key in other:
+            r.error(f"{where}.{key}", f"is for {what}")
+    keys = [k for k in ("api_key", "api_key_env", "api_key_file") if k in raw]
+    if len(keys) > 1:
+        r.error(where, f"give one of api_key, api_key_env, api_key_file, got {', '.join(keys)}")
+    return checks.mapping(r, where, {k: v for k, v in raw.items() if k in table or k not in other}, table)
+
+
+def _spec(r: Parsing, where: str, name: str, fields: dict[str, Any]) -> ModelSpec | None:
+    """The spec from a checked entry's fields; an upstream's own keys become its ``Upstream``."""
+    if "upstream" not in fields:
+        if (problem := settings.conflict(fields)) is not None:
+            r.error(f"{where}.{problem[0]}", problem[1])
+            return None
+        return ModelSpec(name=name, **fields)
+    url = fields.pop("upstream")
+    key = fields.pop("api_key", None)
+    if (var := fields.pop("api_key_env", None)) is not None:
+        key = os.environ.get(var) or None
+        if key is None:  # like a missing model file: the other models still serve
+            r.warn(f"{where}.api_key_env", f"environment variable {var} is not set; "
+                                           "requests to this upstream go without a key")
+    if (file := fields.pop("api_key_file", None)) is not None:
+        try:
+            key = file.read_text(encoding="utf-8").strip().splitlines()[0].strip()
+        except (OSError, IndexError) as e:
+            r.error(f"{where}.api_key_file", f"cannot read a key from {file}: "
+                                             f"{getattr(e, 'strerror', None) or 'empty file'}")
+    timeouts = fields.pop("timeouts", {})
+    discover = fields.pop("upstream_discover", False)
+    upstream = Upstream(url=url, model=fields.pop("model", None), api_key=key, discover=discover,
+                        prefix=fields.pop("prefix", f"{name}/"),
+                        connect_timeout=timeouts.get("connect", Upstream.connect_timeout),
+                        first_byte_timeout=timeouts.get("first_byte", Upstream.first_byte_timeout),
+                        idle_timeout=timeouts.get("idle", Upstream.idle_timeout),
+                        max_connections=fields.pop("max_connections", Upstream.max_connections))
+    return ModelSpec(name=name, upstream=upstream, source="upstream", **fields)

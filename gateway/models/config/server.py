@@ -1,0 +1,138 @@
+"""models.yaml's ``server:`` section: its keys and their checks, declared (``SERVER``), and the
+API keys gathered from every source (the section, ``api_keys_file``, ``$GGUF_GATEWAY_API_KEYS``)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ...base import checks
+from ...base.checks import INVALID, Check, Report, show
+from ...hardware.sysmem import RAM
+from .specs import REASONING_FIELDS
+
+ENV_KEYS = "GGUF_GATEWAY_API_KEYS"  # comma-separated, each "key" or "name=key"
+
+
+def _api_keys(r: Report, where: str, v: Any) -> Any:
+    """A list of keys, or a map ``name: key`` so events and metrics can name the principal."""
+    if v is None:
+        return []
+    if isinstance(v, dict):
+        out = []
+        for name, key in v.items():
+            if not isinstance(key, str) or not key.strip():
+                r.error(f"{where}.{name}", f"must be a non-empty string, got {show(key)}")
+            else:
+                out.append((str(name), key.strip()))
+        return out
+    keys = checks.list_of(checks.string)(r, where, v)
+    return INVALID if keys is INVALID else [(None, k) for k in keys]
+
+
+def _reserve(r: Report, where: str, v: Any) -> Any:
+    """A size, or a share of the machine's memory (``"10%"``, kept as -10)."""
+    if isinstance(v, str) and v.strip().endswith("%"):
+        try:
+            share = float(v.strip()[:-1])
+        except ValueError:
+            share = -1
+        if 0 <= share < 100:
+            return -share if share else 0
+        r.error(where, f"must be a size (1GiB) or a share of memory from 0% to 99%, got {show(v)}")
+        return INVALID
+    return checks.byte_size(r, where, v)
+
+
+def _per_device(parse: Check, plain: str) -> Check:
+    """A value for each memory pool (``ram``, ``cuda0``, ...: keys lowercased), or one plain
+    value, which is ``plain``'s."""
+    def check(r: Report, where: str, v: Any) -> Any:
+        if not isinstance(v, dict):
+            parsed = parse(r, where, v)
+            return INVALID if parsed is INVALID else {plain: parsed}
+        out = {}
+        for key, item in v.items():
+            if not isinstance(key, str) or not key.strip():
+                r.error(where, f"keys must be device names (ram, cuda0, ...), got {show(key)}")
+                continue
+            parsed = parse(r, f"{where}.{key}", item)
+            if parsed is not INVALID:
+                out[key.strip().lower()] = parsed
+        return out
+    return check
+
+
+_PORT = checks.integer(minimum=1, maximum=65535, what="a port number (1-65535)")
+
+SERVER: dict[str, Check] = {
+    "host": checks.string,
+    "port": _PORT,
+    "models_dirs": checks.list_of(checks.path),
+    "api_keys": _api_keys,
+    "api_keys_file": checks.path,
+    "cors_origins": checks.list_of(checks.string),
+    "max_body_bytes": checks.integer(minimum=1024, what="an integer >= 1024"),
+    "max_messages": checks.POSITIVE_INTEGER,
+    "max_queue": checks.integer(minimum=0, what="an integer >= 0"),
+    "request_timeout": checks.seconds,
+    "write_timeout": checks.seconds,
+    "header_timeout": checks.seconds,
+    "keepalive_timeout": checks.seconds,
+    "body_timeout": checks.seconds,
+    "max_connections": checks.POSITIVE_INTEGER,
+    "discover_default_stores": checks.boolean,
+    "keep_alive": checks.duration,
+    "load_timeout": checks.seconds,
+    "max_loaded_models": checks.integer(minimum=0, what="an integer >= 0 (0: no limit)"),
+    "reasoning_fields": checks.list_of(checks.one_of(REASONING_FIELDS)),
+    "events_path": checks.path,
+    "drain_seconds": checks.seconds,
+    "metrics_public": checks.boolean,
+    "isolate_cache_by_key": checks.boolean,
+    "stream_interval_ms": checks.integer(minimum=0, maximum=1000, what="an integer from 0 to 1000"),
+    "upstream_check_seconds": checks.seconds,
+    "responses_store": checks.integer(minimum=0, what="an integer >= 0 (0: keep none)"),
+    "ollama_port": _PORT,
+    "kv_cache_dir": checks.path,
+    "kv_cache_max_bytes": checks.byte_size,
+    "spare_worker": checks.boolean,
+    "keep_billing_header": checks.boolean,
+    "memory_budget": _per_device(checks.byte_size, RAM),
+    "memory_reserve": _per_device(_reserve, "default"),
+}
+
+
+def parse_server(r: Report, raw: Any) -> dict[str, Any]:
+    """``ServerConfig``'s fields from the section, the API keys from all their sources."""
+    server = checks.mapping(r, "server", raw, SERVER)
+    keys = list(server.pop("api_keys", ()))
+    keys_file = server.pop("api_keys_file", None)
+    if keys_file is not None:
+        try:
+            keys += parse_keys(keys_file.read_text(encoding="utf-8").splitlines())
+        except OSError as e:
+            r.error("server.api_keys_file", f"cannot read {keys_file}: {e.strerror or e}")
+    if os.environ.get(ENV_KEYS):
+        keys += parse_keys(os.environ[ENV_KEYS].split(","))
+    server["api_keys"] = tuple((name or f"key{i}", key) for i, (name, key) in enumerate(keys, 1))
+    return server
+
+
+def parse_keys(lines: list[str]) -> list[tuple[str | None, str]]:
+    """Keys from a file's lines or the environment: "key", "name=key" or "name: key"; # comments."""
+    out: list[tuple[str | None, str]] = []
+    for line in lines:
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        for sep in ("=", ": "):
+            if sep in line:
+                name, key = line.split(sep, 1)
+                out.append((name.strip() or None, key.strip()))
+                break
+        else:
+            out.append((None, line))
+    return [(n, k) for n, k in out if k]
+
+

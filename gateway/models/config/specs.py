@@ -1,0 +1,169 @@
+"""What models.yaml describes, as frozen dataclasses: ``Config`` (``server`` and the ``models``),
+``ServerConfig``, ``ModelSpec`` and its ``Upstream``; the names and defaults they share."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ...engine.settings import LlamaSettings
+from ...hardware.sysmem import DEFAULT_RESERVE
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8080
+DEFAULT_KEEP_ALIVE = 300.0  # seconds an idle model stays loaded, as Ollama's 5m
+DEFAULT_LOAD_TIMEOUT = 300.0
+DEFAULT_MAX_LOADED = 3  # as Ollama's OLLAMA_MAX_LOADED_MODELS on a CPU; 0 = no limit
+DEFAULT_KV_CACHE_MAX_BYTES = 8 * 2**30  # saved conversations, all models together
+
+REASONING_MODES = ("auto", "think", "think_mistral", "seed", "channel", "harmony", "none")
+# text.toolformats.FORMATS, and auto (read from the chat template) and none (refuse tools)
+TOOL_FORMATS = ("auto", "hermes", "qwen3_coder", "llama3", "mistral", "harmony", "deepseek", "plain", "none")
+REASONING_FIELDS = ("reasoning_content", "reasoning")
+
+
+class ConfigError(Exception):
+    """One or more problems, each a full line naming the file and the YAML path."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """Another machine's OpenAI-compatible server that answers for a model (``upstream:`` in
+    models.yaml). Its URL comes only from configuration, never from a request; its key is
+    never logged, shown or counted (``repr`` leaves it out)."""
+
+    url: str  # base URL, ending before /chat/completions (e.g. http://box:8080/v1)
+    model: str | None = None  # the upstream's name for the model; None: the entry's own name
+    api_key: str | None = field(default=None, repr=False)
+    discover: bool = False  # list the upstream's models under ``prefix``
+    prefix: str = ""  # discovered names are prefix + the upstream's model id
+    connect_timeout: float = 10.0  # seconds to open a connection
+    first_byte_timeout: float = 300.0  # seconds from sending a request to the answer's first event
+    idle_timeout: float = 120.0  # seconds between two events of an answer
+    max_connections: int = 32  # the pool's open connections to this upstream
+
+
+@dataclass(frozen=True)
+class ModelSpec(LlamaSettings):
+    """A model the gateway can serve: where it lives and how to load it. Exactly one of
+    ``path`` (a GGUF run here), ``upstream`` (another server) or ``replicas`` (several of
+    those behind this one name) is set. llama.cpp's settings (``n_ctx``, ``parallel``,
+    ``cache_type_k``, ...) are ``LlamaSettings``'s fields, keyword-only; the fields below are
+    the gateway's own."""
+
+    name: str
+    path: Path | None = None
+    aliases: tuple[str, ...] = ()
+    embeddings: bool = False
+    keep_alive: float | None = None  # seconds idle before unloading; None: server.keep_alive; inf: never
+    preload: bool = False
+    reasoning: str = "auto"  # REASONING_MODES, or a pair of markers (reasoning.pair_format): how thinking is marked
+    tool_format: str = "auto"  # how the model writes tool calls (TOOL_FORMATS)
+    # thinking tokens per OpenAI reasoning_effort (minimal/low/medium/high; null: no cap), over
+    # protocol.params.DEFAULT_BUDGETS
+    reasoning_budgets: dict[str, int | None] = field(default_factory=dict)
+    defaults: dict[str, float] = field(default_factory=dict)  # sampling defaults for requests
+    source: str = "models.yaml"  # models.yaml | discovered | demo | upstream
+    upstream: Upstream | None = None
+    replicas: tuple[ModelSpec, ...] = ()  # each a local or upstream spec, named NAME#1, NAME#2, ...
+    pin: bool = False  # loaded at start and never unloaded (neither evicted nor by keep_alive)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.name, *self.aliases)
+
+    @property
+    def local(self) -> bool:
+        """Whether the model runs in a worker on this machine (and takes its memory)."""
+        return self.path is not None
+
+    @property
+    def members(self) -> tuple[ModelSpec, ...]:
+        """The specs that run: the replicas, or the spec itself."""
+        return self.replicas or (self,)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    models_dirs: tuple[Path, ...] = ()
+    api_keys: tuple[tuple[str, str], ...] = ()  # (principal name, key), from every source
+    discover_default_stores: bool = True
+    keep_alive: float = DEFAULT_KEEP_ALIVE
+    load_timeout: float = DEFAULT_LOAD_TIMEOUT
+    max_loaded_models: int = DEFAULT_MAX_LOADED
+    reasoning_fields: tuple[str, ...] = ("reasoning_content", "reasoning")
+    cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API ("*": any)
+    max_body_bytes: int = 32 * 2**20
+    max_messages: int = 4096
+    max_queue: int = 64  # per model: requests waiting beyond this get 429
+    request_timeout: float = 600.0  # seconds a request may run; 0: no limit
+    # Connections (a timeout of 0: none). A client that stops reading a stream for write_timeout
+    # is treated as gone; a connection must send a request's headers within header_timeout of
+    # opening (or of its first byte after a response) and may sit idle for keepalive_timeout.
+    write_timeout: float = 30.0
+    header_timeout: float = 10.0
+    keepalive_timeout: float = 30.0
+    body_timeout: float = 60.0  # a request's body must arrive whole within this
+    max_connections: int = 512  # open connections past this are refused with a 503
+    events_path: Path | None = None  # append one JSON line per request here
+    drain_seconds: float = 30.0  # on SIGTERM, how long requests in flight may take to finish
+    metrics_public: bool = False  # /metrics without an API key
+    # each API key's prompts reuse only that key's cached prompts (slots and saved caches), so a
+    # cache hit cannot tell one key what another sent; off: one user's keys share them
+    isolate_cache_by_key: bool = False
+    # how long a streamed token may wait to go out with the next ones (a fast model's tokens
+    # then reach the gateway process in twos or threes: fewer wake-ups); 0: each at once
+    stream_interval_ms: int = 10
+    # how often an upstream server (``upstream:``) is asked for its /models while it is not
+    # down (a down one is asked when its back-off ends); 0: only requests tell its health
+    upstream_check_seconds: float = 30.0
+    responses_store: int = 1000  # OpenAI Responses kept in memory for previous_response_id; 0: none
+    ollama_port: int | None = None  # also listen here (Ollama's is 11434), for clients that cannot be pointed elsewhere
+    # Where an unloaded model's conversations (its slots' KV caches) are saved, to be restored
+    # when it loads again; None: under the user's cache directory (``default_kv_cache_dir``).
+    kv_cache_dir: Path | None = None
+    kv_cache_max_bytes: int = DEFAULT_KV_CACHE_MAX_BYTES  # all models' saved caches together; 0: save none
+    # Memory, by pool (``ram``, or a GPU as ggml names it, lowercased: ``cuda0``): the bytes the
+    # models may hold there in all (none: no budget of its own; a plain size in YAML is RAM's),
+    # and what is kept free of it: bytes, or a share (``"10%"`` -> -10), ``default`` for any
+    # pool not named (a plain size or share in YAML is everyone's)
+    memory_budget: dict[str, int] = field(default_factory=dict)
+    memory_reserve: dict[str, int] = field(default_factory=lambda: {"default": DEFAULT_RESERVE})
+    # keep one worker process started ahead of the next load (its interpreter and llama.cpp
+    # imported): a model switch skips that part of the start, for the spare's idle memory
+    spare_worker: bool = True
+    # keep Claude Code's per-session ``x-anthropic-billing-header:`` system block in the prompt
+    # (off: left out, so that a new session's prompt reuses the last one's cache)
+    keep_billing_header: bool = False
+
+
+@dataclass(frozen=True)
+class Config:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    models: tuple[ModelSpec, ...] = ()
+    path: Path | None = None
+    warnings: tuple[str, ...] = ()
+
+
+def default_kv_cache_dir() -> Path:
+    """The user's cache directory: ``$XDG_CACHE_HOME``, else ``~/Library/Caches`` on macOS, else
+    ``~/.cache``; in it ``gguf-gateway/kv``."""
+    if os.environ.get("XDG_CACHE_HOME"):
+        base = Path(os.environ["XDG_CACHE_HOME"])
+    elif sys.platform == "darwin":
+        base = Path.home() / "Library" / "Caches"
+    else:
+        base = Path.home() / ".cache"
+    return base / "gguf-gateway" / "kv"
+
+
+def normalize_name(name: str) -> str:
+    return name.strip().lower()

@@ -1,0 +1,202 @@
+"""What a model will take in memory before it loads: a pure estimate from its GGUF header, its
+models.yaml settings and the devices llama.cpp sees, the way llama.cpp lays a model out.
+
+Memory is counted by pool: ``RAM`` (system memory) and one pool per GPU, named as ggml names the
+device, lowercased (``cuda0``, ``mtl0``, ``vulkan1``). ``layer_devices`` places the layers as
+llama.cpp's ``load_tensors`` does: the input layer (token embeddings) on the CPU; the last
+``n_gpu_layers`` of the repeating layers and the output layer on the GPUs, spread by
+``tensor_split`` or else by each GPU's free memory; with ``split_mode: none`` all on
+``main_gpu``.
+
+- weights: the tensors' bytes where their layer goes; a tied output head (no ``output.weight``)
+  is the token embeddings, on the CPU.
+- KV cache: for every layer, ``head_count_kv x (key_length + value_length)`` values per cell
+  in the cache types, on the layer's device; cells are ``n_ctx`` per slot times ``parallel``
+  (one pool of ``n_ctx`` with ``kv_unified``), rounded up to llama.cpp's 256.
+- compute: llama.cpp's output buffer (the logits of a batch, in RAM) and a graph buffer on each
+  device that runs part of the graph: one micro-batch's (``n_ubatch``) activations where layers
+  run, and without flash attention their score matrix; its logits where the output head runs;
+  a GPU also holds its runtime's context (``GPU_CONTEXT``).
+
+``tests/test_memory.py`` compares the estimate with what a loaded worker holds and states the
+error it sees on the CPU; ``tests/test_devices.py`` checks the layer placement against
+llama.cpp's rule; ``scripts/bench.py --memory`` sets each estimate beside llama.cpp's
+allocation on whatever devices the machine has (the README gives figures on the CPU and on
+llama.cpp's Vulkan backend over Mesa's software device; no discrete GPU was measured).
+Where a model's layers go to other machines (``rpc``), what goes there is counted in the pool
+``RPC``, which no capacity bounds: their memory is theirs to count.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..engine.settings import CACHE_TYPES, DEFAULT_N_CTX
+from ..engine.topology import HOST_KINDS, Device
+from ..hardware.sysmem import RAM
+from .config import ModelSpec
+from .ggufmeta import GGUFInfo
+
+COMPUTE_OVERHEAD = 4 * 2**20  # llama.cpp's graph buffers beyond the rows counted (seen on the tiny models)
+# What a process's GPU runtime holds beside llama.cpp's buffers (a CUDA context, cuBLAS's
+# workspace): Ollama counts about this much per GPU. Not measured here (no GPU).
+GPU_CONTEXT = 512 * 2**20
+RPC = "rpc"
+
+
+@dataclass(frozen=True)
+class Estimate:
+    weights: int
+    kv: int
+    compute: int
+    devices: dict[str, int] = field(default_factory=dict)  # the total by pool; {RAM: total} on the CPU
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv + self.compute
+
+    def describe(self) -> dict[str, Any]:
+        return {"weights": self.weights, "kv_cache": self.kv, "compute": self.compute, "total": self.total,
+                "devices": dict(self.devices)}
+
+
+def _pad(n: int, to: int = 256) -> int:
+    return -(-n // to) * to
+
+
+def model_devices(devices: Sequence[Device], split_mode: str = "layer", main_gpu: int = 0,
+                  names: Sequence[str] | None = None) -> list[Device]:
+    """The devices llama.cpp gives a model's layers to (``llama_prepare_model_devices``): those
+    ``names`` lists (models.yaml ``devices``), in its order; else the discrete GPUs, or the
+    integrated ones where there is none; with ``split_mode: none`` only the ``main_gpu``-th of
+    them (none if it is negative or past the end)."""
+    if names is not None:
+        by_name = {d.name.lower(): d for d in devices if d.kind not in HOST_KINDS}
+        gpus = [by_name[n.lower()] for n in names if n.lower() in by_name]
+    else:
+        gpus = [d for d in devices if d.kind == "gpu"] or [d for d in devices if d.kind == "igpu"]
+    if split_mode == "none":
+        return [gpus[main_gpu]] if 0 <= main_gpu < len(gpus) else []
+    return gpus
+
+
+def layer_devices(n_layer: int, n_gpu_layers: int, gpus: Sequence[Device],
+                  tensor_split: Sequence[float] = ()) -> list[str]:
+    """The pool of each of the ``n_layer`` repeating layers and, last, of the output layer, as
+    llama.cpp's ``load_tensors`` assigns them to ``gpus`` (``model_devices``)."""
+    n_gpu_layers = 2**31 - 1 if n_gpu_layers < 0 else n_gpu_layers
+    shares = [float(x) for x in tensor_split[:len(gpus)]] + [0.0] * (len(gpus) - len(tensor_split))
+    if not any(shares):  # llama.cpp's default: by free memory (a device that reports none: one share)
+        shares = [float(d.free or 1) for d in gpus]
+    bounds = list(itertools.accumulate(shares))
+    bounds = [b / bounds[-1] for b in bounds] if bounds else []
+    start = max(n_layer + 1 - n_gpu_layers, 0)
+    active = min(n_gpu_layers, n_layer + 1) if gpus else 0
+    pools = []
+    for il in range(n_layer + 1):
+        if il < start or il - start >= active:
+            pools.append(RAM)
+        else:
+            at = bisect.bisect_right(bounds, (il - start) / active)
+            pools.append(gpus[min(at, len(gpus) - 1)].pool)
+    return pools
+
+
+def estimate(info: GGUFInfo, spec: ModelSpec, devices: Sequence[Device] = ()) -> Estimate | None:
+    """The estimate for ``spec`` as llama.cpp would load it on ``devices`` (``gateway.hardware.devices``;
+    none: everything in RAM); None where the header does not say enough (no layer count or
+    embedding size)."""
+    shape = info.shape
+    n_layer = int(shape.get("block_count") or 0)
+    n_embd = int(shape.get("embedding_length") or 0)
+    if not n_layer or not n_embd:
+        return None
+    n_head = int(shape.get("attention.head_count") or 1)
+    n_head_kv = int(shape.get("attention.head_count_kv") or n_head)
+    head_k = int(shape.get("attention.key_length") or n_embd // n_head)
+    head_v = int(shape.get("attention.value_length") or n_embd // n_head)
+    n_ff = int(shape.get("feed_forward_length") or 4 * n_embd)
+    trained = int(shape.get("context_length") or DEFAULT_N_CTX)
+
+    embeddings = spec.embeddings or spec.reranker
+    slots = 1 if embeddings else spec.parallel
+    n_ctx = _pad(spec.n_ctx or min(trained, DEFAULT_N_CTX))
+    cells = n_ctx if spec.kv_unified else n_ctx * slots
+    layer_kv = cells * n_head_kv * (head_k * CACHE_TYPES[spec.cache_type_k].bytes
+                                    + head_v * CACHE_TYPES[spec.cache_type_v].bytes)
+
+    n_batch = cells if embeddings else max(min(spec.n_batch, n_ctx), slots)
+    n_ubatch = min(n_batch, spec.n_ubatch or n_batch)
+    outputs = n_batch if embeddings else slots  # rows of logits kept per batch
+    logits = 4 * outputs * (n_embd if embeddings else info.n_vocab)  # llama.cpp's output buffer
+    # where each layer goes: the model's layers on other machines (rpc) are counted as RPC's
+    gpus = model_devices(devices, spec.split_mode, spec.main_gpu, spec.devices)
+    if spec.rpc:
+        gpus = [Device(RPC.upper(), "rpc-servers", "gpu", 0, 0)]
+    pools = layer_devices(n_layer, spec.n_gpu_layers, gpus, spec.tensor_split)
+    # The output head runs where it lies: a tied one is the token embeddings, which llama.cpp
+    # keeps with the input layer on the CPU (one copy, whatever n_gpu_layers says).
+    head = RAM if info.tied_output else pools[n_layer]
+
+    # A compute buffer on each device that runs part of the graph, sized for one micro-batch:
+    # where layers run, their feed-forward and residual activations (and without flash
+    # attention the scores); where the head runs, every token's logits (which a decoder used for
+    # embeddings computes too, twice over); where neither, the input rows. With a GPU that runs no
+    # layer (n_gpu_layers: 0) llama.cpp still sends a large batch's products there (op offload):
+    # it gets the layers' share too.
+    row = info.n_vocab * (2 if embeddings and not info.pooling else 1) if info.n_vocab else n_embd
+    scores = n_head * n_ctx if spec.flash_attn is False else 0  # unset: on, where llama.cpp can
+    runs_layers = set(pools[:n_layer]) | ({gpus[0].pool} if gpus and not spec.rpc else set())
+
+    def compute_in(pool: str) -> int:
+        widest = max(row if pool == head else 0, scores if pool in runs_layers else 0)
+        rows = 2 * n_ff + 4 * n_embd if pool in runs_layers else n_embd
+        return 4 * n_ubatch * (widest + rows) + COMPUTE_OVERHEAD
+
+    by_pool: dict[str, float] = {RAM: info.input_bytes + logits}  # llama.cpp's output buffer is in RAM
+    layer_bytes = info.layer_bytes
+    for il, pool in enumerate(pools[:n_layer]):
+        by_pool[pool] = by_pool.get(pool, 0) + (layer_bytes[il] if il < len(layer_bytes) else 0) + layer_kv
+    by_pool[pools[n_layer]] = by_pool.get(pools[n_layer], 0) + info.output_bytes
+    for pool in {RAM, head, *runs_layers}:
+        by_pool[pool] = by_pool.get(pool, 0) + compute_in(pool) + gpu_context(pool)
+    kv = int(layer_kv * n_layer)
+    devices_total = {pool: int(n) for pool, n in by_pool.items()}
+    compute = sum(devices_total.values()) - info.weight_bytes - kv
+    return Estimate(info.weight_bytes, kv, compute, devices_total)
+
+
+def gpu_context(pool: str) -> int:
+    """What a pool holds for a process beside llama.cpp's buffers: ``GPU_CONTEXT`` on a GPU of
+    this machine, nothing in RAM or on other machines' (``RPC``)."""
+    return 0 if pool in (RAM, RPC) else GPU_CONTEXT
+
+
+def pool_of(buffer_device: str) -> str:
+    """The pool of one of llama.cpp's buffers by its (lowercased) device prefix: a GPU's own
+    (``cuda0``, ``mtl0``: a name that ends in its number), ``RPC`` for a remote one, else RAM
+    (``cpu``, and a GPU runtime's host buffers: ``cuda`` from ``CUDA_Host``)."""
+    if buffer_device.startswith(RPC):
+        return RPC
+    if buffer_device[-1:].isdigit() and not buffer_device.startswith("cpu"):
+        return buffer_device
+    return RAM
+
+
+def allocated(buffers: Any) -> dict[str, Any] | None:
+    """What llama.cpp reported it allocated (a worker's ``info["buffers"]``: by kind, then by
+    device) summed by kind (model, kv, compute, output), in all, and by pool (``devices``);
+    None where it said nothing."""
+    if not isinstance(buffers, dict) or not buffers:
+        return None
+    kinds = {kind: per_device for kind, per_device in buffers.items() if isinstance(per_device, dict)}
+    out: dict[str, Any] = {kind.lower(): sum(per_device.values()) for kind, per_device in kinds.items()}
+    devices: dict[str, int] = {}
+    for per_device in kinds.values():
+        for device, n in per_device.items():
+            devices[pool_of(device)] = devices.get(pool_of(device), 0) + n
+    return {**out, "total": sum(out.values()), "devices": devices}

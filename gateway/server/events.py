@@ -1,0 +1,134 @@
+"""One observation per request: the inference event it becomes, and the metrics it feeds.
+
+The outermost middleware opens an ``Observation`` (request id, endpoint, clock), handlers
+note the model and the answer pipeline notes token times and counts; when the request ends
+the middleware turns it into metrics and one JSON line, written to the log (logger
+``gateway.server.events``) and appended to ``server.events_path`` when that is set.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from .sse import EventStream
+
+log = logging.getLogger("gateway.server.events")
+
+_REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
+def request_id(incoming: str | None) -> str:
+    """The caller's X-Request-Id when it is a sane token, else a new one."""
+    return incoming if incoming and _REQUEST_ID_RE.match(incoming) else uuid.uuid4().hex
+
+
+@dataclass
+class Observation:
+    request_id: str
+    endpoint: str
+    started: float = field(default_factory=time.monotonic)
+    model: str = "-"
+    principal: str = "anonymous"
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+    first_token: float | None = None
+    last_token: float | None = None
+    gaps: list[float] = field(default_factory=list)  # seconds between generated tokens
+    finish_reason: str | None = None
+    disconnected: bool = False
+    tool_calls: int = 0  # calls the answer made that parsed
+    tool_call_failures: list[str] = field(default_factory=list)  # why each call that did not parse failed
+    dropped_tools: list[str] = field(default_factory=list)  # tools the request gave that the prompt left out, by type
+
+    def tokens(self, n: int) -> None:
+        """``n`` more tokens arrived now (n > 1: several tokens in one piece of text)."""
+        now = time.monotonic()
+        if self.first_token is None:
+            self.first_token = now
+        elif self.last_token is not None and n > 0:
+            gap = (now - self.last_token) / n
+            self.gaps.extend([gap] * n)
+        self.last_token = now
+
+    def finished(self, finish: Any) -> None:
+        self.prompt_tokens += finish.prompt_tokens
+        self.cached_tokens += finish.cached_tokens
+        self.completion_tokens += finish.completion_tokens
+        self.reasoning_tokens += finish.reasoning_tokens
+        self.finish_reason = finish.reason
+
+    def event(self, status: int, duration: float) -> dict[str, Any]:
+        return {
+            "event": "inference", "request_id": self.request_id, "model": self.model, "endpoint": self.endpoint,
+            "principal": self.principal, "status": status, "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens, "completion_tokens": self.completion_tokens,
+            "reasoning_tokens": self.reasoning_tokens,
+            "time_to_first_token_s": round(self.first_token - self.started, 6) if self.first_token else None,
+            "duration_s": round(duration, 6), "finish_reason": self.finish_reason,
+            "client_disconnected": self.disconnected, "tool_calls": self.tool_calls,
+            "tool_call_failures": self.tool_call_failures, "dropped_tools": self.dropped_tools, "time": time.time(),
+        }
+
+
+def _request_key(name: str, kind: type):
+    """A typed request key (aiohttp >= 3.13 warns on string keys); a plain string on older aiohttp."""
+    factory = getattr(web, "RequestKey", None)
+    return factory(name, kind) if factory is not None else name
+
+
+OBSERVATION = _request_key("observation", Observation)
+PRINCIPAL = _request_key("principal", str)  # the API key's name, set by the auth middleware
+ERROR_CODE = _request_key("error_code", str)  # the code of the error answered, for rejected_requests
+STREAM = _request_key("stream", EventStream)  # the request's sse.EventStream, once a handler asked for one
+
+
+def observation(request: web.Request) -> Observation:
+    """The request's observation, made by ``app.observe_middleware`` for every observed route."""
+    return request[OBSERVATION]
+
+
+class EventSink:
+    """Appends JSON lines to a file; safe to call from the event loop (one small write, flushed)."""
+
+    def __init__(self, path: Path | None):
+        self.path = path
+        self._lock = threading.Lock()
+        self._file = None
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(path, "a", encoding="utf-8", buffering=1)
+
+    def write(self, event: dict[str, Any]) -> None:
+        line = json.dumps(event, separators=(",", ":"))
+        log.info("%s", line)
+        if self._file is not None:
+            with self._lock:
+                self._file.write(line + "\n")
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+class JsonLogFormatter(logging.Formatter):
+    """``--log-format json``: one JSON object per log line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out = {"time": round(record.created, 3), "level": record.levelname.lower(), "logger": record.name,
+               "message": record.getMessage()}
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out, ensure_ascii=False)

@@ -1,0 +1,307 @@
+"""Name -> ModelSpec -> a running backend, for every model the gateway serves.
+
+The registry joins three parts, each with one job:
+- the catalog (``catalog.py``): names -> specs. Resolution looks at models loaded or loading
+  now (by name and alias) first, then the catalog (models.yaml, then discovery; a miss
+  rescans the stores, at most every ``rescan_seconds``); a ``name:tag`` that matched nothing
+  tries ``name``;
+- one supervisor per model (``supervisor.py``): its lifecycle, single-flight load, back-off,
+  keep-alive and retirement;
+- placement (``placer.py``, carrying out ``placement.py``'s pure policies): which idle model
+  to unload when ``server.max_loaded_models`` or a device's memory is reached, and how busy
+  models share the CPUs;
+- the launcher (``launcher.py``): starts a model's backend by its spec, through the
+  ``BackendFactory`` (``backend.LocalWorkers`` unless told otherwise) for a local one.
+
+The registry is its supervisors' ``Host``: it hands their requests for room and for a backend
+to the placer and the launcher, and reports loads and crashes to the metrics. A reload
+(SIGHUP) swaps the tables; a loaded model whose entry changed or vanished finishes its
+requests and is unloaded when idle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from ..backends.local import CHAT, EMBEDDINGS, RERANK, TOKENIZE, Backend, BackendFactory, LocalWorkers
+from ..backends.replicas import ReplicaSet
+from ..backends.upstream_table import Upstreams
+from ..base.errors import ApiError, ModelNotFound
+from ..hardware.devices import Inventory
+from ..models import discovery, memory
+from ..models.catalog import DEMO_NAME, ModelCatalog, ensure_demo_model  # noqa: F401 (DEMO_NAME, ensure_demo_model: re-exported)
+from ..models.config import Config, ConfigError, ModelSpec, load_config, normalize_name
+from ..models.ggufmeta import GGUFInfo
+from ..models.lifecycle import ModelState
+from ..server.metrics import Metrics
+from .launcher import Launcher
+from .placer import Placer
+from .supervisor import ModelSupervisor, Progress, Timing, refusal
+
+log = logging.getLogger(__name__)
+
+_LIVE = (ModelState.LOADING, ModelState.READY)
+
+
+def _parallel(spec: ModelSpec) -> int:
+    """Requests a model's backend decodes at once; the rest wait in its queue."""
+    return 1 if spec.embeddings or spec.reranker else spec.parallel
+
+
+def metrics_row(model: ModelSupervisor, need: int) -> tuple[str, str, int, int, float, int, int]:
+    """One model's row in ``Registry.metrics_rows``, from its supervisor and its estimate
+    (``need``, bytes): what llama.cpp allocated counts only while it is ready."""
+    state = model.state
+    loaded = 1.0 if state is ModelState.READY else model.progress if state is ModelState.LOADING else 0.0
+    backend = model.backend if state is ModelState.READY else None
+    allocated = memory.allocated(backend.info.get("buffers")) if backend is not None else None
+    held = allocated["total"] if allocated else 0
+    return model.spec.name, state.value, model.in_flight, model.queued(), loaded, need, held
+
+
+class Registry:
+    def __init__(self, config: Config, *, demo_dir: Path | None = None, allow_demo: bool = False,
+                 rescan_seconds: float = 5.0, backoff: tuple[float, float] = (5.0, 300.0),
+                 backends: BackendFactory | None = None, upstream_backoff: tuple[float, float] = (2.0, 60.0)):
+        self.config = config
+        self.catalog = ModelCatalog(config, demo_dir=demo_dir, allow_demo=allow_demo, rescan_seconds=rescan_seconds)
+        self.backoff = backoff  # a failed load's first wait before the next attempt, and its cap
+        # other machines' servers: their health, probes and listed models
+        self.upstreams = Upstreams(upstream_backoff, config.server.upstream_check_seconds)
+        self.upstreams.sync(self.catalog.specs())
+        # what placement decides on (memory by pool, the GPUs), and its decisions carried out
+        self.placer = Placer(self.catalog.info)
+        # starts backends: a local model's through the factory (a worker process, from a spare
+        # where configured), an upstream's, a replica set's
+        self.launcher = Launcher(backends if backends is not None else LocalWorkers(config.server.spare_worker),
+                                 self.upstreams, backoff, lambda: self.config.server,
+                                 on_busy=lambda: self.placer.share_cpus(self._all()), on_crash=self._count_failure)
+        self._models: dict[str, ModelSupervisor] = {}
+        self._retired: list[ModelSupervisor] = []  # replaced by a reload, still holding something
+        self.worker_failures = 0  # backends that exited without being asked to
+        self.metrics: Metrics | None = None  # when an app serves this registry
+
+    @property
+    def devices(self) -> Inventory:
+        """The GPUs llama.cpp sees (the placer's)."""
+        return self.placer.devices
+
+    @devices.setter
+    def devices(self, inventory: Inventory) -> None:
+        self.placer.devices = inventory
+
+    # --- names (the catalog's, loaded models first) ------------------------------------------
+    def refresh(self) -> None:
+        """Re-read the stores (blocking I/O: call it off the event loop when serving)."""
+        self.catalog.refresh()
+
+    @property
+    def found(self) -> dict[str, discovery.Found]:
+        return self.catalog.found
+
+    def resolve(self, name: object, *, loaded_first: bool = True) -> ModelSpec | None:
+        """A loaded (or loading) model by any of its names first, then the catalog's answer; a
+        ``name:tag`` that matched nothing tries ``name``; then models.yaml's glob aliases."""
+        keys = self.catalog.keys(name)
+        for key in keys:
+            for model in self._models.values() if loaded_first else ():
+                if model.state in _LIVE and key in map(normalize_name, model.spec.names):
+                    return model.spec
+            if (spec := self.catalog.get(key) or self.upstreams.resolve(key)) is not None:
+                return spec
+        for key in keys:  # models.yaml's glob aliases, once no model has the name itself
+            if (spec := self.catalog.match(key)) is not None:
+                return spec
+        return None
+
+    async def lookup(self, name: object) -> ModelSpec:
+        """``resolve``, rescanning the stores once on a miss (at most every ``rescan_seconds``)."""
+        spec = self.resolve(name)
+        if spec is None and self.catalog.stale():
+            await asyncio.to_thread(self.catalog.refresh)
+            await self.upstreams.refresh(discover_only=True)
+            spec = self.resolve(name)
+        if spec is None:
+            raise ModelNotFound(name if isinstance(name, str) else repr(name))
+        return spec
+
+    def specs(self) -> list[ModelSpec]:
+        specs = self.catalog.specs()
+        taken = {normalize_name(n) for s in specs for n in s.names}
+        return specs + [s for s in self.upstreams.discovered() if normalize_name(s.name) not in taken]
+
+    def names_of(self, spec: ModelSpec) -> list[str]:
+        return self.catalog.names_of(spec)
+
+    def conflicts_won(self, spec: ModelSpec) -> dict[str, list[Path]]:
+        return self.catalog.conflicts_won(spec)
+
+    def info(self, spec: ModelSpec) -> GGUFInfo | None:
+        return self.catalog.info(spec)
+
+    # --- supervisors ---------------------------------------------------------------------------
+    def _timing(self, spec: ModelSpec) -> Timing:
+        server = self.config.server
+        keep = math.inf if spec.pin else spec.keep_alive if spec.keep_alive is not None else server.keep_alive
+        return Timing(load_timeout=server.load_timeout, keep_alive=keep, backoff=self.backoff)
+
+    def _supervise(self, spec: ModelSpec) -> ModelSupervisor:
+        """The model's supervisor, made on first use and kept; a spec that changed retires the old one."""
+        model = self._models.get(spec.name)
+        if model is None or model.spec != spec:
+            if model is not None:
+                self._retire(model)
+            model = self._models[spec.name] = ModelSupervisor(spec, self, self._timing(spec), _parallel(spec))
+        return model
+
+    def supervisor(self, spec: ModelSpec) -> ModelSupervisor:
+        """The model's supervisor, to read its state: the one kept, or a fresh (unloaded) one
+        that is not kept (nothing is made for a model only looked at)."""
+        return self._models.get(spec.name) or ModelSupervisor(spec, self, self._timing(spec), _parallel(spec))
+
+    def _all(self) -> list[ModelSupervisor]:
+        self._retired = [m for m in self._retired if m.holds]
+        return [*self._models.values(), *self._retired]
+
+    def estimate(self, spec: ModelSpec) -> dict[str, Any] | None:
+        """What a local model should take once loaded (``Placer.estimate``)."""
+        return self.placer.estimate(spec)
+
+    def metrics_rows(self) -> list[tuple[str, str, int, int, float, int, int]]:
+        """(model, state, requests in flight, requests queued, how much of it is loaded: 0 to 1,
+        its memory estimate, what llama.cpp allocated for it) for every resolvable model."""
+        return [metrics_row(self.supervisor(spec), sum(self.placer.need(spec).values())) for spec in self.specs()]
+
+    def in_flight(self) -> int:
+        return sum(m.in_flight for m in self._all())
+
+    def abort_all(self, message: str) -> None:
+        """End every request in flight now with an error (the drain time ran out)."""
+        for model in self._all():
+            if model.backend is not None:
+                model.backend.abort_all(message)
+
+    def loaded(self) -> dict[str, Backend]:
+        return {m.spec.name: m.backend for m in self._models.values() if m.backend is not None and m.backend.alive}
+
+    @contextlib.asynccontextmanager
+    async def lease(self, name: object, *, embeddings: bool | None = False, rerank: bool = False,
+                    on_progress: Progress | None = None) -> AsyncIterator[tuple[ModelSpec, Backend]]:
+        """The model's running backend for one request; the model stays loaded meanwhile.
+        ``on_progress``: told how a load the request waits for goes (``ModelSupervisor.ready``).
+        ``embeddings``: the request wants vectors (True) or text (False); ``rerank``: scores. A
+        model serves one of these, the wrong one is a 501 (``supervisor.refusal``: known from a
+        local model's spec before any load, and checked against what the backend says it serves).
+        ``embeddings=None``: any (tokenize)."""
+        spec = await self.lookup(name)
+        kind = RERANK if rerank else {True: EMBEDDINGS, False: CHAT, None: TOKENIZE}[embeddings]
+        if (refused := refusal(spec, kind)) is not None:  # before a supervisor is made for it
+            raise refused
+        try:
+            async with self._supervise(spec).lease(kind, self.config.server.max_queue, on_progress) as backend:
+                yield spec, backend
+        except ApiError as err:
+            err.model = err.model or spec.name
+            raise
+
+    async def load(self, name: object) -> ModelSupervisor:
+        """Load a model without a request (admin API, preload)."""
+        model = self._supervise(await self.lookup(name))
+        await model.ready()
+        return model
+
+    def keep_alive(self, spec: ModelSpec, seconds: float | None) -> None:
+        """A request's keep_alive (Ollama's): the model stays loaded this long once idle, from
+        now on (None: leave it as it is)."""
+        if seconds is not None and not spec.pin:  # a pinned model stays loaded whatever a request asks
+            self._supervise(spec).keep_alive = seconds
+
+    async def unload(self, name: object) -> ModelSupervisor:
+        """Unload now (admin API); 409 while requests are in flight."""
+        model = self.supervisor(await self.lookup(name))
+        await model.stop()
+        return model
+
+    # --- what supervisors ask of the registry (supervisor.Host) --------------------------------
+    async def start_backend(self, model: ModelSupervisor) -> Backend:
+        return await self.launcher.start(model)
+
+    async def make_room(self, model: ModelSupervisor) -> None:
+        """Room for one more model, evicting or waiting (``Placer.make_room``)."""
+        await self.placer.make_room(model, self.config.server, self._all)
+
+    def went_idle(self, model: ModelSupervisor) -> None:
+        self.placer.went_idle()
+
+    def load_finished(self, model: ModelSupervisor, seconds: float | None) -> None:
+        if seconds is not None:
+            self.placer.loaded(model, self._all)
+        if self.metrics is None:
+            return
+        if seconds is None:
+            self.metrics.load_failures.labels(model.spec.name).inc()
+        else:
+            self.metrics.load_duration.labels(model.spec.name).observe(seconds)
+
+    def _count_failure(self, model: ModelSupervisor) -> None:
+        self.worker_failures += 1
+        if self.metrics is not None:
+            self.metrics.worker_restarts.labels(model.spec.name).inc()
+
+    def upstream_rows(self) -> list[tuple[str, str]]:
+        """(upstream, health state) for every upstream the configuration names."""
+        return [(h.name, h.state.value) for h in self.upstreams.known()]
+
+    def replica_rows(self) -> list[tuple[str, str, bool, int, int]]:
+        """(model, replica, up, requests, failovers) for every running model with replicas."""
+        return [(m.spec.name, *row) for m in self._all() if isinstance(m.backend, ReplicaSet)
+                for row in m.backend.rows()]
+
+    def _retire(self, model: ModelSupervisor) -> None:
+        model.retire()
+        if model.holds:
+            self._retired.append(model)
+
+    async def reload(self, path: Path | None) -> bool:
+        """Re-read models.yaml and rescan; a broken file is reported and the old configuration stays."""
+        try:
+            config = await asyncio.to_thread(load_config, path)
+        except ConfigError as e:
+            for line in e.problems:
+                log.error("reload refused, keeping the running configuration: %s", line)
+            return False
+        for line in config.warnings:
+            log.warning("%s", line)
+        self.config = self.catalog.config = config
+        await asyncio.to_thread(self.catalog.refresh)
+        self.upstreams.check_seconds = config.server.upstream_check_seconds
+        self.upstreams.sync(self.catalog.specs())
+        for name, model in list(self._models.items()):
+            if self.resolve(name, loaded_first=False) != model.spec:
+                del self._models[name]
+                self._retire(model)
+            else:
+                model.timing = self._timing(model.spec)
+        log.info("configuration reloaded: %d models", len(self.specs()))
+        return True
+
+    async def preload(self) -> None:
+        async def one(spec: ModelSpec) -> None:
+            try:
+                await self.load(spec.name)
+            except ApiError as e:
+                log.error("preload of %r failed: %s", spec.name, e.message)
+        await asyncio.gather(*(one(s) for s in self.specs() if s.preload or s.pin))
+
+    async def close(self) -> None:
+        """Stop every backend (at shutdown)."""
+        models = self._all()
+        await asyncio.gather(*(m.cancel_load() for m in models), return_exceptions=True)
+        await asyncio.gather(*(m.unload() for m in models), return_exceptions=True)
+        await self.launcher.close()

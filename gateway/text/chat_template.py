@@ -1,0 +1,129 @@
+"""Render a model's chat template into a prompt, in Jinja2's immutable sandbox.
+
+Templates come from model files, which may be hostile: they render only in
+``ImmutableSandboxedEnvironment``. ``raise_exception`` in a template (e.g. "roles must
+alternate") is the caller's mistake and becomes ``TemplateInputError``; anything else that
+goes wrong is the template's fault and becomes ``TemplateBroken``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from datetime import datetime
+from typing import Any
+
+import jinja2
+import jinja2.defaults
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+CHATML = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+# Names a caller's chat_template_kwargs may not use: what render() sets, what a template reads
+# as the request's own (tools), Jinja's globals and ours, and render()'s own parameter.
+RESERVED = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token", "tools", "tool_choice",
+                      "documents", "raise_exception", "strftime_now", "self"}) \
+    | frozenset(jinja2.defaults.DEFAULT_NAMESPACE)
+
+
+class TemplateInputError(Exception):
+    """The template refused these messages."""
+
+
+class TemplateBroken(Exception):
+    """The template itself failed (syntax, sandbox violation, a bug)."""
+
+
+def _raise_exception(message: str) -> None:
+    raise TemplateInputError(message)
+
+
+def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, **_: Any) -> str:
+    return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii)
+
+
+@functools.lru_cache(maxsize=16)
+def compile_template(source: str) -> jinja2.Template:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.Undefined)
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    try:
+        return env.from_string(source)
+    except jinja2.TemplateError as e:
+        raise TemplateBroken(f"chat template does not compile: {e}") from None
+
+
+_PROBE: list[dict[str, Any]] = [  # one call, its arguments an object
+    {"role": "user", "content": "probe"},
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_probe", "type": "function",
+         "function": {"name": "probe_tool", "arguments": {"probe_arg": "probe-value"}}}]},
+    {"role": "tool", "tool_call_id": "call_probe", "name": "probe_tool", "content": "ok"},
+]
+
+
+@functools.lru_cache(maxsize=16)
+def arguments_as_string(source: str) -> bool:
+    """Whether a template reads a call's ``arguments`` as a JSON string rather than an object.
+    Most (Qwen, Llama, Mistral, Hermes) write the object with ``tojson``; some add it to a
+    string, which fails for an object, and some print it, which would show Python's
+    ``{'k': 'v'}``. Found once per template by rendering a probe call both ways, as llama.cpp's
+    minja does."""
+    def shows_json(messages: list[dict[str, Any]]) -> bool:
+        try:
+            out = _render(source, messages, {})
+        except (TemplateInputError, TemplateBroken):
+            return False
+        return "probe-value" in out and "'probe_arg'" not in out
+    return not shows_json(_PROBE) and shows_json(_with_string_arguments(_PROBE))
+
+
+def _with_string_arguments(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for m in messages:
+        if m.get("tool_calls"):
+            m = {**m, "tool_calls": [{**c, "function": {**c["function"], "arguments": json.dumps(
+                c["function"]["arguments"], ensure_ascii=False)}} for c in m["tool_calls"]]}
+        out.append(m)
+    return out
+
+
+def render(
+    source: str,
+    messages: list[dict[str, Any]],
+    *,
+    bos_token: str = "",
+    eos_token: str = "",
+    add_generation_prompt: bool = True,
+    tools: list[dict[str, Any]] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> str:
+    """``messages`` (and ``tools``, both in Hugging Face's convention: see wire/tools.py)
+    through the template. A call's arguments are objects in ``messages``; a template that reads
+    them as strings gets strings."""
+    if any(m.get("tool_calls") for m in messages) and arguments_as_string(source):
+        messages = _with_string_arguments(messages)
+    return _render(source, messages, {**(extra or {}), "bos_token": bos_token, "eos_token": eos_token,
+                                       "add_generation_prompt": add_generation_prompt, "tools": tools or None})
+
+
+def _render(source: str, messages: list[dict[str, Any]], variables: dict[str, Any]) -> str:
+    """``variables`` and ``messages`` through the template; unset names are render()'s defaults."""
+    template = compile_template(source)
+    variables = {"tools": None, "bos_token": "", "eos_token": "", "add_generation_prompt": True, **variables,
+                 "messages": messages}
+    try:
+        return template.render(**variables)
+    except TemplateInputError:
+        raise
+    except jinja2.exceptions.SecurityError as e:
+        raise TemplateBroken(f"chat template tried something the sandbox forbids: {e}") from None
+    except Exception as e:  # a template bug: TypeError, UndefinedError, ...
+        raise TemplateBroken(f"chat template failed: {type(e).__name__}: {e}") from None

@@ -1,0 +1,347 @@
+"""Anthropic's Messages shape: validate requests, build messages and stream events.
+
+Field names and limits follow Anthropic's API: ``max_tokens`` is required, ``temperature``
+is 0..1, ``stop_sequences`` replaces ``stop``, ``thinking: {"type": "disabled"}`` turns
+thinking off where the chat template allows (``enable_thinking``); ``"adaptive"`` leaves it
+on, and ``output_config.effort`` picks its budget as OpenAI's ``reasoning_effort`` does
+(``params.apply_effort``).
+
+What Claude Code sends, served as it means it:
+- a ``system`` message inside ``messages`` is folded into the neighbouring user turn as
+  ``<system-reminder>`` text (Claude Code's own fallback; many chat templates refuse a system
+  message that is not first), or joins the system prompt where no user turn came before it;
+- a system text block of per-session header lines (``x-anthropic-billing-header: cc_version=...``)
+  is left out of the prompt unless ``server.keep_billing_header``: it changes every session, and
+  kept, a new session's prompt shares no cached prefix with the last one's;
+- fields and blocks that do not apply to a local model (``metadata``, ``cache_control``,
+  ``context_management``, ``container``, ``mcp_servers``, ``service_tier``, an
+  ``anthropic-beta`` header, server tools) are accepted and ignored; ``output_config.format``
+  (structured output) is served as OpenAI's ``response_format`` json_schema;
+- a context overflow is told in Anthropic's words (``context_error``), which Claude Code parses
+  to shrink ``max_tokens`` or compact the conversation.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..base.errors import ApiError, InvalidRequest
+from ..engine.ipc import GenerationRequest
+from . import tools as wire_tools
+from .answer import Call, Finish, Piece
+from .params import SAMPLING, Param, Parsed, check_schema, read_sampling, read_stops, require_model, shown
+
+ANTHROPIC_SAMPLING = {"temperature": Param(float, 0, 1), "top_p": Param(float, 0, 1), "top_k": SAMPLING["top_k"]}
+# output_config.effort -> params.apply_effort's effort: "high" is Anthropic's default (no cap)
+EFFORTS = {"low": "low", "medium": "medium", "high": "high", "xhigh": "high", "max": "high"}
+BILLING_HEADER = "x-anthropic-billing-header:"
+
+
+def per_session_header(text: str) -> bool:
+    """Whether a system text block is nothing but per-session header lines (Claude Code's first
+    block: ``x-anthropic-billing-header: cc_version=2.1.197.abc; cc_entrypoint=cli;``)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return bool(lines) and all(line.lower().startswith(BILLING_HEADER) for line in lines)
+
+
+def _without_headers(system: Any) -> Any:
+    """``system`` with its per-session header blocks emptied (in place, so that the blocks after
+    them keep their index in error messages)."""
+    if isinstance(system, str):
+        return "" if per_session_header(system) else system
+    if not isinstance(system, list):
+        return system
+    return [{"type": "text", "text": ""} if isinstance(b, dict) and b.get("type") == "text"
+            and isinstance(b.get("text"), str) and per_session_header(b["text"]) else b for b in system]
+
+
+def reminder(text: str) -> str:
+    """A system message met inside ``messages``, as the user-turn text Claude Code itself writes."""
+    return f"<system-reminder>\n{text}\n</system-reminder>"
+
+
+@dataclass
+class _Blocks:
+    text: str = ""
+    thinking: str = ""
+    calls: list[dict[str, Any]] = field(default_factory=list)  # tool_use blocks (assistant)
+    results: list[dict[str, Any]] = field(default_factory=list)  # tool_result blocks (user), as tool messages
+
+
+def _blocks(value: Any, where: str, *, role: str, ledger: wire_tools.CallLedger | None = None) -> _Blocks:
+    """A string or a list of content blocks, read by kind."""
+    if isinstance(value, str):
+        return _Blocks(value)
+    if not isinstance(value, list):
+        raise InvalidRequest(f"{where}: must be a string or a list of content blocks", where)
+    out, text, thinking = _Blocks(), [], []
+    for j, block in enumerate(value):
+        at = f"{where}.{j}"
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text" and isinstance(block.get("text"), str):
+            text.append(block["text"])
+        elif kind == "thinking" and role == "assistant" and isinstance(block.get("thinking"), str):
+            thinking.append(block["thinking"])
+        elif kind == "redacted_thinking" and role == "assistant":
+            continue
+        elif kind in ("image", "document") and role == "tool":
+            text.append(wire_tools.IMAGE_NOTE)  # Claude Code's Read of a picture: told, not a 400 every turn
+        elif kind in ("text", "thinking"):
+            raise InvalidRequest(f"{at}: a {kind} block needs a string `{kind}`", at)
+        elif kind == "tool_use" and role == "assistant" and ledger is not None:
+            if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
+                raise InvalidRequest(f"{at}: a tool_use block needs a string `id` and `name`", at)
+            if not isinstance(block.get("input", {}), dict):
+                raise InvalidRequest(f"{at}.input: must be an object", f"{at}.input")
+            out.calls.append({"id": block["id"], "type": "function",
+                              "function": {"name": block["name"], "arguments": block.get("input", {})}})
+        elif kind == "tool_result" and role == "user" and ledger is not None:
+            name = ledger.name_of(block.get("tool_use_id"), f"{at}.tool_use_id")
+            content = _blocks(block.get("content", ""), f"{at}.content", role="tool").text
+            is_error = block.get("is_error", False)
+            if not isinstance(is_error, bool):
+                raise InvalidRequest(f"{at}.is_error: must be true or false", f"{at}.is_error")
+            out.results.append({"role": "tool", "tool_call_id": block["tool_use_id"], "name": name,
+                                "content": f"Error: {content}" if is_error else content})
+        else:
+            raise InvalidRequest(f"{at}.type: {kind!r} blocks are not supported here by this server", f"{at}.type")
+    out.text, out.thinking = "".join(text), "".join(thinking)
+    return out
+
+
+def parse(body: dict[str, Any], *, keep_billing_header: bool = False, counting: bool = False) -> Parsed:
+    """A Messages request. ``counting``: for ``count_tokens``, which takes no ``max_tokens`` (nor
+    holds one against a thinking budget)."""
+    model = require_model(body, anthropic=True)
+    max_tokens = body.get("max_tokens")
+    if max_tokens is None and not counting:
+        raise InvalidRequest("max_tokens: Field required", "max_tokens")
+    problem = SAMPLING["max_tokens"].problem(max_tokens) if max_tokens is not None else None
+    if problem:
+        raise InvalidRequest(f"max_tokens: {problem}, got {shown(max_tokens)}", "max_tokens")
+    tools = wire_tools.anthropic_tools(body)
+    choice = wire_tools.anthropic_tool_choice(body, tools)
+
+    system = body.get("system")
+    if system is not None and not keep_billing_header:
+        system = _without_headers(system)
+    prompt = _blocks(system, "system", role="system").text if system is not None else ""
+    messages = _messages(body.get("messages"), prompt)
+
+    req = GenerationRequest(messages=messages, max_tokens=max_tokens)
+    if tools and choice.mode != "none":
+        req.tools, req.tool_choice, req.tool_names, req.parallel_tool_calls = (tools, choice.mode, choice.names,
+                                                                             choice.parallel)
+    explicit = read_sampling(body, req, ANTHROPIC_SAMPLING, anthropic=True)
+    req.stop = read_stops(body.get("stop_sequences"), "stop_sequences", anthropic=True)
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise InvalidRequest("stream: must be true or false", "stream")
+    if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
+        raise InvalidRequest("metadata: must be an object", "metadata")
+    _thinking(body.get("thinking"), req, None if counting else max_tokens)
+    _output_format(body, req)
+    return Parsed(model, req, stream, explicit=explicit, reasoning_effort=_effort(body.get("output_config")))
+
+
+def _messages(raw: Any, system: str) -> list[dict[str, Any]]:
+    """``messages`` in the shape of Hugging Face's chat templates, after the system prompt.
+
+    A ``system`` message inside them: before any other turn it joins the system prompt; after
+    one it is folded, as ``reminder`` text, into the user turn that follows at once (before its
+    text), else into the user turn just before (after its text), else it is a user turn of its
+    own. Every chat template takes that."""
+    if not isinstance(raw, list) or not raw:
+        raise InvalidRequest("messages: must be a non-empty list", "messages")
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+    reminders: list[str] = []  # system messages waiting for a user turn
+
+    def fold_back() -> None:
+        """Reminders that no user turn follows at once: into the user turn before, else their own."""
+        if not reminders:
+            return
+        if messages and messages[-1]["role"] == "user":
+            messages[-1]["content"] = _joined(messages[-1]["content"], *reminders)
+        else:
+            messages.append({"role": "user", "content": "\n".join(reminders)})
+        reminders.clear()
+
+    ledger = wire_tools.CallLedger(anthropic=True)
+    for i, m in enumerate(raw):
+        where = f"messages.{i}"
+        role = m.get("role") if isinstance(m, dict) else None
+        if role not in ("user", "assistant", "system"):
+            raise InvalidRequest(f"{where}.role: must be user, assistant or system", f"{where}.role")
+        if role == "system":
+            text = _blocks(m.get("content"), f"{where}.content", role="system").text
+            if not text:
+                continue
+            if all(msg["role"] == "system" for msg in messages):  # no turn yet: the system prompt
+                if messages:
+                    messages[0]["content"] += "\n\n" + text
+                else:
+                    messages.append({"role": "system", "content": text})
+            else:
+                reminders.append(reminder(text))
+            continue
+        blocks = _blocks(m.get("content"), f"{where}.content", role=role, ledger=ledger)
+        if role == "user" and reminders:
+            blocks.text = _joined(*reminders, blocks.text)
+            reminders.clear()
+        fold_back()
+        messages += blocks.results  # a user turn's tool results come before its text
+        if blocks.results and not blocks.text:
+            continue
+        msg: dict[str, Any] = {"role": role, "content": blocks.text}
+        if blocks.thinking:
+            msg["reasoning_content"] = msg["thinking"] = blocks.thinking
+        if blocks.calls:
+            msg["tool_calls"] = blocks.calls
+            ledger.add(blocks.calls)
+        messages.append(msg)
+    fold_back()
+    return messages
+
+
+def _joined(*texts: str) -> str:
+    return "\n".join(t for t in texts if t)
+
+
+def _thinking(value: Any, req: GenerationRequest, max_tokens: int | None) -> None:
+    """``thinking``: enabled with a budget, disabled, or adaptive (the model's own judgement,
+    within ``output_config.effort``'s budget)."""
+    if value is None:
+        return
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind not in ("enabled", "disabled", "adaptive"):
+        raise InvalidRequest("thinking.type: must be enabled, disabled or adaptive", "thinking.type")
+    if kind == "enabled":
+        budget = value.get("budget_tokens")
+        if not isinstance(budget, int) or isinstance(budget, bool) or budget < 0:
+            raise InvalidRequest("thinking.budget_tokens: must be an integer >= 0 (0: no thinking)",
+                                 "thinking.budget_tokens")
+        if max_tokens is not None and budget >= max_tokens:
+            raise InvalidRequest(f"max_tokens must be greater than thinking.budget_tokens ({budget})",
+                                 "thinking.budget_tokens")
+        req.thinking_budget = budget
+        kind = "disabled" if budget == 0 else kind
+    req.chat_template_kwargs.setdefault("enable_thinking", kind != "disabled")
+
+
+def _effort(config: Any) -> str | None:
+    """``output_config.effort`` as ``params.apply_effort``'s effort; its other fields are ignored."""
+    if config is None:
+        return None
+    if not isinstance(config, dict):
+        raise InvalidRequest("output_config: must be an object", "output_config")
+    effort = config.get("effort")
+    if effort is None:
+        return None
+    if effort not in EFFORTS:
+        raise InvalidRequest(f"output_config.effort: must be one of {', '.join(EFFORTS)}, got {shown(effort)}",
+                             "output_config.effort")
+    return EFFORTS[effort]
+
+
+def _output_format(body: dict[str, Any], req: GenerationRequest) -> None:
+    """Structured output: ``output_config.format`` (or the older ``output_format``),
+    ``{"type": "json_schema", "schema": {...}}``, as OpenAI's ``response_format`` json_schema."""
+    config = body.get("output_config")
+    fmt, param = (config.get("format"), "output_config.format") if isinstance(config, dict) else (None, "")
+    if fmt is None:
+        fmt, param = body.get("output_format"), "output_format"
+    if fmt is None:
+        return
+    schema = fmt.get("schema") if isinstance(fmt, dict) and fmt.get("type") == "json_schema" else None
+    if not isinstance(schema, dict):
+        raise InvalidRequest(f"{param}: must be {{\"type\": \"json_schema\", \"schema\": {{...}}}}", param)
+    check_schema(schema, f"{param}.schema", anthropic=True)
+    req.response_format, req.json_schema, req.format_param = "json_schema", schema, f"{param}.schema"
+
+
+# The worker's context refusals (``engine/prompts``, code ``context_length_exceeded``, in OpenAI's
+# words), read back for their numbers: the prompt and max_tokens past the context, or the prompt
+# alone past it (``at least`` N tokens: refused by its bytes before it was tokenized).
+_REQUESTED = re.compile(r"maximum context length is (\d+) tokens\. However, you requested \d+ tokens "
+                        r"\((\d+) in the prompt, (\d+) for the completion\)")
+_AT_LEAST = re.compile(r"maximum context length is (\d+) tokens\. However, the \w+ is (\d+) bytes long, "
+                       r"at least (\d+) tokens")
+
+
+def context_error(err: ApiError) -> ApiError:
+    """A context overflow in Anthropic's own words, which Claude Code matches (its regexes:
+    ``input length and `max_tokens` exceed context limit: (\\d+) \\+ (\\d+) > (\\d+)``, then it
+    asks again with a smaller max_tokens; ``prompt is too long[^0-9]*(\\d+)\\s*tokens?\\s*>\\s*(\\d+)``,
+    then it compacts). Any other error, or one whose numbers cannot be read, as it is."""
+    if err.code != "context_length_exceeded":
+        return err
+    if m := _REQUESTED.search(err.message):
+        limit, prompt, completion = map(int, m.groups())
+        if prompt < limit:
+            message = (f"input length and `max_tokens` exceed context limit: {prompt} + {completion} > {limit}, "
+                       "decrease input length or `max_tokens` and try again")
+        else:
+            message = f"prompt is too long: {prompt} tokens > {limit - 1} maximum"
+    elif m := _AT_LEAST.search(err.message):
+        limit, size, least = map(int, m.groups())
+        message = f"prompt is too long: at least {least} tokens > {limit - 1} maximum (the prompt is {size} bytes long)"
+    else:
+        return err
+    out = InvalidRequest(message, err.param, err.code)
+    out.model = err.model
+    return out
+
+
+def stop_reason(finish: Finish) -> tuple[str, str | None]:
+    if finish.reason == "length":
+        return "max_tokens", None
+    if finish.stop is not None:
+        return "stop_sequence", finish.stop
+    if finish.reason == "tool_calls":
+        return "tool_use", None
+    return "end_turn", None
+
+
+def tool_use_id(call_id: str) -> str:
+    """Anthropic's spelling of a call's id (``toolu_...``)."""
+    return "toolu_" + call_id.removeprefix("call_")
+
+
+@dataclass
+class Renderer:
+    model: str
+    id: str = field(default_factory=lambda: f"msg_{uuid.uuid4().hex}")
+    created: float = field(default_factory=time.time)
+
+    def message(self, blocks: list[dict[str, Any]], finish: Finish | None, prompt_tokens: int,
+                cached_tokens: int) -> dict[str, Any]:
+        """``usage`` as Anthropic counts it: input_tokens are the prompt tokens read afresh, the
+        ones found in the cache are cache_read_input_tokens."""
+        reason, seq = stop_reason(finish) if finish else (None, None)
+        return {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": blocks,
+                "stop_reason": reason, "stop_sequence": seq,
+                "usage": {"input_tokens": prompt_tokens - cached_tokens, "cache_read_input_tokens": cached_tokens,
+                          "cache_creation_input_tokens": 0,
+                          "output_tokens": finish.completion_tokens if finish else 0}}
+
+    @staticmethod
+    def block(kind: str, text: str = "") -> dict[str, Any]:
+        if kind == "thinking":
+            return {"type": "thinking", "thinking": text, "signature": ""}
+        return {"type": "text", "text": text}
+
+    @staticmethod
+    def tool_block(call: Call, arguments: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A ``tool_use`` block: whole with its ``input``; streamed, opened with ``{}`` and filled by
+        ``input_json_delta`` events."""
+        return {"type": "tool_use", "id": tool_use_id(call.id), "name": call.name, "input": arguments or {}}
+
+    @staticmethod
+    def delta(piece: Piece) -> dict[str, Any]:
+        if piece.kind == "thinking":
+            return {"type": "thinking_delta", "thinking": piece.text}
+        return {"type": "text_delta", "text": piece.text}

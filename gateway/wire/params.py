@@ -1,0 +1,158 @@
+"""What every wire shape's request parser shares: sampling fields, stops, the model name, the
+parsed request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..base.errors import InvalidRequest
+from ..engine.ipc import GenerationRequest
+from ..text.sampling_params import SAMPLING, Param  # noqa: F401 (re-exported to the request parsers)
+from ..text.schemacheck import schema_problem
+
+
+def shown(value: object, limit: int = 60) -> str:
+    """A caller's value for an error message, cut to ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def named(param: str, anthropic: bool = False) -> str:
+    """How an error message names the field it is about: ``param:`` in Anthropic's shape, the
+    name in backquotes in OpenAI's."""
+    return f"{param}:" if anthropic else f"`{param}`"
+
+
+def check_schema(schema: Any, param: str, anthropic: bool = False) -> None:
+    """Refuse a JSON schema that no grammar should be built from (``schemacheck``): a 400 naming
+    the keyword at fault by its path under ``param``, the field the schema came in."""
+    problem = schema_problem(schema)
+    if problem is not None:
+        at = param + "".join(f"[{p}]" if isinstance(p, int) and not anthropic else f".{p}" for p in problem.path)
+        raise InvalidRequest(f"{named(at, anthropic)} {problem.message}", at)
+
+
+def read_sampling(body: dict[str, Any], req: GenerationRequest, params: dict[str, Param], *,
+                  anthropic: bool = False) -> set[str]:
+    """Copy the sampling fields ``body`` sets into ``req``, checked against ``params``; returns
+    the names it set (they beat a model's defaults). A bad value is a 400 naming the field."""
+    explicit: set[str] = set()
+    for name, param in params.items():
+        value = body.get(name)
+        if value is None or name == "max_tokens":
+            continue
+        problem = param.problem(value)
+        if problem:
+            raise InvalidRequest(f"{named(name, anthropic)} {problem}, got {shown(value)}", name)
+        setattr(req, name, value)
+        explicit.add(name)
+    return explicit
+
+
+def text_parts(content: Any, where: str, kinds: tuple[str, ...] = ("text",), what: str = "text parts") -> str:
+    """A message's content: a string, or an array of parts of ``kinds`` (each with a ``text``),
+    joined; anything else is a 400 naming the part."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise InvalidRequest(f"`{where}` must be a string or an array of content parts", where)
+    parts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+            raise InvalidRequest(f"`{where}[{j}]` must be a content part object with a `type`", f"{where}[{j}]")
+        if part["type"] not in kinds:
+            raise InvalidRequest(f"`{where}[{j}].type` {part['type']!r} is not supported: {what} only",
+                                 f"{where}[{j}].type")
+        if not isinstance(part.get("text"), str):
+            raise InvalidRequest(f"`{where}[{j}].text` must be a string", f"{where}[{j}].text")
+        parts.append(part["text"])
+    return "".join(parts)
+
+
+def require_model(body: dict[str, Any], *, anthropic: bool = False) -> str:
+    """The request's model name: required on every route that names one."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model.strip():
+        where = "model: Field required" if anthropic else "`model` is required"
+        raise InvalidRequest(f"{where}: the name of a model on this gateway (see /v1/models)", "model")
+    return model
+
+
+MAX_STOPS = 16
+MAX_STOP_CHARS = 4096  # all stop strings together: each is matched against every token's text
+
+
+def read_stops(value: Any, name: str, *, anthropic: bool = False) -> list[str]:
+    """``stop`` (a string or a list of strings) or ``stop_sequences`` (a list), bounded in
+    count and in total length; empty strings are dropped."""
+    where = named(name, anthropic)
+    if value is None:
+        return []
+    if isinstance(value, str) and not anthropic:
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise InvalidRequest(f"{where} must be {'' if anthropic else 'a string or '}a list of strings", name)
+    if len(value) > MAX_STOPS:
+        raise InvalidRequest(f"{where} may hold at most {MAX_STOPS} strings, got {len(value)}", name)
+    total = sum(len(s) for s in value)
+    if total > MAX_STOP_CHARS:
+        raise InvalidRequest(f"{where} may hold at most {MAX_STOP_CHARS} characters in all, got {total}", name)
+    return [s for s in value if s]
+
+
+@dataclass
+class Parsed:
+    """A validated request: what to run, and how to answer."""
+
+    model: str
+    request: GenerationRequest
+    stream: bool = False
+    include_usage: bool = False
+    explicit: set[str] = field(default_factory=set)  # sampling fields the caller set
+    reasoning_format: str = "auto"  # "none": thinking stays in the content, markers and all
+    reasoning_effort: str | None = None  # OpenAI's: none | minimal | low | medium | high
+    more: list[GenerationRequest] = field(default_factory=list)  # further prompts of a batch, one choice each
+
+    @property
+    def requests(self) -> list[GenerationRequest]:
+        return [self.request, *self.more]
+
+
+def apply_defaults(parsed: Parsed, defaults: dict[str, Any]) -> None:
+    """A model's models.yaml defaults fill the sampling fields the caller did not set."""
+    for req in parsed.requests:
+        req.given = sorted(parsed.explicit | set(defaults))
+        for name, value in defaults.items():
+            if name == "max_tokens":
+                if req.max_tokens is None:
+                    req.max_tokens = value
+            elif name not in parsed.explicit:
+                setattr(req, name, value)
+
+
+EFFORTS = ("none", "minimal", "low", "medium", "high")
+# Thinking tokens each effort allows (None: no cap), unless a model's models.yaml says otherwise:
+# "high" leaves a model its own judgement, the others cap it at sizes that suit an interactive answer.
+DEFAULT_BUDGETS: dict[str, int | None] = {"minimal": 256, "low": 1024, "medium": 4096, "high": None}
+
+
+def apply_effort(req: GenerationRequest, effort: str | None, budgets: dict[str, int | None],
+                 reasoning: str | None) -> None:
+    """OpenAI's ``reasoning_effort``, once the model is known: a thinking budget from the model's
+    ``reasoning_budgets`` (over ``DEFAULT_BUDGETS``); ``none`` turns thinking off where the
+    template allows (``enable_thinking``) and ends any thinking at once. gpt-oss's template takes
+    the effort itself (``reasoning_effort``: low, medium or high). A caller's own
+    ``chat_template_kwargs`` win."""
+    if effort is None:
+        return
+    kwargs = req.chat_template_kwargs
+    if effort == "none":
+        kwargs.setdefault("enable_thinking", False)
+        req.thinking_budget = 0
+        return
+    if reasoning == "harmony":
+        kwargs.setdefault("reasoning_effort", "low" if effort == "minimal" else effort)
+    budget = {**DEFAULT_BUDGETS, **budgets}.get(effort)
+    if budget is not None and req.thinking_budget is None:
+        req.thinking_budget = budget
