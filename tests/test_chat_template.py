@@ -73,3 +73,26 @@ def test_a_calls_arguments_reach_each_template_as_it_reads_them(real_template, n
     assert "get_weather" in out and "18 C" in out
     assert '"city": "Paris"' in out and "'city'" not in out  # JSON, never Python's repr
     assert '\\"city\\"' not in out  # nor a JSON string written inside JSON
+
+
+@pytest.mark.parametrize("name", [
+    "CohereForAI-c4ai-command-r7b-12-2024-tool_use", "Cohere2MoE", "Kimi-K3", "Reka-Edge",  # {% break %} / {% continue %}
+    "LFM2.5-8B-A1B", "poolside-Laguna-S-2.1", "poolside-Laguna-XS-2.1", "poolside-Laguna-XS.2",  # {% generation %}
+])
+def test_templates_with_loop_controls_and_generation_blocks_render(real_template, name):
+    """Hugging Face renders these with Jinja's loop controls and its own ``{% generation %}``
+    tag (a training mask: its body is rendered as is); so does the gateway."""
+    conversation = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"},
+                    {"role": "assistant", "content": "Sunny."}, {"role": "user", "content": "And Rome?"}]
+    out = render(real_template(name), conversation, add_generation_prompt=True, bos_token="<s>", eos_token="</s>")
+    assert out.index("Be brief.") < out.index("Weather in Paris?") < out.index("Sunny.") < out.index("And Rome?")
+    assert "generation" not in out
+    with_tools = render(real_template(name), TWO_TURNS, tools=[WEATHER], add_generation_prompt=True)
+    assert "get_weather" in with_tools and "18 C" in with_tools
+
+
+def test_generation_blocks_render_their_body():
+    source = "{% for m in messages %}{% generation %}[{{ m.content }}]{% endgeneration %}{% if loop.index > 1 %}" \
+             "{% break %}{% endif %}{% endfor %}"
+    assert render(source, [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                           {"role": "user", "content": "c"}]) == "[a][b]"

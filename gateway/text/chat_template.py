@@ -15,6 +15,8 @@ from typing import Any
 
 import jinja2
 import jinja2.defaults
+import jinja2.ext
+import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 CHATML = (
@@ -48,9 +50,27 @@ def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, *
     return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii)
 
 
+class _Generation(jinja2.ext.Extension):
+    """Hugging Face's ``{% generation %}...{% endgeneration %}``, which marks the assistant's
+    part of a conversation for transformers' training masks: rendered as its body, as
+    transformers renders it for a prompt (LFM2.5, Poolside Laguna)."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Any) -> list[jinja2.nodes.Node]:
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
+# ``{% break %}`` and ``{% continue %}`` (Command R7B, Cohere2MoE, Kimi K3, Reka Edge) are
+# Jinja's loop controls, which Hugging Face's template environment turns on too.
+EXTENSIONS = ("jinja2.ext.loopcontrols", _Generation)
+
+
 @functools.lru_cache(maxsize=16)
 def compile_template(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.Undefined)
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.Undefined,
+                                        extensions=list(EXTENSIONS))
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
