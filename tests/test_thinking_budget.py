@@ -35,17 +35,26 @@ async def test_anthropic_budget_cuts_the_thinking(client):
         body = await r.json()
         assert r.status == 200, body
         blocks = {b["type"]: b for b in body["content"]}
-        assert blocks["thinking"]["thinking"] == "one two" and blocks["text"]["text"] == "Done.", body
+        assert blocks["thinking"]["thinking"] == "one two three" and blocks["text"]["text"] == "Done.", body
     r = await client.post("/v1/messages", json={"model": "think", "max_tokens": 100, "messages": ASK,
                                                 "thinking": {"type": "enabled", "budget_tokens": 50}})
     blocks = {b["type"]: b for b in (await r.json())["content"]}
     assert blocks["thinking"]["thinking"] == "".join(THOUGHT)  # within the budget: untouched
 
 
+@pytest.mark.parametrize("budget", [1, 2, 5])
+async def test_a_budget_of_n_is_n_thinking_tokens(client, budget):
+    """The opening marker is not thinking: a budget of 1 gives one token of it (issue 37)."""
+    r = await client.post("/v1/messages", json={"model": "think", "max_tokens": 100, "messages": ASK,
+                                                "thinking": {"type": "enabled", "budget_tokens": budget}})
+    blocks = {b["type"]: b for b in (await r.json())["content"]}
+    assert blocks["thinking"]["thinking"] == "".join(THOUGHT[:budget]) and blocks["text"]["text"] == "Done."
+
+
 async def test_openai_effort_maps_to_the_models_budget(client):
     r = await client.post("/v1/chat/completions", json={"model": "think", "messages": ASK, "reasoning_effort": "low"})
     message = (await r.json())["choices"][0]["message"]
-    assert (message["reasoning_content"], message["content"]) == ("one two three", "Done.")
+    assert (message["reasoning_content"], message["content"]) == ("one two three four", "Done.")
     r = await client.post("/v1/chat/completions", json={"model": "think", "messages": ASK, "reasoning_effort": "none"})
     message = (await r.json())["choices"][0]["message"]
     assert not message.get("reasoning_content") and message["content"] == "Done."

@@ -198,15 +198,15 @@ class Decoder:
         seq.pending = tok
 
     def _watch_thinking(self, seq: Sequence, piece: bytes) -> None:
-        """Count the answer's thinking tokens; at the budget, queue the tokens that end the
-        thinking the way the model's format ends it (once: the watch stops there). A grammar
-        constraining from the first token (a required call) owns the answer, so no budget is
-        forced into it."""
+        """Count the answer's thinking tokens (a budget of N lets N through); at the budget, queue
+        the tokens that end the thinking the way the model's format ends it (once: the watch
+        stops there). A grammar constraining from the first token (a required call) owns the
+        answer, so no budget is forced into it."""
         watch = seq.thinking
         assert watch is not None and seq.budget is not None
         was = watch.thinking
         watch.feed(piece.decode("utf-8", "replace"))
-        if was or watch.thinking:
+        if was:  # a token begun inside the thinking is a thinking token; the opening marker is not
             seq.n_thinking += 1
         if watch.thinking and seq.n_thinking >= seq.budget:
             seq.thinking = None
