@@ -1,4 +1,4 @@
-"""The Responses wire as Codex uses it (gateway/wire/responses.py), on its own: namespace and
+"""The Responses wire as Codex uses it (gateway/wire/responses/), on its own: namespace and
 custom tools flattened for the model and named back, hosted tools dropped, the reasoning summary
 and the sealed reasoning, and the fields Codex sends that change nothing."""
 

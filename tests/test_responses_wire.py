@@ -1,4 +1,4 @@
-"""The Responses builder (gateway/wire/responses.py) on its own: an answer that breaks
+"""The Responses builder (gateway/wire/responses/) on its own: an answer that breaks
 mid-way ends with OpenAI's error event and a failed response, each as OpenAI's schemas say."""
 
 from openapi import validate_event

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..backends.upstream_wire import FIM_FORWARDED
+from ..backends.upstream_wire.fill import FIM_FORWARDED
 from ..base.errors import ApiError, InvalidRequest
 from ..engine.ipc import GenerationRequest
 from .answer import Finish

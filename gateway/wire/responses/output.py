@@ -1,0 +1,218 @@
+"""A Responses answer: ``ResponseBuilder`` turns the answer's pieces into output items
+(``reasoning``, ``message``, ``function_call``, ``custom_tool_call``) and the documented stream
+events, for streamed and whole answers alike (a whole answer is the same events with nobody
+listening), and the output back into history messages for ``previous_response_id``.
+
+``reasoning.summary`` gives the thinking as a summary part too; ``include:
+["reasoning.encrypted_content"]`` seals it into the reasoning item (``sealed.seal``)."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+from ...base.errors import ApiError
+from ..answer import Call, CallArgs, Finish, Piece
+from .request import ResponsesParsed
+from .sealed import seal
+from .tools import CUSTOM_INPUT, ToolOrigin, custom_input, flat_name
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+class ResponseBuilder:
+    """The answer's pieces in, the response's output items and stream events out. Items open as
+    the answer's kind changes (thinking, text, a call) and close when the next begins."""
+
+    def __init__(self, model: str, parsed: ResponsesParsed, response_id: str | None = None):
+        self.id = response_id or new_id("resp")
+        self.model, self.parsed = model, parsed
+        self.created = int(time.time())
+        self.output: list[dict[str, Any]] = []
+        self.seq = 0
+        self._open: dict[str, Any] | None = None  # the item being written
+        self._text: list[str] = []
+        self._calls: dict[int, dict[str, Any]] = {}  # the answer's call index -> its item
+
+    def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
+        event = {"type": kind, "sequence_number": self.seq, **fields}
+        self.seq += 1
+        return event
+
+    def response(self, status: str, finish: Finish | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "id": self.id, "object": "response", "created_at": self.created, "status": status, "model": self.model,
+            "output": self.output if status != "in_progress" else [], "error": None, "incomplete_details": None,
+            **self.parsed.echo}
+        if status == "completed":
+            body["completed_at"] = int(time.time())
+        if status == "incomplete":
+            body["incomplete_details"] = {"reason": "max_output_tokens"}
+        if finish is not None:
+            cached = finish.cached_tokens  # read from a slot's cache; the rest were decoded into it
+            body["usage"] = {"input_tokens": finish.prompt_tokens,
+                             "input_tokens_details": {"cached_tokens": cached,
+                                                      "cache_write_tokens": finish.prompt_tokens - cached},
+                             "output_tokens": finish.completion_tokens,
+                             "output_tokens_details": {"reasoning_tokens": finish.reasoning_tokens},
+                             "total_tokens": finish.prompt_tokens + finish.completion_tokens}
+        return body
+
+    def start(self) -> list[dict[str, Any]]:
+        snapshot = self.response("in_progress")
+        return [self._event("response.created", response=snapshot),
+                self._event("response.in_progress", response=snapshot)]
+
+    def _index(self) -> int:
+        return len(self.output) - 1
+
+    def _close(self) -> list[dict[str, Any]]:
+        item, self._open = self._open, None
+        if item is None:
+            return []
+        i, events = self.output.index(item), []
+        if item["type"] == "reasoning":
+            text = "".join(self._text)
+            item["content"] = [{"type": "reasoning_text", "text": text}]
+            events.append(self._event("response.reasoning_text.done", item_id=item["id"], output_index=i,
+                                      content_index=0, text=text))
+            if self.parsed.summary is not None:
+                summary = {"type": "summary_text", "text": text}
+                item["summary"] = [summary]
+                events += [self._event("response.reasoning_summary_text.done", item_id=item["id"], output_index=i,
+                                       summary_index=0, text=text),
+                           self._event("response.reasoning_summary_part.done", item_id=item["id"], output_index=i,
+                                       summary_index=0, part=summary)]
+            if self.parsed.encrypted:
+                item["encrypted_content"] = seal(text)
+        elif item["type"] == "message":
+            text = "".join(self._text)
+            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+            item["content"] = [part]
+            events += [self._event("response.output_text.done", item_id=item["id"], output_index=i, content_index=0,
+                                   text=text, logprobs=[]),
+                       self._event("response.content_part.done", item_id=item["id"], output_index=i,
+                                   content_index=0, part=part)]
+        elif item["type"] == "custom_tool_call":
+            item["input"] = custom_input("".join(self._text))
+            events += [self._event("response.custom_tool_call_input.delta", item_id=item["id"], output_index=i,
+                                   delta=item["input"]),
+                       self._event("response.custom_tool_call_input.done", item_id=item["id"], output_index=i,
+                                   input=item["input"])]
+        else:
+            events.append(self._event("response.function_call_arguments.done", item_id=item["id"], output_index=i,
+                                      name=item["name"], arguments=item["arguments"]))
+        if item["type"] != "custom_tool_call":  # OpenAI's custom tool call has no status
+            item["status"] = "completed"
+        self._text = []
+        return events + [self._event("response.output_item.done", output_index=i, item=item)]
+
+    def _begin(self, item: dict[str, Any]) -> list[dict[str, Any]]:
+        events = self._close()
+        self.output.append(item)
+        self._open = item
+        added = json.loads(json.dumps(item))
+        events.append(self._event("response.output_item.added", output_index=self._index(), item=added))
+        if item["type"] == "message":
+            events.append(self._event("response.content_part.added", item_id=item["id"], output_index=self._index(),
+                                      content_index=0, part={"type": "output_text", "text": "", "annotations": [],
+                                                             "logprobs": []}))
+        elif item["type"] == "reasoning" and self.parsed.summary is not None:
+            events.append(self._event("response.reasoning_summary_part.added", item_id=item["id"],
+                                      output_index=self._index(), summary_index=0,
+                                      part={"type": "summary_text", "text": ""}))
+        return events
+
+    def feed(self, item: Piece | Call | CallArgs) -> list[dict[str, Any]]:
+        if isinstance(item, Piece):
+            kind = "reasoning" if item.kind == "thinking" else "message"
+            events = []
+            if self._open is None or self._open["type"] != kind:
+                new = ({"type": "reasoning", "id": new_id("rs"), "summary": [], "content": [], "status": "in_progress"}
+                       if kind == "reasoning" else
+                       {"type": "message", "id": new_id("msg"), "status": "in_progress", "role": "assistant",
+                        "content": []})
+                events = self._begin(new)
+            self._text.append(item.text)
+            assert self._open is not None
+            if kind == "reasoning":
+                events.append(self._event("response.reasoning_text.delta", item_id=self._open["id"],
+                                          output_index=self._index(), content_index=0, delta=item.text))
+                if self.parsed.summary is not None:
+                    events.append(self._event("response.reasoning_summary_text.delta", item_id=self._open["id"],
+                                              output_index=self._index(), summary_index=0, delta=item.text))
+            else:
+                events.append(self._event("response.output_text.delta", item_id=self._open["id"],
+                                          output_index=self._index(), content_index=0, delta=item.text, logprobs=[]))
+            return events
+        if isinstance(item, Call):
+            origin = self.parsed.origins.get(item.name, ToolOrigin(item.name))
+            call: dict[str, Any]
+            if origin.custom:  # its input is told whole at its end: the model writes it as a JSON string
+                call = {"type": "custom_tool_call", "id": new_id("ctc"), "call_id": item.id, "name": origin.name,
+                        "input": ""}
+            else:
+                call = {"type": "function_call", "id": new_id("fc"), "call_id": item.id, "name": origin.name,
+                        "arguments": "", "status": "in_progress"}
+            if origin.namespace is not None:
+                call["namespace"] = origin.namespace
+            self._calls[item.index] = call
+            return self._begin(call)
+        call = self._calls[item.index]
+        if call["type"] == "custom_tool_call":
+            self._text.append(item.text)
+            return []
+        call["arguments"] += item.text
+        return [self._event("response.function_call_arguments.delta", item_id=call["id"],
+                            output_index=self.output.index(call), delta=item.text)]
+
+    def finish(self, finish: Finish) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The closing events and the whole response."""
+        events = self._close()
+        status = "incomplete" if finish.reason == "length" else "completed"
+        body = self.response(status, finish)
+        events.append(self._event(f"response.{status}", response=body))
+        return events, body
+
+    def fail(self, err: ApiError) -> list[dict[str, Any]]:
+        """An answer that broke mid-way: OpenAI's error event (this gateway's own code), then the
+        failed response, whose error code is one of OpenAI's few."""
+        failed = self.response("failed")
+        code = "rate_limit_exceeded" if err.status == 429 else "invalid_prompt" if err.status < 500 else "server_error"
+        failed["error"] = {"code": code, "message": err.message}
+        return [self._event("error", code=err.code, message=err.message, param=err.param),
+                self._event("response.failed", response=failed)]
+
+    def messages(self) -> list[dict[str, Any]]:
+        """The output as history messages, for a later request's ``previous_response_id``."""
+        out: list[dict[str, Any]] = []
+        thinking = None
+        for item in self.output:
+            if item["type"] == "reasoning":
+                thinking = "".join(c["text"] for c in item["content"])
+                continue
+            if item["type"] == "message":
+                msg: dict[str, Any] = {"role": "assistant", "content": item["content"][0]["text"]}
+            else:
+                if item["type"] == "custom_tool_call":
+                    args: Any = {CUSTOM_INPUT: item["input"]}
+                else:
+                    try:
+                        args = json.loads(item["arguments"] or "{}")
+                    except ValueError:  # a streamed call that broke: its history is kept as an empty call
+                        args = {}
+                call = {"id": item["call_id"], "type": "function",
+                        "function": {"name": flat_name(item.get("namespace"), item["name"]), "arguments": args}}
+                if out and out[-1]["role"] == "assistant":
+                    out[-1].setdefault("tool_calls", []).append(call)
+                    continue
+                msg = {"role": "assistant", "content": "", "tool_calls": [call]}
+            if thinking is not None:
+                msg["reasoning_content"] = msg["thinking"] = thinking
+                thinking = None
+            out.append(msg)
+        return out
