@@ -164,7 +164,7 @@ def _human(n: int) -> str:
 def cmd_models(args: argparse.Namespace) -> int:
     from .serving.registry import Registry
     from .text.chat_template import CHATML
-    from .wire.answer import tool_format
+    from .text.formats import tool_format
 
     config = _load(args, check_files=False)
     if config is None:

@@ -151,6 +151,21 @@ def test_architecture_md_and_the_docstrings_name_only_paths_that_exist():
     assert stale == {}
 
 
+MAX_MODULE_LINES, MAX_CLASS_LINES = 500, 250  # past these a module or a class holds more than one job
+
+
+def test_no_module_or_class_outgrows_one_job():
+    big = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text()
+        if (n := len(text.splitlines())) > MAX_MODULE_LINES:
+            big.append(f"{path.relative_to(PACKAGE)}: {n} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and (n := node.end_lineno - node.lineno + 1) > MAX_CLASS_LINES:
+                big.append(f"{path.relative_to(PACKAGE)}: class {node.name}: {n} lines")
+    assert not big, big
+
+
 def test_the_http_process_does_not_load_llama_cpp():
     """llama.cpp lives in the workers: the gateway process parses every request, structured
     output included, without loading it."""

@@ -122,7 +122,7 @@ async def count_tokens(request: web.Request) -> web.Response:
     parsed, headers = await _parse(request, counting=True)
     async with request.app[REGISTRY].lease(parsed.model) as (spec, backend):
         observation(request).model = spec.name
-        answer.prepare(parsed.request, spec.name, spec.reasoning, spec.tool_format, backend.info)
+        answer.prepare(parsed.request, spec.name, backend.info)
         try:
             reply = await backend.tokenize(parsed.request.to_dict())
         except ApiError as err:

@@ -20,6 +20,7 @@ from ..base.errors import ApiError
 from ..models.config import ModelSpec
 from ..server.events import observation
 from ..server.sse import EventStream, LineStream
+from ..text.formats import reasoning_format, tool_format
 from ..wire import answer, ollama
 from . import pipeline
 from .appkeys import CONFIG, REGISTRY
@@ -191,9 +192,9 @@ async def show(request: web.Request) -> web.Response:
         model = registry.supervisor(spec)
         known = model.backend.info if model.backend is not None and model.backend.alive else {}
         known = {"chat_template": template, "special_tokens": [], **known}
-        if answer.tool_format(spec.tool_format, known) not in (None, "plain"):
+        if tool_format(spec.tool_format, known) not in (None, "plain"):
             capabilities.append("tools")
-        if answer.reasoning_format(spec.reasoning, known) not in (None, "think_leading"):
+        if reasoning_format(spec.reasoning, known) not in (None, "think_leading"):
             capabilities.append("thinking")
         # its vocabulary's FIM tokens: what the loaded model reported, else what its header names
         fills = bool(known.get("fim", info.fim if info is not None else False))

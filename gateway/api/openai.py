@@ -251,7 +251,7 @@ async def apply_template(request: web.Request) -> web.Response:
     parsed = oai.parse_chat(await read_json_object(request))
     apply_limits(request, parsed)
     async with request.app[REGISTRY].lease(parsed.model, embeddings=None) as (spec, backend):
-        answer.prepare(parsed.request, spec.name, spec.reasoning, spec.tool_format, backend.info)
+        answer.prepare(parsed.request, spec.name, backend.info)
         reply = await backend.apply_template(parsed.request.to_dict())
     return web.json_response({"prompt": reply.text})
 

@@ -1,8 +1,8 @@
 """The path of a generating request, whatever its wire shape (ARCHITECTURE.md, "A request's
 path", from step 3's limits to step 6), written once: the server's limits, the lease, the
-model's defaults, each request prepared by the model's formats (``answer.prepare``) and
-reasoning budget, the generation, its first event (``answer.start``) and its pieces
-(``answer.pieces``).
+model's defaults, each request prepared by the model's formats (settled at its load, read by
+``answer.prepare``) and reasoning budget, the generation, its first event (``answer.start``)
+and its pieces (``answer.pieces``).
 
 Whole and streamed answers take the same path up to the pieces: ``collect`` folds them into a
 whole answer, ``stream`` writes them as they come and is the one place where a stream ends,
@@ -77,8 +77,8 @@ async def lease(request: web.Request, parsed: Parsed, *, thinking: bool = True, 
     streamed request's client how a load goes where its wire gives the ``failure`` to tell in
     that stream (``load_progress``; without one, the client waits in silence); ``on_lease``, a
     wire's own note on the model; a suffix (fill in the middle) refused on a model that cannot
-    fill; the model's defaults; each request's formats (``answer.prepare``: thinking split out
-    by the model's ``reasoning`` setting where ``thinking``, else not) and reasoning budget."""
+    fill; the model's defaults; each request's formats (``answer.prepare``, by those the model's
+    load settled: thinking split out where ``thinking``, else not) and reasoning budget."""
     apply_limits(request, parsed)
     progress = load_progress(request, parsed.stream, failure) if failure is not None else None
     async with request.app[REGISTRY].lease(parsed.model, on_progress=progress) as (spec, backend):
@@ -89,7 +89,7 @@ async def lease(request: web.Request, parsed: Parsed, *, thinking: bool = True, 
             fim.require_fim(backend.info, spec.name, parsed.request.suffix_param)
         apply_defaults(parsed, spec.defaults)
         for req in parsed.requests:
-            answer.prepare(req, spec.name, spec.reasoning if thinking else None, spec.tool_format, backend.info)
+            answer.prepare(req, spec.name, backend.info, thinking=thinking)
             apply_effort(req, parsed.reasoning_effort, spec.reasoning_budgets, req.reasoning)
         yield spec, backend
 

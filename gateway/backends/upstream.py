@@ -40,6 +40,7 @@ from ..engine import ipc
 from ..engine.client import Events, RequestFailed
 from ..engine.ipc import CHAT, COMPLETIONS, EMBEDDINGS, Event, GenerationRequest
 from ..models.config import ModelSpec, Upstream
+from ..text.formats import NATIVE  # this backend's tool_calls info: calls arrive parsed (CallDelta)
 from . import upstream_wire as wire
 from .untrusted import shown
 from .upstream_health import UpstreamHealth
@@ -47,7 +48,6 @@ from .upstream_health import UpstreamHealth
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-NATIVE = "native"  # a backend's tool_calls info: calls arrive parsed (CallDelta), not as text
 RETRYABLE = ("upstream_unavailable", "worker_crashed", "model_unavailable")  # a replica may answer instead
 FAILING_STATUS = (502, 503, 504)  # an upstream answering these is failing, not refusing
 

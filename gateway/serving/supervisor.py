@@ -2,7 +2,8 @@
 
 A supervisor leases its model's backend to requests, starts the backend when the first
 request needs it (one start however many requests wait: single flight), backs off after a
-failed start (``Timing.backoff``: the first wait, doubling up to the cap), unloads the model
+failed start (``Timing.backoff``: the first wait, doubling up to the cap), settles how a
+loaded backend's answers are read (its ``Formats``, kept in its info), unloads the model
 when it has been idle for ``keep_alive``, and unloads it once idle after a reload replaced it
 (retiring). Its state moves only as ``lifecycle.py`` draws it, and only in ``move``.
 
@@ -26,6 +27,7 @@ from ..base.errors import ApiError
 from ..models import lifecycle, placement
 from ..models.config import ModelSpec
 from ..models.lifecycle import ModelState
+from ..text.formats import FORMATS, Formats
 
 log = logging.getLogger(__name__)
 
@@ -210,6 +212,9 @@ class ModelSupervisor:
             raise
         finally:
             self.load = None
+        # how its answers are read follows from its settings and what it reported, which hold
+        # while it stays loaded: settled once here, kept with it (``text/formats.py``)
+        backend.info[FORMATS] = Formats.settle(self.spec.reasoning, self.spec.tool_format, backend.info)
         self.move(READY)
         self.backend, self.error, self.failures = backend, None, 0
         self.host.load_finished(self, time.monotonic() - began)

@@ -1,5 +1,10 @@
 """One answer, whatever the wire shape: the worker's events turned into thinking and content
-pieces and a finish. Streamed and whole answers both consume this, so they cannot drift."""
+pieces, calls and a finish. Streamed and whole answers both consume this, so they cannot drift.
+
+The items are the tool-call parsers' own (``text/toolformats/items.py``), passed on as they
+are: ``Piece``, ``Call`` (the parsers' ``CallStart``) and ``CallArgs``; a parser's ``CallEnd``
+is only counted. How an answer is read (``prepare``) was settled once, at the model's load
+(``text/formats.py``)."""
 
 from __future__ import annotations
 
@@ -9,39 +14,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..backends.local import GenerationEvents
-from ..backends.upstream import NATIVE
 from ..base.errors import ApiError, from_event
 from ..engine import ipc
 from ..server.events import Observation
-from ..text import toolformats
-from ..text.reasoning import THINKING, detect
-from ..text.toolformats import AnswerParser
+from ..text.formats import FORMATS, NATIVE, Formats
+from ..text.reasoning import THINKING
+from ..text.toolformats import AnswerParser, CallArgs, CallEnd, CallStart, Piece
+from ..text.toolformats import Item as Parsed
 
-
-@dataclass
-class Piece:
-    kind: str  # "thinking" | "content"
-    text: str
-    logprobs: list[dict[str, Any]] | None = None  # the tokens this piece completes, when asked for
-
-
-@dataclass
-class Call:
-    """A tool call opens: its id and tool are known; its arguments follow as ``CallArgs``."""
-
-    index: int  # 0, 1, ... within the answer
-    id: str  # call_...
-    name: str
-
-
-@dataclass
-class CallArgs:
-    """A piece of a call's arguments, JSON text; a call's pieces together are one JSON object."""
-
-    index: int
-    text: str
-
-
+Call = CallStart  # a tool call opens: its id and tool are known; its arguments follow as ``CallArgs``
 Item = Piece | Call | CallArgs  # what an answer yields before its Finish
 
 
@@ -60,39 +41,15 @@ def api_error(event: ipc.Error) -> ApiError:
     return from_event(event)
 
 
-def reasoning_format(configured: str, info: dict[str, Any]) -> str | None:
-    """The marker format to split by: the model's ``reasoning`` setting, or for ``auto`` what its
-    chat template and vocabulary show."""
-    if configured == "none":
-        return None
-    if configured != "auto":
-        return configured
-    # no marker shown: an answer may still open with <think> written as text (some fine-tunes)
-    return detect(info.get("chat_template"), info.get("special_tokens", [])) or "think_leading"
-
-
-def tool_format(configured: str, info: dict[str, Any]) -> str | None:
-    """The syntax the model writes calls in: the model's ``tool_format`` setting, or for ``auto``
-    what its chat template and vocabulary show, ``plain`` (the tools described in a system
-    message) for a template with no tool support; None for ``none`` (tools refused)."""
-    if info.get("tool_calls") == NATIVE:  # the backend's server reads calls itself (an upstream)
-        return NATIVE
-    if configured == "none":
-        return None
-    if configured != "auto":
-        return configured
-    return toolformats.detect(info.get("chat_template"), info.get("special_tokens", [])) or "plain"
-
-
-def prepare(req: ipc.GenerationRequest, model: str, reasoning: str | None, tools: str,
-            info: dict[str, Any]) -> None:
-    """Settle, once the model is known, how its answer is read: its thinking format (``reasoning``:
-    the model's setting; None: thinking is not split out) and, when the request has tools, their
-    call format (``tools``: the model's ``tool_format``). Raises 400 ``tools_unsupported`` for
-    tools on a model set to ``tool_format: none``."""
-    req.reasoning = reasoning_format(reasoning, info) if reasoning else None
+def prepare(req: ipc.GenerationRequest, model: str, info: dict[str, Any], *, thinking: bool = True) -> None:
+    """Settle how ``req``'s answer is read, by the formats its model's load settled (``info``:
+    what its backend reported, ``Formats`` included): its thinking format (``thinking`` False:
+    thinking is not split out) and, when the request has tools, their call format. Raises 400
+    ``tools_unsupported`` for tools on a model set to ``tool_format: none``."""
+    formats: Formats = info[FORMATS]
+    req.reasoning = formats.reasoning if thinking else None
     if req.tools:
-        req.tool_format = tool_format(tools, info)
+        req.tool_format = formats.tools
         if req.tool_format is None:
             raise ApiError(f"model {model!r} does not take tools (its tool_format is none)", status=400,
                            param="tools", code="tools_unsupported")
@@ -123,9 +80,25 @@ async def pieces(gen: GenerationEvents, parser: AnswerParser,
     upstream's) pass through; a whole answer holds such calls until their arguments parse."""
     seen = reasoning = 0
     probs: list[dict[str, Any]] = []
-    calls = 0
-    for_items = _Items()
+    calls = whole = 0  # calls opened; the parser's calls that ended whole (a CallEnd without error)
     native = _NativeCalls(hold=not parser.stream)
+
+    def given(items: list[Parsed]) -> list[Item]:
+        """The parser's items as the answer gives them: each piece carries the log-probabilities
+        held till now; a ``CallEnd`` is only counted."""
+        nonlocal probs, calls, whole
+        out: list[Item] = []
+        for item in items:
+            if isinstance(item, CallEnd):
+                whole += item.error is None
+                continue
+            if isinstance(item, Piece):
+                item.logprobs, probs = probs or None, []
+            elif isinstance(item, Call):
+                calls += 1
+            out.append(item)
+        return out
+
     async for event in gen:
         if isinstance(event, ipc.Error):
             raise api_error(event)
@@ -137,13 +110,9 @@ async def pieces(gen: GenerationEvents, parser: AnswerParser,
             if event.logprobs:
                 probs += event.logprobs
             items = parser.feed(event.text)
-            if parser.thinking or any(isinstance(i, tuple) and i[0] == THINKING for i in items):
+            if parser.thinking or any(isinstance(i, Piece) and i.kind == THINKING for i in items):
                 reasoning += n
-            for item in for_items(items):
-                if isinstance(item, Piece):
-                    item.logprobs, probs = probs or None, []
-                elif isinstance(item, Call):
-                    calls += 1
+            for item in given(items):
                 yield item
         elif isinstance(event, ipc.Thinking):
             reasoning += n
@@ -152,17 +121,11 @@ async def pieces(gen: GenerationEvents, parser: AnswerParser,
             for item in native.feed(event):
                 yield item
         elif isinstance(event, ipc.Done):
-            for item in for_items(parser.flush()):
-                if isinstance(item, Piece):
-                    item.logprobs, probs = probs or None, []
-                elif isinstance(item, Call):
-                    calls += 1
-                yield item
-            for item in native.flush():
+            for item in given(parser.flush()) + native.flush():
                 yield item
             calls += native.calls
             reason = event.finish_reason
-            completed = for_items.completed + native.calls
+            completed = whole + native.calls
             if calls and reason == "stop" and completed:
                 reason = "tool_calls"
             finish = Finish(reason, event.stop, event.prompt_tokens, event.completion_tokens,
@@ -215,25 +178,4 @@ class _NativeCalls:
                 continue
             out += [Call(self.calls, call_id, name), CallArgs(self.calls, json.dumps(whole, ensure_ascii=False))]
             self.calls += 1
-        return out
-
-
-class _Items:
-    """The parser's items as the answer's: text segments as pieces, calls as ``Call`` and
-    ``CallArgs``; counts the calls that ended whole."""
-
-    def __init__(self) -> None:
-        self.completed = 0
-
-    def __call__(self, items: list[toolformats.Item]) -> list[Item]:
-        out: list[Item] = []
-        for item in items:
-            if isinstance(item, tuple):
-                out.append(Piece(item[0], item[1]))
-            elif isinstance(item, toolformats.CallStart):
-                out.append(Call(item.index, item.id, item.name))
-            elif isinstance(item, toolformats.CallArgs):
-                out.append(CallArgs(item.index, item.text))
-            elif item.error is None:
-                self.completed += 1
         return out

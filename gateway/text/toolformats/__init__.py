@@ -8,8 +8,9 @@ syntax asked for). Each says what detects it, its markers, its parser, its call 
 text; ``engine/toolgrammar.py`` adds llama.cpp's argument rules) and its history shape
 (``engine/toolhistory.py``), as ``interface.Format`` lists; ``TABLE`` below holds them, in the
 order detection tries them. Adding a format is adding its module and its line there.
-Shared: ``machine`` (the items, the call being read, the driving loop), ``jsoncall`` and
-``xmlcall`` (call bodies several formats write), ``scan`` (pure scanning), ``gbnf``.
+Shared: ``items`` (what an answer is read into, up to the wires), ``machine`` (the call being
+read, the driving loop), ``jsoncall`` and ``xmlcall`` (call bodies several formats write),
+``scan`` (pure scanning), ``gbnf``.
 
 ``detect(chat_template, special_tokens)`` returns a format's name, or None when the template
 shows no tool support at all. ``describes_tools(chat_template)`` says whether the template
@@ -19,8 +20,8 @@ adds ``plain_system_prompt(tools, fmt)`` for them.
 ``ToolCallParser(fmt, tools, stream=True)``: ``feed(text)`` takes the answer's content in any
 cuts (a marker may arrive one character at a time, a call be cut anywhere; a marker written as
 one control token or as several ordinary ones is the same text) and returns items; ``flush()``
-ends the answer and returns the rest. Items, in order:
-- ``("content", text)``: free text. Markers never reach it; a partial marker is held back until
+ends the answer and returns the rest. Items (``items``), in order:
+- ``Piece("content", text)``: free text. Markers never reach it; a partial marker is held back until
   it is known and released as text if it turns out not to be one. Text before, between and
   after calls is content; whitespace that only separates a call from the text around it is
   dropped (before the call's opening marker and after its end).
@@ -48,7 +49,7 @@ answer ended): gpt-oss's ``<|call|>`` and Llama's ``<|eom_id|>`` are end-of-gene
 the worker does not render, and models drop closers at the end.
 
 ``AnswerParser(tool_format, tools, reasoning=..., prompt_tail=..., stream=...)`` is what a
-caller uses: the raw answer in, ``("thinking", text)`` / ``("content", text)`` / call items out,
+caller uses: the raw answer in, ``Piece("thinking", text)`` / ``Piece("content", text)`` / call items out,
 for every pair of formats (for harmony the tool parser owns the splitting; otherwise thinking is
 split first and only content reaches the tool parser).
 """
@@ -63,10 +64,10 @@ from typing import Any
 from ..reasoning import CONTENT, THINKING, ReasoningSplitter
 from . import deepseek, harmony, hermes, llama3, mistral, plain, qwen3_coder
 from .interface import Format
-from .machine import CallArgs, CallEnd, CallStart, Item
+from .items import CallArgs, CallEnd, CallStart, Item, Piece
 
 __all__ = ["FORMATS", "MARKER_TOKENS", "TABLE", "AnswerParser", "CallArgs", "CallEnd", "CallStart", "Item",
-           "ToolCallParser", "describes_tools", "detect", "plain_system_prompt"]
+           "Piece", "ToolCallParser", "describes_tools", "detect", "plain_system_prompt"]
 
 # In the order detection tries them: the first whose template check passes wins, then the
 # first whose token the vocabulary has; plain is the fallback.
@@ -184,13 +185,13 @@ class AnswerParser:
     def _route(self, segments: list[tuple[str, str]], out: list[Item]) -> None:
         for kind, text in segments:
             if kind == THINKING or self.tools is None:
-                out.append((kind, text))
+                out.append(Piece(kind, text))
             else:
                 out += self.tools.feed(text)
 
     def feed(self, text: str) -> list[Item]:
         if self.splitter is None:
-            return self.tools.feed(text) if self.tools is not None else [(CONTENT, text)] if text else []
+            return self.tools.feed(text) if self.tools is not None else [Piece(CONTENT, text)] if text else []
         out: list[Item] = []
         self._route(self.splitter.feed(text), out)
         return out

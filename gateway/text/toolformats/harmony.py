@@ -7,7 +7,7 @@ to ``reasoning.ReasoningSplitter``: with ``calls=True`` it yields ``("recipient"
 such a message's body begins and ``("call", text)`` for the body; the body ends at the next
 segment of another kind, or at the end. This parser runs that splitter itself on the raw
 answer (pass the prompt's tail, ``<|start|>assistant``, as ``prompt_tail``): analysis messages
-come out as ``("thinking", text)`` items, final and preamble messages as content, and a failed
+come out as ``Piece("thinking", text)``, final and preamble messages as content, and a failed
 call's body (the header is gone) as content. A call ends with its JSON object; anything after
 it in the same message is dropped."""
 
@@ -19,8 +19,9 @@ from typing import Any
 from ..reasoning import CALL, RECIPIENT, ReasoningSplitter
 from .gbnf import Grammar, Rules, lit, until
 from .interface import history_as_is
+from .items import Item, Piece
 from .jsoncall import JsonCalls
-from .machine import Call, Item, Text
+from .machine import Call, Text
 
 MARKERS = ("<|constrain|>", "<|call|>")
 TOKEN = "<|channel|>"
@@ -89,4 +90,4 @@ class Parser(JsonCalls):
             self._args_only((), after=Text.TEXT)
             return
         self._flush_raw()
-        self._emit((kind, text))
+        self._emit(Piece(kind, text))

@@ -1,5 +1,5 @@
-"""What every format's parser is built on: the items it yields, the call being read, and
-``Machine``, which holds the text not yet consumed, the output and the calls' lifecycle, and
+"""What every format's parser is built on: the call being read, and ``Machine``, which holds
+the text not yet consumed, the output (``items``' vocabulary) and the calls' lifecycle, and
 runs the format's states over the text. A format's parser subclasses it (usually through the
 shared readers in ``jsoncall`` and ``xmlcall``) and adds its own states: an ``Enum`` whose
 values name the methods that read in that state. ``_go`` is the one place the state changes.
@@ -15,34 +15,12 @@ from __future__ import annotations
 import secrets
 import string
 from collections.abc import Sequence
-from dataclasses import dataclass
 from enum import Enum
 from typing import Any, ClassVar
 
 from ..reasoning import CONTENT
+from .items import CallArgs, CallEnd, CallStart, Item, Piece
 from .scan import WS, JsonScan, is_object, tool_params, until
-
-
-@dataclass(frozen=True)
-class CallStart:
-    index: int
-    id: str
-    name: str
-
-
-@dataclass(frozen=True)
-class CallArgs:
-    index: int
-    text: str
-
-
-@dataclass(frozen=True)
-class CallEnd:
-    index: int
-    error: str | None = None  # set only for a streamed call whose arguments turned out broken
-
-
-Item = tuple[str, str] | CallStart | CallArgs | CallEnd
 
 _ALNUM = string.ascii_letters + string.digits
 
@@ -119,7 +97,7 @@ class Machine:
         self._end_input()
         self._flush_raw()
         if self._ws and not self._drop_ws:
-            self._emit((CONTENT, self._ws))
+            self._emit(Piece(CONTENT, self._ws))
         self._ws = ""
         return self._take_out()
 
@@ -130,14 +108,15 @@ class Machine:
         return out
 
     def _emit(self, item: Item) -> None:
-        if isinstance(item, tuple) and self._out and isinstance(self._out[-1], tuple) and self._out[-1][0] == item[0]:
-            self._out[-1] = (item[0], self._out[-1][1] + item[1])
+        last = self._out[-1] if self._out else None
+        if isinstance(item, Piece) and isinstance(last, Piece) and last.kind == item.kind:
+            self._out[-1] = Piece(item.kind, last.text + item.text)
         else:
             self._out.append(item)
 
     def _flush_raw(self) -> None:
         if self._raw:
-            self._emit((CONTENT, self._ws + self._raw))
+            self._emit(Piece(CONTENT, self._ws + self._raw))
             self._raw = self._ws = ""
             self._drop_ws = False
 
@@ -154,7 +133,7 @@ class Machine:
         body = text.rstrip()
         self._ws = text[len(body):]
         if body:
-            self._emit((CONTENT, body))
+            self._emit(Piece(CONTENT, body))
 
     # --- calls -----------------------------------------------------------------------------
 
