@@ -1,1 +1,1 @@
-"""backends."""
+"""What serves a model: a local llama.cpp worker, another machine's server, or a set of replicas."""

@@ -1,1 +1,1 @@
-"""hardware."""
+"""The machine: its GPUs (through the worker's probe) and its memory."""
