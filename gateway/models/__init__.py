@@ -1,1 +1,2 @@
-"""What a model is: models.yaml, names to specs, the GGUF header, memory estimates, the lifecycle and placement policies."""
+"""What a model is: models.yaml, names to specs, the GGUF header, memory estimates, the
+lifecycle and placement policies."""
