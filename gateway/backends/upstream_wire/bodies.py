@@ -76,11 +76,7 @@ def request_body(req: GenerationRequest, model: str) -> tuple[str, dict[str, Any
             body["suffix"] = req.suffix
     if req.max_tokens is not None:
         body["max_tokens"] = req.max_tokens
-    for name in req.given:
-        if name in SAMPLING_FIELDS:
-            body[name] = getattr(req, name)
-    if req.stop:
-        body["stop"] = req.stop
+    add_sampling(body, req)
     if req.grammar is not None:
         body["grammar"] = req.grammar
     if req.response_format == "json_object":
@@ -99,3 +95,12 @@ def _fim_fallback(req: GenerationRequest) -> None:
             raise ApiError(f"`{param}` cannot reach this model: its upstream server has no /infill, and its "
                            "/completions takes a prompt and a suffix only; leave it out", status=501,
                            param=param, code="fim_not_supported")
+
+
+def add_sampling(body: dict[str, Any], req: GenerationRequest) -> None:
+    """The sampling fields the caller gave, and the stops, into an upstream's request body."""
+    for name in req.given:
+        if name in SAMPLING_FIELDS:
+            body[name] = getattr(req, name)
+    if req.stop:
+        body["stop"] = req.stop

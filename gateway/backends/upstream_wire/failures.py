@@ -86,3 +86,12 @@ def retry_after(value: str | None) -> float | None:
     if not (value.isascii() and value.isdigit()):
         return None
     return MAX_RETRY_AFTER if len(value) > 6 else min(float(value), MAX_RETRY_AFTER)
+
+
+def check_chunk(chunk: Any) -> None:
+    """A streamed event must be a JSON object, and one that carries ``error`` ends the stream
+    with it (an in-band error)."""
+    if not isinstance(chunk, dict):
+        raise MalformedStream("an event that is not a JSON object")
+    if "error" in chunk:
+        raise in_band_error(chunk["error"])

@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from ...engine.ipc import Done, Event, GenerationRequest, Text
-from .bodies import SAMPLING_FIELDS
-from .failures import MalformedStream, count_of, in_band_error, json_of
+from .bodies import add_sampling
+from .failures import MalformedStream, check_chunk, count_of, json_of
 from .stream import Bounds
 
 FIM_FALLBACK = (404, 405)
@@ -42,11 +42,7 @@ def infill_body(req: GenerationRequest, model: str) -> dict[str, Any]:
         body["prompt"] = req.infill_prompt
     if req.max_tokens is not None:
         body["n_predict"] = req.max_tokens
-    for name in req.given:
-        if name in SAMPLING_FIELDS:
-            body[name] = getattr(req, name)
-    if req.stop:
-        body["stop"] = req.stop
+    add_sampling(body, req)
     if req.ignore_eos:
         body["ignore_eos"] = True
     return body
@@ -83,10 +79,7 @@ class InfillReader:
     def take(self, chunk: Any, size: int) -> list[Event]:
         if self.done:
             return []
-        if not isinstance(chunk, dict):
-            raise MalformedStream("an event that is not a JSON object")
-        if "error" in chunk:
-            raise in_band_error(chunk["error"])
+        check_chunk(chunk)
         content = chunk.get("content")
         if content is not None and not isinstance(content, str):
             raise MalformedStream("`content` that is not a string")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...engine.ipc import CallDelta, Done, Event, GenerationRequest, Text, Thinking
-from .failures import MalformedStream, count_of, in_band_error, json_of
+from .failures import MalformedStream, check_chunk, count_of, json_of
 
 MAX_EVENT_BYTES = 8 * 2**20  # one server-sent event, or a whole answer where a stream was asked for
 # A stream is read at most this much at a time: the events of one read are handed out without
@@ -163,10 +163,7 @@ class ChunkReader:
         """One chunk, parsed (``size``: its JSON's bytes)."""
         if self.done:
             return []
-        if not isinstance(chunk, dict):
-            raise MalformedStream("an event that is not a JSON object")
-        if "error" in chunk:
-            raise in_band_error(chunk["error"])
+        check_chunk(chunk)
         self._usage(chunk.get("usage"))
         choices = chunk.get("choices", [])
         if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
