@@ -112,7 +112,7 @@ def test_adaptive_thinking_takes_its_effort_budget(client):
     low = client.messages.create(model="think", max_tokens=100, messages=ASK, thinking={"type": "adaptive"},
                                  extra_body={"output_config": {"effort": "low"}})
     blocks = {b.type: b for b in low.content}
-    assert blocks["thinking"].thinking == "one two" and blocks["text"].text == "Done."
+    assert blocks["thinking"].thinking == "one two three" and blocks["text"].text == "Done."  # low: 3 tokens
     top = client.messages.create(model="think", max_tokens=100, messages=ASK, thinking={"type": "adaptive"},
                                  extra_body={"output_config": {"effort": "max"}})
     assert {b.type: b for b in top.content}["thinking"].thinking == "one two three four five six"
