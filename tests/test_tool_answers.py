@@ -79,6 +79,21 @@ def deepseek(sp: bool) -> list[tm.Step]:  # V3.1
             *m("<｜tool▁sep｜>", sp), *ARGS, *m("<｜tool▁call▁end｜>", sp), *m("<｜tool▁calls▁end｜>", sp)]
 
 
+def lfm2(sp: bool) -> list[tm.Step]:  # Python-style calls in a list
+    return [*m("<|tool_call_start|>", sp), "[get_weather(", "city=", '"Paris"', ")]", *m("<|tool_call_end|>", sp)]
+
+
+def gemma4(sp: bool) -> list[tm.Step]:  # strings between <|"|> (the second one ordinary text: a control token appears once)
+    return [*m("<|tool_call>", sp), "call:get_weather", "{", "city:", *m('<|"|>', sp), "Paris", '<|"|>', "}",
+            *m("<tool_call|>", sp)]
+
+
+def kimi(sp: bool) -> list[tm.Step]:  # Kimi K2: the call's id names the tool
+    return [*m("<|tool_calls_section_begin|>", sp), *m("<|tool_call_begin|>", sp), "functions.get_weather:0",
+            *m("<|tool_call_argument_begin|>", sp), *ARGS, *m("<|tool_call_end|>", sp),
+            *m("<|tool_calls_section_end|>", sp)]
+
+
 def plain(sp: bool) -> list[tm.Step]:  # Gemma 2 has no tool syntax: the gateway asks for hermes' in a system message
     return ["<tool", "_call>", "\n", *JSON_CALL, "\n", "</tool", "_call>"]
 
@@ -93,6 +108,9 @@ FAMILIES = {
     "mistral_array": ("mistralai-Mistral-Nemo-Instruct-2407", "]", mistral_array, None),
     "harmony": ("openai-gpt-oss-120b", "t", harmony, None),
     "deepseek": ("deepseek-ai-DeepSeek-V3.1", ">", deepseek, None),
+    "lfm2": ("LFM2-8B-A1B", "\n", lfm2, None),
+    "gemma4": ("google-gemma-4-31B-it", ">", gemma4, None),
+    "kimi": ("Kimi-K2-Instruct", ">", kimi, None),
     "plain": ("google-gemma-2-2b-it", "\n", plain, None),
 }
 THINKING = {"harmony": "Need the weather.", "qwen3": "Paris weather needed."}

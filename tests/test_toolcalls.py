@@ -51,11 +51,24 @@ DETECTED = {
     "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": "deepseek",
     "deepseek-ai-DeepSeek-V3.1": "deepseek",
     "llama-cpp-deepseek-r1": "deepseek",
+    "LFM2-8B-A1B": "lfm2",
+    "LFM2.5-8B-A1B": "lfm2",
+    "LFM2.5-Instruct": "lfm2",
+    "google-gemma-4-31B-it": "gemma4",
+    "MiniMax-M2": "minimax",
+    "MiniMax-M3": "minimax_m3",
+    "moonshotai-Kimi-K2": "kimi",
+    "Kimi-K2-Instruct": "kimi",
+    "Kimi-K2-Thinking": "kimi",
+    "Kimi-K3": "kimi_k3",
     # tools in a syntax of their own: the gateway describes the tools itself
-    "GLM-4.6": "plain",
-    "deepseek-ai-DeepSeek-V3.2": "plain",
+    "GLM-4.6": "glm",
+    "GLM-4.7-Flash": "glm",
+    "deepseek-ai-DeepSeek-V3.2": "deepseek_dsml",
+    "deepseek-ai-DeepSeek-V4": "deepseek_dsml",
+    "CohereForAI-c4ai-command-r7b-12-2024-tool_use": "command_r",
+    "Cohere2MoE": "command_r",
     "meetkai-functionary-medium-v3.1": "plain",
-    "moonshotai-Kimi-K2": "plain",
     # no tools at all
     "google-gemma-2-2b-it": None,
     "microsoft-Phi-3.5-mini-instruct": None,
@@ -354,7 +367,8 @@ def test_broken_calls_are_never_broken_items(fmt, text, content, streamed, failu
 # --- generated answers ------------------------------------------------------------------------
 
 MARKERS = ["<tool_call>", "</tool_call>", "<function=", "</function>", "<parameter=", "</parameter>", "<|python_tag|>",
-           "<|eom_id|>", "<|eot_id|>", "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", DS_CALLS_BEGIN, DS_CALLS_END,
+           "<|eom_id|>", "<|eot_id|>", "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "<|tool_call_start|>",
+           "<|tool_call_end|>", "<|tool_call>", "<tool_call|>", '<|"|>', DS_CALLS_BEGIN, DS_CALLS_END,
            DS_CALL_BEGIN, DS_CALL_END, DS_SEP, "<｜tool▁calls｜>", "<|channel|>", "<|message|>", "<|start|>", "<|end|>",
            "<|call|>", "<|return|>", "<|constrain|>"]
 HARMONY_MARKERS = MARKERS[-7:]
@@ -373,6 +387,18 @@ json_args = st.dictionaries(st.sampled_from(["location", "q", "k", "é", "</tool
 typed_args = st.fixed_dictionaries({}, optional={
     "s": strings, "n": st.integers(-10**6, 10**6), "f": st.floats(allow_nan=False, allow_infinity=False),
     "b": st.booleans(), "o": st.dictionaries(strings, json_values, max_size=3), "a": st.lists(json_values, max_size=3)})
+
+
+def gemma(value):
+    """A value in Gemma 4's notation (keys bare where they can be)."""
+    if isinstance(value, str):
+        return f'<|"|>{value}<|"|>'
+    if isinstance(value, dict):
+        keys = [k if re.fullmatch(r"\w+", k) else f'<|"|>{k}<|"|>' for k in value]
+        return "{" + ",".join(f"{k}:{gemma(v)}" for k, v in zip(keys, value.values(), strict=True)) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(gemma(v) for v in value) + "]"
+    return json.dumps(value)
 
 
 def render(fmt, parts, draw):
@@ -418,6 +444,45 @@ def render(fmt, parts, draw):
             else:
                 out.append("".join(f"[TOOL_CALLS]{n}{draw(st.sampled_from(['', '[CALL_ID]abcdefghi']))}[ARGS]"
                                    f"{json.dumps(a)}" for _, n, a in group))
+        elif fmt == "gemma4":
+            out.append(f"<|tool_call>call:{part[1]}{gemma(part[2])}<tool_call|>")
+        elif fmt == "lfm2":
+            group = [part]
+            while i + 1 < len(parts) and parts[i + 1][0] == "call":
+                i += 1
+                group.append(parts[i])
+            calls = [n + "(" + ", ".join(f"{k}={json.dumps(v)}" for k, v in a.items()) + ")" for _, n, a in group]
+            out.append("<|tool_call_start|>[" + ", ".join(calls) + "]<|tool_call_end|>")
+        elif fmt == "glm":
+            args = "".join(f"<arg_key>{k}</arg_key><arg_value>{v if k == 's' else json.dumps(v)}</arg_value>"
+                           for k, v in part[2].items())
+            out.append(f"<tool_call>{part[1]}{args}</tool_call>")
+        elif fmt == "deepseek_dsml":
+            dsml = "｜DSML｜"
+            args = "".join(f'<{dsml}parameter name="{k}" string="{str(k == "s").lower()}">'
+                           f'{v if k == "s" else json.dumps(v)}</{dsml}parameter>\n' for k, v in part[2].items())
+            out.append(f'<{dsml}tool_calls>\n<{dsml}invoke name="{part[1]}">\n{args}</{dsml}invoke>\n</{dsml}tool_calls>')
+        elif fmt == "command_r":
+            group = [part]
+            while i + 1 < len(parts) and parts[i + 1][0] == "call":
+                i += 1
+                group.append(parts[i])
+            calls = [{"tool_call_id": str(k), "tool_name": n, "parameters": a} for k, (_, n, a) in enumerate(group)]
+            out.append("<|START_ACTION|>" + json.dumps(calls, ensure_ascii=False) + "<|END_ACTION|>")
+        elif fmt in ("minimax", "minimax_m3", "kimi_k3"):
+            group = [part]
+            while i + 1 < len(parts) and parts[i + 1][0] == "call":
+                i += 1
+                group.append(parts[i])
+            out.append(render_invokes(fmt, group))
+        elif fmt == "kimi":
+            group = [part]
+            while i + 1 < len(parts) and parts[i + 1][0] == "call":
+                i += 1
+                group.append(parts[i])
+            out.append("<|tool_calls_section_begin|>" + "".join(
+                f"<|tool_call_begin|>functions.{n}:{k}<|tool_call_argument_begin|>{json.dumps(a)}<|tool_call_end|>"
+                for k, (_, n, a) in enumerate(group)) + "<|tool_calls_section_end|>")
         elif fmt == "deepseek":
             group = [part]
             while i + 1 < len(parts) and parts[i + 1][0] == "call":
@@ -435,6 +500,25 @@ def render(fmt, parts, draw):
     return "".join(out)
 
 
+def render_invokes(fmt, group):
+    """Calls to ``typed`` as MiniMax M2, M3 or Kimi K3 write them (strings raw, other values JSON)."""
+    def value(k, v):
+        return v if k == "s" else json.dumps(v)
+    if fmt == "minimax":
+        calls = "".join(f'<invoke name="{n}">\n' + "".join(f'<parameter name="{k}">{value(k, v)}</parameter>\n'
+                                                            for k, v in a.items()) + "</invoke>\n" for _, n, a in group)
+        return f"<minimax:tool_call>\n{calls}</minimax:tool_call>"
+    if fmt == "minimax_m3":
+        ns = "]<]minimax[>["
+        calls = "".join(f'{ns}<invoke name="{n}">' + "".join(f"{ns}<{k}>{value(k, v)}{ns}</{k}>" for k, v in a.items())
+                        + f"{ns}</invoke>\n" for _, n, a in group)
+        return f"{ns}<tool_call>\n{calls}{ns}</tool_call>"
+    calls = "".join(f'<|open|>call tool="{n}" index="{j + 1}"<|sep|>' + "".join(
+        f'<|open|>argument key="{k}" type="x"<|sep|>{value(k, v)}<|close|>argument<|sep|>' for k, v in a.items())
+        + "<|close|>call<|sep|>" for j, (_, n, a) in enumerate(group))
+    return f"<|open|>tools<|sep|>{calls}<|close|>tools<|sep|>"
+
+
 @st.composite
 def answers(draw):
     fmt = draw(st.sampled_from(FORMATS))
@@ -445,10 +529,18 @@ def answers(draw):
             if fmt == "qwen3_coder":
                 parts.append(("call", "typed", draw(typed_args.filter(lambda a: not any(
                     m in json.dumps(a) or m in a.get("s", "") for m in XML_MARKERS)))))
+            elif fmt in ("minimax", "minimax_m3", "kimi_k3"):  # values typed by the schema, raw strings
+                args = draw(typed_args.filter(lambda a: "</parameter>" not in a.get("s", "")
+                                              and "</parameter>" not in json.dumps(a)))
+                parts.append(("call", "typed", {k: v for k, v in args.items() if fmt != "minimax_m3" or k in "snfb"}))
+            elif fmt in ("glm", "deepseek_dsml"):  # values typed by the schema, ended by their closer
+                parts.append(("call", "typed", draw(typed_args)))
             else:
                 args = draw(json_args)
                 if fmt == "harmony":
                     assume(not any(m in json.dumps(args) for m in HARMONY_MARKERS))
+                if fmt == "lfm2":  # keyword arguments: names
+                    assume(all(re.fullmatch(r"\w+", k) for k in args))
                 parts.append(("call", draw(st.sampled_from(["get_weather", "search", "noop"])), args))
         elif parts and parts[-1][0] == kind:
             continue

@@ -28,7 +28,25 @@ CALLS = {  # a call as each format writes it, and the same call with "days" not 
     "harmony": 'to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris", "days": 2}',
     "deepseek": '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris", "days": 2}'
                 '<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+    "minimax": '<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Paris</parameter>\n'
+               '<parameter name="days">2</parameter>\n</invoke>\n</minimax:tool_call>',
+    "minimax_m3": ']<]minimax[>[<tool_call>\n]<]minimax[>[<invoke name="get_weather">]<]minimax[>[<city>Paris'
+                  ']<]minimax[>[</city>]<]minimax[>[<days>2]<]minimax[>[</days>]<]minimax[>[</invoke>\n'
+                  ']<]minimax[>[</tool_call>',
+    "kimi": '<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>'
+            '{"city": "Paris", "days": 2}<|tool_call_end|><|tool_calls_section_end|>',
+    "kimi_k3": '<|open|>tools<|sep|><|open|>call tool="get_weather" index="1"<|sep|><|open|>argument key="city" '
+               'type="string"<|sep|>Paris<|close|>argument<|sep|><|open|>argument key="days" type="integer"<|sep|>2'
+               '<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|>',
+    "glm": "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n"
+           "<arg_value>2</arg_value>\n</tool_call>",
+    "deepseek_dsml": '<｜DSML｜function_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" '
+                     'string="true">Paris</｜DSML｜parameter>\n<｜DSML｜parameter name="days" string="false">2'
+                     '</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>',
+    "command_r": '<|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "get_weather", "parameters": {"city": "Paris", '
+                 '"days": 2}}\n]<|END_ACTION|>',
 }
+XML_VALUES = ("qwen3_coder", "minimax", "minimax_m3", "kimi_k3", "glm", "deepseek_dsml")  # values written as text, not JSON
 VARIANTS = {  # the other spellings a format's grammar allows
     "mistral": '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}]',
     "deepseek": '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n'
@@ -96,7 +114,7 @@ def test_a_call_in_the_format_is_accepted_and_may_end(vocab, fmt):
 @pytest.mark.parametrize("fmt", sorted(CALLS))
 def test_a_call_that_breaks_the_schema_is_stopped(vocab, fmt):
     grammar = toolgrammar.build(fmt, TOOLS, required=False)
-    bad = CALLS[fmt].replace("2", "soon") if fmt == "qwen3_coder" else CALLS[fmt].replace('"days": 2', '"days": "2"')
+    bad = CALLS[fmt].replace("2", "soon") if fmt in XML_VALUES else CALLS[fmt].replace('"days": 2', '"days": "2"')
     assert run(vocab, grammar, "Sure. " + bad)[0] is False
     unknown = CALLS[fmt].replace("get_weather", "get_wether")
     assert run(vocab, grammar, unknown)[0] is False

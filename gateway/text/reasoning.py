@@ -9,6 +9,11 @@ Formats, as small state machines (state -> marker -> next state):
 - ``think``: ``<think>...</think>`` (Qwen3, DeepSeek-R1, QwQ, ...).
 - ``think_mistral``: ``[THINK]...[/THINK]`` (Magistral, Ministral reasoning).
 - ``seed``: ``<seed:think>...</seed:think>`` (Seed-OSS).
+- ``think_dsml``: ``think`` for DeepSeek V3.2 / V4, whose DSML call block also ends the thinking
+  (the block's opener stays in the answer, for the call parser).
+- ``cohere``: ``<|START_THINKING|>...<|END_THINKING|>`` (Command R7B, Cohere2 MoE); their answer's
+  wrappers (``<|START_RESPONSE|>``, ``<|START_TEXT|>`` and their ends) are dropped, and one of them
+  or ``<|START_ACTION|>`` (which stays in the answer) ends the thinking too.
 - a model's own pair, named in models.yaml: the format is ``pair_format(open, close)``.
 - ``think_leading``: for a model that showed no marker at all: an answer that opens with
   ``<think>`` written as plain text (some fine-tunes do) thinks until ``</think>``; ``<think>``
@@ -42,8 +47,9 @@ COLLECT, IDLE = "collect", "idle"  # internal states: gather a header; drop text
 THOUGHT_CHANNELS = frozenset({"thought", "analysis", "thinking", "reasoning"})
 START = "start"  # think_leading: nothing but whitespace written yet
 PAIRS = {"think": ("<think>", "</think>"), "think_mistral": ("[THINK]", "[/THINK]"),
-         "seed": ("<seed:think>", "</seed:think>")}
-FORMATS = ("think", "think_mistral", "seed", "channel", "harmony", "think_leading")
+         "seed": ("<seed:think>", "</seed:think>"), "cohere": ("<|START_THINKING|>", "<|END_THINKING|>")}
+FORMATS = ("think", "think_mistral", "seed", "channel", "harmony", "think_leading", "think_dsml", "cohere",
+           "think_kimi", "kimi_k3", "think_ling")
 
 Transition = Callable[["ReasoningSplitter"], str]
 
@@ -132,15 +138,51 @@ RULES: dict[str, dict[str, dict[str, Transition]]] = {
     "harmony": {state: _HARMONY_ANYWHERE for state in (CONTENT, THINKING, COLLECT, IDLE, CALL)},
 }
 
+# Markers that end thinking where the answer's calls begin (llama.cpp's thinking end tags for these
+# families): met while thinking, they stay in the answer's text for the call parser to read.
+# ``think_dsml``: DeepSeek V3.2 / V4, whose DSML call block may follow the thinking without </think>.
+# ``cohere``: Command R7B and Cohere2 MoE, whose answer is wrapped in <|START_RESPONSE|> or
+# <|START_TEXT|> (the wrappers are dropped; either ends thinking) and calls open <|START_ACTION|>.
+KEPT = frozenset({"<｜DSML｜function_calls>", "<｜DSML｜tool_calls>", "<|START_ACTION|>"})
+_COHERE_WRAPS = ("<|START_RESPONSE|>", "<|END_RESPONSE|>", "<|START_TEXT|>", "<|END_TEXT|>")
+RULES["think_dsml"] = {CONTENT: RULES["think"][CONTENT], THINKING: {
+    **RULES["think"][THINKING], "<｜DSML｜function_calls>": _to(CONTENT), "<｜DSML｜tool_calls>": _to(CONTENT)}}
+RULES["cohere"] = {CONTENT: {**RULES["cohere"][CONTENT], **{m: _to(CONTENT) for m in _COHERE_WRAPS}},
+                   THINKING: {**RULES["cohere"][THINKING], "<|START_TEXT|>": _to(CONTENT),
+                              "<|START_RESPONSE|>": _to(CONTENT), "<|START_ACTION|>": _to(CONTENT)}}
+# ``think_kimi``: Kimi K2-Thinking, whose calls may follow the thinking without </think>.
+_KIMI_CALLS = ("<|tool_calls_section_begin|>", "<|tool_call_begin|>")
+RULES["think_kimi"] = {CONTENT: RULES["think"][CONTENT],
+                       THINKING: {**RULES["think"][THINKING], **{m: _to(CONTENT) for m in _KIMI_CALLS}}}
+KEPT = KEPT | frozenset(_KIMI_CALLS)
+# ``think_ling``: Ling 3.0, whose call (<tool_call>) may follow the thinking without </think>;
+# its turn's end, <|role_end|>, is dropped.
+RULES["think_ling"] = {CONTENT: {**RULES["think"][CONTENT], "<|role_end|>": _to(CONTENT)},
+                       THINKING: {**RULES["think"][THINKING], "<tool_call>": _to(CONTENT)}}
+KEPT = KEPT | {"<tool_call>"}
+# ``kimi_k3``: Kimi K3's sections, <|open|>think<|sep|> (opened by the prompt) then
+# <|open|>response<|sep|>, which also ends a think section left open; the response's and the
+# message's closers are dropped (the tools section is the call parser's).
+_K3_THINK, _K3_END_THINK = "<|open|>think<|sep|>", "<|close|>think<|sep|>"
+_K3_WRAPS = ("<|open|>response<|sep|>", "<|close|>response<|sep|>", "<|close|>message<|sep|>", "<|end_of_msg|>")
+PAIRS["kimi_k3"] = (_K3_THINK, _K3_END_THINK)  # for ``closing``
+RULES["kimi_k3"] = {CONTENT: {**_pair(_K3_THINK, _K3_END_THINK)[CONTENT], **{m: _to(CONTENT) for m in _K3_WRAPS}},
+                    THINKING: {**_pair(_K3_THINK, _K3_END_THINK)[THINKING], _K3_WRAPS[0]: _to(CONTENT)}}
+
 
 class ReasoningSplitter:
-    def __init__(self, fmt: str, prompt_tail: str = "", calls: bool = False):
+    def __init__(self, fmt: str, prompt_tail: str = "", calls: bool = False, ends: tuple[str, ...] = ()):
+        """``ends``: markers that also end thinking and stay in the answer (a call format's openers:
+        a call written while thinking is open ends it, as llama.cpp reads Qwen 3.5's)."""
         if fmt.startswith("pair:"):
             self.rules = _pair(*json.loads(fmt[5:]))
         elif fmt in RULES:
             self.rules = RULES[fmt]
         else:
             raise ValueError(f"unknown reasoning format {fmt!r}")
+        self.kept = KEPT | frozenset(ends)
+        if ends:
+            self.rules = {**self.rules, THINKING: {**self.rules.get(THINKING, {}), **{m: _to(CONTENT) for m in ends}}}
         self.calls = calls
         self.state = START if fmt == "think_leading" else CONTENT
         self.header = ""
@@ -222,6 +264,8 @@ class ReasoningSplitter:
             self.state = markers[marker](self)
             if self.state != THINKING:
                 self._ws = ""
+            if marker in self.kept and before == THINKING:  # it ends thinking and stays in the answer
+                self._emit(out, marker)
             if self.state == CALL:
                 out.append((RECIPIENT, self.recipient))
         keep = 0
@@ -245,12 +289,24 @@ def detect(template: str | None, special_tokens: list[str]) -> str | None:
     """The format a model uses, from its chat template and the markers its vocabulary has
     as single tokens; None when it shows none."""
     seen = set(special_tokens) | {m for m in ("<|channel|>", "<|message|>", "<|channel>", "<think>", "</think>",
-                                              "<seed:think>", "[THINK]")
+                                              "<seed:think>", "[THINK]", "<mm:think>")
                                   if template and m in template}
+    if template and "open_tag('think'" in template and "<|sep|>" in template:  # Kimi K3
+        return "kimi_k3"
+    if "<think>" in seen and "<|tool_calls_section_begin|>" in (template or ""):  # Kimi K2-Thinking
+        return "think_kimi"
+    if "<think>" in seen and "<|role_end|>" in (template or "") and "<tool_call>" in (template or ""):  # Ling 3.0
+        return "think_ling"
+    if "<mm:think>" in seen:  # MiniMax M3
+        return pair_format("<mm:think>", "</mm:think>")
     if {"<|channel|>", "<|message|>"} <= seen:
         return "harmony"
     if "<|channel>" in seen:
         return "channel"
+    if "<|START_THINKING|>" in seen or (template and "<|START_THINKING|>" in template):
+        return "cohere"
+    if template and "dsml_token" in template and "<think>" in seen:
+        return "think_dsml"
     if "<seed:think>" in seen:
         return "seed"
     if "[THINK]" in seen:
@@ -261,4 +317,6 @@ def detect(template: str | None, special_tokens: list[str]) -> str | None:
 
 
 MARKER_TOKENS = ("<think>", "</think>", "<|channel>", "<channel|>", "<|channel|>", "<|message|>", "[THINK]", "[/THINK]",
-                 "<seed:think>", "</seed:think>")
+                 "<seed:think>", "</seed:think>", "<mm:think>", "</mm:think>", "<|open|>", "<|close|>", "<|sep|>",
+                 "<|end_of_msg|>",
+                 "<|START_THINKING|>", "<|END_THINKING|>", *_COHERE_WRAPS)

@@ -18,9 +18,11 @@ DEFAULT_LOAD_TIMEOUT = 300.0
 DEFAULT_MAX_LOADED = 3  # as Ollama's OLLAMA_MAX_LOADED_MODELS on a CPU; 0 = no limit
 DEFAULT_KV_CACHE_MAX_BYTES = 8 * 2**30  # saved conversations, all models together
 
-REASONING_MODES = ("auto", "think", "think_mistral", "seed", "channel", "harmony", "none")
+REASONING_MODES = ("auto", "think", "think_mistral", "seed", "channel", "harmony", "think_dsml", "cohere",
+                   "think_kimi", "kimi_k3", "think_ling", "none")
 # text.toolformats.FORMATS, and auto (read from the chat template) and none (refuse tools)
-TOOL_FORMATS = ("auto", "hermes", "qwen3_coder", "llama3", "mistral", "harmony", "deepseek", "plain", "none")
+TOOL_FORMATS = ("auto", "hermes", "qwen3_coder", "llama3", "mistral", "harmony", "deepseek", "deepseek_dsml", "glm",
+                "command_r", "minimax", "minimax_m3", "kimi", "kimi_k3", "plain", "none")
 REASONING_FIELDS = ("reasoning_content", "reasoning")
 
 

@@ -3,7 +3,8 @@ parser for each syntax in use.
 
 One module per format (``FORMATS``; the real templates that detect as each are in
 tests/test_toolcalls.py): ``hermes``, ``qwen3_coder``, ``llama3``, ``mistral``, ``harmony``,
-``deepseek``, and ``plain`` (the fallback: the tools described in a system message, hermes'
+``deepseek``, ``deepseek_dsml``, ``glm``, ``command_r``, ``minimax``, ``minimax_m3``, ``kimi``,
+``kimi_k3``, ``lfm2``, ``gemma4``, and ``plain`` (the fallback: the tools described in a system message, hermes'
 syntax asked for). Each says what detects it, its markers, its parser, its call grammar (GBNF
 text; ``engine/toolgrammar.py`` adds llama.cpp's argument rules) and its history shape
 (``engine/toolhistory.py``), as ``interface.Format`` lists; ``TABLE`` below holds them, in the
@@ -62,7 +63,24 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..reasoning import CONTENT, THINKING, ReasoningSplitter
-from . import deepseek, harmony, hermes, llama3, mistral, plain, qwen3_coder
+from . import (
+    command_r,
+    deepseek,
+    deepseek_dsml,
+    gemma4,
+    glm,
+    harmony,
+    hermes,
+    kimi,
+    kimi_k3,
+    lfm2,
+    llama3,
+    minimax,
+    minimax_m3,
+    mistral,
+    plain,
+    qwen3_coder,
+)
 from .interface import Format
 from .items import CallArgs, CallEnd, CallStart, Item, Piece
 
@@ -74,8 +92,17 @@ __all__ = ["FORMATS", "MARKER_TOKENS", "TABLE", "AnswerParser", "CallArgs", "Cal
 TABLE: dict[str, Format] = {
     "harmony": harmony,
     "deepseek": deepseek,
+    "deepseek_dsml": deepseek_dsml,
+    "command_r": command_r,
+    "minimax": minimax,
+    "minimax_m3": minimax_m3,
+    "kimi": kimi,
+    "kimi_k3": kimi_k3,
     "mistral": mistral,
     "qwen3_coder": qwen3_coder,
+    "glm": glm,
+    "lfm2": lfm2,
+    "gemma4": gemma4,
     "llama3": llama3,
     "hermes": hermes,
     "plain": plain,
@@ -102,7 +129,7 @@ def detect(chat_template: str | None, special_tokens: Sequence[str] = ()) -> str
     vocabulary has as single tokens; None when the template shows no tool support (no
     ``tools`` and no ``tool_calls`` in its Jinja code): whether such a model gets ``plain`` or
     a 400 is the caller's choice. A template that handles tools in a syntax not listed (GLM,
-    Kimi, Granite 3, Command R, Functionary, ...) detects as ``plain`` unless its vocabulary
+    Granite 3, Command R, Functionary, ...) detects as ``plain`` unless its vocabulary
     has one of the formats' tokens."""
     src = chat_template or ""
     code = _code(src)
@@ -169,7 +196,8 @@ class AnswerParser:
         harmony = tool_format == "harmony"
         self.stream = stream
         self.tools = ToolCallParser(tool_format, tools, stream=stream, prompt_tail=prompt_tail) if tool_format else None
-        self.splitter = None if harmony or not reasoning else ReasoningSplitter(reasoning, prompt_tail)
+        ends = TABLE[tool_format].Parser.THINKING_ENDS if tool_format in TABLE else ()
+        self.splitter = None if harmony or not reasoning else ReasoningSplitter(reasoning, prompt_tail, ends=ends)
 
     @property
     def thinking(self) -> bool:

@@ -56,6 +56,7 @@ class Machine:
     # when the answer ends in one of these with no call read, the block's text failed
     BLOCKS: ClassVar[frozenset[Enum]] = frozenset()
     LEADS: ClassVar[frozenset[Enum]] = frozenset()  # ... in one of these, the text held is content
+    THINKING_ENDS: ClassVar[tuple[str, ...]] = ()  # openers that end thinking left open (the call is read)
 
     def __init__(self, tools: Sequence[dict[str, Any]] | None = None, *, stream: bool = True,
                  prompt_tail: str = ""):

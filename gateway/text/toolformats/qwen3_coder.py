@@ -56,6 +56,7 @@ history = history_as_is
 
 class Parser(HermesParser):
     OPENERS = (TOOL_CALL, FUNCTION)
+    THINKING_ENDS = (TOOL_CALL,)  # as llama.cpp reads Qwen 3.5: a call ends thinking left open
 
     def _opened(self, marker: str) -> None:
         if marker == FUNCTION:  # a bare <function=NAME>
