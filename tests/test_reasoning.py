@@ -227,7 +227,9 @@ async def test_reasoning_format_none_returns_the_raw_text(client):
     message = body["choices"][0]["message"]
     assert message["content"] == "<think>\nLet me think.\n</think>\n\nIt is 4." and "reasoning_content" not in message
     thinking, content, _ = await streamed(client, "harmony", reasoning_format="none")
-    assert thinking == "" and content.startswith("<|channel|>analysis<|message|>Two plus two<|end|><|start|>")
+    # gpt-oss as llama.cpp reads it with thinking not split: the analysis message as written, the
+    # other messages' headers dropped
+    assert thinking == "" and content == "<|channel|>analysis<|message|>Two plus two<|end|>It is 4."
     r = await client.post("/v1/chat/completions", json={"model": "think", "messages": HI, "reasoning_format": 3})
     assert r.status == 400 and (await r.json())["error"]["param"] == "reasoning_format"
 

@@ -23,7 +23,9 @@ Formats, as small state machines (state -> marker -> next state):
   ``<channel|>`` closes it.
 - ``harmony``: gpt-oss's ``<|channel|>analysis<|message|>...<|end|><|start|>assistant
   <|channel|>final<|message|>...``; headers (role, channel, constraints) are dropped,
-  message bodies go by channel (``analysis`` is thinking, others content).
+  message bodies go by channel (``analysis`` is thinking, others content). A built-in tool's call
+  (``to=python``, ``to=container.exec``) without ``calls`` is dropped. ``harmony_inline`` (thinking
+  not split out, ``unsplit``) keeps an analysis message in the answer as written.
 The starting state comes from the end of the prompt: feeding the prompt's tail first means a
 chat template that opens ``<think>`` (or a channel) in the prompt starts the answer inside it.
 
@@ -77,7 +79,25 @@ def _harmony_body(s: ReasoningSplitter) -> str:
     if s.calls and to and to[-1] != "assistant":
         s.recipient = to[-1]
         return CALL
+    if to and to[-1] != "assistant" and not to[-1].startswith("functions."):
+        return IDLE  # a built-in tool's call (python, container.exec, ...) no request gave: dropped, as llama.cpp does
     return THINKING if words and words[0].lower() == "analysis" else CONTENT
+
+
+def _harmony_inline_body(s: ReasoningSplitter) -> str:
+    """``harmony_inline`` (thinking not split out): an analysis message stays in the answer as
+    written, up to its ``<|end|>``, as llama.cpp keeps it; other messages' headers are dropped."""
+    header = s.header
+    state = _harmony_body(s)
+    if state != THINKING:
+        return state
+    s.said, s.outer, s.rules = f"<|channel|>{header}<|message|>", s.rules, _HARMONY_RAW
+    return CONTENT
+
+
+def _harmony_raw_end(s: ReasoningSplitter) -> str:
+    s.said, s.rules = "<|end|>", s.outer
+    return CONTENT
 
 
 def _harmony_start(s: ReasoningSplitter) -> str:
@@ -122,6 +142,8 @@ def closing(fmt: str) -> str:
         return "<|end|><|start|>assistant<|channel|>final<|message|>"
     if fmt == "channel":
         return "<channel|>"
+    if fmt == "muse":
+        return "<|eom|><|start|>assistant to=user<|message|>"
     if fmt.startswith("pair:"):
         return json.loads(fmt[5:])[1]
     return PAIRS.get(fmt, PAIRS["think"])[1]
@@ -137,6 +159,34 @@ RULES: dict[str, dict[str, dict[str, Transition]]] = {
     },
     "harmony": {state: _HARMONY_ANYWHERE for state in (CONTENT, THINKING, COLLECT, IDLE, CALL)},
 }
+_HARMONY_RAW: dict[str, dict[str, Transition]] = {CONTENT: {"<|end|>": _harmony_raw_end}}
+RULES["harmony_inline"] = {state: {**_HARMONY_ANYWHERE, "<|message|>": _harmony_inline_body}
+                           for state in (CONTENT, THINKING, COLLECT, IDLE, CALL)}
+
+
+def _muse_body(s: ReasoningSplitter) -> str:
+    to = _RECIPIENT.findall(s.header)
+    s.header = s.role = ""
+    if to and to[-1] == "self":
+        return THINKING
+    if s.calls and to and to[-1] != "user":
+        s.recipient = to[-1]
+        return CALL
+    return CONTENT
+
+
+# ``muse``: Muse Glimmer's messages, ``<|start|>assistant to=R<|message|>...<|eom|>`` (or ``<|eot|>``):
+# R self is thinking, user (or none) content, another a call (``calls``; else content).
+_MUSE: dict[str, Transition] = {"<|start|>": _harmony_start, "<|message|>": _muse_body,
+                                "<|eom|>": _harmony_end, "<|eot|>": _harmony_end}
+RULES["muse"] = {state: _MUSE for state in (CONTENT, THINKING, COLLECT, IDLE, CALL)}
+
+
+def unsplit(fmt: str | None) -> str | None:
+    """The format that reads an answer whose thinking is not split out (the request's
+    reasoning_format none): None (the text as written), but for harmony, whose message framing
+    is still dropped (``harmony_inline``)."""
+    return "harmony_inline" if fmt == "harmony" else None
 
 # Markers that end thinking where the answer's calls begin (llama.cpp's thinking end tags for these
 # families): met while thinking, they stay in the answer's text for the call parser to read.
@@ -189,6 +239,8 @@ class ReasoningSplitter:
         self._lead = ""  # think_leading: the answer's leading whitespace, until what follows is known
         self.role = ""  # harmony: the header's part before <|channel|>
         self.recipient = ""
+        self.said = ""  # text a transition puts in the answer (harmony_inline: an analysis message's markers)
+        self.outer = self.rules  # harmony_inline: the rules to go back to after an analysis message
         self._held = ""
         self._ws = ""  # trailing whitespace of thinking text, sent only if more thinking follows
         self._started: set[str] = set()
@@ -266,6 +318,9 @@ class ReasoningSplitter:
                 self._ws = ""
             if marker in self.kept and before == THINKING:  # it ends thinking and stays in the answer
                 self._emit(out, marker)
+            if self.said:
+                self._emit(out, self.said)
+                self.said = ""
             if self.state == CALL:
                 out.append((RECIPIENT, self.recipient))
         keep = 0
@@ -285,12 +340,18 @@ class ReasoningSplitter:
         return out
 
 
+# Apriel 1.6's prompt opens its thinking with this text (no marker token); [BEGIN FINAL RESPONSE] ends it
+APRIEL_OPEN = "Here are my reasoning steps:\n"
+
+
 def detect(template: str | None, special_tokens: list[str]) -> str | None:
     """The format a model uses, from its chat template and the markers its vocabulary has
     as single tokens; None when it shows none."""
     seen = set(special_tokens) | {m for m in ("<|channel|>", "<|message|>", "<|channel>", "<think>", "</think>",
                                               "<seed:think>", "[THINK]", "<mm:think>")
                                   if template and m in template}
+    if template and "<atem:function_calls>" in template and "<|eom|>" in template:  # Muse Glimmer
+        return "muse"
     if template and "open_tag('think'" in template and "<|sep|>" in template:  # Kimi K3
         return "kimi_k3"
     if "<think>" in seen and "<|tool_calls_section_begin|>" in (template or ""):  # Kimi K2-Thinking
@@ -307,6 +368,8 @@ def detect(template: str | None, special_tokens: list[str]) -> str | None:
         return "cohere"
     if template and "dsml_token" in template and "<think>" in seen:
         return "think_dsml"
+    if template and "[BEGIN FINAL RESPONSE]" in template and APRIEL_OPEN.strip() in template:  # Apriel 1.6
+        return pair_format(APRIEL_OPEN, "[BEGIN FINAL RESPONSE]")
     if "<seed:think>" in seen:
         return "seed"
     if "[THINK]" in seen:
@@ -318,5 +381,5 @@ def detect(template: str | None, special_tokens: list[str]) -> str | None:
 
 MARKER_TOKENS = ("<think>", "</think>", "<|channel>", "<channel|>", "<|channel|>", "<|message|>", "[THINK]", "[/THINK]",
                  "<seed:think>", "</seed:think>", "<mm:think>", "</mm:think>", "<|open|>", "<|close|>", "<|sep|>",
-                 "<|end_of_msg|>",
+                 "<|end_of_msg|>", "<|eom|>", "<|start|>",
                  "<|START_THINKING|>", "<|END_THINKING|>", *_COHERE_WRAPS)

@@ -18,7 +18,7 @@ from ..base.errors import ApiError, from_event
 from ..engine import ipc
 from ..server.events import Observation
 from ..text.formats import FORMATS, NATIVE, Formats
-from ..text.reasoning import THINKING
+from ..text.reasoning import THINKING, unsplit
 from ..text.toolformats import AnswerParser, CallArgs, CallEnd, CallStart, Piece
 from ..text.toolformats import Item as Parsed
 
@@ -47,7 +47,7 @@ def prepare(req: ipc.GenerationRequest, model: str, info: dict[str, Any], *, thi
     thinking is not split out) and, when the request has tools, their call format. Raises 400
     ``tools_unsupported`` for tools on a model set to ``tool_format: none``."""
     formats: Formats = info[FORMATS]
-    req.reasoning = formats.reasoning if thinking else None
+    req.reasoning = formats.reasoning if thinking else unsplit(formats.reasoning)
     if req.tools:
         req.tool_format = formats.tools
         if req.tool_format is None:

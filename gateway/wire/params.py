@@ -151,7 +151,7 @@ def apply_effort(req: GenerationRequest, effort: str | None, budgets: dict[str, 
         kwargs.setdefault("enable_thinking", False)
         req.thinking_budget = 0
         return
-    if reasoning == "harmony":
+    if reasoning in ("harmony", "harmony_inline"):
         kwargs.setdefault("reasoning_effort", "low" if effort == "minimal" else effort)
     budget = {**DEFAULT_BUDGETS, **budgets}.get(effort)
     if budget is not None and req.thinking_budget is None:

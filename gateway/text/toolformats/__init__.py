@@ -4,7 +4,8 @@ parser for each syntax in use.
 One module per format (``FORMATS``; the real templates that detect as each are in
 tests/test_toolcalls.py): ``hermes``, ``qwen3_coder``, ``llama3``, ``mistral``, ``harmony``,
 ``deepseek``, ``deepseek_dsml``, ``glm``, ``command_r``, ``minimax``, ``minimax_m3``, ``kimi``,
-``kimi_k3``, ``lfm2``, ``gemma4``, and ``plain`` (the fallback: the tools described in a system message, hermes'
+``kimi_k3``, ``lfm2``, ``gemma4``, ``nemotron_v2``, ``apriel``, ``apertus``, ``seed_oss``,
+``functionary_v31``, ``functionary_v32``, and ``plain`` (the fallback: the tools described in a system message, hermes'
 syntax asked for). Each says what detects it, its markers, its parser, its call grammar (GBNF
 text; ``engine/toolgrammar.py`` adds llama.cpp's argument rules) and its history shape
 (``engine/toolhistory.py``), as ``interface.Format`` lists; ``TABLE`` below holds them, in the
@@ -64,10 +65,15 @@ from typing import Any
 
 from ..reasoning import CONTENT, THINKING, ReasoningSplitter
 from . import (
+    apertus,
+    apriel,
     command_r,
     deepseek,
     deepseek_dsml,
+    functionary_v31,
+    functionary_v32,
     gemma4,
+    gigachat,
     glm,
     harmony,
     hermes,
@@ -75,11 +81,15 @@ from . import (
     kimi_k3,
     lfm2,
     llama3,
+    minicpm5,
     minimax,
     minimax_m3,
     mistral,
+    muse,
+    nemotron_v2,
     plain,
     qwen3_coder,
+    seed_oss,
 )
 from .interface import Format
 from .items import CallArgs, CallEnd, CallStart, Item, Piece
@@ -99,10 +109,19 @@ TABLE: dict[str, Format] = {
     "kimi": kimi,
     "kimi_k3": kimi_k3,
     "mistral": mistral,
+    "apriel": apriel,
+    "apertus": apertus,
+    "seed_oss": seed_oss,
+    "nemotron_v2": nemotron_v2,
     "qwen3_coder": qwen3_coder,
+    "functionary_v31": functionary_v31,
+    "functionary_v32": functionary_v32,
     "glm": glm,
     "lfm2": lfm2,
     "gemma4": gemma4,
+    "minicpm5": minicpm5,
+    "muse": muse,
+    "gigachat": gigachat,
     "llama3": llama3,
     "hermes": hermes,
     "plain": plain,
@@ -129,7 +148,7 @@ def detect(chat_template: str | None, special_tokens: Sequence[str] = ()) -> str
     vocabulary has as single tokens; None when the template shows no tool support (no
     ``tools`` and no ``tool_calls`` in its Jinja code): whether such a model gets ``plain`` or
     a 400 is the caller's choice. A template that handles tools in a syntax not listed (GLM,
-    Granite 3, Command R, Functionary, ...) detects as ``plain`` unless its vocabulary
+    Granite 3, Command R, FireFunction, ...) detects as ``plain`` unless its vocabulary
     has one of the formats' tokens."""
     src = chat_template or ""
     code = _code(src)
@@ -193,7 +212,7 @@ class AnswerParser:
 
     def __init__(self, tool_format: str | None, tools: Sequence[dict[str, Any]] | None = None, *,
                  reasoning: str | None = None, prompt_tail: str = "", stream: bool = True):
-        harmony = tool_format == "harmony"
+        harmony = tool_format in ("harmony", "muse")  # formats whose parser splits the thinking itself
         self.stream = stream
         self.tools = ToolCallParser(tool_format, tools, stream=stream, prompt_tail=prompt_tail) if tool_format else None
         ends = TABLE[tool_format].Parser.THINKING_ENDS if tool_format in TABLE else ()

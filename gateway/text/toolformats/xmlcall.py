@@ -47,6 +47,8 @@ class XmlCalls(JsonCalls):
     """The function reader; a format enters it with ``_function`` once ``<function=`` is read."""
 
     FUNCTION_BLOCK: ClassVar[tuple[str, str]]  # the markers that open and close the block around calls
+    # a newline right after <parameter=P> and one right before </parameter> are the format's, not the value's
+    VALUE_NEWLINES: ClassVar[bool] = True
     _fn: _Function
 
     def _function(self, bare: bool, after: Enum) -> None:
@@ -130,14 +132,14 @@ class XmlCalls(JsonCalls):
         call, fn = self._current, self._fn
         if not fn.value_begun:
             fn.value_begun = True
-            if self._buf.startswith("\n"):
+            if self._buf.startswith("\n") and self.VALUE_NEWLINES:
                 self._take(1)
             return True
         text, marker = until(self._buf, (PARAMETER_END, PARAMETER, FUNCTION_END, self.FUNCTION_BLOCK[1]), final)
         n = len(self._take(len(text)))
         if fn.types == {"string"}:
             text = ("\n" if fn.held_nl else "") + text
-            fn.held_nl = text.endswith("\n")
+            fn.held_nl = text.endswith("\n") and self.VALUE_NEWLINES
             self._args(call, escape(text[:-1] if fn.held_nl else text))
         else:
             fn.value += text
@@ -146,7 +148,7 @@ class XmlCalls(JsonCalls):
         if fn.types == {"string"}:
             self._args(call, '"')
         else:
-            value = fn.value[:-1] if fn.value.endswith("\n") else fn.value
+            value = fn.value[:-1] if fn.value.endswith("\n") and self.VALUE_NEWLINES else fn.value
             self._args(call, fn.prefix + typed(value, fn.types))
         fn.params += 1
         if marker == PARAMETER_END:

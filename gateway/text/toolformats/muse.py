@@ -1,0 +1,121 @@
+"""muse: Muse Glimmer's calls, messages to a tool: ``<|start|>assistant to=N<|message|>
+<atem:function_calls>\\n<atem:invoke name="N">\\n<atem:parameter name="P">VALUE</atem:parameter>\\n
+</atem:invoke>\\n</atem:function_calls>``, each value typed by the tool's schema as in ``xmlcall``.
+
+Its messages are framed as gpt-oss's are (``reasoning``'s ``muse``: ``to=self`` is thinking,
+``to=user`` content), so, as ``harmony`` does, this parser runs that splitter itself on the raw
+answer (pass the prompt's tail, ``<|start|>assistant``, as ``prompt_tail``): only a message to a
+recipient other than self and user is read for calls (markup in the thinking or the answer stays
+text); its invokes are read whole by ``minimax.Invokes``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..reasoning import CALL, RECIPIENT, ReasoningSplitter
+from .gbnf import WS, Grammar, Rules, lit, repeat, until
+from .interface import history_as_is
+from .items import Item, Piece
+from .minimax import _NAME, Invokes, _raw
+from .scan import WS as SPACE
+from .scan import loads, schema_types, typed
+
+CALLS_BEGIN, CALLS_END = "<atem:function_calls>", "</atem:function_calls>"
+INVOKE, INVOKE_END = '<atem:invoke name="', "</atem:invoke>"
+PARAMETER, PARAMETER_END = '<atem:parameter name="', "</atem:parameter>"
+MARKERS = (CALLS_BEGIN, CALLS_END, "<atem:invoke", INVOKE_END, "<atem:parameter", PARAMETER_END)
+TOKEN = None
+EXAMPLE = (f' to=example_function_name<|message|>{CALLS_BEGIN}\n{INVOKE}example_function_name">\n'
+           f'{PARAMETER}example_parameter">value{PARAMETER_END}\n{INVOKE_END}\n{CALLS_END}')
+
+
+def shown_by(template: str) -> bool:
+    return CALLS_BEGIN in template and "<|eom|>" in template
+
+
+def example(chat_template: str | None) -> str:
+    return EXAMPLE
+
+
+def grammar(rules: Rules, tools: list[dict[str, Any]], *, required: bool, parallel: bool) -> Grammar:
+    """From the recipient on (the prompt ends ``<|start|>assistant``); several calls are
+    messages one after another; a required call may follow thinking messages."""
+    text = rules.rule("param-text", until(PARAMETER_END))
+    alts = []
+    for i, tool in enumerate(tools):
+        params = (tool["function"].get("parameters") or {}).get("properties") or {}
+        items = []
+        for j, (pname, schema) in enumerate(params.items()):
+            schema = schema if isinstance(schema, dict | bool) else {}
+            value = text if _raw(schema) else rules.value(schema, f"tool{i}-p{j}")
+            items.append(f'{lit(PARAMETER)} {lit(pname)} "\\">" {value} {lit(PARAMETER_END)} {WS}')
+        body = f'({" | ".join(items)})*' if items else ""
+        alts.append(f'{lit(tool["function"]["name"])} "\\">" {WS} {body}')
+    call = rules.rule("tool-call", f'" to=" [^<]* "<|message|>" {lit(CALLS_BEGIN)} {WS} {lit(INVOKE)} '
+                                   f'({" | ".join(alts)}) {lit(INVOKE_END)} {WS} {lit(CALLS_END)}')
+    root = repeat(call, parallel, sep='"<|eom|><|start|>assistant"')
+    if required:  # thinking messages may come first
+        root = f'(" to=self<|message|>" {until("<|eom|>")} "<|eom|><|start|>assistant")* {root}'
+    return root, (r"( to=(?!self<)(?!user<)[^<]*<\|message\|>)",)
+
+
+history = history_as_is
+
+
+class Parser(Invokes):
+    """The splitter's segments in, items out: a call message's body is read for invoke blocks;
+    thinking and content pass through."""
+
+    OPENERS = (CALLS_BEGIN,)
+    STRAYS = (CALLS_END,)
+    BEGIN, END, OPEN, CLOSE = CALLS_BEGIN, CALLS_END, INVOKE, INVOKE_END
+
+    def __init__(self, tools: Sequence[dict[str, Any]] | None = None, *, stream: bool = True,
+                 prompt_tail: str = ""):
+        super().__init__(tools, stream=stream)
+        self.splitter = ReasoningSplitter("muse", prompt_tail, calls=True)
+
+    @property
+    def thinking(self) -> bool:
+        return self.splitter.thinking
+
+    def feed(self, text: str) -> list[Item]:
+        for kind, t in self.splitter.feed(text):
+            self._segment(kind, t)
+        return self._take_out()
+
+    def flush(self) -> list[Item]:
+        for kind, t in self.splitter.flush():
+            self._segment(kind, t)
+        return super().flush()
+
+    def _segment(self, kind: str, text: str) -> None:
+        if kind == CALL:
+            self._buf += text
+            self._run(final=False)
+            return
+        self._end_input()
+        if kind != RECIPIENT:
+            self._flush_raw()
+            self._emit(Piece(kind, text))
+
+    def _read_invoke(self, body: str, schema: dict[str, Any]) -> dict[str, Any]:
+        props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+        assert isinstance(props, dict)
+        out: dict[str, Any] = {}
+        i = 0
+        while True:
+            i = len(body) - len(body[i:].lstrip(SPACE))
+            if i == len(body):
+                return out
+            if not body.startswith(PARAMETER, i):
+                raise ValueError("text between parameters")
+            m = _NAME.match(body, i + len(PARAMETER))
+            end = body.find(PARAMETER_END, i)
+            if m is None or end < m.end():
+                raise ValueError("a malformed parameter")
+            key, value = m.group(1), body[m.end():end]
+            out[key] = loads(typed(value, schema_types(props.get(key))))
+            i = end + len(PARAMETER_END)
+
