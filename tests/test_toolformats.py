@@ -59,3 +59,14 @@ def test_every_format_module_is_in_the_table():
     modules = {info.name for info in pkgutil.iter_modules(toolformats.__path__)}
     formats = {m for m in modules if hasattr(importlib.import_module(f"gateway.text.toolformats.{m}"), "shown_by")}
     assert formats == set(TABLE)
+
+
+def test_the_readme_has_a_row_for_every_format():
+    """README's table of `tool_format` values is what users set in models.yaml: every
+    registered format has its row."""
+    from pathlib import Path
+
+    from gateway.text.toolformats import FORMATS
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert [f for f in FORMATS if f"| `{f}` |" not in readme] == []
