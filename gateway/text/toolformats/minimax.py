@@ -160,20 +160,27 @@ class Parser(Invokes):
     BEGIN, END, OPEN, CLOSE = CALLS_BEGIN, CALLS_END, INVOKE, INVOKE_END
 
     def _read_invoke(self, body: str, schema: dict[str, Any]) -> dict[str, Any]:
-        props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
-        assert isinstance(props, dict)
-        out: dict[str, Any] = {}
-        i = 0
-        while True:
-            i = len(body) - len(body[i:].lstrip(SPACE))
-            if i == len(body):
-                return out
-            if not body.startswith(PARAMETER, i):
-                raise ValueError("text between parameters")
-            m = _NAME.match(body, i + len(PARAMETER))
-            end = body.find(PARAMETER_END, i)
-            if m is None or end < m.end():
-                raise ValueError("a malformed parameter")
-            key, value = m.group(1), body[m.end():end]
-            out[key] = loads(typed(value, schema_types(props.get(key))))
-            i = end + len(PARAMETER_END)
+        return read_parameters(body, schema, PARAMETER, PARAMETER_END)
+
+
+def read_parameters(body: str, schema: dict[str, Any], opener: str, closer: str) -> dict[str, Any]:
+    """An invoke's ``opener NAME">VALUE closer`` parameters, nothing else between them but
+    spaces, each value typed by the tool's schema (MiniMax M2's and muse's invokes). Raises
+    ``ValueError`` for anything else."""
+    props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    assert isinstance(props, dict)
+    out: dict[str, Any] = {}
+    i = 0
+    while True:
+        i = len(body) - len(body[i:].lstrip(SPACE))
+        if i == len(body):
+            return out
+        if not body.startswith(opener, i):
+            raise ValueError("text between parameters")
+        m = _NAME.match(body, i + len(opener))
+        end = body.find(closer, i)
+        if m is None or end < m.end():
+            raise ValueError("a malformed parameter")
+        key, value = m.group(1), body[m.end():end]
+        out[key] = loads(typed(value, schema_types(props.get(key))))
+        i = end + len(closer)

@@ -17,9 +17,7 @@ from ..reasoning import CALL, RECIPIENT, ReasoningSplitter
 from .gbnf import WS, Grammar, Rules, lit, repeat, until
 from .interface import history_as_is
 from .items import Item, Piece
-from .minimax import _NAME, Invokes, _raw
-from .scan import WS as SPACE
-from .scan import loads, schema_types, typed
+from .minimax import Invokes, _raw, read_parameters
 
 CALLS_BEGIN, CALLS_END = "<atem:function_calls>", "</atem:function_calls>"
 INVOKE, INVOKE_END = '<atem:invoke name="', "</atem:invoke>"
@@ -101,21 +99,5 @@ class Parser(Invokes):
             self._emit(Piece(kind, text))
 
     def _read_invoke(self, body: str, schema: dict[str, Any]) -> dict[str, Any]:
-        props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
-        assert isinstance(props, dict)
-        out: dict[str, Any] = {}
-        i = 0
-        while True:
-            i = len(body) - len(body[i:].lstrip(SPACE))
-            if i == len(body):
-                return out
-            if not body.startswith(PARAMETER, i):
-                raise ValueError("text between parameters")
-            m = _NAME.match(body, i + len(PARAMETER))
-            end = body.find(PARAMETER_END, i)
-            if m is None or end < m.end():
-                raise ValueError("a malformed parameter")
-            key, value = m.group(1), body[m.end():end]
-            out[key] = loads(typed(value, schema_types(props.get(key))))
-            i = end + len(PARAMETER_END)
+        return read_parameters(body, schema, PARAMETER, PARAMETER_END)
 
