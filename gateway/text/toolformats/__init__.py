@@ -91,6 +91,7 @@ from . import (
     qwen3_coder,
     seed_oss,
 )
+from .framed import Framed
 from .interface import Format
 from .items import CallArgs, CallEnd, CallStart, Item, Piece
 
@@ -212,7 +213,8 @@ class AnswerParser:
 
     def __init__(self, tool_format: str | None, tools: Sequence[dict[str, Any]] | None = None, *,
                  reasoning: str | None = None, prompt_tail: str = "", stream: bool = True):
-        harmony = tool_format in ("harmony", "muse")  # formats whose parser splits the thinking itself
+        # a format whose parser frames the messages splits the thinking itself
+        harmony = tool_format in TABLE and issubclass(TABLE[tool_format].Parser, Framed)
         self.stream = stream
         self.tools = ToolCallParser(tool_format, tools, stream=stream, prompt_tail=prompt_tail) if tool_format else None
         ends = TABLE[tool_format].Parser.THINKING_ENDS if tool_format in TABLE else ()

@@ -13,13 +13,13 @@ it in the same message is dropped."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
-from ..reasoning import CALL, RECIPIENT, ReasoningSplitter
+from ..reasoning import CALL, RECIPIENT
+from .framed import Framed
 from .gbnf import Grammar, Rules, lit, until
 from .interface import history_as_is
-from .items import Item, Piece
+from .items import Piece
 from .jsoncall import JsonCalls
 from .machine import Call, Text
 
@@ -53,28 +53,11 @@ def grammar(rules: Rules, tools: list[dict[str, Any]], *, required: bool, parall
 history = history_as_is
 
 
-class Parser(JsonCalls):
+class Parser(Framed, JsonCalls):
     """The splitter's segments in, items out: a recipient opens a call whose body is its
     arguments object alone; other segments pass through."""
 
-    def __init__(self, tools: Sequence[dict[str, Any]] | None = None, *, stream: bool = True,
-                 prompt_tail: str = ""):
-        super().__init__(tools, stream=stream)
-        self.splitter = ReasoningSplitter("harmony", prompt_tail, calls=True)
-
-    @property
-    def thinking(self) -> bool:
-        return self.splitter.thinking
-
-    def feed(self, text: str) -> list[Item]:
-        for kind, t in self.splitter.feed(text):
-            self._segment(kind, t)
-        return self._take_out()
-
-    def flush(self) -> list[Item]:
-        for kind, t in self.splitter.flush():
-            self._segment(kind, t)
-        return super().flush()
+    FRAMING = "harmony"
 
     def _segment(self, kind: str, text: str) -> None:
         if kind == CALL:

@@ -10,13 +10,13 @@ text); its invokes are read whole by ``minimax.Invokes``."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
-from ..reasoning import CALL, RECIPIENT, ReasoningSplitter
+from ..reasoning import CALL, RECIPIENT
+from .framed import Framed
 from .gbnf import WS, Grammar, Rules, lit, repeat, until
 from .interface import history_as_is
-from .items import Item, Piece
+from .items import Piece
 from .minimax import Invokes, _raw, read_parameters
 
 CALLS_BEGIN, CALLS_END = "<atem:function_calls>", "</atem:function_calls>"
@@ -61,7 +61,7 @@ def grammar(rules: Rules, tools: list[dict[str, Any]], *, required: bool, parall
 history = history_as_is
 
 
-class Parser(Invokes):
+class Parser(Framed, Invokes):
     """The splitter's segments in, items out: a call message's body is read for invoke blocks;
     thinking and content pass through."""
 
@@ -69,24 +69,7 @@ class Parser(Invokes):
     STRAYS = (CALLS_END,)
     BEGIN, END, OPEN, CLOSE = CALLS_BEGIN, CALLS_END, INVOKE, INVOKE_END
 
-    def __init__(self, tools: Sequence[dict[str, Any]] | None = None, *, stream: bool = True,
-                 prompt_tail: str = ""):
-        super().__init__(tools, stream=stream)
-        self.splitter = ReasoningSplitter("muse", prompt_tail, calls=True)
-
-    @property
-    def thinking(self) -> bool:
-        return self.splitter.thinking
-
-    def feed(self, text: str) -> list[Item]:
-        for kind, t in self.splitter.feed(text):
-            self._segment(kind, t)
-        return self._take_out()
-
-    def flush(self) -> list[Item]:
-        for kind, t in self.splitter.flush():
-            self._segment(kind, t)
-        return super().flush()
+    FRAMING = "muse"
 
     def _segment(self, kind: str, text: str) -> None:
         if kind == CALL:
