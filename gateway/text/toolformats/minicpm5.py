@@ -10,9 +10,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .gbnf import WS, Grammar, Rules, lit, repeat, until
+from .gbnf import Grammar, Rules, lit, repeat, until
 from .interface import history_as_is
-from .minimax import Block, Invokes, _raw
+from .minimax import Block, Invokes, named_parameters
 from .scan import WS as SPACE
 from .scan import loads, schema_types, typed
 
@@ -37,16 +37,7 @@ def grammar(rules: Rules, tools: list[dict[str, Any]], *, required: bool, parall
     """A value whose schema allows a string is raw text up to ``</param>``, or CDATA; any other
     is JSON of its schema. Calls follow one another, whitespace between them."""
     text = rules.rule("param-text", f'{lit(CDATA)} {until(CDATA_END)} {lit(CDATA_END)} | {until(PARAM_END)}')
-    alts = []
-    for i, tool in enumerate(tools):
-        params = (tool["function"].get("parameters") or {}).get("properties") or {}
-        items = []
-        for j, (pname, schema) in enumerate(params.items()):
-            schema = schema if isinstance(schema, dict | bool) else {}
-            value = text if _raw(schema) else rules.value(schema, f"tool{i}-p{j}")
-            items.append(f'{lit(PARAM)} {lit(pname)} "\\">" {value} {lit(PARAM_END)} {WS}')
-        body = f'({" | ".join(items)})*' if items else ""
-        alts.append(f'{lit(tool["function"]["name"])} "\\">" {WS} {body}')
+    alts = named_parameters(rules, tools, text, PARAM, PARAM_END)
     call = rules.rule("tool-call", f'{lit(FUNCTION)} ({" | ".join(alts)}) {lit(FUNCTION_END)}')
     return repeat(call, parallel), (re.escape(FUNCTION),)
 

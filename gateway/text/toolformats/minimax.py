@@ -45,8 +45,10 @@ def _raw(schema: Any) -> bool:
     return allows_any(schema) or (types is not None and "string" in types)
 
 
-def grammar(rules: Rules, tools: list[dict[str, Any]], *, required: bool, parallel: bool) -> Grammar:
-    text = rules.rule("param-text", until(PARAMETER_END))
+def named_parameters(rules: Rules, tools: list[dict[str, Any]], text: str, opener: str, closer: str) -> list[str]:
+    """Per tool, the GBNF of ``NAME">`` and its parameters, each ``opener P">VALUE closer`` in any
+    order: a value whose schema allows a string is ``text`` (raw text up to the closer), any
+    other JSON of its schema (MiniMax M2's, muse's and MiniCPM5's calls)."""
     alts = []
     for i, tool in enumerate(tools):
         params = (tool["function"].get("parameters") or {}).get("properties") or {}
@@ -54,9 +56,15 @@ def grammar(rules: Rules, tools: list[dict[str, Any]], *, required: bool, parall
         for j, (pname, schema) in enumerate(params.items()):
             schema = schema if isinstance(schema, dict | bool) else {}
             value = text if _raw(schema) else rules.value(schema, f"tool{i}-p{j}")
-            items.append(f'{lit(PARAMETER)} {lit(pname)} "\\">" {value} {lit(PARAMETER_END)} {WS}')
+            items.append(f'{lit(opener)} {lit(pname)} "\\">" {value} {lit(closer)} {WS}')
         body = f'({" | ".join(items)})*' if items else ""
         alts.append(f'{lit(tool["function"]["name"])} "\\">" {WS} {body}')
+    return alts
+
+
+def grammar(rules: Rules, tools: list[dict[str, Any]], *, required: bool, parallel: bool) -> Grammar:
+    text = rules.rule("param-text", until(PARAMETER_END))
+    alts = named_parameters(rules, tools, text, PARAMETER, PARAMETER_END)
     invoke = rules.rule("tool-call", f'{lit(INVOKE)} ({" | ".join(alts)}) {lit(INVOKE_END)}')
     return f'{lit(CALLS_BEGIN)} {WS} {repeat(invoke, parallel)} {WS} {lit(CALLS_END)}', (re.escape(CALLS_BEGIN),)
 

@@ -17,7 +17,7 @@ from .framed import Framed
 from .gbnf import WS, Grammar, Rules, lit, repeat, until
 from .interface import history_as_is
 from .items import Piece
-from .minimax import Invokes, _raw, read_parameters
+from .minimax import Invokes, named_parameters, read_parameters
 
 CALLS_BEGIN, CALLS_END = "<atem:function_calls>", "</atem:function_calls>"
 INVOKE, INVOKE_END = '<atem:invoke name="', "</atem:invoke>"
@@ -40,16 +40,7 @@ def grammar(rules: Rules, tools: list[dict[str, Any]], *, required: bool, parall
     """From the recipient on (the prompt ends ``<|start|>assistant``); several calls are
     messages one after another; a required call may follow thinking messages."""
     text = rules.rule("param-text", until(PARAMETER_END))
-    alts = []
-    for i, tool in enumerate(tools):
-        params = (tool["function"].get("parameters") or {}).get("properties") or {}
-        items = []
-        for j, (pname, schema) in enumerate(params.items()):
-            schema = schema if isinstance(schema, dict | bool) else {}
-            value = text if _raw(schema) else rules.value(schema, f"tool{i}-p{j}")
-            items.append(f'{lit(PARAMETER)} {lit(pname)} "\\">" {value} {lit(PARAMETER_END)} {WS}')
-        body = f'({" | ".join(items)})*' if items else ""
-        alts.append(f'{lit(tool["function"]["name"])} "\\">" {WS} {body}')
+    alts = named_parameters(rules, tools, text, PARAMETER, PARAMETER_END)
     call = rules.rule("tool-call", f'" to=" [^<]* "<|message|>" {lit(CALLS_BEGIN)} {WS} {lit(INVOKE)} '
                                    f'({" | ".join(alts)}) {lit(INVOKE_END)} {WS} {lit(CALLS_END)}')
     root = repeat(call, parallel, sep='"<|eom|><|start|>assistant"')
