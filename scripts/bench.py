@@ -67,11 +67,12 @@ STREAMS = (1, 2, 4, 8)
 
 
 def gateway(model: Path, threads: int, tmp: Path, name: str = "bench", interval: int | None = None,
-            label: str = "gateway") -> Server:
+            label: str = "gateway", gpu_layers: int | None = None) -> Server:
     cfg = tmp / f"{name}-{label}.yaml"
     server = "" if interval is None else f"  stream_interval_ms: {interval}\n"
+    layers = "" if gpu_layers is None else f"    n_gpu_layers: {gpu_layers}\n"
     cfg.write_text(f"server:\n  discover_default_stores: false\n{server}models:\n  {name}:\n    path: {model}\n"
-                   f"    n_ctx: {N_CTX}\n    n_threads: {threads}\n    parallel: {PARALLEL}\n")
+                   f"    n_ctx: {N_CTX}\n    n_threads: {threads}\n    parallel: {PARALLEL}\n{layers}")
     env = {**os.environ, "HOME": str(tmp)}  # no models of the user's own are discovered
     return Server(label, [sys.executable, "-m", "gateway", "serve", "--config", str(cfg), "--port", "{port}",
                               "--log-level", "warning"], "/health", name, env)
@@ -154,10 +155,11 @@ def rpc_cost(model: Path, args, sampling: dict, tmp: Path) -> dict:
     return out
 
 
-def llama_server(path: str, model: Path, threads: int) -> Server:
+def llama_server(path: str, model: Path, threads: int, gpu_layers: int | None = None) -> Server:
+    layers = [] if gpu_layers is None else ["-ngl", str(gpu_layers)]
     return Server("llama-server", [path, "-m", str(model), "--host", "127.0.0.1", "--port", "{port}",
                                    "-t", str(threads), "-tb", str(threads), "--parallel", str(PARALLEL),
-                                   "-c", str(N_CTX * PARALLEL), "--no-webui", "-lv", "1"], "/health", "bench")
+                                   "-c", str(N_CTX * PARALLEL), "--no-webui", "-lv", "1", *layers], "/health", "bench")
 
 
 def llama_cpp_python(model: Path, threads: int) -> Server:
@@ -279,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, help="GGUF to measure (default: generate the 81M random model)")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--gpu-layers", type=int, help="layers on the GPU for the gateway and llama-server alike "
+                   "(n_gpu_layers / -ngl; 0: CPU only; default: each its own default, all layers)")
     p.add_argument("--tokens", type=int, default=200, help="tokens per completion")
     p.add_argument("--repeats", type=int, default=8, help="rounds per figure (medians are reported)")
     p.add_argument("--long-prompt", type=int, default=1500, help="words in the long prompt (~tokens)")
@@ -319,11 +323,12 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(tmp_)
         intervals = args.stream_interval or [None]
         labels = {iv: "gateway" if len(intervals) == 1 else f"gateway {iv}ms" for iv in intervals}
-        makers: list = [("gateway", lambda m, iv=iv: gateway(m, args.threads, tmp, interval=iv, label=labels[iv]))
+        makers: list = [("gateway", lambda m, iv=iv: gateway(m, args.threads, tmp, interval=iv, label=labels[iv],
+                                                                  gpu_layers=args.gpu_layers))
                         for iv in intervals]
         ls = find_llama_server(args.llama_server) if "llama-server" in wanted else None
         if ls:
-            makers.append(("llama-server", lambda m: llama_server(ls, m, args.threads)))
+            makers.append(("llama-server", lambda m: llama_server(ls, m, args.threads, args.gpu_layers)))
         elif "llama-server" in wanted:
             print("llama-server: not measured (give --llama-server PATH or put it on PATH)", file=sys.stderr)
         if "llama-cpp-python" in wanted:
@@ -361,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps({"model": str(model), "threads": args.threads, "tokens": args.tokens,
                                          "mode": "sampled" if args.sampled else "greedy",
-                                         "parallel": PARALLEL, "n_ctx": N_CTX, "results": results,
+                                         "gpu_layers": args.gpu_layers, "parallel": PARALLEL, "n_ctx": N_CTX, "results": results,
                                          "hop": hops, "rpc": rpc}, indent=2))
     return 0
 
