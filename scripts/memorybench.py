@@ -36,7 +36,8 @@ async def one(path: Path, settings: dict, found: list[Device], threads: int) -> 
                                 on_exit=lambda b, e: None, on_busy=lambda: None, on_progress=lambda f: None)
     try:
         est = estimate(info, spec, found)
-        got = allocated(backend.info["buffers"]) or {"devices": {}}
+        buffers = backend.info["buffers"]
+        got = allocated(buffers) or {"devices": {}}
     finally:
         await backend.stop()
     assert est is not None
@@ -44,7 +45,8 @@ async def one(path: Path, settings: dict, found: list[Device], threads: int) -> 
                     "allocated": got["devices"].get(pool, 0)} for pool, n in est.devices.items()}
     for pool, n in got["devices"].items():
         pools.setdefault(pool, {"estimate": 0, "allocated": n})
-    return {"model": path.name, "settings": settings, "pools": pools}
+    # llama.cpp's own report beside the sums: by kind (model, kv, compute, output), then by buffer
+    return {"model": path.name, "settings": settings, "pools": pools, "buffers": buffers}
 
 
 def measure(models: list[Path], threads: int) -> dict:
