@@ -21,8 +21,8 @@ llama.cpp's ``load_tensors`` does: the input layer (token embeddings) on the CPU
 ``tests/test_memory.py`` compares the estimate with what a loaded worker holds and states the
 error it sees on the CPU; ``tests/test_devices.py`` checks the layer placement against
 llama.cpp's rule; ``scripts/bench.py --memory`` sets each estimate beside llama.cpp's
-allocation on whatever devices the machine has (the README gives figures on the CPU and on
-llama.cpp's Vulkan backend over Mesa's software device; no discrete GPU was measured).
+allocation on whatever devices the machine has (the README gives figures on the CPU, on an
+NVIDIA H100 and on llama.cpp's Vulkan backend over Mesa's software device).
 Where a model's layers go to other machines (``rpc``), what goes there is counted in the pool
 ``RPC``, which no capacity bounds: their memory is theirs to count.
 """
@@ -43,7 +43,8 @@ from .ggufmeta import GGUFInfo
 
 COMPUTE_OVERHEAD = 4 * 2**20  # llama.cpp's graph buffers beyond the rows counted (seen on the tiny models)
 # What a process's GPU runtime holds beside llama.cpp's buffers (a CUDA context, cuBLAS's
-# workspace): Ollama counts about this much per GPU. Not measured here (no GPU).
+# workspace): Ollama counts about this much per GPU, and a worker with a tiny model on an H100
+# showed about this much in nvidia-smi.
 GPU_CONTEXT = 512 * 2**20
 RPC = "rpc"
 
@@ -146,16 +147,22 @@ def estimate(info: GGUFInfo, spec: ModelSpec, devices: Sequence[Device] = ()) ->
     # where layers run, their feed-forward and residual activations (and without flash
     # attention the scores); where the head runs, every token's logits (which a decoder used for
     # embeddings computes too, twice over); where neither, the input rows. With a GPU that runs no
-    # layer (n_gpu_layers: 0) llama.cpp still sends a large batch's products there (op offload):
-    # it gets the layers' share too.
+    # layer (n_gpu_layers: 0) llama.cpp still sends a large batch's products there (op offload),
+    # the head's among them: that GPU gets the layers' share, the logits, and a copy of the
+    # weights it multiplies from host memory, the head's being the largest (seen on a CUDA GPU:
+    # ``scripts/bench.py --memory``).
     row = info.n_vocab * (2 if embeddings and not info.pooling else 1) if info.n_vocab else n_embd
     scores = n_head * n_ctx if spec.flash_attn is False else 0  # unset: on, where llama.cpp can
-    runs_layers = set(pools[:n_layer]) | ({gpus[0].pool} if gpus and not spec.rpc else set())
+    offload_to = gpus[0].pool if gpus and not spec.rpc else None
+    runs_layers = set(pools[:n_layer]) | ({offload_to} if offload_to else set())
+    head_copy = 0
+    if offload_to and pools[n_layer] == RAM:
+        head, head_copy = offload_to, info.input_bytes if info.tied_output else info.output_bytes
 
     def compute_in(pool: str) -> int:
         widest = max(row if pool == head else 0, scores if pool in runs_layers else 0)
         rows = 2 * n_ff + 4 * n_embd if pool in runs_layers else n_embd
-        return 4 * n_ubatch * (widest + rows) + COMPUTE_OVERHEAD
+        return 4 * n_ubatch * (widest + rows) + COMPUTE_OVERHEAD + (head_copy if pool == head else 0)
 
     by_pool: dict[str, float] = {RAM: info.input_bytes + logits}  # llama.cpp's output buffer is in RAM
     layer_bytes = info.layer_bytes
