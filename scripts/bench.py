@@ -366,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps({"model": str(model), "threads": args.threads, "tokens": args.tokens,
                                          "mode": "sampled" if args.sampled else "greedy",
-                                         "gpu_layers": args.gpu_layers, "parallel": PARALLEL, "n_ctx": N_CTX, "results": results,
+                                         "gpu_layers": args.gpu_layers, "parallel": PARALLEL, "n_ctx": N_CTX,
+                                         "results": results,
                                          "hop": hops, "rpc": rpc}, indent=2))
     return 0
 
