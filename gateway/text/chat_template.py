@@ -1,15 +1,29 @@
-"""Render a model's chat template into a prompt, in Jinja2's immutable sandbox.
+"""Render a model's chat template into a prompt, in Jinja2's sandbox.
 
-Templates come from model files, which may be hostile: they render only in
-``ImmutableSandboxedEnvironment``. ``raise_exception`` in a template (e.g. "roles must
-alternate") is the caller's mistake and becomes ``TemplateInputError``; anything else that
-goes wrong is the template's fault and becomes ``TemplateBroken``.
+Templates come from model files, which may be hostile: they render only in a
+``SandboxedEnvironment`` (no attribute starting with ``_``, no Python internals). What a template
+sees is as llama.cpp's own Jinja engine gives it, since templates are written and tested against
+it (llama.cpp's common/chat.cpp and its Jinja engine in common/jinja):
+- ``tools`` is undefined when the request has none (not ``None``): a loop over it is empty;
+- an undefined name reads as empty: its attributes are undefined too, and it or ``none`` added
+  to a string is the string alone (FireFunction's ``functions``);
+- ``datetime`` and ``date_string``, today's date, as llama.cpp passes them to every template;
+- ``tojson`` writes a sequence a filter made (``map``) as a list, and an undefined as ``null``;
+- a list or dict the template made may change by its own methods (Kimi K2's
+  ``namespace(ids=[])`` and ``ids.append``, ``ids.pop(0)``), as llama.cpp allows; the inputs
+  (``messages``, ``tools``, the caller's variables) reach it as read-only copies, so a render
+  never changes the caller's data nor the next render's.
+
+``raise_exception`` in a template (e.g. "roles must alternate") is the caller's mistake and
+becomes ``TemplateInputError``; anything else that goes wrong is the template's fault and becomes
+``TemplateBroken``.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
@@ -17,7 +31,7 @@ import jinja2
 import jinja2.defaults
 import jinja2.ext
 import jinja2.nodes
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import SandboxedEnvironment, modifies_known_mutable
 
 CHATML = (
     "{% for message in messages %}"
@@ -46,8 +60,65 @@ def _raise_exception(message: str) -> None:
     raise TemplateInputError(message)
 
 
+class _Input(dict):
+    """A dict of the inputs: the sandbox refuses its changing methods (``_inputs``)."""
+
+
+class _InputList(list):
+    """A list of the inputs: the sandbox refuses its changing methods (``_inputs``)."""
+
+
+class _Sandbox(SandboxedEnvironment):
+    """Jinja's sandbox, with llama.cpp's undefined (``ChainableUndefined``: empty when shown or
+    iterated, its attributes and items undefined too), its ``+`` (``none`` or an undefined added
+    to a string is the string; any other use of an undefined still fails), and the changing
+    methods allowed on the lists and dicts the template made itself (exactly ``list`` and
+    ``dict``: the inputs are ``_Input`` and ``_InputList``)."""
+
+    intercepted_binops = frozenset({"+"})
+
+    def call_binop(self, context: jinja2.runtime.Context, operator: str, left: Any, right: Any) -> Any:
+        if operator == "+" and isinstance(left, str) != isinstance(right, str):
+            other = right if isinstance(left, str) else left
+            if other is None or isinstance(other, jinja2.Undefined):
+                return left if isinstance(left, str) else right
+        return super().call_binop(context, operator, left, right)
+
+    def unsafe_undefined(self, obj: Any, attribute: str) -> jinja2.Undefined:
+        """What a forbidden attribute reads as: it fails at its first use, printing included (an
+        undefined of ours would chain on silently)."""
+        return jinja2.StrictUndefined(f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe.",
+                                      name=attribute, obj=obj, exc=jinja2.exceptions.SecurityError)
+
+    def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
+        if not super().is_safe_attribute(obj, attr, value):
+            return False
+        return type(obj) in (list, dict) or not modifies_known_mutable(obj, attr)
+
+
+def _json_default(value: Any) -> Any:
+    """What ``json`` cannot write itself: an undefined (null) and a filter's lazy sequence (a list)."""
+    if isinstance(value, jinja2.Undefined):
+        return None
+    if isinstance(value, Iterable) and not isinstance(value, (str, bytes, dict)):
+        return list(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
 def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, **_: Any) -> str:
-    return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii)
+    return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, default=_json_default)
+
+
+def _inputs(value: Any) -> Any:
+    """``value`` with its lists and dicts copied as ``_InputList`` and ``_Input`` (tuples kept as
+    tuples), which a template reads as lists and dicts but cannot change."""
+    if isinstance(value, dict):
+        return _Input({k: _inputs(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return _InputList(_inputs(v) for v in value)
+    if isinstance(value, tuple):
+        return tuple(_inputs(v) for v in value)
+    return value
 
 
 class _Generation(jinja2.ext.Extension):
@@ -69,8 +140,8 @@ EXTENSIONS = ("jinja2.ext.loopcontrols", _Generation)
 
 @functools.lru_cache(maxsize=16)
 def compile_template(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.Undefined,
-                                        extensions=list(EXTENSIONS))
+    env = _Sandbox(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.ChainableUndefined,
+                   extensions=list(EXTENSIONS))
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -130,15 +201,21 @@ def render(
     them as strings gets strings."""
     if any(m.get("tool_calls") for m in messages) and arguments_as_string(source):
         messages = _with_string_arguments(messages)
-    return _render(source, messages, {**(extra or {}), "bos_token": bos_token, "eos_token": eos_token,
-                                       "add_generation_prompt": add_generation_prompt, "tools": tools or None})
+    variables = {**(extra or {}), "bos_token": bos_token, "eos_token": eos_token,
+                 "add_generation_prompt": add_generation_prompt}
+    if tools:  # none: ``tools`` stays undefined, as llama.cpp leaves it
+        variables["tools"] = tools
+    return _render(source, messages, variables)
 
 
 def _render(source: str, messages: list[dict[str, Any]], variables: dict[str, Any]) -> str:
-    """``variables`` and ``messages`` through the template; unset names are render()'s defaults."""
+    """``variables`` and ``messages`` through the template; unset names are render()'s defaults
+    and llama.cpp's date names (which ``variables`` may set), ``tools`` is left unset."""
     template = compile_template(source)
-    variables = {"tools": None, "bos_token": "", "eos_token": "", "add_generation_prompt": True, **variables,
-                 "messages": messages}
+    now = datetime.now()
+    variables = _inputs({"datetime": now.strftime("%b %d %Y"), "date_string": now.strftime("%d %b %Y"),
+                         "bos_token": "", "eos_token": "", "add_generation_prompt": True, **variables,
+                         "messages": messages})
     try:
         return template.render(**variables)
     except TemplateInputError:
