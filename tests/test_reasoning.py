@@ -59,6 +59,11 @@ def test_generated_texts_in_random_cuts_never_leak_markers(fmt, words, points):
     assert (thinking, content) == split(fmt, [text])
     markers = {"think": ["<think>", "</think>"], "channel": ["<|channel>", "<channel|>"],
                "harmony": ["<|channel|>", "<|message|>", "<|end|>", "<|start|>"]}[fmt]
+    if fmt == "think":  # as llama.cpp reads them: an opener written while thinking is open is
+        # thinking text, and a closer written once the answer's text began is the answer's
+        at = content.find("</think>")
+        assert at < 0 or content[:at].strip()
+        thinking, content = thinking.replace("<think>", ""), content.replace("</think>", "")
     assert not any(m in thinking or m in content for m in markers)
 
 
@@ -79,6 +84,45 @@ def test_a_template_that_opens_think_in_the_prompt_starts_inside_it():
         ("Reasoning here.", "Answer.")
     assert split("think", ["Answer."], tail="assistant\n<think>\n\n</think>\n\n") == ("", "Answer.")
     assert split("harmony", ["<|channel|>final<|message|>Hi"], tail="<|start|>assistant") == ("", "Hi")
+
+
+@pytest.mark.parametrize("text, thinking, content", [
+    ("<think>\n<think>x</think>a</think>b", "<think>x", "a</think>b"),  # the opener again is thinking text
+    ("</think>\n\nHi</think>", "", "Hi</think>"),  # a closer before the answer's text is dropped, after it kept
+])
+def test_a_thinking_block_as_llama_cpp_reads_it(text, thinking, content):
+    for pieces in ([text], list(text)):
+        assert split("think", pieces) == (thinking, content)
+
+
+def test_thinking_not_split_keeps_the_opener_the_prompt_wrote():
+    """A chat's answer continues the thinking its prompt opened: with thinking not split out, its
+    text begins with the prompt's opener, as llama.cpp's parsers give it; a completion's does not
+    (it continues its own prompt)."""
+    from gateway.text.reasoning import unsplit
+
+    cases = [("think", "<|im_start|>assistant\n<think>\n", "Hm.\n</think>\n\nHi.", "<think>\nHm.\n</think>\n\nHi."),
+             ("think", "<|im_start|>assistant\n", "Hi.", "Hi."),
+             ("cohere", "<|CHATBOT_TOKEN|><|START_THINKING|>", "Hm.<|END_THINKING|><|START_TEXT|>Hi<|END_TEXT|>",
+              "<|START_THINKING|>Hm.<|END_THINKING|>Hi"),
+             ("cohere", "<|CHATBOT_TOKEN|>", "<|START_RESPONSE|>Hi<|END_RESPONSE|>", "Hi")]
+    for fmt, tail, text, content in cases:
+        for pieces in ([text], list(text)):
+            assert split(unsplit(fmt), pieces, tail=tail) == ("", content)
+    assert unsplit("think", chat=False) is None and unsplit("harmony") == "harmony_inline"
+
+
+def test_apriels_prompt_writes_the_first_words_of_its_thinking():
+    """They are the thinking's (as llama.cpp reads them, and as the template writes a turn's
+    reasoning back), whether the prompt wrote them or the answer did."""
+    from realmodel import CACHE
+
+    source = tm.llama_cpp_source_file("models/templates/Apriel-1.6-15b-Thinker-fixed.jinja", CACHE / "templates")
+    fmt = detect(source.read_text(), [])
+    tail = "<|begin_user|>\nhi\n<|begin_assistant|>\nHere are my reasoning steps:\n"
+    want = ("Here are my reasoning steps:\nLet me see.", "Sure.")
+    assert split(fmt, list("Let me see.\n[BEGIN FINAL RESPONSE]\nSure."), tail=tail) == want
+    assert split(fmt, ["Here are my reasoning steps:\nLet me see.\n[BEGIN FINAL RESPONSE]\nSure."]) == want
 
 
 @pytest.mark.parametrize("tail, text, before", [

@@ -151,3 +151,24 @@ def test_v32_a_required_call_starts_at_the_prompts_recipient(vocab):  # noqa: F8
     assert not grammar.lazy
     assert run(vocab, grammar, V32_SAMPLES[0][0]) == (True, True)
     assert run(vocab, grammar, "all\nHello")[0] is False
+
+
+def test_v32_an_answer_without_tools_is_read_by_its_recipients_too():
+    """Text goes to a recipient too (``>>>all``), tools or not: a chat's answer is read by the
+    format's parser without tools, as llama.cpp's parser of the family reads it; a completion's
+    text is its own."""
+    from gateway.engine import ipc
+    from gateway.text.formats import FORMATS, Formats
+    from gateway.text.toolformats import frames_answers
+    from gateway.wire import answer
+
+    tail = chat_template.render(template(V32), [{"role": "user", "content": "hi"}])
+    assert tail.endswith(">>>") and frames_answers("functionary_v32") and not frames_answers("functionary_v31")
+    for text, content in (("all\nHello.", "Hello."), ("all\nHi>>>all\nthere", "Hithere"), ("Hi>>>x", "Hi>>>x")):
+        for stream in (True, False):
+            assert parse("functionary_v32", list(text), stream, None, tail=tail) == ("", content, [], [])
+    info = {FORMATS: Formats("think_leading", "functionary_v32")}
+    chat, completion = ipc.GenerationRequest(messages=[{"role": "user", "content": "hi"}]), ipc.GenerationRequest(prompt="x")
+    answer.prepare(chat, "m", info)
+    answer.prepare(completion, "m", info)
+    assert (chat.tool_format, chat.tools, completion.tool_format) == ("functionary_v32", None, None)

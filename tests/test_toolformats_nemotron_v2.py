@@ -113,9 +113,9 @@ def test_apriel_16_thinks_from_its_prompt_to_begin_final_response():
     tail = chat_template.render(source, [{"role": "user", "content": "hi"}], tools=TOOLS)
     answer = ('Let me see.\n[BEGIN FINAL RESPONSE]\nSure.\n<tool_calls>[{"name": "noop", "arguments": {}}]'
               "</tool_calls>")
-    for stream in (True, False):
+    for stream in (True, False):  # the prompt's first words of the thinking are the thinking's, as llama.cpp reads them
         assert parse("apriel", list(answer), stream, TOOLS, reasoning=fmt, tail=tail) == (
-            "Let me see.", "Sure.", [("noop", {}, None)], [])
+            "Here are my reasoning steps:\nLet me see.", "Sure.", [("noop", {}, None)], [])
     assert detect_reasoning(template("unsloth-Apriel-1.5"), []) is None
 
 

@@ -3,7 +3,8 @@
 One rule for streamed and whole answers: ``ReasoningSplitter.feed(text)`` takes text in
 any cuts (a marker may arrive one character at a time) and returns ``(kind, text)``
 segments, kind ``"thinking"`` or ``"content"``; ``flush()`` ends the answer. A partial
-marker is held back until it is known, and marker text never reaches either side.
+marker is held back until it is known, and a marker that moves between thinking and answer
+never reaches either side.
 
 Formats, as small state machines (state -> marker -> next state):
 - ``think``: ``<think>...</think>`` (Qwen3, DeepSeek-R1, QwQ, ...).
@@ -14,7 +15,10 @@ Formats, as small state machines (state -> marker -> next state):
 - ``cohere``: ``<|START_THINKING|>...<|END_THINKING|>`` (Command R7B, Cohere2 MoE); their answer's
   wrappers (``<|START_RESPONSE|>``, ``<|START_TEXT|>`` and their ends) are dropped, and one of them
   or ``<|START_ACTION|>`` (which stays in the answer) ends the thinking too.
-- a model's own pair, named in models.yaml: the format is ``pair_format(open, close)``.
+- a model's own pair, named in models.yaml: the format is ``pair_format(open, close)``. Apriel
+  1.6's pair opens with words its prompt writes ("Here are my reasoning steps:"), which are the
+  thinking's first (``words``: kept in it, as llama.cpp reads them and the template writes a
+  turn's reasoning back).
 - ``think_leading``: for a model that showed no marker at all: an answer that opens with
   ``<think>`` written as plain text (some fine-tunes do) thinks until ``</think>``; ``<think>``
   anywhere later is content.
@@ -28,6 +32,11 @@ Formats, as small state machines (state -> marker -> next state):
   not split out, ``unsplit``) keeps an analysis message in the answer as written.
 The starting state comes from the end of the prompt: feeding the prompt's tail first means a
 chat template that opens ``<think>`` (or a channel) in the prompt starts the answer inside it.
+As llama.cpp reads a thinking block (it can only lead the answer, and only its closer ends it):
+an opener written while thinking is open is thinking text, and a closer written once the
+answer's text began is the answer's (before that it is dropped). With thinking not split out
+(``unsplit``), a chat's answer begins with the prompt's text from the opener of the thinking it
+left open (``<think>\\n``): the answer continues it.
 
 Tool calls in harmony (``calls=True``, what ``toolformats.ToolCallParser`` asks for): a message
 whose header, role part (``<|start|>assistant to=functions.f``) or channel part
@@ -121,9 +130,31 @@ _HARMONY_ANYWHERE: dict[str, Transition] = {
     "<|end|>": _harmony_end, "<|return|>": _harmony_end, "<|call|>": _harmony_end,
 }
 
-def _pair(open_: str, close: str) -> dict[str, dict[str, Transition]]:
-    # A marker that changes nothing (a stray </think> in the answer) is still dropped.
-    return {CONTENT: {open_: _to(THINKING), close: _to(CONTENT)}, THINKING: {close: _to(CONTENT), open_: _to(THINKING)}}
+def _said(text: str) -> Transition:
+    """Into thinking, ``text`` (the opener itself) its first words."""
+    def go(s: ReasoningSplitter) -> str:
+        s.said = text
+        return THINKING
+    return go
+
+
+def _stray(close: str) -> Transition:
+    """A closer while no thinking is open: dropped before the answer's text begins (a thinking
+    the prompt closed, closed again), text after, as llama.cpp reads it (its thinking block can
+    only lead the answer)."""
+    def go(s: ReasoningSplitter) -> str:
+        if CONTENT in s._started:
+            s.said = close
+        return CONTENT
+    return go
+
+
+def _pair(open_: str, close: str, words: bool = False) -> dict[str, dict[str, Transition]]:
+    # Once thinking is open only its closer ends it: the opener written again is thinking text,
+    # as llama.cpp reads it. ``words``: the opener is the thinking's own first words (Apriel
+    # 1.6's), kept in it.
+    return {CONTENT: {open_: _said(open_) if words else _to(THINKING), close: _stray(close)},
+            THINKING: {close: _to(CONTENT)}}
 
 
 def _open_leading(s: ReasoningSplitter) -> str:
@@ -131,9 +162,10 @@ def _open_leading(s: ReasoningSplitter) -> str:
     return THINKING
 
 
-def pair_format(open_: str, close: str) -> str:
-    """The format name of a model's own pair of thinking markers."""
-    return "pair:" + json.dumps([open_, close])
+def pair_format(open_: str, close: str, *, words: bool = False) -> str:
+    """The format name of a model's own pair of thinking markers (``words``: the opener is the
+    thinking's own first words, which stay in it)."""
+    return "pair:" + json.dumps([open_, close, *([True] if words else [])])
 
 
 def closing(fmt: str) -> str:
@@ -182,11 +214,34 @@ _MUSE: dict[str, Transition] = {"<|start|>": _harmony_start, "<|message|>": _mus
 RULES["muse"] = {state: _MUSE for state in (CONTENT, THINKING, COLLECT, IDLE, CALL)}
 
 
-def unsplit(fmt: str | None) -> str | None:
+INLINE = "inline:"  # a format's name after it: its answer read with the thinking not split out (``unsplit``)
+
+
+def unsplit(fmt: str | None, chat: bool = True) -> str | None:
     """The format that reads an answer whose thinking is not split out (the request's
-    reasoning_format none): None (the text as written), but for harmony, whose message framing
-    is still dropped (``harmony_inline``)."""
-    return "harmony_inline" if fmt == "harmony" else None
+    reasoning_format none), as llama.cpp reads it:
+    - harmony: its message framing is still dropped (``harmony_inline``);
+    - a chat's answer in a format whose thinking one marker opens: the text as written, after the
+      prompt's own text from the opener of the thinking it left open (``<think>\\n``), which the
+      answer continues (``inline:FORMAT``); Command R7B's and Cohere2 MoE's answer wrappers are
+      still dropped;
+    - else None, the text as written: a completion (``chat`` False) continues its prompt; Ling
+      3.0's answer keeps no opener (llama.cpp's parser of it drops its thinking's markers)."""
+    if fmt == "harmony":
+        return "harmony_inline"
+    if chat and fmt and fmt not in ("think_ling", "kimi_k3") and opener(fmt) is not None:
+        return INLINE + fmt
+    return None
+
+
+def opener(fmt: str) -> tuple[str, str, bool] | None:
+    """The marker that opens ``fmt``'s thinking, the one that closes it, and whether the opener is
+    the thinking's own first words; None for a format whose thinking no one marker opens."""
+    if fmt.startswith("pair:"):
+        open_, close, *words = json.loads(fmt[5:])
+        return open_, close, bool(words and words[0])
+    pair = PAIRS.get("think" if fmt in ("think_dsml", "think_kimi", "think_ling") else fmt)
+    return (*pair, False) if pair else None
 
 # Markers that end thinking where the answer's calls begin (llama.cpp's thinking end tags for these
 # families): met while thinking, they stay in the answer's text for the call parser to read.
@@ -216,16 +271,22 @@ KEPT = KEPT | {"<tool_call>"}
 _K3_THINK, _K3_END_THINK = "<|open|>think<|sep|>", "<|close|>think<|sep|>"
 _K3_WRAPS = ("<|open|>response<|sep|>", "<|close|>response<|sep|>", "<|close|>message<|sep|>", "<|end_of_msg|>")
 PAIRS["kimi_k3"] = (_K3_THINK, _K3_END_THINK)  # for ``closing``
-RULES["kimi_k3"] = {CONTENT: {**_pair(_K3_THINK, _K3_END_THINK)[CONTENT], **{m: _to(CONTENT) for m in _K3_WRAPS}},
-                    THINKING: {**_pair(_K3_THINK, _K3_END_THINK)[THINKING], _K3_WRAPS[0]: _to(CONTENT)}}
+RULES[INLINE + "cohere"] = {CONTENT: {m: _to(CONTENT) for m in _COHERE_WRAPS}}
+RULES["kimi_k3"] = {CONTENT: {**_pair(_K3_THINK, _K3_END_THINK)[CONTENT], _K3_END_THINK: _to(CONTENT),
+                              **{m: _to(CONTENT) for m in _K3_WRAPS}},
+                    THINKING: {**_pair(_K3_THINK, _K3_END_THINK)[THINKING], _K3_THINK: _to(THINKING),
+                               _K3_WRAPS[0]: _to(CONTENT)}}
 
 
 class ReasoningSplitter:
     def __init__(self, fmt: str, prompt_tail: str = "", calls: bool = False, ends: tuple[str, ...] = ()):
         """``ends``: markers that also end thinking and stay in the answer (a call format's openers:
         a call written while thinking is open ends it, as llama.cpp reads Qwen 3.5's)."""
+        inline = fmt.startswith(INLINE) and opener(fmt[len(INLINE):]) is not None
         if fmt.startswith("pair:"):
             self.rules = _pair(*json.loads(fmt[5:]))
+        elif inline:
+            self.rules = RULES.get(fmt, {})
         elif fmt in RULES:
             self.rules = RULES[fmt]
         else:
@@ -244,12 +305,24 @@ class ReasoningSplitter:
         self._held = ""
         self._ws = ""  # trailing whitespace of thinking text, sent only if more thinking follows
         self._started: set[str] = set()
-        if prompt_tail:
+        # the prompt's text from the opener of the thinking it leaves open ("" when it leaves none)
+        self.prompt_opened = ""
+        if inline:  # the answer continues that text: it is the answer's first
+            self._held = ReasoningSplitter(fmt[len(INLINE):], prompt_tail).prompt_opened
+        elif prompt_tail:
             self.feed(prompt_tail)
             self.flush()
             self._ws, self._started = "", set()
             if fmt == "think_leading" and self.state != THINKING:  # the answer's own start decides
                 self.state, self._lead = START, ""
+            pair = opener(fmt)
+            if self.state == THINKING and pair is not None:
+                open_, close, words = pair
+                after = prompt_tail.rfind(close)
+                at = prompt_tail.find(open_, after + len(close) if after >= 0 else 0)
+                if at >= 0:  # what the prompt wrote of the thinking is its start (its opener: if words)
+                    self.prompt_opened = prompt_tail[at:]
+                    self._held = self.prompt_opened[0 if words else len(open_):]
 
     @property
     def thinking(self) -> bool:
@@ -340,7 +413,7 @@ class ReasoningSplitter:
         return out
 
 
-# Apriel 1.6's prompt opens its thinking with this text (no marker token); [BEGIN FINAL RESPONSE] ends it
+# Apriel 1.6's prompt opens its thinking with these words (no marker token), its first; [BEGIN FINAL RESPONSE] ends it
 APRIEL_OPEN = "Here are my reasoning steps:\n"
 
 
@@ -369,7 +442,7 @@ def detect(template: str | None, special_tokens: list[str]) -> str | None:
     if template and "dsml_token" in template and "<think>" in seen:
         return "think_dsml"
     if template and "[BEGIN FINAL RESPONSE]" in template and APRIEL_OPEN.strip() in template:  # Apriel 1.6
-        return pair_format(APRIEL_OPEN, "[BEGIN FINAL RESPONSE]")
+        return pair_format(APRIEL_OPEN, "[BEGIN FINAL RESPONSE]", words=True)
     if "<seed:think>" in seen:
         return "seed"
     if "[THINK]" in seen:

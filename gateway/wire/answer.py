@@ -19,7 +19,7 @@ from ..engine import ipc
 from ..server.events import Observation
 from ..text.formats import FORMATS, NATIVE, Formats
 from ..text.reasoning import THINKING, unsplit
-from ..text.toolformats import AnswerParser, CallArgs, CallEnd, CallStart, Piece
+from ..text.toolformats import AnswerParser, CallArgs, CallEnd, CallStart, Piece, frames_answers
 from ..text.toolformats import Item as Parsed
 
 Call = CallStart  # a tool call opens: its id and tool are known; its arguments follow as ``CallArgs``
@@ -44,15 +44,19 @@ def api_error(event: ipc.Error) -> ApiError:
 def prepare(req: ipc.GenerationRequest, model: str, info: dict[str, Any], *, thinking: bool = True) -> None:
     """Settle how ``req``'s answer is read, by the formats its model's load settled (``info``:
     what its backend reported, ``Formats`` included): its thinking format (``thinking`` False:
-    thinking is not split out) and, when the request has tools, their call format. Raises 400
-    ``tools_unsupported`` for tools on a model set to ``tool_format: none``."""
+    thinking is not split out) and, when the request has tools or its chat's every answer is
+    framed in it (``frames_answers``), their call format. Raises 400 ``tools_unsupported`` for
+    tools on a model set to ``tool_format: none``."""
     formats: Formats = info[FORMATS]
-    req.reasoning = formats.reasoning if thinking else unsplit(formats.reasoning)
+    chat = req.messages is not None
+    req.reasoning = formats.reasoning if thinking else unsplit(formats.reasoning, chat=chat)
     if req.tools:
         req.tool_format = formats.tools
         if req.tool_format is None:
             raise ApiError(f"model {model!r} does not take tools (its tool_format is none)", status=400,
                            param="tools", code="tools_unsupported")
+    elif chat and frames_answers(formats.tools):
+        req.tool_format = formats.tools
 
 
 async def start(gen: GenerationEvents, req: ipc.GenerationRequest,
@@ -67,7 +71,8 @@ async def start(gen: GenerationEvents, req: ipc.GenerationRequest,
     if not isinstance(event, ipc.Start):
         raise ApiError(f"the model worker answered {type(event).__name__} before starting", status=500)
     tools = req.tools if req.tool_format and req.tool_format != NATIVE else None
-    return event, AnswerParser(req.tool_format if tools else None, tools, reasoning=req.reasoning,
+    fmt = req.tool_format if tools or frames_answers(req.tool_format) else None
+    return event, AnswerParser(fmt, tools, reasoning=req.reasoning,
                                prompt_tail=event.prompt_tail, stream=stream)
 
 

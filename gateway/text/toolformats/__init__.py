@@ -96,7 +96,7 @@ from .interface import Format
 from .items import CallArgs, CallEnd, CallStart, Item, Piece
 
 __all__ = ["FORMATS", "MARKER_TOKENS", "TABLE", "AnswerParser", "CallArgs", "CallEnd", "CallStart", "Item",
-           "Piece", "ToolCallParser", "describes_tools", "detect", "plain_system_prompt"]
+           "Piece", "ToolCallParser", "describes_tools", "detect", "frames_answers", "plain_system_prompt"]
 
 # In the order detection tries them: the first whose template check passes wins, then the
 # first whose token the vocabulary has; plain is the fallback.
@@ -163,6 +163,12 @@ def detect(chat_template: str | None, special_tokens: Sequence[str] = ()) -> str
         if fmt.TOKEN in tokens:
             return name
     return "plain"
+
+
+def frames_answers(fmt: str | None) -> bool:
+    """Whether every answer of a model whose calls are in ``fmt`` is framed in it, calls or not
+    (``Machine.FRAMES``): its parser reads an answer without tools too."""
+    return fmt in TABLE and TABLE[fmt].Parser.FRAMES
 
 
 def plain_system_prompt(tools: Sequence[dict[str, Any]], fmt: str = "plain", chat_template: str | None = None) -> str:

@@ -48,6 +48,7 @@ class Part(Enum):
 class Parser(JsonCalls):
     OPENERS = (PART,)
     LEADS = frozenset({Part.RECIPIENT})
+    FRAMES = True  # text too goes to a recipient (>>>all)
 
     def __init__(self, tools: Any = None, *, stream: bool = True, prompt_tail: str = ""):
         super().__init__(tools, stream=stream, prompt_tail=prompt_tail)

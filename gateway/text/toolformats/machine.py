@@ -57,6 +57,9 @@ class Machine:
     BLOCKS: ClassVar[frozenset[Enum]] = frozenset()
     LEADS: ClassVar[frozenset[Enum]] = frozenset()  # ... in one of these, the text held is content
     THINKING_ENDS: ClassVar[tuple[str, ...]] = ()  # openers that end thinking left open (the call is read)
+    # every answer is framed in this format, calls or not (functionary v3.2's recipients): the
+    # parser reads an answer without tools too, as llama.cpp's parser of the family does
+    FRAMES: ClassVar[bool] = False
 
     def __init__(self, tools: Sequence[dict[str, Any]] | None = None, *, stream: bool = True,
                  prompt_tail: str = ""):
