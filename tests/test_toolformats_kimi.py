@@ -12,7 +12,8 @@ from realmodel import CACHE
 from gateway.models import testmodels as tm
 from gateway.text import chat_template
 from gateway.text.reasoning import detect as detect_reasoning
-from gateway.text.toolformats import TABLE, AnswerParser, CallArgs, CallEnd, CallStart, Piece, detect
+from gateway.text.reasoning import unsplit
+from gateway.text.toolformats import TABLE, AnswerParser, CallArgs, CallEnd, CallStart, Piece, detect, frames_answers
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
@@ -29,9 +30,10 @@ def template(name):
     return tm.llama_cpp_source_file(f"models/templates/{name}.jinja", CACHE / "templates").read_text()
 
 
-def parse(fmt, pieces, reasoning=None, tail="", stream=True):
-    """(thinking, content, [(name, args)], failed) of an answer fed in ``pieces``."""
-    p = AnswerParser(fmt, TOOLS, reasoning=reasoning, prompt_tail=tail, stream=stream)
+def parse(fmt, pieces, reasoning=None, tail="", stream=True, tools=TOOLS):
+    """(thinking, content, [(name, args)], failed) of an answer fed in ``pieces``; a call that
+    ended with an error (it broke after it began) has args None."""
+    p = AnswerParser(fmt, tools, reasoning=reasoning, prompt_tail=tail, stream=stream)
     items = [it for piece in pieces for it in p.feed(piece)] + p.flush()
     thinking = "".join(i.text for i in items if isinstance(i, Piece) and i.kind == "thinking")
     content = "".join(i.text for i in items if isinstance(i, Piece) and i.kind == "content")
@@ -39,16 +41,28 @@ def parse(fmt, pieces, reasoning=None, tail="", stream=True):
     for i in items:
         if isinstance(i, CallArgs):
             calls[i.index][1] += i.text
-    assert sorted(i.index for i in items if isinstance(i, CallEnd)) == sorted(calls)
-    return thinking, content, [(n, json.loads(a)) for n, a in calls.values()], len(p.failed)
+    ends = {i.index: i.error for i in items if isinstance(i, CallEnd)}
+    assert sorted(ends) == sorted(calls)
+    return thinking, content, [(n, None if ends[k] else json.loads(a)) for k, (n, a) in calls.items()], len(p.failed)
+
+
+def both_ways(fmt, text, **kw):
+    """(streamed, whole) results of the answer, each the same read whole, one character at a time
+    and cut at each point."""
+    got = []
+    for stream in (True, False):
+        one = parse(fmt, [text], stream=stream, **kw)
+        assert parse(fmt, list(text), stream=stream, **kw) == one
+        for i in range(len(text) + 1):
+            assert parse(fmt, [text[:i], text[i:]], stream=stream, **kw) == one, i
+        got.append(one)
+    return tuple(got)
 
 
 def every_way(fmt, text, **kw):
-    whole = parse(fmt, [text], **kw)
-    assert parse(fmt, list(text), **kw) == whole
-    assert parse(fmt, [text], stream=False, **kw) == whole
-    for i in range(len(text) + 1):
-        assert parse(fmt, [text[:i], text[i:]], **kw) == whole, i
+    """The answer's one result, streamed or not (no call in it breaks after it began)."""
+    streamed, whole = both_ways(fmt, text, **kw)
+    assert streamed == whole
     return whole
 
 
@@ -115,6 +129,38 @@ def test_k3_sections_and_calls():
 def test_k3_failures_stay_text():
     unknown = f"<|open|>tools<|sep|>{k3_call('nope', {})}<|close|>tools<|sep|>"
     assert every_way("kimi_k3", unknown) == ("", unknown, [], 1)
+    # cut off (max_tokens) inside the call, even after a whole argument: streamed, the call ends
+    # with an error; whole, its text is content
+    whole = f"<|open|>tools<|sep|>{k3_call('python', {'code': 'x = 1'})}"
+    for cut in (whole[:-len("<|close|>argument<|sep|><|close|>call<|sep|>")], whole[:-len("<|close|>call<|sep|>")]):
+        assert both_ways("kimi_k3", cut) == (("", "", [("python", None)], 1), ("", cut, [], 1))
+    assert every_way("kimi_k3", whole)[2] == [("python", {"code": "x = 1"})]
+    bad_json = '<|open|>tools<|sep|><|open|>call tool="python" index="1"<|sep|><|open|>json<|sep|>[1]<|close|>json<|sep|>' \
+               "<|close|>call<|sep|><|close|>tools<|sep|>"
+    assert both_ways("kimi_k3", bad_json) == (("", "", [("python", None)], 1), ("", bad_json, [], 1))
+
+
+def test_k3_arguments_stream_as_they_are_written():
+    """A string argument leaves as it is written, any other at its end: the arguments come in
+    several pieces before the call ends."""
+    answer = f"<|open|>tools<|sep|>{k3_call('get_weather', {'days': '3', 'city': 'Paris'})}<|close|>tools<|sep|>"
+    p = AnswerParser("kimi_k3", TOOLS)
+    out = [it for c in answer[:answer.index("ris")] for it in p.feed(c)]
+    assert isinstance(out[0], CallStart) and {type(i) for i in out[1:]} == {CallArgs}
+    assert "".join(i.text for i in out if isinstance(i, CallArgs)) == '{"days": 3, "city": "Pa'
+    pieces = []
+    for c in answer[answer.index("ris"):]:
+        pieces += p.feed(c)
+    assert {type(i) for i in pieces[:-1]} == {CallArgs} and pieces[-1] == CallEnd(0)
+    assert sum(isinstance(i, CallArgs) for i in out) > 1
+
+
+def test_k3_sections_dropped_with_thinking_not_split():
+    """With reasoning_format none and no tools, K3's sections are still dropped, as llama.cpp's
+    parser of K3 reads every answer: the think section's text is content."""
+    assert frames_answers("kimi_k3")
+    answer = "Hm.<|close|>think<|sep|><|open|>response<|sep|>Hi<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>"
+    assert every_way("kimi_k3", answer, tools=None, reasoning=unsplit("kimi_k3"), tail=K3_TAIL) == ("", "Hm.Hi", [], 0)
 
 
 def test_history_ids_are_the_ones_kimi_writes():

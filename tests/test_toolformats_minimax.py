@@ -25,6 +25,8 @@ TOOLS = [
         "rows": {"type": "array", "items": {"type": "object", "properties": {"id": {"type": "integer"}}}},
         "limit": {"oneOf": [{"type": "integer"}, {"type": "object", "properties": {"max": {"type": "integer"}}}]},
         "label": {"anyOf": [{"type": "string"}, {"type": "object"}]}, "any": {}}}}},
+    {"type": "function", "function": {"name": "same", "parameters": {"type": "object", "properties": {
+        "a": {"type": "object", "properties": {"a": {"type": "integer"}}}}}}},
 ]
 MM_THINK = pair_format("<mm:think>", "</mm:think>")
 
@@ -34,7 +36,8 @@ def template(name):
 
 
 def parse(fmt, pieces, reasoning=None, tail="", stream=True):
-    """(thinking, content, [(name, args)], failed) of an answer fed in ``pieces``."""
+    """(thinking, content, [(name, args)], failed) of an answer fed in ``pieces``; a call that
+    ended with an error (it broke after it began) has args None."""
     p = AnswerParser(fmt, TOOLS, reasoning=reasoning, prompt_tail=tail, stream=stream)
     items = [it for piece in pieces for it in p.feed(piece)] + p.flush()
     thinking = "".join(i.text for i in items if isinstance(i, Piece) and i.kind == "thinking")
@@ -43,18 +46,43 @@ def parse(fmt, pieces, reasoning=None, tail="", stream=True):
     for i in items:
         if isinstance(i, CallArgs):
             calls[i.index][1] += i.text
-    assert sorted(i.index for i in items if isinstance(i, CallEnd)) == sorted(calls)
-    return thinking, content, [(n, json.loads(a)) for n, a in calls.values()], len(p.failed)
+    ends = {i.index: i.error for i in items if isinstance(i, CallEnd)}
+    assert sorted(ends) == sorted(calls)
+    return thinking, content, [(n, None if ends[k] else json.loads(a)) for k, (n, a) in calls.items()], len(p.failed)
+
+
+def both_ways(fmt, text, **kw):
+    """(streamed, whole) results of the answer, each the same read whole, one character at a time
+    and cut at each point."""
+    got = []
+    for stream in (True, False):
+        one = parse(fmt, [text], stream=stream, **kw)
+        assert parse(fmt, list(text), stream=stream, **kw) == one
+        for i in range(len(text) + 1):
+            assert parse(fmt, [text[:i], text[i:]], stream=stream, **kw) == one, i
+        got.append(one)
+    return tuple(got)
 
 
 def every_way(fmt, text, **kw):
-    """The answer read whole, one character at a time, cut at each point, streamed or not: one result."""
-    whole = parse(fmt, [text], **kw)
-    assert parse(fmt, list(text), **kw) == whole
-    assert parse(fmt, [text], stream=False, **kw) == whole
-    for i in range(len(text) + 1):
-        assert parse(fmt, [text[:i], text[i:]], **kw) == whole, i
+    """The answer's one result, streamed or not (no call in it breaks after it began)."""
+    streamed, whole = both_ways(fmt, text, **kw)
+    assert streamed == whole
     return whole
+
+
+def args_before_the_end(fmt, text, **kw):
+    """The first call's CallArgs pieces that left before its CallEnd, the answer fed one
+    character at a time."""
+    p = AnswerParser(fmt, TOOLS, **kw)
+    pieces = []
+    for c in text:
+        for it in p.feed(c):
+            if isinstance(it, CallEnd):
+                return pieces
+            if isinstance(it, CallArgs) and it.index == 0:
+                pieces.append(it.text)
+    raise AssertionError("the call did not end")
 
 
 def test_detected_from_the_real_templates():
@@ -71,6 +99,9 @@ M2_CALLS = ('Let me check.\n<minimax:tool_call>\n<invoke name="get_weather">\n<p
 def test_m2_calls_typed_by_the_schema():
     assert every_way("minimax", M2_CALLS) == (
         "", "Let me check.", [("get_weather", {"city": "New\nYork", "days": 3, "hot": True}), ("noop", {})], 0)
+    # a value runs to its closer, a parameter's opener inside it included
+    inner = M2_CALLS.replace("New\nYork", 'a <parameter name="days">b')
+    assert every_way("minimax", inner)[2][0] == ("get_weather", {"city": 'a <parameter name="days">b', "days": 3, "hot": True})
     # after the prompt's <think>: thinking, then the calls
     got = every_way("minimax", "Hm.\n</think>\n\n" + M2_CALLS, reasoning="think", tail="]~b]ai\n<think>\n")
     assert got[0] == "Hm." and len(got[2]) == 2
@@ -80,9 +111,11 @@ def test_m2_failures_stay_text():
     unknown = '<minimax:tool_call>\n<invoke name="nope">\n</invoke>\n</minimax:tool_call> ok'
     assert every_way("minimax", unknown) == ("", unknown, [], 1)
     cut = '<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Par'
-    assert every_way("minimax", cut) == ("", cut, [], 1)
-    # the answer ended after a whole parameter: the call is whole
-    assert every_way("minimax", cut + "is</parameter>")[2] == [("get_weather", {"city": "Paris"})]
+    # cut off (max_tokens): streamed, the call ends with an error; whole, its text is content
+    for text in (cut, cut + "is</parameter>"):
+        assert both_ways("minimax", text) == (("", "", [("get_weather", None)], 1), ("", text, [], 1))
+    # the block's closer left out: the invoke's is enough
+    assert every_way("minimax", cut + "is</parameter>\n</invoke>")[2] == [("get_weather", {"city": "Paris"})]
 
 
 def m3(invoke_body, name="nested"):
@@ -107,18 +140,28 @@ def test_m3_values_read_by_the_schema():
 def test_m3_thinking_and_failures():
     # a turn without thinking opens with a bare </mm:think>
     assert every_way("minimax_m3", "</mm:think>Hello", reasoning=MM_THINK) == ("", "Hello", [], 0)
-    bad = m3(el("point", el("z", "1")))  # not one of the object's keys
-    assert every_way("minimax_m3", bad) == ("", bad, [], 1)
+    for bad in (m3(el("point", el("z", "1"))), m3(el("days", "x"), name="get_weather")):  # not a key; not the schema's
+        assert both_ways("minimax_m3", bad)[1] == ("", bad, [], 1)
+        assert both_ways("minimax_m3", bad)[0][1:] == ("", [(bad.split('"')[1], None)], 1)
+    # an element nested in one of the same name, spaces around the elements
+    assert every_way("minimax_m3", m3(el("a", " " + el("a", "1") + "\n"), name="same"))[2] == [("same", {"a": {"a": 1}})]
     unknown = m3("", name="nope")
     assert every_way("minimax_m3", unknown) == ("", unknown, [], 1)
 
 
-def test_a_call_is_held_until_its_invoke_ends():
+def test_arguments_stream_as_they_are_written():
+    """A value that is text leaves as it is written, any other at its parameter's end: the
+    arguments come in several pieces before the call ends."""
     p = AnswerParser("minimax", TOOLS)
-    text = M2_CALLS.split("<invoke name=\"noop\">")[0]
-    before = [it for c in text[:-len("</invoke>\n")] for it in p.feed(c)]
-    assert not any(isinstance(it, CallStart) for it in before)
-    assert [type(it) for it in p.feed("</invoke>")] == [CallStart, CallArgs, CallEnd]
+    out = [it for c in M2_CALLS[:M2_CALLS.index("York")] for it in p.feed(c)]
+    calls = [i for i in out if not isinstance(i, Piece)]
+    assert isinstance(calls[0], CallStart) and {type(i) for i in calls[1:]} == {CallArgs}
+    assert "".join(i.text for i in out if isinstance(i, CallArgs)) == '{"city": "New\\n'
+    assert len(args_before_the_end("minimax", M2_CALLS)) > 2
+    m3_calls = m3(el("point", el("x", "1")) + el("label", "a long label") + el("tags", el("item", "b")))
+    pieces = args_before_the_end("minimax_m3", m3_calls)
+    assert pieces[0] == '{"point": {"x": 1}' and len(pieces) > 3
+    assert json.loads("".join(pieces)) == {"point": {"x": 1}, "label": "a long label", "tags": ["b"]}
 
 
 @pytest.mark.parametrize("name, fmt, pattern", [

@@ -5,19 +5,23 @@ is a think section, a response section, then the calls in a tools section,
 A value is typed by the tool's schema (a string where it names no type), as
 llama.cpp reads it; arguments written as one ``<|open|>json<|sep|>`` object are read too. The
 think and response markers are the thinking format's (``reasoning``'s ``kimi_k3``); when thinking
-is not split they, and the message's end, are dropped here. Calls are read whole by
-``minimax.Invokes``."""
+is not split they, and the message's end, are dropped here, tools or not (``FRAMES``: every answer
+is read by this parser, as llama.cpp reads K3's). Calls are read by
+``minimax.Streamed`` as they stream; a ``json`` element is read whole at its end."""
 
 from __future__ import annotations
 
+import json
 import re
+from enum import Enum
 from typing import Any
 
 from .gbnf import WS, Grammar, Rules, lit, repeat, until
 from .interface import history_as_is
-from .minimax import Invokes, _raw
-from .scan import WS as SPACE
-from .scan import loads, typed
+from .minimax import Streamed, _raw
+from .scan import loads
+from .scan import until as until_marker
+from .xmlcall import Xml
 
 TAG_OPEN, TAG_CLOSE, SEP, EOM = "<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"
 TOOLS_START, TOOLS_END = f"{TAG_OPEN}tools{SEP}", f"{TAG_CLOSE}tools{SEP}"
@@ -60,48 +64,51 @@ def grammar(rules: Rules, tools: list[dict[str, Any]], *, required: bool, parall
 
 history = history_as_is
 
-_HEAD = re.compile(r'([^"<>\n]{1,256})"[^<>]{0,256}?' + re.escape(SEP))
+class K3(Enum):
+    JSON = "_s_json"  # a call's json element, up to its closer
 
 
-class Parser(Invokes):
+class Parser(Streamed):
     OPENERS = (TOOLS_START,)
     STRAYS = (TOOLS_END, *SECTIONS)
     BEGIN, END, OPEN, CLOSE = TOOLS_START, TOOLS_END, CALL_START, CALL_END
+    FUNCTION_BLOCK, FUNCTION_MARKERS, PARAMETER_MARKERS = (BEGIN, END), (OPEN, CLOSE), (ARG_START, ARG_END)
+    NAME_END = PARAMETER_NAME_END = '"'
+    ATTRS_END = SEP  # index="N" after a call's name, type="T" after an argument's: the schema types the value
+    NAME_BAD = PARAMETER_NAME_BAD = '\n<>"'
+    INNER = (JSON_START,)
+    # every answer is a message of sections, tools or not: read without tools too (the sections'
+    # markers dropped), as llama.cpp's parser of K3 reads it whatever the request
+    FRAMES = True
 
-    def _read_head(self, body: str) -> tuple[str, int]:
-        m = _HEAD.match(body)
-        if m is None:
-            raise ValueError("a malformed call")
-        return m.group(1).strip(), m.end()
+    def _types(self, schema: Any) -> set[str] | None:
+        # as llama.cpp: the schema's type, a string where it names none
+        kind = schema.get("type") if isinstance(schema, dict) else None
+        return {kind if isinstance(kind, str) else "string"}
 
-    def _read_invoke(self, body: str, schema: dict[str, Any]) -> dict[str, Any]:
-        props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
-        assert isinstance(props, dict)
-        out: dict[str, Any] = {}
-        i = 0
-        while True:
-            i = len(body) - len(body[i:].lstrip(SPACE))
-            if i == len(body):
-                return out
-            if body.startswith(JSON_START, i):  # the arguments as one JSON object
-                start, end = body.find(SEP, i), body.find(JSON_END, i)
-                if start < 0 or end < start:
-                    raise ValueError("a malformed json element")
-                args = loads(body[start + len(SEP):end])
-                if not isinstance(args, dict):
-                    raise ValueError("the arguments are not an object")
-                out.update(args)
-                i = end + len(JSON_END)
-                continue
-            if not body.startswith(ARG_START, i):
-                raise ValueError("text between arguments")
-            m = _HEAD.match(body, i + len(ARG_START))
-            end = body.find(ARG_END, i)
-            if m is None or end < m.end():
-                raise ValueError("a malformed argument")
-            key, value = m.group(1), body[m.end():end]
-            # as llama.cpp: the schema's type, a string where it names none
-            prop = props.get(key)
-            kind = prop.get("type") if isinstance(prop, dict) else None
-            out[key] = loads(typed(value, {kind if isinstance(kind, str) else "string"}))
-            i = end + len(ARG_END)
+    def _inner(self, marker: str) -> None:
+        self._take(len(marker))
+        self._fn.value = ""
+        self._go(K3.JSON)
+
+    def _s_json(self, final: bool) -> bool:
+        """The arguments as one JSON object, ``<|open|>json ATTRS<|sep|>{...}<|close|>json<|sep|>``,
+        its members added to the arguments."""
+        fn = self._fn
+        text, marker = until_marker(self._buf, (JSON_END, CALL_END, TOOLS_END), final)
+        fn.value += self._take(len(text))
+        if marker is None:
+            return bool(text)
+        attrs, sep, body = fn.value.partition(SEP)
+        try:
+            args = loads(body) if sep and marker == JSON_END and not set(attrs) & set("<>") else None
+        except ValueError:
+            args = None
+        if not isinstance(args, dict):
+            self._broken("a malformed json element")
+            return True
+        self._take(len(marker))
+        for key, value in args.items():
+            self._member(key, json.dumps(value, ensure_ascii=False))
+        self._go(Xml.FUNC)
+        return True

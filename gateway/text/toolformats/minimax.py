@@ -1,10 +1,12 @@
 """minimax: MiniMax M2's ``<minimax:tool_call>\\n<invoke name="N">\\n<parameter name="P">VALUE</parameter>\\n
-</invoke>\\n</minimax:tool_call>`` (several invokes per block), each value typed by the tool's
-schema as in ``xmlcall``. Its thinking is ``<think>`` (``reasoning``).
+</invoke>\\n</minimax:tool_call>`` (several invokes per block), each invoke read as it streams,
+each value typed by the tool's schema (``xmlcall``). Its thinking is ``<think>`` (``reasoning``).
 
-``Invokes`` is the reader shared with ``minimax_m3``: a block of invokes, each held until its
-``</invoke>`` (or the block's end, or the answer's) and then read whole by the format's
-``_read_invoke``, so a call's items leave at once, whole or streamed alike."""
+``Invokes`` is the block of invokes, shared with the formats that write one: in ``Streamed``
+(``minimax``, ``minimax_m3``, ``kimi_k3``) each invoke is read by ``xmlcall`` as it streams, its
+markers those of an XML-style function; otherwise (``muse``, ``minicpm5``) each is held until its
+closer (or the block's end, or the answer's) and then read whole by the format's ``_read_invoke``,
+so its items leave at once."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from .machine import Text
 from .scan import WS as SPACE
 from .scan import lead, loads, schema_types, typed
 from .scan import until as until_marker
+from .xmlcall import Function, XmlCalls
 
 CALLS_BEGIN, CALLS_END = "<minimax:tool_call>", "</minimax:tool_call>"
 INVOKE, INVOKE_END = '<invoke name="', "</invoke>"
@@ -81,7 +84,8 @@ _NAME = re.compile(r'\s*([^"<>\n]{1,256})">')
 
 
 class Invokes(JsonCalls):
-    """A block of invokes, each read whole once it ends (``_read_invoke``)."""
+    """A block of invokes, each read whole once it ends (``_read_invoke``) unless the format
+    reads it another way (``_invoke``)."""
 
     BEGIN: ClassVar[str]
     END: ClassVar[str]
@@ -106,13 +110,17 @@ class Invokes(JsonCalls):
             self._close_block()
         elif m == self.OPEN:
             self._take(len(m))
-            self._body_at = len(self._new_call().raw)
-            self._go(Block.INVOKE)
+            self._invoke()
         else:
             self._new_call()
             self._junk(((self.END, True), (self.BEGIN, False)), "not a tool call")
             self._after = Text.TEXT
         return True
+
+    def _invoke(self) -> None:
+        """An invoke's opener was just read: hold its text until it ends."""
+        self._body_at = len(self._new_call().raw)
+        self._go(Block.INVOKE)
 
     def _s_invoke(self, final: bool) -> bool:
         text, marker = until_marker(self._buf, (self.CLOSE, self.END, self.OPEN, self.BEGIN), final)
@@ -162,13 +170,28 @@ class Invokes(JsonCalls):
         raise NotImplementedError
 
 
-class Parser(Invokes):
+class Streamed(Invokes, XmlCalls):
+    """A block of invokes, each read by ``xmlcall`` as it streams: the block's markers are
+    ``FUNCTION_BLOCK``, an invoke's ``FUNCTION_MARKERS`` (as ``BEGIN`` ... ``CLOSE``)."""
+
+    VALUE_NEWLINES = False  # the value is what lies between the parameter's markers
+
+    def _invoke(self) -> None:
+        self._new_call()
+        self._function(bare=False, after=Block.BLOCK)
+
+    def _value_ends(self, fn: Function) -> tuple[str, ...]:
+        # a value runs to its closer (a parameter's opener inside it is its text), as llama.cpp reads it
+        return (fn.close, self.FUNCTION_MARKERS[1], self.FUNCTION_BLOCK[1])
+
+
+class Parser(Streamed):
     OPENERS = (CALLS_BEGIN,)
     STRAYS = (CALLS_END,)
     BEGIN, END, OPEN, CLOSE = CALLS_BEGIN, CALLS_END, INVOKE, INVOKE_END
-
-    def _read_invoke(self, body: str, schema: dict[str, Any]) -> dict[str, Any]:
-        return read_parameters(body, schema, PARAMETER, PARAMETER_END)
+    FUNCTION_BLOCK, FUNCTION_MARKERS, PARAMETER_MARKERS = (BEGIN, END), (OPEN, CLOSE), (PARAMETER, PARAMETER_END)
+    NAME_END = PARAMETER_NAME_END = '">'
+    NAME_BAD = PARAMETER_NAME_BAD = '\n<>"'
 
 
 def read_parameters(body: str, schema: dict[str, Any], opener: str, closer: str) -> dict[str, Any]:

@@ -5,19 +5,22 @@ array's values as ``NS<item>``), read by the parameter's schema as llama.cpp rea
 whose schema allows a string is the raw text up to its closing tag, a union tries its
 alternatives in order, an object or array is read as elements, anything else is JSON. Its
 thinking is ``<mm:think>...</mm:think>`` (``reasoning``; a turn without thinking opens with a
-bare ``</mm:think>``). Invokes are read whole by ``minimax.Invokes``."""
+bare ``</mm:think>``). Invokes are read by ``minimax.Streamed`` as they stream: a value that is
+raw text streams as it is written, any other is read whole at its closing tag."""
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
 from ..schemacheck import allows_any
 from .gbnf import WS, Grammar, Rules, lit, repeat, until
 from .interface import history_as_is
-from .minimax import Invokes, _raw
+from .minimax import Streamed, _raw
 from .scan import WS as SPACE
 from .scan import loads, typed
+from .xmlcall import Function
 
 NS = "]<]minimax[>["
 CALLS_BEGIN, CALLS_END = NS + "<tool_call>", NS + "</tool_call>"
@@ -175,13 +178,33 @@ def _value(s: str, i: int, schema: Any, close: str) -> tuple[Any, int]:
     return loads(s[i:end].strip()), end + len(close)
 
 
-class Parser(Invokes):
+class Parser(Streamed):
     OPENERS = (CALLS_BEGIN,)
     STRAYS = (CALLS_END,)
     BEGIN, END, OPEN, CLOSE = CALLS_BEGIN, CALLS_END, INVOKE, INVOKE_END
+    FUNCTION_BLOCK, FUNCTION_MARKERS, PARAMETER_MARKERS = (BEGIN, END), (OPEN, CLOSE), (NS + "<", "")
+    NAME_END = '">'
+    NAME_BAD = '\n<>"'
+    PARAMETER_NAME_END, PARAMETER_NAME_BAD = ">", SPACE + "<>/"
 
-    def _read_invoke(self, body: str, schema: dict[str, Any]) -> dict[str, Any]:
-        args, end = _members(body + INVOKE_END, 0, _properties(schema) if schema else None, INVOKE_END)
-        if end != len(body) + len(INVOKE_END):
-            raise ValueError("text after the arguments")
-        return args
+    def _parameter_end(self, name: str) -> str:
+        return f"{NS}</{name}>"
+
+    def _props(self) -> dict[str, Any] | None:
+        """The call's tool's parameters (None: it names none, any element is taken)."""
+        return _properties(self.params.get(self._current.name or "", {}))
+
+    def _text_value(self, fn: Function) -> bool:
+        return fn.schema is not None and not allows_any(fn.schema) and _raw(fn.schema)
+
+    def _inside(self, fn: Function) -> bool:
+        return fn.value.count(f"{NS}<{fn.name}>") > fn.value.count(fn.close)
+
+    def _value_json(self, fn: Function, value: str) -> str:
+        props = self._props()
+        if props is not None and fn.name not in props:
+            raise ValueError(f"an unknown element {fn.name!r}")
+        got, end = _value(value + fn.close, 0, fn.schema if props is not None else None, fn.close)
+        if end != len(value) + len(fn.close):
+            raise ValueError("text after the value")
+        return json.dumps(got, ensure_ascii=False)

@@ -1,85 +1,127 @@
-"""Reader of a call written as Qwen3-Coder's XML-style function, shared by the formats that
-write or read it: ``<function=N>`` then ``<parameter=P>\\nVALUE\\n</parameter>`` per argument,
-then ``</function>``, inside a block whose markers the format names (``FUNCTION_BLOCK``).
+"""Reader of a call written as an XML-style function, shared by the formats that write one: the
+function's opener and name, each argument as a parameter (its opener, name, value and closer),
+then the function's closer, inside a block whose markers the format names (``FUNCTION_BLOCK``).
+Qwen3-Coder's markers are the defaults (``<function=N>``, ``<parameter=P>\\nVALUE\\n</parameter>``,
+``</function>``); a format names its own (``FUNCTION_MARKERS``, ``PARAMETER_MARKERS``, what ends a
+name and the attributes after it: MiniMax's ``<invoke name="N">``, Kimi K3's tags).
 
-The arguments object is built here, each value typed by the tool's JSON schema as llama.cpp
-does: a string-only parameter stays text (and streams as it is written), any other is read as
-JSON when it parses as one of the schema's types, and is a string otherwise."""
+The arguments object is built here and streams as it is read: a parameter's key once its name is
+read, a value typed as text (a string-only parameter, by default) as it is written, any other
+once its parameter ends, typed by the tool's JSON schema as llama.cpp does: JSON when it parses
+as one of the schema's types, a string otherwise. A format may type values its own way
+(``_types``, ``_text_value``, ``_value_json``). The call is whole only once its function ends:
+an answer that ends inside it ends the call with an error."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from enum import Enum
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from .jsoncall import JsonCalls
 from .machine import Text
-from .scan import BAD, MORE, escape, read_name, schema_types, typed, until
+from .scan import MORE, Status, escape, read_name, schema_types, typed, until
 
 FUNCTION, FUNCTION_END = "<function=", "</function>"
 PARAMETER, PARAMETER_END = "<parameter=", "</parameter>"
 
 
 class Xml(Enum):
-    NAME = "_s_x_name"  # after <function=: the name up to >
+    NAME = "_s_x_name"  # after the function's opener: its name (and attributes)
     FUNC = "_s_x_func"  # between parameters
-    PNAME = "_s_x_pname"  # after <parameter=: its name up to >
-    VALUE = "_s_x_value"  # a parameter's value up to </parameter>
+    PNAME = "_s_x_pname"  # after a parameter's opener: its name (and attributes)
+    VALUE = "_s_x_value"  # a parameter's value up to its closer
 
 
 @dataclass
-class _Function:
+class Function:
     """The function being read."""
 
-    bare: bool  # opened by <function= alone, outside a block: a bad name makes it text
+    bare: bool  # opened by its opener alone, outside a block: a bad name makes it text
     after: Enum  # where to go once it is over
-    params: int = 0  # parameters read so far
+    params: int = 0  # members of the arguments object written so far
     # the parameter being read
-    prefix: str = ""  # its key's JSON text, written before a value typed at its end
+    name: str = ""
+    schema: Any = None  # its schema in the tool's (None: the tool names no such parameter)
     types: set[str] | None = None
+    close: str = ""  # the marker that ends it
+    text: bool = False  # its value streams as a JSON string
     value: str = ""
     value_begun: bool = False
-    held_nl: bool = False  # a newline held back: the last one before </parameter> is not the value's
+    held_nl: bool = False  # a newline held back: the last one before the closer is not the value's
+
+
+def until_longest(buf: str, markers: tuple[str, ...], final: bool) -> tuple[str, str | None]:
+    """``scan.until``, but a marker found is not taken while a longer one it begins may still be
+    arriving there (MiniMax M3's parameter opener begins its invoke's closer)."""
+    text, marker = until(buf, markers, final)
+    rest = buf[len(text):]
+    if marker is not None and not final and any(len(m) > len(rest) and m.startswith(rest) for m in markers):
+        return text, None
+    return text, marker
 
 
 class XmlCalls(JsonCalls):
-    """The function reader; a format enters it with ``_function`` once ``<function=`` is read."""
+    """The function reader; a format enters it with ``_function`` once the function's opener is read."""
 
     FUNCTION_BLOCK: ClassVar[tuple[str, str]]  # the markers that open and close the block around calls
-    # a newline right after <parameter=P> and one right before </parameter> are the format's, not the value's
+    FUNCTION_MARKERS: ClassVar[tuple[str, str]] = (FUNCTION, FUNCTION_END)  # a function's opener and closer
+    PARAMETER_MARKERS: ClassVar[tuple[str, str]] = (PARAMETER, PARAMETER_END)
+    NAME_END: ClassVar[str] = ">"  # what ends a function's name
+    PARAMETER_NAME_END: ClassVar[str] = ">"
+    ATTRS_END: ClassVar[str] = ""  # when set, attributes follow a name's end up to this marker
+    NAME_BAD: ClassVar[str] = '\n<{}"'  # characters a function's name cannot hold
+    PARAMETER_NAME_BAD: ClassVar[str] = "\n<"
+    INNER: ClassVar[tuple[str, ...]] = ()  # markers of the format's own between parameters (``_inner``)
+    # a newline right after the parameter's opener and one right before its closer are the format's, not the value's
     VALUE_NEWLINES: ClassVar[bool] = True
-    _fn: _Function
+    _fn: Function
 
     def _function(self, bare: bool, after: Enum) -> None:
-        self._fn = _Function(bare, after)
+        self._fn = Function(bare, after)
         self._go(Xml.NAME)
 
     def _function_ends(self) -> tuple[tuple[str, bool], ...]:
         """Where the rest of a malformed function ends (True: the marker is part of it)."""
         opener, closer = self.FUNCTION_BLOCK
-        return ((FUNCTION_END, True), (closer, False), (opener, False))
+        return ((self.FUNCTION_MARKERS[1], True), (closer, False), (opener, False))
+
+    def _broken(self, error: str) -> None:
+        """The function is malformed: its text up to where it ends is the failed call's."""
+        self._junk(self._function_ends(), error)
+        self._after = self._fn.after
+
+    def _head(self, final: bool, end: str, bad: str) -> tuple[str, int] | Status | str:
+        """The name at the start of ``_buf`` up to ``end`` (then any attributes up to
+        ``ATTRS_END``): (name, the length of both), ``MORE`` while it may still come, or ``BAD``."""
+        r = read_name(self._buf, (end,), final, bad=bad)
+        if not isinstance(r, tuple):
+            return r
+        at = len(r[0]) + len(r[1])
+        if not self.ATTRS_END:
+            return r[0], at
+        attrs = read_name(self._buf[at:], (self.ATTRS_END,), final, bad="<>")
+        if not isinstance(attrs, tuple):
+            return attrs
+        return r[0], at + len(attrs[0]) + len(attrs[1])
 
     def _s_x_name(self, final: bool) -> bool:
         call, fn = self._current, self._fn
-        r = read_name(self._buf, (">",), final, bad="\n<{}\"")
+        r = self._head(final, self.NAME_END, self.NAME_BAD)
         if r == MORE:
             return False
-        if r == BAD or (fn.bare and isinstance(r, tuple) and r[0].strip() not in self.params):
+        if not isinstance(r, tuple) or (fn.bare and r[0].strip() not in self.params):
             if fn.bare:  # not a call: the text stays text
                 self._call = None
-                if isinstance(r, tuple):
-                    self._content(call.raw + self._buf[:len(r[0]) + 1])
-                    self._buf = self._buf[len(r[0]) + 1:]
-                else:
-                    self._content(call.raw)
+                n = r[1] if isinstance(r, tuple) else 0
+                self._content(call.raw + self._buf[:n])
+                self._buf = self._buf[n:]
                 self._go(Text.TEXT)
                 return True
-            self._junk(self._function_ends(), "a malformed function name")
-            self._after = fn.after
+            self._broken("a malformed function name")
             return True
-        assert isinstance(r, tuple)
-        self._take(len(r[0]) + 1)
+        self._take(r[1])
         self._name(call, r[0].strip())
         if not call.error:
             self._begin(call)
@@ -92,41 +134,81 @@ class XmlCalls(JsonCalls):
         self._end_call()
         self._go(self._fn.after)
 
+    def _member(self, key: str, value: str) -> None:
+        """One member of the arguments object, its value's JSON text whole."""
+        self._args(self._current, self._key(key) + value)
+        self._fn.params += 1
+
+    def _key(self, key: str) -> str:
+        return ("{" if not self._fn.params else ", ") + json.dumps(key, ensure_ascii=False) + ": "
+
     def _s_x_func(self, final: bool) -> bool:
-        opener, closer = self.FUNCTION_BLOCK
-        junk, marker = until(self._buf, (PARAMETER, FUNCTION_END, closer, FUNCTION, opener), final)
+        (opener, closer), (function, function_end) = self.FUNCTION_BLOCK, self.FUNCTION_MARKERS
+        markers = (self.PARAMETER_MARKERS[0], function_end, closer, function, opener, *self.INNER)
+        junk, marker = until_longest(self._buf, markers, final)
         self._take(len(junk))  # text between parameters carries nothing
         if marker is None:
             return bool(junk)
-        if marker == PARAMETER:
+        if marker == self.PARAMETER_MARKERS[0]:
             self._take(len(marker))
             self._go(Xml.PNAME)
             return True
-        if marker == FUNCTION_END:
+        if marker in self.INNER:
+            self._inner(marker)
+            return True
+        if marker == function_end:
             self._take(len(marker))
-        self._end_function()  # a missing </function> is forgiven when the call goes on to something else
+        self._end_function()  # a missing closer is forgiven when the call goes on to something else
         return True
+
+    def _inner(self, marker: str) -> None:
+        """One of ``INNER``, not consumed yet, met between parameters."""
+        raise NotImplementedError
 
     def _s_x_pname(self, final: bool) -> bool:
         call, fn = self._current, self._fn
-        r = read_name(self._buf, (">",), final, bad="\n<")
+        r = self._head(final, self.PARAMETER_NAME_END, self.PARAMETER_NAME_BAD)
         if r == MORE:
             return False
-        if r == BAD:
-            self._junk(self._function_ends(), "a malformed parameter")
-            self._after = fn.after
+        if not isinstance(r, tuple):
+            self._broken("a malformed parameter")
             return True
-        assert isinstance(r, tuple)
-        self._take(len(r[0]) + 1)
-        name = r[0].strip()
-        schema = self.params.get(call.name or "", {}).get("properties")
-        fn.types = schema_types(schema.get(name)) if isinstance(schema, dict) else None
-        fn.prefix = ("{" if not fn.params else ", ") + json.dumps(name, ensure_ascii=False) + ": "
+        self._take(r[1])
+        fn.name = r[0].strip()
+        props = self.params.get(call.name or "", {}).get("properties")
+        fn.schema = props.get(fn.name) if isinstance(props, dict) else None
+        fn.types = self._types(fn.schema)
+        fn.close = self._parameter_end(fn.name)
         fn.value, fn.value_begun, fn.held_nl = "", False, False
-        if fn.types == {"string"}:
-            self._args(call, fn.prefix + '"')
+        fn.text = self._text_value(fn)
+        if fn.text:
+            self._args(call, self._key(fn.name) + '"')
         self._go(Xml.VALUE)
         return True
+
+    def _types(self, schema: Any) -> set[str] | None:
+        """The JSON types a parameter's value may take (None: any)."""
+        return schema_types(schema)
+
+    def _parameter_end(self, name: str) -> str:
+        """The marker that ends the parameter ``name``."""
+        return self.PARAMETER_MARKERS[1]
+
+    def _text_value(self, fn: Function) -> bool:
+        """Whether the parameter's value is text, streamed as a JSON string as it is written."""
+        return fn.types == {"string"}
+
+    def _value_ends(self, fn: Function) -> tuple[str, ...]:
+        """The markers that end a value: its closer, and those a missing closer is forgiven at."""
+        return (fn.close, self.PARAMETER_MARKERS[0], self.FUNCTION_MARKERS[1], self.FUNCTION_BLOCK[1])
+
+    def _inside(self, fn: Function) -> bool:
+        """Whether the closer just met belongs to the value read so far (an element nested in it)."""
+        return False
+
+    def _value_json(self, fn: Function, value: str) -> str:
+        """The JSON text of a value read whole; ValueError when it does not read."""
+        return typed(value, fn.types)
 
     def _s_x_value(self, final: bool) -> bool:
         call, fn = self._current, self._fn
@@ -135,9 +217,9 @@ class XmlCalls(JsonCalls):
             if self._buf.startswith("\n") and self.VALUE_NEWLINES:
                 self._take(1)
             return True
-        text, marker = until(self._buf, (PARAMETER_END, PARAMETER, FUNCTION_END, self.FUNCTION_BLOCK[1]), final)
+        text, marker = until_longest(self._buf, self._value_ends(fn), final)
         n = len(self._take(len(text)))
-        if fn.types == {"string"}:
+        if fn.text:
             text = ("\n" if fn.held_nl else "") + text
             fn.held_nl = text.endswith("\n") and self.VALUE_NEWLINES
             self._args(call, escape(text[:-1] if fn.held_nl else text))
@@ -145,13 +227,21 @@ class XmlCalls(JsonCalls):
             fn.value += text
         if marker is None:
             return n > 0
-        if fn.types == {"string"}:
+        if marker == fn.close and not fn.text and self._inside(fn):
+            fn.value += self._take(len(marker))
+            return True
+        if fn.text:
             self._args(call, '"')
+            fn.params += 1
         else:
             value = fn.value[:-1] if fn.value.endswith("\n") and self.VALUE_NEWLINES else fn.value
-            self._args(call, fn.prefix + typed(value, fn.types))
-        fn.params += 1
-        if marker == PARAMETER_END:
+            try:
+                value = self._value_json(fn, value)
+            except ValueError as e:
+                self._broken(str(e) or "a malformed value")
+                return True
+            self._member(fn.name, value)
+        if marker == fn.close:
             self._take(len(marker))
         self._go(Xml.FUNC)
         return True
