@@ -15,6 +15,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -192,7 +193,7 @@ def tiny_random_model(vocab: str, seed: int) -> Path:
     return path
 
 
-WEATHER = {"type": "function", "function": {
+WEATHER: dict[str, Any] = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 CALL = ["<tool_call>", "\n", '{"name":', ' "get_weather",', ' "arguments":', ' {"city":', ' "Paris"}}', "\n",
@@ -212,4 +213,132 @@ def agent_model(path: Path, final: list[str] = ["It", " is", " 18", " C", "."], 
     template = qwen.read_text() + "{%- if messages[-1]['role'] == 'tool' %}!{% endif %}"
     tm.write_scripted_model(path, [tm.Script([tm.Special(call[0]), *call[1:-1], tm.Special(call[-1])]),
                                    tm.Script(final, trigger="!")], chat_template=template, context_length=context_length)
+    return path
+
+
+def vocab_scripted_model(path: Path, vocab: str, chat_template: str, scripts: list[tuple[str, list[str]]]) -> Path:
+    """A scripted model (ggufwriter's: one layer that adds nothing, one-hot embeddings, each token's
+    successor fixed by the output matrix) over llama.cpp's real ``vocab`` vocabulary, under
+    ``chat_template``. Each script is (prompt, steps): the model writes ``steps`` after the last
+    token of ``prompt`` (as the real tokenizer reads it; the rendered prompt a request will end
+    with), then the vocabulary's end of generation. Each step is tokenized by the real tokenizer,
+    so a marker the vocabulary has as a control token is that token. A token can have one
+    successor only, so one already taken is spelled again from other tokens of the same bytes
+    (a control token's text from ordinary ones); a step that cannot be is a ValueError. That
+    bounds what a byte-level vocabulary (Qwen 2's) can script: it spells a character such as
+    ">" that no neighbour merges with in one way only, so it can be written once."""
+    import ctypes
+
+    import gguf
+    import llama_cpp as L
+    import numpy as np
+
+    from gateway.models import testmodels as tm
+    from gateway.models.ggufwriter import finish, identity_layer
+
+    vocab_file = tm.find_vocab(vocab, cache_dir=REPO / ".cache" / "vocab")
+    with vocab_only(vocab) as v:
+        n_vocab = L.llama_vocab_n_tokens(v)
+        buf = ctypes.create_string_buffer(512)
+        pieces: list[bytes] = []
+        ordinary: dict[bytes, list[int]] = {}  # bytes -> the ordinary tokens that render them
+        for tid in range(n_vocab):
+            n = L.llama_token_to_piece(v, tid, buf, len(buf), 0, True)
+            pieces.append(buf.raw[:max(n, 0)])
+            if n > 0 and not L.llama_vocab_get_attr(v, tid) & L.LLAMA_TOKEN_ATTR_CONTROL:
+                ordinary.setdefault(pieces[tid], []).append(tid)
+
+        def tokenize(text: str) -> list[int]:
+            data = text.encode()
+            ids = (L.llama_token * (len(data) + 8))()
+            n = L.llama_tokenize(v, data, len(data), ids, len(ids), False, True)
+            assert n >= 0
+            return list(ids[:n])
+
+        end = L.llama_vocab_eos(v) if L.llama_vocab_eos(v) >= 0 else L.llama_vocab_eot(v)
+        longest = max(len(p) for p in ordinary)
+        used: set[int] = set()
+
+        def respell(data: bytes) -> tuple[int, ...] | None:
+            """``data`` in fresh ordinary tokens, longest first (a search back from a dead end
+            that does not retry a place it failed from: fast, and enough for a script)."""
+            dead: set[int] = set()
+
+            def search(at: int, taken: tuple[int, ...]) -> tuple[int, ...] | None:
+                if at == len(data):
+                    return taken
+                if at not in dead:
+                    for size in range(min(len(data) - at, longest), 0, -1):
+                        for tid in ordinary.get(data[at:at + size], ()):
+                            if tid not in used and tid not in taken and (found := search(at + size, (*taken, tid))):
+                                return found
+                    dead.add(at)
+                return None
+
+            return search(0, ())
+
+        successor: dict[int, int] = {}
+        triggers = [tokenize(prompt)[-1] for prompt, _ in scripts]
+        if len(set(triggers)) < len(triggers):
+            raise ValueError(f"two prompts end in the same token: {[pieces[t] for t in triggers]}")
+        used.update(triggers)
+        for prev, (_, steps) in zip(triggers, scripts, strict=True):
+            written = b""
+            for step in steps:
+                # control tokens the tokenizer read stay, unless taken; a run of other tokens is
+                # spelled again as a whole where one of its tokens is taken
+                runs: list[list[int]] = [[]]
+                for tid in tokenize(step):
+                    if L.llama_vocab_get_attr(v, tid) & L.LLAMA_TOKEN_ATTR_CONTROL and tid not in used:
+                        runs += [[tid], []]
+                    else:
+                        runs[-1].append(tid)
+                for run in runs:
+                    fresh = len(set(run)) == len(run) and not used & set(run)
+                    spelled = tuple(run) if fresh else respell(b"".join(pieces[t] for t in run))
+                    if spelled is None:
+                        raise ValueError(f"no fresh tokens left to spell {step!r}")
+                    for t in spelled:
+                        used.add(t)
+                        successor[prev], prev = t, t
+                        written += pieces[t]
+            successor[prev] = end
+            if written != "".join(steps).encode():
+                raise ValueError(f"the script reads back as {written!r}")
+
+    reader = gguf.GGUFReader(str(vocab_file))
+    w = gguf.GGUFWriter(str(path), "llama")
+    for key, fld in reader.fields.items():
+        if key.startswith("tokenizer.") and key != "tokenizer.chat_template":
+            if fld.types[0] == gguf.GGUFValueType.ARRAY:
+                w.add_key_value(key, fld.contents(), fld.types[0], sub_type=fld.types[-1])
+            else:
+                w.add_key_value(key, fld.contents(), fld.types[0])
+    w.add_chat_template(chat_template)
+    # one-hot slots as ggufwriter's: slot 0 is every token without a successor (-> the end)
+    slots = {tid: i + 1 for i, tid in enumerate(sorted(successor))}
+    n_embd = max(64, -(-(len(slots) + 1) // 64) * 64)
+    embd = np.zeros((n_vocab, n_embd), dtype=np.float16)
+    embd[:, 0] = 1.0
+    out = np.zeros((n_vocab, n_embd), dtype=np.float16)
+    scale = 50.0 / np.sqrt(n_embd)  # RMSNorm makes a one-hot sqrt(n_embd) high
+    out[end, 0] = scale
+    for tid, slot in slots.items():
+        embd[tid, 0], embd[tid, slot] = 0.0, 1.0
+        out[successor[tid], slot] = scale
+    w.add_name(f"scripted-{vocab}")
+    w.add_context_length(16384)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(1)
+    w.add_feed_forward_length(32)
+    w.add_head_count(n_embd // 64)
+    w.add_head_count_kv(n_embd // 64)
+    w.add_rope_dimension_count(64)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    w.add_tensor("token_embd.weight", embd)
+    w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
+    w.add_tensor("output.weight", out)
+    identity_layer(w, n_embd, 32, np.float16)
+    finish(w)
     return path
