@@ -3,13 +3,14 @@ templates, calls and thinking read whole, one character at a time and cut anywhe
 before the thinking closed, section markers left out), failures kept as text, and the history's
 call ids as the templates write them."""
 
+import functools
 import json
 import re
 
+import formatcheck
 import pytest
-from realmodel import CACHE
+from formatcheck import template
 
-from gateway.models import testmodels as tm
 from gateway.text import chat_template
 from gateway.text.reasoning import detect as detect_reasoning
 from gateway.text.reasoning import unsplit
@@ -26,44 +27,9 @@ CB, AB, CE = "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call
 K3_TAIL = '<|open|>message role="assistant"<|sep|><|open|>think<|sep|>'
 
 
-def template(name):
-    return tm.llama_cpp_source_file(f"models/templates/{name}.jinja", CACHE / "templates").read_text()
-
-
-def parse(fmt, pieces, reasoning=None, tail="", stream=True, tools=TOOLS):
-    """(thinking, content, [(name, args)], failed) of an answer fed in ``pieces``; a call that
-    ended with an error (it broke after it began) has args None."""
-    p = AnswerParser(fmt, tools, reasoning=reasoning, prompt_tail=tail, stream=stream)
-    items = [it for piece in pieces for it in p.feed(piece)] + p.flush()
-    thinking = "".join(i.text for i in items if isinstance(i, Piece) and i.kind == "thinking")
-    content = "".join(i.text for i in items if isinstance(i, Piece) and i.kind == "content")
-    calls = {i.index: [i.name, ""] for i in items if isinstance(i, CallStart)}
-    for i in items:
-        if isinstance(i, CallArgs):
-            calls[i.index][1] += i.text
-    ends = {i.index: i.error for i in items if isinstance(i, CallEnd)}
-    assert sorted(ends) == sorted(calls)
-    return thinking, content, [(n, None if ends[k] else json.loads(a)) for k, (n, a) in calls.items()], len(p.failed)
-
-
-def both_ways(fmt, text, **kw):
-    """(streamed, whole) results of the answer, each the same read whole, one character at a time
-    and cut at each point."""
-    got = []
-    for stream in (True, False):
-        one = parse(fmt, [text], stream=stream, **kw)
-        assert parse(fmt, list(text), stream=stream, **kw) == one
-        for i in range(len(text) + 1):
-            assert parse(fmt, [text[:i], text[i:]], stream=stream, **kw) == one, i
-        got.append(one)
-    return tuple(got)
-
-
-def every_way(fmt, text, **kw):
-    """The answer's one result, streamed or not (no call in it breaks after it began)."""
-    streamed, whole = both_ways(fmt, text, **kw)
-    assert streamed == whole
-    return whole
+parse = functools.partial(formatcheck.parse, tools=TOOLS)
+both_ways = functools.partial(formatcheck.both_ways, tools=TOOLS)
+every_way = functools.partial(formatcheck.every_way, tools=TOOLS)
 
 
 @pytest.mark.parametrize("name, fmt, reasoning", [
