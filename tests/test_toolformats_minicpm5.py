@@ -1,19 +1,20 @@
 """MiniCPM5 (``minicpm5``): detection from the real template, calls (CDATA values included) and
-thinking read whole, one character at a time and cut anywhere, failures kept as text, a call the
+thinking read whole, one character at a time and cut anywhere, arguments streamed as they are
+written, a call cut off before its closer never a call, failures kept as text, a call the
 template writes into the history read back as the same call, and the grammar under llama.cpp's
 sampler."""
 
+import functools
 import json
 import re
 
+import formatcheck
 import pytest
-from realmodel import CACHE
 
 from gateway.engine import toolgrammar
-from gateway.models import testmodels as tm
 from gateway.text import chat_template
 from gateway.text.reasoning import detect as detect_reasoning
-from gateway.text.toolformats import AnswerParser, CallArgs, CallEnd, CallStart, Piece, detect
+from gateway.text.toolformats import AnswerParser, CallArgs, CallEnd, detect
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
@@ -23,31 +24,12 @@ TOOLS = [
 
 
 def template():
-    return tm.llama_cpp_source_file("models/templates/openbmb-MiniCPM5-1B.jinja", CACHE / "templates").read_text()
+    return formatcheck.template("openbmb-MiniCPM5-1B")
 
 
-def parse(pieces, reasoning=None, tail="", stream=True):
-    """(thinking, content, [(name, args)], failed) of an answer fed in ``pieces``."""
-    p = AnswerParser("minicpm5", TOOLS, reasoning=reasoning, prompt_tail=tail, stream=stream)
-    items = [it for piece in pieces for it in p.feed(piece)] + p.flush()
-    thinking = "".join(i.text for i in items if isinstance(i, Piece) and i.kind == "thinking")
-    content = "".join(i.text for i in items if isinstance(i, Piece) and i.kind == "content")
-    calls = {i.index: [i.name, ""] for i in items if isinstance(i, CallStart)}
-    for i in items:
-        if isinstance(i, CallArgs):
-            calls[i.index][1] += i.text
-    assert sorted(i.index for i in items if isinstance(i, CallEnd)) == sorted(calls)
-    return thinking, content, [(n, json.loads(a)) for n, a in calls.values()], len(p.failed)
-
-
-def every_way(text, **kw):
-    """The answer read whole, one character at a time, cut at each point, streamed or not: one result."""
-    whole = parse([text], **kw)
-    assert parse(list(text), **kw) == whole
-    assert parse([text], stream=False, **kw) == whole
-    for i in range(len(text) + 1):
-        assert parse([text[:i], text[i:]], **kw) == whole, i
-    return whole
+parse = functools.partial(formatcheck.parse, "minicpm5", tools=TOOLS)
+both_ways = functools.partial(formatcheck.both_ways, "minicpm5", tools=TOOLS)
+every_way = functools.partial(formatcheck.every_way, "minicpm5", tools=TOOLS)
 
 
 def test_detected_from_the_real_template():
@@ -69,15 +51,53 @@ def test_calls_typed_by_the_schema():
 def test_a_cdata_value_is_its_inner_text():
     text = '<function name="get_weather"><param name="city"><![CDATA[<a> </param> & b]]></param></function>'
     assert every_way(text)[2] == [("get_weather", {"city": "<a> </param> & b"})]
+    # typed by the schema where it names no string; a string where it names no type
+    typed = ('<function name="get_weather"><param name="days"><![CDATA[3]]></param>'
+             '<param name="extra"><![CDATA[4]]></param></function>')
+    assert every_way(typed)[2] == [("get_weather", {"days": 3, "extra": "4"})]
+    # its ]]> not followed by </param>: a malformed value, the call's text stays text
+    bad = '<function name="get_weather"><param name="days"><![CDATA[3]]> </param></function>'
+    assert both_ways(bad)[1] == ("", bad, [], 1)
 
 
 def test_failures_stay_text():
     unknown = '<function name="nope"></function> ok'
     assert every_way(unknown) == ("", unknown, [], 1)
-    cut = '<function name="get_weather"><param name="city">Par'
-    assert every_way(cut) == ("", cut, [], 1)
-    # the answer ended after a whole parameter: the call is whole
-    assert every_way(cut + "is</param>")[2] == [("get_weather", {"city": "Paris"})]
+
+
+CALL = ('<function name="get_weather"><param name="city">New\nYork</param><param name="days">3</param>'
+        '<param name="hot"><![CDATA[true]]></param></function>')
+
+
+@pytest.mark.parametrize("text", [CALL, 'Sure.\n<function name="noop"></function>'])
+def test_a_call_cut_off_is_never_a_call(text):
+    """The answer cut anywhere before its </function> (max_tokens): streamed, the call that began
+    ends with an error; whole, its text is content. Only the closer makes it a call."""
+    end = text.index("</function>") + len("</function>")
+    for i in range(len(text) + 1):  # (one prefix, below, is also cut at every point)
+        cut = text[:i]
+        streamed, whole = parse([cut]), parse([cut], stream=False)
+        assert parse(list(cut)) == streamed, i
+        if i < end:
+            assert whole[2] == [] and all(args is None for _, args in streamed[2]), i
+        else:
+            assert streamed == whole and len(whole[2]) == 1 and whole[2][0][1] is not None, i
+    cut = CALL[:CALL.index("Yo")]
+    assert both_ways(cut) == (("", "", [("get_weather", None)], 1), ("", cut, [], 1))
+
+
+def test_arguments_stream_as_they_are_written():
+    """A string value leaves as it is written, any other at its parameter's end: the arguments
+    come in several pieces before the call ends."""
+    p = AnswerParser("minicpm5", TOOLS)
+    pieces = []
+    for c in CALL:
+        out = p.feed(c)
+        if any(isinstance(it, CallEnd) for it in out):
+            break
+        pieces += [it.text for it in out if isinstance(it, CallArgs)]
+    assert pieces[0].startswith('{"city": "') and "York" not in pieces[0] and len(pieces) > 3
+    assert json.loads("".join(pieces) + "}") == {"city": "New\nYork", "days": 3, "hot": True}
 
 
 def test_a_call_the_template_writes_reads_back():

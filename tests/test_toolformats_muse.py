@@ -1,16 +1,18 @@
 """Muse Glimmer (``muse``, its messages framed by ``reasoning``'s ``muse``): detection from the real
-template, thinking, answer and calls read whole, one character at a time and cut anywhere, call
+template, thinking, answer and calls read whole, one character at a time and cut anywhere,
+arguments streamed as they are written, a call cut off before its closer never a call, call
 markup outside a call message kept as text, failures kept as text, and the grammar under
 llama.cpp's sampler."""
 
+import functools
 import json
 
-from realmodel import CACHE
+import formatcheck
+import pytest
 
 from gateway.engine import toolgrammar
-from gateway.models import testmodels as tm
 from gateway.text.reasoning import detect as detect_reasoning
-from gateway.text.toolformats import AnswerParser, CallArgs, CallEnd, CallStart, Piece, detect
+from gateway.text.toolformats import AnswerParser, CallArgs, CallEnd, detect
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
@@ -24,30 +26,13 @@ WANT = ("get_weather", {"city": "New\nYork", "days": 3})
 
 
 def template():
-    return tm.llama_cpp_source_file("models/templates/muse-glimmer.jinja", CACHE / "templates").read_text()
+    return formatcheck.template("muse-glimmer")
 
 
-def parse(pieces, stream=True, tools=TOOLS):
-    """(thinking, content, [(name, args)], failed) of an answer fed in ``pieces``."""
-    p = AnswerParser("muse", tools, reasoning="muse", prompt_tail=TAIL, stream=stream)
-    items = [it for piece in pieces for it in p.feed(piece)] + p.flush()
-    thinking = "".join(i.text for i in items if isinstance(i, Piece) and i.kind == "thinking")
-    content = "".join(i.text for i in items if isinstance(i, Piece) and i.kind == "content")
-    calls = {i.index: [i.name, ""] for i in items if isinstance(i, CallStart)}
-    for i in items:
-        if isinstance(i, CallArgs):
-            calls[i.index][1] += i.text
-    assert sorted(i.index for i in items if isinstance(i, CallEnd)) == sorted(calls)
-    return thinking, content, [(n, json.loads(a)) for n, a in calls.values()], len(p.failed)
-
-
-def every_way(text):
-    whole = parse([text])
-    assert parse(list(text)) == whole
-    assert parse([text], stream=False) == whole
-    for i in range(len(text) + 1):
-        assert parse([text[:i], text[i:]]) == whole, i
-    return whole
+KW = {"tools": TOOLS, "reasoning": "muse", "tail": TAIL}
+parse = functools.partial(formatcheck.parse, "muse", **KW)
+both_ways = functools.partial(formatcheck.both_ways, "muse", **KW)
+every_way = functools.partial(formatcheck.every_way, "muse", **KW)
 
 
 def test_detected_from_the_real_template():
@@ -72,6 +57,41 @@ def test_markup_outside_a_call_message_is_text():
 def test_failures_stay_text():
     unknown = INVOKE.replace("get_weather", "nope")
     assert every_way(f" to=nope<|message|>{unknown}") == ("", unknown, [], 1)
+
+
+CALL = f" to=get_weather<|message|>{INVOKE}"
+
+
+@pytest.mark.parametrize("after", ["", "<|eom|><|start|>assistant to=user<|message|>Done.<|eot|>"])
+def test_a_call_cut_off_is_never_a_call(after):
+    """The call message cut anywhere before its invoke's closer, the answer ending there
+    (max_tokens) or the message ending there: streamed, the call that began ends with an error;
+    whole, its text is content. Only the invoke's closer makes it a call."""
+    end = CALL.index("</atem:invoke>") + len("</atem:invoke>")
+    for i in range(len(CALL) + 1):  # (one prefix, below, is also cut at every point)
+        cut = CALL[:i] + after
+        streamed, whole = parse([cut]), parse([cut], stream=False)
+        assert parse(list(cut)) == streamed, i
+        if i < end:
+            assert whole[2] == [] and all(args is None for _, args in streamed[2]), i
+        else:
+            assert streamed == whole and whole[2] == [WANT], i
+    cut = INVOKE[:INVOKE.index("Yo")]
+    assert both_ways(f" to=get_weather<|message|>{cut}") == (("", "", [("get_weather", None)], 1), ("", cut, [], 1))
+
+
+def test_arguments_stream_as_they_are_written():
+    """As MiniMax M2's: a string value leaves as it is written, any other at its parameter's end,
+    so the arguments come in several pieces before the call ends."""
+    p = AnswerParser("muse", TOOLS, reasoning="muse", prompt_tail=TAIL)
+    pieces = []
+    for c in CALL:
+        out = p.feed(c)
+        if any(isinstance(it, CallEnd) for it in out):
+            break
+        pieces += [it.text for it in out if isinstance(it, CallArgs)]
+    assert pieces[0].startswith('{"city": "') and "York" not in pieces[0] and len(pieces) > 3
+    assert json.loads("".join(pieces) + "}") == WANT[1]
 
 
 def test_grammar_takes_calls_and_stops_a_bad_value():

@@ -2,19 +2,21 @@
 after another with no block around them; a value that holds ``<``, ``&`` or a newline may be
 wrapped in ``<![CDATA[...]]>`` (the text inside is the value, ``</param>`` included). Each value
 is typed by the tool's schema as in ``xmlcall``. Its thinking is ``<think>`` (``reasoning``).
-Each call is held until its ``</function>`` (or the next call, or the answer's end) and read
-whole, by ``minimax.Invokes``."""
+Each call is read by ``xmlcall`` as it streams, up to its ``</function>`` (or the next call's
+opener): a call cut before it (the answer ended inside it) ends with an error, never as a call."""
 
 from __future__ import annotations
 
 import re
+from enum import Enum
 from typing import Any
 
 from .gbnf import Grammar, Rules, lit, repeat, until
 from .interface import history_as_is
-from .minimax import Block, Invokes, named_parameters
-from .scan import WS as SPACE
-from .scan import loads, schema_types, typed
+from .machine import Text
+from .minimax import named_parameters
+from .scan import lead
+from .xmlcall import Function, Xml, XmlCalls
 
 FUNCTION, FUNCTION_END = '<function name="', "</function>"
 PARAM, PARAM_END = '<param name="', "</param>"
@@ -22,7 +24,6 @@ CDATA, CDATA_END = "<![CDATA[", "]]>"
 MARKERS = ("<function", "</function>", "<param", "</param>")
 TOKEN = None
 EXAMPLE = '<function name="example_function_name"><param name="example_parameter">value</param></function>'
-_NAME = re.compile(r'\s*([^"<>\n]{1,256})">')
 
 
 def shown_by(template: str) -> bool:
@@ -45,46 +46,64 @@ def grammar(rules: Rules, tools: list[dict[str, Any]], *, required: bool, parall
 history = history_as_is
 
 
-class Parser(Invokes):
-    """Each ``<function name="`` opens a call read whole once it ends; between calls is text."""
+class Cdata(Enum):
+    CLOSE = "_s_cdata_close"  # after a CDATA value's ``]]>``: its parameter's closer
+
+
+class Parser(XmlCalls):
+    """Each ``<function name="`` opens a call, read by ``xmlcall`` as it streams; between calls
+    is text. A value that opens with ``<![CDATA[`` runs to its ``]]>``, which ``</param>`` must
+    follow. A string-only value streams as it is written, and so does CDATA where its schema
+    allows a string or names no type (its text is the value, as llama.cpp reads it); any other
+    is typed by the schema at its end."""
 
     OPENERS = (FUNCTION,)
-    BEGIN, END, OPEN, CLOSE = FUNCTION, FUNCTION_END, FUNCTION, FUNCTION_END
+    # no block around the calls: a function is its own (the next one's opener ends it too)
+    FUNCTION_BLOCK = FUNCTION_MARKERS = (FUNCTION, FUNCTION_END)
+    PARAMETER_MARKERS = (PARAM, PARAM_END)
+    NAME_END = PARAMETER_NAME_END = '">'
+    NAME_BAD = PARAMETER_NAME_BAD = '\n<>"'
+    VALUE_NEWLINES = False  # the value is what lies between the parameter's markers
+    _cdata = False  # the value being read is a CDATA section's text (set as each value begins)
 
     def _opened(self, marker: str) -> None:
-        self._open(Block.INVOKE)
-        self._body_at = len(self._new_call().raw)
+        self._open(Xml.NAME)
+        self._new_call()
+        self._function(bare=False, after=Text.TEXT)
 
-    def _s_block(self, final: bool) -> bool:
-        self._close_block()  # no block around the calls: what follows a call is text
+    def _text_value(self, fn: Function) -> bool:
+        return False  # known once the value's start shows whether it is CDATA (``_s_x_value``)
+
+    def _value_ends(self, fn: Function) -> tuple[str, ...]:
+        # a value runs to its closer (a parameter's opener inside it is its text), as llama.cpp
+        # reads it; CDATA's to its ``]]>``, whatever it holds
+        return (CDATA_END,) if self._cdata else (fn.close, FUNCTION_END)
+
+    def _s_x_value(self, final: bool) -> bool:
+        fn = self._fn
+        if not fn.value_begun:
+            m = lead(self._buf, (CDATA,), final)
+            if m == "":
+                return False
+            self._cdata = m == CDATA
+            if self._cdata:
+                self._take(len(CDATA))
+            fn.text = fn.types == {"string"} or (self._cdata and (fn.types is None or "string" in fn.types))
+            if fn.text:
+                self._args(self._current, self._key(fn.name) + '"')
+        moved = super()._s_x_value(final)
+        if self._cdata and self._state == Xml.FUNC:  # the value ended at its ]]>
+            self._go(Cdata.CLOSE)
+        return moved
+
+    def _s_cdata_close(self, final: bool) -> bool:
+        m = lead(self._buf, (CDATA_END + PARAM_END,), final)
+        if m == "":
+            return False
+        self._cdata = False
+        if m is None:
+            self._broken("a malformed CDATA value")
+        else:
+            self._take(len(m))
+            self._go(Xml.FUNC)
         return True
-
-    def _read_invoke(self, body: str, schema: dict[str, Any]) -> dict[str, Any]:
-        props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
-        assert isinstance(props, dict)
-        out: dict[str, Any] = {}
-        i = 0
-        while True:
-            i = len(body) - len(body[i:].lstrip(SPACE))
-            if i == len(body):
-                return out
-            if not body.startswith(PARAM, i):
-                raise ValueError("text between parameters")
-            m = _NAME.match(body, i + len(PARAM))
-            if m is None:
-                raise ValueError("a malformed parameter")
-            key, at = m.group(1), m.end()
-            types = schema_types(props.get(key))
-            if body.startswith(CDATA, at):  # the text inside is the value, as written
-                end = body.find(CDATA_END, at)
-                if end < 0 or not body.startswith(PARAM_END, end + len(CDATA_END)):
-                    raise ValueError("a malformed CDATA value")
-                value = body[at + len(CDATA):end]
-                out[key] = value if types is None or "string" in types else loads(typed(value, types))
-                i = end + len(CDATA_END) + len(PARAM_END)
-                continue
-            end = body.find(PARAM_END, at)
-            if end < 0:
-                raise ValueError("a malformed parameter")
-            out[key] = loads(typed(body[at:end], types))
-            i = end + len(PARAM_END)

@@ -2,15 +2,13 @@
 </invoke>\\n</minimax:tool_call>`` (several invokes per block), each invoke read as it streams,
 each value typed by the tool's schema (``xmlcall``). Its thinking is ``<think>`` (``reasoning``).
 
-``Invokes`` is the block of invokes, shared with the formats that write one: in ``Streamed``
-(``minimax``, ``minimax_m3``, ``kimi_k3``) each invoke is read by ``xmlcall`` as it streams, its
-markers those of an XML-style function; otherwise (``muse``, ``minicpm5``) each is held until its
-closer (or the block's end, or the answer's) and then read whole by the format's ``_read_invoke``,
-so its items leave at once."""
+``Invokes`` is the block of invokes, shared with the formats that write one; in ``Streamed``
+(``minimax``, ``minimax_m3``, ``kimi_k3``, ``muse``) each invoke is read by ``xmlcall`` as it
+streams, its markers those of an XML-style function: a call is whole only at its closer (or at
+what a missing closer is forgiven at), so one the answer cut off ends with an error."""
 
 from __future__ import annotations
 
-import json
 import re
 from enum import Enum
 from typing import Any, ClassVar
@@ -20,9 +18,7 @@ from .gbnf import WS, Grammar, Rules, lit, repeat, until
 from .interface import history_as_is
 from .jsoncall import JsonCalls
 from .machine import Text
-from .scan import WS as SPACE
-from .scan import lead, loads, schema_types, typed
-from .scan import until as until_marker
+from .scan import lead, schema_types
 from .xmlcall import Function, XmlCalls
 
 CALLS_BEGIN, CALLS_END = "<minimax:tool_call>", "</minimax:tool_call>"
@@ -77,22 +73,16 @@ history = history_as_is
 
 class Block(Enum):
     BLOCK = "_s_block"  # inside the block, between invokes
-    INVOKE = "_s_invoke"  # inside an invoke, held until it ends
-
-
-_NAME = re.compile(r'\s*([^"<>\n]{1,256})">')
 
 
 class Invokes(JsonCalls):
-    """A block of invokes, each read whole once it ends (``_read_invoke``) unless the format
-    reads it another way (``_invoke``)."""
+    """A block of invokes, each read by the format's ``_invoke``."""
 
     BEGIN: ClassVar[str]
     END: ClassVar[str]
     OPEN: ClassVar[str]  # an invoke's opener, up to its name
     CLOSE: ClassVar[str]
     BLOCKS = frozenset({Block.BLOCK})
-    _body_at = 0  # where the open invoke's text begins in its call's raw text
 
     def _opened(self, marker: str) -> None:
         self._open(Block.BLOCK)
@@ -118,55 +108,7 @@ class Invokes(JsonCalls):
         return True
 
     def _invoke(self) -> None:
-        """An invoke's opener was just read: hold its text until it ends."""
-        self._body_at = len(self._new_call().raw)
-        self._go(Block.INVOKE)
-
-    def _s_invoke(self, final: bool) -> bool:
-        text, marker = until_marker(self._buf, (self.CLOSE, self.END, self.OPEN, self.BEGIN), final)
-        self._take(len(text))
-        if marker is None:
-            return bool(text)
-        if marker == self.CLOSE:
-            self._take(len(marker))
-        self._finish(closed=marker == self.CLOSE)
-        return True
-
-    def _end_input(self) -> None:
-        self._run(final=True)
-        if self._call is not None and self._state == Block.INVOKE:
-            self._finish(closed=False)  # the answer ended in it: whole if what came reads whole
-        super()._end_input()
-
-    def _finish(self, closed: bool) -> None:
-        call = self._current
-        body = call.raw[self._body_at:]
-        if closed:
-            body = body[:-len(self.CLOSE)]
-        try:
-            name, at = self._read_head(body)
-            self._name(call, name)
-            args = self._read_invoke(body[at:], self.params.get(call.name or "", {}))
-        except ValueError as e:
-            self._end_call(str(e) or "a malformed invoke")
-        else:
-            if not call.error:
-                self._begin(call)
-                self._args(call, json.dumps(args, ensure_ascii=False))
-            self._end_call()
-        self._go(Block.BLOCK)
-
-    def _read_head(self, body: str) -> tuple[str, int]:
-        """The name of an invoke whose text (after ``OPEN``) is ``body``, and where its arguments
-        begin; ValueError when it does not read."""
-        m = _NAME.match(body)
-        if m is None:
-            raise ValueError("a malformed invoke")
-        return m.group(1).strip(), m.end()
-
-    def _read_invoke(self, body: str, schema: dict[str, Any]) -> dict[str, Any]:
-        """The arguments of an invoke whose body (after its name) is ``body``; ValueError when it
-        does not read."""
+        """An invoke's opener was just read: read the invoke."""
         raise NotImplementedError
 
 
@@ -192,26 +134,3 @@ class Parser(Streamed):
     FUNCTION_BLOCK, FUNCTION_MARKERS, PARAMETER_MARKERS = (BEGIN, END), (OPEN, CLOSE), (PARAMETER, PARAMETER_END)
     NAME_END = PARAMETER_NAME_END = '">'
     NAME_BAD = PARAMETER_NAME_BAD = '\n<>"'
-
-
-def read_parameters(body: str, schema: dict[str, Any], opener: str, closer: str) -> dict[str, Any]:
-    """An invoke's ``opener NAME">VALUE closer`` parameters, nothing else between them but
-    spaces, each value typed by the tool's schema (MiniMax M2's and muse's invokes). Raises
-    ``ValueError`` for anything else."""
-    props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
-    assert isinstance(props, dict)
-    out: dict[str, Any] = {}
-    i = 0
-    while True:
-        i = len(body) - len(body[i:].lstrip(SPACE))
-        if i == len(body):
-            return out
-        if not body.startswith(opener, i):
-            raise ValueError("text between parameters")
-        m = _NAME.match(body, i + len(opener))
-        end = body.find(closer, i)
-        if m is None or end < m.end():
-            raise ValueError("a malformed parameter")
-        key, value = m.group(1), body[m.end():end]
-        out[key] = loads(typed(value, schema_types(props.get(key))))
-        i = end + len(closer)

@@ -6,7 +6,9 @@ Its messages are framed as gpt-oss's are (``reasoning``'s ``muse``: ``to=self`` 
 ``to=user`` content), so, as ``harmony`` does, this parser runs that splitter itself on the raw
 answer (pass the prompt's tail, ``<|start|>assistant``, as ``prompt_tail``): only a message to a
 recipient other than self and user is read for calls (markup in the thinking or the answer stays
-text); its invokes are read whole by ``minimax.Invokes``."""
+text); its invokes are MiniMax M2's behind the ``atem:`` prefix, read as they stream by
+``minimax.Streamed``: a call cut before its closer (the message or the answer ended inside it)
+ends with an error, never as a call."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from .framed import Framed
 from .gbnf import WS, Grammar, Rules, lit, repeat, until
 from .interface import history_as_is
 from .items import Piece
-from .minimax import Invokes, named_parameters, read_parameters
+from .minimax import Streamed, named_parameters
 
 CALLS_BEGIN, CALLS_END = "<atem:function_calls>", "</atem:function_calls>"
 INVOKE, INVOKE_END = '<atem:invoke name="', "</atem:invoke>"
@@ -52,13 +54,16 @@ def grammar(rules: Rules, tools: list[dict[str, Any]], *, required: bool, parall
 history = history_as_is
 
 
-class Parser(Framed, Invokes):
+class Parser(Framed, Streamed):
     """The splitter's segments in, items out: a call message's body is read for invoke blocks;
     thinking and content pass through."""
 
     OPENERS = (CALLS_BEGIN,)
     STRAYS = (CALLS_END,)
     BEGIN, END, OPEN, CLOSE = CALLS_BEGIN, CALLS_END, INVOKE, INVOKE_END
+    FUNCTION_BLOCK, FUNCTION_MARKERS, PARAMETER_MARKERS = (BEGIN, END), (OPEN, CLOSE), (PARAMETER, PARAMETER_END)
+    NAME_END = PARAMETER_NAME_END = '">'
+    NAME_BAD = PARAMETER_NAME_BAD = '\n<>"'
 
     FRAMING = "muse"
 
@@ -71,7 +76,4 @@ class Parser(Framed, Invokes):
         if kind != RECIPIENT:
             self._flush_raw()
             self._emit(Piece(kind, text))
-
-    def _read_invoke(self, body: str, schema: dict[str, Any]) -> dict[str, Any]:
-        return read_parameters(body, schema, PARAMETER, PARAMETER_END)
 
