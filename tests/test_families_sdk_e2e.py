@@ -99,6 +99,13 @@ FAMILIES = {
                         [S("<|START_ACTION|>"), "[\n", "    {", '"tool_call_id":', ' "0",', ' "tool_name":',
                          ' "get_weather",', ' "parameters":', ' {"city":', ' "Paris"}}', "\n]", S("<|END_ACTION|>")],
                         "", [S("<|START_RESPONSE|>"), *FINAL_STEPS, S("<|END_RESPONSE|>")], mark=True),
+    "command_r_plus": Family("CohereForAI-c4ai-command-r-plus-tool_use", None, "command_r_plus",
+                             ["Action:", "\n", "```json", "\n", "[", "\n    {", '\n        "tool_name":', ' "get_weather",',
+                              '\n        "parameters":', ' {"city":', ' "Paris"}', "\n    }", "\n]", "```"],
+                             "", FINAL_STEPS, mark=True),
+    "firefunction_v2": Family("fireworks-ai-llama-3-firefunction-v2", None, "firefunction_v2",
+                              [" functools", "[{", '"name":', ' "get_weather",', ' "arguments":', ' {"city":',
+                               ' "Paris"}}]'], "", FINAL_STEPS, mark=True),
 }
 
 

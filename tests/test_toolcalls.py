@@ -79,7 +79,9 @@ DETECTED = {
     "Apriel-1.6-15b-Thinker-fixed": "apriel",
     "Apertus-8B-Instruct": "apertus",
     "ByteDance-Seed-OSS": "seed_oss",
-    "CohereForAI-c4ai-command-r-plus-tool_use": "plain",
+    "CohereForAI-c4ai-command-r-plus-tool_use": "command_r_plus",
+    "fireworks-ai-llama-3-firefunction-v2": "firefunction_v2",
+    "ibm-granite-granite-3.3-2B-Instruct": "plain",  # its own syntax, which no format reads yet
     # no tools at all
     "google-gemma-2-2b-it": None,
     "microsoft-Phi-3.5-mini-instruct": None,
@@ -503,6 +505,16 @@ def render(fmt, parts, draw):
                 group.append(parts[i])
             calls = [{"tool_call_id": str(k), "tool_name": n, "parameters": a} for k, (_, n, a) in enumerate(group)]
             out.append("<|START_ACTION|>" + json.dumps(calls, ensure_ascii=False) + "<|END_ACTION|>")
+        elif fmt in ("command_r_plus", "firefunction_v2"):
+            group = [part]
+            while i + 1 < len(parts) and parts[i + 1][0] == "call":
+                i += 1
+                group.append(parts[i])
+            if fmt == "command_r_plus":
+                calls = [{"tool_name": n, "parameters": a} for _, n, a in group]
+                out.append("\nAction:\n```json\n" + json.dumps(calls, ensure_ascii=False, indent=4) + "```\n")
+            else:
+                out.append(" functools" + json.dumps([{"name": n, "arguments": a} for _, n, a in group], ensure_ascii=False))
         elif fmt in ("minimax", "minimax_m3", "kimi_k3", "minicpm5"):
             group = [part]
             while i + 1 < len(parts) and parts[i + 1][0] == "call":

@@ -16,7 +16,7 @@ from gateway.engine.toolhistory import for_template
 from gateway.models import testmodels as tm
 from gateway.text import chat_template
 from gateway.text.reasoning import detect as detect_reasoning
-from gateway.text.toolformats import AnswerParser, CallStart, detect
+from gateway.text.toolformats import AnswerParser, CallArgs, CallStart, detect
 
 TEMPLATES = ("CohereForAI-c4ai-command-r7b-12-2024-tool_use", "Cohere2MoE")
 TOOLS = [
@@ -71,6 +71,8 @@ def test_a_streamed_call_starts_on_its_name():
     p = AnswerParser("command_r", TOOLS, stream=True)
     items = p.feed('<|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "get_weather", ')
     assert [(i.index, i.name) for i in items if isinstance(i, CallStart)] == [(0, "get_weather")]
+    items = p.feed('"parameters": {"city": "Pa')  # the arguments stream as they come
+    assert [i.text for i in items if isinstance(i, CallArgs)] == ['{"city": "Pa']
 
 
 @pytest.mark.parametrize("answer", [

@@ -3,9 +3,10 @@ parser for each syntax in use.
 
 One module per format (``FORMATS``; the real templates that detect as each are in
 tests/test_toolcalls.py): ``hermes``, ``qwen3_coder``, ``llama3``, ``mistral``, ``harmony``,
-``deepseek``, ``deepseek_dsml``, ``glm``, ``command_r``, ``minimax``, ``minimax_m3``, ``kimi``,
-``kimi_k3``, ``lfm2``, ``gemma4``, ``nemotron_v2``, ``apriel``, ``apertus``, ``seed_oss``,
-``functionary_v31``, ``functionary_v32``, and ``plain`` (the fallback: the tools described in a system message, hermes'
+``deepseek``, ``deepseek_dsml``, ``glm``, ``command_r``, ``command_r_plus``, ``minimax``,
+``minimax_m3``, ``kimi``, ``kimi_k3``, ``lfm2``, ``gemma4``, ``nemotron_v2``, ``apriel``,
+``apertus``, ``seed_oss``, ``functionary_v31``, ``functionary_v32``, ``firefunction_v2``, and
+``plain`` (the fallback: the tools described in a system message, hermes'
 syntax asked for). Each says what detects it, its markers, its parser, its call grammar (GBNF
 text; ``engine/toolgrammar.py`` adds llama.cpp's argument rules) and its history shape
 (``engine/toolhistory.py``), as ``interface.Format`` lists; ``TABLE`` below holds them, in the
@@ -68,8 +69,10 @@ from . import (
     apertus,
     apriel,
     command_r,
+    command_r_plus,
     deepseek,
     deepseek_dsml,
+    firefunction_v2,
     functionary_v31,
     functionary_v32,
     gemma4,
@@ -105,6 +108,7 @@ TABLE: dict[str, Format] = {
     "deepseek": deepseek,
     "deepseek_dsml": deepseek_dsml,
     "command_r": command_r,
+    "command_r_plus": command_r_plus,
     "minimax": minimax,
     "minimax_m3": minimax_m3,
     "kimi": kimi,
@@ -123,6 +127,7 @@ TABLE: dict[str, Format] = {
     "minicpm5": minicpm5,
     "muse": muse,
     "gigachat": gigachat,
+    "firefunction_v2": firefunction_v2,
     "llama3": llama3,
     "hermes": hermes,
     "plain": plain,
@@ -148,9 +153,8 @@ def detect(chat_template: str | None, special_tokens: Sequence[str] = ()) -> str
     """The tool-call format of a model, from its chat template's source and the markers its
     vocabulary has as single tokens; None when the template shows no tool support (no
     ``tools`` and no ``tool_calls`` in its Jinja code): whether such a model gets ``plain`` or
-    a 400 is the caller's choice. A template that handles tools in a syntax not listed (GLM,
-    Granite 3, Command R, FireFunction, ...) detects as ``plain`` unless its vocabulary
-    has one of the formats' tokens."""
+    a 400 is the caller's choice. A template that handles tools in a syntax not listed
+    (Granite 3, ...) detects as ``plain`` unless its vocabulary has one of the formats' tokens."""
     src = chat_template or ""
     code = _code(src)
     if not (re.search(r"\btools\b", code) or "tool_calls" in code):
