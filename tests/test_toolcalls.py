@@ -5,6 +5,7 @@ import json
 import re
 
 import pytest
+from formatcheck import read
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 from realmodel import CACHE
@@ -156,43 +157,7 @@ def parse(fmt, pieces, stream=True, tools=TOOLS, reasoning=None, tail=None):
     (name, args as parsed or raw text, error)."""
     if tail is None:
         tail = HARMONY_TAIL if fmt in ("harmony", "muse") else ""
-    p = AnswerParser(fmt, tools, reasoning=reasoning, prompt_tail=tail, stream=stream)
-    items = []
-    for piece in pieces:
-        items += p.feed(piece)
-    items += p.flush()
-    return summarize(items) + (p.failed,)
-
-
-def summarize(items):
-    thinking = content = ""
-    calls, ended, ids = {}, set(), set()
-    for it in items:
-        if isinstance(it, tuple):
-            assert it[0] in ("thinking", "content") and it[1]
-            if it[0] == "thinking":
-                thinking += it[1]
-            else:
-                content += it[1]
-        elif isinstance(it, CallStart):
-            assert it.index == len(calls) and it.id not in ids and re.fullmatch(r"call_[A-Za-z0-9]{24}", it.id)
-            ids.add(it.id)
-            calls[it.index] = [it.name, "", None]
-        elif isinstance(it, CallArgs):
-            assert it.index in calls and it.index not in ended
-            calls[it.index][1] += it.text
-        else:
-            assert isinstance(it, CallEnd) and it.index in calls and it.index not in ended
-            ended.add(it.index)
-            calls[it.index][2] = it.error
-    assert ended == set(calls), "every call ends"
-    out = []
-    for name, args, error in calls.values():
-        if error is None:
-            args = json.loads(args)
-            assert isinstance(args, dict)
-        out.append((name, args, error))
-    return thinking, content, out
+    return read(fmt, pieces, tools=tools, stream=stream, reasoning=reasoning, tail=tail)
 
 
 def cuts(text, points):

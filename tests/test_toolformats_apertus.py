@@ -3,30 +3,27 @@ detection from the real template, the parser whole, one character at a time and 
 point, its failures, the history the template gets (a call rendered by the template reads back
 as the same call), and the grammar run by llama.cpp's sampler."""
 
+from functools import partial
+
+import formatcheck
 import pytest
-from realmodel import CACHE
-from test_toolcalls import parse
 from test_toolgrammar import run
 from test_toolgrammar import vocab as vocab  # noqa: F401 (the fixture)
 
 from gateway.engine import toolgrammar
 from gateway.engine.toolhistory import for_template
-from gateway.models import testmodels as tm
 from gateway.text import chat_template
 from gateway.text.toolformats import detect
 
-TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "description": "weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-        "required": ["city"]}}},
-    {"type": "function", "function": {"name": "noop", "description": "nothing", "parameters": {
-        "type": "object", "properties": {}}}},
-]
+TOOLS = formatcheck.WEATHER_TOOLS
 OPEN, CLOSE = "<|tools_prefix|>", "<|tools_suffix|>"
 
+read = partial(formatcheck.read, tools=TOOLS)
+each_way = partial(formatcheck.each_way, tools=TOOLS)
 
-def template() -> str:
-    return tm.llama_cpp_source_file("models/templates/Apertus-8B-Instruct.jinja", CACHE / "templates").read_text()
+
+def template():
+    return formatcheck.template("Apertus-8B-Instruct")
 
 
 def test_the_real_template_detects_as_apertus():
@@ -42,18 +39,10 @@ SAMPLES = [
 ]
 
 
-def cut_everywhere(text):
-    return [[text[:i], text[i:]] for i in range(len(text) + 1)]
-
-
 @pytest.mark.parametrize("answer, content, calls", SAMPLES)
 @pytest.mark.parametrize("stream", [True, False])
 def test_samples_whole_one_character_at_a_time_and_cut_anywhere(answer, content, calls, stream):
-    want = ("", content, [(n, a, None) for n, a in calls], [])
-    assert parse("apertus", [answer], stream, TOOLS) == want
-    assert parse("apertus", list(answer), stream, TOOLS) == want
-    for pieces in cut_everywhere(answer):
-        assert parse("apertus", pieces, stream, TOOLS) == want
+    assert each_way("apertus", answer, stream=stream) == ("", content, calls, 0)
 
 
 @pytest.mark.parametrize("answer", [
@@ -63,7 +52,7 @@ def test_samples_whole_one_character_at_a_time_and_cut_anywhere(answer, content,
     f'{OPEN}[{{"get_weather": "x"}}]{CLOSE}',  # not an object
 ])
 def test_a_broken_call_is_text_in_a_whole_answer(answer):
-    thinking, content, calls, failed = parse("apertus", [answer], False, TOOLS)
+    thinking, content, calls, failed = read("apertus", [answer], stream=False)
     assert calls == [] and content == answer and failed
 
 
@@ -77,7 +66,7 @@ def test_a_call_the_template_renders_reads_back():
     text = chat_template.render(template(), history, tools=tools)
     start = text.index(OPEN + "[")
     block = text[start:text.index(CLOSE, start) + len(CLOSE)]
-    assert parse("apertus", [block], False, TOOLS)[2] == [("get_weather", args, None)]
+    assert read("apertus", [block], stream=False)[2] == [("get_weather", args, None)]
 
 
 def test_the_grammar(vocab):  # noqa: F811

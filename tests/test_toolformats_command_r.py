@@ -4,16 +4,16 @@ character at a time and cut at every point, a call that starts on its name, its 
 text wrappers dropped, the history the templates get, and the grammar run by llama.cpp's sampler."""
 
 import json
+from functools import partial
 
+import formatcheck
 import pytest
-from realmodel import CACHE
-from test_toolcalls import parse
+from formatcheck import template
 from test_toolgrammar import run
 from test_toolgrammar import vocab as vocab  # noqa: F401 (the fixture)
 
 from gateway.engine import toolgrammar
 from gateway.engine.toolhistory import for_template
-from gateway.models import testmodels as tm
 from gateway.text import chat_template
 from gateway.text.reasoning import detect as detect_reasoning
 from gateway.text.toolformats import AnswerParser, CallArgs, CallStart, detect
@@ -25,9 +25,8 @@ TOOLS = [
     {"type": "function", "function": {"name": "noop", "parameters": {"type": "object", "properties": {}}}},
 ]
 
-
-def template(name: str) -> str:
-    return tm.llama_cpp_source_file(f"models/templates/{name}.jinja", CACHE / "templates").read_text()
+read = partial(formatcheck.read, tools=TOOLS)
+each_way = partial(formatcheck.each_way, tools=TOOLS)
 
 
 def action(*calls: tuple[str, dict]) -> str:
@@ -53,18 +52,10 @@ SAMPLES = [
 ]
 
 
-def cut_everywhere(text):
-    return [[text[:i], text[i:]] for i in range(len(text) + 1)]
-
-
 @pytest.mark.parametrize("answer, content, calls", SAMPLES)
 @pytest.mark.parametrize("stream", [True, False])
 def test_samples_whole_one_character_at_a_time_and_cut_anywhere(answer, content, calls, stream):
-    want = ("", content, [(n, a, None) for n, a in calls], [])
-    assert parse("command_r", [answer], stream, TOOLS) == want
-    assert parse("command_r", list(answer), stream, TOOLS) == want
-    for pieces in cut_everywhere(answer):
-        assert parse("command_r", pieces, stream, TOOLS) == want
+    assert each_way("command_r", answer, stream=stream) == ("", content, calls, 0)
 
 
 def test_a_streamed_call_starts_on_its_name():
@@ -81,7 +72,7 @@ def test_a_streamed_call_starts_on_its_name():
     '<|START_ACTION|>[{"tool_call_id": "0", "tool_name": "noop", "parameters": 3}]<|END_ACTION|>',
 ])
 def test_a_broken_call_is_text_in_a_whole_answer(answer):
-    thinking, content, calls, failed = parse("command_r", [answer], False, TOOLS)
+    thinking, content, calls, failed = read("command_r", [answer], stream=False)
     assert calls == [] and content == answer and failed
 
 
@@ -93,10 +84,10 @@ def test_thinking_then_a_call(name):
     call = action(("get_weather", {"city": "Oslo"}))
     want = ("Let me look.", "", [("get_weather", {"city": "Oslo"}, None)], [])
     for answer in (opened + "Let me look.<|END_THINKING|>" + call, opened + "Let me look." + call):
-        assert parse("command_r", list(answer), True, TOOLS, reasoning="cohere", tail=tail) == want
-        assert parse("command_r", [answer], False, TOOLS, reasoning="cohere", tail=tail) == want
+        assert read("command_r", list(answer), reasoning="cohere", tail=tail) == want
+        assert read("command_r", [answer], stream=False, reasoning="cohere", tail=tail) == want
     answer = opened + "Hm.<|END_THINKING|><|START_RESPONSE|>Hi there<|END_RESPONSE|>"
-    assert parse("command_r", list(answer), True, TOOLS, reasoning="cohere", tail=tail) == ("Hm.", "Hi there", [], [])
+    assert read("command_r", list(answer), reasoning="cohere", tail=tail) == ("Hm.", "Hi there", [], [])
 
 
 @pytest.mark.parametrize("name", TEMPLATES)
@@ -110,7 +101,7 @@ def test_a_call_the_template_renders_reads_back(name):
     text = chat_template.render(template(name), history, tools=tools)
     start = text.index("<|START_ACTION|>", text.index("weather?"))
     block = text[start:text.index("<|END_ACTION|>", start) + len("<|END_ACTION|>")]
-    assert parse("command_r", [block], False, TOOLS)[2] == [("get_weather", args, None)]
+    assert read("command_r", [block], stream=False)[2] == [("get_weather", args, None)]
 
 
 def test_the_grammar(vocab):  # noqa: F811

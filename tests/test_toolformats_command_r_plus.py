@@ -6,31 +6,25 @@ sampler."""
 
 import json
 import re
+from functools import partial
 
+import formatcheck
 import pytest
-from realmodel import CACHE
-from test_toolcalls import parse
+from formatcheck import template
 from test_toolgrammar import run
 from test_toolgrammar import vocab as vocab  # noqa: F401 (the fixture)
 
 from gateway.engine import toolgrammar
 from gateway.engine.toolhistory import for_template
-from gateway.models import testmodels as tm
 from gateway.text import chat_template
 from gateway.text.toolformats import AnswerParser, CallArgs, CallStart, detect, frames_answers
 
 PLUS = "CohereForAI-c4ai-command-r-plus-tool_use"
-TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "description": "weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-        "required": ["city"]}}},
-    {"type": "function", "function": {"name": "noop", "description": "nothing", "parameters": {
-        "type": "object", "properties": {}}}},
-]
+TOOLS = formatcheck.WEATHER_TOOLS
 
-
-def template(name: str) -> str:
-    return tm.llama_cpp_source_file(f"models/templates/{name}.jinja", CACHE / "templates").read_text()
+read = partial(formatcheck.read, tools=TOOLS)
+each_way = partial(formatcheck.each_way, tools=TOOLS)
+failing = partial(formatcheck.failing, tools=TOOLS)
 
 
 def action(*calls: tuple[str, dict], indent: int | None = 4) -> str:
@@ -61,18 +55,10 @@ SAMPLES = [
 ]
 
 
-def cut_everywhere(text):
-    return [[text[:i], text[i:]] for i in range(len(text) + 1)]
-
-
 @pytest.mark.parametrize("answer, content, calls", SAMPLES)
 @pytest.mark.parametrize("stream", [True, False])
 def test_samples_whole_one_character_at_a_time_and_cut_anywhere(answer, content, calls, stream):
-    want = ("", content, [(n, a, None) for n, a in calls], [])
-    assert parse("command_r_plus", [answer], stream, TOOLS) == want
-    assert parse("command_r_plus", list(answer), stream, TOOLS) == want
-    for pieces in cut_everywhere(answer):
-        assert parse("command_r_plus", pieces, stream, TOOLS) == want
+    assert each_way("command_r_plus", answer, stream=stream) == ("", content, calls, 0)
 
 
 def test_a_streamed_call_starts_on_its_name():
@@ -99,11 +85,7 @@ def test_arguments_stream_as_they_are_generated():
     ("Action:\n```json\n[oops]```", []),  # a list with no call in it
 ])
 def test_a_broken_call_is_text_in_a_whole_answer_and_ends_with_an_error_streamed(answer, streamed):
-    for pieces in ([answer], list(answer)):
-        _, content, calls, failed = parse("command_r_plus", pieces, False, TOOLS)
-        assert calls == [] and content == answer and len(failed) == 1
-        _, _, calls, failed = parse("command_r_plus", pieces, True, TOOLS)
-        assert [(n, e) for n, _, e in calls] == streamed and len(failed) == 1
+    assert failing("command_r_plus", answer) == (answer, 1, streamed, 1)
 
 
 def test_every_answer_is_framed_so_the_wrapper_goes_without_tools_too():
@@ -125,7 +107,7 @@ def test_a_call_the_template_renders_reads_back():
     assert "def get_weather(" in text  # the template lists the tools itself
     start = text.index("Checking.")
     block = text[start:text.index("```\n", text.index("```json", start) + 7) + 3]
-    assert parse("command_r_plus", [block], False, TOOLS) == (
+    assert read("command_r_plus", [block], stream=False) == (
         "", "Checking.", [("get_weather", args, None), ("noop", {}, None)], [])
 
 

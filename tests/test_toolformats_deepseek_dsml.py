@@ -3,15 +3,16 @@ templates (V3/R1/V3.1 stay ``deepseek``), the parser whole, one character at a t
 every point, its failures, thinking that a call block ends (``think_dsml``), the history the
 templates get, and the grammar run by llama.cpp's sampler."""
 
+from functools import partial
+
+import formatcheck
 import pytest
-from realmodel import CACHE
-from test_toolcalls import parse
+from formatcheck import template
 from test_toolgrammar import run
 from test_toolgrammar import vocab as vocab  # noqa: F401 (the fixture)
 
 from gateway.engine import toolgrammar
 from gateway.engine.toolhistory import for_template
-from gateway.models import testmodels as tm
 from gateway.text import chat_template
 from gateway.text.reasoning import detect as detect_reasoning
 from gateway.text.toolformats import detect
@@ -24,9 +25,8 @@ TOOLS = [
     {"type": "function", "function": {"name": "noop", "parameters": {"type": "object", "properties": {}}}},
 ]
 
-
-def template(name: str) -> str:
-    return tm.llama_cpp_source_file(f"models/templates/{name}.jinja", CACHE / "templates").read_text()
+read = partial(formatcheck.read, tools=TOOLS)
+each_way = partial(formatcheck.each_way, tools=TOOLS)
 
 
 def block(invokes: str, name: str = "function_calls") -> str:
@@ -62,18 +62,10 @@ SAMPLES = [
 ]
 
 
-def cut_everywhere(text):
-    return [[text[:i], text[i:]] for i in range(len(text) + 1)]
-
-
 @pytest.mark.parametrize("answer, content, calls", SAMPLES)
 @pytest.mark.parametrize("stream", [True, False])
 def test_samples_whole_one_character_at_a_time_and_cut_anywhere(answer, content, calls, stream):
-    want = ("", content, [(n, a, None) for n, a in calls], [])
-    assert parse("deepseek_dsml", [answer], stream, TOOLS) == want
-    assert parse("deepseek_dsml", list(answer), stream, TOOLS) == want
-    for pieces in cut_everywhere(answer):
-        assert parse("deepseek_dsml", pieces, stream, TOOLS) == want
+    assert each_way("deepseek_dsml", answer, stream=stream) == ("", content, calls, 0)
 
 
 @pytest.mark.parametrize("answer", [
@@ -82,7 +74,7 @@ def test_samples_whole_one_character_at_a_time_and_cut_anywhere(answer, content,
     block("get_weather{}"),  # no invocation
 ])
 def test_a_broken_call_is_text_in_a_whole_answer(answer):
-    thinking, content, calls, failed = parse("deepseek_dsml", [answer], False, TOOLS)
+    thinking, content, calls, failed = read("deepseek_dsml", [answer], stream=False)
     assert calls == [] and content == answer.strip() and failed
 
 
@@ -94,8 +86,8 @@ def test_a_call_block_ends_the_thinking(name):
     call = block(invoke("get_weather", ("city", True, "Oslo")), "tool_calls")
     want = ("Let me look.", "", [("get_weather", {"city": "Oslo"}, None)], [])
     for answer in ("Let me look.</think>\n\n" + call, "Let me look.\n\n" + call):
-        assert parse("deepseek_dsml", list(answer), True, TOOLS, reasoning="think_dsml", tail=tail) == want
-        assert parse("deepseek_dsml", [answer], False, TOOLS, reasoning="think_dsml", tail=tail) == want
+        assert read("deepseek_dsml", list(answer), reasoning="think_dsml", tail=tail) == want
+        assert read("deepseek_dsml", [answer], stream=False, reasoning="think_dsml", tail=tail) == want
 
 
 @pytest.mark.parametrize("name", TEMPLATES[:2])
@@ -110,7 +102,7 @@ def test_a_call_the_template_renders_reads_back(name):
     start = text.index(f'<{DSML}invoke name="get_weather">')
     start = text.rindex("<", 0, start - 1)
     end = text.index(">", text.index(f"</{DSML}", text.index(f"</{DSML}invoke>", start) + 2)) + 1
-    assert parse("deepseek_dsml", [text[start:end]], False, TOOLS)[2] == [("get_weather", args, None)]
+    assert read("deepseek_dsml", [text[start:end]], stream=False)[2] == [("get_weather", args, None)]
 
 
 def test_the_grammar(vocab):  # noqa: F811

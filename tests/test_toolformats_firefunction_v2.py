@@ -6,31 +6,25 @@ run by llama.cpp's sampler."""
 
 import json
 import re
+from functools import partial
 
+import formatcheck
 import pytest
-from realmodel import CACHE
-from test_toolcalls import parse
+from formatcheck import template
 from test_toolgrammar import run
 from test_toolgrammar import vocab as vocab  # noqa: F401 (the fixture)
 
 from gateway.engine import toolgrammar
 from gateway.engine.toolhistory import for_template
-from gateway.models import testmodels as tm
 from gateway.text import chat_template
 from gateway.text.toolformats import CallArgs, CallStart, ToolCallParser, describes_tools, detect
 
 FIRE = "fireworks-ai-llama-3-firefunction-v2"
-TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "description": "weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-        "required": ["city"]}}},
-    {"type": "function", "function": {"name": "noop", "description": "nothing", "parameters": {
-        "type": "object", "properties": {}}}},
-]
+TOOLS = formatcheck.WEATHER_TOOLS
 
-
-def template(name: str) -> str:
-    return tm.llama_cpp_source_file(f"models/templates/{name}.jinja", CACHE / "templates").read_text()
+read = partial(formatcheck.read, tools=TOOLS)
+each_way = partial(formatcheck.each_way, tools=TOOLS)
+failing = partial(formatcheck.failing, tools=TOOLS)
 
 
 def functools(*calls: tuple[str, dict]) -> str:
@@ -55,18 +49,10 @@ SAMPLES = [
 ]
 
 
-def cut_everywhere(text):
-    return [[text[:i], text[i:]] for i in range(len(text) + 1)]
-
-
 @pytest.mark.parametrize("answer, content, calls", SAMPLES)
 @pytest.mark.parametrize("stream", [True, False])
 def test_samples_whole_one_character_at_a_time_and_cut_anywhere(answer, content, calls, stream):
-    want = ("", content, [(n, a, None) for n, a in calls], [])
-    assert parse("firefunction_v2", [answer], stream, TOOLS) == want
-    assert parse("firefunction_v2", list(answer), stream, TOOLS) == want
-    for pieces in cut_everywhere(answer):
-        assert parse("firefunction_v2", pieces, stream, TOOLS) == want
+    assert each_way("firefunction_v2", answer, stream=stream) == ("", content, calls, 0)
 
 
 def test_arguments_stream_as_they_are_generated():
@@ -85,11 +71,7 @@ def test_arguments_stream_as_they_are_generated():
      [("get_weather", "the arguments are not one JSON object")]),
 ])
 def test_a_broken_call_is_text_in_a_whole_answer_and_ends_with_an_error_streamed(answer, streamed):
-    for pieces in ([answer], list(answer)):
-        _, content, calls, failed = parse("firefunction_v2", pieces, False, TOOLS)
-        assert calls == [] and content == answer and len(failed) == 1
-        _, _, calls, failed = parse("firefunction_v2", pieces, True, TOOLS)
-        assert [(n, e) for n, _, e in calls] == streamed and len(failed) == 1
+    assert failing("firefunction_v2", answer) == (answer, 1, streamed, 1)
 
 
 def test_a_call_the_template_renders_reads_back():
@@ -106,7 +88,7 @@ def test_a_call_the_template_renders_reads_back():
     assert "functools[{" in text[:text.index("weather?")]  # ... and the syntax to call them in
     start = text.index("Checking.")
     block = text[start:text.index("<|eot_id|>", start)]
-    assert parse("firefunction_v2", [block], False, TOOLS) == (
+    assert read("firefunction_v2", [block], stream=False) == (
         "", "Checking.", [("get_weather", args, None), ("noop", {}, None)], [])
 
 

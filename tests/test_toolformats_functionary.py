@@ -3,30 +3,24 @@ detection from the real template, the parser whole, one character at a time and 
 point, its failures, the history the template gets (a call rendered by the template reads back
 as the same call), and the grammar run by llama.cpp's sampler."""
 
+from functools import partial
+
+import formatcheck
 import pytest
-from realmodel import CACHE
-from test_toolcalls import parse
+from formatcheck import template
 from test_toolgrammar import run
 from test_toolgrammar import vocab as vocab  # noqa: F401 (the fixture)
 
 from gateway.engine import toolgrammar
 from gateway.engine.toolhistory import for_template
-from gateway.models import testmodels as tm
 from gateway.text import chat_template
 from gateway.text.toolformats import detect
 
-TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "description": "weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-        "required": ["city"]}}},
-    {"type": "function", "function": {"name": "noop", "description": "nothing", "parameters": {
-        "type": "object", "properties": {}}}},
-]
+TOOLS = formatcheck.WEATHER_TOOLS
 V31 = "meetkai-functionary-medium-v3.1"
 
-
-def template(name: str) -> str:
-    return tm.llama_cpp_source_file(f"models/templates/{name}.jinja", CACHE / "templates").read_text()
+read = partial(formatcheck.read, tools=TOOLS)
+each_way = partial(formatcheck.each_way, tools=TOOLS)
 
 
 def test_the_real_template_detects():
@@ -43,18 +37,10 @@ SAMPLES = [
 ]
 
 
-def cut_everywhere(text):
-    return [[text[:i], text[i:]] for i in range(len(text) + 1)]
-
-
 @pytest.mark.parametrize("answer, content, calls", SAMPLES)
 @pytest.mark.parametrize("stream", [True, False])
 def test_v31_samples_whole_one_character_at_a_time_and_cut_anywhere(answer, content, calls, stream):
-    want = ("", content, [(n, a, None) for n, a in calls], [])
-    assert parse("functionary_v31", [answer], stream, TOOLS) == want
-    assert parse("functionary_v31", list(answer), stream, TOOLS) == want
-    for pieces in cut_everywhere(answer):
-        assert parse("functionary_v31", pieces, stream, TOOLS) == want
+    assert each_way("functionary_v31", answer, stream=stream) == ("", content, calls, 0)
 
 
 @pytest.mark.parametrize("answer", [
@@ -63,7 +49,7 @@ def test_v31_samples_whole_one_character_at_a_time_and_cut_anywhere(answer, cont
     '<function=get_weather>"x"</function>',  # not an object
 ])
 def test_v31_a_broken_call_is_text_in_a_whole_answer(answer):
-    thinking, content, calls, failed = parse("functionary_v31", [answer], False, TOOLS)
+    thinking, content, calls, failed = read("functionary_v31", [answer], stream=False)
     assert calls == [] and content == answer and failed
 
 
@@ -77,7 +63,7 @@ def test_v31_a_call_the_template_renders_reads_back():
     text = chat_template.render(template(V31), history, tools=tools)
     start = text.index("<function=get_weather>")
     block = text[start:text.index("</function>", start) + len("</function>")]
-    assert parse("functionary_v31", [block], False, TOOLS)[2] == [("get_weather", args, None)]
+    assert read("functionary_v31", [block], stream=False)[2] == [("get_weather", args, None)]
 
 
 def test_v31_the_grammar(vocab):  # noqa: F811
@@ -112,16 +98,12 @@ def test_v32_the_real_template_detects_and_its_prompt_opens_a_part():
 @pytest.mark.parametrize("stream", [True, False])
 def test_v32_samples_whole_one_character_at_a_time_and_cut_anywhere(answer, content, calls, stream):
     tail = v32_tail()
-    want = ("", content, [(n, a, None) for n, a in calls], [])
-    assert parse("functionary_v32", [answer], stream, TOOLS, tail=tail) == want
-    assert parse("functionary_v32", list(answer), stream, TOOLS, tail=tail) == want
-    for pieces in cut_everywhere(answer):
-        assert parse("functionary_v32", pieces, stream, TOOLS, tail=tail) == want
+    assert each_way("functionary_v32", answer, stream=stream, tail=tail) == ("", content, calls, 0)
 
 
 def test_v32_a_broken_call_is_text_in_a_whole_answer():
     answer = 'get_weather\n{"city": "x'  # the answer ends inside it
-    thinking, content, calls, failed = parse("functionary_v32", [answer], False, TOOLS, tail=v32_tail())
+    thinking, content, calls, failed = read("functionary_v32", [answer], stream=False, tail=v32_tail())
     assert calls == [] and content == answer and failed
 
 
@@ -135,7 +117,7 @@ def test_v32_a_call_the_template_renders_reads_back():
     text = chat_template.render(template(V32), history, tools=tools)
     start = text.index(">>>get_weather\n")
     block = text[start:text.index("<|eot_id|>", start)]
-    assert parse("functionary_v32", [block], False, TOOLS)[2] == [("get_weather", args, None)]
+    assert read("functionary_v32", [block], stream=False)[2] == [("get_weather", args, None)]
 
 
 def test_v32_the_grammar(vocab):  # noqa: F811
@@ -166,7 +148,7 @@ def test_v32_an_answer_without_tools_is_read_by_its_recipients_too():
     assert tail.endswith(">>>") and frames_answers("functionary_v32") and not frames_answers("functionary_v31")
     for text, content in (("all\nHello.", "Hello."), ("all\nHi>>>all\nthere", "Hithere"), ("Hi>>>x", "Hi>>>x")):
         for stream in (True, False):
-            assert parse("functionary_v32", list(text), stream, None, tail=tail) == ("", content, [], [])
+            assert read("functionary_v32", list(text), stream=stream, tools=None, tail=tail) == ("", content, [], [])
     info = {FORMATS: Formats("think_leading", "functionary_v32")}
     chat, completion = ipc.GenerationRequest(messages=[{"role": "user", "content": "hi"}]), ipc.GenerationRequest(prompt="x")
     answer.prepare(chat, "m", info)

@@ -2,15 +2,15 @@
 whole, one character at a time and cut at every point, its failures, the history the template
 gets, and the grammar run by llama.cpp's sampler."""
 
+from functools import partial
+
+import formatcheck
 import pytest
-from realmodel import CACHE
-from test_toolcalls import parse
 from test_toolgrammar import run
 from test_toolgrammar import vocab as vocab  # noqa: F401 (the fixture)
 
 from gateway.engine import toolgrammar
 from gateway.engine.toolhistory import for_template
-from gateway.models import testmodels as tm
 from gateway.text import chat_template
 from gateway.text.reasoning import detect as detect_reasoning
 from gateway.text.toolformats import detect
@@ -28,9 +28,13 @@ TOOLS = [
 ]
 Q = QUOTE
 
+read = partial(formatcheck.read, tools=TOOLS)
+each_way = partial(formatcheck.each_way, tools=TOOLS)
+failing = partial(formatcheck.failing, tools=TOOLS)
 
-def template() -> str:
-    return tm.llama_cpp_source_file(f"models/templates/{NAME}.jinja", CACHE / "templates").read_text()
+
+def template():
+    return formatcheck.template(NAME)
 
 
 def call(text: str) -> str:
@@ -58,16 +62,12 @@ SAMPLES = [
 @pytest.mark.parametrize("text, content, calls", SAMPLES)
 @pytest.mark.parametrize("stream", [True, False])
 def test_samples_whole_one_character_at_a_time_and_cut_anywhere(text, content, calls, stream):
-    want = ("", content, [(n, a, None) for n, a in calls], [])
-    assert parse("gemma4", [text], stream, tools=TOOLS) == want
-    assert parse("gemma4", list(text), stream, tools=TOOLS) == want
-    for i in range(len(text) + 1):
-        assert parse("gemma4", [text[:i], text[i:]], stream, tools=TOOLS) == want, i
+    assert each_way("gemma4", text, stream=stream) == ("", content, calls, 0)
 
 
 def test_thinking_on_its_channel_is_split_before_the_calls():
     text = "<|channel>thought\nI should\nlook.<channel|>" + call("noop{}")
-    assert parse("gemma4", list(text), tools=TOOLS, reasoning="channel") == (
+    assert read("gemma4", list(text), reasoning="channel") == (
         "I should\nlook.", "", [("noop", {}, None)], [])
 
 
@@ -86,11 +86,7 @@ BROKEN = [
 
 @pytest.mark.parametrize("text, content, streamed, failures", BROKEN)
 def test_broken_calls_are_never_broken_items(text, content, streamed, failures):
-    for pieces in ([text], list(text)):
-        _, whole_content, whole_calls, failed = parse("gemma4", pieces, stream=False, tools=TOOLS)
-        assert (whole_content, len(failed), whole_calls) == (content, failures, [])
-        _, _, calls, failed = parse("gemma4", pieces, stream=True, tools=TOOLS)
-        assert [(name, error) for name, _, error in calls] == streamed and len(failed) == failures
+    assert failing("gemma4", text) == (content, failures, streamed, failures)
 
 
 def test_arguments_in_gemmas_notation_as_json():
@@ -109,7 +105,7 @@ def test_earlier_calls_and_results_reach_the_template():
     prompt = chat_template.render(template(), msgs, tools=tools)
     written = call(f"get_weather{{city:{Q}Paris{Q},days:2}}")
     assert written in prompt and "<|tool_response>response:get_weather{value:" in prompt
-    assert parse("gemma4", [written], tools=TOOLS)[2] == [("get_weather", {"city": "Paris", "days": 2}, None)]
+    assert read("gemma4", [written])[2] == [("get_weather", {"city": "Paris", "days": 2}, None)]
 
 
 def test_the_grammar_takes_a_call_and_stops_a_wrong_one(vocab):  # noqa: F811

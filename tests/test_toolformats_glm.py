@@ -3,15 +3,16 @@ the parser whole, one character at a time and cut at every point, its failures, 
 the templates get (a call rendered by the template reads back as the same call), and the
 grammar run by llama.cpp's sampler."""
 
+from functools import partial
+
+import formatcheck
 import pytest
-from realmodel import CACHE
-from test_toolcalls import parse
+from formatcheck import template
 from test_toolgrammar import run
 from test_toolgrammar import vocab as vocab  # noqa: F401 (the fixture)
 
 from gateway.engine import toolgrammar
 from gateway.engine.toolhistory import for_template
-from gateway.models import testmodels as tm
 from gateway.text import chat_template
 from gateway.text.reasoning import detect as detect_reasoning
 from gateway.text.toolformats import detect
@@ -23,9 +24,8 @@ TOOLS = [
     {"type": "function", "function": {"name": "noop", "parameters": {"type": "object", "properties": {}}}},
 ]
 
-
-def template(name: str) -> str:
-    return tm.llama_cpp_source_file(f"models/templates/{name}.jinja", CACHE / "templates").read_text()
+read = partial(formatcheck.read, tools=TOOLS)
+each_way = partial(formatcheck.each_way, tools=TOOLS)
 
 
 @pytest.mark.parametrize("name", TEMPLATES)
@@ -49,18 +49,10 @@ SAMPLES = [
 ]
 
 
-def cut_everywhere(text):
-    return [[text[:i], text[i:]] for i in range(len(text) + 1)]
-
-
 @pytest.mark.parametrize("answer, content, calls", SAMPLES)
 @pytest.mark.parametrize("stream", [True, False])
 def test_samples_whole_one_character_at_a_time_and_cut_anywhere(answer, content, calls, stream):
-    want = ("", content, [(n, a, None) for n, a in calls], [])
-    assert parse("glm", [answer], stream, TOOLS) == want
-    assert parse("glm", list(answer), stream, TOOLS) == want
-    for pieces in cut_everywhere(answer):
-        assert parse("glm", pieces, stream, TOOLS) == want
+    assert each_way("glm", answer, stream=stream) == ("", content, calls, 0)
 
 
 @pytest.mark.parametrize("answer", [
@@ -69,7 +61,7 @@ def test_samples_whole_one_character_at_a_time_and_cut_anywhere(answer, content,
     "<tool_call>get_weather{\"city\": 1}</tool_call>",  # not this syntax
 ])
 def test_a_broken_call_is_text_in_a_whole_answer(answer):
-    thinking, content, calls, failed = parse("glm", [answer], False, TOOLS)
+    thinking, content, calls, failed = read("glm", [answer], stream=False)
     assert calls == [] and content == answer and failed
 
 
@@ -77,7 +69,7 @@ def test_thinking_then_a_call_as_the_flash_template_opens_it():
     tail = chat_template.render(template("GLM-4.7-Flash"), [{"role": "user", "content": "hi"}], tools=TOOLS)
     assert tail.endswith("<think>")
     answer = "Let me look.</think><tool_call>get_weather<arg_key>city</arg_key><arg_value>Oslo</arg_value></tool_call>"
-    assert parse("glm", list(answer), True, TOOLS, reasoning="think", tail=tail) == (
+    assert read("glm", list(answer), reasoning="think", tail=tail) == (
         "Let me look.", "", [("get_weather", {"city": "Oslo"}, None)], [])
 
 
@@ -92,7 +84,7 @@ def test_a_call_the_template_renders_reads_back(name):
     text = chat_template.render(template(name), history, tools=tools)
     start = text.index("<tool_call>get_weather")
     block = text[start:text.index("</tool_call>", start) + len("</tool_call>")]
-    assert parse("glm", [block], False, TOOLS)[2] == [("get_weather", args, None)]
+    assert read("glm", [block], stream=False)[2] == [("get_weather", args, None)]
 
 
 def test_the_grammar_takes_both_spacings(vocab):  # noqa: F811

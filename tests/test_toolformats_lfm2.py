@@ -3,16 +3,16 @@ templates, the parser whole, one character at a time and cut at every point, its
 history the templates get, and the grammar run by llama.cpp's sampler."""
 
 import json
+from functools import partial
 
+import formatcheck
 import pytest
-from realmodel import CACHE
-from test_toolcalls import parse
+from formatcheck import template
 from test_toolgrammar import run
 from test_toolgrammar import vocab as vocab  # noqa: F401 (the fixture)
 
 from gateway.engine import toolgrammar
 from gateway.engine.toolhistory import for_template
-from gateway.models import testmodels as tm
 from gateway.text import chat_template
 from gateway.text.reasoning import detect as detect_reasoning
 from gateway.text.toolformats import detect
@@ -27,9 +27,9 @@ TOOLS = [
     {"type": "function", "function": {"name": "noop", "parameters": {"type": "object", "properties": {}}}},
 ]
 
-
-def template(name: str) -> str:
-    return tm.llama_cpp_source_file(f"models/templates/{name}.jinja", CACHE / "templates").read_text()
+read = partial(formatcheck.read, tools=TOOLS)
+each_way = partial(formatcheck.each_way, tools=TOOLS)
+failing = partial(formatcheck.failing, tools=TOOLS)
 
 
 def call(text: str) -> str:
@@ -62,16 +62,12 @@ SAMPLES = [
 @pytest.mark.parametrize("text, content, calls", SAMPLES)
 @pytest.mark.parametrize("stream", [True, False])
 def test_samples_whole_one_character_at_a_time_and_cut_anywhere(text, content, calls, stream):
-    want = ("", content, [(n, a, None) for n, a in calls], [])
-    assert parse("lfm2", [text], stream, tools=TOOLS) == want
-    assert parse("lfm2", list(text), stream, tools=TOOLS) == want
-    for i in range(len(text) + 1):
-        assert parse("lfm2", [text[:i], text[i:]], stream, tools=TOOLS) == want, i
+    assert each_way("lfm2", text, stream=stream) == ("", content, calls, 0)
 
 
 def test_thinking_is_split_before_the_calls():
     text = "<think>I should\nlook.</think>" + call("noop()")
-    assert parse("lfm2", list(text), tools=TOOLS, reasoning="think") == ("I should\nlook.", "", [("noop", {}, None)], [])
+    assert read("lfm2", list(text), reasoning="think") == ("I should\nlook.", "", [("noop", {}, None)], [])
 
 
 BROKEN = [
@@ -90,11 +86,7 @@ BROKEN = [
 
 @pytest.mark.parametrize("text, content, streamed, failures", BROKEN)
 def test_broken_calls_are_never_broken_items(text, content, streamed, failures):
-    for pieces in ([text], list(text)):
-        _, whole_content, whole_calls, failed = parse("lfm2", pieces, stream=False, tools=TOOLS)
-        assert (whole_content, len(failed), whole_calls) == (content, failures, [])
-        _, _, calls, failed = parse("lfm2", pieces, stream=True, tools=TOOLS)
-        assert [(name, error) for name, _, error in calls] == streamed and len(failed) == failures
+    assert failing("lfm2", text) == (content, failures, streamed, failures)
 
 
 def test_values_are_json_or_python_literals():
@@ -118,7 +110,7 @@ def test_earlier_calls_reach_every_template_as_the_model_writes_them(name):
     assert "sunny" in prompt and "get_weather" in prompt.split("<|im_end|>")[0]  # the tools are listed
     # the history is read back as the calls it holds
     text = msgs[1]["content"].removeprefix("Sure.")
-    assert parse("lfm2", [text], tools=TOOLS)[2] == [("get_weather", {"city": "Paris", "days": 2}, None)]
+    assert read("lfm2", [text])[2] == [("get_weather", {"city": "Paris", "days": 2}, None)]
     assert history(messages[:1], None) == (messages[:1], None)
 
 
@@ -134,6 +126,6 @@ def test_the_grammar_takes_a_call_and_stops_a_wrong_one(vocab):  # noqa: F811
     single = toolgrammar.build("lfm2", tools, required=True, parallel=False)
     assert not single.lazy and run(vocab, single, good) == (True, True)
     assert run(vocab, single, call('get_weather(city="Paris"), noop()'))[0] is False
-    parse_back = parse("lfm2", [good], tools=tools)[2]
+    parse_back = read("lfm2", [good], tools=tools)[2]
     assert parse_back == [("get_weather", {"city": "Paris", "days": 2}, None)]
     assert json.loads(json.dumps(parse_back[0][1])) == {"city": "Paris", "days": 2}

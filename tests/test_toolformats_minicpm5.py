@@ -14,7 +14,7 @@ import pytest
 from gateway.engine import toolgrammar
 from gateway.text import chat_template
 from gateway.text.reasoning import detect as detect_reasoning
-from gateway.text.toolformats import AnswerParser, CallArgs, CallEnd, detect
+from gateway.text.toolformats import detect
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
@@ -89,13 +89,7 @@ def test_a_call_cut_off_is_never_a_call(text):
 def test_arguments_stream_as_they_are_written():
     """A string value leaves as it is written, any other at its parameter's end: the arguments
     come in several pieces before the call ends."""
-    p = AnswerParser("minicpm5", TOOLS)
-    pieces = []
-    for c in CALL:
-        out = p.feed(c)
-        if any(isinstance(it, CallEnd) for it in out):
-            break
-        pieces += [it.text for it in out if isinstance(it, CallArgs)]
+    pieces = formatcheck.args_fed_before_the_end("minicpm5", CALL, tools=TOOLS)
     assert pieces[0].startswith('{"city": "') and "York" not in pieces[0] and len(pieces) > 3
     assert json.loads("".join(pieces) + "}") == {"city": "New\nYork", "days": 3, "hot": True}
 

@@ -12,7 +12,7 @@ import pytest
 
 from gateway.engine import toolgrammar
 from gateway.text.reasoning import detect as detect_reasoning
-from gateway.text.toolformats import AnswerParser, CallArgs, CallEnd, detect
+from gateway.text.toolformats import detect
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
@@ -83,13 +83,7 @@ def test_a_call_cut_off_is_never_a_call(after):
 def test_arguments_stream_as_they_are_written():
     """As MiniMax M2's: a string value leaves as it is written, any other at its parameter's end,
     so the arguments come in several pieces before the call ends."""
-    p = AnswerParser("muse", TOOLS, reasoning="muse", prompt_tail=TAIL)
-    pieces = []
-    for c in CALL:
-        out = p.feed(c)
-        if any(isinstance(it, CallEnd) for it in out):
-            break
-        pieces += [it.text for it in out if isinstance(it, CallArgs)]
+    pieces = formatcheck.args_fed_before_the_end("muse", CALL, **KW)
     assert pieces[0].startswith('{"city": "') and "York" not in pieces[0] and len(pieces) > 3
     assert json.loads("".join(pieces) + "}") == WANT[1]
 

@@ -5,16 +5,16 @@ at a time and cut at every point, its failures, the history the templates get (a
 by the template reads back as the same call), and the grammar run by llama.cpp's sampler."""
 
 import json
+from functools import partial
 
+import formatcheck
 import pytest
-from realmodel import CACHE
-from test_toolcalls import parse
+from formatcheck import template
 from test_toolgrammar import run
 from test_toolgrammar import vocab as vocab  # noqa: F401 (the fixture)
 
 from gateway.engine import toolgrammar
 from gateway.engine.toolhistory import for_template
-from gateway.models import testmodels as tm
 from gateway.text import chat_template
 from gateway.text.toolformats import detect
 
@@ -27,9 +27,8 @@ TOOLS = [
     {"type": "function", "function": {"name": "noop", "parameters": {"type": "object", "properties": {}}}},
 ]
 
-
-def template(name: str) -> str:
-    return tm.llama_cpp_source_file(f"models/templates/{name}.jinja", CACHE / "templates").read_text()
+read = partial(formatcheck.read, tools=TOOLS)
+each_way = partial(formatcheck.each_way, tools=TOOLS)
 
 
 @pytest.mark.parametrize("name", TEMPLATES)
@@ -50,20 +49,12 @@ def samples(fmt):
     ]
 
 
-def cut_everywhere(text):
-    return [[text[:i], text[i:]] for i in range(len(text) + 1)]
-
-
 @pytest.mark.parametrize("fmt", MARKS)
 @pytest.mark.parametrize("case", range(3))
 @pytest.mark.parametrize("stream", [True, False])
 def test_samples_whole_one_character_at_a_time_and_cut_anywhere(fmt, case, stream):
     answer, content, calls = samples(fmt)[case]
-    want = ("", content, [(n, a, None) for n, a in calls], [])
-    assert parse(fmt, [answer], stream, TOOLS) == want
-    assert parse(fmt, list(answer), stream, TOOLS) == want
-    for pieces in cut_everywhere(answer):
-        assert parse(fmt, pieces, stream, TOOLS) == want
+    assert each_way(fmt, answer, stream=stream) == ("", content, calls, 0)
 
 
 @pytest.mark.parametrize("fmt", MARKS)
@@ -75,7 +66,7 @@ def test_samples_whole_one_character_at_a_time_and_cut_anywhere(fmt, case, strea
 def test_a_broken_call_is_text_in_a_whole_answer(fmt, body):
     o, c = MARKS[fmt]
     answer = o + body + (c if body.endswith(("]", "}")) else "")
-    thinking, content, calls, failed = parse(fmt, [answer], False, TOOLS)
+    thinking, content, calls, failed = read(fmt, [answer], stream=False)
     assert calls == [] and content == answer and failed
 
 
@@ -92,7 +83,7 @@ def test_a_call_the_template_renders_reads_back(name):
     text = chat_template.render(template(name), history, tools=tools)
     start = text.index(o + "[{\"name\": \"get_weather\"")  # not the example in the system prompt
     block = text[start:text.index(c, start) + len(c)]
-    assert parse(fmt, [block], False, TOOLS)[2] == [("get_weather", args, None)]
+    assert read(fmt, [block], stream=False)[2] == [("get_weather", args, None)]
 
 
 @pytest.mark.parametrize("fmt", MARKS)
@@ -114,7 +105,7 @@ def test_apriel_16_thinks_from_its_prompt_to_begin_final_response():
     answer = ('Let me see.\n[BEGIN FINAL RESPONSE]\nSure.\n<tool_calls>[{"name": "noop", "arguments": {}}]'
               "</tool_calls>")
     for stream in (True, False):  # the prompt's first words of the thinking are the thinking's, as llama.cpp reads them
-        assert parse("apriel", list(answer), stream, TOOLS, reasoning=fmt, tail=tail) == (
+        assert read("apriel", list(answer), stream=stream, reasoning=fmt, tail=tail) == (
             "Here are my reasoning steps:\nLet me see.", "Sure.", [("noop", {}, None)], [])
     assert detect_reasoning(template("unsloth-Apriel-1.5"), []) is None
 

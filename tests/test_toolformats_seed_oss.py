@@ -4,15 +4,15 @@ character at a time and cut at every point, its failures, thinking before a call
 the template gets (a call rendered by the template reads back as the same call), and the
 grammar run by llama.cpp's sampler."""
 
+from functools import partial
+
+import formatcheck
 import pytest
-from realmodel import CACHE
-from test_toolcalls import parse
 from test_toolgrammar import run
 from test_toolgrammar import vocab as vocab  # noqa: F401 (the fixture)
 
 from gateway.engine import toolgrammar
 from gateway.engine.toolhistory import for_template
-from gateway.models import testmodels as tm
 from gateway.text import chat_template
 from gateway.text.reasoning import detect as detect_reasoning
 from gateway.text.toolformats import detect
@@ -23,9 +23,12 @@ TOOLS = [
     {"type": "function", "function": {"name": "noop", "parameters": {"type": "object", "properties": {}}}},
 ]
 
+read = partial(formatcheck.read, tools=TOOLS)
+each_way = partial(formatcheck.each_way, tools=TOOLS)
 
-def template() -> str:
-    return tm.llama_cpp_source_file("models/templates/ByteDance-Seed-OSS.jinja", CACHE / "templates").read_text()
+
+def template():
+    return formatcheck.template("ByteDance-Seed-OSS")
 
 
 def test_the_real_template_detects_as_seed_oss():
@@ -44,18 +47,10 @@ SAMPLES = [
 ]
 
 
-def cut_everywhere(text):
-    return [[text[:i], text[i:]] for i in range(len(text) + 1)]
-
-
 @pytest.mark.parametrize("answer, content, calls", SAMPLES)
 @pytest.mark.parametrize("stream", [True, False])
 def test_samples_whole_one_character_at_a_time_and_cut_anywhere(answer, content, calls, stream):
-    want = ("", content, [(n, a, None) for n, a in calls], [])
-    assert parse("seed_oss", [answer], stream, TOOLS) == want
-    assert parse("seed_oss", list(answer), stream, TOOLS) == want
-    for pieces in cut_everywhere(answer):
-        assert parse("seed_oss", pieces, stream, TOOLS) == want
+    assert each_way("seed_oss", answer, stream=stream) == ("", content, calls, 0)
 
 
 @pytest.mark.parametrize("answer", [
@@ -64,14 +59,14 @@ def test_samples_whole_one_character_at_a_time_and_cut_anywhere(answer, content,
     '<seed:tool_call>{"name": "get_weather", "arguments": {}}</seed:tool_call>',  # not this syntax
 ])
 def test_a_broken_call_is_text_in_a_whole_answer(answer):
-    thinking, content, calls, failed = parse("seed_oss", [answer], False, TOOLS)
+    thinking, content, calls, failed = read("seed_oss", [answer], stream=False)
     assert calls == [] and content == answer and failed
 
 
 def test_thinking_then_a_call():
     answer = ("<seed:think>Let me look.</seed:think>\n<seed:tool_call>\n<function=get_weather>\n"
               "<parameter=city>Oslo</parameter>\n</function>\n</seed:tool_call>")
-    assert parse("seed_oss", list(answer), True, TOOLS, reasoning="seed") == (
+    assert read("seed_oss", list(answer), reasoning="seed") == (
         "Let me look.", "", [("get_weather", {"city": "Oslo"}, None)], [])
 
 
@@ -85,7 +80,7 @@ def test_a_call_the_template_renders_reads_back():
     text = chat_template.render(template(), history, tools=tools)
     start = text.index("<seed:tool_call>\n<function=get_weather>")
     block = text[start:text.index("</seed:tool_call>", start) + len("</seed:tool_call>")]
-    assert parse("seed_oss", [block], False, TOOLS)[2] == [("get_weather", args, None)]
+    assert read("seed_oss", [block], stream=False)[2] == [("get_weather", args, None)]
 
 
 def test_the_grammar(vocab):  # noqa: F811

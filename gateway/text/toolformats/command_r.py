@@ -198,12 +198,4 @@ class Parser(CallObjects):
         return True
 
     def _s_tail(self, final: bool) -> bool:
-        if self._skip_ws():
-            return True
-        m = lead(self._buf, (ACTION_END,), final)
-        if m == "":
-            return False
-        if m:
-            self._take(len(m))
-        self._close_block()
-        return True
+        return self._end_block(ACTION_END, final)

@@ -138,12 +138,4 @@ class Parser(CallObjects):
         return True
 
     def _s_tail(self, final: bool) -> bool:
-        if self._skip_ws():
-            return True
-        m = lead(self._buf, (FENCE,), final)
-        if m == "":
-            return False
-        if m:
-            self._take(len(m))
-        self._close_block()
-        return True
+        return self._end_block(FENCE, final)

@@ -278,12 +278,4 @@ class Parser(JsonCalls):
         return i > 0  # more to come (the end of the answer ends the call)
 
     def _s_close(self, final: bool) -> bool:
-        if self._skip_ws():
-            return True
-        m = lead(self._buf, (TOOL_CALL_END,), final)
-        if m == "":
-            return False
-        if m:
-            self._take(len(m))
-        self._close_block()
-        return True
+        return self._end_block(TOOL_CALL_END, final)

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 from ..reasoning import CONTENT
 from .items import CallArgs, CallEnd, CallStart, Item, Piece
-from .scan import WS, JsonScan, is_object, tool_params, until
+from .scan import WS, JsonScan, is_object, lead, tool_params, until
 
 _ALNUM = string.ascii_letters + string.digits
 
@@ -268,6 +268,17 @@ class Machine:
             self._raw += self._group
         self._group = ""
         self._go(Text.TEXT)
+
+    def _end_block(self, closer: str, final: bool) -> bool:
+        """After a block's last call: whitespace, then ``closer`` if it comes (taken), and the block is over."""
+        if self._skip_ws():
+            return True
+        m = lead(self._buf, (closer,), final)
+        if m == "":
+            return False  # the start of the closer, maybe: wait for more
+        self._take(len(m or ""))
+        self._close_block()
+        return True
 
     def _s_text(self, final: bool) -> bool:
         text, marker = until(self._buf, self._openers, final)
