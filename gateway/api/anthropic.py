@@ -46,6 +46,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
         def feed(item: answer.Item) -> None:
             if isinstance(item, answer.Piece):
                 if not blocks or blocks[-1]["type"] != ("thinking" if item.kind == "thinking" else "text"):
+                    _fill(blocks, arguments)  # a call's input before the text that follows it
                     blocks.append(render.block(item.kind))
                 blocks[-1]["thinking" if item.kind == "thinking" else "text"] += item.text
             elif isinstance(item, answer.Call):

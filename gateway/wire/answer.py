@@ -18,8 +18,8 @@ from ..base.errors import ApiError, from_event
 from ..engine import ipc
 from ..server.events import Observation
 from ..text.formats import FORMATS, NATIVE, Formats
-from ..text.reasoning import THINKING, unsplit
-from ..text.toolformats import AnswerParser, CallArgs, CallEnd, CallStart, Piece, frames_answers
+from ..text.reasoning import CONTENT, THINKING, unsplit
+from ..text.toolformats import TABLE, AnswerParser, CallArgs, CallEnd, CallStart, Piece, frames_answers
 from ..text.toolformats import Item as Parsed
 
 Call = CallStart  # a tool call opens: its id and tool are known; its arguments follow as ``CallArgs``
@@ -126,7 +126,11 @@ async def pieces(gen: GenerationEvents, parser: AnswerParser,
             for item in native.feed(event):
                 yield item
         elif isinstance(event, ipc.Done):
-            for item in given(parser.flush()) + native.flush():
+            failures = len(parser.failed)
+            rest = given(parser.flush())
+            if event.finish_reason == "length":
+                rest = _cut(rest, parser, failures)
+            for item in rest + native.flush():
                 yield item
             calls += native.calls
             reason = event.finish_reason
@@ -140,6 +144,25 @@ async def pieces(gen: GenerationEvents, parser: AnswerParser,
                 obs.tool_calls += completed
                 obs.tool_call_failures += parser.failed + native.failed
             yield finish
+
+
+def _cut(items: list[Item], parser: AnswerParser, failures: int) -> list[Item]:
+    """The last items of an answer cut by max_tokens, less the text the tool-call parser held
+    back to the end because it belonged to no finished text: a call cut inside (its flush
+    recorded a failure: a call whose arguments did not complete is never a call, and its raw
+    text is no content either) or a marker begun (a prefix of one of the format's markers, such
+    as a closer cut after the arguments). llama.cpp's reading of a cut answer holds such
+    fragments back too. Whitespace alone is kept (a cut answer ends as it was written)."""
+    if parser.tools is None:
+        return items
+    markers = TABLE[parser.tools.fmt].MARKERS
+    failed = len(parser.failed) > failures
+
+    def fragment(item: Item) -> bool:
+        text = item.text.strip() if isinstance(item, Piece) and item.kind == CONTENT else ""
+        return bool(text) and (failed or any(m.startswith(text) for m in markers))
+
+    return [item for item in items if not fragment(item)]
 
 
 class _NativeCalls:
