@@ -222,7 +222,8 @@ async def test_an_isolated_cache_comes_back_for_its_own_key_only(aiohttp_client,
     r = await client.post("/models/unload", headers={"Authorization": "Bearer a-key"}, json={"model": "kept"})
     assert r.status == 200
     assert await cached("b-key") == 0  # the saved slot came back as alice's
-    assert await cached("a-key") == 0  # the slot held bob's prompt; alice's again now
+    # bob's prompt took the slot: hers was kept in memory (the prompt cache), for her only
+    assert await cached("a-key") > 0
     r = await client.post("/models/unload", headers={"Authorization": "Bearer a-key"}, json={"model": "kept"})
     assert r.status == 200
     assert await cached("a-key") > 0  # restored, and hers

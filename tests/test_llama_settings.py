@@ -41,6 +41,7 @@ SAMPLES = {
     "kv_unified": (True, True),
     "lora": (["a.gguf", {"path": "/x/b.gguf", "scale": 0.25}], None),  # kept: relative to the file (below)
     "spm_infill": (True, True),
+    "prompt_cache_bytes": ("512MiB", 512 * 2**20),
 }
 
 

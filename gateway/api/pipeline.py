@@ -106,7 +106,9 @@ async def start(request: web.Request, gen: GenerationEvents, req: GenerationRequ
         if refused is None:
             raise
         raise refused(err) from None
-    return Run(gen, begun, answer.pieces(gen, parser, observation(request)))
+    obs = observation(request)
+    obs.began(begun)
+    return Run(gen, begun, answer.pieces(gen, parser, obs))
 
 
 @asynccontextmanager

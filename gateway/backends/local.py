@@ -29,6 +29,7 @@ from ..engine.ipc import (  # noqa: F401 (the kinds: re-exported)
     Tokens,
 )
 from ..engine.settings import settings_of
+from ..hardware import sysmem
 from ..models import discovery
 from ..models.config import ModelSpec, ServerConfig, default_kv_cache_dir
 from ..models.ggufmeta import ModelFileError
@@ -116,11 +117,23 @@ def kv_cache(spec: ModelSpec, server: ServerConfig) -> dict[str, Any]:
     return {"kv_cache_dir": str(root), "kv_cache_max_bytes": server.kv_cache_max_bytes}
 
 
+def default_prompt_cache(setting: int, available: int | None) -> int:
+    """A model's prompt cache where its entry sets none: ``server.prompt_cache_bytes``, at most a
+    quarter of the memory available at its load. The placement does not count the cache yet, so
+    this bound keeps several models' caches from taking the memory the models need; a size set in
+    a model's entry is taken as it is."""
+    return setting if available is None else min(setting, available // 4)
+
+
 def load_params(spec: ModelSpec, server: ServerConfig) -> LoadParams:
     """What a local model's worker loads: the spec's file and every llama.cpp setting it holds
     (``LlamaSettings``'s fields, whatever they are), and what the gateway adds. ``spec`` is local
     (``path`` set)."""
-    return LoadParams(name=spec.name, path=str(spec.path), **settings_of(spec),
+    settings = settings_of(spec)
+    if settings["prompt_cache_bytes"] is None:
+        mem = sysmem.read()
+        settings["prompt_cache_bytes"] = default_prompt_cache(server.prompt_cache_bytes, mem.available if mem else None)
+    return LoadParams(name=spec.name, path=str(spec.path), **settings,
                       embeddings=spec.embeddings or spec.reranker, stream_interval=server.stream_interval_ms / 1000,
                       **kv_cache(spec, server))
 

@@ -1,11 +1,13 @@
 """The decode loop's work: continuous batching over the context's sequence slots.
 
 ``Decoder.admit`` gives a prepared request the free slot whose cache shares the longest prefix
-with its prompt; ``Decoder.step`` advances every active sequence by one ``llama_decode`` for the
-tokens they sampled last, then prompt chunks while the step's budget lasts; each sequence's next
-token is chosen (``sampling``), its text matched against the stops and queued (``outbox``), and
-a sequence that ends (a stop, its length, a cancel, its deadline) frees its slot with a done
-event. Only the worker's main loop calls this, between two polls of its inbox.
+with its prompt, or loads into a slot the state the prompt cache kept (``kvcache.PromptCache``)
+that shares a longer one, keeping the slot's own cache there first; ``Decoder.step`` advances
+every active sequence by one ``llama_decode`` for the tokens they sampled last, then prompt
+chunks while the step's budget lasts; each sequence's next token is chosen (``sampling``), its
+text matched against the stops and queued (``outbox``), and a sequence that ends (a stop, its
+length, a cancel, its deadline) frees its slot with a done event. Only the worker's main loop
+calls this, between two polls of its inbox.
 """
 
 from __future__ import annotations
@@ -14,20 +16,27 @@ import time
 
 from ..text.reasoning import closing
 from . import ipc
+from .kvcache import PromptCache
 from .model import Model
 from .outbox import Outbox
 from .refusals import failure
 from .sampling import Sampling
-from .slots import Batch, Sequence, Slot, reusable, slot_score
+from .slots import Batch, Sequence, Slot, choose, reusable
 
 
 class Decoder:
     def __init__(self, model: Model, sampling: Sampling, out: Outbox):
         self.ll, self.ctx, self.mem = model.ll, model.ctx, model.mem
-        self.n_ctx, self.n_batch, self.n_swa = model.n_ctx, model.n_batch, model.n_swa
+        self.n_ctx, self.n_batch = model.n_ctx, model.n_batch
+        # the model's attention window whatever ``swa_full`` says: a slot's state loaded back (from
+        # the prompt cache or from disk) holds only the window of a sliding-window layer, as
+        # llama.cpp writes no cell the window masks
+        self.n_swa = model.ll.llama_model_n_swa(model.handle)
         self.sampling, self.out = sampling, out
         self.slots = [Slot(i) for i in range(model.n_slots)]
         self.batch = Batch(model.ll, model.n_batch, model.n_slots)
+        keep = model.params.prompt_cache_bytes
+        self.cache = PromptCache(model.ll, model.ctx, keep) if keep and not model.params.embeddings else None
         self.last_step = 0.0  # seconds the last decode step took, sampling included
         # bound once: called for every token
         self._logits, self._sample = sampling.logits, sampling.sample
@@ -36,12 +45,20 @@ class Decoder:
 
     def admit(self, rid: int, req: ipc.GenerationRequest, tokens: list[int], prompt_tail: str) -> Sequence:
         """Give a prepared request (``Prompts.prepare``) the free slot whose cache shares the
-        longest prefix with its prompt, and drop the rest of that slot's cache. Raises ``Refused``."""
+        longest prefix with its prompt, or the one a kept state that shares a longer one is loaded
+        into (``slots.choose``), and drop the rest of that slot's cache. Raises ``Refused``."""
         n_prompt = len(tokens)
         max_tokens = req.max_tokens
         room = self.n_ctx - n_prompt
         chain = self.sampling.chain(req)  # before "start": a grammar that does not parse is a plain 400
-        slot = max(self.free_slots(), key=lambda s: slot_score(s, tokens, req.cache_scope))
+        cache = self.cache
+        choice = choose(self.free_slots(), cache.entries if cache else [], tokens, req.cache_scope, cache is not None)
+        slot = choice.slot
+        if cache is not None:
+            if choice.save:  # another conversation's: kept before it is overwritten
+                cache.save(slot, max(slot.prompt_end, choice.common) if self.n_swa else None)
+            if choice.kept is not None:
+                slot.origin = choice.kept.origin if cache.restore(choice.kept, slot) else "slot"  # failed: empty
         # At least one prompt token is decoded, for fresh logits.
         common = min(reusable(slot, tokens, req.cache_scope), n_prompt - 1)
         if not self.ll.llama_memory_seq_rm(self.mem, slot.id, common, -1) or not self._holds_window(slot, common):
@@ -53,17 +70,22 @@ class Decoder:
         slot.scope = req.cache_scope
         seq = slot.seq = Sequence(rid, req, tokens, slot, common, prompt_tail, chain,
                                   max_tokens if max_tokens is not None else room)
+        seq.source = slot.origin if common else None
+        slot.origin, slot.prompt_end = "slot", n_prompt  # from here on, what it holds is its own decoding
         return seq
 
     def _holds_window(self, slot: Slot, common: int) -> bool:
         """Whether the slot's cache still holds every position that a token at ``common`` attends
         to. A sliding-window layer's cache (without ``swa_full``) overwrites positions that fell
-        out of the window of the sequence's newest token; cutting the sequence back to ``common``
-        moves the window back onto them. llama-server's test: the oldest position still held is at
-        most ``common - n_swa``."""
+        out of the window of the sequence's newest token, and a state loaded back holds only that
+        window (with ``swa_full`` too); cutting the sequence back to ``common`` moves the window
+        back onto them. A token at ``common`` attends to the positions after ``common - n_swa``
+        (llama.cpp masks p0 where ``p1 - p0 >= n_swa``; a chunked window needs fewer), so the
+        oldest position held must be at most ``common - n_swa + 1`` (llama-server's test asks for
+        one more, and so never takes a state back to read its last token again)."""
         if not self.n_swa or common == 0:
             return True
-        return self.ll.llama_memory_seq_pos_min(self.mem, slot.id) <= max(0, common - self.n_swa)
+        return self.ll.llama_memory_seq_pos_min(self.mem, slot.id) <= max(0, common - self.n_swa + 1)
 
     def free_slots(self) -> list[Slot]:
         return [s for s in self.slots if s.seq is None]
@@ -81,6 +103,8 @@ class Decoder:
         whether there were any."""
         idle = [s for s in self.slots if s.seq is None and s.cached]
         for slot in idle:
+            if self.cache is not None:
+                self.cache.save(slot, slot.prompt_end if self.n_swa else None)
             self.ll.llama_memory_seq_rm(self.mem, slot.id, -1, -1)
             slot.cached = []
         return bool(idle)
@@ -224,7 +248,7 @@ class Decoder:
             if matched is not None:
                 seq.matched, finish = matched, "stop"
         self.drop(seq)
-        self.out.send(ipc.Done(seq.rid, finish, seq.matched, len(seq.tokens), seq.n_gen, seq.common))
+        self.out.send(ipc.Done(seq.rid, finish, seq.matched, len(seq.tokens), seq.n_gen, seq.common, seq.source))
 
     def drop(self, seq: Sequence) -> None:
         """Free the sequence's slot; its cache stays for the next request to reuse."""

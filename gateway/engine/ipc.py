@@ -24,12 +24,14 @@ Worker -> parent: each event is a class below (``Ready``, ``Start``, ``Text``, `
 ...), framed by ``encode_event`` and read back by ``decode_event``; on the wire:
   {"ev": "ready", "info": {...}}  or  {"ev": "load_failed", "error": "..."}
   per request, in order:
-  {"ev": "start", "id": N, "prompt_tokens": P, "cached_tokens": C, "slot": S, "prompt_tail": "..."}
+  {"ev": "start", "id": N, "prompt_tokens": P, "cached_tokens": C, "slot": S, "prompt_tail": "...",
+   "cache_source": "slot"|"ram"|"disk"|null}
   {"ev": "text", "id": N, "text": "...", "tokens": T,    zero or more; T = tokens so far;
    "logprobs"?: [{"token", "bytes", "logprob", "top_logprobs": [...]}, ...]}  (when asked)
   {"ev": "done", "id": N, "finish_reason": "stop"|"length"|"cancelled",
-   "stop": matched-or-null, "prompt_tokens": P, "completion_tokens": T, "cached_tokens": C}
-   (C: prompt tokens found in the slot's cache and not decoded again)
+   "stop": matched-or-null, "prompt_tokens": P, "completion_tokens": T, "cached_tokens": C,
+   "cache_source": ...}  (C: prompt tokens found in the slot's cache, or loaded into it from the
+   prompt cache in memory, and not decoded again; cache_source: where they came from)
   {"ev": "tokens", "id": N, "tokens": [...], "pieces"?: [...]}  /  {"ev": "detokenized", "id": N, "text": "..."}
    /  {"ev": "prompt", "id": N, "text": "..."}  (the answers to tokenize, detokenize, apply_template)
   {"ev": "embeddings", "id": N, "data": [[float, ...], ...], "prompt_tokens": P}
@@ -326,6 +328,9 @@ class Start:
     slot: int
     prompt_tail: str = ""
     prompt_text: str | None = None  # the prompt's text, when the request asked for its echo
+    # where the cached tokens came from: "slot" (the slot's own cache), "ram" (the prompt cache),
+    # "disk" (saved at an unload); None: none were reused
+    cache_source: str | None = None
 
 
 @dataclass(slots=True)
@@ -366,6 +371,7 @@ class Done:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    cache_source: str | None = None  # as the start event's
 
 
 @dataclass(slots=True)

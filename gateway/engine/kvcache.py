@@ -1,5 +1,23 @@
-"""Conversations that survive an unload: each slot's KV cache saved when the worker exits, and
-restored when the same model loads again, before any request is admitted.
+"""The slots' KV caches kept beyond their slot: in host memory while the model is loaded
+(``PromptCache``), and on disk across an unload.
+
+In memory (``prompt_cache_bytes``, llama-server's ``--cache-ram``): when a slot is taken for
+another conversation, its sequence's state (``llama_state_seq_get_data``) and tokens are kept
+here first; a request whose prompt shares a longer prefix with a kept state than with any slot
+has that state loaded into its slot (``llama_state_seq_set_data``) before the rest of its prompt
+is read (``slots.choose`` decides). The states together stay under the bound, the least recently
+used dropped first (``evict``). A state whose check sum no longer matches, or that llama.cpp
+refuses or loads with other positions than its tokens, leaves the slot empty: the prompt is read
+whole, never answered from a wrong cache.
+
+A sliding-window model's state holds only the window before its last token (llama.cpp writes no
+cell the window masks, ``swa_full`` or not), so a prompt that comes back can go on only from its
+end: a slot is cut where its last prompt ended before it is kept or saved (what it generated
+after is what a returning prompt most often differs in), and ``Decoder`` reads a prompt whole
+where a loaded state lacks part of the window it needs.
+
+On disk: each slot's KV cache saved when the worker exits, and restored when the same model
+loads again, before any request is admitted.
 
 A saved slot is two files in the model's own directory under the cache root
 (``<root>/<hash of the model file's path>/``):
@@ -23,20 +41,23 @@ Only the worker imports this module (it calls llama.cpp through ``model.ll``).
 
 from __future__ import annotations
 
+import array
 import ctypes
 import dataclasses
 import hashlib
 import json
 import os
+import struct
 import time
+import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from . import ipc
 
 # LoadParams fields that do not change what a slot's cache holds
 _NOT_IDENTITY = {"name", "n_threads", "n_threads_batch", "n_batch", "n_ubatch", "stream_interval", "chat_template",
-                 "kv_cache_dir", "kv_cache_max_bytes"}
+                 "kv_cache_dir", "kv_cache_max_bytes", "prompt_cache_bytes"}
 _BLOCK = 1 << 20
 
 
@@ -49,17 +70,138 @@ class Saved:
     used: float  # last saved or restored (epoch seconds)
 
 
-def evict(saved: list[Saved], max_bytes: int) -> list[Saved]:
-    """Which saved slots to remove so that the rest fit in ``max_bytes``: the least recently
+class Weighed(Protocol):
+    """What ``evict`` weighs: a saved slot on disk, a state in memory."""
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def used(self) -> float: ...
+
+
+K = TypeVar("K", bound=Weighed)
+
+
+def evict(saved: list[K], max_bytes: int) -> list[K]:
+    """Which saved caches to remove so that the rest fit in ``max_bytes``: the least recently
     used first."""
     total = sum(s.size for s in saved)
-    out: list[Saved] = []
+    out: list[K] = []
     for s in sorted(saved, key=lambda s: s.used):
         if total <= max_bytes:
             break
         out.append(s)
         total -= s.size
     return out
+
+
+@dataclasses.dataclass(eq=False)
+class Entry:
+    """One slot's cache kept in memory: its sequence state and the tokens it holds."""
+
+    tokens: list[int]
+    scope: str  # the cache scope of the slot it came from (``Slot.scope``)
+    data: bytearray  # llama_state_seq_get_data's bytes
+    check: int  # their CRC-32, taken when they were copied
+    used: float  # when it was kept (time.monotonic())
+    origin: str = "ram"  # "disk": read back from the on-disk save at load (``restore``)
+
+    @property
+    def size(self) -> int:
+        return len(self.data) + TOKEN_BYTES * len(self.tokens)
+
+
+TOKEN_BYTES = 4  # a kept token's share of the bound (an int32 in llama.cpp's own files)
+
+
+class PromptCache:
+    """The model's slots' caches kept in host memory, at most ``max_bytes`` in all. Only the
+    worker's main loop calls it (between two steps: it copies a sequence's state in and out of
+    the context)."""
+
+    def __init__(self, ll, ctx, max_bytes: int):
+        self.ll, self.ctx, self.mem = ll, ctx, ll.llama_get_memory(ctx)
+        self.max_bytes = max_bytes
+        self.entries: list[Entry] = []
+
+    @property
+    def held(self) -> int:
+        """Bytes kept, as the bound counts them."""
+        return sum(e.size for e in self.entries)
+
+    def save(self, slot, upto: int | None = None) -> bool:
+        """Keep a copy of ``slot``'s cache (it is about to be overwritten); whether one is kept
+        now. ``upto``: the slot's cache is first cut to that many tokens (a sliding-window model's
+        state holds only the window before its last token, so a prompt that returns is read on
+        from there or not at all: cut where the conversation's prompt ended, what it generated
+        after is what a returning prompt most often differs in). A kept state that the slot's
+        cache extends is dropped (the new one holds it), and none is made where a kept one
+        already holds all of the slot's tokens. A state larger than the whole bound is not kept."""
+        if upto is not None:
+            cut(self.ll, self.mem, slot, upto)
+        tokens = slot.cached
+        if not tokens:
+            return False
+        for e in list(self.entries):
+            if e.scope != slot.scope:
+                continue
+            if e.tokens[:len(tokens)] == tokens:
+                e.used = time.monotonic()
+                return False
+            if tokens[:len(e.tokens)] == e.tokens:
+                self.entries.remove(e)
+        size = self.ll.llama_state_seq_get_size(self.ctx, slot.id)
+        if not size or not self.room(size + TOKEN_BYTES * len(tokens)):
+            return False
+        data = bytearray(size)
+        view = (ctypes.c_uint8 * size).from_buffer(data)
+        n = self.ll.llama_state_seq_get_data(self.ctx, view, size, slot.id)
+        del view  # the buffer may be resized once no ctypes array points into it
+        if not n:
+            return False
+        del data[n:]
+        self.entries.append(Entry(list(tokens), slot.scope, data, zlib.crc32(data), time.monotonic()))
+        return True
+
+    def room(self, need: int) -> bool:
+        """Make room for ``need`` more bytes, dropping the least recently used states first (before
+        the new one is copied: the bound holds at every moment); False where it cannot fit."""
+        if need > self.max_bytes:
+            return False
+        self.drop(evict(self.entries, self.max_bytes - need))
+        return True
+
+    def drop(self, entries: list[Entry]) -> None:
+        for e in entries:
+            self.entries.remove(e)
+
+    def restore(self, entry: Entry, slot) -> bool:
+        """Load a kept state into ``slot`` in place of its cache, taking it out of the cache (the
+        slot holds it now; taken again, it is kept again). False, with the slot left empty,
+        where the bytes changed since they were kept, llama.cpp refuses them (another model or
+        context shape), or the positions they load do not match their tokens."""
+        self.drop([entry])
+        ll, mem = self.ll, self.mem
+        ll.llama_memory_seq_rm(mem, slot.id, -1, -1)
+        slot.cached = []
+        size = len(entry.data)
+        if not size or zlib.crc32(entry.data) != entry.check:
+            return False
+        view = (ctypes.c_uint8 * size).from_buffer(entry.data)
+        n = ll.llama_state_seq_set_data(self.ctx, view, size, slot.id)
+        del view
+        if n != size or ll.llama_memory_seq_pos_max(mem, slot.id) != len(entry.tokens) - 1:
+            ll.llama_memory_seq_rm(mem, slot.id, -1, -1)  # nothing half-loaded stays
+            return False
+        slot.cached, slot.scope, slot.prompt_end = list(entry.tokens), entry.scope, len(entry.tokens)
+        return True
+
+
+def cut(ll, mem, slot, upto: int) -> None:
+    """Cut ``slot``'s cache to its first ``upto`` tokens, where its memory can be cut there."""
+    if upto < len(slot.cached) and ll.llama_memory_seq_rm(mem, slot.id, upto, -1):
+        del slot.cached[upto:]
 
 
 def identity(ll, params: ipc.LoadParams) -> str:
@@ -114,9 +256,10 @@ def _remove(state: Path) -> None:
             pass
 
 
-def save(model, slots, root: str, max_bytes: int) -> tuple[int, int]:
-    """Save every slot that holds a cache (and remove the saved files of slots that hold none);
-    then keep the root under ``max_bytes``. (slots saved, tokens saved)."""
+def save(model, slots, root: str, max_bytes: int, kept: list[Entry] | tuple[()] = ()) -> tuple[int, int]:
+    """Save every slot that holds a cache (and remove the saved files of slots that hold none),
+    and the states the prompt cache keeps (``kept``, in place of those saved before); then keep
+    the root under ``max_bytes``. (slots saved, tokens saved)."""
     ll, ctx = model.ll, model.ctx
     here = model_dir(root, model.params.path)
     Path(root).mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -125,8 +268,11 @@ def save(model, slots, root: str, max_bytes: int) -> tuple[int, int]:
         if (problem := private_dir_problem(d)) is not None:
             raise PermissionError(problem)
     ident = identity(ll, model.params)
+    window = ll.llama_model_n_swa(model.handle)  # only the window is written: cut where the prompt ended
     n_slots = n_tokens = 0
     for slot in slots:
+        if window:
+            cut(ll, model.mem, slot, slot.prompt_end)
         state = here / f"slot-{slot.id}.state"
         if not slot.cached:
             _remove(state)
@@ -139,18 +285,43 @@ def save(model, slots, root: str, max_bytes: int) -> tuple[int, int]:
             _remove(state)
             continue
         os.chmod(tmp, 0o600)  # llama.cpp writes it under the umask; it holds a conversation
-        note = {"identity": ident, "bytes": tmp.stat().st_size, "digest": _digest(tmp), "tokens": len(slot.cached),
-                "scope": slot.scope, "saved": time.time()}
-        _write_private(state.with_suffix(".json"), json.dumps(note))
-        os.replace(tmp, state)  # the note first: a state file without its note is never loaded
+        _commit(tmp, state, ident, len(slot.cached), slot.scope)
         n_slots, n_tokens = n_slots + 1, n_tokens + len(slot.cached)
+    for old in here.glob("kept-*"):
+        old.unlink(missing_ok=True)
+    for i, entry in enumerate(sorted(kept, key=lambda e: e.used)):
+        state = here / f"kept-{i}.state"
+        tmp = state.with_suffix(f".{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:  # llama_state_seq_save_file's layout: it could load this file too
+            f.write(_SEQ_HEADER.pack(ll.LLAMA_STATE_SEQ_MAGIC, ll.LLAMA_STATE_SEQ_VERSION, len(entry.tokens)))
+            f.write(array.array("i", entry.tokens).tobytes())
+            f.write(entry.data)
+        # dated by its last use: older than the slots' own, so a tight bound removes it first
+        _commit(tmp, state, ident, len(entry.tokens), entry.scope, time.time() - (time.monotonic() - entry.used))
     prune(Path(root), max_bytes)
     return n_slots, n_tokens
 
 
+_SEQ_HEADER = struct.Struct("=III")  # llama.cpp's sequence state file: magic, version, token count (native order)
+
+
+def _commit(tmp: Path, state: Path, ident: str, n_tokens: int, scope: str, used: float | None = None) -> None:
+    """A state file written in full at ``tmp`` becomes ``state``, with its note beside it; both
+    dated ``used`` (epoch seconds: the least recently used are removed first), or now."""
+    when = time.time() if used is None else used
+    note = {"identity": ident, "bytes": tmp.stat().st_size, "digest": _digest(tmp), "tokens": n_tokens,
+            "scope": scope, "saved": when}
+    _write_private(state.with_suffix(".json"), json.dumps(note))
+    os.replace(tmp, state)  # the note first: a state file without its note is never loaded
+    if used is not None:
+        for p in (state, state.with_suffix(".json")):
+            os.utime(p, (when, when))
+
+
 def prune(root: Path, max_bytes: int) -> None:
     saved = []
-    for state in root.glob("*/slot-*.state"):
+    for state in root.glob("*/*.state"):
         try:
             note = state.with_suffix(".json").stat()
             st = state.stat()
@@ -161,9 +332,10 @@ def prune(root: Path, max_bytes: int) -> None:
         _remove(s.path)
 
 
-def restore(model, slots, root: str) -> tuple[int, int]:
-    """Load each saved slot that belongs to this load into its slot; remove the rest.
-    (slots restored, tokens restored)."""
+def restore(model, slots, root: str, cache: PromptCache | None = None) -> tuple[int, int]:
+    """Load each saved slot that belongs to this load into its slot, and each saved kept state
+    into ``cache`` (where it fits, the most recent first; its first use reports "disk"); remove
+    the rest. (slots restored, tokens restored into them)."""
     ll, ctx = model.ll, model.ctx
     here = model_dir(root, model.params.path)
     if not here.is_dir():
@@ -182,22 +354,59 @@ def restore(model, slots, root: str) -> tuple[int, int]:
         n_slots, n_tokens = n_slots + 1, n_tokens + tokens
         now = time.time()
         os.utime(state, (now, now))  # used: the last to be evicted
-    for stray in here.glob("slot-*"):  # notes without a state file, temporary files of a save cut short
+    for state in sorted(here.glob("kept-*.state"), key=lambda p: -p.stat().st_mtime):
+        if cache is None or not _keep(ll, state, ident, cache, model.n_ctx):
+            _remove(state)
+    for stray in [*here.glob("slot-*"), *here.glob("kept-*")]:  # notes without a state file, saves cut short
         if not stray.with_suffix(".state").exists() or stray.suffix == ".tmp":
             stray.unlink(missing_ok=True)
     return n_slots, n_tokens
+
+
+def _note(state: Path, ident: str) -> dict[str, Any] | None:
+    """A saved state's note, where the state belongs to this load and is whole."""
+    try:
+        note = json.loads(state.with_suffix(".json").read_text())
+        if not isinstance(note, dict) or note.get("identity") != ident:
+            return None
+        if state.stat().st_size != note.get("bytes") or _digest(state) != note.get("digest"):
+            return None  # cut short or damaged
+    except (OSError, ValueError):
+        return None
+    return note
+
+
+def _keep(ll, state: Path, ident: str, cache: PromptCache, n_ctx: int) -> bool:
+    """Read one saved kept state into ``cache``; whether it belongs here and fits. (llama.cpp
+    checks the state itself when it is loaded into a slot.)"""
+    note = _note(state, ident)
+    if note is None or cache.held + note["bytes"] - _SEQ_HEADER.size > cache.max_bytes:
+        return False  # read the most recent first: an older one that does not fit is left out
+    data = bytearray(state.read_bytes())
+    if len(data) < _SEQ_HEADER.size:
+        return False
+    magic, version, n = _SEQ_HEADER.unpack_from(data)
+    start = _SEQ_HEADER.size + TOKEN_BYTES * n
+    if (magic, version) != (ll.LLAMA_STATE_SEQ_MAGIC, ll.LLAMA_STATE_SEQ_VERSION) or not 0 < n <= n_ctx \
+            or len(data) <= start:
+        return False
+    tokens = array.array("i", data[_SEQ_HEADER.size:start]).tolist()
+    del data[:start]
+    scope, saved = note.get("scope", ""), note.get("saved")
+    age = time.time() - saved if isinstance(saved, (int, float)) else 0.0  # the least recently used stays so
+    cache.entries.append(Entry(tokens, scope if isinstance(scope, str) else "", data, zlib.crc32(data),
+                               time.monotonic() - age, "disk"))
+    return True
 
 
 def _load(ll, ctx, state: Path, ident: str, by_id: dict[int, Any], n_ctx: int) -> int | None:
     """The tokens restored from one saved slot, or None where it does not belong here."""
     try:
         slot = by_id.get(int(state.stem.split("-", 1)[1]))
-        note = json.loads(state.with_suffix(".json").read_text())
-        if slot is None or not isinstance(note, dict) or note.get("identity") != ident:
-            return None
-        if state.stat().st_size != note.get("bytes") or _digest(state) != note.get("digest"):
-            return None  # cut short or damaged
-    except (OSError, ValueError, IndexError):
+    except (ValueError, IndexError):
+        return None
+    note = _note(state, ident)
+    if slot is None or note is None:
         return None
     capacity = n_ctx
     tokens = (ll.llama_token * capacity)()
@@ -207,6 +416,7 @@ def _load(ll, ctx, state: Path, ident: str, by_id: dict[int, Any], n_ctx: int) -
         ll.llama_memory_seq_rm(ll.llama_get_memory(ctx), slot.id, -1, -1)  # nothing half-loaded stays
         return None
     slot.cached = list(tokens[: count.value])
+    slot.origin, slot.prompt_end = "disk", count.value
     scope = note.get("scope", "")
     slot.scope = scope if isinstance(scope, str) else ""
     return count.value

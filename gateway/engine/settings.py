@@ -20,6 +20,7 @@ from ..base import checks
 from ..base.checks import INVALID, POSITIVE_INTEGER, Check, Report, show
 
 DEFAULT_N_CTX = 4096  # a slot's context for a model with no n_ctx of its own (at most its trained one)
+DEFAULT_PROMPT_CACHE_BYTES = 8 * 2**30  # llama-server's --cache-ram default
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,10 @@ class LlamaSettings:
     lora: tuple[tuple[Path, float], ...] = setting((), checks.list_of(_lora_adapter))  # (adapter GGUF, scale)
     # fill in the middle suffix first (llama-server's --spm-infill), for models trained that way
     spm_infill: bool = setting(False, checks.boolean)
+    # host memory that keeps the caches of slots taken for other conversations, to be restored
+    # when they come back (llama-server's --cache-ram; ``engine/kvcache.PromptCache``); 0: none;
+    # None: ``server.prompt_cache_bytes``
+    prompt_cache_bytes: int | None = setting(None, checks.byte_size)
 
 
 SETTINGS = tuple(fields(LlamaSettings))

@@ -2,25 +2,34 @@
 
 A ``Slot`` is one sequence of the context (one cache stream) and the tokens cached in it; a
 ``Sequence`` is one generation in a slot (its prompt, sampler chain, stop state and progress);
-``slot_score`` is how a prompt picks among free slots (the longest shared prefix); ``Batch`` is
-the reusable ``llama_batch`` a decode step fills.
+``choose`` is how a prompt picks among free slots and the states the prompt cache keeps (the
+longest shared prefix); ``Batch`` is the reusable ``llama_batch`` a decode step fills.
 """
 
 from __future__ import annotations
 
 import ctypes
-from typing import Any
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from ..text.reasoning import ReasoningSplitter
 from ..text.textstream import StopMatcher, Utf8Stream
 from . import ipc
 from .outbox import Outbox
 
+_STRIDE = 256
+
 
 def common_prefix(a: list[int], b: list[int]) -> int:
-    """How many tokens ``a`` and ``b`` share from the start."""
+    """How many tokens ``a`` and ``b`` share from the start. Compared a block at a time (a slice
+    comparison runs in C): every admission compares its prompt with each slot and kept state,
+    and agents' prompts share long openings."""
+    end = min(len(a), len(b))
     n = 0
-    for x, y in zip(a, b):
+    while n + _STRIDE <= end and a[n:n + _STRIDE] == b[n:n + _STRIDE]:
+        n += _STRIDE
+    for x, y in zip(a[n:end], b[n:end]):
         if x != y:
             break
         n += 1
@@ -36,6 +45,10 @@ class Slot:
         self.scope = ""  # whose prompts ``cached`` holds (``GenerationRequest.cache_scope``)
         self.seq: Sequence | None = None
         self.last_used = 0.0
+        # where ``cached`` came from, as the next request that reuses it is told: "slot" (its own
+        # decoding), "ram" (the prompt cache), "disk" (restored at load)
+        self.origin = "slot"
+        self.prompt_end = 0  # how many of ``cached`` its last request's prompt filled (the rest it generated)
 
 
 def reusable(slot: Slot, tokens: list[int], scope: str) -> int:
@@ -52,6 +65,53 @@ def slot_score(slot: Slot, tokens: list[int], scope: str = "") -> tuple[float, f
     return common - (len(slot.cached) - common) / 2, -slot.last_used, -slot.id
 
 
+class Kept(Protocol):
+    """A state the prompt cache keeps (``kvcache.Entry``), as ``choose`` sees it."""
+
+    tokens: list[int]
+    scope: str
+    used: float
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Where a prompt runs: its slot, and what the slot holds for it before it is read."""
+
+    slot: Slot
+    common: int  # prompt tokens the slot (or the kept state) already holds
+    kept: Any = None  # a kept state (``Kept``) loaded into the slot first; None: the slot's own cache
+    save: bool = False  # the slot's cache goes to the prompt cache before it is overwritten
+
+
+def choose(free: list[Slot], kept: Iterable[Kept], tokens: list[int], scope: str, caching: bool) -> Choice:
+    """Where a prompt runs (pure). Without a prompt cache (``caching`` False), the free slot
+    ``slot_score`` rates best. With one, the first of:
+    - the free slot or kept state (of the request's scope) that shares the longest prefix with
+      the prompt, a slot before a state of the same length; a slot counts here only where
+      ``slot_score`` finds it worth taking (it keeps more of its cache than it throws away, by
+      that score's measure);
+    - an idle empty slot (another conversation's history is not copied out for a shared opening
+      while a slot is free);
+    - the slot that shares the longest prefix, then the least recently used.
+    A kept state is loaded into an empty slot, else into the least recently used. A slot's cache
+    that the prompt would mostly overwrite (it keeps less than half: llama-server's rule) is kept
+    first."""
+    if not caching:
+        slot = max(free, key=lambda s: slot_score(s, tokens, scope))
+        return Choice(slot, reusable(slot, tokens, scope))
+    shares = {s.id: reusable(s, tokens, scope) for s in free}
+    slot = max(free, key=lambda s: (shares[s.id] if slot_score(s, tokens, scope)[0] > 0 else 0, not s.cached,
+                                    shares[s.id], -s.last_used, -s.id))
+    mine = [k for k in kept if k.scope == scope]
+    state = max(mine, key=lambda k: (common_prefix(k.tokens, tokens), k.used), default=None)
+    shared = common_prefix(state.tokens, tokens) if state is not None else 0
+    if shared > max(shares.values()):
+        into = max(free, key=lambda s: (not s.cached, -s.last_used, -s.id))
+        return Choice(into, shared, state, save=bool(into.cached))
+    common = shares[slot.id]
+    return Choice(slot, common, None, save=bool(slot.cached) and common < len(slot.cached) / 2)
+
+
 class Sequence:
     """One generation in a slot: its prompt, sampler chain, stop state and progress."""
 
@@ -63,6 +123,7 @@ class Sequence:
         self.order = Sequence._order  # admission order: the oldest prompt is prefilled first
         self.rid, self.req, self.tokens, self.slot = rid, req, tokens, slot
         self.common, self.next, self.prompt_tail = common, common, prompt_tail
+        self.source: str | None = None  # where the ``common`` tokens came from (``Slot.origin``)
         self.chain = chain  # the native sampler chain (``Sampling.chain``); None: greedy
         self.limit = limit  # tokens it may generate: max_tokens, or the room left in the context
         self.top_n = req.logprobs  # None: no log-probabilities; N: the chosen token's and N alternatives

@@ -159,7 +159,8 @@ class Worker:
         if params is None or not params.kv_cache_dir or self.decoder is None:
             return
         try:
-            kvcache.save(self.model, self.decoder.slots, params.kv_cache_dir, params.kv_cache_max_bytes)
+            kept = self.decoder.cache.entries if self.decoder.cache is not None else []
+            kvcache.save(self.model, self.decoder.slots, params.kv_cache_dir, params.kv_cache_max_bytes, kept)
         except Exception as e:  # a full disk, a directory we may not write
             sys.stderr.write(f"could not save the KV caches of {params.name}: {e}\n")
 
@@ -242,7 +243,8 @@ class Worker:
         if req.echo:
             assert self.model is not None
             echo = req.prompt if req.prompt is not None else self.model.vocab.detokenize(seq.tokens)
-        self.out.send(ipc.Start(command.id, len(seq.tokens), seq.common, seq.slot.id, seq.prompt_tail, echo))
+        self.out.send(ipc.Start(command.id, len(seq.tokens), seq.common, seq.slot.id, seq.prompt_tail, echo,
+                               seq.source))
 
     def _embed(self, command: ipc.Embed) -> None:
         assert self.model is not None and self.prompts is not None and self.decoder is not None
@@ -286,7 +288,7 @@ class Worker:
         restored = (0, 0)
         if first.model.kv_cache_dir:
             try:  # before the first request: a returning conversation finds its cache
-                restored = kvcache.restore(model, decoder.slots, first.model.kv_cache_dir)
+                restored = kvcache.restore(model, decoder.slots, first.model.kv_cache_dir, decoder.cache)
             except Exception as e:  # an unreadable cache directory is a miss
                 sys.stderr.write(f"could not restore the KV caches of {first.model.name}: {e}\n")
         out.send(ipc.Ready({**model.info(), "restored_slots": restored[0], "restored_tokens": restored[1]}))

@@ -41,6 +41,9 @@ class Observation:
     principal: str = "anonymous"
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    # where the cached tokens came from: slot (the slot's own cache), ram (the prompt cache in
+    # memory), disk (saved at an unload); None: nothing reused (several prompts: the first that did)
+    cache_source: str | None = None
     completion_tokens: int = 0
     reasoning_tokens: int = 0
     first_token: float | None = None
@@ -62,6 +65,10 @@ class Observation:
             self.gaps.extend([gap] * n)
         self.last_token = now
 
+    def began(self, start: Any) -> None:
+        """A generation began (a backend's ``Start`` event)."""
+        self.cache_source = self.cache_source or start.cache_source
+
     def finished(self, finish: Any) -> None:
         self.prompt_tokens += finish.prompt_tokens
         self.cached_tokens += finish.cached_tokens
@@ -73,7 +80,8 @@ class Observation:
         return {
             "event": "inference", "request_id": self.request_id, "model": self.model, "endpoint": self.endpoint,
             "principal": self.principal, "status": status, "prompt_tokens": self.prompt_tokens,
-            "cached_tokens": self.cached_tokens, "completion_tokens": self.completion_tokens,
+            "cached_tokens": self.cached_tokens, "cache_source": self.cache_source,
+            "completion_tokens": self.completion_tokens,
             "reasoning_tokens": self.reasoning_tokens,
             "time_to_first_token_s": round(self.first_token - self.started, 6) if self.first_token else None,
             "duration_s": round(duration, 6), "finish_reason": self.finish_reason,

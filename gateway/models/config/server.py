@@ -96,6 +96,7 @@ SERVER: dict[str, Check] = {
     "ollama_port": _PORT,
     "kv_cache_dir": checks.path,
     "kv_cache_max_bytes": checks.byte_size,
+    "prompt_cache_bytes": checks.byte_size,
     "spare_worker": checks.boolean,
     "keep_billing_header": checks.boolean,
     "memory_budget": _per_device(checks.byte_size, RAM),

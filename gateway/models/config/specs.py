@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...engine.settings import LlamaSettings
+from ...engine.settings import DEFAULT_PROMPT_CACHE_BYTES, LlamaSettings
 from ...hardware.sysmem import DEFAULT_RESERVE
 
 DEFAULT_HOST = "127.0.0.1"
@@ -133,6 +133,8 @@ class ServerConfig:
     # when it loads again; None: under the user's cache directory (``default_kv_cache_dir``).
     kv_cache_dir: Path | None = None
     kv_cache_max_bytes: int = DEFAULT_KV_CACHE_MAX_BYTES  # all models' saved caches together; 0: save none
+    # each model's prompt cache in host memory, unless its entry sets its own; 0: none
+    prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES
     # Memory, by pool (``ram``, or a GPU as ggml names it, lowercased: ``cuda0``): the bytes the
     # models may hold there in all (none: no budget of its own; a plain size in YAML is RAM's),
     # and what is kept free of it: bytes, or a share (``"10%"`` -> -10), ``default`` for any

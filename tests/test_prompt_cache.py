@@ -1,0 +1,351 @@
+"""The prompt cache in host memory (``engine/kvcache.PromptCache``, ``prompt_cache_bytes``): a
+slot taken for another conversation keeps its KV state in RAM first, and the conversation that
+comes back has it loaded into a slot instead of reading its prompt again.
+
+The engine tests drive the worker's own ``Decoder`` on real llama.cpp in this process; the
+gateway tests run real workers. The model is a random-weight llama with a real tokenizer, so a
+greedy answer depends on every cached value: a state restored wrong would answer differently."""
+
+import json
+
+import pytest
+from helpers import tiny_random_model
+
+from gateway.app import create_app
+from gateway.engine import ipc
+from gateway.engine.slots import Slot, choose, common_prefix
+from gateway.models.config import load_config
+
+# --- slot choice (pure) -------------------------------------------------------------------------
+
+
+class Kept:
+    def __init__(self, tokens, used=0.0, scope=""):
+        self.tokens, self.used, self.scope = tokens, used, scope
+
+
+def slot(sid, cached=(), used=0.0, scope=""):
+    s = Slot(sid)
+    s.cached, s.last_used, s.scope = list(cached), used, scope
+    return s
+
+
+PROMPT = [1, 2, 3, 4, 5, 6, 7, 8]
+
+
+def test_the_longest_shared_prefix_wins_a_slot_before_a_kept_state_of_the_same_length():
+    slots = [slot(0, [1, 2, 9], used=1), slot(1, [1, 2, 3, 4, 9], used=2), slot(2)]
+    c = choose(slots, [Kept([1, 2, 3, 4, 7])], PROMPT, "", caching=True)
+    assert (c.slot.id, c.common, c.kept, c.save) == (1, 4, None, False)
+
+
+def test_a_kept_state_sharing_more_is_loaded_into_an_empty_slot_else_the_least_recently_used():
+    state = Kept([1, 2, 3, 4, 5, 6, 0])
+    c = choose([slot(0, [1, 2], used=1), slot(1), slot(2, [9], used=0)], [Kept([1, 2, 3]), state], PROMPT, "", True)
+    assert (c.slot.id, c.common, c.kept, c.save) == (1, 6, state, False)
+    c = choose([slot(0, [1, 2], used=5), slot(1, [9], used=3)], [state], PROMPT, "", True)
+    assert (c.slot.id, c.common, c.kept, c.save) == (1, 6, state, True)  # its own cache is kept first
+
+
+def test_nothing_shared_takes_an_empty_slot_then_the_least_recently_used_keeping_its_cache():
+    c = choose([slot(0, [9, 9], used=1), slot(1)], [], PROMPT, "", True)
+    assert (c.slot.id, c.common, c.save) == (1, 0, False)
+    c = choose([slot(0, [9, 9], used=4), slot(1, [8], used=2)], [Kept([7])], PROMPT, "", True)
+    assert (c.slot.id, c.common, c.kept, c.save) == (1, 0, None, True)
+
+
+def test_a_shared_opening_takes_an_empty_slot_rather_than_copy_another_conversation_out():
+    other = slot(0, [1, 2, 9, 9, 9, 9, 9], used=1)
+    c = choose([other, slot(1, used=2)], [], PROMPT, "", True)
+    assert (c.slot.id, c.common, c.save) == (1, 0, False)
+    c = choose([other, slot(1, [9], used=0)], [], PROMPT, "", True)  # no empty slot: the longest prefix
+    assert (c.slot.id, c.common, c.save) == (0, 2, True)
+
+
+def test_a_slot_whose_cache_the_prompt_mostly_keeps_is_not_copied_first():
+    assert choose([slot(0, [1, 2, 3, 4, 5, 6, 0])], [], PROMPT, "", True).save is False  # the same conversation
+    assert choose([slot(0, [1, 2, 0, 0, 0, 0, 0])], [], PROMPT, "", True).save is True  # another one, same opening
+
+
+def test_another_scopes_cache_or_state_is_never_reused():
+    c = choose([slot(0, PROMPT, scope="alice")], [Kept(PROMPT, scope="alice")], PROMPT, "bob", True)
+    assert (c.common, c.kept, c.save) == (0, None, True)
+
+
+def test_without_a_cache_the_choice_is_the_old_score():
+    # keeping another conversation's long history beats a shared opening of two tokens
+    c = choose([slot(0, [1, 2, 9, 9, 9, 9, 9, 9, 9], used=1), slot(1, used=2)], [], PROMPT, "", caching=False)
+    assert (c.slot.id, c.common, c.kept, c.save) == (1, 0, None, False)
+
+
+# --- the engine on real llama.cpp ---------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def random_model():
+    return tiny_random_model("llama-spm", seed=3)
+
+
+class Engine:
+    """A worker's decoder and model in this process; ``run`` answers one prompt greedily."""
+
+    def __init__(self, path, keep: int, parallel: int = 1):
+        from gateway.engine.decoding import Decoder
+        from gateway.engine.model import Model
+        from gateway.engine.outbox import Outbox
+        from gateway.engine.sampling import Sampling
+
+        self.model = Model(ipc.LoadParams(name="m", path=str(path), parallel=parallel, n_ctx=1024,
+                                          prompt_cache_bytes=keep))
+        self.out = Outbox(-1)  # never flushed: the test reads the queued frames
+        self.decoder = Decoder(self.model, Sampling(self.model), self.out)
+        self.rid = 0
+
+    def tokens(self, text: str) -> list[int]:
+        return self.model.vocab.tokenize(text, add_special=True)
+
+    def run(self, text: str, max_tokens: int = 10) -> tuple[str, ipc.Done]:
+        self.rid += 1
+        req = ipc.GenerationRequest(prompt=text, max_tokens=max_tokens, temperature=0)
+        seq = self.decoder.admit(self.rid, req, self.tokens(text), "")
+        while seq.slot.seq is seq:
+            self.decoder.step()
+        events = [ipc.decode_event(f[4:]) for f in self.out.frames]
+        self.out.frames.clear()
+        answer = "".join(e.text for e in events if isinstance(e, ipc.Text) and e.id == self.rid)
+        (done,) = [e for e in events if isinstance(e, ipc.Done) and e.id == self.rid]
+        return answer, done
+
+
+TALKS = [f"Conversation {name}: tell me about the {thing} and the storm at night. " * 6
+         for name, thing in (("one", "lighthouse keeper"), ("two", "old fisherman"), ("three", "harbour cat"))]
+
+
+@pytest.fixture(scope="module")
+def uncached(random_model):
+    """Each conversation's second turn on a fresh engine with no prompt cache."""
+    engine = Engine(random_model, keep=0)
+    answers = {}
+    for talk in TALKS:
+        engine.decoder.slots[0].cached = []  # read whole: nothing is reused
+        engine.model.ll.llama_memory_seq_rm(engine.model.mem, 0, -1, -1)
+        answers[talk] = engine.run(talk + " And then?")
+    return answers
+
+
+def test_a_returning_conversation_is_restored_from_ram_and_answers_as_if_read_whole(random_model, uncached):
+    engine = Engine(random_model, keep=64 * 2**20)
+    for talk in TALKS:  # three conversations take turns on one slot
+        _, done = engine.run(talk)
+    assert len(engine.decoder.cache.entries) == 2  # the two slots taken over were kept
+    for talk in TALKS:
+        answer, done = engine.run(talk + " And then?")
+        want, fresh = uncached[talk]
+        assert answer == want and done.completion_tokens == fresh.completion_tokens
+        # each came back after another took the slot: from RAM, all it shares with its first turn
+        shared = common_prefix(engine.tokens(talk), engine.tokens(talk + " And then?"))
+        assert (done.cache_source, done.cached_tokens) == ("ram", shared)
+        assert fresh.cached_tokens == 0 and fresh.cache_source is None
+
+
+def test_the_bound_holds_under_many_conversations_the_least_recently_used_dropped(random_model):
+    def talk(i):
+        return f"Talk number {i} about the sea. " + TALKS[i % 3]
+
+    engine = Engine(random_model, keep=1)
+    engine.run(talk(0), max_tokens=3)
+    one = engine.model.ll.llama_state_seq_get_size(engine.model.ctx, 0) + 4 * len(engine.decoder.slots[0].cached)
+    bound = int(one * 3.5)  # room for three states of this length, not four
+    engine = Engine(random_model, keep=bound)
+    order = []
+    for i in range(8):
+        engine.run(talk(i), max_tokens=3)
+        order.append(engine.tokens(talk(i)))
+        cache = engine.decoder.cache
+        assert cache.held <= bound
+    kept = [e.tokens for e in cache.entries]
+    assert len(kept) == 3
+    for e, prompt in zip(kept, order[-4:-1]):  # the three before the one in the slot, oldest first
+        assert e[:len(prompt)] == prompt
+
+
+def test_a_damaged_state_reads_the_prompt_and_answers_right(random_model, uncached):
+    engine = Engine(random_model, keep=64 * 2**20)
+    engine.run(TALKS[0])
+    engine.run(TALKS[1])
+    (entry,) = engine.decoder.cache.entries
+    entry.data[len(entry.data) // 2] ^= 0xFF
+    answer, done = engine.run(TALKS[0] + " And then?")
+    assert (answer, done.cached_tokens, done.cache_source) == (uncached[TALKS[0]][0], 0, None)
+    assert engine.decoder.cache.entries[0].tokens[:5] == engine.tokens(TALKS[1])[:5]  # TALKS[1] kept in turn
+
+
+def test_a_state_llama_cpp_refuses_reads_the_prompt_and_answers_right(random_model, uncached):
+    """A state of another shape (cut short: llama.cpp refuses it) or whose positions do not
+    match its tokens (a token more than it holds) leaves the slot empty."""
+    import zlib
+
+    for damage in ("cut", "tokens"):
+        engine = Engine(random_model, keep=64 * 2**20)
+        engine.run(TALKS[0])
+        engine.run(TALKS[1])
+        (entry,) = engine.decoder.cache.entries
+        if damage == "cut":
+            del entry.data[len(entry.data) // 2:]
+            entry.check = zlib.crc32(entry.data)
+        else:
+            entry.tokens.append(entry.tokens[-1])
+        answer, done = engine.run(TALKS[0] + " And then?")
+        assert (answer, done.cached_tokens, done.cache_source) == (uncached[TALKS[0]][0], 0, None), damage
+
+
+def test_no_cache_keeps_nothing(random_model):
+    engine = Engine(random_model, keep=0)
+    assert engine.decoder.cache is None
+    engine.run(TALKS[0])
+    engine.run(TALKS[1])
+    _, done = engine.run(TALKS[0] + " And then?")
+    # only the opening the two conversations share, from the slot: the first was not kept
+    shared = common_prefix(engine.tokens(TALKS[0]), engine.tokens(TALKS[1]))
+    assert 0 < shared < 10 and (done.cached_tokens, done.cache_source) == (shared, "slot")
+
+
+# --- through the gateway ------------------------------------------------------------------------
+
+async def chat(client, model, content):
+    r = await client.post("/v1/chat/completions", json={"model": model, "max_tokens": 8, "temperature": 0,
+                                                        "messages": [{"role": "user", "content": content}]})
+    body = await r.json()
+    assert r.status == 200, body
+    return body["choices"][0]["message"]["content"], body["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+@pytest.mark.parametrize("keep", ["64MiB", "0"])
+async def test_the_gateway_reports_what_came_back_from_ram(aiohttp_client, write_config, tmp_path, random_model, keep):
+    events = tmp_path / "events.jsonl"
+    cfg = write_config(f"server:\n  discover_default_stores: false\n  kv_cache_max_bytes: 0\n"
+                       f"  events_path: {events}\nmodels:\n"
+                       f"  m:\n    path: {random_model}\n    parallel: 1\n    prompt_cache_bytes: {keep}\n"
+                       f"  fresh:\n    path: {random_model}\n    parallel: 1\n    prompt_cache_bytes: 0\n")
+    client = await aiohttp_client(create_app(load_config(cfg)))
+    for talk in TALKS:
+        await chat(client, "m", talk)
+    answer, cached = await chat(client, "m", TALKS[0])
+    want, fresh_cached = await chat(client, "fresh", TALKS[0])
+    assert answer == want and fresh_cached == 0
+    lines = [json.loads(line) for line in events.read_text().splitlines()]
+    last = [e for e in lines if e["model"] == "m"][-1]
+    assert last["cached_tokens"] == cached
+    prompt = last["prompt_tokens"]
+    if keep == "0":  # today's behaviour: the slot went to the other conversations, only their shared opening is reused
+        assert 0 < cached < prompt // 4 and last["cache_source"] == "slot"
+    else:  # the whole prompt but its last token (decoded again for fresh logits)
+        assert cached == prompt - 1 and last["cache_source"] == "ram"
+
+
+async def test_a_kept_state_comes_back_for_its_own_key_only(aiohttp_client, write_config, tmp_path, random_model):
+    cfg = write_config(f"server:\n  discover_default_stores: false\n  kv_cache_max_bytes: 0\n"
+                       f"  api_keys: {{alice: a-key, bob: b-key}}\n  isolate_cache_by_key: true\n"
+                       f"models:\n  m:\n    path: {random_model}\n    parallel: 1\n")
+    client = await aiohttp_client(create_app(load_config(cfg)))
+
+    async def cached(key: str) -> int:
+        r = await client.post("/v1/chat/completions", headers={"Authorization": f"Bearer {key}"}, json={
+            "model": "m", "messages": [{"role": "user", "content": TALKS[0]}], "max_tokens": 2, "temperature": 0})
+        assert r.status == 200
+        return (await r.json())["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    assert await cached("a-key") == 0
+    assert await cached("b-key") == 0  # the same prompt, but alice's cache: read whole (hers kept in RAM)
+    assert await cached("a-key") > 0  # hers, from RAM (bob's kept in turn)
+    assert await cached("b-key") > 0
+
+
+async def test_kept_states_are_saved_with_the_slots_at_an_unload_and_come_back_from_disk(
+        aiohttp_client, write_config, tmp_path, random_model):
+    events = tmp_path / "events.jsonl"
+    cfg = write_config(f"server:\n  discover_default_stores: false\n  kv_cache_dir: {tmp_path / 'kv'}\n"
+                       f"  events_path: {events}\nmodels:\n  m:\n    path: {random_model}\n    parallel: 1\n")
+    client = await aiohttp_client(create_app(load_config(cfg)))
+    answers = [(await chat(client, "m", talk))[0] for talk in TALKS[:2]]  # the first kept in RAM, the second in the slot
+    assert (await client.post("/models/unload", json={"model": "m"})).status == 200
+    saved = sorted(p.name for p in (tmp_path / "kv").glob("*/*"))
+    assert saved == ["kept-0.json", "kept-0.state", "slot-0.json", "slot-0.state"]
+    returned, _ = await chat(client, "m", TALKS[0])
+    again, _ = await chat(client, "m", TALKS[0])  # now from the slot
+    assert returned == again == answers[0]
+    sources = [(e["cache_source"], e["cached_tokens"] == e["prompt_tokens"] - 1)
+               for e in map(json.loads, events.read_text().splitlines())]
+    assert sources[-2:] == [("disk", True), ("slot", True)]
+
+
+def test_a_models_own_bound_else_the_servers_else_llama_servers_default(write_config, monkeypatch):
+    from gateway.backends import local
+    from gateway.backends.local import load_params
+    from gateway.hardware import sysmem
+
+    monkeypatch.setattr(local.sysmem, "read", lambda: sysmem.Memory(total=128 * 2**30, available=64 * 2**30))
+    for server, own, want in (("", "", 8 * 2**30), ("  prompt_cache_bytes: 0\n", "", 0),
+                              ("  prompt_cache_bytes: 0\n", "    prompt_cache_bytes: 1GiB\n", 2**30)):
+        config = load_config(write_config(f"server:\n  discover_default_stores: false\n{server}"
+                                          f"models:\n  m:\n    path: m.gguf\n{own}"), check_files=False)
+        assert load_params(config.models[0], config.server).prompt_cache_bytes == want
+    # a small machine: the default is bound by what is available, a model's own size is not
+    monkeypatch.setattr(local.sysmem, "read", lambda: sysmem.Memory(total=8 * 2**30, available=4 * 2**30))
+    config = load_config(write_config("models:\n  m:\n    path: m.gguf\n"), check_files=False)
+    assert load_params(config.models[0], config.server).prompt_cache_bytes == 2**30
+    config = load_config(write_config("models:\n  m:\n    path: m.gguf\n    prompt_cache_bytes: 3GiB\n"),
+                         check_files=False)
+    assert load_params(config.models[0], config.server).prompt_cache_bytes == 3 * 2**30
+    with pytest.raises(Exception, match="models.m.prompt_cache_bytes: must be a size"):
+        load_config(write_config("models:\n  m:\n    path: m.gguf\n    prompt_cache_bytes: lots\n"), check_files=False)
+
+
+@pytest.mark.real
+def test_a_sliding_window_model_restores_from_where_its_prompt_ended_or_reads_it_whole(tmp_path):
+    """Gemma 3 (sliding-window layers): llama.cpp writes only the window of a sequence's state,
+    so a kept state is cut at its prompt's end first: a returning prompt that goes on from there
+    (or repeats it: its last token read again) is restored, from RAM or after an unload from
+    disk; one that differs inside the window is read whole. Each answers as uncached."""
+    from realmodel import gemma_path
+
+    from gateway.engine import kvcache
+
+    path = gemma_path()
+    words = "river city people market bridge winter summer stone house garden road north light".split()
+    talks = [f"Story {i}: " + " ".join(words[(j * 7 + i) % len(words)] for j in range(700)) for i in range(3)]
+    returning = [talks[0] + " And what then?", talks[1][:-30] + " changed at the end"]
+    fresh = Engine(path, keep=0)
+    want = []
+    for prompt in returning:
+        fresh.decoder.slots[0].cached = []
+        fresh.model.ll.llama_memory_seq_rm(fresh.model.mem, 0, -1, -1)
+        want.append(fresh.run(prompt, max_tokens=6)[0])
+    engine = Engine(path, keep=256 * 2**20)
+    assert engine.decoder.n_swa > 0  # the model's window, with swa_full on
+    for talk in talks:
+        engine.run(talk, max_tokens=6)
+    answer, done = engine.run(returning[0], max_tokens=6)
+    shared = common_prefix(engine.tokens(talks[0]), engine.tokens(returning[0]))
+    assert (answer, done.cache_source, done.cached_tokens) == (want[0], "ram", shared)
+    answer, done = engine.run(returning[1], max_tokens=6)
+    assert (answer, done.cache_source, done.cached_tokens) == (want[1], None, 0)
+
+    # the kept states and the slot saved as at an unload, and loaded by the next worker
+    kvcache.save(engine.model, engine.decoder.slots, str(tmp_path), 2**30, engine.decoder.cache.entries)
+    again = Engine(path, keep=256 * 2**20)
+    assert kvcache.restore(again.model, again.decoder.slots, str(tmp_path), again.decoder.cache)[0] == 1
+    # the first comes back from a kept state read from disk (its last token read again: its
+    # prompt repeats the one kept); the second was in the slot, kept in RAM when the first took it
+    for prompt, answer_was, source in zip(returning, want, ("disk", "ram")):
+        answer, done = again.run(prompt, max_tokens=6)
+        n = len(again.tokens(prompt))
+        assert (answer, done.cache_source, done.cached_tokens) == (answer_was, source, n - 1)
+
+
+def test_the_default_bound_is_at_most_a_quarter_of_the_memory_available():
+    from gateway.backends.local import default_prompt_cache
+
+    GiB = 2**30
+    assert default_prompt_cache(8 * GiB, 64 * GiB) == 8 * GiB  # llama-server's default where there is room
+    assert default_prompt_cache(8 * GiB, 8 * GiB) == 2 * GiB
+    assert default_prompt_cache(8 * GiB, None) == 8 * GiB  # memory unknown: the setting
