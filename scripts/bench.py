@@ -6,6 +6,7 @@
     .venv/bin/python scripts/bench.py --model X.gguf --threads 8 --tokens 256 --only gateway
     .venv/bin/python scripts/bench.py --only gateway --only llama-server --stream-interval 0,5
     .venv/bin/python scripts/bench.py --swap --llama-server PATH        # switching models (swapbench.py)
+    .venv/bin/python scripts/bench.py --conversations --llama-server PATH   # conversations > slots (convbench.py)
 
 Contenders, each a real server process driven over HTTP through the same OpenAI
 `/v1/completions` requests. All are started, then measured in turns: each figure is taken
@@ -310,9 +311,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--swap-tokens", type=int, default=16, help="with --swap: tokens per answer")
     p.add_argument("--memory", action="store_true", help="only the memory estimate against llama.cpp's allocation, "
                    "by device (scripts/memorybench.py), for --model (default: the 81M random model) and --model-b")
+    p.add_argument("--conversations", type=int, nargs="?", const=4, metavar="N",
+                   help="only the conversations benchmark (scripts/convbench.py): N conversations (default 4) "
+                   "taking turns over --slots slots, against llama-server at its defaults")
+    p.add_argument("--slots", type=int, default=2, help="with --conversations: the model's slots (parallel)")
+    p.add_argument("--slot-ctx", type=int, default=4096, help="with --conversations: n_ctx per slot")
+    p.add_argument("--conv-history", type=int, default=1500, help="with --conversations: words in each history")
+    p.add_argument("--turns", type=int, default=4, help="with --conversations: turns per conversation")
+    p.add_argument("--rounds", type=int, default=3, help="with --conversations: rounds (new conversations each)")
+    p.add_argument("--answer-tokens", type=int, default=8, help="with --conversations: tokens per answer")
+    p.add_argument("--middle-change", action="store_true", help="with --conversations: a line in the middle of "
+                   "each prompt changes every turn")
+    p.add_argument("--uncached-gateway", action="store_true", help="with --conversations: also a gateway with "
+                   "prompt_cache_bytes: 0, and its greedy answers compared with the cached gateway's")
     args = p.parse_args(argv)
     if args.swap:
         return swap_main(args)
+    if args.conversations is not None:
+        return conversations_main(args)
     if args.memory:
         return memory_main(args)
     model = (args.model or bench_model()).resolve()  # the gateway reads paths relative to its config
@@ -396,6 +412,25 @@ def swap_main(args) -> int:
     if args.json:
         args.json.write_text(json.dumps({"swap": results, "models": {k: str(v) for k, v in models.items()},
                                          "threads": args.threads, "history_words": args.history}, indent=2))
+    return 0
+
+
+def conversations_main(args) -> int:
+    import convbench
+
+    model = (args.model or bench_model()).resolve()
+    wanted = set(args.only or ("gateway", "llama-server"))
+    binary = find_llama_server(args.llama_server) if "llama-server" in wanted else None
+    if binary is None and "llama-server" in wanted:
+        print("llama-server: not measured (give --llama-server PATH or put it on PATH)", file=sys.stderr)
+    with tempfile.TemporaryDirectory() as tmp:
+        results = convbench.measure(model, args, Path(tmp), binary, wanted)
+    print(convbench.report(results, model, args))
+    if args.json:
+        args.json.write_text(json.dumps({"conversations": results, "model": str(model), "threads": args.threads,
+                                         "options": {k: getattr(args, k) for k in (
+                                             "conversations", "slots", "slot_ctx", "conv_history", "turns",
+                                             "rounds", "answer_tokens", "middle_change")}}, indent=2))
     return 0
 
 
