@@ -652,3 +652,13 @@ def test_any_text_in_any_cuts_parses_the_same(fmt, fragments, points, stream):
     assert parse(fmt, cuts(text, points), stream) == whole
     if not stream:
         assert all(error is None for _, _, error in whole[2])
+
+
+def test_an_answer_cut_inside_the_closer_keeps_its_call_and_no_failure():
+    """Cut by max_tokens after the arguments, inside ``</tool_call>`` (as SmolLM2 was): the call
+    stands, the closer's beginning is not text, and no call is counted as failed."""
+    text = '<tool_call>\n{"name": "search", "arguments": {"q": 1}}\n</tool_ca'
+    for stream in (True, False):
+        for pieces in ([text], list(text)):
+            _, content, calls, failed = parse("hermes", pieces, stream=stream)
+            assert content == "" and failed == [] and [(n, e) for n, _, e in calls] == [("search", None)]

@@ -61,6 +61,12 @@ class Parser(XmlCalls):
             self._new_call()
             self._json_call((TOOL_CALL_END, TOOL_CALL), after=Hermes.BLOCK)
             return True
+        if final and TOOL_CALL_END.startswith(self._buf):
+            # the answer ended inside the closer (max_tokens): the calls before it stand, and the
+            # closer's beginning is neither text nor a failed call
+            self._take(len(self._buf))
+            self._close_block()
+            return True
         m = lead(self._buf, (TOOL_CALL_END, FUNCTION, TOOL_CALL), final)
         if m == "":
             return False
