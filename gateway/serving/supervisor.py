@@ -110,7 +110,7 @@ class ModelSupervisor:
     @property
     def holds(self) -> bool:
         """Whether the model holds (or is about to hold) memory or requests."""
-        return self.state in (LOADING, READY) or self.in_flight > 0 or self.load is not None
+        return self.state in (LOADING, READY) or self.in_flight > 0 or self.load is not None or bool(self._stops)
 
     def resident(self, key: str) -> placement.Resident:
         return placement.Resident(key, self.state, self.in_flight, self.last_used, self.spec.pin)
@@ -257,6 +257,8 @@ class ModelSupervisor:
             self._stops.add(stopping)
             stopping.add_done_callback(self._stops.discard)
             await asyncio.shield(stopping)
+        elif self._stops:  # a stop under way (a retired model's): whoever unloads waits for it too
+            await asyncio.shield(asyncio.gather(*self._stops, return_exceptions=True))
 
     async def stop(self) -> None:
         """Unload now, a load under way included (admin API, shutdown); 409 with requests in flight."""
