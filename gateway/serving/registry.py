@@ -166,7 +166,7 @@ class Registry:
         return self._models.get(spec.name) or ModelSupervisor(spec, self, self._timing(spec), _parallel(spec))
 
     def _all(self) -> list[ModelSupervisor]:
-        self._retired = [m for m in self._retired if m.holds]
+        self._retired = [m for m in self._retired if m.holds or m.stopping]  # shutdown waits for their stops
         return [*self._models.values(), *self._retired]
 
     def estimate(self, spec: ModelSpec) -> dict[str, Any] | None:

@@ -110,7 +110,12 @@ class ModelSupervisor:
     @property
     def holds(self) -> bool:
         """Whether the model holds (or is about to hold) memory or requests."""
-        return self.state in (LOADING, READY) or self.in_flight > 0 or self.load is not None or bool(self._stops)
+        return self.state in (LOADING, READY) or self.in_flight > 0 or self.load is not None
+
+    @property
+    def stopping(self) -> bool:
+        """Whether a backend's stop is under way (its worker not yet gone)."""
+        return bool(self._stops)
 
     def resident(self, key: str) -> placement.Resident:
         return placement.Resident(key, self.state, self.in_flight, self.last_used, self.spec.pin)
