@@ -324,6 +324,10 @@ def main(argv: list[str] | None = None) -> int:
                    "each prompt changes every turn")
     p.add_argument("--uncached-gateway", action="store_true", help="with --conversations: also a gateway with "
                    "prompt_cache_bytes: 0, and its greedy answers compared with the cached gateway's")
+    p.add_argument("--cache-reuse", type=int, default=0, metavar="N", help="with --conversations: both servers "
+                   "reuse chunks of at least N cached tokens past the first difference (cache_reuse, --cache-reuse)")
+    p.add_argument("--kv-unified", action="store_true", help="with --conversations: both servers' slots share one "
+                   "pool of slots x slot-ctx cells (kv_unified, --kv-unified)")
     args = p.parse_args(argv)
     if args.swap:
         return swap_main(args)
@@ -430,7 +434,8 @@ def conversations_main(args) -> int:
         args.json.write_text(json.dumps({"conversations": results, "model": str(model), "threads": args.threads,
                                          "options": {k: getattr(args, k) for k in (
                                              "conversations", "slots", "slot_ctx", "conv_history", "turns",
-                                             "rounds", "answer_tokens", "middle_change")}}, indent=2))
+                                             "rounds", "answer_tokens", "middle_change", "cache_reuse",
+                                             "kv_unified")}}, indent=2))
     return 0
 
 

@@ -65,8 +65,13 @@ def gateway(model: Path, args, tmp: Path, cache: bool) -> Server:
     label = GATEWAY if cache else UNCACHED
     cfg = tmp / f"conv-{cache}.yaml"
     keep = "" if cache else "    prompt_cache_bytes: 0\n"
+    if args.cache_reuse:
+        keep += f"    cache_reuse: {args.cache_reuse}\n"
+    n_ctx = args.slot_ctx * args.slots if args.kv_unified else args.slot_ctx  # one pool, as llama-server's -c
+    if args.kv_unified:
+        keep += "    kv_unified: true\n"
     cfg.write_text(f"server:\n  discover_default_stores: false\nmodels:\n  conv:\n    path: {model}\n"
-                   f"    n_ctx: {args.slot_ctx}\n    parallel: {args.slots}\n    n_threads: {args.threads}\n{keep}")
+                   f"    n_ctx: {n_ctx}\n    parallel: {args.slots}\n    n_threads: {args.threads}\n{keep}")
     return Server(label, [sys.executable, "-m", "gateway", "serve", "--config", str(cfg), "--port", "{port}",
                           "--log-level", "warning"], "/health", "conv", {**os.environ, "HOME": str(tmp)})
 
@@ -74,7 +79,9 @@ def gateway(model: Path, args, tmp: Path, cache: bool) -> Server:
 def llama_server(binary: str, model: Path, args) -> Server:
     return Server(LLAMA, [binary, "-m", str(model), "--host", "127.0.0.1", "--port", "{port}",
                           "-t", str(args.threads), "-tb", str(args.threads), "--parallel", str(args.slots),
-                          "-c", str(args.slot_ctx * args.slots)], "/health", "conv")
+                          "-c", str(args.slot_ctx * args.slots),
+                          *(["--cache-reuse", str(args.cache_reuse)] if args.cache_reuse else []),
+                          *(["--kv-unified"] if args.kv_unified else [])], "/health", "conv")
 
 
 def workload(srv: Server, args, rnd: int) -> list[dict]:
@@ -155,6 +162,8 @@ def report(results: dict, model: Path, args) -> str:
     base = LLAMA if LLAMA in rounds else names[0]
     med = statistics.median
     what = ", a line in the middle changing every turn" if args.middle_change else ""
+    what += f", cache_reuse {args.cache_reuse}" if args.cache_reuse else ""
+    what += ", kv_unified" if args.kv_unified else ""
     lines = [f"conversations: {model.name}, {args.conversations} conversations over {args.slots} slots of "
              f"{args.slot_ctx} tokens, ~{args.conv_history}-word histories{what}, {args.turns} turns each, "
              f"{args.answer_tokens} tokens per answer (greedy), {args.threads} threads, {args.rounds} rounds whose "

@@ -1,9 +1,20 @@
 """The placement policy and the lifecycle's moves, as pure functions: a state in, a decision out."""
 
+from dataclasses import replace
+
 import pytest
 
 from gateway.models.lifecycle import MOVES, ModelState, move
-from gateway.models.placement import Replica, Resident, Room, backoff, cpu_shares, make_room, replica_order
+from gateway.models.placement import (
+    Replica,
+    Resident,
+    Room,
+    backoff,
+    cache_trims,
+    cpu_shares,
+    make_room,
+    replica_order,
+)
 
 U, L, R, F = ModelState.UNLOADED, ModelState.LOADING, ModelState.READY, ModelState.FAILED
 
@@ -121,3 +132,81 @@ GPU = {"ram": 2000 * MiB, "cuda0": 1000 * MiB, "cuda1": 1000 * MiB}
 ])
 def test_make_room_counts_each_device(others, need, decision):
     assert make_room(others, 0, need, GPU) == decision
+
+
+# --- prompt caches: counted in RAM, trimmed before a model is evicted ----------------------------
+
+def settle(others: list[Resident], need: dict[str, int], capacity: dict[str, int], limit: int = 0):
+    """Carry ``make_room``'s decisions out as the placer does (trim, evict; each then asked again)
+    until it fits or cannot; the decisions made and the residents left."""
+    made = []
+    while True:
+        room, name = make_room(others, limit, need, capacity)
+        made.append((room, name))
+        if room is Room.TRIM:
+            keep = cache_trims(others, need, capacity)
+            assert keep
+            made[-1] = (room, keep)
+            others = [replace(r, cache=keep.get(r.name, r.cache)) for r in others]
+        elif room is Room.EVICT:
+            others = [r for r in others if r.name != name]
+        else:
+            return made, others
+
+
+def test_a_cache_is_trimmed_where_an_eviction_would_have_made_room():
+    a = Resident("a", R, memory=ram(300 * MiB), last_used=1, cache=100 * MiB)
+    b = Resident("b", R, memory=ram(50 * MiB), last_used=2)
+    # the same bytes held as the model's own memory: it would go
+    assert make_room([replace(a, memory=ram(400 * MiB), cache=0), b], 0, ram(100 * MiB), ram(500 * MiB)) == \
+        (Room.EVICT, "a")
+    made, left = settle([a, b], ram(100 * MiB), ram(500 * MiB))
+    assert made == [(Room.TRIM, {"a": 50 * MiB}), (Room.FITS, None)]  # a stays loaded, its cache halved
+    assert [r.name for r in left] == ["a", "b"]
+
+
+def test_the_least_recently_used_models_caches_are_trimmed_first_and_only_as_far_as_needed():
+    others = [Resident("c", R, memory=ram(100 * MiB), last_used=3, cache=50 * MiB),
+              Resident("a", R, memory=ram(100 * MiB), last_used=1, cache=30 * MiB),
+              Resident("none", R, memory=ram(100 * MiB), last_used=0),  # the least recently used: nothing to trim
+              Resident("b", R, memory=ram(100 * MiB), last_used=2, cache=80 * MiB, in_flight=2)]  # busy: trimmed too
+    held = 400 * MiB + 160 * MiB
+    made, left = settle(others, ram(100 * MiB), ram(held + 100 * MiB - 60 * MiB))
+    assert made == [(Room.TRIM, {"a": 0, "b": 50 * MiB}), (Room.FITS, None)]
+    assert sum(r.memory["ram"] + r.cache for r in left) + 100 * MiB == held + 40 * MiB  # exactly the capacity
+    assert {r.name: r.cache for r in left} == {"c": 50 * MiB, "a": 0, "none": 0, "b": 50 * MiB}
+
+
+def test_a_pinned_models_cache_is_reclaimable_and_too_large_means_too_large_without_any_cache():
+    pinned = Resident("p", R, memory=ram(200 * MiB), pinned=True, cache=200 * MiB)
+    assert settle([pinned], ram(300 * MiB), ram(500 * MiB))[0] == [(Room.TRIM, {"p": 0}), (Room.FITS, None)]
+    assert make_room([pinned], 0, ram(301 * MiB), ram(500 * MiB)) == (Room.TOO_LARGE, None)
+    # caches and an unpinned model: not enough in the caches alone, so the unpinned model goes
+    # (its cache with it), then what is still short comes from the pinned model's cache
+    other = Resident("o", R, memory=ram(200 * MiB), last_used=5, cache=100 * MiB)
+    made, left = settle([replace(pinned, cache=100 * MiB), other], ram(300 * MiB), ram(500 * MiB))
+    assert made == [(Room.EVICT, "o"), (Room.TRIM, {"p": 0}), (Room.FITS, None)]
+    assert make_room([replace(pinned, cache=100 * MiB), other], 0, ram(301 * MiB), ram(500 * MiB)) == \
+        (Room.TOO_LARGE, None)
+
+
+@pytest.mark.parametrize("others, need, limit, decision", [
+    # nothing cached: the decision of before
+    ([Resident("a", R, memory=ram(450 * MiB))], ram(100 * MiB), 0, (Room.EVICT, "a")),
+    # the caches hold less than RAM is short by: an eviction is needed anyway, and goes first
+    ([Resident("a", R, memory=ram(450 * MiB), cache=20 * MiB)], ram(100 * MiB), 0, (Room.EVICT, "a")),
+    # short on a GPU too: trimming RAM would not make room there
+    ([Resident("g", R, memory={"ram": 450 * MiB, "cuda0": 900 * MiB}, cache=200 * MiB)],
+     {"ram": 100 * MiB, "cuda0": 200 * MiB}, 0, (Room.EVICT, "g")),
+    # at the count limit: a model must go whatever the caches hold
+    ([Resident("a", R, memory=ram(10 * MiB), cache=400 * MiB)], ram(10 * MiB), 1, (Room.EVICT, "a")),
+    # a model holding only a cache in the short pool is trimmed, never evicted for it
+    ([Resident("c", R, memory={"cuda0": 100 * MiB}, cache=100 * MiB, last_used=1),
+      Resident("busy", R, memory=ram(450 * MiB), in_flight=1)], ram(200 * MiB), 0, (Room.WAIT, None)),
+    # the caches fit beside the new model: nothing to trim
+    ([Resident("a", R, memory=ram(100 * MiB), cache=300 * MiB)], ram(100 * MiB), 0, (Room.FITS, None)),
+])
+def test_when_caches_are_not_trimmed(others, need, limit, decision):
+    capacity = {"ram": 500 * MiB, "cuda0": 1000 * MiB}
+    assert make_room(others, limit, need, capacity) == decision
+    assert cache_trims(others, need, capacity) == {}

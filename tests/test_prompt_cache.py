@@ -305,10 +305,12 @@ def test_a_sliding_window_model_restores_from_where_its_prompt_ended_or_reads_it
     """Gemma 3 (sliding-window layers): llama.cpp writes only the window of a sequence's state,
     so a kept state is cut at its prompt's end first: a returning prompt that goes on from there
     (or repeats it: its last token read again) is restored, from RAM or after an unload from
-    disk; one that differs inside the window is read whole. Each answers as uncached."""
+    disk; one that differs inside the window goes on from the latest context checkpoint before
+    the difference (taken near the end of its prompt; kept with the state in RAM). Each answers
+    as uncached."""
     from realmodel import gemma_path
 
-    from gateway.engine import kvcache
+    from gateway.engine import checkpoints, kvcache
 
     path = gemma_path()
     words = "river city people market bridge winter summer stone house garden road north light".split()
@@ -328,7 +330,10 @@ def test_a_sliding_window_model_restores_from_where_its_prompt_ended_or_reads_it
     shared = common_prefix(engine.tokens(talks[0]), engine.tokens(returning[0]))
     assert (answer, done.cache_source, done.cached_tokens) == (want[0], "ram", shared)
     answer, done = engine.run(returning[1], max_tokens=6)
-    assert (answer, done.cache_source, done.cached_tokens) == (want[1], None, 0)
+    differs = common_prefix(engine.tokens(talks[1]), engine.tokens(returning[1]))
+    mark = max(m for m in checkpoints.marks(0, len(engine.tokens(talks[1])), engine.decoder.n_ubatch) if m <= differs)
+    assert differs - mark > 4  # a checkpoint well before the difference: the window there is not the state's
+    assert (answer, done.cache_source, done.cached_tokens) == (want[1], "ram", mark)
 
     # the kept states and the slot saved as at an unload, and loaded by the next worker
     kvcache.save(engine.model, engine.decoder.slots, str(tmp_path), 2**30, engine.decoder.cache.entries)
@@ -349,3 +354,39 @@ def test_the_default_bound_is_at_most_a_quarter_of_the_memory_available():
     assert default_prompt_cache(8 * GiB, 64 * GiB) == 8 * GiB  # llama-server's default where there is room
     assert default_prompt_cache(8 * GiB, 8 * GiB) == 2 * GiB
     assert default_prompt_cache(8 * GiB, None) == 8 * GiB  # memory unknown: the setting
+
+
+async def test_a_full_prompt_cache_is_trimmed_to_make_room_not_its_model_unloaded(
+        aiohttp_client, write_config, random_model):
+    """The cache counts in its model's RAM (``server.memory_budget`` covers it) but is reclaimed
+    first: a budget that holds both models only without most of the first's cache trims that
+    cache (the worker reports the bytes it holds), and the first model stays loaded."""
+    from dataclasses import replace
+
+    from gateway.api.appkeys import REGISTRY
+    from gateway.hardware.sysmem import RAM
+
+    cfg = write_config(f"server:\n  discover_default_stores: false\n  kv_cache_max_bytes: 0\n"
+                       f"  max_loaded_models: 0\nmodels:\n"
+                       f"  a:\n    path: {random_model}\n    parallel: 1\n    prompt_cache_bytes: 64MiB\n"
+                       f"  b:\n    path: {random_model}\n    parallel: 1\n    prompt_cache_bytes: 0\n")
+    app = create_app(load_config(cfg))
+    client = await aiohttp_client(app)
+    for talk in TALKS:  # three conversations over one slot: the first two kept in RAM
+        await chat(client, "a", talk)
+    registry = app[REGISTRY]
+    a = registry.supervisor(await registry.lookup("a"))
+    worker = a.backend
+    cached = worker.cache_bytes
+    assert cached > 0 and await worker.trim_cache(cached) == cached  # as reported; nothing to drop
+    need = registry.placer.need(await registry.lookup("b"))[RAM]
+    budget = registry.placer.held(a)[RAM] + need + cached // 2
+    server = replace(registry.config.server, memory_budget={RAM: budget})
+    registry.config = replace(registry.config, server=server)
+
+    await chat(client, "b", TALKS[0])
+    states = {m["id"]: m["state"] for m in (await (await client.get("/models")).json())["data"]}
+    assert states == {"a": "ready", "b": "ready"} and a.backend is worker  # not unloaded, not reloaded
+    assert worker.cache_bytes <= cached // 2  # trimmed as far as needed, the least recently used first
+    assert await worker.trim_cache(cached) == worker.cache_bytes  # what the worker holds now
+    assert await worker.trim_cache(0) == 0

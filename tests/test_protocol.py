@@ -26,7 +26,8 @@ def test_every_event_kind_reads_back_as_itself():
               ipc.CallDelta(1, 0, "call_1", "f", '{"a"'), ipc.CallDelta(1, 0, None, None, ": 1}"),
               ipc.Done(1, "stop", "\n", 3, 7, 0), ipc.Error(4, 400, "no", "prompt", "bad"),
               ipc.Tokens(5, [1, 2], ["a", "b"]), ipc.Tokens(6, [1], None),
-              ipc.Detokenized(7, "ab"), ipc.Prompt(8, "<s>hi"), ipc.Embeddings(9, [[0.5, -1.0]], 2)]
+              ipc.Detokenized(7, "ab"), ipc.Prompt(8, "<s>hi"), ipc.Embeddings(9, [[0.5, -1.0]], 2),
+              ipc.CacheHeld(3 * 2**30), ipc.CacheHeld(0, 10)]
     assert {type(e) for e in events} == set(ipc._KINDS.values())
     for event in events:
         assert ipc.decode_event(ipc.encode_event(event)[4:]) == event
@@ -40,7 +41,7 @@ def test_every_command_reads_back_as_itself():
                 ipc.Generate(2, ipc.GenerationRequest(prompt_tokens=[1, 2], deadline=1.5)),
                 ipc.Cancel(3), ipc.Tokenize(4, ipc.PromptRequest(prompt="hi", param="content"), True),
                 ipc.Detokenize(5, [1, 2]), ipc.ApplyTemplate(6, ipc.PromptRequest(messages=[])),
-                ipc.Threads(2), ipc.Embed(7, ["a", [1, 2]]), ipc.Exit()]
+                ipc.Threads(2), ipc.Embed(7, ["a", [1, 2]]), ipc.TrimCache(8, 2**30), ipc.Exit()]
     assert {type(c) for c in commands} == set(ipc._OPS.values())
     for command in commands:
         assert ipc.decode_command(ipc.encode_command(command)[4:]) == command

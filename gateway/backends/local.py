@@ -5,13 +5,19 @@ cuda, metal, ...), and answers with typed events (``engine/ipc.py``). The local 
 worker (``engine.client.WorkerProcess``, started by ``start_local``) is the first
 implementation; one that forwards to another machine's server implements the same calls and
 its own ``BackendFactory``, and no handler changes.
+
+A backend that keeps a prompt cache in this machine's memory (the local worker) is also a
+``CacheHolder``: its size (``cache_bytes``), which the placement counts in the model's RAM, and
+``trim_cache``, which the placement calls before it unloads a model for memory. Other backends
+(an upstream, a set of replicas) are not: nothing of theirs is reclaimable here.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from ..engine.client import LoadFailed, Spare, WorkerProcess
 from ..engine.ipc import (  # noqa: F401 (the kinds: re-exported)
@@ -33,6 +39,8 @@ from ..hardware import sysmem
 from ..models import discovery
 from ..models.config import ModelSpec, ServerConfig, default_kv_cache_dir
 from ..models.ggufmeta import ModelFileError
+
+log = logging.getLogger(__name__)
 
 
 class StartFailed(Exception):
@@ -98,6 +106,17 @@ class Backend(Protocol):
     async def stop(self, timeout: float = 5.0) -> None: ...
 
 
+@runtime_checkable
+class CacheHolder(Protocol):
+    """A backend whose prompt cache holds this machine's memory beyond what it allocated at load
+    (``engine.client.WorkerProcess``)."""
+
+    @property
+    def cache_bytes(self) -> int: ...  # what the cache holds, as last reported
+
+    async def trim_cache(self, max_bytes: int) -> int: ...  # drop the least recently used down to this; held then
+
+
 class BackendFactory(Protocol):
     """Starts the backend for a model; raises ``StartFailed``. ``on_exit(backend, expected)``:
     the backend went away (expected: asked to stop); ``on_busy()``: it went from idle to busy
@@ -119,9 +138,10 @@ def kv_cache(spec: ModelSpec, server: ServerConfig) -> dict[str, Any]:
 
 def default_prompt_cache(setting: int, available: int | None) -> int:
     """A model's prompt cache where its entry sets none: ``server.prompt_cache_bytes``, at most a
-    quarter of the memory available at its load. The placement does not count the cache yet, so
-    this bound keeps several models' caches from taking the memory the models need; a size set in
-    a model's entry is taken as it is."""
+    quarter of the memory available at its load. The placement counts a cache in its model's RAM
+    and trims it before it unloads a model, but a trimmed cache fills again up to its bound
+    between two loads, so this bound keeps several models' caches from taking the memory the
+    models need; a size set in a model's entry is taken as it is."""
     return setting if available is None else min(setting, available // 4)
 
 
@@ -170,4 +190,7 @@ async def start_local(spec: ModelSpec, server: ServerConfig, *, on_exit: Callabl
         await worker.start(spare)
     except (ModelFileError, LoadFailed) as e:
         raise StartFailed(str(e)) from None
+    if spec.cache_reuse and not worker.info.get("cache_reuse"):
+        log.warning("cache_reuse is off for %r: llama.cpp cannot shift its cache (a recurrent or hybrid model, "
+                    "or a sliding-window one without swa_full)", spec.name)
     return worker

@@ -5,6 +5,12 @@ multiprocessing's spawn method makes) with one pipe each way, read and written t
 the event loop, so a load or a generation never blocks it. A worker that dies fails
 each of its in-flight requests with an error event; the owner (the registry) then starts
 a new one on the next request.
+
+The worker's prompt cache (``kvcache.PromptCache``) holds host memory beyond what llama.cpp
+allocated at load: ``WorkerProcess.cache_bytes`` is its size as the worker last told
+(``ipc.CacheHeld``, with a request's start or done where it changed), and ``trim_cache`` drops
+its least recently used states down to a size, which the placement does before it unloads a
+model for memory (``serving/placer.py``).
 """
 
 from __future__ import annotations
@@ -131,6 +137,8 @@ class WorkerProcess:
         self._on_busy = on_busy  # called when the worker goes from idle to busy or back
         self.threads: int | None = None  # what the worker was last told to use
         self.info: dict[str, Any] = {}
+        self.cache_bytes = 0  # what the worker's prompt cache holds in host memory, as it last told
+        self._trims: dict[int, asyncio.Future[int]] = {}  # trim_cache's waiting for their answer, by id
         self.proc: asyncio.subprocess.Process | None = None
         self._on_exit = on_exit
         self._ids = itertools.count(1)
@@ -206,6 +214,10 @@ class WorkerProcess:
         elif isinstance(event, ipc.LoadFailed):
             if self._ready and not self._ready.done():
                 self._ready.set_exception(LoadFailed(event.error))
+        elif isinstance(event, ipc.CacheHeld):
+            self.cache_bytes = event.bytes
+            if (trim := self._trims.pop(event.id, None)) is not None and not trim.done():
+                trim.set_result(event.bytes)
         elif (q := self._queues.get(event.id)) is not None:
             q.put_nowait(event)  # (the events of a request already released are dropped)
 
@@ -227,6 +239,11 @@ class WorkerProcess:
             q.put_nowait(Error(rid, 500, f"the worker for model {self.params.name!r} exited unexpectedly ({how}"
                                          f"{'; an rpc-server it uses may have gone' if self.params.rpc else ''}); "
                                          "the model reloads on the next request", None, "worker_crashed"))
+        self.cache_bytes = 0  # a worker gone holds nothing
+        for trim in self._trims.values():
+            if not trim.done():
+                trim.set_result(0)
+        self._trims.clear()
         if self._transport is not None:
             self._transport.close()
         if self._on_exit is not None:
@@ -309,6 +326,22 @@ class WorkerProcess:
     async def rerank(self, query: str, documents: list[str]) -> ipc.Embeddings:
         """Each document's relevance to ``query``, as one-number vectors in document order."""
         return _expect(await self.ask(lambda rid: ipc.Embed(rid, documents, query)), ipc.Embeddings)
+
+    async def trim_cache(self, max_bytes: int) -> int:
+        """Have the worker drop its prompt cache's least recently used states until it holds at
+        most ``max_bytes`` (between two decode steps; its bound stays, so it may fill again);
+        the bytes it holds then (0 from a worker not running). Not a request: the worker does
+        not count as busy for it."""
+        if not self.alive:
+            return 0
+        rid = next(self._ids)
+        answer: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._trims[rid] = answer
+        try:
+            self._send(ipc.TrimCache(rid, max_bytes))
+            return await answer
+        finally:
+            self._trims.pop(rid, None)
 
     def _release(self, rid: int, finished: bool) -> None:
         self._track(rid, None)

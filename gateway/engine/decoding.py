@@ -15,19 +15,20 @@ from __future__ import annotations
 import time
 
 from ..text.reasoning import closing
-from . import ipc
+from . import checkpoints, ipc
 from .kvcache import PromptCache
 from .model import Model
 from .outbox import Outbox
 from .refusals import failure
 from .sampling import Sampling
+from .slotmemory import SlotMemory
 from .slots import Batch, Sequence, Slot, choose, reusable
 
 
 class Decoder:
     def __init__(self, model: Model, sampling: Sampling, out: Outbox):
         self.ll, self.ctx, self.mem = model.ll, model.ctx, model.mem
-        self.n_ctx, self.n_batch = model.n_ctx, model.n_batch
+        self.n_ctx, self.n_batch, self.n_ubatch = model.n_ctx, model.n_batch, model.cp.n_ubatch
         # the model's attention window whatever ``swa_full`` says: a slot's state loaded back (from
         # the prompt cache or from disk) holds only the window of a sliding-window layer, as
         # llama.cpp writes no cell the window masks
@@ -35,6 +36,7 @@ class Decoder:
         self.sampling, self.out = sampling, out
         self.slots = [Slot(i) for i in range(model.n_slots)]
         self.batch = Batch(model.ll, model.n_batch, model.n_slots)
+        self.memory = SlotMemory(model.ll, model.ctx, len(self.slots), self.n_swa, model.cache_reuse, model.splice)
         keep = model.params.prompt_cache_bytes
         self.cache = PromptCache(model.ll, model.ctx, keep) if keep and not model.params.embeddings else None
         self.last_step = 0.0  # seconds the last decode step took, sampling included
@@ -61,31 +63,17 @@ class Decoder:
                 slot.origin = choice.kept.origin if cache.restore(choice.kept, slot) else "slot"  # failed: empty
         # At least one prompt token is decoded, for fresh logits.
         common = min(reusable(slot, tokens, req.cache_scope), n_prompt - 1)
-        if not self.ll.llama_memory_seq_rm(self.mem, slot.id, common, -1) or not self._holds_window(slot, common):
-            # recurrent and hybrid models cannot cut a sequence in the middle, and a sliding-window
-            # cache may have dropped positions the next token attends to: start it afresh
-            self.ll.llama_memory_seq_rm(self.mem, slot.id, -1, -1)
-            common = 0
-        del slot.cached[common:]
+        end, parked = self.memory.prepare(slot, tokens, common)
         slot.scope = req.cache_scope
-        seq = slot.seq = Sequence(rid, req, tokens, slot, common, prompt_tail, chain,
+        seq = slot.seq = Sequence(rid, req, tokens, slot, end, prompt_tail, chain,
                                   max_tokens if max_tokens is not None else room)
-        seq.source = slot.origin if common else None
+        seq.splices = parked
+        if self.n_swa:
+            seq.marks = checkpoints.marks(end, n_prompt, self.n_ubatch)
+        seq.common = end + sum(r.n for r in parked)
+        seq.source = slot.origin if seq.common else None
         slot.origin, slot.prompt_end = "slot", n_prompt  # from here on, what it holds is its own decoding
         return seq
-
-    def _holds_window(self, slot: Slot, common: int) -> bool:
-        """Whether the slot's cache still holds every position that a token at ``common`` attends
-        to. A sliding-window layer's cache (without ``swa_full``) overwrites positions that fell
-        out of the window of the sequence's newest token, and a state loaded back holds only that
-        window (with ``swa_full`` too); cutting the sequence back to ``common`` moves the window
-        back onto them. A token at ``common`` attends to the positions after ``common - n_swa``
-        (llama.cpp masks p0 where ``p1 - p0 >= n_swa``; a chunked window needs fewer), so the
-        oldest position held must be at most ``common - n_swa + 1`` (llama-server's test asks for
-        one more, and so never takes a state back to read its last token again)."""
-        if not self.n_swa or common == 0:
-            return True
-        return self.ll.llama_memory_seq_pos_min(self.mem, slot.id) <= max(0, common - self.n_swa + 1)
 
     def free_slots(self) -> list[Slot]:
         return [s for s in self.slots if s.seq is None]
@@ -96,7 +84,7 @@ class Decoder:
     def forget_cache(self) -> None:
         """The context's memory was cleared (an embedding pass): no slot holds cached tokens."""
         for slot in self.slots:
-            slot.cached = []
+            slot.keep(0)
 
     def _forget_idle(self) -> bool:
         """Drop the caches of the slots no request holds (what a full shared pool can give back);
@@ -106,7 +94,7 @@ class Decoder:
             if self.cache is not None:
                 self.cache.save(slot, slot.prompt_end if self.n_swa else None)
             self.ll.llama_memory_seq_rm(self.mem, slot.id, -1, -1)
-            slot.cached = []
+            slot.keep(0)
         return bool(idle)
 
     def step(self) -> None:
@@ -144,7 +132,9 @@ class Decoder:
         for seq in prefilling:
             if budget <= 0:  # never before the first: a prefilling slot leaves budget
                 break
-            part = seq.tokens[seq.next:seq.next + self.n_batch]
+            stop = min(seq.splices[0].prompt if seq.splices else len(seq.tokens),
+                       seq.marks[0] if seq.marks else len(seq.tokens))
+            part = seq.tokens[seq.next:min(seq.next + self.n_batch, stop)]
             self._decode([(seq, part, seq.next + len(part) == len(seq.tokens))])
             budget -= len(part)
         self.last_step = time.monotonic() - t0
@@ -165,7 +155,7 @@ class Decoder:
         if rc != 0:
             for seq, _, _ in chunks:
                 self.ll.llama_memory_seq_rm(self.mem, seq.slot.id, -1, -1)
-                seq.slot.cached = []
+                seq.slot.keep(0)
                 self.drop(seq)
                 if rc == 1:  # no room in the cache: only a shared pool (kv_unified) runs out while requests fit
                     self.out.send(ipc.Error(seq.rid, 503, "the model's shared context (kv_unified) is full with "
@@ -179,11 +169,16 @@ class Decoder:
             seq.slot.cached.extend(part)
             if seq.pending is None:
                 seq.next += len(part)
+                while seq.splices and seq.splices[0].prompt == seq.next:
+                    self.memory.splice(seq)
+                while seq.marks and seq.marks[0] <= seq.next:
+                    if seq.marks.pop(0) == seq.next:
+                        self.memory.checkpoint(seq.slot)
             if want:
                 try:
                     self._next_token(seq)
                 except Exception as e:  # a bug here must fail one request, not the others
-                    seq.slot.cached = []
+                    seq.slot.keep(0)
                     self.ll.llama_memory_seq_rm(self.mem, seq.slot.id, -1, -1)
                     self.drop(seq)
                     self.out.send(failure(seq.rid, e))
@@ -252,6 +247,9 @@ class Decoder:
 
     def drop(self, seq: Sequence) -> None:
         """Free the sequence's slot; its cache stays for the next request to reuse."""
+        if seq.splices:
+            seq.splices = []
+            self.memory.unpark(seq.slot)
         if seq.slot.seq is seq:
             seq.slot.seq = None
             seq.slot.last_used = time.monotonic()

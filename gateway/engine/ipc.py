@@ -18,6 +18,7 @@ by ``encode_command`` and read back by ``decode_command``; on the wire, {"op": K
   {"op": "threads", "n": K}                              decode with K threads from now on (the
                                                          gateway shares the CPUs among busy workers)
   {"op": "embed", "id": N, "inputs": [text or [ids], ...]}  queued like generate (embedding models)
+  {"op": "trim_cache", "id": N, "max_bytes": B}         prompt cache down to B bytes (answer: cache_held)
   {"op": "exit"}                                         (EOF on the pipe means the same)
 
 Worker -> parent: each event is a class below (``Ready``, ``Start``, ``Text``, ``Done``, ``Error``,
@@ -37,6 +38,8 @@ Worker -> parent: each event is a class below (``Ready``, ``Start``, ``Text``, `
   {"ev": "embeddings", "id": N, "data": [[float, ...], ...], "prompt_tokens": P}
   or instead of start/done: {"ev": "error", "id": N, "status": S, "message": "...",
    "param": ..., "code": ...}  (a request the worker refused, e.g. a context overflow)
+  {"ev": "cache_held", "bytes": B, "id": N}  the prompt cache's size: where it changed (id 0), or
+   the answer to trim_cache N (the gateway's placement counts it in the model's RAM)
 
 Requests take the model's free sequence slots in arrival order (``parallel`` of them, decoded
 together: continuous batching; the start event names the slot and how many prompt tokens its
@@ -224,14 +227,20 @@ class Embed:
 
 
 @dataclass(slots=True)
+class TrimCache:  # drop the prompt cache's least recently used states down to max_bytes (its bound stays)
+    id: int
+    max_bytes: int
+
+
+@dataclass(slots=True)
 class Exit:
     pass
 
 
-Command = Load | Generate | Cancel | Tokenize | Detokenize | ApplyTemplate | Threads | Embed | Exit
+Command = Load | Generate | Cancel | Tokenize | Detokenize | ApplyTemplate | Threads | Embed | TrimCache | Exit
 _OPS: dict[str, type] = {"load": Load, "generate": Generate, "cancel": Cancel, "tokenize": Tokenize,
                          "detokenize": Detokenize, "apply_template": ApplyTemplate, "threads": Threads,
-                         "embed": Embed, "exit": Exit}
+                         "embed": Embed, "trim_cache": TrimCache, "exit": Exit}
 
 
 def _from_json(tp: Any) -> Callable[[Any], Any] | None:
@@ -413,11 +422,18 @@ class Embeddings:
     prompt_tokens: int
 
 
+@dataclass(slots=True)
+class CacheHeld:  # the prompt cache's bytes in host memory (as its bound counts them; 0: none)
+    bytes: int
+    id: int = 0  # the TrimCache it answers; 0: sent where the size changed
+
+
 Event = (Ready | LoadFailed | LoadProgress | Start | Text | Thinking | CallDelta | Done | Error | Tokens | Detokenized
-         | Prompt | Embeddings)
+         | Prompt | Embeddings | CacheHeld)
 _KINDS: dict[str, type] = {"ready": Ready, "load_failed": LoadFailed, "progress": LoadProgress, "start": Start,
                            "text": Text, "thinking": Thinking, "call": CallDelta, "done": Done, "error": Error,
-                           "tokens": Tokens, "detokenized": Detokenized, "prompt": Prompt, "embeddings": Embeddings}
+                           "tokens": Tokens, "detokenized": Detokenized, "prompt": Prompt, "embeddings": Embeddings,
+                           "cache_held": CacheHeld}
 _NAMES = {cls: (name, tuple(f.name for f in fields(cls))) for name, cls in _KINDS.items()}
 TERMINAL = (Done, Error, Tokens, Detokenized, Prompt, Embeddings)  # the last event of a request
 TEvent = TypeVar("TEvent", Ready, LoadFailed, LoadProgress, Start, Text, Thinking, CallDelta, Done, Error, Tokens,

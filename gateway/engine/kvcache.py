@@ -54,10 +54,12 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from . import ipc
+from .checkpoints import Checkpoint
 
 # LoadParams fields that do not change what a slot's cache holds
 _NOT_IDENTITY = {"name", "n_threads", "n_threads_batch", "n_batch", "n_ubatch", "stream_interval", "chat_template",
-                 "kv_cache_dir", "kv_cache_max_bytes", "prompt_cache_bytes"}
+                 "kv_cache_dir", "kv_cache_max_bytes", "prompt_cache_bytes",
+                "cache_reuse"}
 _BLOCK = 1 << 20
 
 
@@ -106,10 +108,13 @@ class Entry:
     check: int  # their CRC-32, taken when they were copied
     used: float  # when it was kept (time.monotonic())
     origin: str = "ram"  # "disk": read back from the on-disk save at load (``restore``)
+    # its slot's checkpoints (``engine/checkpoints``): a sliding-window model's state holds only
+    # the window before its last token; a prompt that differs inside it goes on from one of these
+    checkpoints: list[Checkpoint] = dataclasses.field(default_factory=list)
 
     @property
     def size(self) -> int:
-        return len(self.data) + TOKEN_BYTES * len(self.tokens)
+        return len(self.data) + TOKEN_BYTES * len(self.tokens) + sum(c.size for c in self.checkpoints)
 
 
 TOKEN_BYTES = 4  # a kept token's share of the bound (an int32 in llama.cpp's own files)
@@ -152,7 +157,7 @@ class PromptCache:
             if tokens[:len(e.tokens)] == e.tokens:
                 self.entries.remove(e)
         size = self.ll.llama_state_seq_get_size(self.ctx, slot.id)
-        if not size or not self.room(size + TOKEN_BYTES * len(tokens)):
+        if not size or not self.room(size + TOKEN_BYTES * len(tokens) + sum(c.size for c in slot.checkpoints)):
             return False
         data = bytearray(size)
         view = (ctypes.c_uint8 * size).from_buffer(data)
@@ -161,7 +166,8 @@ class PromptCache:
         if not n:
             return False
         del data[n:]
-        self.entries.append(Entry(list(tokens), slot.scope, data, zlib.crc32(data), time.monotonic()))
+        self.entries.append(Entry(list(tokens), slot.scope, data, zlib.crc32(data), time.monotonic(),
+                                  checkpoints=list(slot.checkpoints)))
         return True
 
     def room(self, need: int) -> bool:
@@ -176,6 +182,12 @@ class PromptCache:
         for e in entries:
             self.entries.remove(e)
 
+    def trim(self, max_bytes: int) -> int:
+        """Drop the least recently used states until at most ``max_bytes`` are held (the gateway's
+        placement reclaiming memory for another model; the bound stays); the bytes held then."""
+        self.drop(evict(self.entries, max(0, max_bytes)))
+        return self.held
+
     def restore(self, entry: Entry, slot) -> bool:
         """Load a kept state into ``slot`` in place of its cache, taking it out of the cache (the
         slot holds it now; taken again, it is kept again). False, with the slot left empty,
@@ -184,7 +196,7 @@ class PromptCache:
         self.drop([entry])
         ll, mem = self.ll, self.mem
         ll.llama_memory_seq_rm(mem, slot.id, -1, -1)
-        slot.cached = []
+        slot.keep(0)
         size = len(entry.data)
         if not size or zlib.crc32(entry.data) != entry.check:
             return False
@@ -195,13 +207,14 @@ class PromptCache:
             ll.llama_memory_seq_rm(mem, slot.id, -1, -1)  # nothing half-loaded stays
             return False
         slot.cached, slot.scope, slot.prompt_end = list(entry.tokens), entry.scope, len(entry.tokens)
+        slot.checkpoints = entry.checkpoints
         return True
 
 
 def cut(ll, mem, slot, upto: int) -> None:
     """Cut ``slot``'s cache to its first ``upto`` tokens, where its memory can be cut there."""
     if upto < len(slot.cached) and ll.llama_memory_seq_rm(mem, slot.id, upto, -1):
-        del slot.cached[upto:]
+        slot.keep(upto)
 
 
 def identity(ll, params: ipc.LoadParams) -> str:
@@ -415,7 +428,7 @@ def _load(ll, ctx, state: Path, ident: str, by_id: dict[int, Any], n_ctx: int) -
     if not read or count.value == 0:
         ll.llama_memory_seq_rm(ll.llama_get_memory(ctx), slot.id, -1, -1)  # nothing half-loaded stays
         return None
-    slot.cached = list(tokens[: count.value])
+    slot.cached, slot.checkpoints = list(tokens[: count.value]), []
     slot.origin, slot.prompt_end = "disk", count.value
     scope = note.get("scope", "")
     slot.scope = scope if isinstance(scope, str) else ""

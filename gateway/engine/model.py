@@ -124,7 +124,10 @@ class Model:
         # One cache stream of n_ctx cells per slot (llama-server's --parallel without --kv-unified):
         # every request may use the whole context, and a batch attends only to its own cells.
         self.n_slots = n_slots = 1 if params.embeddings else max(1, min(params.parallel, MAX_SLOTS))
-        cp.n_seq_max = n_slots
+        # a unified pool that reuses chunks past a change parks them under a second id per slot
+        # while the new tokens before them are read (``Decoder``'s splices)
+        self.splice = bool(params.kv_unified and params.cache_reuse and not params.embeddings)
+        cp.n_seq_max = 2 * n_slots if self.splice else n_slots
         # kv_unified: llama-server's default, one pool of n_ctx cells that the slots share (a slot
         # may use what the others leave); else n_ctx cells each
         cp.kv_unified = params.kv_unified
@@ -145,7 +148,7 @@ class Model:
         cp.no_perf = True
         # By default every position of a sliding-window layer is kept (llama.cpp's C default);
         # llama-server's default keeps the window and a batch: far less memory, but a prompt that
-        # leaves the cached one early must be read again (``Decoder._holds_window``), and the
+        # leaves the cached one early must be read again (``SlotMemory.holds_window``), and the
         # cache's cells wrap, so sums run in another order than a cold read's.
         cp.swa_full = params.swa_full
         if params.embeddings:
@@ -169,6 +172,10 @@ class Model:
         self.n_embd = ll.llama_model_n_embd(self.handle)
         self.n_swa = 0 if params.swa_full else ll.llama_model_n_swa(self.handle)
         self.mem = ll.llama_get_memory(self.ctx)
+        # chunks are moved only where every layer's cache can shift (RoPE re-applied in place)
+        self.cache_reuse = params.cache_reuse if ll.llama_memory_can_shift(self.mem) else 0
+        if not self.cache_reuse:
+            self.splice = False  # (the gateway logs a cache_reuse it asked for and did not get)
         self.n_ctx = ll.llama_n_ctx_seq(self.ctx)  # per slot
         self.n_batch = cp.n_batch
         tmpl = ll.llama_model_chat_template(self.handle, None)
@@ -222,7 +229,7 @@ class Model:
             "n_batch": self.cp.n_batch, "n_ubatch": self.cp.n_ubatch, "n_threads_batch": self.cp.n_threads_batch,
             "kv_unified": bool(self.cp.kv_unified), "n_ctx_total": self.ll.llama_n_ctx(self.ctx),
             "rope_freq_base": self.cp.rope_freq_base or None, "rope_freq_scale": self.cp.rope_freq_scale or None,
-            "lora": len(self.loras),
+            "lora": len(self.loras), "cache_reuse": self.cache_reuse,
             "buffers": BUFFERS,  # llama.cpp's own allocations, by kind and device
             "devices": self.device_memory(),  # and what its devices have free with this model loaded
         }

@@ -146,6 +146,11 @@ class LlamaSettings:
     # when they come back (llama-server's --cache-ram; ``engine/kvcache.PromptCache``); 0: none;
     # None: ``server.prompt_cache_bytes``
     prompt_cache_bytes: int | None = setting(None, checks.byte_size)
+    # reuse chunks of at least this many cached tokens past the first difference, their cells
+    # moved to their new positions (llama-server's --cache-reuse; ``slots.reuse_plan``); 0: off.
+    # Only where llama.cpp can shift the cache (not a recurrent or hybrid model, not a
+    # sliding-window one without swa_full): elsewhere it is off and the load says so
+    cache_reuse: int = setting(0, checks.integer(minimum=0, what="a number of tokens >= 0 (0: off)"))
 
 
 SETTINGS = tuple(fields(LlamaSettings))

@@ -3,7 +3,8 @@
 A ``Slot`` is one sequence of the context (one cache stream) and the tokens cached in it; a
 ``Sequence`` is one generation in a slot (its prompt, sampler chain, stop state and progress);
 ``choose`` is how a prompt picks among free slots and the states the prompt cache keeps (the
-longest shared prefix); ``Batch`` is the reusable ``llama_batch`` a decode step fills.
+longest shared prefix); ``reuse_plan`` finds the chunks of a slot's cache past that prefix that
+the prompt repeats (``cache_reuse``); ``Batch`` is the reusable ``llama_batch`` a decode step fills.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, Protocol
 from ..text.reasoning import ReasoningSplitter
 from ..text.textstream import StopMatcher, Utf8Stream
 from . import ipc
+from .checkpoints import Checkpoint
 from .outbox import Outbox
 
 _STRIDE = 256
@@ -49,6 +51,12 @@ class Slot:
         # decoding), "ram" (the prompt cache), "disk" (restored at load)
         self.origin = "slot"
         self.prompt_end = 0  # how many of ``cached`` its last request's prompt filled (the rest it generated)
+        self.checkpoints: list[Checkpoint] = []  # of what ``cached`` holds, the oldest first
+
+    def keep(self, n: int) -> None:
+        """The slot's cache now holds its first ``n`` tokens: the checkpoints taken past them go."""
+        del self.cached[n:]
+        self.checkpoints = [c for c in self.checkpoints if c.n_tokens <= n]
 
 
 def reusable(slot: Slot, tokens: list[int], scope: str) -> int:
@@ -112,6 +120,55 @@ def choose(free: list[Slot], kept: Iterable[Kept], tokens: list[int], scope: str
     return Choice(slot, common, None, save=bool(slot.cached) and common < len(slot.cached) / 2)
 
 
+@dataclass(frozen=True)
+class Reuse:
+    """A chunk of a slot's cache that a prompt repeats past their shared prefix: ``n`` tokens at
+    ``cached`` in the cache, at ``prompt`` in the prompt (its cells are moved there)."""
+
+    cached: int
+    prompt: int
+    n: int
+
+
+_PROBE = 8  # tokens a chunk's start is looked up by before it is compared in full
+
+
+def reuse_plan(cached: list[int], tokens: list[int], start: int, min_chunk: int, splice: bool) -> list[Reuse]:
+    """The chunks of ``cached`` past ``start`` (the shared prefix) that ``tokens`` repeats, each at
+    least ``min_chunk`` tokens, in the order of both (pure). Without ``splice``, llama-server's
+    ``--cache-reuse`` rule: only a chunk that goes on where the reused part ends (the prompt left
+    out some of the cached tokens), so every cell moves back onto room made free. With
+    ``splice`` (a unified pool, where a chunk's cells can wait under another sequence id while
+    the new tokens before it are read), also a chunk after new tokens (a line that changed in
+    the middle). The prompt's last token is never reused: it is read for fresh logits."""
+    if min_chunk <= 0:
+        return []
+    end = len(tokens) - 1
+    probe = min(_PROBE, min_chunk)
+    starts: dict[tuple[int, ...], list[int]] = {}
+    for c in range(start, len(cached) - min_chunk + 1):
+        starts.setdefault(tuple(cached[c:c + probe]), []).append(c)
+    out: list[Reuse] = []
+    p, c_min = start, start
+    while p + min_chunk <= end:
+        found = None
+        for c in starts.get(tuple(tokens[p:p + probe]), ()):
+            if c < c_min:
+                continue
+            n = common_prefix(cached[c:], tokens[p:end])
+            if n >= min_chunk:
+                found = Reuse(c, p, n)
+                break
+        if found is not None:
+            out.append(found)
+            p, c_min = p + found.n, found.cached + found.n
+        elif splice:
+            p += 1
+        else:
+            break
+    return out
+
+
 class Sequence:
     """One generation in a slot: its prompt, sampler chain, stop state and progress."""
 
@@ -124,6 +181,9 @@ class Sequence:
         self.rid, self.req, self.tokens, self.slot = rid, req, tokens, slot
         self.common, self.next, self.prompt_tail = common, common, prompt_tail
         self.source: str | None = None  # where the ``common`` tokens came from (``Slot.origin``)
+        self.splices: list[Reuse] = []  # chunks of the cache parked until the prompt is read up to them
+        self.parked_shift = 0  # how far the parked chunks' cells have moved so far
+        self.marks: list[int] = []  # where its prompt's reading stops for a checkpoint (``checkpoints.marks``)
         self.chain = chain  # the native sampler chain (``Sampling.chain``); None: greedy
         self.limit = limit  # tokens it may generate: max_tokens, or the room left in the context
         self.top_n = req.logprobs  # None: no log-probabilities; N: the chosen token's and N alternatives

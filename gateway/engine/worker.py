@@ -94,6 +94,7 @@ class Worker:
         self.model: Model | None = None
         self.prompts: Prompts | None = None
         self.decoder: Decoder | None = None
+        self.told_cache = 0  # the prompt cache's bytes as the gateway was last told (``CacheHeld``)
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -148,9 +149,21 @@ class Worker:
                         seq.cancelled = True
             case ipc.Threads(n=n) if self.model is not None:
                 self.model.set_threads(n)
+            case ipc.TrimCache(id=rid, max_bytes=n):
+                if self.decoder is not None and self.decoder.cache is not None:
+                    self.decoder.cache.trim(n)
+                self._tell_cache(rid)
             case ipc.Tokenize() | ipc.Detokenize() | ipc.ApplyTemplate() if self.model is not None:
                 self.asking[msg.id] = False
                 self.prep.submit(self._answer, msg)
+
+    def _tell_cache(self, rid: int = 0) -> None:
+        """The prompt cache's size, where it changed since last told or answering ``TrimCache`` ``rid``."""
+        cache = self.decoder.cache if self.decoder is not None else None
+        held = cache.held if cache is not None else 0
+        if rid or held != self.told_cache:
+            self.told_cache = held
+            self.out.send(ipc.CacheHeld(held, rid))
 
     def _save_caches(self) -> None:
         """At an asked-for exit (an unload, a shutdown): the slots' caches, for the next load of
@@ -292,6 +305,7 @@ class Worker:
             except Exception as e:  # an unreadable cache directory is a miss
                 sys.stderr.write(f"could not restore the KV caches of {first.model.name}: {e}\n")
         out.send(ipc.Ready({**model.info(), "restored_slots": restored[0], "restored_tokens": restored[1]}))
+        self._tell_cache()  # the states the load restored into the prompt cache
         out.flush()
         interval = model.params.stream_interval
         while True:
@@ -303,8 +317,12 @@ class Worker:
             # a model faster than that streams its tokens in twos or threes (each still its own
             # event), so the gateway process wakes fewer times. Its wake-ups cost CPU that, on a
             # machine whose cores all decode, comes out of llama.cpp's threads.
+            # The prompt cache changes where a request is admitted or (rarely) in a step: its
+            # size goes out with a step's urgent events (a start, a done), never per token.
             if out.frames and (out.urgent or not decoder.active()
                                or time.monotonic() - out.held_since + decoder.last_step >= interval):
+                if out.urgent:
+                    self._tell_cache()
                 out.flush()
 
 

@@ -1,5 +1,11 @@
 """Placement policy: pure functions of the state they are handed, so a test can hand them a
-state and read the decision. The registry gathers the state and carries the decision out."""
+state and read the decision. The registry gathers the state and carries the decision out.
+
+A loaded model's prompt cache (``Resident.cache``: its worker's saved KV states in host memory)
+counts in its RAM, so ``server.memory_budget`` covers caches, but it is reclaimable: where RAM
+is short, ``make_room`` has caches trimmed (``Room.TRIM``, how far by ``cache_trims``) before
+it evicts a model for RAM, and a model is too large only if it would not fit with every cache
+dropped (pinned models' too) and every unpinned model unloaded."""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
+from ..hardware.sysmem import RAM
 from .lifecycle import ModelState
 
 
@@ -22,14 +29,27 @@ class Resident:
     # bytes it holds (or will, while loading) by pool (``memory.RAM``, ``cuda0``, ...): what
     # llama.cpp allocated, else the estimate
     memory: Mapping[str, int] = field(default_factory=dict)
+    # bytes its prompt cache holds in RAM besides ``memory`` (its worker's last report): counted,
+    # and reclaimable by trimming the cache without unloading the model
+    cache: int = 0
 
 
 class Room(Enum):
     FITS = "fits"  # load now
+    TRIM = "trim"  # trim the loaded models' prompt caches as ``cache_trims`` says, then ask again
     EVICT = "evict"  # unload the named model first, then ask again
     WAIT = "wait"  # every loaded model is busy: wait for one to go idle
     NEVER = "never"  # pinned models alone fill the limit: nothing will ever make room
     TOO_LARGE = "too_large"  # the model does not fit even with every other model unloaded
+
+
+def _loaded(others: Sequence[Resident]) -> list[Resident]:
+    return [r for r in others if r.state in (ModelState.LOADING, ModelState.READY)]
+
+
+def _held(pool: str, among: Sequence[Resident], caches: bool = True) -> int:
+    """What ``among`` hold in ``pool``: their memory, and in RAM their prompt caches (``caches``)."""
+    return sum(r.memory.get(pool, 0) + (r.cache if caches and pool == RAM else 0) for r in among)
 
 
 def make_room(others: Sequence[Resident], limit: int, need: Mapping[str, int] | None = None,
@@ -37,31 +57,55 @@ def make_room(others: Sequence[Resident], limit: int, need: Mapping[str, int] | 
     """Whether one more model, taking ``need`` bytes by pool, may load beside ``others``: under
     ``server.max_loaded_models`` (``limit``; 0: no limit), and in each pool within ``capacity``,
     the bytes the gateway's models may hold there in all (a pool it does not name is not
-    counted). Loading models count. Past a bound, the least recently used ready model with
-    nothing in flight is evicted (the first of equals), among those holding memory in a pool
-    that is short when one is; a model with requests in flight never is, nor a pinned one. A
-    model that would not fit in some pool even with every unpinned model unloaded is ``TOO_LARGE``."""
+    counted), their prompt caches counted in RAM. Loading models count. Where RAM alone is short,
+    under the limit, and trimming the loaded models' caches would make room, they are trimmed
+    first (``Room.TRIM``: ``cache_trims`` says how far). Else, past a bound, the least recently
+    used ready model with nothing in flight is evicted (the first of equals), among those holding
+    memory (not only a cache: trimming frees that) in a pool that is short when one is; a model
+    with requests in flight never is, nor a pinned one. A model that would not fit in some pool
+    even with every cache dropped and every unpinned model unloaded is ``TOO_LARGE``."""
     need, capacity = need or {}, capacity or {}
-    loaded = [r for r in others if r.state in (ModelState.LOADING, ModelState.READY)]
-
-    def held(pool: str, among: Sequence[Resident]) -> int:
-        return sum(r.memory.get(pool, 0) for r in among)
-
-    if any(n > capacity[pool] - held(pool, [r for r in loaded if r.pinned])
+    loaded = _loaded(others)
+    if any(n > capacity[pool] - _held(pool, [r for r in loaded if r.pinned], caches=False)
            for pool, n in need.items() if pool in capacity):
         return Room.TOO_LARGE, None
-    short = [pool for pool, n in need.items() if n and pool in capacity and held(pool, loaded) + n > capacity[pool]]
+    short = [pool for pool, n in need.items() if n and pool in capacity and _held(pool, loaded) + n > capacity[pool]]
     over_count = bool(limit) and len(loaded) >= limit
     if not short and not over_count:
         return Room.FITS, None
     if over_count and sum(r.pinned for r in loaded) >= limit:
         return Room.NEVER, None
+    if not over_count and cache_trims(others, need, capacity):
+        return Room.TRIM, None
     idle = [r for r in loaded if r.state is ModelState.READY and r.in_flight == 0 and not r.pinned]
     if short:  # unloading a model that holds nothing where memory is short would not help
         idle = [r for r in idle if any(r.memory.get(pool, 0) for pool in short)]
     if not idle:
         return Room.WAIT, None
     return Room.EVICT, min(idle, key=lambda r: r.last_used).name
+
+
+def cache_trims(others: Sequence[Resident], need: Mapping[str, int],
+                capacity: Mapping[str, int]) -> dict[str, int]:
+    """Where RAM is the one pool short for ``need`` (as ``make_room`` counts it) and the loaded
+    models' prompt caches hold at least what it is short by: the bytes each cache to trim may
+    keep, by model name. The least recently used models' caches go first (their conversations
+    are the least likely to come back soon), busy and pinned models' too (a cache is trimmed
+    between two decode steps; a pin keeps a model loaded, not its cache), each only as far as
+    still needed. Empty where trimming caches alone would not make room (or none is needed)."""
+    loaded = _loaded(others)
+    short = {pool: _held(pool, loaded) + n - capacity[pool] for pool, n in need.items()
+             if n and pool in capacity and _held(pool, loaded) + n > capacity[pool]}
+    over = short.get(RAM, 0)
+    if set(short) != {RAM} or over > sum(r.cache for r in loaded):
+        return {}
+    keep: dict[str, int] = {}
+    for r in sorted((r for r in loaded if r.cache > 0), key=lambda r: r.last_used):
+        if over <= 0:
+            break
+        take = min(r.cache, over)
+        keep[r.name], over = r.cache - take, over - take
+    return keep
 
 
 def cpu_shares(busy: Sequence[tuple[str, int | None]], cpus: int) -> dict[str, int]:

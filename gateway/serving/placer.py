@@ -4,8 +4,10 @@ on and does what they decide.
 - Room for one more model (``make_room``): each model's memory by pool (for a loaded model,
   what llama.cpp reported it allocated; else its estimate), each pool's capacity (free memory
   plus what the models hold, less ``memory_reserve``, at most ``memory_budget``), the GPUs as
-  last read (``devices.Inventory``); then ``placement.make_room``'s answer: load, evict the
-  named model, wait for one to go idle, or refuse (``too_large``, ``never_fits``,
+  last read (``devices.Inventory``); then ``placement.make_room``'s answer: load, trim the
+  loaded models' prompt caches (``placement.cache_trims``: each local worker's cache, as it last
+  reported it, counts in its model's RAM and is trimmed before any model is unloaded for RAM),
+  evict the named model, wait for one to go idle, or refuse (``too_large``, ``never_fits``,
   ``all_busy``: pure, the refusal's wording in one place each).
 - The CPUs split among the backends busy now (``share_cpus``, by ``placement.cpu_shares``).
 
@@ -23,6 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from ..backends.local import CacheHolder
 from ..base.errors import ApiError
 from ..engine import topology
 from ..hardware import devices, sysmem
@@ -69,6 +72,15 @@ class Placer:
             return self.need(model.spec)
         return {pool: n + memory.gpu_context(pool) for pool, n in held["devices"].items()}
 
+    @staticmethod
+    def cached(model: ModelSupervisor) -> int:
+        """What a loaded model's prompt cache holds in RAM besides ``held``, as its worker last
+        reported (0 for a backend without one here)."""
+        backend = model.backend
+        if model.state not in (ModelState.LOADING, ModelState.READY) or not isinstance(backend, CacheHolder):
+            return 0
+        return backend.cache_bytes if backend.alive else 0
+
     def held_by_pool(self, models: Iterable[ModelSupervisor]) -> dict[str, int]:
         out: dict[str, int] = {}
         for m in models:
@@ -109,12 +121,18 @@ class Placer:
                                                   devices.GPU_READING_MAX_AGE if on_gpu else None)
             gpus = reading.gpus
             need = devices.with_unified(self.need(model.spec), gpus)
-            residents = [replace(m.resident(key), memory=devices.with_unified(self.held(m), gpus))
-                         for key, m in others.items()]
-            capacity = await self.capacity(server, sum(r.memory.get(sysmem.RAM, 0) for r in residents), reading)
-            room, name = placement.make_room(residents, limit, need, {pool: n for pool, (n, _) in capacity.items()})
+            residents = [replace(m.resident(key), memory=devices.with_unified(self.held(m), gpus),
+                                 cache=self.cached(m)) for key, m in others.items()]
+            capacity = await self.capacity(server, sum(r.memory.get(sysmem.RAM, 0) + r.cache for r in residents),
+                                           reading)
+            bounds = {pool: n for pool, (n, _) in capacity.items()}
+            room, name = placement.make_room(residents, limit, need, bounds)
             if room is placement.Room.FITS:
                 return
+            if room is placement.Room.TRIM:
+                keep = placement.cache_trims(residents, need, bounds)
+                await self._trim(others, keep, model.spec.name, limit, deadline)
+                continue
             if room is placement.Room.TOO_LARGE:
                 raise too_large(model.spec.name, need, capacity)
             if room is placement.Room.NEVER:
@@ -126,6 +144,24 @@ class Placer:
                 continue
             if not await self._wait_for_idle(deadline):
                 raise all_busy(model.spec.name, limit)
+
+    async def _trim(self, others: Mapping[str, ModelSupervisor], keep: Mapping[str, int], name: str, limit: int,
+                    deadline: float) -> None:
+        """Trim each named model's prompt cache to what ``keep`` leaves it (``placement.cache_trims``),
+        one after another; each answers between two of its decode steps, at the latest by
+        ``deadline`` (else 503 ``model_capacity``, as a wait for room that ran out)."""
+        for key, most in keep.items():
+            victim = others[key]
+            backend = victim.backend
+            if not isinstance(backend, CacheHolder):
+                continue
+            was = backend.cache_bytes
+            try:
+                now = await asyncio.wait_for(backend.trim_cache(most), max(1.0, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                raise all_busy(name, limit) from None
+            log.info("trimmed %r's prompt cache from %s to %s to make room for %r", victim.spec.name,
+                     devices.gib(was), devices.gib(now), name)
 
     async def _wait_for_idle(self, deadline: float) -> bool:
         """Wait until some model goes idle (``went_idle``) or ``deadline``; whether one did."""

@@ -1,0 +1,118 @@
+"""What a slot's cache keeps of a new prompt, carried out in llama.cpp's memory.
+
+``SlotMemory.prepare`` is the one place a slot's cache is cut to a new prompt: it keeps the
+shared prefix, moves the chunks that ``slots.reuse_plan`` finds past the first difference
+(``cache_reuse``, llama-server's ``--cache-reuse``) or parks them under the slot's second
+sequence id until the tokens before them are read (``splice``: a unified pool only, where cells
+can belong to two ids), and where the cache cannot be cut there (a recurrent or hybrid model, a
+sliding-window cache that has dropped positions the next token attends to) goes on from the
+latest context checkpoint before it (``engine/checkpoints``), else empties it. The decoder calls
+``splice`` when a prefilling sequence reaches a parked chunk and ``checkpoint`` at a mark.
+Only the worker's main loop calls this.
+"""
+
+from __future__ import annotations
+
+from . import checkpoints
+from .slots import Reuse, Sequence, Slot, reuse_plan
+
+
+class SlotMemory:
+    def __init__(self, ll, ctx, n_slots: int, n_swa: int, reuse: int, splice: bool):
+        self.ll, self.ctx, self.mem = ll, ctx, ll.llama_get_memory(ctx)
+        self.n_slots = n_slots
+        # the model's attention window whatever ``swa_full`` says: a slot's state loaded back (from
+        # the prompt cache or from disk) holds only the window of a sliding-window layer, as
+        # llama.cpp writes no cell the window masks
+        self.n_swa = n_swa
+        self.reuse, self.splice_on = reuse, splice  # cache_reuse's minimum chunk (0: off); a unified pool
+
+    def prepare(self, slot: Slot, tokens: list[int], common: int) -> tuple[int, list[Reuse]]:
+        """Cut ``slot``'s cache to what ``tokens`` can keep of it, ``common`` being the prefix they
+        share: how many of the prompt's first tokens it then holds, and the chunks parked to be
+        moved in later (``splice``). The slot's tokens and checkpoints follow."""
+        ll, mem = self.ll, self.mem
+        plan = reuse_plan(slot.cached, tokens, common, self.reuse, self.splice_on) \
+            if self.reuse and len(slot.cached) > common and self.holds_window(slot, common) else []
+        slot.checkpoints = [c for c in slot.checkpoints if c.n_tokens <= common]
+        end, parked = self._move(slot, common, plan)
+        if not ll.llama_memory_seq_rm(mem, slot.id, end, -1) or not self.holds_window(slot, end):
+            # recurrent and hybrid models cannot cut a sequence in the middle, and a sliding-window
+            # cache may have dropped positions the next token attends to: go on from the latest
+            # checkpoint before ``end``, else start it afresh
+            if parked:
+                self.unpark(slot)
+                ll.llama_memory_seq_rm(mem, slot.id, -1, -1)
+                end, parked = 0, []
+            else:
+                end = self._from_checkpoint(slot, end)
+        slot.cached = tokens[:end]  # the shared prefix and the chunks moved behind it
+        slot.keep(end)
+        return end, parked
+
+    def _move(self, slot: Slot, common: int, plan: list[Reuse]) -> tuple[int, list[Reuse]]:
+        """Carry out ``reuse_plan``'s chunks: each that goes on where the reused part ends has its
+        cells moved back onto the room the left-out tokens leave (as llama-server's
+        ``--cache-reuse``); the chunks after new tokens are parked under the slot's second id."""
+        ll, mem, sid = self.ll, self.mem, slot.id
+        end, i = common, 0
+        while i < len(plan) and plan[i].prompt == end:
+            r = plan[i]
+            ll.llama_memory_seq_rm(mem, sid, end, r.cached)
+            ll.llama_memory_seq_add(mem, sid, r.cached, r.cached + r.n, end - r.cached)
+            end, i = end + r.n, i + 1
+        parked = plan[i:]
+        for r in parked:  # a unified pool's cells can belong to both ids
+            ll.llama_memory_seq_cp(mem, sid, sid + self.n_slots, r.cached, r.cached + r.n)
+        return end, parked
+
+    def splice(self, seq: Sequence) -> None:
+        """The prompt has been read up to its next parked chunk: move the chunk's cells there (with
+        every chunk parked after it, so that none overlaps another) and give them back to the slot."""
+        ll, mem, r = self.ll, self.mem, seq.splices.pop(0)
+        sid = seq.slot.id
+        scratch = sid + self.n_slots
+        at = r.cached + seq.parked_shift  # where its cells wait now
+        ll.llama_memory_seq_add(mem, scratch, at, -1, r.prompt - at)
+        seq.parked_shift += r.prompt - at
+        ll.llama_memory_seq_cp(mem, scratch, sid, r.prompt, r.prompt + r.n)
+        ll.llama_memory_seq_rm(mem, scratch, r.prompt, r.prompt + r.n)
+        seq.slot.cached.extend(seq.tokens[r.prompt:r.prompt + r.n])
+        seq.next += r.n
+
+    def unpark(self, slot: Slot) -> None:
+        """Drop what waits under the slot's second id (its request ended before the splice)."""
+        if self.splice_on:
+            self.ll.llama_memory_seq_rm(self.mem, slot.id + self.n_slots, -1, -1)
+
+    def _from_checkpoint(self, slot: Slot, upto: int) -> int:
+        """Load the slot's latest checkpoint at or before ``upto`` and cut the rest of its cache
+        there; how many tokens it then holds (0, the cache emptied, where none serves)."""
+        ll, mem = self.ll, self.mem
+        cp = checkpoints.pick(slot.checkpoints, upto)
+        if cp is not None and checkpoints.restore(ll, self.ctx, slot.id, cp) \
+                and ll.llama_memory_seq_rm(mem, slot.id, cp.n_tokens, -1) and self.holds_window(slot, cp.n_tokens):
+            return cp.n_tokens
+        ll.llama_memory_seq_rm(mem, slot.id, -1, -1)
+        return 0
+
+    def checkpoint(self, slot: Slot) -> None:
+        """Keep a checkpoint of what the slot holds now (the latest ``MAX_PER_SLOT``)."""
+        n = len(slot.cached)
+        cp = checkpoints.take(self.ll, self.ctx, slot.id, n)
+        if cp is not None:
+            slot.checkpoints = [c for c in slot.checkpoints if c.n_tokens != n][-(checkpoints.MAX_PER_SLOT - 1):]
+            slot.checkpoints.append(cp)
+
+    def holds_window(self, slot: Slot, common: int) -> bool:
+        """Whether the slot's cache still holds every position that a token at ``common`` attends
+        to. A sliding-window layer's cache (without ``swa_full``) overwrites positions that fell
+        out of the window of the sequence's newest token, and a state loaded back holds only that
+        window (with ``swa_full`` too); cutting the sequence back to ``common`` moves the window
+        back onto them. A token at ``common`` attends to the positions after ``common - n_swa``
+        (llama.cpp masks p0 where ``p1 - p0 >= n_swa``; a chunked window needs fewer), so the
+        oldest position held must be at most ``common - n_swa + 1`` (llama-server's test asks for
+        one more, and so never takes a state back to read its last token again)."""
+        if not self.n_swa or common == 0:
+            return True
+        return self.ll.llama_memory_seq_pos_min(self.mem, slot.id) <= max(0, common - self.n_swa + 1)

@@ -1,0 +1,149 @@
+"""Reuse past the first difference (``cache_reuse``, llama-server's ``--cache-reuse``): chunks of a
+slot's cache that a prompt repeats after a change are moved to their new positions instead of
+read again (``slots.reuse_plan``, ``Decoder._move`` / ``_splice``).
+
+The engine tests drive the worker's own ``Decoder`` on real llama.cpp in this process. The model
+is a one-layer random-weight llama with a real tokenizer: in its only layer a token's key and
+value depend on the token and its position alone, so cells moved to the right positions answer
+exactly as a fresh read (the K cache is f32, so re-rotating a key costs nothing visible), and
+cells at a wrong position, or a chunk not moved, answer otherwise. In a deeper model a moved
+chunk keeps what it computed under its old context: reuse is an approximation there, off by
+default, as in llama-server."""
+
+import pytest
+from helpers import tiny_random_model
+
+from gateway.engine import ipc
+from gateway.engine.slots import Reuse, reuse_plan
+
+# --- the plan (pure) ----------------------------------------------------------------------------
+
+OLD = list(range(100, 140))  # a cached conversation: 40 tokens
+
+
+def test_a_chunk_after_left_out_tokens_moves_back_as_llama_servers_rule():
+    prompt = OLD[:10] + OLD[15:] + [7, 8]  # five tokens left out at 10, two new at the end
+    assert reuse_plan(OLD, prompt, 10, 8, splice=False) == [Reuse(15, 10, 25)]
+
+
+def test_a_changed_line_stops_the_plain_rule_and_is_spliced_past_in_a_unified_pool():
+    prompt = OLD[:10] + [1, 2, 3] + OLD[12:] + [7, 8]  # two cached tokens replaced by three new ones
+    assert reuse_plan(OLD, prompt, 10, 8, splice=False) == []
+    assert reuse_plan(OLD, prompt, 10, 8, splice=True) == [Reuse(12, 13, 28)]
+
+
+def test_chunks_shorter_than_the_minimum_are_read_again_and_zero_is_off():
+    prompt = OLD[:10] + [1] + OLD[11:16] + [2] + OLD[17:] + [9]
+    assert reuse_plan(OLD, prompt, 10, 8, splice=True) == [Reuse(17, 17, 23)]  # the 5-token piece is read
+    assert reuse_plan(OLD, prompt, 10, 0, splice=True) == []
+
+
+def test_the_last_token_is_never_reused_and_chunks_keep_their_order():
+    prompt = OLD[:10] + OLD[12:]  # ends where the cache ends: its last token is read for logits
+    assert reuse_plan(OLD, prompt, 10, 8, splice=False) == [Reuse(12, 10, 27)]
+    swapped = OLD[:10] + OLD[30:40] + OLD[10:30]  # a later chunk first: the earlier one is not moved past it
+    plan = reuse_plan(OLD, swapped, 10, 8, splice=True)
+    assert plan == [Reuse(30, 10, 10)]
+
+
+# --- the engine on real llama.cpp ---------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def model_path():
+    return tiny_random_model("llama-spm", seed=11)
+
+
+class Engine:
+    """A worker's decoder on one slot; ``run`` answers a prompt greedily."""
+
+    def __init__(self, path, reuse: int, unified: bool = False):
+        from gateway.engine.decoding import Decoder
+        from gateway.engine.model import Model
+        from gateway.engine.outbox import Outbox
+        from gateway.engine.sampling import Sampling
+
+        self.model = Model(ipc.LoadParams(name="m", path=str(path), parallel=1, n_ctx=1024, prompt_cache_bytes=0,
+                                          cache_reuse=reuse, kv_unified=unified, cache_type_k="f32",
+                                          cache_type_v="f32"))
+        self.out = Outbox(-1)  # never flushed: the test reads the queued frames
+        self.decoder = Decoder(self.model, Sampling(self.model), self.out)
+        self.rid = 0
+
+    def tokens(self, text: str) -> list[int]:
+        return self.model.vocab.tokenize(text, add_special=True)
+
+    def run(self, text: str, max_tokens: int = 12) -> tuple[str, ipc.Done]:
+        self.rid += 1
+        req = ipc.GenerationRequest(prompt=text, max_tokens=max_tokens, temperature=0)
+        seq = self.decoder.admit(self.rid, req, self.tokens(text), "")
+        while seq.slot.seq is seq:
+            self.decoder.step()
+        events = [ipc.decode_event(f[4:]) for f in self.out.frames]
+        self.out.frames.clear()
+        answer = "".join(e.text for e in events if isinstance(e, ipc.Text) and e.id == self.rid)
+        (done,) = [e for e in events if isinstance(e, ipc.Done) and e.id == self.rid]
+        return answer, done
+
+    def positions(self) -> tuple[int, int]:
+        ll, mem = self.model.ll, self.model.mem
+        return ll.llama_memory_seq_pos_min(mem, 0), ll.llama_memory_seq_pos_max(mem, 0)
+
+
+HEAD = "A long talk about the harbour, the boats and the weather in the bay. " * 4
+TAIL = "Then the keeper climbed the stairs and lit the lamp above the rocks. " * 4
+
+
+def fresh(path, text):
+    return Engine(path, reuse=0).run(text)
+
+
+@pytest.mark.parametrize("unified", [False, True])
+def test_left_out_tokens_reuse_the_rest_and_answer_as_a_fresh_read(model_path, unified):
+    engine = Engine(model_path, reuse=16, unified=unified)
+    engine.run(HEAD + "(Note: turn one.) " + TAIL)
+    prompt = HEAD + TAIL + "And then?"  # the note left out: the tail moves back onto its room
+    answer, done = engine.run(prompt)
+    assert answer == fresh(model_path, prompt)[0]
+    n = len(engine.tokens(prompt))
+    shared = len(engine.tokens(HEAD)) - 2  # the prefix, give or take how the note's first word splits
+    assert done.cached_tokens > shared + len(engine.tokens(TAIL)) - 8, done
+    assert engine.positions() == (0, n - 1 + done.completion_tokens - 1)
+
+
+def test_a_changed_line_is_spliced_past_in_a_unified_pool_and_answers_as_a_fresh_read(model_path):
+    before = HEAD + "(Note: turn 9, 9667 tokens left.) " + TAIL
+    after = HEAD + "(Note: turn 10, 9630 tokens left.) " + TAIL + "And then?"
+    plain, spliced = Engine(model_path, reuse=16), Engine(model_path, reuse=16, unified=True)
+    for engine in (plain, spliced):
+        engine.run(before)
+    answer, done = spliced.run(after)
+    _, plain_done = plain.run(after)
+    assert answer == fresh(model_path, after)[0]
+    # without a unified pool only the prefix comes back; with one, the tail too
+    assert done.cached_tokens >= plain_done.cached_tokens + len(spliced.tokens(TAIL)) - 8
+    n = len(spliced.tokens(after))
+    assert spliced.positions() == (0, n - 1 + done.completion_tokens - 1)
+    ll, mem = spliced.model.ll, spliced.model.mem
+    assert ll.llama_memory_seq_pos_max(mem, 1) == -1  # nothing left parked
+
+
+def test_a_request_cancelled_before_its_splice_leaves_nothing_parked(model_path):
+    engine = Engine(model_path, reuse=16, unified=True)
+    engine.run(HEAD + "(Note: one.) " + TAIL)
+    text = HEAD + "(Note: two more words here.) " + TAIL + "Go on."
+    req = ipc.GenerationRequest(prompt=text, max_tokens=4, temperature=0)
+    seq = engine.decoder.admit(99, req, engine.tokens(text), "")
+    assert seq.splices  # the tail waits under the slot's second id
+    seq.cancelled = True
+    engine.decoder.step()
+    engine.out.frames.clear()  # (its done event: never written, the outbox has no pipe)
+    ll, mem = engine.model.ll, engine.model.mem
+    assert seq.slot.seq is None and ll.llama_memory_seq_pos_max(mem, 1) == -1
+    answer, _ = engine.run(HEAD + "Something else entirely.")
+    assert answer == fresh(model_path, HEAD + "Something else entirely.")[0]
+
+
+def test_off_by_default_and_reported_where_the_cache_cannot_shift(model_path):
+    assert ipc.LoadParams(name="m", path=str(model_path)).cache_reuse == 0
+    engine = Engine(model_path, reuse=16)
+    assert engine.model.info()["cache_reuse"] == 16
