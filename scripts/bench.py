@@ -326,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
                    "prompt_cache_bytes: 0, and its greedy answers compared with the cached gateway's")
     p.add_argument("--cache-reuse", type=int, default=0, metavar="N", help="with --conversations: both servers "
                    "reuse chunks of at least N cached tokens past the first difference (cache_reuse, --cache-reuse)")
+    p.add_argument("--no-swa-full", action="store_true", help="with --conversations: the gateway keeps only the "
+                   "sliding-window layers' window (swa_full: false; llama-server's default)")
     p.add_argument("--kv-unified", action="store_true", help="with --conversations: both servers' slots share one "
                    "pool of slots x slot-ctx cells (kv_unified, --kv-unified)")
     args = p.parse_args(argv)
@@ -435,7 +437,7 @@ def conversations_main(args) -> int:
                                          "options": {k: getattr(args, k) for k in (
                                              "conversations", "slots", "slot_ctx", "conv_history", "turns",
                                              "rounds", "answer_tokens", "middle_change", "cache_reuse",
-                                             "kv_unified")}}, indent=2))
+                                             "kv_unified", "no_swa_full")}}, indent=2))
     return 0
 
 

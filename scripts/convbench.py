@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import statistics
 import sys
 import time
 from pathlib import Path
 
-from benchlib import WORDS, Server, long_prompt
+from benchlib import WORDS, Server
 
 TURN = " Now say in one short sentence what the {word} has to do with it."
 GATEWAY, UNCACHED, LLAMA = "gateway", "gateway, no prompt cache", "llama-server"
@@ -44,8 +45,11 @@ class Conversation:
     middle that changes every turn), then user turns and answers."""
 
     def __init__(self, words: int, salt: str, middle: bool):
-        self.head = f"A conversation about the city ({salt}).\nUser: {long_prompt(words // 2, salt)}"
-        self.tail = long_prompt(words - words // 2, "and then") + "\nAssistant: I see."
+        # each conversation's own words (not the same text under another salt: a server that
+        # reuses chunks past the first difference would find the others' caches)
+        rng = random.Random(salt)
+        self.head = f"A conversation about the city ({salt}).\nUser: " + " ".join(rng.choices(WORDS, k=words // 2))
+        self.tail = "and then " + " ".join(rng.choices(WORDS, k=words - words // 2)) + "\nAssistant: I see."
         self.middle = middle
         self.turns = 0
         self.after = ""  # the user turns and answers since the history
@@ -70,6 +74,8 @@ def gateway(model: Path, args, tmp: Path, cache: bool) -> Server:
     n_ctx = args.slot_ctx * args.slots if args.kv_unified else args.slot_ctx  # one pool, as llama-server's -c
     if args.kv_unified:
         keep += "    kv_unified: true\n"
+    if args.no_swa_full:
+        keep += "    swa_full: false\n"
     cfg.write_text(f"server:\n  discover_default_stores: false\nmodels:\n  conv:\n    path: {model}\n"
                    f"    n_ctx: {n_ctx}\n    parallel: {args.slots}\n    n_threads: {args.threads}\n{keep}")
     return Server(label, [sys.executable, "-m", "gateway", "serve", "--config", str(cfg), "--port", "{port}",
@@ -164,6 +170,7 @@ def report(results: dict, model: Path, args) -> str:
     what = ", a line in the middle changing every turn" if args.middle_change else ""
     what += f", cache_reuse {args.cache_reuse}" if args.cache_reuse else ""
     what += ", kv_unified" if args.kv_unified else ""
+    what += ", the gateway with swa_full: false" if args.no_swa_full else ""
     lines = [f"conversations: {model.name}, {args.conversations} conversations over {args.slots} slots of "
              f"{args.slot_ctx} tokens, ~{args.conv_history}-word histories{what}, {args.turns} turns each, "
              f"{args.answer_tokens} tokens per answer (greedy), {args.threads} threads, {args.rounds} rounds whose "

@@ -342,3 +342,47 @@ def vocab_scripted_model(path: Path, vocab: str, chat_template: str, scripts: li
     identity_layer(w, n_embd, 32, np.float16)
     finish(w)
     return path
+
+
+class InProcessEngine:
+    """A worker's model and decoder in this process (real llama.cpp), for the engine tests:
+    ``run`` answers one prompt greedily and returns its text and done event; ``load`` is
+    ``ipc.LoadParams``' fields (one slot, 1,024 tokens, no prompt cache unless given)."""
+
+    def __init__(self, path, **load):
+        from gateway.engine import ipc
+        from gateway.engine.decoding import Decoder
+        from gateway.engine.model import Model
+        from gateway.engine.outbox import Outbox
+        from gateway.engine.sampling import Sampling
+
+        self.ipc = ipc
+        settings = {"parallel": 1, "n_ctx": 1024, "prompt_cache_bytes": 0, **load}
+        self.model = Model(ipc.LoadParams(name="m", path=str(path), **settings))
+        self.out = Outbox(-1)  # never flushed: the test reads the queued frames
+        self.decoder = Decoder(self.model, Sampling(self.model), self.out)
+        self.rid = 0
+        self.logprobs: list[dict[str, Any]] = []
+        self.last_done: Any = None
+
+    def tokens(self, text: str) -> list[int]:
+        return self.model.vocab.tokenize(text, add_special=True)
+
+    def run(self, text: str, max_tokens: int = 10, logprobs: int | None = None) -> tuple[str, Any]:
+        ipc = self.ipc
+        self.rid += 1
+        req = ipc.GenerationRequest(prompt=text, max_tokens=max_tokens, temperature=0, logprobs=logprobs)
+        seq = self.decoder.admit(self.rid, req, self.tokens(text), "")
+        while seq.slot.seq is seq:
+            self.decoder.step()
+        events = [ipc.decode_event(f[4:]) for f in self.out.frames]
+        self.out.frames.clear()
+        texts = [e for e in events if isinstance(e, ipc.Text) and e.id == self.rid]
+        (done,) = [e for e in events if isinstance(e, ipc.Done) and e.id == self.rid]
+        self.last_done, self.logprobs = done, [p for e in texts for p in e.logprobs or []]
+        return "".join(e.text for e in texts), done
+
+    def first_token(self, text: str) -> list[tuple[str, float]]:
+        """The first answer token's five likeliest, with their log-probabilities."""
+        self.run(text, max_tokens=1, logprobs=5)
+        return [(t["token"], t["logprob"]) for t in self.logprobs[0]["top_logprobs"]]

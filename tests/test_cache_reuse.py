@@ -11,7 +11,7 @@ chunk keeps what it computed under its old context: reuse is an approximation th
 default, as in llama-server."""
 
 import pytest
-from helpers import tiny_random_model
+from helpers import InProcessEngine, tiny_random_model
 
 from gateway.engine import ipc
 from gateway.engine.slots import Reuse, reuse_plan
@@ -53,36 +53,13 @@ def model_path():
     return tiny_random_model("llama-spm", seed=11)
 
 
-class Engine:
-    """A worker's decoder on one slot; ``run`` answers a prompt greedily."""
-
+class Engine(InProcessEngine):
     def __init__(self, path, reuse: int, unified: bool = False):
-        from gateway.engine.decoding import Decoder
-        from gateway.engine.model import Model
-        from gateway.engine.outbox import Outbox
-        from gateway.engine.sampling import Sampling
+        # f32 caches: re-rotating a moved key costs nothing visible
+        super().__init__(path, cache_reuse=reuse, kv_unified=unified, cache_type_k="f32", cache_type_v="f32")
 
-        self.model = Model(ipc.LoadParams(name="m", path=str(path), parallel=1, n_ctx=1024, prompt_cache_bytes=0,
-                                          cache_reuse=reuse, kv_unified=unified, cache_type_k="f32",
-                                          cache_type_v="f32"))
-        self.out = Outbox(-1)  # never flushed: the test reads the queued frames
-        self.decoder = Decoder(self.model, Sampling(self.model), self.out)
-        self.rid = 0
-
-    def tokens(self, text: str) -> list[int]:
-        return self.model.vocab.tokenize(text, add_special=True)
-
-    def run(self, text: str, max_tokens: int = 12) -> tuple[str, ipc.Done]:
-        self.rid += 1
-        req = ipc.GenerationRequest(prompt=text, max_tokens=max_tokens, temperature=0)
-        seq = self.decoder.admit(self.rid, req, self.tokens(text), "")
-        while seq.slot.seq is seq:
-            self.decoder.step()
-        events = [ipc.decode_event(f[4:]) for f in self.out.frames]
-        self.out.frames.clear()
-        answer = "".join(e.text for e in events if isinstance(e, ipc.Text) and e.id == self.rid)
-        (done,) = [e for e in events if isinstance(e, ipc.Done) and e.id == self.rid]
-        return answer, done
+    def run(self, text: str, max_tokens: int = 12, logprobs: int | None = None):
+        return super().run(text, max_tokens, logprobs)
 
     def positions(self) -> tuple[int, int]:
         ll, mem = self.model.ll, self.model.mem

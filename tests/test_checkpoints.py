@@ -4,6 +4,7 @@ end of each prompt lets a prompt that returns with its end changed go on from th
 being read whole."""
 
 import pytest
+from helpers import InProcessEngine
 
 from gateway.engine import checkpoints
 from gateway.engine.checkpoints import Checkpoint
@@ -38,43 +39,8 @@ def gemma():
     return gemma_path()
 
 
-class Engine:
-    def __init__(self, path, swa_full: bool):
-        from gateway.engine import ipc
-        from gateway.engine.decoding import Decoder
-        from gateway.engine.model import Model
-        from gateway.engine.outbox import Outbox
-        from gateway.engine.sampling import Sampling
-
-        self.ipc = ipc
-        self.model = Model(ipc.LoadParams(name="m", path=str(path), parallel=1, n_ctx=3072, prompt_cache_bytes=0,
-                                          swa_full=swa_full, n_batch=64))
-        self.out = Outbox(-1)
-        self.decoder = Decoder(self.model, Sampling(self.model), self.out)
-        self.rid = 0
-
-    def tokens(self, text):
-        return self.model.vocab.tokenize(text, add_special=True)
-
-    def run(self, text, max_tokens=6, logprobs=None):
-        ipc = self.ipc
-        self.rid += 1
-        req = ipc.GenerationRequest(prompt=text, max_tokens=max_tokens, temperature=0, logprobs=logprobs)
-        seq = self.decoder.admit(self.rid, req, self.tokens(text), "")
-        while seq.slot.seq is seq:
-            self.decoder.step()
-        events = [ipc.decode_event(f[4:]) for f in self.out.frames]
-        self.out.frames.clear()
-        texts = [e for e in events if isinstance(e, ipc.Text) and e.id == self.rid]
-        (done,) = [e for e in events if isinstance(e, ipc.Done) and e.id == self.rid]
-        self.last_done = done
-        self.logprobs = [p for e in texts for p in e.logprobs or []]
-        return "".join(e.text for e in texts), done
-
-    def first_token(self, text):
-        """The first answer token's five likeliest, with their log-probabilities."""
-        self.run(text, max_tokens=1, logprobs=5)
-        return [(t["token"], t["logprob"]) for t in self.logprobs[0]["top_logprobs"]]
+def Engine(path, swa_full: bool, ctx_checkpoints: int = 8):
+    return InProcessEngine(path, n_ctx=3072, swa_full=swa_full, n_batch=64, ctx_checkpoints=ctx_checkpoints)
 
 
 # what follows the talk in the turn after it: long enough to move the window (and the cells kept
@@ -108,9 +74,33 @@ def test_without_swa_full_a_prompt_changed_inside_the_window_goes_on_from_a_chec
     assert [t for t, _ in got[:2]] == list(want)[:2]
     assert all(abs(lp - want[t]) < 0.3 for t, lp in got[:3]), (got, want)
     # and without checkpoints the same prompt is read whole
-    bare = Engine(gemma, swa_full=False)
-    bare.decoder.n_swa, n_swa = 0, bare.decoder.n_swa
+    bare = Engine(gemma, swa_full=False, ctx_checkpoints=0)
     bare.run(TALK, max_tokens=1)
     bare.run(TALK + MORE, max_tokens=1)
-    bare.decoder.n_swa = n_swa
+    assert not bare.decoder.slots[0].checkpoints
     assert bare.run(changed)[1].cached_tokens == 0
+
+
+@pytest.mark.real
+def test_a_damaged_checkpoint_reads_the_prompt_whole(gemma):
+    engine = Engine(gemma, swa_full=False)
+    engine.run(TALK, max_tokens=1)
+    engine.run(TALK + MORE, max_tokens=1)
+    for cp in engine.decoder.slots[0].checkpoints:
+        cp.data[len(cp.data) // 2] ^= 0xFF
+    changed = TALK[:-40] + " and then the end was different"
+    got = engine.first_token(changed)
+    assert engine.last_done.cached_tokens == 0
+    assert got == Engine(gemma, swa_full=False).first_token(changed)  # read as a cold read is
+
+
+@pytest.mark.real
+def test_a_prompt_sharing_only_an_opening_with_a_window_only_cache_is_read_whole(gemma):
+    """The window lies wholly past the shared opening: cut there, the sliding-window layers would
+    hold nothing before the next token (an empty sequence, not a window), so nothing is reused."""
+    engine = Engine(gemma, swa_full=False, ctx_checkpoints=0)
+    engine.run(TALK, max_tokens=1)
+    other = TALK[:40] + " and something else entirely."
+    got = engine.first_token(other)
+    assert engine.last_done.cached_tokens == 0
+    assert got == Engine(gemma, swa_full=False).first_token(other)

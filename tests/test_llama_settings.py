@@ -42,6 +42,8 @@ SAMPLES = {
     "lora": (["a.gguf", {"path": "/x/b.gguf", "scale": 0.25}], None),  # kept: relative to the file (below)
     "spm_infill": (True, True),
     "prompt_cache_bytes": ("512MiB", 512 * 2**20),
+    "cache_reuse": (256, 256),
+    "ctx_checkpoints": (4, 4),
 }
 
 

@@ -9,10 +9,9 @@ greedy answer depends on every cached value: a state restored wrong would answer
 import json
 
 import pytest
-from helpers import tiny_random_model
+from helpers import InProcessEngine, tiny_random_model
 
 from gateway.app import create_app
-from gateway.engine import ipc
 from gateway.engine.slots import Slot, choose, common_prefix
 from gateway.models.config import load_config
 
@@ -85,35 +84,8 @@ def random_model():
     return tiny_random_model("llama-spm", seed=3)
 
 
-class Engine:
-    """A worker's decoder and model in this process; ``run`` answers one prompt greedily."""
-
-    def __init__(self, path, keep: int, parallel: int = 1):
-        from gateway.engine.decoding import Decoder
-        from gateway.engine.model import Model
-        from gateway.engine.outbox import Outbox
-        from gateway.engine.sampling import Sampling
-
-        self.model = Model(ipc.LoadParams(name="m", path=str(path), parallel=parallel, n_ctx=1024,
-                                          prompt_cache_bytes=keep))
-        self.out = Outbox(-1)  # never flushed: the test reads the queued frames
-        self.decoder = Decoder(self.model, Sampling(self.model), self.out)
-        self.rid = 0
-
-    def tokens(self, text: str) -> list[int]:
-        return self.model.vocab.tokenize(text, add_special=True)
-
-    def run(self, text: str, max_tokens: int = 10) -> tuple[str, ipc.Done]:
-        self.rid += 1
-        req = ipc.GenerationRequest(prompt=text, max_tokens=max_tokens, temperature=0)
-        seq = self.decoder.admit(self.rid, req, self.tokens(text), "")
-        while seq.slot.seq is seq:
-            self.decoder.step()
-        events = [ipc.decode_event(f[4:]) for f in self.out.frames]
-        self.out.frames.clear()
-        answer = "".join(e.text for e in events if isinstance(e, ipc.Text) and e.id == self.rid)
-        (done,) = [e for e in events if isinstance(e, ipc.Done) and e.id == self.rid]
-        return answer, done
+def Engine(path, keep: int, parallel: int = 1):
+    return InProcessEngine(path, parallel=parallel, prompt_cache_bytes=keep)
 
 
 TALKS = [f"Conversation {name}: tell me about the {thing} and the storm at night. " * 6
@@ -326,6 +298,10 @@ def test_a_sliding_window_model_restores_from_where_its_prompt_ended_or_reads_it
     assert engine.decoder.n_swa > 0  # the model's window, with swa_full on
     for talk in talks:
         engine.run(talk, max_tokens=6)
+    # every position kept: a prompt is read as a cold read is (no stops at marks), and the
+    # checkpoints are taken when a slot is kept, by cutting it back
+    assert not engine.decoder.slots[0].checkpoints
+    assert all(len(e.checkpoints) == 2 for e in engine.decoder.cache.entries)
     answer, done = engine.run(returning[0], max_tokens=6)
     shared = common_prefix(engine.tokens(talks[0]), engine.tokens(returning[0]))
     assert (answer, done.cache_source, done.cached_tokens) == (want[0], "ram", shared)

@@ -15,7 +15,7 @@ before its end, as llama-server does (the prompt's last few tokens read apart fr
 so that a prompt that returns with its end rewritten (a chat template's closing turn, an answer
 the client sends back otherwise) goes on from one. ``pick`` (pure) chooses the one to load.
 
-A slot keeps at most ``MAX_PER_SLOT`` (the latest); those past where its cache is cut go with
+A slot keeps at most ``ctx_checkpoints`` (the latest); those past where its cache is cut go with
 the cut (``slots.Slot.keep``). A kept state in the prompt cache carries its slot's checkpoints.
 Only the worker's main loop calls this (it copies cells in and out of the context).
 """
@@ -28,7 +28,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 PARTIAL_ONLY = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY (llama.h): the sliding-window or recurrent part
-MAX_PER_SLOT = 8
 TAIL = 4  # the prompt's last tokens read apart, so that a checkpoint precedes them
 
 

@@ -33,10 +33,12 @@ class Decoder:
         # the prompt cache or from disk) holds only the window of a sliding-window layer, as
         # llama.cpp writes no cell the window masks
         self.n_swa = model.ll.llama_model_n_swa(model.handle)
+        self.swa_full = model.params.swa_full
         self.sampling, self.out = sampling, out
         self.slots = [Slot(i) for i in range(model.n_slots)]
         self.batch = Batch(model.ll, model.n_batch, model.n_slots)
-        self.memory = SlotMemory(model.ll, model.ctx, len(self.slots), self.n_swa, model.cache_reuse, model.splice)
+        self.memory = SlotMemory(model.ll, model.ctx, len(self.slots), self.n_swa, model.cache_reuse, model.splice,
+                                 model.params.ctx_checkpoints)
         keep = model.params.prompt_cache_bytes
         self.cache = PromptCache(model.ll, model.ctx, keep) if keep and not model.params.embeddings else None
         self.last_step = 0.0  # seconds the last decode step took, sampling included
@@ -58,7 +60,7 @@ class Decoder:
         slot = choice.slot
         if cache is not None:
             if choice.save:  # another conversation's: kept before it is overwritten
-                cache.save(slot, max(slot.prompt_end, choice.common) if self.n_swa else None)
+                self._keep(slot, max(slot.prompt_end, choice.common), choice.common)
             if choice.kept is not None:
                 slot.origin = choice.kept.origin if cache.restore(choice.kept, slot) else "slot"  # failed: empty
         # At least one prompt token is decoded, for fresh logits.
@@ -68,12 +70,25 @@ class Decoder:
         seq = slot.seq = Sequence(rid, req, tokens, slot, end, prompt_tail, chain,
                                   max_tokens if max_tokens is not None else room)
         seq.splices = parked
-        if self.n_swa:
+        if self.n_swa and not self.swa_full and self.memory.keep_checkpoints:
             seq.marks = checkpoints.marks(end, n_prompt, self.n_ubatch)
         seq.common = end + sum(r.n for r in parked)
         seq.source = slot.origin if seq.common else None
         slot.origin, slot.prompt_end = "slot", n_prompt  # from here on, what it holds is its own decoding
         return seq
+
+    def _keep(self, slot: Slot, upto: int, floor: int) -> None:
+        """Keep ``slot``'s cache in the prompt cache before it is overwritten. A sliding-window
+        model's state holds only the window before its last token, so the slot is cut where its
+        prompt ended first (what it generated after is what a returning prompt most often differs
+        in), and where every position is kept (``swa_full``) its checkpoints are taken now, by
+        cutting it back to each mark in turn (never below ``floor``, the prefix the next prompt
+        keeps): its prompt was read without stopping at them, as a cold read is."""
+        assert self.cache is not None
+        if not self.cache.save(slot, upto if self.n_swa else None):
+            return
+        if self.n_swa and self.swa_full and self.memory.keep_checkpoints:
+            self.cache.attach(self.memory.checkpoints_behind(slot, floor, self.n_ubatch))
 
     def free_slots(self) -> list[Slot]:
         return [s for s in self.slots if s.seq is None]
@@ -92,7 +107,7 @@ class Decoder:
         idle = [s for s in self.slots if s.seq is None and s.cached]
         for slot in idle:
             if self.cache is not None:
-                self.cache.save(slot, slot.prompt_end if self.n_swa else None)
+                self._keep(slot, slot.prompt_end, 0)
             self.ll.llama_memory_seq_rm(self.mem, slot.id, -1, -1)
             slot.keep(0)
         return bool(idle)

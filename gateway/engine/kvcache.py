@@ -59,7 +59,7 @@ from .checkpoints import Checkpoint
 # LoadParams fields that do not change what a slot's cache holds
 _NOT_IDENTITY = {"name", "n_threads", "n_threads_batch", "n_batch", "n_ubatch", "stream_interval", "chat_template",
                  "kv_cache_dir", "kv_cache_max_bytes", "prompt_cache_bytes",
-                "cache_reuse"}
+                "cache_reuse", "ctx_checkpoints"}
 _BLOCK = 1 << 20
 
 
@@ -169,6 +169,12 @@ class PromptCache:
         self.entries.append(Entry(list(tokens), slot.scope, data, zlib.crc32(data), time.monotonic(),
                                   checkpoints=list(slot.checkpoints)))
         return True
+
+    def attach(self, checkpoints: list[Checkpoint]) -> None:
+        """Give the state kept last its checkpoints (taken after it), the bound kept."""
+        if self.entries and checkpoints:
+            self.entries[-1].checkpoints = checkpoints
+            self.room(0)
 
     def room(self, need: int) -> bool:
         """Make room for ``need`` more bytes, dropping the least recently used states first (before

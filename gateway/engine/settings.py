@@ -151,6 +151,9 @@ class LlamaSettings:
     # Only where llama.cpp can shift the cache (not a recurrent or hybrid model, not a
     # sliding-window one without swa_full): elsewhere it is off and the load says so
     cache_reuse: int = setting(0, checks.integer(minimum=0, what="a number of tokens >= 0 (0: off)"))
+    # context checkpoints kept per slot of a sliding-window model (llama-server's --ctx-checkpoints;
+    # ``engine/checkpoints``): each a copy of the window, taken near the end of each prompt; 0: none
+    ctx_checkpoints: int = setting(2, checks.integer(minimum=0, maximum=64, what="an integer from 0 to 64"))
 
 
 SETTINGS = tuple(fields(LlamaSettings))

@@ -14,11 +14,12 @@ Only the worker's main loop calls this.
 from __future__ import annotations
 
 from . import checkpoints
+from .checkpoints import Checkpoint
 from .slots import Reuse, Sequence, Slot, reuse_plan
 
 
 class SlotMemory:
-    def __init__(self, ll, ctx, n_slots: int, n_swa: int, reuse: int, splice: bool):
+    def __init__(self, ll, ctx, n_slots: int, n_swa: int, reuse: int, splice: bool, keep_checkpoints: int):
         self.ll, self.ctx, self.mem = ll, ctx, ll.llama_get_memory(ctx)
         self.n_slots = n_slots
         # the model's attention window whatever ``swa_full`` says: a slot's state loaded back (from
@@ -26,6 +27,7 @@ class SlotMemory:
         # llama.cpp writes no cell the window masks
         self.n_swa = n_swa
         self.reuse, self.splice_on = reuse, splice  # cache_reuse's minimum chunk (0: off); a unified pool
+        self.keep_checkpoints = keep_checkpoints  # per slot (``ctx_checkpoints``)
 
     def prepare(self, slot: Slot, tokens: list[int], common: int) -> tuple[int, list[Reuse]]:
         """Cut ``slot``'s cache to what ``tokens`` can keep of it, ``common`` being the prefix they
@@ -97,12 +99,25 @@ class SlotMemory:
         return 0
 
     def checkpoint(self, slot: Slot) -> None:
-        """Keep a checkpoint of what the slot holds now (the latest ``MAX_PER_SLOT``)."""
+        """Keep a checkpoint of what the slot holds now (the latest ``ctx_checkpoints``)."""
         n = len(slot.cached)
         cp = checkpoints.take(self.ll, self.ctx, slot.id, n)
         if cp is not None:
-            slot.checkpoints = [c for c in slot.checkpoints if c.n_tokens != n][-(checkpoints.MAX_PER_SLOT - 1):]
-            slot.checkpoints.append(cp)
+            slot.checkpoints = ([c for c in slot.checkpoints if c.n_tokens != n] + [cp])[-self.keep_checkpoints:]
+
+    def checkpoints_behind(self, slot: Slot, floor: int, n_ubatch: int) -> list[Checkpoint]:
+        """Checkpoints at the marks of what a slot holding every position (``swa_full``) caches,
+        taken by cutting it back to each, the latest first, never below ``floor``; oldest first."""
+        ll, mem = self.ll, self.mem
+        out: list[Checkpoint] = []
+        for m in reversed(checkpoints.marks(0, len(slot.cached), n_ubatch)):
+            if m < max(floor, 1) or len(out) >= self.keep_checkpoints \
+                    or not ll.llama_memory_seq_rm(mem, slot.id, m, -1):
+                break
+            slot.keep(m)
+            if (cp := checkpoints.take(ll, self.ctx, slot.id, m)) is not None:
+                out.insert(0, cp)
+        return out
 
     def holds_window(self, slot: Slot, common: int) -> bool:
         """Whether the slot's cache still holds every position that a token at ``common`` attends
@@ -112,7 +127,11 @@ class SlotMemory:
         back onto them. A token at ``common`` attends to the positions after ``common - n_swa``
         (llama.cpp masks p0 where ``p1 - p0 >= n_swa``; a chunked window needs fewer), so the
         oldest position held must be at most ``common - n_swa + 1`` (llama-server's test asks for
-        one more, and so never takes a state back to read its last token again)."""
+        one more, and so never takes a state back to read its last token again), and the newest
+        at least ``common - 1``: a window loaded back that lies wholly past ``common`` is gone
+        once the sequence is cut there, and a sequence with no cell (-1) holds nothing."""
         if not self.n_swa or common == 0:
             return True
-        return self.ll.llama_memory_seq_pos_min(self.mem, slot.id) <= max(0, common - self.n_swa + 1)
+        ll, mem = self.ll, self.mem
+        oldest, newest = ll.llama_memory_seq_pos_min(mem, slot.id), ll.llama_memory_seq_pos_max(mem, slot.id)
+        return 0 <= oldest <= max(0, common - self.n_swa + 1) and newest >= common - 1

@@ -12,7 +12,12 @@ llama.cpp's ``load_tensors`` does: the input layer (token embeddings) on the CPU
   is the token embeddings, on the CPU.
 - KV cache: for every layer, ``head_count_kv x (key_length + value_length)`` values per cell
   in the cache types, on the layer's device; cells are ``n_ctx`` per slot times ``parallel``
-  (one pool of ``n_ctx`` with ``kv_unified``), rounded up to llama.cpp's 256.
+  (one pool of ``n_ctx`` with ``kv_unified``), rounded up to llama.cpp's 256. A sliding-window
+  layer (``swa_layers``) without ``swa_full`` holds only its window and a micro-batch per slot,
+  as llama.cpp sizes it.
+- checkpoints: a sliding-window model's context checkpoints without ``swa_full``, in RAM
+  (``ctx_checkpoints`` per slot, each one window of those layers): the worker's copies, beside
+  llama.cpp's buffers.
 - compute: llama.cpp's output buffer (the logits of a batch, in RAM) and a graph buffer on each
   device that runs part of the graph: one micro-batch's (``n_ubatch``) activations where layers
   run, and without flash attention their score matrix; its logits where the output head runs;
@@ -49,20 +54,46 @@ GPU_CONTEXT = 512 * 2**20
 RPC = "rpc"
 
 
+# llama.cpp's sliding-window layer pattern by architecture (``load_swa_pattern`` in its
+# ``src/models/``): (n, dense_first): every n-th layer attends to everything, the last of each n
+# (the first, where dense_first); used where the header gives no pattern of its own
+SWA_PATTERNS = {"gemma2": (2, False), "gemma3": (6, False), "gemma3n": (5, False), "gemma-embedding": (6, False),
+                "cohere2": (4, False), "exaone4": (4, False), "llama4": (4, False), "olmo2": (4, False),
+                "gpt-oss": (2, False), "plamo3": (8, False), "afmoe": (4, False), "mellum": (4, False),
+                "smallthinker": (4, True)}
+
+
+def swa_layers(info: GGUFInfo, n_layer: int) -> tuple[int, list[bool]]:
+    """The attention window and which layers use it, as llama.cpp reads them (pure): a window
+    from ``attention.sliding_window`` and a pattern from ``attention.sliding_window_pattern`` (a
+    number; an array is not read) or ``SWA_PATTERNS``; (0, none) for an architecture llama.cpp
+    gives no window."""
+    window = info.shape.get("attention.sliding_window")
+    pattern = info.shape.get("attention.sliding_window_pattern")
+    known = SWA_PATTERNS.get(info.architecture or "")
+    if not isinstance(window, int) or window <= 0 or known is None:
+        return 0, [False] * n_layer
+    n, dense_first = (pattern, known[1]) if isinstance(pattern, int) and not isinstance(pattern, bool) else known
+    if dense_first:
+        return window, [n == 0 or il % n != 0 for il in range(n_layer)]
+    return window, [n == 0 or il % n < n - 1 for il in range(n_layer)]
+
+
 @dataclass(frozen=True)
 class Estimate:
     weights: int
     kv: int
     compute: int
     devices: dict[str, int] = field(default_factory=dict)  # the total by pool; {RAM: total} on the CPU
+    checkpoints: int = 0  # context checkpoints in RAM (the worker's, beside llama.cpp's buffers)
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv + self.compute
+        return self.weights + self.kv + self.compute + self.checkpoints
 
     def describe(self) -> dict[str, Any]:
-        return {"weights": self.weights, "kv_cache": self.kv, "compute": self.compute, "total": self.total,
-                "devices": dict(self.devices)}
+        return {"weights": self.weights, "kv_cache": self.kv, "compute": self.compute,
+                "checkpoints": self.checkpoints, "total": self.total, "devices": dict(self.devices)}
 
 
 def _pad(n: int, to: int = 256) -> int:
@@ -127,11 +158,21 @@ def estimate(info: GGUFInfo, spec: ModelSpec, devices: Sequence[Device] = ()) ->
     slots = 1 if embeddings else spec.parallel
     n_ctx = _pad(spec.n_ctx or min(trained, DEFAULT_N_CTX))
     cells = n_ctx if spec.kv_unified else n_ctx * slots
-    layer_kv = cells * n_head_kv * (head_k * CACHE_TYPES[spec.cache_type_k].bytes
-                                    + head_v * CACHE_TYPES[spec.cache_type_v].bytes)
+    per_cell = n_head_kv * (head_k * CACHE_TYPES[spec.cache_type_k].bytes
+                            + head_v * CACHE_TYPES[spec.cache_type_v].bytes)
 
     n_batch = cells if embeddings else max(min(spec.n_batch, n_ctx), slots)
     n_ubatch = min(n_batch, spec.n_ubatch or n_batch)
+    window, swa = swa_layers(info, n_layer)
+    swa_cells = cells  # llama-kv-cache-iswa.cpp: per stream, the window (each slot's, in one pool) and a micro-batch
+    if window and not spec.swa_full:
+        streams = 1 if spec.kv_unified else slots
+        swa_cells = streams * _pad(min(cells // streams, window * (slots if spec.kv_unified else 1) + n_ubatch))
+    layer_kv = [(swa_cells if is_swa else cells) * per_cell for is_swa in swa]
+    # context checkpoints, in RAM, each the window of the sliding-window layers: a slot's own where
+    # only the window is kept (with every position kept, only a state in the prompt cache has
+    # some, within its bound)
+    checkpoints = 0 if embeddings or spec.swa_full else int(slots * spec.ctx_checkpoints * window * per_cell * sum(swa))
     outputs = n_batch if embeddings else slots  # rows of logits kept per batch
     logits = 4 * outputs * (n_embd if embeddings else info.n_vocab)  # llama.cpp's output buffer
     # where each layer goes: the model's layers on other machines (rpc) are counted as RPC's
@@ -164,17 +205,17 @@ def estimate(info: GGUFInfo, spec: ModelSpec, devices: Sequence[Device] = ()) ->
         rows = 2 * n_ff + 4 * n_embd if pool in runs_layers else n_embd
         return 4 * n_ubatch * (widest + rows) + COMPUTE_OVERHEAD + (head_copy if pool == head else 0)
 
-    by_pool: dict[str, float] = {RAM: info.input_bytes + logits}  # llama.cpp's output buffer is in RAM
+    by_pool: dict[str, float] = {RAM: info.input_bytes + logits + checkpoints}  # llama.cpp's output buffer is in RAM
     layer_bytes = info.layer_bytes
     for il, pool in enumerate(pools[:n_layer]):
-        by_pool[pool] = by_pool.get(pool, 0) + (layer_bytes[il] if il < len(layer_bytes) else 0) + layer_kv
+        by_pool[pool] = by_pool.get(pool, 0) + (layer_bytes[il] if il < len(layer_bytes) else 0) + layer_kv[il]
     by_pool[pools[n_layer]] = by_pool.get(pools[n_layer], 0) + info.output_bytes
     for pool in {RAM, head, *runs_layers}:
         by_pool[pool] = by_pool.get(pool, 0) + compute_in(pool) + gpu_context(pool)
-    kv = int(layer_kv * n_layer)
+    kv = int(sum(layer_kv))
     devices_total = {pool: int(n) for pool, n in by_pool.items()}
-    compute = sum(devices_total.values()) - info.weight_bytes - kv
-    return Estimate(info.weight_bytes, kv, compute, devices_total)
+    compute = sum(devices_total.values()) - info.weight_bytes - kv - checkpoints
+    return Estimate(info.weight_bytes, kv, compute, devices_total, checkpoints)
 
 
 def gpu_context(pool: str) -> int:
