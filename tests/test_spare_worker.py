@@ -81,3 +81,22 @@ async def test_without_a_spare_no_process_waits(tmp_path):
     assert workers() == {a.pid}
     await a.stop()
     await local.close()
+
+
+async def test_a_spare_killed_as_the_next_load_takes_it_is_replaced(tmp_path):
+    """Killed and not yet reaped when the load takes it, a spare looks alive: the load it never
+    read is made again in a process of its own."""
+    tm.plain(tmp_path / "a.gguf")
+    local = LocalWorkers()
+    server = ServerConfig(kv_cache_max_bytes=0)
+    a = await local(ModelSpec("a", tmp_path / "a.gguf"), server, **HOOKS)
+    await until(lambda: len(workers()) == 2)
+    assert local.spare is not None and local.spare._next is not None
+    spawned = await local.spare._next
+    spawned.proc.send_signal(9)
+    again = await local(ModelSpec("a2", tmp_path / "a.gguf"), server, **HOOKS)
+    assert again.pid != spawned.proc.pid and again.alive
+    for backend in (a, again):
+        await backend.stop()
+    await local.close()
+    await until(lambda: workers() == set())

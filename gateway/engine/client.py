@@ -146,17 +146,15 @@ class WorkerProcess:
         self._ready: asyncio.Future[dict[str, Any]] | None = None
         self._transport: asyncio.WriteTransport | None = None
         self._reader_task: asyncio.Task | None = None
-        self._stopping = False
+        self._stopping = self._heard = False  # asked to stop; heard anything (a load's progress, its outcome)
         self.exit_reason: str | None = None
 
     @property
     def serves(self) -> frozenset[str]:
         """The kinds of request this model answers."""
-        if self.params.reranker:
-            return frozenset({ipc.RERANK, ipc.TOKENIZE})
-        if self.params.embeddings:
-            return frozenset({ipc.EMBEDDINGS, ipc.TOKENIZE})
-        return frozenset({ipc.CHAT, ipc.COMPLETIONS, ipc.TOKENIZE})
+        kind = {ipc.RERANK} if self.params.reranker else {ipc.EMBEDDINGS} if self.params.embeddings \
+            else {ipc.CHAT, ipc.COMPLETIONS}
+        return frozenset({*kind, ipc.TOKENIZE})
 
     @property
     def device(self) -> str:
@@ -177,9 +175,25 @@ class WorkerProcess:
     async def start(self, spare: Spare | None = None) -> dict[str, Any]:
         """Start the worker (``spare``'s waiting process, where there is one) and load the
         model; raises ``LoadFailed``."""
+        try:
+            await self._launch(await (spare.take() if spare is not None else spawn()))
+        except LoadFailed:
+            if spare is None or self._heard:
+                raise
+            # a spare that died before it read the load (killed; not yet reaped when taken): afresh
+            self._stopping, self.exit_reason = False, None
+            await self._launch(await spawn())
+        if spare is not None:
+            spare.refill()  # after the load, not beside it: on a small machine the two would share its cores
+        log.info("model %r loaded (pid %s, n_ctx %s, device %s%s)", self.params.name, self.pid,
+                 self.info.get("n_ctx"), self.device, _restored(self.info))
+        return self.info
+
+    async def _launch(self, spawned: Spawned) -> None:
+        """Connect to a started worker process and load the model in it; raises ``LoadFailed``."""
         loop = asyncio.get_running_loop()
-        spawned = await (spare.take() if spare is not None else spawn())
         self.proc = spawned.proc
+        self._heard = False
         closed = loop.create_future()
         await loop.connect_read_pipe(lambda: _Frames(self._dispatch, closed),
                                      os.fdopen(spawned.ev_r, "rb", 0))
@@ -192,19 +206,13 @@ class WorkerProcess:
         except BaseException:
             await self.stop()
             raise
-        if spare is not None:
-            spare.refill()  # after the load, not beside it: on a small machine the two would share its cores
-        restored = (f"; restored {self.info['restored_tokens']} cached tokens in {self.info['restored_slots']} slot(s)"
-                    if self.info.get("restored_slots") else "")
-        log.info("model %r loaded (pid %s, n_ctx %s, device %s%s)", self.params.name, self.proc.pid,
-                 self.info.get("n_ctx"), self.device, restored)
-        return self.info
 
     def _send(self, command: Command) -> None:
         if self._transport is not None and not self._transport.is_closing():
             self._transport.write(ipc.encode_command(command))
 
     def _dispatch(self, event: Event) -> None:
+        self._heard = True
         if isinstance(event, ipc.Ready):
             if self._ready and not self._ready.done():
                 self._ready.set_result(event.info)
@@ -328,10 +336,8 @@ class WorkerProcess:
         return _expect(await self.ask(lambda rid: ipc.Embed(rid, documents, query)), ipc.Embeddings)
 
     async def trim_cache(self, max_bytes: int) -> int:
-        """Have the worker drop its prompt cache's least recently used states until it holds at
-        most ``max_bytes`` (between two decode steps; its bound stays, so it may fill again);
-        the bytes it holds then (0 from a worker not running). Not a request: the worker does
-        not count as busy for it."""
+        """Have the worker drop its prompt cache's least recently used states down to ``max_bytes``
+        (its bound stays); the bytes it holds then (0: not running). Not a request: not busy."""
         if not self.alive:
             return 0
         rid = next(self._ids)
@@ -370,6 +376,12 @@ class WorkerProcess:
     def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.proc is not None and self.proc.returncode is None:
             self.proc.send_signal(sig)
+
+
+def _restored(info: dict[str, Any]) -> str:
+    if not info.get("restored_slots"):
+        return ""
+    return f"; restored {info['restored_tokens']} cached tokens in {info['restored_slots']} slot(s)"
 
 
 def _expect(event: Event, kind: type[ipc.TEvent]) -> ipc.TEvent:

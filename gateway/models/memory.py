@@ -54,8 +54,8 @@ GPU_CONTEXT = 512 * 2**20
 RPC = "rpc"
 
 
-# llama.cpp's sliding-window layer pattern by architecture (``load_swa_pattern`` in its
-# ``src/models/``): (n, dense_first): every n-th layer attends to everything, the last of each n
+# llama.cpp's sliding-window layer pattern by architecture (``load_swa_pattern`` in each of its
+# model sources): (n, dense_first): every n-th layer attends to everything, the last of each n
 # (the first, where dense_first); used where the header gives no pattern of its own
 SWA_PATTERNS = {"gemma2": (2, False), "gemma3": (6, False), "gemma3n": (5, False), "gemma-embedding": (6, False),
                 "cohere2": (4, False), "exaone4": (4, False), "llama4": (4, False), "olmo2": (4, False),
