@@ -315,6 +315,11 @@ def test_a_sliding_window_model_restores_from_where_its_prompt_ended_or_reads_it
     kvcache.save(engine.model, engine.decoder.slots, str(tmp_path), 2**30, engine.decoder.cache.entries)
     again = Engine(path, keep=256 * 2**20)
     assert kvcache.restore(again.model, again.decoder.slots, str(tmp_path), again.decoder.cache)[0] == 1
+    # the kept states come back with their checkpoints, byte for byte
+    def checkpoints_of(cache):
+        return sorted((e.tokens[:8], [(c.n_tokens, bytes(c.data)) for c in e.checkpoints]) for e in cache.entries)
+    assert checkpoints_of(again.decoder.cache) == checkpoints_of(engine.decoder.cache)
+    assert all(len(e.checkpoints) == 2 for e in again.decoder.cache.entries)
     # the first comes back from a kept state read from disk (its last token read again: its
     # prompt repeats the one kept); the second was in the slot, kept in RAM when the first took it
     for prompt, answer_was, source in zip(returning, want, ("disk", "ram")):

@@ -60,7 +60,9 @@ class Decoder:
         slot = choice.slot
         if cache is not None:
             if choice.save:  # another conversation's: kept before it is overwritten
-                self._keep(slot, max(slot.prompt_end, choice.common), choice.common)
+                # the prefix the prompt keeps of this slot's own cache (none where a kept state replaces it)
+                mine = 0 if choice.kept is not None else choice.common
+                self._keep(slot, max(slot.prompt_end, mine), mine)
             if choice.kept is not None:
                 slot.origin = choice.kept.origin if cache.restore(choice.kept, slot) else "slot"  # failed: empty
         # At least one prompt token is decoded, for fresh logits.

@@ -17,7 +17,9 @@ after is what a returning prompt most often differs in), and ``Decoder`` reads a
 where a loaded state lacks part of the window it needs.
 
 On disk: each slot's KV cache saved when the worker exits, and restored when the same model
-loads again, before any request is admitted.
+loads again, before any request is admitted; and the states the prompt cache keeps
+(``kept-N.state``, in llama.cpp's sequence file layout), each with its checkpoints
+(``kept-N.ckpt``, listed and digested in its note; a slot's own are not saved).
 
 A saved slot is two files in the model's own directory under the cache root
 (``<root>/<hash of the model file's path>/``):
@@ -268,7 +270,7 @@ def _digest(path: Path) -> str:
 
 
 def _remove(state: Path) -> None:
-    for p in (state, state.with_suffix(".json")):
+    for p in (state, state.with_suffix(".json"), state.with_suffix(".ckpt")):
         try:
             p.unlink()
         except FileNotFoundError:
@@ -316,8 +318,9 @@ def save(model, slots, root: str, max_bytes: int, kept: list[Entry] | tuple[()] 
             f.write(_SEQ_HEADER.pack(ll.LLAMA_STATE_SEQ_MAGIC, ll.LLAMA_STATE_SEQ_VERSION, len(entry.tokens)))
             f.write(array.array("i", entry.tokens).tobytes())
             f.write(entry.data)
+        extra = _write_checkpoints(state.with_suffix(".ckpt"), entry.checkpoints)
         # dated by its last use: older than the slots' own, so a tight bound removes it first
-        _commit(tmp, state, ident, len(entry.tokens), entry.scope, time.time() - (time.monotonic() - entry.used))
+        _commit(tmp, state, ident, len(entry.tokens), entry.scope, time.time() - (time.monotonic() - entry.used), extra)
     prune(Path(root), max_bytes)
     return n_slots, n_tokens
 
@@ -325,17 +328,52 @@ def save(model, slots, root: str, max_bytes: int, kept: list[Entry] | tuple[()] 
 _SEQ_HEADER = struct.Struct("=III")  # llama.cpp's sequence state file: magic, version, token count (native order)
 
 
-def _commit(tmp: Path, state: Path, ident: str, n_tokens: int, scope: str, used: float | None = None) -> None:
+def _commit(tmp: Path, state: Path, ident: str, n_tokens: int, scope: str, used: float | None = None,
+            extra: dict[str, Any] | None = None) -> None:
     """A state file written in full at ``tmp`` becomes ``state``, with its note beside it; both
     dated ``used`` (epoch seconds: the least recently used are removed first), or now."""
     when = time.time() if used is None else used
     note = {"identity": ident, "bytes": tmp.stat().st_size, "digest": _digest(tmp), "tokens": n_tokens,
-            "scope": scope, "saved": when}
+            "scope": scope, "saved": when, **(extra or {})}
     _write_private(state.with_suffix(".json"), json.dumps(note))
     os.replace(tmp, state)  # the note first: a state file without its note is never loaded
     if used is not None:
-        for p in (state, state.with_suffix(".json")):
-            os.utime(p, (when, when))
+        for p in (state, state.with_suffix(".json"), state.with_suffix(".ckpt")):
+            if p.exists():
+                os.utime(p, (when, when))
+
+
+def _write_checkpoints(path: Path, cps: list[Checkpoint]) -> dict[str, Any]:
+    """A kept state's checkpoints, one after another in ``path`` (0600); what its note says of
+    them (each one's token count and size, and the file's digest); {} where there are none."""
+    path.unlink(missing_ok=True)
+    if not cps:
+        return {}
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        for cp in cps:
+            f.write(cp.data)
+    return {"checkpoints": [[cp.n_tokens, cp.size] for cp in cps], "checkpoints_digest": _digest(path)}
+
+
+def _read_checkpoints(state: Path, note: dict[str, Any], n_ctx: int) -> list[Checkpoint]:
+    """The checkpoints saved with a kept state, where they are whole (none otherwise: the state
+    still serves a prompt that goes on from its end)."""
+    listed, path = note.get("checkpoints"), state.with_suffix(".ckpt")
+    try:
+        if not isinstance(listed, list) or not path.exists() or _digest(path) != note.get("checkpoints_digest"):
+            return []
+        data = path.read_bytes()
+        out, at = [], 0
+        for n_tokens, size in listed:
+            if not (isinstance(n_tokens, int) and isinstance(size, int) and 0 < n_tokens <= n_ctx and size > 0):
+                return []
+            piece = bytearray(data[at:at + size])
+            out.append(Checkpoint(n_tokens, piece, zlib.crc32(piece)))
+            at += size
+        return out if at == len(data) else []
+    except (OSError, ValueError, TypeError):
+        return []
 
 
 def prune(root: Path, max_bytes: int) -> None:
@@ -346,7 +384,9 @@ def prune(root: Path, max_bytes: int) -> None:
             st = state.stat()
         except FileNotFoundError:
             continue
-        saved.append(Saved(state, st.st_size + note.st_size, max(st.st_mtime, note.st_mtime)))
+        ckpt = state.with_suffix(".ckpt")
+        extra = ckpt.stat().st_size if ckpt.exists() else 0
+        saved.append(Saved(state, st.st_size + note.st_size + extra, max(st.st_mtime, note.st_mtime)))
     for s in evict(saved, max_bytes):
         _remove(s.path)
 
@@ -413,8 +453,11 @@ def _keep(ll, state: Path, ident: str, cache: PromptCache, n_ctx: int) -> bool:
     del data[:start]
     scope, saved = note.get("scope", ""), note.get("saved")
     age = time.time() - saved if isinstance(saved, (int, float)) else 0.0  # the least recently used stays so
+    cps = [c for c in _read_checkpoints(state, note, n_ctx) if c.n_tokens <= len(tokens)]
+    if cache.held + len(data) + TOKEN_BYTES * len(tokens) + sum(c.size for c in cps) > cache.max_bytes:
+        cps = []  # the state without them, where they would not fit
     cache.entries.append(Entry(tokens, scope if isinstance(scope, str) else "", data, zlib.crc32(data),
-                               time.monotonic() - age, "disk"))
+                               time.monotonic() - age, "disk", cps))
     return True
 
 
