@@ -29,16 +29,12 @@ class Decoder:
     def __init__(self, model: Model, sampling: Sampling, out: Outbox):
         self.ll, self.ctx, self.mem = model.ll, model.ctx, model.mem
         self.n_ctx, self.n_batch, self.n_ubatch = model.n_ctx, model.n_batch, model.cp.n_ubatch
-        # the model's attention window whatever ``swa_full`` says: a slot's state loaded back (from
-        # the prompt cache or from disk) holds only the window of a sliding-window layer, as
-        # llama.cpp writes no cell the window masks
-        self.n_swa = model.ll.llama_model_n_swa(model.handle)
+        self.n_swa = model.n_swa
         self.swa_full = model.params.swa_full
         self.sampling, self.out = sampling, out
         self.slots = [Slot(i) for i in range(model.n_slots)]
         self.batch = Batch(model.ll, model.n_batch, model.n_slots)
-        self.memory = SlotMemory(model.ll, model.ctx, len(self.slots), self.n_swa, model.cache_reuse, model.splice,
-                                 model.params.ctx_checkpoints)
+        self.memory = SlotMemory(model)
         keep = model.params.prompt_cache_bytes
         self.cache = PromptCache(model.ll, model.ctx, keep) if keep and not model.params.embeddings else None
         self.last_step = 0.0  # seconds the last decode step took, sampling included

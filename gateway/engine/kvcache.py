@@ -13,8 +13,8 @@ whole, never answered from a wrong cache.
 A sliding-window model's state holds only the window before its last token (llama.cpp writes no
 cell the window masks, ``swa_full`` or not), so a prompt that comes back can go on only from its
 end: a slot is cut where its last prompt ended before it is kept or saved (what it generated
-after is what a returning prompt most often differs in), and ``Decoder`` reads a prompt whole
-where a loaded state lacks part of the window it needs.
+after is what a returning prompt most often differs in), and ``SlotMemory`` goes on from a
+checkpoint, or reads a prompt whole, where a loaded state lacks part of the window it needs.
 
 On disk: each slot's KV cache saved when the worker exits, and restored when the same model
 loads again, before any request is admitted; and the states the prompt cache keeps
@@ -289,7 +289,7 @@ def save(model, slots, root: str, max_bytes: int, kept: list[Entry] | tuple[()] 
         if (problem := private_dir_problem(d)) is not None:
             raise PermissionError(problem)
     ident = identity(ll, model.params)
-    window = ll.llama_model_n_swa(model.handle)  # only the window is written: cut where the prompt ended
+    window = model.n_swa  # only the window is written: cut where the prompt ended
     n_slots = n_tokens = 0
     for slot in slots:
         if window:

@@ -170,7 +170,9 @@ class Model:
                                "(not enough memory?)")
         self.loras = self._lora(params.lora)
         self.n_embd = ll.llama_model_n_embd(self.handle)
-        self.n_swa = 0 if params.swa_full else ll.llama_model_n_swa(self.handle)
+        # the attention window of its sliding-window layers (0: none), whatever ``swa_full`` says: a
+        # state loaded back holds only the window, as llama.cpp writes no cell the window masks
+        self.n_swa = ll.llama_model_n_swa(self.handle)
         self.mem = ll.llama_get_memory(self.ctx)
         # chunks are moved only where every layer's cache can shift (RoPE re-applied in place)
         self.cache_reuse = params.cache_reuse if ll.llama_memory_can_shift(self.mem) else 0

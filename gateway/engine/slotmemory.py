@@ -15,19 +15,17 @@ from __future__ import annotations
 
 from . import checkpoints
 from .checkpoints import Checkpoint
+from .model import Model
 from .slots import Reuse, Sequence, Slot, reuse_plan
 
 
 class SlotMemory:
-    def __init__(self, ll, ctx, n_slots: int, n_swa: int, reuse: int, splice: bool, keep_checkpoints: int):
-        self.ll, self.ctx, self.mem = ll, ctx, ll.llama_get_memory(ctx)
-        self.n_slots = n_slots
-        # the model's attention window whatever ``swa_full`` says: a slot's state loaded back (from
-        # the prompt cache or from disk) holds only the window of a sliding-window layer, as
-        # llama.cpp writes no cell the window masks
-        self.n_swa = n_swa
-        self.reuse, self.splice_on = reuse, splice  # cache_reuse's minimum chunk (0: off); a unified pool
-        self.keep_checkpoints = keep_checkpoints  # per slot (``ctx_checkpoints``)
+    def __init__(self, model: Model):
+        self.ll, self.ctx, self.mem = model.ll, model.ctx, model.mem
+        self.n_slots, self.n_swa = model.n_slots, model.n_swa  # (the window whatever ``swa_full`` says)
+        # cache_reuse's minimum chunk (0: off); whether chunks may be parked (a unified pool)
+        self.reuse, self.splice_on = model.cache_reuse, model.splice
+        self.keep_checkpoints = model.params.ctx_checkpoints  # per slot
 
     def prepare(self, slot: Slot, tokens: list[int], common: int) -> tuple[int, list[Reuse]]:
         """Cut ``slot``'s cache to what ``tokens`` can keep of it, ``common`` being the prefix they
