@@ -179,16 +179,19 @@ def vocab_only(vocab: str):
         L.llama_model_free(model)
 
 
-def tiny_random_model(vocab: str, seed: int) -> Path:
+def tiny_random_model(vocab: str, seed: int, sliding_window: int = 0) -> Path:
     """A one-layer random-weight llama with llama.cpp's real ``vocab`` vocabulary, written once
-    into the repository's cache and kept between runs."""
+    into the repository's cache and kept between runs; with ``sliding_window``, a Gemma 3 of one
+    layer attending to that many positions and one that attends to nothing (``write_random_model``)."""
     from gateway.models import testmodels as tm
 
-    path = REPO / ".cache" / "models" / f"random-{vocab}-tiny.gguf"
+    swa = f"-swa{sliding_window}" if sliding_window else ""
+    path = REPO / ".cache" / "models" / f"random-{vocab}{swa}-tiny.gguf"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         vocab_file = tm.find_vocab(vocab, cache_dir=REPO / ".cache" / "vocab")
-        tm.write_random_model(path.with_suffix(".part"), vocab_file, n_embd=64, n_layer=1, n_head=2, n_ff=64, seed=seed)
+        tm.write_random_model(path.with_suffix(".part"), vocab_file, n_embd=64, n_layer=2 if sliding_window else 1,
+                              n_head=2, n_ff=64, seed=seed, sliding_window=sliding_window)
         path.with_suffix(".part").replace(path)
     return path
 

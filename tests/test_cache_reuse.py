@@ -14,7 +14,7 @@ import pytest
 from helpers import InProcessEngine, tiny_random_model
 
 from gateway.engine import ipc
-from gateway.engine.slots import Reuse, reuse_plan
+from gateway.engine.slots import Reuse, fit_window, reuse_plan
 
 # --- the plan (pure) ----------------------------------------------------------------------------
 
@@ -44,6 +44,23 @@ def test_the_last_token_is_never_reused_and_chunks_keep_their_order():
     swapped = OLD[:10] + OLD[30:40] + OLD[10:30]  # a later chunk first: the earlier one is not moved past it
     plan = reuse_plan(OLD, swapped, 10, 8, splice=True)
     assert plan == [Reuse(30, 10, 10)]
+
+
+def test_a_sliding_window_model_keeps_only_chunks_whose_last_window_is_held():
+    # a state loaded back holds the sliding-window cells of its last 8 positions (32..39) only
+    missing = [(0, 32)]
+    whole = Reuse(12, 13, 27)  # runs to the cache's end: its last window is held, its start is not
+    assert fit_window([whole], 8, missing, splice=True) == [Reuse(12, 13, 27, hole=20)]
+    early = Reuse(12, 13, 14)  # ends at 26: the window a token read after it attends to is gone
+    assert fit_window([early], 8, missing, splice=True) == []
+    # a hole left by an earlier splice counts as the state's missing start does
+    assert fit_window([whole], 8, [(0, 4), (33, 35)], splice=True) == []
+    assert fit_window([whole], 8, [(0, 4), (20, 25)], splice=True) == [Reuse(12, 13, 27, hole=13)]
+    # without splicing, the chunks after one that fails no longer follow the reused part
+    later = Reuse(30, 27, 9)
+    assert fit_window([early, later], 8, missing, splice=False) == []
+    assert fit_window([early, later], 8, missing, splice=True) == [Reuse(30, 27, 9, hole=2)]
+    assert fit_window([early], 0, missing, splice=True) == [early]  # no window: every chunk
 
 
 # --- the engine on real llama.cpp ---------------------------------------------------------------
@@ -118,6 +135,85 @@ def test_a_request_cancelled_before_its_splice_leaves_nothing_parked(model_path)
     assert seq.slot.seq is None and ll.llama_memory_seq_pos_max(mem, 1) == -1
     answer, _ = engine.run(HEAD + "Something else entirely.")
     assert answer == fresh(model_path, HEAD + "Something else entirely.")[0]
+
+
+@pytest.fixture(scope="module")
+def swa_path():
+    return tiny_random_model("llama-spm", seed=11, sliding_window=32)
+
+
+def kept_engine(path, reuse: int):
+    """A one-slot engine with a prompt cache: a conversation's state goes to RAM when another takes
+    its slot, and comes back holding only its last window (and its checkpoints)."""
+    return InProcessEngine(path, cache_reuse=reuse, kv_unified=True, prompt_cache_bytes=64 * 2**20,
+                           cache_type_k="f32", cache_type_v="f32")
+
+
+def close(got: list, want: list, within: float = 1e-3) -> bool:
+    """Log-probabilities equal but for the rounding of re-rotating moved keys (f32)."""
+    return len(got) == len(want) and all(
+        g["token"] == w["token"] and abs(g["logprob"] - w["logprob"]) < within for g, w in zip(got, want))
+
+
+def returning(engine, before: str, after: str):
+    engine.run(before)
+    engine.run("Something else entirely, for a while.")  # takes the slot: ``before`` is kept in RAM
+    return engine.run(after, logprobs=3)
+
+
+def test_a_sliding_window_state_kept_in_ram_goes_on_from_a_checkpoint_and_splices_its_end(swa_path):
+    """A changed line in the middle of a conversation that comes back from RAM: its state holds
+    only the window before its end, so the prompt is read from the checkpoint before the change
+    and the rest spliced in; the chunk's cells before its last window are missing (a hole), out
+    of the window of every token read after it. Each answers exactly as a fresh read."""
+    before = HEAD + "(Note: turn 9, 9667 tokens left.) " + TAIL + TAIL
+    after = HEAD + "(Note: turn 10, 9630 tokens left.) " + TAIL + TAIL + "And then?"
+    engine = kept_engine(swa_path, reuse=16)
+    assert engine.model.n_swa == 32
+    answer, done = returning(engine, before, after)
+    want = kept_engine(swa_path, reuse=0)
+    assert answer == want.run(after, logprobs=3)[0] and close(engine.logprobs, want.logprobs)
+    shared = len(engine.tokens(HEAD)) - 2
+    assert done.cache_source == "ram"
+    assert done.cached_tokens >= shared // 32 * 32 - 32 + len(engine.tokens(TAIL + TAIL)) - 8, done
+    slot = engine.decoder.slots[0]
+    assert slot.holes and all(b <= len(engine.tokens(after)) - 32 for _, b in slot.holes)
+
+
+def test_a_slots_own_conversation_changed_early_is_not_kept_and_cut_for_another(swa_path):
+    """The prompt shares less than half of the slot's cache as a prefix but repeats the rest past
+    a changed line: it is the same conversation, so the slot is neither copied to the prompt
+    cache nor cut back for checkpoints (which would drop the chunk it reuses)."""
+    before = HEAD + "(Note: turn 9, 9667 tokens left.) " + TAIL + TAIL
+    after = HEAD + "(Note: turn 10, 9630 tokens left.) " + TAIL + TAIL + "And then?"
+    engine = kept_engine(swa_path, reuse=16)
+    engine.run(before)
+    assert len(engine.tokens(HEAD)) < len(engine.tokens(before)) / 2
+    answer, done = engine.run(after, logprobs=3)
+    assert not engine.decoder.cache.entries
+    assert done.cached_tokens > len(engine.tokens(after)) - 16
+    want = kept_engine(swa_path, reuse=0)
+    assert answer == want.run(after, logprobs=3)[0] and close(engine.logprobs, want.logprobs)
+
+
+def test_a_chunk_whose_last_window_the_kept_state_lacks_is_read(swa_path, monkeypatch):
+    """The conversation comes back with its end rewritten: the chunk before the new end lacks
+    the window its next token attends to (the state kept only its old end's), so it is read;
+    reused anyway, the answer changes (the check is what keeps it right)."""
+    before = HEAD + "(Note: turn 9, 9667 tokens left.) " + TAIL + "The old ending, said at length. " * 3
+    after = HEAD + "(Note: turn 10, 9630 tokens left.) " + TAIL + "A new ending."
+    want = kept_engine(swa_path, reuse=0)
+    want.run(after, logprobs=3)
+    engine = kept_engine(swa_path, reuse=16)
+    answer, done = returning(engine, before, after)
+    assert close(engine.logprobs, want.logprobs)
+    assert done.cached_tokens < len(engine.tokens(HEAD))  # the checkpoint before the change, no chunk
+    from gateway.engine import slotmemory
+
+    monkeypatch.setattr(slotmemory, "fit_window", lambda plan, *_: plan)
+    careless = kept_engine(swa_path, reuse=16)
+    _, done = returning(careless, before, after)
+    assert done.cached_tokens > len(engine.tokens(HEAD)) and not close(careless.logprobs, want.logprobs, 0.1)
 
 
 def test_off_by_default_and_reported_where_the_cache_cannot_shift(model_path):

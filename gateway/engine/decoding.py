@@ -55,7 +55,10 @@ class Decoder:
         choice = choose(self.free_slots(), cache.entries if cache else [], tokens, req.cache_scope, cache is not None)
         slot = choice.slot
         if cache is not None:
-            if choice.save:  # another conversation's: kept before it is overwritten
+            # another conversation's: kept before it is overwritten (not where the prompt keeps
+            # most of it past a changed line, ``cache_reuse``: it is the same conversation's)
+            if choice.save and (choice.kept is not None
+                                or self.memory.keeps(slot, tokens, choice.common) < len(slot.cached) / 2):
                 # the prefix the prompt keeps of this slot's own cache (none where a kept state replaces it)
                 mine = 0 if choice.kept is not None else choice.common
                 self._keep(slot, max(slot.prompt_end, mine), mine)
@@ -83,6 +86,8 @@ class Decoder:
         cutting it back to each mark in turn (never below ``floor``, the prefix the next prompt
         keeps): its prompt was read without stopping at them, as a cold read is."""
         assert self.cache is not None
+        if self.n_swa and not self.memory.holds_window(slot, min(upto, len(slot.cached))):
+            return  # a chunk moved in lacks cells its window needs (``Slot.holes``): a state would too
         if not self.cache.save(slot, upto if self.n_swa else None):
             return
         if self.n_swa and self.swa_full and self.memory.keep_checkpoints:

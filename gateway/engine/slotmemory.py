@@ -16,7 +16,7 @@ from __future__ import annotations
 from . import checkpoints
 from .checkpoints import Checkpoint
 from .model import Model
-from .slots import Reuse, Sequence, Slot, reuse_plan
+from .slots import Reuse, Sequence, Slot, fit_window, reuse_plan
 
 
 class SlotMemory:
@@ -30,36 +30,52 @@ class SlotMemory:
     def prepare(self, slot: Slot, tokens: list[int], common: int) -> tuple[int, list[Reuse]]:
         """Cut ``slot``'s cache to what ``tokens`` can keep of it, ``common`` being the prefix they
         share: how many of the prompt's first tokens it then holds, and the chunks parked to be
-        moved in later (``splice``). The slot's tokens and checkpoints follow."""
+        moved in later (``splice``). The slot's tokens, checkpoints and holes follow.
+
+        Where the cache lacks the window before ``common`` (a state loaded back) but a checkpoint
+        before it serves, the prompt is read on from the checkpoint, and in a unified pool the
+        chunks past ``common`` are still parked and spliced in behind it."""
         ll, mem = self.ll, self.mem
-        plan = reuse_plan(slot.cached, tokens, common, self.reuse, self.splice_on) \
-            if self.reuse and len(slot.cached) > common and self.holds_window(slot, common) else []
-        slot.checkpoints = [c for c in slot.checkpoints if c.n_tokens <= common]
-        end, parked = self._move(slot, common, plan)
+        held = self.holds_window(slot, common)
+        plan: list[Reuse] = []
+        if self.reuse and len(slot.cached) > common and \
+                (held or self.splice_on and checkpoints.pick(slot.checkpoints, common) is not None):
+            plan = fit_window(reuse_plan(slot.cached, tokens, common, self.reuse, self.splice_on),
+                              self.n_swa, self.missing(slot), self.splice_on)
+        slot.keep(common)
+        end, parked = self._move(slot, common, plan, in_place=held)
         if not ll.llama_memory_seq_rm(mem, slot.id, end, -1) or not self.holds_window(slot, end):
             # recurrent and hybrid models cannot cut a sequence in the middle, and a sliding-window
             # cache may have dropped positions the next token attends to: go on from the latest
             # checkpoint before ``end``, else start it afresh
-            if parked:
+            end = self._from_checkpoint(slot, end)
+            if parked and not end:
                 self.unpark(slot)
-                ll.llama_memory_seq_rm(mem, slot.id, -1, -1)
-                end, parked = 0, []
-            else:
-                end = self._from_checkpoint(slot, end)
+                parked = []
         slot.cached = tokens[:end]  # the shared prefix and the chunks moved behind it
         slot.keep(end)
         return end, parked
 
-    def _move(self, slot: Slot, common: int, plan: list[Reuse]) -> tuple[int, list[Reuse]]:
+    def keeps(self, slot: Slot, tokens: list[int], common: int) -> int:
+        """How many of the slot's cached tokens a prompt sharing ``common`` of them keeps: the
+        prefix, and with ``cache_reuse`` the chunks it repeats past it."""
+        if not self.reuse or len(slot.cached) <= common:
+            return common
+        return common + sum(r.n for r in reuse_plan(slot.cached, tokens, common, self.reuse, self.splice_on))
+
+    def _move(self, slot: Slot, common: int, plan: list[Reuse], in_place: bool) -> tuple[int, list[Reuse]]:
         """Carry out ``reuse_plan``'s chunks: each that goes on where the reused part ends has its
         cells moved back onto the room the left-out tokens leave (as llama-server's
-        ``--cache-reuse``); the chunks after new tokens are parked under the slot's second id."""
+        ``--cache-reuse``; not where the cache is to go on from a checkpoint before ``common``,
+        ``in_place`` False); the others are parked under the slot's second id."""
         ll, mem, sid = self.ll, self.mem, slot.id
         end, i = common, 0
-        while i < len(plan) and plan[i].prompt == end:
+        while in_place and i < len(plan) and plan[i].prompt == end:
             r = plan[i]
             ll.llama_memory_seq_rm(mem, sid, end, r.cached)
             ll.llama_memory_seq_add(mem, sid, r.cached, r.cached + r.n, end - r.cached)
+            if r.hole:
+                slot.holes.append((end, end + r.hole))
             end, i = end + r.n, i + 1
         parked = plan[i:]
         for r in parked:  # a unified pool's cells can belong to both ids
@@ -78,6 +94,8 @@ class SlotMemory:
         ll.llama_memory_seq_cp(mem, scratch, sid, r.prompt, r.prompt + r.n)
         ll.llama_memory_seq_rm(mem, scratch, r.prompt, r.prompt + r.n)
         seq.slot.cached.extend(seq.tokens[r.prompt:r.prompt + r.n])
+        if r.hole:
+            seq.slot.holes.append((r.prompt, r.prompt + r.hole))
         seq.next += r.n
 
     def unpark(self, slot: Slot) -> None:
@@ -104,18 +122,30 @@ class SlotMemory:
             slot.checkpoints = ([c for c in slot.checkpoints if c.n_tokens != n] + [cp])[-self.keep_checkpoints:]
 
     def checkpoints_behind(self, slot: Slot, floor: int, n_ubatch: int) -> list[Checkpoint]:
-        """Checkpoints at the marks of what a slot holding every position (``swa_full``) caches,
-        taken by cutting it back to each, the latest first, never below ``floor``; oldest first."""
+        """Checkpoints of what a slot holding every position (``swa_full``) caches, taken by
+        cutting it back to each point, the latest first, never below ``floor``; oldest first. At
+        the marks near its prompt's end (the latest ``ctx_checkpoints``), and one each window of
+        ``n_swa`` tokens before: a state loaded back holds only its last window, and with these it
+        holds, as the slot did, every position, so that a prompt that changes anywhere goes on
+        from the window before the change (the prompt cache's bound holds them with the state).
+        A point whose window the slot lacks is passed over."""
         ll, mem = self.ll, self.mem
+        ends = checkpoints.marks(0, len(slot.cached), n_ubatch)[-self.keep_checkpoints:]
+        spread = range(self.n_swa, len(slot.cached), self.n_swa) if self.n_swa else range(0)
         out: list[Checkpoint] = []
-        for m in reversed(checkpoints.marks(0, len(slot.cached), n_ubatch)):
-            if m < max(floor, 1) or len(out) >= self.keep_checkpoints \
-                    or not ll.llama_memory_seq_rm(mem, slot.id, m, -1):
+        for m in sorted({*ends, *spread}, reverse=True):
+            if m < max(floor, 1) or not ll.llama_memory_seq_rm(mem, slot.id, m, -1):
                 break
             slot.keep(m)
-            if (cp := checkpoints.take(ll, self.ctx, slot.id, m)) is not None:
+            if self.holds_window(slot, m) and (cp := checkpoints.take(ll, self.ctx, slot.id, m)) is not None:
                 out.insert(0, cp)
         return out
+
+    def missing(self, slot: Slot) -> list[tuple[int, int]]:
+        """The positions [start, end) whose sliding-window cells the slot's cache lacks: before its
+        oldest cell (a state loaded back holds only its last window), and its holes."""
+        oldest = self.ll.llama_memory_seq_pos_min(self.mem, slot.id)
+        return [(0, oldest if oldest >= 0 else len(slot.cached)), *slot.holes]
 
     def holds_window(self, slot: Slot, common: int) -> bool:
         """Whether the slot's cache still holds every position that a token at ``common`` attends
@@ -132,4 +162,5 @@ class SlotMemory:
             return True
         ll, mem = self.ll, self.mem
         oldest, newest = ll.llama_memory_seq_pos_min(mem, slot.id), ll.llama_memory_seq_pos_max(mem, slot.id)
-        return 0 <= oldest <= max(0, common - self.n_swa + 1) and newest >= common - 1
+        first = max(0, common - self.n_swa + 1)
+        return 0 <= oldest <= first and newest >= common - 1 and all(b <= first or a >= common for a, b in slot.holes)

@@ -52,11 +52,16 @@ class Slot:
         self.origin = "slot"
         self.prompt_end = 0  # how many of ``cached`` its last request's prompt filled (the rest it generated)
         self.checkpoints: list[Checkpoint] = []  # of what ``cached`` holds, the oldest first
+        # positions [start, end) whose sliding-window cells the cache lacks though it holds cells
+        # after them: the start of a chunk moved in from a state that held only its last window
+        # (``fit_window``); a window that reaches into one is not held (``SlotMemory.holds_window``)
+        self.holes: list[tuple[int, int]] = []
 
     def keep(self, n: int) -> None:
         """The slot's cache now holds its first ``n`` tokens: the checkpoints taken past them go."""
         del self.cached[n:]
         self.checkpoints = [c for c in self.checkpoints if c.n_tokens <= n]
+        self.holes = [(a, min(b, n)) for a, b in self.holes if a < n]
 
 
 def reusable(slot: Slot, tokens: list[int], scope: str) -> int:
@@ -128,6 +133,7 @@ class Reuse:
     cached: int
     prompt: int
     n: int
+    hole: int = 0  # its first tokens whose sliding-window cells the cache lacks (``fit_window``)
 
 
 _PROBE = 8  # tokens a chunk's start is looked up by before it is compared in full
@@ -166,6 +172,29 @@ def reuse_plan(cached: list[int], tokens: list[int], start: int, min_chunk: int,
             p += 1
         else:
             break
+    return out
+
+
+def fit_window(plan: list[Reuse], n_swa: int, missing: list[tuple[int, int]], splice: bool) -> list[Reuse]:
+    """The chunks of ``plan`` a sliding-window model can reuse (pure), ``missing`` being the
+    position ranges [start, end) of the cache whose sliding-window cells it lacks (a state loaded
+    back holds only the window before its last token; ``Slot.holes``). A token read after a chunk
+    attends to the ``n_swa - 1`` positions before it, so a chunk is kept only where the cells of
+    its last ``n_swa - 1`` tokens are there; the positions it lacks further back are out of every
+    later token's window, and are recorded in ``Reuse.hole``. A chunk that fails is read instead
+    (always right), and without ``splice`` the chunks after it go too (they no longer follow the
+    reused part). A model without a window (``n_swa`` 0) keeps them all."""
+    if not n_swa:
+        return plan
+    out: list[Reuse] = []
+    for r in plan:
+        end, tail = r.cached + r.n, max(r.cached, r.cached + r.n - n_swa + 1)
+        if any(a < end and b > tail for a, b in missing):
+            if not splice:
+                break
+            continue
+        lacked = max((min(b, end) for a, b in missing if a < end and b > r.cached), default=r.cached)
+        out.append(Reuse(r.cached, r.prompt, r.n, lacked - r.cached))
     return out
 
 

@@ -236,12 +236,17 @@ def write_random_model(
     n_ff: int = 1024,
     context_length: int = 4096,
     seed: int = 0,
+    sliding_window: int = 0,
 ) -> Path:
-    """A random-weight F16 llama using a real vocabulary (default: ~81M parameters with qwen2's 152k)."""
+    """A random-weight F16 llama using a real vocabulary (default: ~81M parameters with qwen2's 152k).
+    With ``sliding_window``, a Gemma 3 instead whose layers alternate: a sliding-window one
+    attending to that many positions, then a full-attention one whose keys and values are zero
+    (it attends to nothing), so that what a one-window-layer model caches of a token depends on
+    the token and its position alone (cells moved or missing show in its answers at once)."""
     import gguf
 
     reader = gguf.GGUFReader(str(vocab_path))
-    w = gguf.GGUFWriter(str(path), "llama")
+    w = gguf.GGUFWriter(str(path), "gemma3" if sliding_window else "llama")
     n_vocab = 0
     for key, fld in reader.fields.items():
         if not key.startswith("tokenizer."):
@@ -268,6 +273,9 @@ def write_random_model(
     w.add_head_count_kv(n_head)
     w.add_rope_dimension_count(n_embd // n_head)
     w.add_layer_norm_rms_eps(1e-5)
+    if sliding_window:
+        w.add_sliding_window(sliding_window)
+        w.add_uint32("gemma3.attention.sliding_window_pattern", 2)  # llama.cpp: layer i slides where i % 2 < 1
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     w.add_tensor("token_embd.weight", rand(n_vocab, n_embd))
     w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
@@ -275,11 +283,17 @@ def write_random_model(
     for i in range(n_layer):
         w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
         for t in ("q", "k", "v", "output"):
-            w.add_tensor(f"blk.{i}.attn_{t}.weight", rand(n_embd, n_embd))
+            blank = sliding_window and i % 2 and t in "kv"
+            weight = np.zeros((n_embd, n_embd), np.float16) if blank else rand(n_embd, n_embd)
+            w.add_tensor(f"blk.{i}.attn_{t}.weight", weight)
         w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
         w.add_tensor(f"blk.{i}.ffn_gate.weight", rand(n_ff, n_embd))
         w.add_tensor(f"blk.{i}.ffn_up.weight", rand(n_ff, n_embd))
         w.add_tensor(f"blk.{i}.ffn_down.weight", rand(n_embd, n_ff))
+        if sliding_window:  # Gemma 3's norms after attention and the feed-forward, and of q and k
+            for name, n in (("post_attention_norm", n_embd), ("post_ffw_norm", n_embd),
+                            ("attn_q_norm", n_embd // n_head), ("attn_k_norm", n_embd // n_head)):
+                w.add_tensor(f"blk.{i}.{name}.weight", np.ones(n, dtype=np.float32))
     finish(w)
     return Path(path)
 
