@@ -104,3 +104,32 @@ def test_a_prompt_sharing_only_an_opening_with_a_window_only_cache_is_read_whole
     got = engine.first_token(other)
     assert engine.last_done.cached_tokens == 0
     assert got == Engine(gemma, swa_full=False).first_token(other)
+
+
+@pytest.mark.real
+def test_a_slot_saved_at_an_exit_keeps_a_checkpoint_each_window_and_a_middle_change_goes_on_from_one(
+        gemma, tmp_path):
+    """With ``swa_full`` a slot holds every position, but its saved state only its last window: the
+    save cuts it back to take a checkpoint each window (and near its prompt's end), so after the
+    next load a prompt that changed in the middle is read on from the window before the change,
+    as a cold read would read it."""
+    from gateway.engine import kvcache
+    from gateway.engine.slots import common_prefix
+
+    engine = Engine(gemma, swa_full=True)
+    engine.run(TALK, max_tokens=1)
+    assert not engine.decoder.slots[0].checkpoints  # a slot holding every position takes none as it reads
+    kvcache.save(engine.model, engine.decoder.slots, str(tmp_path), 2**30,
+                 behind=lambda slot: engine.decoder.checkpoints_behind(slot, 0))
+    again = Engine(gemma, swa_full=True)
+    assert kvcache.restore(again.model, again.decoder.slots, str(tmp_path))[0] == 1
+    n, n_swa = len(engine.tokens(TALK)), again.model.n_swa
+    assert [c.n_tokens for c in again.decoder.slots[0].checkpoints] == \
+        sorted({*checkpoints.marks(0, n, again.decoder.n_ubatch), *range(n_swa, n, n_swa)})
+    changed = TALK[:len(TALK) * 3 // 4] + " but then something else happened."
+    differs = common_prefix(engine.tokens(TALK), engine.tokens(changed))
+    mark = checkpoints.pick(again.decoder.slots[0].checkpoints, differs)
+    assert mark is not None and mark.n_tokens == differs // n_swa * n_swa
+    got = again.first_token(changed)
+    assert (again.last_done.cached_tokens, again.last_done.cache_source) == (mark.n_tokens, "disk")
+    assert got == Engine(gemma, swa_full=True).first_token(changed)

@@ -16,7 +16,9 @@ so that a prompt that returns with its end rewritten (a chat template's closing 
 the client sends back otherwise) goes on from one. ``pick`` (pure) chooses the one to load.
 
 A slot keeps at most ``ctx_checkpoints`` (the latest); those past where its cache is cut go with
-the cut (``slots.Slot.keep``). A kept state in the prompt cache carries its slot's checkpoints.
+the cut (``slots.Slot.keep``). A kept state in the prompt cache carries its slot's checkpoints;
+one kept from a slot holding every position (``swa_full``) also one each window before its end
+(``SlotMemory.checkpoints_behind``), so that it holds, as the slot did, every position.
 Only the worker's main loop calls this (it copies cells in and out of the context).
 """
 

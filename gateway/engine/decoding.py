@@ -88,10 +88,16 @@ class Decoder:
         assert self.cache is not None
         if self.n_swa and not self.memory.holds_window(slot, min(upto, len(slot.cached))):
             return  # a chunk moved in lacks cells its window needs (``Slot.holes``): a state would too
-        if not self.cache.save(slot, upto if self.n_swa else None):
-            return
+        if self.cache.save(slot, upto if self.n_swa else None):
+            self.cache.attach(self.checkpoints_behind(slot, floor))
+
+    def checkpoints_behind(self, slot: Slot, floor: int) -> list[checkpoints.Checkpoint]:
+        """Where every position is kept (``swa_full``), the checkpoints of what ``slot`` holds,
+        taken by cutting it back (``SlotMemory.checkpoints_behind``): as it is kept, or saved at
+        an exit. None otherwise (without ``swa_full`` a slot takes its own as its prompt is read)."""
         if self.n_swa and self.swa_full and self.memory.keep_checkpoints:
-            self.cache.attach(self.memory.checkpoints_behind(slot, floor, self.n_ubatch))
+            return self.memory.checkpoints_behind(slot, floor, self.n_ubatch)
+        return []
 
     def free_slots(self) -> list[Slot]:
         return [s for s in self.slots if s.seq is None]

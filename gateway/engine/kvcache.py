@@ -19,10 +19,11 @@ checkpoint, or reads a prompt whole, where a loaded state lacks part of the wind
 On disk: each slot's KV cache saved when the worker exits, and restored when the same model
 loads again, before any request is admitted; and the states the prompt cache keeps
 (``kept-N.state``, in llama.cpp's sequence file layout), each with its checkpoints
-(``kept-N.ckpt``, listed and digested in its note; a slot's own are not saved).
+(``kept-N.ckpt``, listed and digested in its note; a slot's in ``slot-N.ckpt``, with those taken
+by cutting it back as it is saved where every position was kept).
 
-A saved slot is two files in the model's own directory under the cache root
-(``<root>/<hash of the model file's path>/``):
+A saved slot is two files (three with checkpoints) in the model's own directory under the cache
+root (``<root>/<hash of the model file's path>/``):
 - ``slot-N.state``: llama.cpp's own per-sequence state file (``llama_state_seq_save_file``,
   which holds the cached tokens too);
 - ``slot-N.json``: what it belongs to: the model's ``identity`` (the file's path, size and
@@ -52,6 +53,7 @@ import os
 import struct
 import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -111,7 +113,7 @@ class Entry:
     used: float  # when it was kept (time.monotonic())
     origin: str = "ram"  # "disk": read back from the on-disk save at load (``restore``)
     # its slot's checkpoints (``engine/checkpoints``): a sliding-window model's state holds only
-    # the window before its last token; a prompt that differs inside it goes on from one of these
+    # the window before its last token; a prompt that differs before its end goes on from one of these
     checkpoints: list[Checkpoint] = dataclasses.field(default_factory=list)
 
     @property
@@ -277,10 +279,12 @@ def _remove(state: Path) -> None:
             pass
 
 
-def save(model, slots, root: str, max_bytes: int, kept: list[Entry] | tuple[()] = ()) -> tuple[int, int]:
+def save(model, slots, root: str, max_bytes: int, kept: list[Entry] | tuple[()] = (),
+         behind: Callable[[Any], list[Checkpoint]] | None = None) -> tuple[int, int]:
     """Save every slot that holds a cache (and remove the saved files of slots that hold none),
-    and the states the prompt cache keeps (``kept``, in place of those saved before); then keep
-    the root under ``max_bytes``. (slots saved, tokens saved)."""
+    with its checkpoints and those ``behind`` takes once its state is written (it may cut the
+    slot: this is the worker's exit), and the states the prompt cache keeps (``kept``, in place
+    of those saved before); then keep the root under ``max_bytes``. (slots saved, tokens saved)."""
     ll, ctx = model.ll, model.ctx
     here = model_dir(root, model.params.path)
     Path(root).mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -306,8 +310,11 @@ def save(model, slots, root: str, max_bytes: int, kept: list[Entry] | tuple[()] 
             _remove(state)
             continue
         os.chmod(tmp, 0o600)  # llama.cpp writes it under the umask; it holds a conversation
-        _commit(tmp, state, ident, len(slot.cached), slot.scope)
-        n_slots, n_tokens = n_slots + 1, n_tokens + len(slot.cached)
+        n = len(slot.cached)
+        cps = sorted({c.n_tokens: c for c in [*slot.checkpoints, *(behind(slot) if behind else [])]}.items())
+        extra = _write_checkpoints(state.with_suffix(".ckpt"), [c for _, c in cps])
+        _commit(tmp, state, ident, n, slot.scope, extra=extra)
+        n_slots, n_tokens = n_slots + 1, n_tokens + n
     for old in here.glob("kept-*"):
         old.unlink(missing_ok=True)
     for i, entry in enumerate(sorted(kept, key=lambda e: e.used)):
@@ -344,7 +351,7 @@ def _commit(tmp: Path, state: Path, ident: str, n_tokens: int, scope: str, used:
 
 
 def _write_checkpoints(path: Path, cps: list[Checkpoint]) -> dict[str, Any]:
-    """A kept state's checkpoints, one after another in ``path`` (0600); what its note says of
+    """A saved state's checkpoints, one after another in ``path`` (0600); what its note says of
     them (each one's token count and size, and the file's digest); {} where there are none."""
     path.unlink(missing_ok=True)
     if not cps:
@@ -357,7 +364,7 @@ def _write_checkpoints(path: Path, cps: list[Checkpoint]) -> dict[str, Any]:
 
 
 def _read_checkpoints(state: Path, note: dict[str, Any], n_ctx: int) -> list[Checkpoint]:
-    """The checkpoints saved with a kept state, where they are whole (none otherwise: the state
+    """The checkpoints saved with a state, where they are whole (none otherwise: the state
     still serves a prompt that goes on from its end)."""
     listed, path = note.get("checkpoints"), state.with_suffix(".ckpt")
     try:
@@ -477,7 +484,8 @@ def _load(ll, ctx, state: Path, ident: str, by_id: dict[int, Any], n_ctx: int) -
     if not read or count.value == 0:
         ll.llama_memory_seq_rm(ll.llama_get_memory(ctx), slot.id, -1, -1)  # nothing half-loaded stays
         return None
-    slot.cached, slot.checkpoints = list(tokens[: count.value]), []
+    slot.cached = list(tokens[: count.value])
+    slot.checkpoints = [c for c in _read_checkpoints(state, note, n_ctx) if c.n_tokens <= count.value]
     slot.origin, slot.prompt_end = "disk", count.value
     scope = note.get("scope", "")
     slot.scope = scope if isinstance(scope, str) else ""

@@ -172,8 +172,10 @@ class Worker:
         if params is None or not params.kv_cache_dir or self.decoder is None:
             return
         try:
-            kept = self.decoder.cache.entries if self.decoder.cache is not None else []
-            kvcache.save(self.model, self.decoder.slots, params.kv_cache_dir, params.kv_cache_max_bytes, kept)
+            decoder = self.decoder
+            kept = decoder.cache.entries if decoder.cache is not None else []
+            kvcache.save(self.model, decoder.slots, params.kv_cache_dir, params.kv_cache_max_bytes, kept,
+                         behind=lambda slot: decoder.checkpoints_behind(slot, 0))
         except Exception as e:  # a full disk, a directory we may not write
             sys.stderr.write(f"could not save the KV caches of {params.name}: {e}\n")
 
