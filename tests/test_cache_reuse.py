@@ -10,6 +10,8 @@ cells at a wrong position, or a chunk not moved, answer otherwise. In a deeper m
 chunk keeps what it computed under its old context: reuse is an approximation there, off by
 default, as in llama-server."""
 
+from pathlib import Path
+
 import pytest
 from helpers import InProcessEngine, tiny_random_model
 
@@ -220,3 +222,41 @@ def test_off_by_default_and_reported_where_the_cache_cannot_shift(model_path):
     assert ipc.LoadParams(name="m", path=str(model_path)).cache_reuse == 0
     engine = Engine(model_path, reuse=16)
     assert engine.model.info()["cache_reuse"] == 16
+
+
+def test_a_unified_pool_holds_every_slots_window_so_conversations_come_back_past_a_changed_line(
+        swa_path, monkeypatch):
+    """Four conversations over two slots of one unified pool, a line in the middle changing every
+    turn (``bench.py --conversations --middle-change``). llama.cpp gives a sliding-window cell the
+    window masks to any sequence needing one; the slots' pin ids hold them (``Model.pin``), so
+    each returning turn goes on from its kept state and checkpoint with its end spliced in, and
+    answers as a fresh read. Unpinned, a conversation's cells are taken and it is read whole."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "scripts"))
+    from convbench import Conversation
+
+    def turns(pin: bool):
+        engine = InProcessEngine(swa_path, parallel=2, n_ctx=2048, kv_unified=True, cache_reuse=16,
+                                 prompt_cache_bytes=64 * 2**20, cache_type_k="f32", cache_type_v="f32")
+        assert engine.model.pin
+        if not pin:
+            monkeypatch.setattr(engine.decoder.memory, "pin_base", None)
+        convs = [Conversation(150, f"conversation {i}", middle=True) for i in range(4)]
+        out = []
+        for _ in range(3):
+            for conv in convs:
+                prompt = conv.next_prompt()
+                answer, done = engine.run(prompt, max_tokens=8)
+                out.append((prompt, answer, done))
+                conv.answered(prompt, answer)
+        return out
+
+    pinned = turns(pin=True)
+    fresh_engine = Engine(swa_path, reuse=0)
+    for prompt, answer, done in pinned[4:]:
+        assert done.cache_source == "ram" and done.cached_tokens > 0.7 * done.prompt_tokens, done
+        fresh_engine.decoder.slots[0].keep(0)
+        fresh_engine.model.ll.llama_memory_seq_rm(fresh_engine.model.mem, 0, -1, -1)
+        assert answer == fresh_engine.run(prompt, max_tokens=8)[0]
+    assert any(done.cached_tokens == 0 for _, _, done in turns(pin=False)[4:])

@@ -63,6 +63,7 @@ class Decoder:
                 mine = 0 if choice.kept is not None else choice.common
                 self._keep(slot, max(slot.prompt_end, mine), mine)
             if choice.kept is not None:
+                self.memory.release(slot)
                 slot.origin = choice.kept.origin if cache.restore(choice.kept, slot) else "slot"  # failed: empty
         # At least one prompt token is decoded, for fresh logits.
         common = min(reusable(slot, tokens, req.cache_scope), n_prompt - 1)
@@ -119,6 +120,7 @@ class Decoder:
                 self._keep(slot, slot.prompt_end, 0)
             self.ll.llama_memory_seq_rm(self.mem, slot.id, -1, -1)
             slot.keep(0)
+            self.memory.pin(slot)
         return bool(idle)
 
     def step(self) -> None:
@@ -181,6 +183,7 @@ class Decoder:
                 self.ll.llama_memory_seq_rm(self.mem, seq.slot.id, -1, -1)
                 seq.slot.keep(0)
                 self.drop(seq)
+                self.memory.pin(seq.slot)
                 if rc == 1:  # no room in the cache: only a shared pool (kv_unified) runs out while requests fit
                     self.out.send(ipc.Error(seq.rid, 503, "the model's shared context (kv_unified) is full with "
                                                  "other requests; retry shortly, or give it a larger n_ctx", None,
@@ -198,6 +201,7 @@ class Decoder:
                 while seq.marks and seq.marks[0] <= seq.next:
                     if seq.marks.pop(0) == seq.next:
                         self.memory.checkpoint(seq.slot)
+            self.memory.pin(seq.slot)
             if want:
                 try:
                     self._next_token(seq)
@@ -205,6 +209,7 @@ class Decoder:
                     seq.slot.keep(0)
                     self.ll.llama_memory_seq_rm(self.mem, seq.slot.id, -1, -1)
                     self.drop(seq)
+                    self.memory.pin(seq.slot)
                     self.out.send(failure(seq.rid, e))
 
     def _next_token(self, seq: Sequence) -> None:

@@ -127,7 +127,16 @@ class Model:
         # a unified pool that reuses chunks past a change parks them under a second id per slot
         # while the new tokens before them are read (``Decoder``'s splices)
         self.splice = bool(params.kv_unified and params.cache_reuse and not params.embeddings)
-        cp.n_seq_max = 2 * n_slots if self.splice else n_slots
+        # In a unified pool llama.cpp hands a sliding-window cell that the window masks to any
+        # sequence that needs a cell, ``swa_full`` or not (a cell held by one sequence only is
+        # free to take once masked): an idle slot, or one that generated past its prompt, then
+        # lacks the positions a kept state's checkpoints or a chunk past a changed line need.
+        # With ``swa_full`` every slot's cells are also held by a third id of its own
+        # (``SlotMemory.pin``), so none is taken while the slot holds it.
+        self.pin = bool(params.kv_unified and params.swa_full and ll.llama_model_n_swa(self.handle)
+                        and not params.embeddings)
+        cp.n_seq_max = (1 + self.splice + self.pin) * n_slots
+        self.pin_base = (1 + self.splice) * n_slots  # slot i's pin id: pin_base + i
         # kv_unified: llama-server's default, one pool of n_ctx cells that the slots share (a slot
         # may use what the others leave); else n_ctx cells each
         cp.kv_unified = params.kv_unified

@@ -25,6 +25,7 @@ class SlotMemory:
         self.n_slots, self.n_swa = model.n_slots, model.n_swa  # (the window whatever ``swa_full`` says)
         # cache_reuse's minimum chunk (0: off); whether chunks may be parked (a unified pool)
         self.reuse, self.splice_on = model.cache_reuse, model.splice
+        self.pin_base = model.pin_base if model.pin else None
         self.keep_checkpoints = model.params.ctx_checkpoints  # per slot
 
     def prepare(self, slot: Slot, tokens: list[int], common: int) -> tuple[int, list[Reuse]]:
@@ -54,7 +55,25 @@ class SlotMemory:
                 parked = []
         slot.cached = tokens[:end]  # the shared prefix and the chunks moved behind it
         slot.keep(end)
+        self.pin(slot)
         return end, parked
+
+    def pin(self, slot: Slot) -> None:
+        """Hold every cell of the slot (and of the chunks parked for it) under its pin id as well,
+        so that llama.cpp gives none of them to another sequence once the window masks it
+        (``Model.pin``): after its cache is cut, and after each decode adds to it."""
+        if self.pin_base is not None:
+            ll, mem, pin = self.ll, self.mem, self.pin_base + slot.id
+            self.release(slot)  # (cells the slot has let go of go with it)
+            ll.llama_memory_seq_cp(mem, slot.id, pin, -1, -1)
+            if self.splice_on:
+                ll.llama_memory_seq_cp(mem, slot.id + self.n_slots, pin, -1, -1)
+
+    def release(self, slot: Slot) -> None:
+        """Let go of what the slot's pin id holds (before its cache is replaced: the cells it
+        drops are free for the state loaded in its place)."""
+        if self.pin_base is not None:
+            self.ll.llama_memory_seq_rm(self.mem, self.pin_base + slot.id, -1, -1)
 
     def keeps(self, slot: Slot, tokens: list[int], common: int) -> int:
         """How many of the slot's cached tokens a prompt sharing ``common`` of them keeps: the
