@@ -120,7 +120,7 @@ def test_a_slot_saved_at_an_exit_keeps_a_checkpoint_each_window_and_a_middle_cha
     engine.run(TALK, max_tokens=1)
     assert not engine.decoder.slots[0].checkpoints  # a slot holding every position takes none as it reads
     kvcache.save(engine.model, engine.decoder.slots, str(tmp_path), 2**30,
-                 behind=lambda slot: engine.decoder.checkpoints_behind(slot, 0))
+                 behind=engine.decoder.memory.checkpoints_behind)
     again = Engine(gemma, swa_full=True)
     assert kvcache.restore(again.model, again.decoder.slots, str(tmp_path))[0] == 1
     n, n_swa = len(engine.tokens(TALK)), again.model.n_swa

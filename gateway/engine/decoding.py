@@ -55,8 +55,7 @@ class Decoder:
         choice = choose(self.free_slots(), cache.entries if cache else [], tokens, req.cache_scope, cache is not None)
         slot = choice.slot
         if cache is not None:
-            # another conversation's: kept before it is overwritten (not where the prompt keeps
-            # most of it past a changed line, ``cache_reuse``: it is the same conversation's)
+            # another conversation's: kept before it is overwritten (not one the prompt reuses most of)
             if choice.save and (choice.kept is not None
                                 or self.memory.keeps(slot, tokens, choice.common) < len(slot.cached) / 2):
                 # the prefix the prompt keeps of this slot's own cache (none where a kept state replaces it)
@@ -90,15 +89,7 @@ class Decoder:
         if self.n_swa and not self.memory.holds_window(slot, min(upto, len(slot.cached))):
             return  # a chunk moved in lacks cells its window needs (``Slot.holes``): a state would too
         if self.cache.save(slot, upto if self.n_swa else None):
-            self.cache.attach(self.checkpoints_behind(slot, floor))
-
-    def checkpoints_behind(self, slot: Slot, floor: int) -> list[checkpoints.Checkpoint]:
-        """Where every position is kept (``swa_full``), the checkpoints of what ``slot`` holds,
-        taken by cutting it back (``SlotMemory.checkpoints_behind``): as it is kept, or saved at
-        an exit. None otherwise (without ``swa_full`` a slot takes its own as its prompt is read)."""
-        if self.n_swa and self.swa_full and self.memory.keep_checkpoints:
-            return self.memory.checkpoints_behind(slot, floor, self.n_ubatch)
-        return []
+            self.cache.attach(self.memory.checkpoints_behind(slot, floor))
 
     def free_slots(self) -> list[Slot]:
         return [s for s in self.slots if s.seq is None]

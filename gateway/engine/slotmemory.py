@@ -27,6 +27,7 @@ class SlotMemory:
         self.reuse, self.splice_on = model.cache_reuse, model.splice
         self.pin_base = model.pin_base if model.pin else None
         self.keep_checkpoints = model.params.ctx_checkpoints  # per slot
+        self.swa_full, self.n_ubatch = model.params.swa_full, model.cp.n_ubatch
 
     def prepare(self, slot: Slot, tokens: list[int], common: int) -> tuple[int, list[Reuse]]:
         """Cut ``slot``'s cache to what ``tokens`` can keep of it, ``common`` being the prefix they
@@ -140,16 +141,19 @@ class SlotMemory:
         if cp is not None:
             slot.checkpoints = ([c for c in slot.checkpoints if c.n_tokens != n] + [cp])[-self.keep_checkpoints:]
 
-    def checkpoints_behind(self, slot: Slot, floor: int, n_ubatch: int) -> list[Checkpoint]:
-        """Checkpoints of what a slot holding every position (``swa_full``) caches, taken by
-        cutting it back to each point, the latest first, never below ``floor``; oldest first. At
-        the marks near its prompt's end (the latest ``ctx_checkpoints``), and one each window of
-        ``n_swa`` tokens before: a state loaded back holds only its last window, and with these it
-        holds, as the slot did, every position, so that a prompt that changes anywhere goes on
-        from the window before the change (the prompt cache's bound holds them with the state).
-        A point whose window the slot lacks is passed over."""
+    def checkpoints_behind(self, slot: Slot, floor: int = 0) -> list[Checkpoint]:
+        """Checkpoints of what a slot holding every position (``swa_full``) caches, as it is kept
+        or saved at an exit, taken by cutting it back to each point, the latest first, never
+        below ``floor``; oldest first. At the marks near its prompt's end (the latest
+        ``ctx_checkpoints``), and one each window of ``n_swa`` tokens before: a state loaded back
+        holds only its last window, and with these it holds, as the slot did, every position, so
+        that a prompt that changes anywhere goes on from the window before the change (the
+        prompt cache's bound holds them with the state). A point whose window the slot lacks is
+        passed over. None without ``swa_full`` (a slot takes its own as its prompt is read)."""
+        if not (self.n_swa and self.swa_full and self.keep_checkpoints):
+            return []
         ll, mem = self.ll, self.mem
-        ends = checkpoints.marks(0, len(slot.cached), n_ubatch)[-self.keep_checkpoints:]
+        ends = checkpoints.marks(0, len(slot.cached), self.n_ubatch)[-self.keep_checkpoints:]
         spread = range(self.n_swa, len(slot.cached), self.n_swa) if self.n_swa else range(0)
         out: list[Checkpoint] = []
         for m in sorted({*ends, *spread}, reverse=True):

@@ -166,16 +166,14 @@ class Worker:
             self.out.send(ipc.CacheHeld(held, rid))
 
     def _save_caches(self) -> None:
-        """At an asked-for exit (an unload, a shutdown): the slots' caches, for the next load of
-        this model to restore (``kvcache``). A failure loses them, nothing else."""
+        """At an asked-for exit (an unload, a shutdown): the caches, for the next load (a failure loses them only)."""
         params = self.model.params if self.model is not None else None
         if params is None or not params.kv_cache_dir or self.decoder is None:
             return
         try:
-            decoder = self.decoder
-            kept = decoder.cache.entries if decoder.cache is not None else []
-            kvcache.save(self.model, decoder.slots, params.kv_cache_dir, params.kv_cache_max_bytes, kept,
-                         behind=lambda slot: decoder.checkpoints_behind(slot, 0))
+            d = self.decoder
+            kvcache.save(self.model, d.slots, params.kv_cache_dir, params.kv_cache_max_bytes,
+                         d.cache.entries if d.cache is not None else [], d.memory.checkpoints_behind)
         except Exception as e:  # a full disk, a directory we may not write
             sys.stderr.write(f"could not save the KV caches of {params.name}: {e}\n")
 
