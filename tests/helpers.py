@@ -389,3 +389,15 @@ class InProcessEngine:
         """The first answer token's five likeliest, with their log-probabilities."""
         self.run(text, max_tokens=1, logprobs=5)
         return [(t["token"], t["logprob"]) for t in self.logprobs[0]["top_logprobs"]]
+
+
+def bench_conversation(name: str, words: int = 1500, middle: bool = False):
+    """A conversation of ``bench.py --conversations`` (``scripts/convbench.Conversation``): the
+    engine tests replay its turns."""
+    import sys
+
+    if str(REPO / "scripts") not in sys.path:
+        sys.path.insert(0, str(REPO / "scripts"))
+    from convbench import Conversation
+
+    return Conversation(words, name, middle)

@@ -10,10 +10,8 @@ cells at a wrong position, or a chunk not moved, answer otherwise. In a deeper m
 chunk keeps what it computed under its old context: reuse is an approximation there, off by
 default, as in llama-server."""
 
-from pathlib import Path
-
 import pytest
-from helpers import InProcessEngine, tiny_random_model
+from helpers import InProcessEngine, bench_conversation, tiny_random_model
 
 from gateway.engine import ipc
 from gateway.engine.slots import Reuse, fit_window, reuse_plan
@@ -231,18 +229,13 @@ def test_a_unified_pool_holds_every_slots_window_so_conversations_come_back_past
     window masks to any sequence needing one; the slots' pin ids hold them (``Model.pin``), so
     each returning turn goes on from its kept state and checkpoint with its end spliced in, and
     answers as a fresh read. Unpinned, a conversation's cells are taken and it is read whole."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).parent.parent / "scripts"))
-    from convbench import Conversation
-
     def turns(pin: bool):
         engine = InProcessEngine(swa_path, parallel=2, n_ctx=2048, kv_unified=True, cache_reuse=16,
                                  prompt_cache_bytes=64 * 2**20, cache_type_k="f32", cache_type_v="f32")
         assert engine.model.pin
         if not pin:
             monkeypatch.setattr(engine.decoder.memory, "pin_base", None)
-        convs = [Conversation(150, f"conversation {i}", middle=True) for i in range(4)]
+        convs = [bench_conversation(f"conversation {i}", 150, middle=True) for i in range(4)]
         out = []
         for _ in range(3):
             for conv in convs:

@@ -72,7 +72,7 @@ def test_without_swa_full_a_prompt_changed_inside_the_window_goes_on_from_a_chec
     # the wrong tokens or positions moves it by far more
     want = dict(Engine(gemma, swa_full=False).first_token(changed))
     assert [t for t, _ in got[:2]] == list(want)[:2]
-    assert all(abs(lp - want[t]) < 0.3 for t, lp in got[:3]), (got, want)
+    assert all(abs(lp - want[t]) < 0.3 for t, lp in got[:2]), (got, want)
     # and without checkpoints the same prompt is read whole
     bare = Engine(gemma, swa_full=False, ctx_checkpoints=0)
     bare.run(TALK, max_tokens=1)

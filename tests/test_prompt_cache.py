@@ -9,7 +9,7 @@ greedy answer depends on every cached value: a state restored wrong would answer
 import json
 
 import pytest
-from helpers import InProcessEngine, tiny_random_model
+from helpers import InProcessEngine, bench_conversation, tiny_random_model
 
 from gateway.app import create_app
 from gateway.engine.slots import Slot, choose, common_prefix
@@ -379,3 +379,39 @@ async def test_a_full_prompt_cache_is_trimmed_to_make_room_not_its_model_unloade
     assert worker.cache_bytes <= cached // 2  # trimmed as far as needed, the least recently used first
     assert await worker.trim_cache(cached) == worker.cache_bytes  # what the worker holds now
     assert await worker.trim_cache(0) == 0
+
+
+def test_a_prompt_chunk_ends_where_a_cold_read_of_the_whole_prompt_splits_it():
+    from gateway.engine.slots import chunk_end
+
+    assert chunk_end(0, 512, 512) == 512
+    assert chunk_end(13, 512, 512) == 512  # read on from a cached prefix: up to the cold read's boundary
+    assert chunk_end(512, 512, 512) == 1024
+    assert chunk_end(13, 512, 128) == 512  # several micro-batches, each where the cold read has one
+    assert chunk_end(130, 512, 128) == 640
+    assert chunk_end(5, 8, 16) == 13  # no boundary within a batch: a whole batch
+
+
+def first_turn(name: str) -> str:
+    """A first turn of ``bench.py --conversations`` (one whose greedy answer flipped)."""
+    return bench_conversation(name).next_prompt()
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("before", ["warm up: the city by the river", "round 0 conversation 0"])
+def test_a_prompt_read_on_from_a_cached_prefix_answers_bit_for_bit_as_a_cold_read(before):
+    """A slot holding another prompt's first token (a warm-up's), or another long prompt that
+    shares an opening: the rest of the prompt is read in the micro-batches a cold read of the
+    whole prompt has, so its first answer token's log-probabilities are the cold read's to the
+    last bit (read in chunks counted from where the prefix ends, they were not, and a greedy
+    answer flipped on Gemma 3). (A prefix that an earlier read split otherwise, a short prompt's
+    or the tokens a turn generated one at a time, keeps its own last bits.)"""
+    from realmodel import gemma_path
+
+    path = gemma_path()
+    prompt = first_turn("round 0 conversation 1")
+    want = InProcessEngine(path, n_ctx=4096).first_token(prompt)
+    engine = InProcessEngine(path, n_ctx=4096)
+    engine.run(before if before.startswith("warm") else first_turn(before), max_tokens=2)
+    assert engine.first_token(prompt) == want
+    assert engine.last_done.cached_tokens > 0

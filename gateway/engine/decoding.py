@@ -22,7 +22,7 @@ from .outbox import Outbox
 from .refusals import failure
 from .sampling import Sampling
 from .slotmemory import SlotMemory
-from .slots import Batch, Sequence, Slot, choose, reusable
+from .slots import Batch, Sequence, Slot, choose, chunk_end, reusable
 
 
 class Decoder:
@@ -119,11 +119,14 @@ class Decoder:
         sampled last, then prompt chunks of the prefilling ones (oldest first) while the step's
         budget of ``n_batch`` tokens lasts, so a long prompt never stops the streams running.
 
-        Each prompt chunk is its own llama_decode of ``n_batch`` tokens from where the sequence
-        stands, exactly as when the request runs alone: llama.cpp splits a batch over several
-        sequences into micro-batches of equal counts per sequence, and a token's logits depend
-        (in the last bits) on the shape of the micro-batch it was read in. Decoded this way a
-        greedy answer does not change with the load (with the kernels of ``repack: false``)."""
+        Each prompt chunk is its own llama_decode of up to ``n_batch`` tokens, exactly as when the
+        request runs alone: llama.cpp splits a batch over several sequences into micro-batches of
+        equal counts per sequence, and a token's logits depend (in the last bits) on the shape of
+        the micro-batch it was read in. A chunk ends at a multiple of ``n_ubatch`` counted from
+        the prompt's first token (``chunk_end``), where a cold read of the whole prompt splits it,
+        so a prompt read on from a cached prefix meets the same micro-batches from there on.
+        Decoded this way a greedy answer does not change with the load (with the kernels of
+        ``repack: false``) nor with what the cache held."""
         now = time.time()
         running = []
         for seq in self.active():
@@ -151,7 +154,7 @@ class Decoder:
                 break
             stop = min(seq.splices[0].prompt if seq.splices else len(seq.tokens),
                        seq.marks[0] if seq.marks else len(seq.tokens))
-            part = seq.tokens[seq.next:min(seq.next + self.n_batch, stop)]
+            part = seq.tokens[seq.next:min(chunk_end(seq.next, self.n_batch, self.n_ubatch), stop)]
             self._decode([(seq, part, seq.next + len(part) == len(seq.tokens))])
             budget -= len(part)
         self.last_step = time.monotonic() - t0

@@ -4,7 +4,8 @@ A ``Slot`` is one sequence of the context (one cache stream) and the tokens cach
 ``Sequence`` is one generation in a slot (its prompt, sampler chain, stop state and progress);
 ``choose`` is how a prompt picks among free slots and the states the prompt cache keeps (the
 longest shared prefix); ``reuse_plan`` finds the chunks of a slot's cache past that prefix that
-the prompt repeats (``cache_reuse``); ``Batch`` is the reusable ``llama_batch`` a decode step fills.
+the prompt repeats (``cache_reuse``); ``chunk_end`` where a prompt's next chunk ends; ``Batch`` is
+the reusable ``llama_batch`` a decode step fills.
 """
 
 from __future__ import annotations
@@ -196,6 +197,15 @@ def fit_window(plan: list[Reuse], n_swa: int, missing: list[tuple[int, int]], sp
         lacked = max((min(b, end) for a, b in missing if a < end and b > r.cached), default=r.cached)
         out.append(Reuse(r.cached, r.prompt, r.n, lacked - r.cached))
     return out
+
+
+def chunk_end(start: int, n_batch: int, n_ubatch: int) -> int:
+    """Where a prompt chunk read from token ``start`` ends (pure): the last multiple of
+    ``n_ubatch`` within ``n_batch`` tokens, counted from the prompt's first token, as a cold read
+    of the whole prompt splits it (a token's logits depend in the last bits on the micro-batch it
+    was read in); ``start + n_batch`` where no multiple falls in between."""
+    end = (start + n_batch) // n_ubatch * n_ubatch
+    return end if end > start else start + n_batch
 
 
 class Sequence:
