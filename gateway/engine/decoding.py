@@ -119,14 +119,11 @@ class Decoder:
         sampled last, then prompt chunks of the prefilling ones (oldest first) while the step's
         budget of ``n_batch`` tokens lasts, so a long prompt never stops the streams running.
 
-        Each prompt chunk is its own llama_decode of up to ``n_batch`` tokens, exactly as when the
-        request runs alone: llama.cpp splits a batch over several sequences into micro-batches of
-        equal counts per sequence, and a token's logits depend (in the last bits) on the shape of
-        the micro-batch it was read in. A chunk ends at a multiple of ``n_ubatch`` counted from
-        the prompt's first token (``chunk_end``), where a cold read of the whole prompt splits it,
-        so a prompt read on from a cached prefix meets the same micro-batches from there on.
-        Decoded this way a greedy answer does not change with the load (with the kernels of
-        ``repack: false``) nor with what the cache held."""
+        Each prompt chunk is its own llama_decode (llama.cpp splits a batch over several sequences
+        into micro-batches of equal counts per sequence, and a token's logits depend in the last
+        bits on the micro-batch it was read in), ending where a cold read of the whole prompt
+        splits it (``chunk_end``): a greedy answer does not change with the load (with the
+        kernels of ``repack: false``), nor with a cached opening."""
         now = time.time()
         running = []
         for seq in self.active():
