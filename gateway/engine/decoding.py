@@ -111,7 +111,7 @@ class Decoder:
                 self._keep(slot, slot.prompt_end, 0)
             self.ll.llama_memory_seq_rm(self.mem, slot.id, -1, -1)
             slot.keep(0)
-            self.memory.pin(slot)
+            self.memory.release(slot)
         return bool(idle)
 
     def step(self) -> None:
@@ -174,7 +174,7 @@ class Decoder:
                 self.ll.llama_memory_seq_rm(self.mem, seq.slot.id, -1, -1)
                 seq.slot.keep(0)
                 self.drop(seq)
-                self.memory.pin(seq.slot)
+                self.memory.release(seq.slot)
                 if rc == 1:  # no room in the cache: only a shared pool (kv_unified) runs out while requests fit
                     self.out.send(ipc.Error(seq.rid, 503, "the model's shared context (kv_unified) is full with "
                                                  "other requests; retry shortly, or give it a larger n_ctx", None,
@@ -184,6 +184,7 @@ class Decoder:
                                                  "decode_failed"))
             return
         for seq, part, want in chunks:
+            self.memory.pin(seq.slot, len(seq.slot.cached))  # the cells this decode added
             seq.slot.cached.extend(part)
             if seq.pending is None:
                 seq.next += len(part)
@@ -192,7 +193,6 @@ class Decoder:
                 while seq.marks and seq.marks[0] <= seq.next:
                     if seq.marks.pop(0) == seq.next:
                         self.memory.checkpoint(seq.slot)
-            self.memory.pin(seq.slot)
             if want:
                 try:
                     self._next_token(seq)
@@ -200,7 +200,7 @@ class Decoder:
                     seq.slot.keep(0)
                     self.ll.llama_memory_seq_rm(self.mem, seq.slot.id, -1, -1)
                     self.drop(seq)
-                    self.memory.pin(seq.slot)
+                    self.memory.release(seq.slot)
                     self.out.send(failure(seq.rid, e))
 
     def _next_token(self, seq: Sequence) -> None:

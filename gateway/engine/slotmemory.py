@@ -59,16 +59,18 @@ class SlotMemory:
         self.pin(slot)
         return end, parked
 
-    def pin(self, slot: Slot) -> None:
-        """Hold every cell of the slot (and of the chunks parked for it) under its pin id as well,
-        so that llama.cpp gives none of them to another sequence once the window masks it
-        (``Model.pin``): after its cache is cut, and after each decode adds to it."""
+    def pin(self, slot: Slot, since: int = -1) -> None:
+        """Hold the slot's cells from position ``since`` on (all of them, and those of the chunks
+        parked for it, by default) under its pin id as well, so that llama.cpp gives none of them
+        to another sequence once the window masks it (``Model.pin``): all after its cache is cut
+        (what it let go of goes), the new ones after each decode adds to it."""
         if self.pin_base is not None:
             ll, mem, pin = self.ll, self.mem, self.pin_base + slot.id
-            self.release(slot)  # (cells the slot has let go of go with it)
-            ll.llama_memory_seq_cp(mem, slot.id, pin, -1, -1)
-            if self.splice_on:
-                ll.llama_memory_seq_cp(mem, slot.id + self.n_slots, pin, -1, -1)
+            if since < 0:
+                self.release(slot)
+                if self.splice_on:
+                    ll.llama_memory_seq_cp(mem, slot.id + self.n_slots, pin, -1, -1)
+            ll.llama_memory_seq_cp(mem, slot.id, pin, since, -1)
 
     def release(self, slot: Slot) -> None:
         """Let go of what the slot's pin id holds (before its cache is replaced: the cells it
@@ -154,7 +156,7 @@ class SlotMemory:
             return []
         ll, mem = self.ll, self.mem
         ends = checkpoints.marks(0, len(slot.cached), self.n_ubatch)[-self.keep_checkpoints:]
-        spread = range(self.n_swa, len(slot.cached), self.n_swa) if self.n_swa else range(0)
+        spread = range(self.n_swa, len(slot.cached), self.n_swa)
         out: list[Checkpoint] = []
         for m in sorted({*ends, *spread}, reverse=True):
             if m < max(floor, 1) or not ll.llama_memory_seq_rm(mem, slot.id, m, -1):

@@ -283,7 +283,7 @@ def write_random_model(
     for i in range(n_layer):
         w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
         for t in ("q", "k", "v", "output"):
-            blank = sliding_window and i % 2 and t in "kv"
+            blank = sliding_window and i % 2 and t in ("k", "v")
             weight = np.zeros((n_embd, n_embd), np.float16) if blank else rand(n_embd, n_embd)
             w.add_tensor(f"blk.{i}.attn_{t}.weight", weight)
         w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
