@@ -178,19 +178,19 @@ def cmd_models(args: argparse.Namespace) -> int:
                "conflicts": {n: [str(p) for p in lost] for n, lost in registry.conflicts_won(spec).items()}}
         if spec.path is None:  # served elsewhere, or by replicas: nothing on disk to read
             row.update(size=None, architecture=None, quantization=None, context_length=None, error=None,
-                       tool_format=None, memory_estimate=None, file=_served_by(spec))
+                       tool_format=None, memory_estimate=None, media=[], file=_served_by(spec))
             rows.append(row)
             continue
         try:
             info = read_info(spec.path)
             row.update(size=info.file_size, architecture=info.architecture, quantization=info.quantization,
-                       context_length=info.context_length, error=None,
+                       context_length=info.context_length, error=None, media=registry.media(spec),
                        tool_format=tool_format(spec.tool_format,
                                                {"chat_template": spec.chat_template or info.chat_template or CHATML}),
                        memory_estimate=registry.estimate(spec))
         except ModelFileError as e:
             row.update(size=None, architecture=None, quantization=None, context_length=None, error=str(e),
-                       tool_format=None, memory_estimate=None)
+                       tool_format=None, memory_estimate=None, media=[])
         rows.append(row)
     if args.json:
         for row in rows:
@@ -200,23 +200,24 @@ def cmd_models(args: argparse.Namespace) -> int:
         print("no models configured or found (gguf-gateway serve would serve its built-in demo model)",
               file=sys.stderr)
         return 0
-    table = [("NAME", "SOURCE", "SIZE", "MEMORY", "ARCH", "QUANT", "TOOLS", "FILE")]
+    table = [("NAME", "SOURCE", "SIZE", "MEMORY", "ARCH", "QUANT", "TOOLS", "MEDIA", "FILE")]
     for r in rows:
         name = r["name"] + (f" ({', '.join(r['aliases'])})" if r["aliases"] else "")
         if r["error"]:
-            table.append((name, r["source"], "-", "-", "-", "-", "-", f"{r['file']}  [error: {r['error']}]"))
+            table.append((name, r["source"], "-", "-", "-", "-", "-", "-", f"{r['file']}  [error: {r['error']}]"))
         elif r["size"] is None:
-            table.append((name, r["source"], "-", "-", "-", "-", "-", r["file"]))
+            table.append((name, r["source"], "-", "-", "-", "-", "-", "-", r["file"]))
         else:
             memory = "?"
             if r["memory_estimate"]:  # the total, and what of it a GPU holds
                 gpus = [f"{pool} {_human(n)}" for pool, n in r["memory_estimate"]["devices"].items() if pool != "ram"]
                 memory = _human(r["memory_estimate"]["total"]) + (f" ({', '.join(gpus)})" if gpus else "")
             table.append((name, r["source"], _human(r["size"]), memory, r["architecture"] or "?",
-                          r["quantization"] or "?", r["tool_format"] or "none", r["file"]))
-    widths = [max(len(line[i]) for line in table) for i in range(7)]
+                          r["quantization"] or "?", r["tool_format"] or "none", "+".join(r["media"]) or "-",
+                          r["file"]))
+    widths = [max(len(line[i]) for line in table) for i in range(8)]
     for line in table:
-        print("  ".join(c.ljust(w) for c, w in zip(line, widths)) + "  " + line[7])
+        print("  ".join(c.ljust(w) for c, w in zip(line, widths)) + "  " + line[8])
     for r in rows:
         for name, lost in r["conflicts"].items():
             print(f"name {name!r}: {r['file']} won over {', '.join(lost)}")

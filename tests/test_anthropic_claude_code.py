@@ -10,6 +10,8 @@ import pytest
 from gateway.base.errors import ApiError, InvalidRequest
 from gateway.text.schemacheck import allows_any, schema_problem
 from gateway.wire import anthropic
+from gateway.wire import media as wire_media
+from gateway.wire.media import MARKER
 from gateway.wire.tools import IMAGE_NOTE, anthropic_left_out
 
 USER = {"role": "user", "content": "hi"}
@@ -228,8 +230,14 @@ def test_an_image_in_a_tool_result_is_told_not_refused():
         {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Read", "input": {"p": "a.png"}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
             {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]}]}]}
-    messages = anthropic.parse(body).request.messages
-    assert messages[-1]["role"] == "tool" and messages[-1]["content"] == IMAGE_NOTE
-    body["messages"].append({"role": "user", "content": [{"type": "image", "source": {}}]})
-    with pytest.raises(InvalidRequest):  # an image the user sends is still refused: no vision here
-        anthropic.parse(body)
+    req = anthropic.parse(body).request
+    assert req.messages[-1]["role"] == "tool" and req.messages[-1]["content"] == MARKER
+    assert [(m.param, m.note) for m in req.media] == [("messages.2.content.0.content.0.source.data", IMAGE_NOTE)]
+    wire_media.require(req, {"vision": False}, "m")  # a model that takes no pictures reads the note
+    assert req.messages[-1]["content"] == IMAGE_NOTE and req.media == []
+    body["messages"].append({"role": "user", "content": [{"type": "image", "source": {"type": "base64",
+                                                                                      "data": "iVBORw0KGgo="}}]})
+    req = anthropic.parse(body).request
+    with pytest.raises(InvalidRequest) as e:  # an image the user sends is refused by such a model
+        wire_media.require(req, {"vision": False}, "m")
+    assert e.value.param == "messages.3.content.0.source.data"

@@ -250,7 +250,12 @@ async def test_completions_default_max_tokens_is_16_and_streams(client):
     ({"model": "plain", "messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0].role"),
     ({"model": "plain", "messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content"),
     ({"model": "plain", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
+     "messages[0].content[0].image_url"),
+    ({"model": "plain", "messages": [{"role": "user", "content": [{"type": "video_url"}]}]}, 400,
      "messages[0].content[0].type"),
+    ({"model": "plain", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,aGk="}}]}]}, 400,
+     "messages[0].content[0].image_url.url"),
     ({"model": "plain", "messages": HI, "n": 2}, 400, "n"),
     ({"model": "plain", "messages": HI, "temperature": "hot"}, 400, "temperature"),
     ({"model": "plain", "messages": HI, "temperature": 3}, 400, "temperature"),

@@ -44,6 +44,7 @@ SAMPLES = {
     "prompt_cache_bytes": ("512MiB", 512 * 2**20),
     "cache_reuse": (256, 256),
     "ctx_checkpoints": (4, 4),
+    "mmproj": ("mmproj-m.gguf", None),  # kept: relative to the file (below)
 }
 
 
@@ -54,6 +55,7 @@ def test_every_setting_is_a_models_yaml_key_that_reaches_the_worker_as_its_own_t
     spec = load_config(tmp_path / "models.yaml", check_files=False).models[0]
     kept = {name: value for name, (_, value) in SAMPLES.items()}
     kept["lora"] = ((tmp_path / "a.gguf", 1.0), (Path("/x/b.gguf"), 0.25))
+    kept["mmproj"] = tmp_path / "mmproj-m.gguf"
     assert settings_of(spec) == kept
     assert all(getattr(spec, f.name) != f.default for f in fields(LlamaSettings))  # each one read, none left out
 

@@ -60,7 +60,8 @@ def test_generate_with_system_raw_and_embed():
     ({"model": "m", "messages": "hi"}, "messages"),
     ({"model": "m", "messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
     ({"model": "m", "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
-    ({"model": "m", "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}, "messages[0].images"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x", "images": "aGk="}]}, "messages[0].images"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x", "images": [5]}]}, "messages[0].images[0]"),
     ({"model": "m", "messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_name"),
     ({"model": "m", "messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "w", "arguments": 3}}]}]},
      "messages[0].tool_calls[0].function.arguments"),
@@ -84,7 +85,8 @@ def test_chat_mistakes_name_their_field(body, param):
 
 @pytest.mark.parametrize("body, param", [
     ({"model": "m", "prompt": 5}, "prompt"),
-    ({"model": "m", "prompt": "x", "images": ["aGk="]}, "images"),
+    ({"model": "m", "prompt": "x", "images": {"a": 1}}, "images"),
+    ({"model": "m", "prompt": "x", "suffix": "y", "images": ["aGk="]}, "images"),
     ({"model": "m", "prompt": "x", "suffix": 5}, "suffix"),  # a string: fill in the middle (test_infill.py)
     ({"model": "m", "prompt": "x", "template": "{{ .Prompt }}"}, "template"),
     ({"model": "m", "prompt": "x", "raw": "yes"}, "raw"),

@@ -28,20 +28,29 @@ def scripted(tmp_path_factory):
     return d
 
 
-def ollama_store(root, blobs: dict[str, str]):
-    """Ollama's layout: manifests/REGISTRY/NAMESPACE/MODEL/TAG -> blobs/sha256-HEX. ``blobs``: 'ns/model:tag' -> file."""
-    for ref, src in blobs.items():
+def ollama_store(root, blobs: dict[str, str], projectors: dict | None = None):
+    """Ollama's layout: manifests/REGISTRY/NAMESPACE/MODEL/TAG -> blobs/sha256-HEX. ``blobs``: 'ns/model:tag' -> file;
+    ``projectors``: 'ns/model:tag' -> its projector file (a layer of its own)."""
+    def blob(src) -> str:
         data = src.read_bytes()
         digest = hashlib.sha256(data).hexdigest()
         (root / "blobs").mkdir(parents=True, exist_ok=True)
         (root / "blobs" / f"sha256-{digest}").write_bytes(data)
+        return digest
+
+    for ref, src in blobs.items():
+        digest = blob(src)
         name, tag = ref.split(":")
         ns, model = name.split("/") if "/" in name else ("library", name)
         manifest = root / "manifests" / "registry.ollama.ai" / ns / model / tag
         manifest.parent.mkdir(parents=True, exist_ok=True)
-        manifest.write_text(json.dumps({"schemaVersion": 2, "layers": [
-            {"mediaType": "application/vnd.ollama.image.template", "digest": "sha256-0"},
-            {"mediaType": "application/vnd.ollama.image.model", "digest": f"sha256:{digest}", "size": len(data)}]}))
+        layers = [{"mediaType": "application/vnd.ollama.image.template", "digest": "sha256-0"},
+                  {"mediaType": "application/vnd.ollama.image.model", "digest": f"sha256:{digest}",
+                   "size": src.stat().st_size}]
+        if projectors and ref in projectors:
+            layers.append({"mediaType": "application/vnd.ollama.image.projector",
+                           "digest": f"sha256:{blob(projectors[ref])}"})
+        manifest.write_text(json.dumps({"schemaVersion": 2, "layers": layers}))
 
 
 def hf_cache(hub, repo: str, src, filename: str):
@@ -94,6 +103,54 @@ def test_default_stores_and_their_names(_isolated_home, scripted, write_config):
 
     off = Registry(config_for(write_config, discover_default_stores=False))
     assert off.specs() == []
+
+
+def header_projector(path, audio: bool = False):
+    """A projector's header (libmtmd's keys) over one tensor: what discovery reads of it."""
+    import gguf
+    import numpy as np
+
+    w = gguf.GGUFWriter(str(path), "clip")
+    w.add_string("general.type", "mmproj")
+    w.add_bool("clip.has_vision_encoder", not audio)
+    w.add_bool("clip.has_audio_encoder", audio)
+    w.add_tensor("mm.0.weight", np.zeros((4, 4), dtype=np.float32))
+    tm.finish(w)
+    return path
+
+
+def test_projectors_go_with_the_models_beside_them(_isolated_home, scripted, write_config, tmp_path):
+    home = _isolated_home
+    folder = home / "models" / "vl"
+    folder.mkdir(parents=True)
+    for name in ("Vision-Q4_K_M", "Vision-Q8_0"):
+        shutil.copy(scripted / "alpha.gguf", folder / f"{name}.gguf")
+    header_projector(folder / "mmproj-Vision-Q8_0.gguf")
+    header_projector(folder / "mmproj-Vision-F16.gguf")
+    shutil.copy(scripted / "beta.gguf", home / "models" / "text-only.gguf")
+    hf_cache(home / ".cache" / "huggingface" / "hub", "Org/Ear-GGUF", scripted / "loop.gguf", "ear-q4.gguf")
+    snapshot = next((home / ".cache" / "huggingface" / "hub" / "models--Org--Ear-GGUF" / "snapshots").iterdir())
+    header_projector(snapshot / "mmproj-ear.gguf", audio=True)
+    (home / ".lmstudio" / "models" / "pub" / "repo").mkdir(parents=True)
+    shutil.copy(scripted / "gamma.gguf", home / ".lmstudio" / "models" / "pub" / "repo" / "g-Q8_0.gguf")
+    header_projector(home / ".lmstudio" / "models" / "pub" / "repo" / "mmproj-model-f16.gguf")
+    ollama_store(home / ".ollama" / "models", {"gemma3:4b": scripted / "gamma.gguf", "plain:1b": scripted / "beta.gguf"},
+                 projectors={"gemma3:4b": header_projector(tmp_path / "proj.gguf")})
+
+    reg = Registry(config_for(write_config))
+    for name in ("vision-q4_k_m", "vision-q8_0"):
+        assert reg.resolve(name).mmproj.name == "mmproj-Vision-F16.gguf"  # the F16 of two quantizations
+        assert reg.media(reg.resolve(name)) == ["image"]
+    assert reg.resolve("mmproj-vision-f16") is None  # a projector is no model to serve
+    assert reg.resolve("text-only").mmproj is None and reg.media(reg.resolve("text-only")) == []
+    assert reg.resolve("org/ear-gguf").mmproj.name == "mmproj-ear.gguf"
+    assert reg.media(reg.resolve("org/ear-gguf")) == ["audio"]
+    assert reg.resolve("pub/repo").mmproj.name == "mmproj-model-f16.gguf"
+    assert reg.media(reg.resolve("gemma3:4b")) == ["image"] and reg.resolve("gemma3:4b").mmproj.parent.name == "blobs"
+    assert reg.resolve("plain:1b").mmproj is None
+    with_projector, without = reg.estimate(reg.resolve("gemma3:4b")), reg.estimate(reg.resolve("pub/repo"))
+    assert with_projector["projector"] > 0 and without["projector"] > 0
+    assert reg.estimate(reg.resolve("plain:1b"))["projector"] == 0
 
 
 def test_configuration_beats_discovery_and_the_architecture_is_a_last_resort(scripted, tmp_path, write_config):

@@ -9,8 +9,11 @@ import pytest
 from openapi import validate, validate_event
 
 from gateway.base.errors import InvalidRequest
+from gateway.engine.ipc import GenerationRequest
+from gateway.wire import media as wire_media
 from gateway.wire import responses
 from gateway.wire.answer import Call, CallArgs, Finish, Piece
+from gateway.wire.media import MARKER
 from gateway.wire.tools import IMAGE_NOTE
 
 SEARCH = {"type": "function", "name": "search", "description": "Search the docs",
@@ -228,10 +231,14 @@ def test_mistakes_name_the_field(fields, param):
 
 
 def test_an_image_in_a_tool_output_is_told_as_a_note():
+    media: list = []
     messages = responses.input_messages([
         {"role": "user", "content": "look"},
         {"type": "function_call", "call_id": "c1", "name": "view_image", "arguments": '{"path": "a.png"}'},
         {"type": "function_call_output", "call_id": "c1", "output": [
             {"type": "input_text", "text": "a.png: "}, {"type": "input_image", "image_url": "data:image/png;base64,AA"}]},
-    ])
-    assert messages[-1]["content"] == "a.png: " + IMAGE_NOTE
+    ], media=media)
+    assert messages[-1]["content"] == "a.png: " + MARKER and media[0].note == IMAGE_NOTE
+    req = GenerationRequest(messages=messages, media=media)
+    wire_media.require(req, {}, "m")  # a model that takes no pictures reads the note
+    assert messages[-1]["content"] == "a.png: " + IMAGE_NOTE and req.media == []

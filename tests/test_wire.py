@@ -118,6 +118,8 @@ async def test_messages_system_blocks_thinking_history_and_disabled_thinking(cli
     ({"model": "plain", "max_tokens": 5, "messages": HI, "temperature": 1.5}, "temperature"),
     ({"model": "plain", "max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]}, "messages.0.role"),
     ({"model": "plain", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image"}]}]},
+     "messages.0.content.0.source"),
+    ({"model": "plain", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "audio"}]}]},
      "messages.0.content.0.type"),
     ({"model": "plain", "max_tokens": 5, "messages": HI, "tools": [{"name": "f"}]}, "tools"),
     ({"model": "plain", "max_tokens": 5, "messages": HI, "stop_sequences": "x"}, "stop_sequences"),

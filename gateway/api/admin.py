@@ -58,6 +58,7 @@ def describe(registry: Registry, spec) -> dict[str, Any]:
         "id": spec.name, "aliases": list(spec.aliases), "source": spec.source,
         "path": str(spec.path) if spec.path is not None else None,
         "kind": "rerank" if spec.reranker else "embeddings" if spec.embeddings else "chat", "pinned": spec.pin,
+        "media": registry.media(spec), "mmproj": str(spec.mmproj) if spec.mmproj is not None else None,
         "state": model.state, "progress": round(model.progress, 4) if model.state is ModelState.LOADING else None,
         "error": model.error if model.state == "failed" else (found.error if found else None),
         "retry_after": max(1, math.ceil(retry)) if model.state == "failed" and retry > 0 else None,

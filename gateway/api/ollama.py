@@ -200,6 +200,8 @@ async def show(request: web.Request) -> web.Response:
         fills = bool(known.get("fim", info.fim if info is not None else False))
         if fills:
             capabilities.append("insert")  # Ollama's name for fill in the middle
+        media = registry.media(spec)
+        capabilities += ["vision"] * ("image" in media) + ["audio"] * ("audio" in media)
     return web.json_response({"modelfile": f"FROM {spec.path or spec.name}\n", "parameters": "",
                               "template": ollama.show_template(template, fills), "details": ollama.details(info),
                               "model_info": model_info,

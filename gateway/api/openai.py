@@ -32,7 +32,9 @@ async def list_models(request: web.Request) -> web.Response:
         except OSError:
             created = 0
         data.append({"id": spec.name, "object": "model", "created": created,
-                     "owned_by": "local" if spec.local else "upstream" if spec.upstream else "replicas"})
+                     "owned_by": "local" if spec.local else "upstream" if spec.upstream else "replicas",
+                     # beside text (llama-server's modalities; LM Studio calls such a model a vlm)
+                     "input_modalities": ["text", *request.app[REGISTRY].media(spec)]})
     return web.json_response({"object": "list", "data": data})
 
 

@@ -27,7 +27,9 @@ from ..server.events import observation
 from ..server.sse import EventStream
 from ..serving.supervisor import Progress
 from ..wire import answer, fim
+from ..wire import media as wire_media
 from ..wire.params import Parsed, apply_defaults, apply_effort
+from . import media
 from .appkeys import REGISTRY
 from .common import apply_limits, event_stream
 
@@ -80,6 +82,7 @@ async def lease(request: web.Request, parsed: Parsed, *, thinking: bool = True, 
     fill; the model's defaults; each request's formats (``answer.prepare``, by those the model's
     load settled: thinking split out where ``thinking``, else not) and reasoning budget."""
     apply_limits(request, parsed)
+    await media.ready(request, parsed)
     progress = load_progress(request, parsed.stream, failure) if failure is not None else None
     async with request.app[REGISTRY].lease(parsed.model, on_progress=progress) as (spec, backend):
         observation(request).model = spec.name
@@ -87,6 +90,8 @@ async def lease(request: web.Request, parsed: Parsed, *, thinking: bool = True, 
             on_lease(spec, backend)
         if parsed.request.suffix is not None:
             fim.require_fim(backend.info, spec.name, parsed.request.suffix_param)
+        for req in parsed.requests:
+            wire_media.require(req, backend.info, spec.name)
         apply_defaults(parsed, spec.defaults)
         for req in parsed.requests:
             answer.prepare(req, spec.name, backend.info, thinking=thinking)

@@ -17,6 +17,7 @@ from ..server.response_store import ResponseStore, Stored
 from ..server.sse import EventStream
 from ..wire import answer
 from ..wire import responses as wire
+from ..wire.media import unmarked
 from . import pipeline
 from .appkeys import CONFIG, RESPONSES
 from .body import read_json_object
@@ -41,7 +42,7 @@ async def create(request: web.Request) -> web.StreamResponse:
         if previous is None:
             raise _unknown(parsed.previous_response_id, "previous_response_id")
         history = previous.messages
-        parsed.input_messages = wire.input_messages(parsed.raw_input, history)
+        parsed.input_messages = wire.input_messages(parsed.raw_input, history, parsed.request.media)
     req = parsed.request
     req.messages = wire.conversation(parsed.instructions, history, parsed.input_messages)
     headers = dropped_tools(request, parsed.dropped)
@@ -66,7 +67,9 @@ def _events(events: list[dict]) -> list[tuple[dict[str, Any], str | None]]:
 def _keep(request: web.Request, builder: wire.ResponseBuilder, body: dict, history: list[dict],
           parsed: wire.ResponsesParsed) -> None:
     if parsed.store:
-        request.app[RESPONSES].put(builder.id, Stored(body, history + parsed.input_messages + builder.messages()),
+        # a picture is not kept: a later turn reads its place as a note (``media.unmarked``)
+        request.app[RESPONSES].put(builder.id, Stored(body, unmarked(history + parsed.input_messages)
+                                                      + builder.messages()),
                                    owner(request))
 
 

@@ -155,7 +155,7 @@ def load_params(spec: ModelSpec, server: ServerConfig) -> LoadParams:
         settings["prompt_cache_bytes"] = default_prompt_cache(server.prompt_cache_bytes, mem.available if mem else None)
     return LoadParams(name=spec.name, path=str(spec.path), **settings,
                       embeddings=spec.embeddings or spec.reranker, stream_interval=server.stream_interval_ms / 1000,
-                      **kv_cache(spec, server))
+                      mmproj_optional=spec.source != "models.yaml", **kv_cache(spec, server))
 
 
 class LocalWorkers:

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import time
 
-from ..text.reasoning import closing
-from . import checkpoints, ipc
+from . import checkpoints, ipc, media
 from .kvcache import PromptCache
 from .model import Model
 from .outbox import Outbox
-from .refusals import failure
+from .refusals import decode_failed, failure
 from .sampling import Sampling
 from .slotmemory import SlotMemory
 from .slots import Batch, Sequence, Slot, choose, chunk_end, reusable
@@ -35,6 +34,7 @@ class Decoder:
         self.slots = [Slot(i) for i in range(model.n_slots)]
         self.batch = Batch(model.ll, model.n_batch, model.n_slots)
         self.memory = SlotMemory(model)
+        self.projector = model.projector
         keep = model.params.prompt_cache_bytes
         self.cache = PromptCache(model.ll, model.ctx, keep) if keep and not model.params.embeddings else None
         self.last_step = 0.0  # seconds the last decode step took, sampling included
@@ -43,10 +43,12 @@ class Decoder:
         self._is_eog, self._piece = model.vocab.is_eog, model.vocab.piece
         self._tokenize = model.vocab.tokenize
 
-    def admit(self, rid: int, req: ipc.GenerationRequest, tokens: list[int], prompt_tail: str) -> Sequence:
+    def admit(self, rid: int, req: ipc.GenerationRequest, tokens: list[int], prompt_tail: str,
+              runs: dict[int, media.Run] | None = None) -> Sequence:
         """Give a prepared request (``Prompts.prepare``) the free slot whose cache shares the
         longest prefix with its prompt, or the one a kept state that shares a longer one is loaded
-        into (``slots.choose``), and drop the rest of that slot's cache. Raises ``Refused``."""
+        into (``slots.choose``), and drop the rest of that slot's cache (kept to whole pictures:
+        ``media.floor``). Raises ``Refused``."""
         n_prompt = len(tokens)
         max_tokens = req.max_tokens
         room = self.n_ctx - n_prompt
@@ -65,12 +67,14 @@ class Decoder:
                 self.memory.release(slot)
                 slot.origin = choice.kept.origin if cache.restore(choice.kept, slot) else "slot"  # failed: empty
         # At least one prompt token is decoded, for fresh logits.
-        common = min(reusable(slot, tokens, req.cache_scope), n_prompt - 1)
+        common = media.floor(runs or {}, min(reusable(slot, tokens, req.cache_scope), n_prompt - 1))
         end, parked = self.memory.prepare(slot, tokens, common)
+        if runs and media.floor(runs, end) != end:  # a checkpoint inside a picture: read it whole
+            end, parked = self.memory.prepare(slot, tokens, media.floor(runs, end))
         slot.scope = req.cache_scope
         seq = slot.seq = Sequence(rid, req, tokens, slot, end, prompt_tail, chain,
                                   max_tokens if max_tokens is not None else room)
-        seq.splices = parked
+        seq.splices, seq.runs = parked, runs or {}
         if self.n_swa and not self.swa_full and self.memory.keep_checkpoints:
             seq.marks = checkpoints.marks(end, n_prompt, self.n_ubatch)
         seq.common = end + sum(r.n for r in parked)
@@ -109,9 +113,7 @@ class Decoder:
         for slot in idle:
             if self.cache is not None:
                 self._keep(slot, slot.prompt_end, 0)
-            self.ll.llama_memory_seq_rm(self.mem, slot.id, -1, -1)
-            slot.keep(0)
-            self.memory.release(slot)
+            self.memory.empty(slot)
         return bool(idle)
 
     def step(self) -> None:
@@ -149,8 +151,12 @@ class Decoder:
         for seq in prefilling:
             if budget <= 0:  # never before the first: a prefilling slot leaves budget
                 break
-            stop = min(seq.splices[0].prompt if seq.splices else len(seq.tokens),
-                       seq.marks[0] if seq.marks else len(seq.tokens))
+            run = seq.runs.get(seq.next)
+            if run is not None:  # a picture or sound, encoded on a prep thread: its embeddings
+                budget -= self._read_media(seq, run)
+                continue
+            end = media.next_start(seq.runs, seq.next, len(seq.tokens))
+            stop = min(seq.splices[0].prompt if seq.splices else end, seq.marks[0] if seq.marks else end, end)
             part = seq.tokens[seq.next:min(chunk_end(seq.next, self.n_batch, self.n_ubatch), stop)]
             self._decode([(seq, part, seq.next + len(part) == len(seq.tokens))])
             budget -= len(part)
@@ -170,38 +176,45 @@ class Decoder:
             rc = self.ll.llama_decode(self.ctx, batch.struct)
         self.sampling.logits_base = None  # the decode may have moved llama.cpp's logits
         if rc != 0:
-            for seq, _, _ in chunks:
-                self.ll.llama_memory_seq_rm(self.mem, seq.slot.id, -1, -1)
-                seq.slot.keep(0)
-                self.drop(seq)
-                self.memory.release(seq.slot)
-                if rc == 1:  # no room in the cache: only a shared pool (kv_unified) runs out while requests fit
-                    self.out.send(ipc.Error(seq.rid, 503, "the model's shared context (kv_unified) is full with "
-                                                 "other requests; retry shortly, or give it a larger n_ctx", None,
-                                                 "context_full", 2.0))
-                else:
-                    self.out.send(ipc.Error(seq.rid, 500, f"llama_decode failed with status {rc}", None,
-                                                 "decode_failed"))
-            return
+            return self._failed([seq for seq, _, _ in chunks], rc)
         for seq, part, want in chunks:
-            self.memory.pin(seq.slot, len(seq.slot.cached))  # the cells this decode added
-            seq.slot.cached.extend(part)
-            if seq.pending is None:
-                seq.next += len(part)
-                while seq.splices and seq.splices[0].prompt == seq.next:
-                    self.memory.splice(seq)
-                while seq.marks and seq.marks[0] <= seq.next:
-                    if seq.marks.pop(0) == seq.next:
-                        self.memory.checkpoint(seq.slot)
+            self._advance(seq, part)
             if want:
                 try:
                     self._next_token(seq)
                 except Exception as e:  # a bug here must fail one request, not the others
-                    seq.slot.keep(0)
-                    self.ll.llama_memory_seq_rm(self.mem, seq.slot.id, -1, -1)
                     self.drop(seq)
-                    self.memory.release(seq.slot)
+                    self.memory.empty(seq.slot)
                     self.out.send(failure(seq.rid, e))
+
+    def _read_media(self, seq: Sequence, run: media.Run) -> int:
+        """Evaluate a picture's (or a sound's) embeddings into the sequence's slot: the tokens
+        it took of the step's budget. A prompt never ends with one (``Prompts.with_media``)."""
+        assert self.projector is not None
+        rc = self.projector.decode(self.ctx, run, seq.slot.id, len(seq.slot.cached), self.n_batch)
+        self.sampling.logits_base = None
+        self._failed([seq], rc) if rc else self._advance(seq, run.tokens)
+        return run.n_tokens
+
+    def _advance(self, seq: Sequence, part: list[int]) -> None:
+        """What a decode added to a sequence's slot: its cells pinned, its tokens, and where its
+        prompt's reading stands (chunks spliced in, checkpoints taken there)."""
+        self.memory.pin(seq.slot, len(seq.slot.cached))
+        seq.slot.cached.extend(part)
+        if seq.pending is None:
+            seq.next += len(part)
+            while seq.splices and seq.splices[0].prompt == seq.next:
+                self.memory.splice(seq)
+            while seq.marks and seq.marks[0] <= seq.next:
+                if seq.marks.pop(0) == seq.next:
+                    self.memory.checkpoint(seq.slot)
+
+    def _failed(self, seqs: list[Sequence], rc: int) -> None:
+        """A decode failed: its sequences end with an error, their slots emptied."""
+        for seq in seqs:
+            self.drop(seq)
+            self.memory.empty(seq.slot)
+            self.out.send(decode_failed(seq.rid, rc))
 
     def _next_token(self, seq: Sequence) -> None:
         tok: int | None
@@ -225,7 +238,7 @@ class Decoder:
             seq.probs.append(self.sampling.logprobs(tok, seq.top_n, seq.logit_row))
         piece = self._piece(tok)
         if seq.thinking is not None:
-            self._watch_thinking(seq, piece)
+            seq.watch_thinking(piece, self._tokenize)
         text, matched = seq.stops.feed(seq.utf8.feed(piece))
         if text:
             seq.send_text(text, self.out)
@@ -235,22 +248,6 @@ class Decoder:
         if seq.n_gen >= seq.limit or (seq.deadline is not None and time.time() >= seq.deadline):
             return self.finish(seq, "length")  # max_tokens, the context, or server.request_timeout
         seq.pending = tok
-
-    def _watch_thinking(self, seq: Sequence, piece: bytes) -> None:
-        """Count the answer's thinking tokens (a budget of N lets N through); at the budget, queue
-        the tokens that end the thinking the way the model's format ends it (once: the watch
-        stops there). A grammar constraining from the first token (a required call) owns the
-        answer, so no budget is forced into it."""
-        watch = seq.thinking
-        assert watch is not None and seq.budget is not None
-        was = watch.thinking
-        watch.feed(piece.decode("utf-8", "replace"))
-        if was:  # a token begun inside the thinking is a thinking token; the opening marker is not
-            seq.n_thinking += 1
-        if watch.thinking and seq.n_thinking >= seq.budget:
-            seq.thinking = None
-            if not (seq.req.grammar and not seq.req.grammar_triggers):
-                seq.forced = self._tokenize(closing(seq.req.reasoning or "think"), add_special=False)
 
     def finish(self, seq: Sequence, finish: str) -> None:
         """End a sequence: the rest of its text (what the stop matcher and the UTF-8 decoder held
@@ -270,6 +267,8 @@ class Decoder:
         if seq.splices:
             seq.splices = []
             self.memory.unpark(seq.slot)
+        if seq.runs and self.projector is not None:
+            self.projector.free(seq.runs)
         if seq.slot.seq is seq:
             seq.slot.seq = None
             seq.slot.last_used = time.monotonic()

@@ -55,13 +55,12 @@ from __future__ import annotations
 import json
 import os
 import struct
-import types
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
-from pathlib import Path, PurePath
-from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import PurePath
+from typing import Any, TypeVar
 
 from .settings import LlamaSettings
+from .typedjson import nested as _nested
 
 
 def _plain(o: Any) -> Any:
@@ -97,6 +96,22 @@ class LoadParams(LlamaSettings):
     # where the slots' caches are saved at exit and restored at load (``kvcache``); None: neither
     kv_cache_dir: str | None = None
     kv_cache_max_bytes: int = 0  # the whole directory's bound, least recently used removed first
+    # a projector discovery paired by folder: one llama.cpp refuses (made for another model there)
+    # is left out with a warning, where one models.yaml names fails the load
+    mmproj_optional: bool = False
+
+
+@dataclass
+class Media:
+    """A picture or a sound a request carries; the prompt's text holds a marker for each
+    (``wire.media.MARKER``), in this order."""
+
+    kind: str  # image | audio
+    param: str  # the caller's field it came in (messages[1].content[0]), as a refusal names it
+    data: str = ""  # the file's bytes, base64 (PNG, JPEG, GIF, BMP; WAV, MP3, FLAC)
+    url: str | None = None  # an http(s) address, fetched by the gateway before the request goes on
+    # a tool result's picture: what a model that takes none reads in its place (else such a model refuses it)
+    note: str | None = None
 
 
 @dataclass
@@ -149,6 +164,7 @@ class GenerationRequest:
     # whose cached prompts this request may reuse (server.isolate_cache_by_key: the API key's
     # name); a slot holding another scope's cache is read afresh
     cache_scope: str = ""
+    media: list[Media] = field(default_factory=list)  # pictures and sounds, in the order of their markers
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -241,49 +257,6 @@ Command = Load | Generate | Cancel | Tokenize | Detokenize | ApplyTemplate | Thr
 _OPS: dict[str, type] = {"load": Load, "generate": Generate, "cancel": Cancel, "tokenize": Tokenize,
                          "detokenize": Detokenize, "apply_template": ApplyTemplate, "threads": Threads,
                          "embed": Embed, "trim_cache": TrimCache, "exit": Exit}
-
-
-def _from_json(tp: Any) -> Callable[[Any], Any] | None:
-    """How a value JSON read becomes the annotated type ``tp`` again where JSON has no such type
-    (a tuple, a path); None where it already is that type."""
-    origin, args = get_origin(tp), get_args(tp)
-    if tp is Path:
-        return Path
-    if origin is tuple:
-        if len(args) == 2 and args[1] is Ellipsis:
-            item = _from_json(args[0])
-            return tuple if item is None else lambda v: tuple(map(item, v))
-        parts = [_from_json(a) or (lambda x: x) for a in args]
-        return lambda v: tuple(f(x) for f, x in zip(parts, v))
-    if origin is Union or origin is types.UnionType:
-        arms = [a for a in args if a is not type(None)]
-        inner = [c for a in arms if (c := _from_json(a)) is not None]
-        if not inner:
-            return None
-        if len(arms) > 1:  # JSON could not tell which arm a value was: a field type this cannot carry
-            raise TypeError(f"{tp} cannot cross as JSON")
-        return lambda v: None if v is None else inner[0](v)
-    return None
-
-
-def _reader(cls: Any) -> Callable[[dict[str, Any]], Any]:
-    """``cls`` (a dataclass) from the JSON object ``asdict`` made of one, each field of its type."""
-    hints = get_type_hints(cls)
-    convert = {f.name: c for f in fields(cls) if (c := _from_json(hints[f.name])) is not None}
-
-    def read(d: dict[str, Any]) -> Any:
-        for name, c in convert.items():
-            if name in d:
-                d[name] = c(d[name])
-        return cls(**d)
-    return read
-
-
-def _nested(cls: type) -> tuple[tuple[str, Callable[[dict[str, Any]], Any] | None], ...]:
-    """A command's fields, each with the reader of the dataclass it holds (sent as a JSON object)
-    or None."""
-    hints = get_type_hints(cls)
-    return tuple((f.name, _reader(hints[f.name]) if is_dataclass(hints[f.name]) else None) for f in fields(cls))
 
 
 _OP_FIELDS = {cls: (op, _nested(cls)) for op, cls in _OPS.items()}

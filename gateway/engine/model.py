@@ -21,6 +21,7 @@ from ..text import chat_template
 from ..text.reasoning import MARKER_TOKENS
 from ..text.toolformats import MARKER_TOKENS as CALL_MARKERS
 from . import device_probe, ggml, ipc, rpc
+from .media import Projector
 from .settings import CACHE_TYPES, DEFAULT_N_CTX
 from .topology import default_threads
 from .vocab import Vocab
@@ -42,6 +43,8 @@ def _device(ll) -> str:
 # compute, output) and device, in bytes: the measured side of ``memory.estimate``.
 BUFFERS: dict[str, dict[str, int]] = {}
 _BUFFER_LINE = re.compile(r"(\S+)\s+(model|KV|compute|output) buffer size =\s+([\d.]+) MiB")
+_PROJECTOR_LINE = re.compile(r"CLIP using (?P<backend>\S+) backend|model size:\s+(?P<mib>[\d.]+) MiB"
+                             r"|(?P<device>\S+) compute buffer size =\s+(?P<cmib>[\d.]+) MiB")
 
 
 def _silence_llama_logs(llama_cpp) -> None:
@@ -62,6 +65,29 @@ def _silence_llama_logs(llama_cpp) -> None:
 
     _LOG_CALLBACKS.append(log)  # the callback must outlive this function
     llama_cpp.llama_log_set(log, ctypes.c_void_p(0))
+    device = ["cpu"]  # where the projector runs ("CLIP using CUDA0 backend")
+
+    @llama_cpp.llama_log_callback
+    def mtmd_log(level, text, _user_data):
+        """libmtmd's: errors to stderr, the projector's weights and compute buffers noted as
+        ``BUFFERS["projector"]``, by device."""
+        line = text.decode("utf-8", "replace")
+        if level == ggml_log_level_error:
+            sys.stderr.write(line)
+        elif m := _PROJECTOR_LINE.search(line):
+            if m.group("backend"):
+                device[0] = m.group("backend").lower()
+                return
+            where = (m.group("device") or device[0]).split("_")[0].lower()
+            per_device = BUFFERS.setdefault("projector", {})
+            mib = float(m.group("mib") or m.group("cmib"))
+            per_device[where] = per_device.get(where, 0) + int(mib * 2**20)
+
+    _LOG_CALLBACKS.append(mtmd_log)
+    from llama_cpp import mtmd_cpp
+
+    mtmd_cpp.mtmd_log_set(mtmd_log, ctypes.c_void_p(0))
+    mtmd_cpp.mtmd_helper_log_set(mtmd_log, ctypes.c_void_p(0))
 
 
 def prepare() -> None:
@@ -126,7 +152,7 @@ class Model:
         self.n_slots = n_slots = 1 if params.embeddings else max(1, min(params.parallel, MAX_SLOTS))
         # a unified pool that reuses chunks past a change parks them under a second id per slot
         # while the new tokens before them are read (``Decoder``'s splices)
-        self.splice = bool(params.kv_unified and params.cache_reuse and not params.embeddings)
+        self.splice = bool(params.kv_unified and params.cache_reuse and not params.embeddings and not params.mmproj)
         # In a unified pool llama.cpp hands a sliding-window cell that the window masks to any
         # sequence that needs a cell, ``swa_full`` or not (a cell held by one sequence only is
         # free to take once masked): an idle slot, or one that generated past its prompt, then
@@ -184,7 +210,8 @@ class Model:
         self.n_swa = ll.llama_model_n_swa(self.handle)
         self.mem = ll.llama_get_memory(self.ctx)
         # chunks are moved only where every layer's cache can shift (RoPE re-applied in place)
-        self.cache_reuse = params.cache_reuse if ll.llama_memory_can_shift(self.mem) else 0
+        # (not with a projector: a picture's cells are never moved, as in llama-server)
+        self.cache_reuse = params.cache_reuse if ll.llama_memory_can_shift(self.mem) and not params.mmproj else 0
         if not self.cache_reuse:
             self.splice = False  # (the gateway logs a cache_reuse it asked for and did not get)
         self.n_ctx = ll.llama_n_ctx_seq(self.ctx)  # per slot
@@ -197,6 +224,15 @@ class Model:
         self.device = _device(ll) if self.gpu_offload else "cpu"
         if self.rpc_devices:
             self.device += f"+rpc:{self.rpc_devices}"
+        # pictures and sounds (``media``): the projector runs where the model's layers do
+        self.projector = None
+        if params.mmproj and not params.embeddings:
+            try:
+                self.projector = Projector(ll, self.handle, str(params.mmproj), cp.n_threads_batch, self.gpu_offload)
+            except RuntimeError as e:
+                if not params.mmproj_optional:
+                    raise
+                print(f"gguf-gateway worker: {e}; serving {params.name} without it", file=sys.stderr, flush=True)
 
     def _lora(self, adapters: tuple[tuple[Path, float], ...]) -> list[Any]:
         """Load the LoRA adapters and set them on the context (each with its scale); raises
@@ -241,6 +277,9 @@ class Model:
             "kv_unified": bool(self.cp.kv_unified), "n_ctx_total": self.ll.llama_n_ctx(self.ctx),
             "rope_freq_base": self.cp.rope_freq_base or None, "rope_freq_scale": self.cp.rope_freq_scale or None,
             "lora": len(self.loras), "cache_reuse": self.cache_reuse,
+            # what its projector encodes (``mmproj``)
+            "vision": bool(self.projector and self.projector.vision),
+            "audio": bool(self.projector and self.projector.audio),
             "buffers": BUFFERS,  # llama.cpp's own allocations, by kind and device
             "devices": self.device_memory(),  # and what its devices have free with this model loaded
         }

@@ -16,6 +16,7 @@ from ..text import chat_template
 from ..text.grammar import MAX_MADE_GRAMMAR_CHARS, grammar_problem
 from ..text.reasoning import ReasoningSplitter
 from . import infill, ipc
+from .media import Run
 from .model import Model
 from .refusals import Refused, failure
 from .sampling import structured_grammar
@@ -30,6 +31,7 @@ Source = ipc.GenerationRequest | ipc.PromptRequest  # what a prompt is read from
 class PromptTokens(NamedTuple):
     tokens: list[int]
     tail: str  # the end of the prompt's text, where a chat template may have opened a thinking block
+    runs: dict[int, Run] | None = None  # its pictures and sounds by start (``media``), encoded
 
 
 class Prompts:
@@ -47,7 +49,23 @@ class Prompts:
             return PromptTokens(self.vocab.known_ids(req.prompt_tokens, param), "")
         text = self.render(req) if req.messages is not None else req.prompt or ""
         self.check_fits(text, param)
+        if isinstance(req, ipc.GenerationRequest) and req.media:
+            return self.with_media(req, text, add_special)
         return PromptTokens(self.vocab.tokenize(text, add_special=add_special), text[-PROMPT_TAIL:])
+
+    def with_media(self, req: ipc.GenerationRequest, text: str, add_special: bool) -> PromptTokens:
+        """A prompt with pictures or sounds, read by the model's projector (``media``)."""
+        projector = self.model.projector
+        first = req.media[0]
+        if projector is None or not (projector.vision if first.kind == "image" else projector.audio):
+            raise Refused(400, f"model {self.model.params.name!r} does not take "
+                               f"{'images' if first.kind == 'image' else 'audio'}", first.param,
+                          f"{first.kind}_not_supported")
+        tokens, runs = projector.tokenize(text, req.media, add_special)
+        if tokens and tokens[-1] < 0:
+            projector.free(runs)
+            raise Refused(400, "a prompt cannot end with a picture or a sound: put text after it", first.param)
+        return PromptTokens(tokens, text[-PROMPT_TAIL:], runs)
 
     def infill(self, req: ipc.GenerationRequest) -> PromptTokens:
         """A fill-in-the-middle prompt: ``prompt`` before the cursor, ``suffix`` after it, the
@@ -100,6 +118,16 @@ class Prompts:
         if req.response_format:
             req.grammar = structured_grammar(req.response_format, req.json_schema, req.format_param)
         prompt = self.tokens(req)
+        try:
+            self._check(req, prompt)
+        except BaseException:
+            if prompt.runs and self.model.projector is not None:
+                self.model.projector.free(prompt.runs)
+            raise
+        return prompt
+
+    def _check(self, req: ipc.GenerationRequest, prompt: PromptTokens) -> None:
+        """The tool grammar of ``req``, and room in the context for its prompt and answer."""
         if req.tools and req.tool_format:
             think = None
             if req.reasoning == "think" and req.tool_choice == "required":
@@ -120,7 +148,6 @@ class Prompts:
                 f"{want} tokens ({n_prompt} in the prompt, {max_tokens or 0} for the completion). "
                 "Please reduce the prompt or max_tokens.",
                 "messages" if req.messages is not None else "prompt", "context_length_exceeded")
-        return prompt
 
     def render(self, req: Source) -> str:
         """The request's messages through the model's chat template, as the prompt's text. A

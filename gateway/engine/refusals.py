@@ -20,3 +20,12 @@ class Refused(Exception):
 def failure(rid: int, e: Exception) -> ipc.Error:
     """A bug met while serving request ``rid``: it fails that request alone."""
     return ipc.Error(rid, 500, f"{type(e).__name__}: {e}", None, "worker_error")
+
+
+def decode_failed(rid: int, rc: int) -> ipc.Error:
+    """llama_decode's status ``rc`` for a request it failed: 1 is no room in the cache, which
+    only a shared pool (kv_unified) runs out of while requests fit (a 503 to retry)."""
+    if rc == 1:
+        return ipc.Error(rid, 503, "the model's shared context (kv_unified) is full with other requests; retry "
+                                   "shortly, or give it a larger n_ctx", None, "context_full", 2.0)
+    return ipc.Error(rid, 500, f"llama_decode failed with status {rc}", None, "decode_failed")

@@ -154,6 +154,9 @@ class LlamaSettings:
     # context checkpoints kept per slot of a sliding-window model (llama-server's --ctx-checkpoints;
     # ``engine/checkpoints``): each a copy of the window, taken near the end of each prompt; 0: none
     ctx_checkpoints: int = setting(2, checks.integer(minimum=0, maximum=64, what="an integer from 0 to 64"))
+    # the model's multimodal projector (llama-server's --mmproj): pictures and sounds are encoded
+    # by it (llama.cpp's libmtmd, ``engine/media``) into the prompt; None: text alone
+    mmproj: Path | None = setting(None, checks.path)
 
 
 SETTINGS = tuple(fields(LlamaSettings))

@@ -78,6 +78,12 @@ class SlotMemory:
         if self.pin_base is not None:
             self.ll.llama_memory_seq_rm(self.mem, self.pin_base + slot.id, -1, -1)
 
+    def empty(self, slot: Slot) -> None:
+        """Drop all the slot holds (its cells, its tokens, its pin)."""
+        self.ll.llama_memory_seq_rm(self.mem, slot.id, -1, -1)
+        slot.keep(0)
+        self.release(slot)
+
     def keeps(self, slot: Slot, tokens: list[int], common: int) -> int:
         """How many of the slot's cached tokens a prompt sharing ``common`` of them keeps: the
         prefix, and with ``cache_reuse`` the chunks it repeats past it."""

@@ -11,11 +11,11 @@ the reusable ``llama_batch`` a decode step fills.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..text.reasoning import ReasoningSplitter
+from ..text.reasoning import ReasoningSplitter, closing
 from ..text.textstream import StopMatcher, Utf8Stream
 from . import ipc
 from .checkpoints import Checkpoint
@@ -221,6 +221,7 @@ class Sequence:
         self.common, self.next, self.prompt_tail = common, common, prompt_tail
         self.source: str | None = None  # where the ``common`` tokens came from (``Slot.origin``)
         self.splices: list[Reuse] = []  # chunks of the cache parked until the prompt is read up to them
+        self.runs: dict[int, Any] = {}  # its pictures and sounds by start (``media.Run``s)
         self.parked_shift = 0  # how far the parked chunks' cells have moved so far
         self.marks: list[int] = []  # where its prompt's reading stops for a checkpoint (``checkpoints.marks``)
         self.chain = chain  # the native sampler chain (``Sampling.chain``); None: greedy
@@ -244,6 +245,22 @@ class Sequence:
             self.budget = req.thinking_budget
         self.n_thinking = 0
         self.forced: list[int] = []
+
+    def watch_thinking(self, piece: bytes, tokenize: Callable[..., list[int]]) -> None:
+        """Count the answer's thinking tokens (a budget of N lets N through); at the budget, queue
+        the tokens that end the thinking the way the model's format ends it (once: the watch
+        stops there). A grammar constraining from the first token (a required call) owns the
+        answer, so no budget is forced into it."""
+        watch = self.thinking
+        assert watch is not None and self.budget is not None
+        was = watch.thinking
+        watch.feed(piece.decode("utf-8", "replace"))
+        if was:  # a token begun inside the thinking is a thinking token; the opening marker is not
+            self.n_thinking += 1
+        if watch.thinking and self.n_thinking >= self.budget:
+            self.thinking = None
+            if not (self.req.grammar and not self.req.grammar_triggers):
+                self.forced = tokenize(closing(self.req.reasoning or "think"), add_special=False)
 
     def text_event(self, text: str) -> ipc.Text:
         event = ipc.Text(self.rid, text, self.n_gen, self.probs or None)

@@ -189,8 +189,8 @@ class Worker:
         """Whether to read this prompt in the loop itself: only a short one, and only while the
         model decodes nothing and no prompt is being read (the hand-off to a prep thread and back
         costs about a tenth of a millisecond, a short prompt less)."""
-        if self.decoder is None or self.preparing or self.decoder.active():
-            return False
+        if self.decoder is None or self.preparing or self.decoder.active() or req.media:
+            return False  # (a picture is encoded on a prep thread)
         if req.prompt_tokens is not None:
             return True
         if req.messages is not None:
@@ -251,7 +251,7 @@ class Worker:
 
     def _start(self, decoder: Decoder, command: ipc.Generate, prompt: PromptTokens) -> None:
         req = command.request
-        seq = decoder.admit(command.id, req, prompt.tokens, prompt.tail)
+        seq = decoder.admit(command.id, req, prompt.tokens, prompt.tail, prompt.runs)
         echo = None
         if req.echo:
             assert self.model is not None

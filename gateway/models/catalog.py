@@ -59,7 +59,7 @@ class ModelCatalog:
         for f in table.models:
             won = [n for n in [*f.names, *f.fallback] if table.names.get(normalize_name(n)) is f]
             won = list(dict.fromkeys(won))
-            spec = ModelSpec(name=won[0], path=f.path, aliases=tuple(won[1:]), source=f.source,
+            spec = ModelSpec(name=won[0], path=f.path, aliases=tuple(won[1:]), source=f.source, mmproj=f.mmproj,
                              embeddings=bool(f.info and f.info.pooling and not f.info.reranker),
                              reranker=bool(f.info and f.info.reranker))
             self.found[spec.name] = f
@@ -142,6 +142,23 @@ class ModelCatalog:
             return discovery.INFO_CACHE.get(spec.path)
         except ModelFileError:
             return None
+
+
+    @staticmethod
+    def projector(spec: ModelSpec) -> GGUFInfo | None:
+        """The GGUF header of a local model's projector (None without one, or a bad file)."""
+        if spec.mmproj is None:
+            return None
+        try:
+            return discovery.INFO_CACHE.get(spec.mmproj)
+        except (ModelFileError, OSError):
+            return None
+
+    @classmethod
+    def media(cls, spec: ModelSpec) -> list[str]:
+        """What a local model's projector encodes, by its header: "image", "audio"."""
+        found = cls.projector(spec)
+        return list(found.media) if found is not None else []
 
 
 def is_pattern(name: str) -> bool:

@@ -32,6 +32,7 @@ from .ggufmeta import SPLIT_RE, GGUFInfo, ModelFileError, read_info
 log = logging.getLogger(__name__)
 
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
+OLLAMA_PROJECTOR_LAYER = "application/vnd.ollama.image.projector"
 OLLAMA_DEFAULT_REGISTRY = ("registry.ollama.ai", "library")
 NOT_MODELS = frozenset({"clip", "mmproj"})  # general.architecture / general.type of projectors
 
@@ -54,6 +55,7 @@ class Found:
     info: GGUFInfo | None = None
     error: str | None = None
     linked: bool = False  # reached through a symbolic link (where the store's own layout has none)
+    mmproj: Path | None = None  # its projector (pictures, sounds): Ollama's layer, or one beside it
 
     @property
     def source(self) -> str:
@@ -161,6 +163,9 @@ def _scan_ollama(root: Root, order: int) -> list[Found]:
                 data = json.loads(manifest.read_text())
                 digest = next(layer["digest"] for layer in data.get("layers", [])
                               if layer.get("mediaType") == OLLAMA_MODEL_LAYER)
+                projector = next((root.path / "blobs" / str(layer["digest"]).replace(":", "-")
+                                  for layer in data.get("layers", [])
+                                  if layer.get("mediaType") == OLLAMA_PROJECTOR_LAYER), None)
             except (OSError, ValueError, StopIteration, KeyError, TypeError, AttributeError):
                 log.debug("skipping Ollama manifest %s", manifest)
                 continue
@@ -173,6 +178,8 @@ def _scan_ollama(root: Root, order: int) -> list[Found]:
             names = [f"{base}:{tag}".lower()] + ([base.lower()] if tag == "latest" else [])
             found = by_blob.setdefault(blob, Found(blob, root, order))
             found.names += [n for n in names if n not in found.names]
+            if projector is not None and projector.is_file():
+                found.mmproj = projector
     return list(by_blob.values())
 
 
@@ -201,6 +208,7 @@ def scan(roots: list[Root]) -> list[Found]:
         if real not in chosen or (chosen[real].linked and not found.linked):
             chosen[real] = found
     out: list[Found] = []
+    projectors: dict[Path, list[Path]] = {}  # folder -> the projectors in it
     for real, found in candidates:
         if chosen[real] is found:
             try:
@@ -210,13 +218,27 @@ def scan(roots: list[Root]) -> list[Found]:
                 out.append(found)  # listed with its error; its names still resolve (to a 503)
                 continue
             info = found.info
-            if info.architecture in NOT_MODELS or info.kind in NOT_MODELS | {"adapter"} or info.n_tensors == 0:
-                continue  # projectors, LoRA adapters and vocab-only files are not models to serve
+            if info.architecture in NOT_MODELS or info.kind in NOT_MODELS:
+                projectors.setdefault(found.path.parent, []).append(found.path)
+                continue  # projectors are not models to serve, but go with the models beside them
+            if info.kind == "adapter" or info.n_tensors == 0:
+                continue  # nor are LoRA adapters and vocab-only files
             if found.root.kind in ("huggingface", "lmstudio") and info.quantization and len(found.names) > 1:
                 found.names.append(f"{found.names[1]}:{info.quantization.lower()}")
             found.fallback = [info.architecture.lower()] if info.architecture else []
             out.append(found)
+    for found in out:
+        if found.mmproj is None and found.root.kind != "ollama":
+            found.mmproj = pair(projectors.get(found.path.parent, []))
     return out
+
+
+def pair(projectors: list[Path]) -> Path | None:
+    """The projector a model takes from those in its folder (llama-server's router pairs them
+    the same way): one named ``mmproj*`` first, then the F16 one of several quantizations, then
+    the first by name."""
+    return min(projectors, key=lambda p: (not p.name.lower().startswith("mmproj"), "f16" not in p.name.lower(),
+                                          p.name), default=None)
 
 
 @dataclass

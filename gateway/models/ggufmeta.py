@@ -53,6 +53,7 @@ class GGUFInfo:
     n_tensors: int = 0
     kind: str | None = None  # general.type: "model", "adapter", "mmproj", ... (often absent)
     chat_template: str | None = None  # tokenizer.chat_template
+    media: tuple[str, ...] = ()  # a projector's: what it encodes ("image", "audio"), from clip.has_*_encoder
     weight_bytes: int = 0  # the tensors' data, in all the files of a split model
     # the same bytes by where llama.cpp places them (``memory.layer_devices``): each repeating
     # layer's (``blk.N.*``), the input layer's (token embeddings: always on the CPU), the rest
@@ -282,6 +283,8 @@ def read_info(path: str | Path) -> GGUFInfo:
         n_tensors=n_tensors,
         kind=text("general.type"),
         chat_template=text("tokenizer.chat_template"),
+        media=tuple(kind for kind, key in (("image", "vision"), ("audio", "audio"))
+                    if meta.get(f"clip.has_{key}_encoder") is True),
         weight_bytes=weights.total,
         layer_bytes=tuple(weights.layers.get(i, 0) for i in range(max(weights.layers, default=-1) + 1)),
         input_bytes=weights.input,

@@ -86,14 +86,16 @@ class Estimate:
     compute: int
     devices: dict[str, int] = field(default_factory=dict)  # the total by pool; {RAM: total} on the CPU
     checkpoints: int = 0  # context checkpoints in RAM (the worker's, beside llama.cpp's buffers)
+    projector: int = 0  # a multimodal projector's weights and its encoder's buffers (``projector_bytes``)
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv + self.compute + self.checkpoints
+        return self.weights + self.kv + self.compute + self.checkpoints + self.projector
 
     def describe(self) -> dict[str, Any]:
         return {"weights": self.weights, "kv_cache": self.kv, "compute": self.compute,
-                "checkpoints": self.checkpoints, "total": self.total, "devices": dict(self.devices)}
+                "checkpoints": self.checkpoints, "projector": self.projector, "total": self.total,
+                "devices": dict(self.devices)}
 
 
 def _pad(n: int, to: int = 256) -> int:
@@ -138,10 +140,26 @@ def layer_devices(n_layer: int, n_gpu_layers: int, gpus: Sequence[Device],
     return pools
 
 
-def estimate(info: GGUFInfo, spec: ModelSpec, devices: Sequence[Device] = ()) -> Estimate | None:
+def projector_bytes(info: GGUFInfo) -> int:
+    """What a projector takes loaded (libmtmd reads it whole into its device's memory): its
+    weights, and its encoder's compute buffer for one picture, sized as a layer's activations
+    and attention scores over the picture's patches (the header's vision sizes; a sound's
+    encoder, whose sizes it does not give so, gets the overhead alone)."""
+    shape = info.shape
+    patch = int(shape.get("vision.patch_size") or 0)
+    patches = (int(shape.get("vision.image_size") or 0) // patch) ** 2 if patch else 0
+    n_embd = int(shape.get("vision.embedding_length") or 0)
+    n_ff = int(shape.get("vision.feed_forward_length") or 4 * n_embd)
+    heads = int(shape.get("vision.attention.head_count") or 1)
+    compute = 4 * patches * (2 * n_ff + 4 * n_embd) + 4 * heads * patches * patches
+    return info.weight_bytes + compute + COMPUTE_OVERHEAD
+
+
+def estimate(info: GGUFInfo, spec: ModelSpec, devices: Sequence[Device] = (),
+             projector: GGUFInfo | None = None) -> Estimate | None:
     """The estimate for ``spec`` as llama.cpp would load it on ``devices`` (``gateway.hardware.devices``;
-    none: everything in RAM); None where the header does not say enough (no layer count or
-    embedding size)."""
+    none: everything in RAM), with its ``projector``'s header where it has one; None where the
+    header does not say enough (no layer count or embedding size)."""
     shape = info.shape
     n_layer = int(shape.get("block_count") or 0)
     n_embd = int(shape.get("embedding_length") or 0)
@@ -212,10 +230,15 @@ def estimate(info: GGUFInfo, spec: ModelSpec, devices: Sequence[Device] = ()) ->
     by_pool[pools[n_layer]] = by_pool.get(pools[n_layer], 0) + info.output_bytes
     for pool in {RAM, head, *runs_layers}:
         by_pool[pool] = by_pool.get(pool, 0) + compute_in(pool) + gpu_context(pool)
+    # the projector runs on the first GPU where the model's layers go to GPUs (``Model``), else the CPU
+    mm = projector_bytes(projector) if projector is not None and not embeddings else 0
+    if mm:
+        on = gpus[0].pool if gpus and spec.n_gpu_layers != 0 and not spec.rpc else RAM
+        by_pool[on] = by_pool.get(on, 0) + mm
     kv = int(sum(layer_kv))
     devices_total = {pool: int(n) for pool, n in by_pool.items()}
-    compute = sum(devices_total.values()) - info.weight_bytes - kv - checkpoints
-    return Estimate(info.weight_bytes, kv, compute, devices_total, checkpoints)
+    compute = sum(devices_total.values()) - info.weight_bytes - kv - checkpoints - mm
+    return Estimate(info.weight_bytes, kv, compute, devices_total, checkpoints, mm)
 
 
 def gpu_context(pool: str) -> int:

@@ -54,6 +54,7 @@ class Observation:
     tool_calls: int = 0  # calls the answer made that parsed
     tool_call_failures: list[str] = field(default_factory=list)  # why each call that did not parse failed
     dropped_tools: list[str] = field(default_factory=list)  # tools the request gave that the prompt left out, by type
+    media: dict[str, int] = field(default_factory=dict)  # the pictures and sounds its prompts held, by kind
 
     def tokens(self, n: int) -> None:
         """``n`` more tokens arrived now (n > 1: several tokens in one piece of text)."""
@@ -86,7 +87,8 @@ class Observation:
             "time_to_first_token_s": round(self.first_token - self.started, 6) if self.first_token else None,
             "duration_s": round(duration, 6), "finish_reason": self.finish_reason,
             "client_disconnected": self.disconnected, "tool_calls": self.tool_calls,
-            "tool_call_failures": self.tool_call_failures, "dropped_tools": self.dropped_tools, "time": time.time(),
+            "tool_call_failures": self.tool_call_failures, "dropped_tools": self.dropped_tools,
+            "media": self.media, "time": time.time(),
         }
 
 

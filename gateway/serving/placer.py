@@ -41,8 +41,10 @@ Supervisors = Callable[[], list[ModelSupervisor]]  # every model that may hold s
 
 
 class Placer:
-    def __init__(self, info: Callable[[ModelSpec], GGUFInfo | None]):
+    def __init__(self, info: Callable[[ModelSpec], GGUFInfo | None],
+                 projector: Callable[[ModelSpec], GGUFInfo | None] = lambda spec: None):
         self.info = info  # a local model's GGUF header (the catalog's), for its estimate
+        self.projector = projector  # and its projector's (``mmproj``)
         self.devices = devices.Inventory()  # the GPUs llama.cpp sees, for placement by memory
         self._released: asyncio.Event | None = None  # set when a model goes idle
 
@@ -53,7 +55,7 @@ class Placer:
         info = self.info(spec) if spec.path is not None else None
         if info is None:
             return None
-        found = memory.estimate(info, spec, self.devices.gpus)
+        found = memory.estimate(info, spec, self.devices.gpus, self.projector(spec))
         return found.describe() if found is not None else None
 
     def need(self, spec: ModelSpec) -> dict[str, int]:

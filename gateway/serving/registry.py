@@ -76,7 +76,7 @@ class Registry:
         self.upstreams = Upstreams(upstream_backoff, config.server.upstream_check_seconds)
         self.upstreams.sync(self.catalog.specs())
         # what placement decides on (memory by pool, the GPUs), and its decisions carried out
-        self.placer = Placer(self.catalog.info)
+        self.placer = Placer(self.catalog.info, self.catalog.projector)
         # starts backends: a local model's through the factory (a worker process, from a spare
         # where configured), an upstream's, a replica set's
         self.launcher = Launcher(backends if backends is not None else LocalWorkers(config.server.spare_worker),
@@ -144,6 +144,15 @@ class Registry:
 
     def info(self, spec: ModelSpec) -> GGUFInfo | None:
         return self.catalog.info(spec)
+
+    def media(self, spec: ModelSpec) -> list[str]:
+        """What the model takes beside text ("image", "audio"): what its loaded backend reported,
+        else what its projector's header says."""
+        model = self.supervisor(spec)
+        if model.backend is not None and model.backend.alive and "vision" in model.backend.info:
+            info = model.backend.info
+            return [kind for kind, key in (("image", "vision"), ("audio", "audio")) if info.get(key)]
+        return self.catalog.media(spec)
 
     # --- supervisors ---------------------------------------------------------------------------
     def _timing(self, spec: ModelSpec) -> Timing:

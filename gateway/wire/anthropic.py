@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..base.errors import ApiError, InvalidRequest
-from ..engine.ipc import GenerationRequest
+from ..engine.ipc import GenerationRequest, Media
+from . import media as wire_media
 from . import tools as wire_tools
 from .answer import Call, Finish, Piece
 from .params import SAMPLING, Param, Parsed, check_schema, read_sampling, read_stops, require_model, shown
@@ -70,10 +71,15 @@ class _Blocks:
     thinking: str = ""
     calls: list[dict[str, Any]] = field(default_factory=list)  # tool_use blocks (assistant)
     results: list[dict[str, Any]] = field(default_factory=list)  # tool_result blocks (user), as tool messages
+    media: list[Media] = field(default_factory=list)  # the text's pictures, in order (``wire.media``)
+    result_media: list[Media] = field(default_factory=list)  # the tool results' pictures
 
 
-def _blocks(value: Any, where: str, *, role: str, ledger: wire_tools.CallLedger | None = None) -> _Blocks:
-    """A string or a list of content blocks, read by kind."""
+def _blocks(value: Any, where: str, *, role: str, ledger: wire_tools.CallLedger | None = None,
+            media: bool = False) -> _Blocks:
+    """A string or a list of content blocks, read by kind. With ``media``, ``image`` blocks are
+    taken (their places marked in the text); a tool result's picture (Claude Code's Read of
+    one) is told as a note to a model that takes none (``Media.note``), not a 400 every turn."""
     if isinstance(value, str):
         return _Blocks(value)
     if not isinstance(value, list):
@@ -88,6 +94,10 @@ def _blocks(value: Any, where: str, *, role: str, ledger: wire_tools.CallLedger 
             thinking.append(block["thinking"])
         elif kind == "redacted_thinking" and role == "assistant":
             continue
+        elif kind == "image" and media:
+            out.media.append(wire_media.anthropic_source(block, at))
+            out.media[-1].note = wire_tools.IMAGE_NOTE if role == "tool" else None
+            text.append(wire_media.MARKER)
         elif kind in ("image", "document") and role == "tool":
             text.append(wire_tools.IMAGE_NOTE)  # Claude Code's Read of a picture: told, not a 400 every turn
         elif kind in ("text", "thinking"):
@@ -101,7 +111,9 @@ def _blocks(value: Any, where: str, *, role: str, ledger: wire_tools.CallLedger 
                               "function": {"name": block["name"], "arguments": block.get("input", {})}})
         elif kind == "tool_result" and role == "user" and ledger is not None:
             name = ledger.name_of(block.get("tool_use_id"), f"{at}.tool_use_id")
-            content = _blocks(block.get("content", ""), f"{at}.content", role="tool").text
+            result = _blocks(block.get("content", ""), f"{at}.content", role="tool", media=True)
+            content = result.text
+            out.result_media += result.media
             is_error = block.get("is_error", False)
             if not isinstance(is_error, bool):
                 raise InvalidRequest(f"{at}.is_error: must be true or false", f"{at}.is_error")
@@ -130,9 +142,10 @@ def parse(body: dict[str, Any], *, keep_billing_header: bool = False, counting: 
     if system is not None and not keep_billing_header:
         system = _without_headers(system)
     prompt = _blocks(system, "system", role="system").text if system is not None else ""
-    messages = _messages(body.get("messages"), prompt)
+    media: list[Media] = []
+    messages = _messages(body.get("messages"), prompt, media)
 
-    req = GenerationRequest(messages=messages, max_tokens=max_tokens)
+    req = GenerationRequest(messages=messages, max_tokens=max_tokens, media=media)
     if tools and choice.mode != "none":
         req.tools, req.tool_choice, req.tool_names, req.parallel_tool_calls = (tools, choice.mode, choice.names,
                                                                              choice.parallel)
@@ -148,7 +161,7 @@ def parse(body: dict[str, Any], *, keep_billing_header: bool = False, counting: 
     return Parsed(model, req, stream, explicit=explicit, reasoning_effort=_effort(body.get("output_config")))
 
 
-def _messages(raw: Any, system: str) -> list[dict[str, Any]]:
+def _messages(raw: Any, system: str, media: list[Media]) -> list[dict[str, Any]]:
     """``messages`` in the shape of Hugging Face's chat templates, after the system prompt.
 
     A ``system`` message inside them: before any other turn it joins the system prompt; after
@@ -188,7 +201,8 @@ def _messages(raw: Any, system: str) -> list[dict[str, Any]]:
             else:
                 reminders.append(reminder(text))
             continue
-        blocks = _blocks(m.get("content"), f"{where}.content", role=role, ledger=ledger)
+        blocks = _blocks(m.get("content"), f"{where}.content", role=role, ledger=ledger, media=role == "user")
+        media += blocks.result_media + blocks.media  # in the order the prompt holds them (results first)
         if role == "user" and reminders:
             blocks.text = _joined(*reminders, blocks.text)
             reminders.clear()

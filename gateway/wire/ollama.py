@@ -15,8 +15,9 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..base.errors import InvalidRequest
-from ..engine.ipc import GenerationRequest
+from ..engine.ipc import GenerationRequest, Media
 from ..models.config import parse_duration
+from . import media as wire_media
 from . import tools as wire_tools
 from .fim import read_suffix
 from .params import SAMPLING, Parsed, check_schema, read_stops, shown
@@ -129,12 +130,19 @@ def _think(body: dict[str, Any], req: GenerationRequest) -> str | None:
     raise InvalidRequest(f'think must be true, false, "low", "medium" or "high", got {shown(think)}', "think")
 
 
-def _no_images(value: Any, where: str) -> None:
-    if value:
-        raise InvalidRequest(f"{where}: images are not supported yet (no vision models on this gateway)", where)
+def _images(value: Any, where: str, media: list[Media]) -> str:
+    """``images`` (base64 strings) appended to ``media``; their markers, which go before the
+    text they came with (as Ollama places them)."""
+    if value is None:
+        return ""
+    if not isinstance(value, list):
+        raise InvalidRequest(f"{where} must be an array of base64-encoded images", where)
+    for j, image in enumerate(value):
+        media.append(wire_media.from_base64(image, wire_media.IMAGE, f"{where}[{j}]"))
+    return wire_media.MARKER * len(value)
 
 
-def _messages(value: Any) -> list[dict[str, Any]]:
+def _messages(value: Any, media: list[Media]) -> list[dict[str, Any]]:
     if value is None:
         return []
     if not isinstance(value, list):
@@ -153,8 +161,7 @@ def _messages(value: Any) -> list[dict[str, Any]]:
             content = ""
         if not isinstance(content, str):
             raise InvalidRequest(f"{where}.content must be a string", f"{where}.content")
-        _no_images(m.get("images"), f"{where}.images")
-        msg: dict[str, Any] = {"role": role, "content": content}
+        msg: dict[str, Any] = {"role": role, "content": _images(m.get("images"), f"{where}.images", media) + content}
         thinking = m.get("thinking")
         if isinstance(thinking, str) and thinking and role == "assistant":
             msg["reasoning_content"] = msg["thinking"] = thinking
@@ -198,7 +205,8 @@ def _common(body: dict[str, Any], req: GenerationRequest) -> tuple[set[str], flo
 
 def parse_chat(body: dict[str, Any]) -> OllamaParsed:
     model = _model(body)
-    req = GenerationRequest(messages=_messages(body.get("messages")))
+    media: list[Media] = []
+    req = GenerationRequest(messages=_messages(body.get("messages"), media), media=media)
     given, alive, effort = _common(body, req)
     tools = wire_tools.openai_tools(body)
     if tools:
@@ -222,19 +230,23 @@ def parse_generate(body: dict[str, Any]) -> OllamaParsed:
         raise InvalidRequest("prompt must be a string", "prompt")
     if system is not None and not isinstance(system, str):
         raise InvalidRequest("system must be a string", "system")
-    _no_images(body.get("images"), "images")
+    media: list[Media] = []
+    marks = _images(body.get("images"), "images", media)
     for name in ("template", "context"):
         if body.get(name):
             raise InvalidRequest(f"{name} is not supported by this gateway", name)
     suffix = read_suffix(body)
     raw = _bool(body, "raw", False)
     if suffix is not None:  # fill in the middle, as Ollama does for a model whose template has .Suffix
+        if media:
+            raise InvalidRequest("images cannot go with a suffix (fill in the middle)", "images")
         req = GenerationRequest(prompt=prompt, suffix=suffix)
     elif raw:
-        req = GenerationRequest(prompt=prompt)
+        req = GenerationRequest(prompt=marks + prompt, media=media)
     else:
-        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-        req = GenerationRequest(messages=messages)
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user",
+                                                                                   "content": marks + prompt}]
+        req = GenerationRequest(messages=messages, media=media)
     given, alive, effort = _common(body, req)
     return OllamaParsed(model, req, _bool(body, "stream", True), explicit=given, keep_alive=alive,
                         reasoning_effort=effort)

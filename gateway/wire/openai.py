@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..base.errors import InvalidRequest
-from ..engine.ipc import GenerationRequest
+from ..engine.ipc import GenerationRequest, Media
 from ..text import chat_template
 from ..text.grammar import grammar_problem
 from . import tools as wire_tools
@@ -147,7 +147,8 @@ def _grammar(body: dict[str, Any], req: GenerationRequest) -> None:
         req.response_format = fmt["type"]
 
 
-def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+def _messages(body: dict[str, Any], media: list[Media]) -> list[dict[str, Any]]:
+    """The messages, their pictures and sounds (a user's, a system's) appended to ``media``."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("`messages` must be a non-empty array of messages", "messages")
@@ -164,7 +165,8 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         content = m.get("content")
         if content is None and role == "assistant":
             content = ""
-        msg: dict[str, Any] = {"role": role, "content": text_parts(content, f"{where}.content")}
+        msg: dict[str, Any] = {"role": role, "content": text_parts(content, f"{where}.content",
+                                                                   media=media if role in ("user", "system") else None)}
         if isinstance(m.get("name"), str):
             msg["name"] = m["name"]
         if role == "assistant" and m.get("tool_calls") is not None:
@@ -186,7 +188,8 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
 
 def parse_chat(body: dict[str, Any]) -> Parsed:
     model = require_model(body)
-    req = GenerationRequest(messages=_messages(body))
+    media: list[Media] = []
+    req = GenerationRequest(messages=_messages(body, media), media=media)
     stream, include_usage, explicit = _common(body, req)
     req.max_tokens = _max_tokens(body, ("max_completion_tokens", "max_tokens"))
     kwargs = body.get("chat_template_kwargs")

@@ -7,9 +7,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..base.errors import InvalidRequest
-from ..engine.ipc import GenerationRequest
+from ..engine.ipc import GenerationRequest, Media
 from ..text.sampling_params import SAMPLING, Param  # noqa: F401 (re-exported to the request parsers)
 from ..text.schemacheck import schema_problem
+from .media import MARKER, MEDIA_PARTS, openai_part
 
 
 def shown(value: object, limit: int = 60) -> str:
@@ -50,9 +51,12 @@ def read_sampling(body: dict[str, Any], req: GenerationRequest, params: dict[str
     return explicit
 
 
-def text_parts(content: Any, where: str, kinds: tuple[str, ...] = ("text",), what: str = "text parts") -> str:
+def text_parts(content: Any, where: str, kinds: tuple[str, ...] = ("text",), what: str = "text parts",
+               media: list[Media] | None = None, note: str | None = None) -> str:
     """A message's content: a string, or an array of parts of ``kinds`` (each with a ``text``),
-    joined; anything else is a 400 naming the part."""
+    joined; anything else is a 400 naming the part. Given ``media``, pictures and sounds
+    (``wire.media.MEDIA_PARTS``) are taken too: each appended to it, its place in the text
+    marked (``MARKER``); ``note``: each one's ``Media.note`` (a tool's output)."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -61,6 +65,11 @@ def text_parts(content: Any, where: str, kinds: tuple[str, ...] = ("text",), wha
     for j, part in enumerate(content):
         if not isinstance(part, dict) or not isinstance(part.get("type"), str):
             raise InvalidRequest(f"`{where}[{j}]` must be a content part object with a `type`", f"{where}[{j}]")
+        if media is not None and part["type"] in MEDIA_PARTS:
+            media.append(openai_part(part, f"{where}[{j}]"))
+            media[-1].note = note
+            parts.append(MARKER)
+            continue
         if part["type"] not in kinds:
             raise InvalidRequest(f"`{where}[{j}].type` {part['type']!r} is not supported: {what} only",
                                  f"{where}[{j}].type")

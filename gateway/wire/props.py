@@ -11,6 +11,7 @@ from typing import Any
 from ..engine.ipc import GenerationRequest
 from ..models.config import ModelSpec
 from .fim import generation_settings
+from .media import MARKER
 from .params import Parsed, apply_defaults
 
 
@@ -22,8 +23,9 @@ def defaults(spec: ModelSpec) -> GenerationRequest:
 
 
 def model(spec: ModelSpec, info: dict[str, Any], ftype: str | None) -> dict[str, Any]:
-    """One model's props, from what its backend reported at load (``info``). Nothing this
-    gateway serves reads images or audio, so every modality is false."""
+    """One model's props, from what its backend reported at load (``info``): its modalities are
+    what its projector encodes (``mmproj``), and prompts mark media as llama-server's do."""
+    media = bool(info.get("vision") or info.get("audio"))
     return {
         "default_generation_settings": {"params": generation_settings(defaults(spec)),
                                         "n_ctx": info.get("n_ctx", 0)},
@@ -31,8 +33,8 @@ def model(spec: ModelSpec, info: dict[str, Any], ftype: str | None) -> dict[str,
         "model_alias": spec.name,
         "model_ftype": ftype or "",
         "model_path": str(spec.path) if spec.path is not None else spec.name,
-        "modalities": {"vision": False, "video": False, "audio": False},
-        "media_marker": "",
+        "modalities": {"vision": bool(info.get("vision")), "video": False, "audio": bool(info.get("audio"))},
+        "media_marker": MARKER if media else "",
         "endpoint_slots": False,
         "endpoint_props": False,
         "endpoint_metrics": True,

@@ -101,6 +101,11 @@ SERVER: dict[str, Check] = {
     "keep_billing_header": checks.boolean,
     "memory_budget": _per_device(checks.byte_size, RAM),
     "memory_reserve": _per_device(_reserve, "default"),
+    "max_media_bytes": checks.byte_size,
+    "max_media_pixels": checks.POSITIVE_INTEGER,
+    "allow_remote_media": checks.boolean,
+    "allow_remote_media_private": checks.boolean,
+    "remote_media_timeout": checks.positive_seconds,
 }
 
 

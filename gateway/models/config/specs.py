@@ -128,6 +128,16 @@ class ServerConfig:
     # down (a down one is asked when its back-off ends); 0: only requests tell its health
     upstream_check_seconds: float = 30.0
     responses_store: int = 1000  # OpenAI Responses kept in memory for previous_response_id; 0: none
+    # Pictures and sounds in requests (``wire/media``): each file's largest size and a picture's
+    # most pixels (its header's width x height, read before llama.cpp decodes it)
+    max_media_bytes: int = 20 * 2**20
+    max_media_pixels: int = 7680 * 4320
+    # media named by an http(s) URL are fetched only where this is set (``server/fetch``), within
+    # max_media_bytes and remote_media_timeout seconds, never from a loopback, private or
+    # link-local address unless allow_remote_media_private
+    allow_remote_media: bool = False
+    allow_remote_media_private: bool = False
+    remote_media_timeout: float = 10.0
     ollama_port: int | None = None  # also listen here (Ollama's is 11434), for clients that cannot be pointed elsewhere
     # Where an unloaded model's conversations (its slots' KV caches) are saved, to be restored
     # when it loads again; None: under the user's cache directory (``default_kv_cache_dir``).

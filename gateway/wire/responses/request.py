@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...base.errors import InvalidRequest
-from ...engine.ipc import GenerationRequest
+from ...engine.ipc import GenerationRequest, Media
 from .. import tools as wire_tools
 from ..params import EFFORTS, SAMPLING, Parsed, check_schema, read_sampling, require_model, shown, text_parts
 from .sealed import unseal
@@ -47,14 +47,17 @@ class ResponsesParsed(Parsed):
     dropped: list[str] = field(default_factory=list)  # the tools left out of the prompt, by type
 
 
-def _text(content: Any, where: str, kinds: tuple[str, ...]) -> str:
-    return text_parts(content, where, kinds, ", ".join(kinds))
+def _text(content: Any, where: str, kinds: tuple[str, ...], media: list[Media] | None = None,
+          note: str | None = None) -> str:
+    return text_parts(content, where, kinds, ", ".join(kinds), media, note)
 
 
-def input_messages(value: Any, history: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+def input_messages(value: Any, history: list[dict[str, Any]] | None = None,
+                   media: list[Media] | None = None) -> list[dict[str, Any]]:
     """``input`` (a string, or message, ``function_call``, ``function_call_output`` and
     ``reasoning`` items) as messages in the chat templates' shape; a result may answer a call
-    made in ``history`` (the conversation of ``previous_response_id``)."""
+    made in ``history`` (the conversation of ``previous_response_id``). A user's pictures
+    (``input_image``) go to ``media``, marked in the text (``wire.media``)."""
     if isinstance(value, str):
         return [{"role": "user", "content": value}]
     if not isinstance(value, list) or not value:
@@ -76,7 +79,8 @@ def input_messages(value: Any, history: list[dict[str, Any]] | None = None) -> l
                                      f"{shown(item.get('role'))}", f"{where}.role")
             kinds = ("output_text", "refusal") if role == "assistant" else ("input_text",)
             msg: dict[str, Any] = {"role": role, "content": _text(item.get("content"), f"{where}.content",
-                                                                 kinds + ("text",))}
+                                                                 kinds + ("text",),
+                                                                 None if role == "assistant" else media)}
             if role == "assistant" and thinking is not None:
                 msg["reasoning_content"] = msg["thinking"] = thinking
                 thinking = None
@@ -113,7 +117,8 @@ def input_messages(value: Any, history: list[dict[str, Any]] | None = None) -> l
                     thinking = None
                 out.append(msg)
         elif kind in ("function_call_output", "custom_tool_call_output"):
-            text = _text(_unseen_images(item.get("output")), f"{where}.output", ("input_text", "output_text", "text"))
+            text = _text(_unseen_files(item.get("output")), f"{where}.output", ("input_text", "output_text", "text"),
+                         media, wire_tools.IMAGE_NOTE)
             out.append({"role": "tool", "tool_call_id": item.get("call_id"),
                         "name": ledger.name_of(item.get("call_id"), f"{where}.call_id"), "content": text})
         elif kind == "reasoning":
@@ -125,13 +130,14 @@ def input_messages(value: Any, history: list[dict[str, Any]] | None = None) -> l
     return out
 
 
-def _unseen_images(output: Any) -> Any:
-    """A tool's output with its images (Codex's ``view_image`` answers with one) told as a note:
-    the models here read text, and refusing the result would end the caller's session."""
+def _unseen_files(output: Any) -> Any:
+    """A tool's output with its files told as a note: refusing the result would end the
+    caller's session. Its images (Codex's ``view_image`` answers with one) are media, told as
+    the same note to a model that takes none (``Media.note``)."""
     if not isinstance(output, list):
         return output
-    return [{"type": "input_text", "text": wire_tools.IMAGE_NOTE} if isinstance(part, dict) and part.get("type") in (
-        "input_image", "input_file") else part for part in output]
+    return [{"type": "input_text", "text": wire_tools.IMAGE_NOTE} if isinstance(part, dict) and part.get("type") ==
+            "input_file" else part for part in output]
 
 
 def _thinking(item: dict[str, Any], where: str) -> str:
@@ -196,8 +202,9 @@ def parse(body: dict[str, Any]) -> ResponsesParsed:
     if previous is not None and not isinstance(previous, str):
         raise InvalidRequest("`previous_response_id` must be a string", "previous_response_id")
     # with a previous response, a result may answer one of its calls: read once it is known
-    messages = input_messages(body.get("input")) if previous is None else []
-    req = GenerationRequest(messages=messages)
+    media: list[Media] = []
+    messages = input_messages(body.get("input"), media=media) if previous is None else []
+    req = GenerationRequest(messages=messages, media=media)
     explicit = read_sampling(body, req, RESPONSES_SAMPLING)
     limit = body.get("max_output_tokens")
     if limit is not None:
