@@ -9,6 +9,7 @@ picture, and bad media get a 400 naming the part while the worker keeps serving.
 import base64
 import io
 import json
+import shutil
 import struct
 import time
 import wave
@@ -69,10 +70,13 @@ def server(tmp_path_factory):
     d = tmp_path_factory.mktemp("media")
     for sub, audio in (("vl", False), ("audio", True)):
         (d / sub).mkdir()
-        (d / sub / f"{sub}.gguf").symlink_to(tiny_random_model("qwen2", seed=1))
+        shutil.copy(tiny_random_model("qwen2", seed=1), d / sub / f"{sub}.gguf")  # (a link would be one model)
         projector = REPO / ".cache" / "models" / f"mmproj-random-{N_EMBD}{'-audio' if audio else ''}.gguf"
         if not projector.exists():
-            testprojector.write_random_projector(projector.with_suffix(".part"), N_EMBD, audio=audio)
+            try:
+                testprojector.write_random_projector(projector.with_suffix(".part"), N_EMBD, audio=audio)
+            except NotImplementedError:
+                continue
             projector.with_suffix(".part").replace(projector)
         (d / sub / f"mmproj-{sub}-f16.gguf").symlink_to(projector)
     tm.plain(d / "text.gguf")
@@ -86,7 +90,20 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="x")
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def claude(server):
+    with anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def oc(server):
+    with ollama.Client(host=server.url) as c:
+        yield c
 
 
 def ask(client, content, model="vl", **kw):
@@ -98,7 +115,7 @@ def picture_part(data: bytes, kind: str = "image/png") -> dict:
     return {"type": "image_url", "image_url": {"url": data_uri(data, kind)}}
 
 
-def test_the_models_say_what_they_take(server):
+def test_the_models_say_what_they_take(server, oc):
     status, body = server.get("/v1/models")
     by_id = {m["id"]: m for m in body["data"]}
     assert by_id["vl"]["input_modalities"] == ["text", "image"]
@@ -107,7 +124,7 @@ def test_the_models_say_what_they_take(server):
     status, body = server.get("/models")
     rows = {m["id"]: m for m in body["data"]} if "data" in body else {m["id"]: m for m in body["models"]}
     assert rows["vl"]["media"] == ["image"] and rows["vl"]["mmproj"].endswith("mmproj-vl-f16.gguf")
-    show = ollama.Client(host=server.url).show("vl")
+    show = oc.show("vl")
     assert "vision" in show.capabilities
 
 
@@ -138,21 +155,21 @@ def test_a_streamed_answer_matches_the_whole_one(client):
     assert chunks[-1].usage.prompt_tokens > 16
 
 
-def test_a_picture_through_anthropic_responses_and_ollama(server, client):
+def test_a_picture_through_anthropic_responses_and_ollama(client, claude, oc):
     picture = noise(4)
     plain = ask(client, "What is this?")
     via_openai = ask(client, [picture_part(picture), {"type": "text", "text": "What is this?"}])
-    claude = anthropic.Anthropic(base_url=server.url, api_key="x")
-    msg = claude.messages.create(model="vl", max_tokens=8, temperature=0, messages=[{"role": "user", "content": [
+    msg = claude.messages.create(model="vl", max_tokens=8, extra_body={"temperature": 0}, messages=[{"role": "user", "content": [
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(picture)}},
         {"type": "text", "text": "What is this?"}]}])
-    assert msg.usage.input_tokens == via_openai.usage.prompt_tokens > plain.usage.prompt_tokens
+    # (Anthropic counts the prompt's cached tokens apart: the picture is in the cache by now)
+    assert msg.usage.input_tokens + msg.usage.cache_read_input_tokens == via_openai.usage.prompt_tokens
+    assert msg.usage.cache_read_input_tokens > plain.usage.prompt_tokens
     assert msg.content[0].text == via_openai.choices[0].message.content
     resp = client.responses.create(model="vl", max_output_tokens=8, temperature=0, input=[{"role": "user", "content": [
         {"type": "input_image", "image_url": data_uri(picture)}, {"type": "input_text", "text": "What is this?"}]}])
     assert resp.usage.input_tokens == via_openai.usage.prompt_tokens
     assert resp.output_text == via_openai.choices[0].message.content
-    oc = ollama.Client(host=server.url)
     chat = oc.chat(model="vl", messages=[{"role": "user", "content": "What is this?", "images": [picture]}],
                    options={"temperature": 0, "num_predict": 8})
     assert chat.prompt_eval_count == via_openai.usage.prompt_tokens

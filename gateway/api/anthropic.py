@@ -13,9 +13,10 @@ from ..server.events import observation
 from ..server.sse import EventStream
 from ..wire import answer
 from ..wire import anthropic as anth
+from ..wire import media as wire_media
 from ..wire.params import Parsed
 from ..wire.tools import anthropic_left_out
-from . import pipeline
+from . import media, pipeline
 from .appkeys import CONFIG, REGISTRY
 from .body import read_json_object
 from .common import dropped_tools, event_stream
@@ -121,8 +122,10 @@ async def _stream(request: web.Request, render: anth.Renderer, run: pipeline.Run
 
 async def count_tokens(request: web.Request) -> web.Response:
     parsed, headers = await _parse(request, counting=True)
+    await media.ready(request, parsed)
     async with request.app[REGISTRY].lease(parsed.model) as (spec, backend):
         observation(request).model = spec.name
+        wire_media.require(parsed.request, backend.info, spec.name)
         answer.prepare(parsed.request, spec.name, backend.info)
         try:
             reply = await backend.tokenize(parsed.request.to_dict())

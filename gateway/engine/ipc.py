@@ -183,6 +183,7 @@ class PromptRequest:
     tool_format: str | None = None  # how the tools reach the prompt (``plain``: a system message)
     add_special: bool = True  # the tokenizer adds the model's special tokens (BOS) to a prompt text
     param: str | None = None  # the field a refusal names (None: "messages" or "prompt")
+    media: list[Media] = field(default_factory=list)  # counted as the tokens they take, not encoded
 
     @classmethod
     def of(cls, request: dict[str, Any]) -> PromptRequest:

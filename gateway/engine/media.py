@@ -92,10 +92,11 @@ class Projector:
         self.lock = threading.Lock()  # one encode at a time: the context holds its output in one buffer
         self.kept: OrderedDict[bytes, Any] = OrderedDict()  # digest -> encoded embeddings
 
-    def tokenize(self, text: str, media: list[ipc.Media], add_special: bool) -> tuple[list[int], dict[int, Run]]:
+    def tokenize(self, text: str, media: list[ipc.Media], add_special: bool,
+                 encode: bool = True) -> tuple[list[int], dict[int, Run]]:
         """The prompt's tokens (stand-ins for each medium's positions) and its runs by start,
-        each encoded. Raises ``Refused``: a 400 naming the part llama.cpp cannot decode, or a
-        prompt whose markers do not match its media."""
+        each encoded where ``encode``. Raises ``Refused``: a 400 naming the part llama.cpp
+        cannot decode, or a prompt whose markers do not match its media."""
         mt = self.mt
         bitmaps, keys = [], []
         try:
@@ -114,13 +115,13 @@ class Projector:
                     raise Refused(400, f"`{m.param}` is not {'audio' if m.kind == 'audio' else 'a picture'}",
                                   m.param, "invalid_media")
                 mt.mtmd_bitmap_set_id(bitmap, key.hex().encode())
-            return self._chunks(text, media, bitmaps, keys, add_special)
+            return self._chunks(text, media, bitmaps, keys, add_special, encode)
         finally:
             for bitmap in bitmaps:
                 mt.mtmd_bitmap_free(bitmap)
 
     def _chunks(self, text: str, media: list[ipc.Media], bitmaps: list[Any], keys: list[bytes],
-                add_special: bool) -> tuple[list[int], dict[int, Run]]:
+                add_special: bool, encode: bool) -> tuple[list[int], dict[int, Run]]:
         mt = self.mt
         data = text.encode("utf-8")
         given = mt.mtmd_input_text(data, len(data), add_special, True)
@@ -155,7 +156,8 @@ class Projector:
                           mt.mtmd_input_chunk_copy(chunk))
                 runs[run.start] = run
                 try:
-                    self._encode(run, param)
+                    if encode:
+                        self._encode(run, param)
                 except BaseException:
                     self.free(runs)
                     raise

@@ -49,19 +49,24 @@ class Prompts:
             return PromptTokens(self.vocab.known_ids(req.prompt_tokens, param), "")
         text = self.render(req) if req.messages is not None else req.prompt or ""
         self.check_fits(text, param)
-        if isinstance(req, ipc.GenerationRequest) and req.media:
+        if req.media:
             return self.with_media(req, text, add_special)
         return PromptTokens(self.vocab.tokenize(text, add_special=add_special), text[-PROMPT_TAIL:])
 
-    def with_media(self, req: ipc.GenerationRequest, text: str, add_special: bool) -> PromptTokens:
-        """A prompt with pictures or sounds, read by the model's projector (``media``)."""
+    def with_media(self, req: Source, text: str, add_special: bool) -> PromptTokens:
+        """A prompt with pictures or sounds, read by the model's projector (``media``); only
+        counted (not encoded) for a prompt read without generating."""
         projector = self.model.projector
         first = req.media[0]
         if projector is None or not (projector.vision if first.kind == "image" else projector.audio):
             raise Refused(400, f"model {self.model.params.name!r} does not take "
                                f"{'images' if first.kind == 'image' else 'audio'}", first.param,
                           f"{first.kind}_not_supported")
-        tokens, runs = projector.tokenize(text, req.media, add_special)
+        generating = isinstance(req, ipc.GenerationRequest)
+        tokens, runs = projector.tokenize(text, req.media, add_special, encode=generating)
+        if not generating:
+            projector.free(runs)
+            return PromptTokens(tokens, text[-PROMPT_TAIL:])
         if tokens and tokens[-1] < 0:
             projector.free(runs)
             raise Refused(400, "a prompt cannot end with a picture or a sound: put text after it", first.param)
