@@ -166,6 +166,10 @@ def test_a_picture_through_anthropic_responses_and_ollama(client, claude, oc):
     assert msg.usage.input_tokens + msg.usage.cache_read_input_tokens == via_openai.usage.prompt_tokens
     assert msg.usage.cache_read_input_tokens > plain.usage.prompt_tokens
     assert msg.content[0].text == via_openai.choices[0].message.content
+    counted = claude.messages.count_tokens(model="vl", messages=[{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(picture)}},
+        {"type": "text", "text": "What is this?"}]}])
+    assert counted.input_tokens == via_openai.usage.prompt_tokens
     resp = client.responses.create(model="vl", max_output_tokens=8, temperature=0, input=[{"role": "user", "content": [
         {"type": "input_image", "image_url": data_uri(picture)}, {"type": "input_text", "text": "What is this?"}]}])
     assert resp.usage.input_tokens == via_openai.usage.prompt_tokens

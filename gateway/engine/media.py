@@ -126,16 +126,17 @@ class Projector:
         data = text.encode("utf-8")
         given = mt.mtmd_input_text(data, len(data), add_special, True)
         array = (mt.mtmd_bitmap_p_ctypes * max(1, len(bitmaps)))(*bitmaps)
+        marks = text.count(mt.mtmd_default_marker().decode())
+        if marks != len(media):
+            raise Refused(400, f"the prompt holds {marks} media markers for {len(media)} pictures and sounds (a "
+                               "marker written in a text, or a chat template that left a message out)",
+                          media[0].param, "invalid_media")
         chunks = mt.mtmd_input_chunks_init()
         try:
             rc = mt.mtmd_tokenize(self.ctx, chunks, ctypes.byref(given), array, len(bitmaps))
             if rc != 0:
-                param = media[0].param if media else "messages"
-                raise Refused(400, f"the prompt holds {text.count(mt.mtmd_default_marker().decode())} media "
-                                   f"markers for {len(media)} pictures and sounds (a marker written in a text, "
-                                   "or a chat template that left one out)" if rc == 1 else
-                                   f"llama.cpp could not read the media of this prompt (mtmd_tokenize: {rc})",
-                              param, "invalid_media")
+                raise Refused(400, f"llama.cpp could not read the media of this prompt (mtmd_tokenize: {rc})",
+                              media[0].param, "invalid_media")
             tokens: list[int] = []
             runs: dict[int, Run] = {}
             parts = {key.hex().encode(): (key, m.param) for key, m in zip(keys, media)}

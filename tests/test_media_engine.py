@@ -1,0 +1,162 @@
+"""Pictures and sounds in the worker (``engine/media``), driven in this process on real
+llama.cpp and libmtmd: a random-weight model on llama.cpp's Qwen2 vocabulary with a projector of
+random weights (``testprojector``), so an answer depends on every cached value and on the
+picture's pixels. A prompt whose picture comes from a slot's cache or the prompt cache answers as
+a cold read; a cached prefix is kept to whole pictures; bad media and mismatched markers are
+refusals naming the part."""
+
+import base64
+import io
+
+import numpy as np
+import pytest
+from helpers import REPO, InProcessEngine, tiny_random_model
+from PIL import Image
+
+from gateway.engine import ipc, media
+from gateway.engine.model import Model
+from gateway.engine.prompts import Prompts
+from gateway.engine.refusals import Refused
+from gateway.models import testprojector
+
+MARKER = "<__media__>"
+
+
+def noise(seed: int) -> str:
+    pixels = np.random.default_rng(seed).integers(0, 256, (30, 50, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG")
+    return base64.b64encode(out.getvalue()).decode()
+
+
+@pytest.fixture(scope="module")
+def files():
+    model = tiny_random_model("qwen2", seed=1)
+    projector = REPO / ".cache" / "models" / "mmproj-random-64.gguf"
+    if not projector.exists():
+        testprojector.write_random_projector(projector.with_suffix(".part"), 64)
+        projector.with_suffix(".part").replace(projector)
+    return model, projector
+
+
+class Engine(InProcessEngine):
+    """``InProcessEngine`` with a projector: prompts read by the worker's ``Prompts``."""
+
+    def __init__(self, files, **load):
+        super().__init__(files[0], mmproj=files[1], **load)
+        self.prompts = Prompts(self.model)
+
+    def ask(self, text: str, pictures: list[str], max_tokens: int = 8):
+        self.rid += 1
+        req = ipc.GenerationRequest(prompt=text, max_tokens=max_tokens, temperature=0,
+                                    media=[ipc.Media("image", f"p{i}", data) for i, data in enumerate(pictures)])
+        prompt = self.prompts.prepare(req)
+        seq = self.decoder.admit(self.rid, req, prompt.tokens, prompt.tail, prompt.runs)
+        while seq.slot.seq is seq:
+            self.decoder.step()
+        events = [ipc.decode_event(f[4:]) for f in self.out.frames]
+        self.out.frames.clear()
+        (done,) = [e for e in events if isinstance(e, ipc.Done) and e.id == self.rid]
+        errors = [e for e in events if isinstance(e, ipc.Error)]
+        assert not errors, errors
+        return "".join(e.text for e in events if isinstance(e, ipc.Text) and e.id == self.rid), done, prompt
+
+
+def talk(n: int) -> str:
+    return f"Conversation {n}: here is a picture {MARKER} of the harbour at night. What do you see? "
+
+
+def test_a_picture_from_the_slot_or_the_prompt_cache_answers_as_a_cold_read(files):
+    cold = {n: Engine(files).ask(talk(n) + "And then?", [noise(n)]) for n in (1, 2)}
+    engine = Engine(files, prompt_cache_bytes=64 * 2**20)
+    for n in (1, 2):  # the second conversation takes the slot: the first is kept in RAM
+        engine.ask(talk(n), [noise(n)])
+    for n in (2, 1):
+        answer, done, prompt = engine.ask(talk(n) + "And then?", [noise(n)])
+        assert answer == cold[n][0]
+        (run,) = prompt.runs.values()
+        assert done.cached_tokens > run.start + run.n_pos  # the picture came from the cache
+        assert done.cache_source == ("slot" if n == 2 else "ram")
+
+
+def test_another_picture_at_the_same_place_is_read_from_its_start(files):
+    engine = Engine(files)
+    engine.ask(talk(1), [noise(1)])
+    answer, done, prompt = engine.ask(talk(1), [noise(3)])
+    (run,) = prompt.runs.values()
+    assert done.cached_tokens == run.start  # the text before it, not one of its positions
+    assert answer == Engine(files).ask(talk(1), [noise(3)])[0]
+
+
+def test_a_cache_cut_inside_a_picture_goes_back_to_its_start(files):
+    engine = Engine(files)
+    _, _, prompt = engine.ask(talk(1), [noise(1)])
+    (run,) = prompt.runs.values()
+    slot = engine.decoder.slots[0]
+    cut = run.start + run.n_pos // 2  # as a checkpoint or a kept state inside the picture would leave it
+    engine.model.ll.llama_memory_seq_rm(engine.model.mem, slot.id, cut, -1)
+    slot.keep(cut)
+    answer, done, _ = engine.ask(talk(1) + "More?", [noise(1)])
+    assert done.cached_tokens == run.start
+    assert answer == Engine(files).ask(talk(1) + "More?", [noise(1)])[0]
+
+
+def test_floor_and_next_start_are_whole_runs():
+    runs = {3: media.Run(3, 4, 4, "image", b"k", None), 10: media.Run(10, 2, 2, "audio", b"j", None)}
+    assert [media.floor(runs, p) for p in (0, 3, 4, 6, 7, 11, 12)] == [0, 3, 3, 3, 7, 10, 12]
+    assert [media.next_start(runs, p, 20) for p in (0, 3, 4, 10, 11)] == [3, 3, 10, 10, 20]
+    a, b = media.stand_ins(b"k", 4), media.stand_ins(b"j", 4)
+    assert all(t < 0 for t in a) and len(set(a)) == 4 and a != b and a == media.stand_ins(b"k", 4)
+
+
+def test_a_picture_met_again_is_not_encoded_again(files):
+    engine = Engine(files)
+    prompts, projector = engine.prompts, engine.model.projector
+    first = prompts.prepare(ipc.GenerationRequest(prompt=f"a {MARKER} b", media=[ipc.Media("image", "p", noise(5))]))
+    again = prompts.prepare(ipc.GenerationRequest(prompt=f"c {MARKER} d", media=[ipc.Media("image", "p", noise(5))]))
+    (one,), (two,) = first.runs.values(), again.runs.values()
+    assert one.embd is two.embd and one.key == two.key and one.tokens == two.tokens
+    counted = prompts.tokens(ipc.PromptRequest(prompt=f"c {MARKER} d", media=[ipc.Media("image", "p", noise(5))]))
+    assert counted.tokens == again.tokens and counted.runs is None  # counted, not kept
+    projector.free(first.runs)
+    projector.free(again.runs)
+
+
+@pytest.mark.parametrize("prompt, pictures, param, says", [
+    (f"two {MARKER} markers {MARKER}", 1, "p0", "2 media markers for 1"),
+    ("no marker", 1, "p0", "0 media markers for 1"),
+    (f"ends with {MARKER}", 1, "p0", "cannot end with a picture"),
+])
+def test_markers_that_do_not_match_the_media_are_refused(files, prompt, pictures, param, says):
+    engine = Engine(files)
+    req = ipc.GenerationRequest(prompt=prompt, media=[ipc.Media("image", f"p{i}", noise(i)) for i in range(pictures)])
+    with pytest.raises(Refused) as e:
+        engine.prompts.prepare(req)
+    assert e.value.status == 400 and e.value.param == param and says in e.value.message
+
+
+def test_bytes_llama_cpp_cannot_decode_and_a_sound_as_a_picture_are_refused(files):
+    engine = Engine(files)
+    for data, says in ((base64.b64decode(noise(1))[:100], "could not be decoded"), (b"garbage" * 10, "could not be")):
+        req = ipc.GenerationRequest(prompt=f"{MARKER}?", media=[ipc.Media("image", "m[0]", base64.b64encode(data).decode())])
+        with pytest.raises(Refused) as e:
+            engine.prompts.prepare(req)
+        assert e.value.param == "m[0]" and says in e.value.message
+    with pytest.raises(Refused) as e:
+        engine.prompts.prepare(ipc.GenerationRequest(prompt=f"{MARKER}?", media=[ipc.Media("audio", "a", noise(1))]))
+    assert e.value.status == 400 and "does not take audio" in e.value.message
+
+
+def test_a_projector_made_for_another_model_fails_the_load_unless_discovery_paired_it(files, tmp_path):
+    wrong = testprojector.write_random_projector(tmp_path / "mmproj-32.gguf", 32)
+    params = dict(name="m", path=str(files[0]), parallel=1, n_ctx=256, prompt_cache_bytes=0, mmproj=wrong)
+    with pytest.raises(RuntimeError, match="could not load the projector"):
+        Model(ipc.LoadParams(**params))
+    model = Model(ipc.LoadParams(**params, mmproj_optional=True))
+    assert model.projector is None and model.info()["vision"] is False
+
+
+def test_the_projector_counts_in_what_the_model_holds(files):
+    info = Engine(files).model.info()
+    assert info["vision"] is True and info["audio"] is False
+    assert info["buffers"]["projector"]["cpu"] >= files[1].stat().st_size // 2  # its weights, as libmtmd told them
