@@ -3,6 +3,8 @@ import json
 import pytest
 from helpers import run_cli
 
+from gateway.models import testprojector
+
 
 @pytest.mark.parametrize("body, needle", [
     ("models:\n  llama3:\n    path: x.gguf\n    n_ctx: big\n", 'models.llama3.n_ctx: must be a positive integer, got "big"'),
@@ -39,7 +41,8 @@ def test_check_config_uses_the_environment_variable(write_config):
     assert r.returncode == 1 and "server.port" in r.stderr
 
 
-def test_models_lists_names_with_header_metadata(write_config, model_dir):
+def test_models_lists_names_with_header_metadata(write_config, model_dir, tmp_path):
+    projector = testprojector.write_random_projector(tmp_path / "mmproj.gguf", 64, audio=True)
     path = write_config(f"""
         server:
           models_dirs: [{model_dir}]
@@ -50,6 +53,7 @@ def test_models_lists_names_with_header_metadata(write_config, model_dir):
           toolless:
             path: {model_dir}/loop.gguf
             tool_format: none
+            mmproj: {projector}
     """)
     r = run_cli("models", "--config", str(path), "--json")
     assert r.returncode == 0, r.stderr
@@ -63,12 +67,15 @@ def test_models_lists_names_with_header_metadata(write_config, model_dir):
         assert row["memory_estimate"]["total"] > row["memory_estimate"]["weights"] > 0  # what it should take loaded
     # ChatML has no tool syntax: tools are described in a system message, unless the model says none
     assert rows["chat"]["tool_format"] == "plain" and rows["toolless"]["tool_format"] is None
+    assert rows["toolless"]["media"] == ["audio"] and rows["chat"]["media"] == []
+    assert rows["toolless"]["memory_estimate"]["projector"] > projector.stat().st_size
 
     table = run_cli("models", "--config", str(path))
     assert table.returncode == 0
     header, *lines = table.stdout.splitlines()
-    assert header.split()[:7] == ["NAME", "SOURCE", "SIZE", "MEMORY", "ARCH", "QUANT", "TOOLS"]
+    assert header.split()[:8] == ["NAME", "SOURCE", "SIZE", "MEMORY", "ARCH", "QUANT", "TOOLS", "MEDIA"]
     assert any(line.startswith("chat (chat:latest, plain)") and "llama" in line and "F16" in line for line in lines)
+    assert any(line.startswith("toolless") and " audio " in line for line in lines)
 
 
 def test_models_reports_a_broken_file_without_failing(write_config, tmp_path):

@@ -106,9 +106,9 @@ def oc(server):
         yield c
 
 
-def ask(client, content, model="vl", **kw):
+def ask(client, content, model="vl", max_tokens=8, **kw):
     return client.chat.completions.create(model=model, messages=[{"role": "user", "content": content}],
-                                          max_tokens=8, temperature=0, **kw)
+                                          max_tokens=max_tokens, temperature=0, **kw)
 
 
 def picture_part(data: bytes, kind: str = "image/png") -> dict:
@@ -240,3 +240,19 @@ def test_the_inference_event_counts_the_media(server, client):
             break
         time.sleep(0.05)
     assert events[-2]["media"] == {"image": 2} and events[-1]["media"] == {}
+
+
+def test_pictures_read_on_prep_threads_while_another_answer_streams(client):
+    """Prompts with pictures are read (and encoded) on the worker's prep threads while a slot
+    generates: each answer is the one it gets alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    alone = [ask(client, [{"type": "text", "text": f"Picture {i}"}, picture_part(noise(20 + i))]).choices[0]
+             .message.content for i in range(4)]
+    with ThreadPoolExecutor(5) as pool:
+        long = pool.submit(ask, client, "Tell a long story.", max_tokens=200)
+        together = list(pool.map(lambda i: ask(client, [{"type": "text", "text": f"Picture {i}"},
+                                                        picture_part(noise(20 + i))]).choices[0].message.content,
+                                 range(4)))
+        assert long.result().usage.completion_tokens > 0
+    assert together == alone

@@ -89,7 +89,9 @@ class Projector:
         self.audio = bool(mtmd_cpp.mtmd_support_audio(self.ctx))
         self.n_embd = ll.llama_model_n_embd_inp(model) if hasattr(ll, "llama_model_n_embd_inp") \
             else ll.llama_model_n_embd(model)
-        self.lock = threading.Lock()  # one encode at a time: the context holds its output in one buffer
+        # one prompt read at a time (the prep threads share the context: its preprocessors and its
+        # one output buffer); the decode loop only reads what a read left (``decode``)
+        self.lock = threading.RLock()
         self.kept: OrderedDict[bytes, Any] = OrderedDict()  # digest -> encoded embeddings
 
     def tokenize(self, text: str, media: list[ipc.Media], add_special: bool,
@@ -97,6 +99,11 @@ class Projector:
         """The prompt's tokens (stand-ins for each medium's positions) and its runs by start,
         each encoded where ``encode``. Raises ``Refused``: a 400 naming the part llama.cpp
         cannot decode, or a prompt whose markers do not match its media."""
+        with self.lock:
+            return self._tokenize(text, media, add_special, encode)
+
+    def _tokenize(self, text: str, media: list[ipc.Media], add_special: bool,
+                  encode: bool) -> tuple[list[int], dict[int, Run]]:
         mt = self.mt
         bitmaps, keys = [], []
         try:
