@@ -401,3 +401,46 @@ def bench_conversation(name: str, words: int = 1500, middle: bool = False):
     from convbench import Conversation
 
     return Conversation(words, name, middle)
+
+
+def noise_picture(seed: int, fmt: str = "PNG", size: tuple[int, int] = (48, 40)) -> bytes:
+    """A picture of random pixels (``fmt``: one of Pillow's), different for each seed."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format=fmt)
+    return out.getvalue()
+
+
+def tone_wav(hz: float, seconds: float = 1.0, rate: int = 16000) -> bytes:
+    """A WAV of a sine: 16-bit mono."""
+    import io
+    import wave
+
+    import numpy as np
+
+    t = np.arange(int(seconds * rate)) / rate
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes((np.sin(2 * np.pi * hz * t) * 12000).astype("<i2").tobytes())
+    return out.getvalue()
+
+
+def tiny_projector(n_embd: int = 64, audio: bool = False) -> Path:
+    """A random-weight projector (``testprojector``) for ``tiny_random_model``'s embedding
+    size, written once into the repository's cache."""
+    from gateway.models import testprojector
+
+    path = REPO / ".cache" / "models" / f"mmproj-random-{n_embd}{'-audio' if audio else ''}.gguf"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        testprojector.write_random_projector(path.with_suffix(".part"), n_embd, audio=audio)
+        path.with_suffix(".part").replace(path)
+    return path

@@ -7,21 +7,17 @@ picture's; greedy answers change with the picture), a repeated conversation reus
 picture, and bad media get a 400 naming the part while the worker keeps serving."""
 
 import base64
-import io
 import json
 import shutil
 import struct
 import time
-import wave
 import zlib
 
 import anthropic
-import numpy as np
 import ollama
 import openai
 import pytest
-from helpers import REPO, ServerProcess, request, tiny_random_model
-from PIL import Image
+from helpers import ServerProcess, noise_picture, request, tiny_projector, tiny_random_model, tone_wav
 
 from gateway.models import testmodels as tm
 
@@ -30,22 +26,12 @@ pytestmark = pytest.mark.slow
 N_EMBD = 64  # tiny_random_model's
 
 
-def noise(seed: int, fmt: str = "PNG", size: tuple[int, int] = (48, 40)) -> bytes:
-    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, format=fmt)
-    return out.getvalue()
+def noise(seed: int, fmt: str = "PNG") -> bytes:
+    return noise_picture(seed, fmt)
 
 
-def tone(hz: float, seconds: float = 1.0, rate: int = 16000) -> bytes:
-    t = np.arange(int(seconds * rate)) / rate
-    out = io.BytesIO()
-    with wave.open(out, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes((np.sin(2 * np.pi * hz * t) * 12000).astype("<i2").tobytes())
-    return out.getvalue()
+def tone(hz: float) -> bytes:
+    return tone_wav(hz)
 
 
 def b64(data: bytes) -> str:
@@ -65,20 +51,11 @@ def huge_png_header(width: int, height: int) -> bytes:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from gateway.models import testprojector
-
     d = tmp_path_factory.mktemp("media")
     for sub, audio in (("vl", False), ("audio", True)):
         (d / sub).mkdir()
         shutil.copy(tiny_random_model("qwen2", seed=1), d / sub / f"{sub}.gguf")  # (a link would be one model)
-        projector = REPO / ".cache" / "models" / f"mmproj-random-{N_EMBD}{'-audio' if audio else ''}.gguf"
-        if not projector.exists():
-            try:
-                testprojector.write_random_projector(projector.with_suffix(".part"), N_EMBD, audio=audio)
-            except NotImplementedError:
-                continue
-            projector.with_suffix(".part").replace(projector)
-        (d / sub / f"mmproj-{sub}-f16.gguf").symlink_to(projector)
+        (d / sub / f"mmproj-{sub}-f16.gguf").symlink_to(tiny_projector(N_EMBD, audio))
     tm.plain(d / "text.gguf")
     cfg = d / "models.yaml"
     cfg.write_text(f"server:\n  models_dirs: [{d}]\n  max_media_bytes: 200000\n  max_media_pixels: 1000000\n"

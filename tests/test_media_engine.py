@@ -6,12 +6,9 @@ a cold read; a cached prefix is kept to whole pictures; bad media and mismatched
 refusals naming the part."""
 
 import base64
-import io
 
-import numpy as np
 import pytest
-from helpers import REPO, InProcessEngine, tiny_random_model
-from PIL import Image
+from helpers import InProcessEngine, noise_picture, tiny_projector, tiny_random_model
 
 from gateway.engine import ipc, media
 from gateway.engine.model import Model
@@ -23,20 +20,12 @@ MARKER = "<__media__>"
 
 
 def noise(seed: int) -> str:
-    pixels = np.random.default_rng(seed).integers(0, 256, (30, 50, 3), dtype=np.uint8)
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, format="PNG")
-    return base64.b64encode(out.getvalue()).decode()
+    return base64.b64encode(noise_picture(seed)).decode()
 
 
 @pytest.fixture(scope="module")
 def files():
-    model = tiny_random_model("qwen2", seed=1)
-    projector = REPO / ".cache" / "models" / "mmproj-random-64.gguf"
-    if not projector.exists():
-        testprojector.write_random_projector(projector.with_suffix(".part"), 64)
-        projector.with_suffix(".part").replace(projector)
-    return model, projector
+    return tiny_random_model("qwen2", seed=1), tiny_projector(64)
 
 
 class Engine(InProcessEngine):

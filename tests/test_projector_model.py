@@ -15,17 +15,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
-import io
-import wave
 from collections.abc import Sequence
 from pathlib import Path
 
 import llama_cpp as L
 import numpy as np
 import pytest
-from helpers import REPO, tiny_random_model
+from helpers import REPO, noise_picture, tiny_random_model, tone_wav
 from llama_cpp import mtmd_cpp as M
-from PIL import Image
 
 from gateway.models import testmodels as tm
 from gateway.models import testprojector as tp
@@ -41,23 +38,7 @@ TEXT, IMAGE, AUDIO = M.MTMD_INPUT_CHUNK_TYPE_TEXT, M.MTMD_INPUT_CHUNK_TYPE_IMAGE
 MARKER = M.mtmd_default_marker().decode()
 
 
-def noise(seed: int, fmt: str = "PNG", size: tuple[int, int] = (48, 40)) -> bytes:
-    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, format=fmt)
-    return out.getvalue()
-
-
-def tone(hz: float, seconds: float = 1.0, rate: int = 16000) -> bytes:
-    """A WAV of a sine: 16-bit mono."""
-    t = np.arange(int(seconds * rate)) / rate
-    out = io.BytesIO()
-    with wave.open(out, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes((np.sin(2 * np.pi * hz * t) * 12000).astype("<i2").tobytes())
-    return out.getvalue()
+noise, tone = noise_picture, tone_wav
 
 
 @pytest.fixture(scope="module")
