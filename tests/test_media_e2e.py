@@ -233,3 +233,53 @@ def test_pictures_read_on_prep_threads_while_another_answer_streams(client):
                                  range(4)))
         assert long.result().usage.completion_tokens > 0
     assert together == alone
+
+
+def test_a_picture_by_url_is_fetched_only_where_allowed_and_never_from_loopback_unless_allowed(tmp_path):
+    """``server.allow_remote_media``: a picture named by URL is fetched (here from a loopback
+    server, which only ``allow_remote_media_private`` reaches) and answers as the same bytes
+    sent inline; without the private allowance the same URL is a 400 naming the part."""
+    import http.server
+    import threading
+
+    picture = noise(9)
+
+    class Pictures(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (the stdlib's name)
+            self.send_response(200)
+            self.send_header("Content-Type", "image/png")
+            self.send_header("Content-Length", str(len(picture)))
+            self.end_headers()
+            self.wfile.write(picture)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Pictures)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}/cat.png"
+    shutil.copy(tiny_random_model("qwen2", seed=1), tmp_path / "vl.gguf")
+    (tmp_path / "mmproj-vl.gguf").symlink_to(tiny_projector(N_EMBD))
+    answers = {}
+    try:
+        for private in (True, False):
+            cfg = tmp_path / f"models-{private}.yaml"
+            cfg.write_text(f"server:\n  models_dirs: [{tmp_path}]\n  allow_remote_media: true\n"
+                           f"  allow_remote_media_private: {str(private).lower()}\n")
+            with ServerProcess("--config", str(cfg), env={"HOME": str(tmp_path)}) as srv:
+                for key, part in (("url", {"type": "image_url", "image_url": {"url": url}}),
+                                  ("inline", picture_part(picture))):
+                    answers[private, key] = request(srv.url + "/v1/chat/completions", {
+                        "model": "vl", "max_tokens": 6, "temperature": 0,
+                        "messages": [{"role": "user", "content": [{"type": "text", "text": "What?"}, part]}]})[:2]
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    status, body = answers[True, "url"]
+    assert status == 200, body
+    assert body["choices"][0]["message"]["content"] == answers[True, "inline"][1]["choices"][0]["message"]["content"]
+    assert body["usage"]["prompt_tokens"] == answers[True, "inline"][1]["usage"]["prompt_tokens"]
+    status, body = answers[False, "url"]
+    assert status == 400 and body["error"]["param"] == "messages[0].content[1].image_url.url"
+    assert "allow_remote_media_private" in body["error"]["message"]
+    assert answers[False, "inline"][0] == 200

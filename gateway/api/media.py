@@ -12,6 +12,7 @@ from ..base.errors import InvalidRequest
 from ..engine.ipc import Media
 from ..models.config import ServerConfig
 from ..server.events import observation
+from ..server.fetch import fetch_media
 from ..wire import media as wire_media
 from ..wire.params import Parsed
 from .appkeys import CONFIG
@@ -39,7 +40,5 @@ async def _bytes(media: Media, server: ServerConfig) -> bytes:
     if not server.allow_remote_media:
         raise InvalidRequest(f"`{media.param}`: this server fetches no URLs (server.allow_remote_media is off); "
                              "send the file inline (a base64 data: URI)", media.param, "remote_media_disabled")
-    from ..server.fetch import fetch_media
-
     return await fetch_media(media.url, media.param, max_bytes=server.max_media_bytes,
                              timeout=server.remote_media_timeout, allow_private=server.allow_remote_media_private)

@@ -75,12 +75,15 @@ async def lease(request: web.Request, parsed: Parsed, *, thinking: bool = True, 
                 ) -> AsyncIterator[tuple[ModelSpec, Backend]]:
     """The model ``parsed`` names, held for the ``async with``, each of its requests prepared.
 
-    In order: the server's limits (``apply_limits``, before any wait); the lease, which tells a
+    In order: the server's limits (``apply_limits``, before any wait); the request's pictures and
+    sounds made ready (``media.ready``: fetched, decoded, checked); the lease, which tells a
     streamed request's client how a load goes where its wire gives the ``failure`` to tell in
     that stream (``load_progress``; without one, the client waits in silence); ``on_lease``, a
     wire's own note on the model; a suffix (fill in the middle) refused on a model that cannot
-    fill; the model's defaults; each request's formats (``answer.prepare``, by those the model's
-    load settled: thinking split out where ``thinking``, else not) and reasoning budget."""
+    fill; media of a kind the model does not take refused, or a tool's picture told as its note
+    (``wire.media.require``); the model's defaults; each request's formats (``answer.prepare``,
+    by those the model's load settled: thinking split out where ``thinking``, else not) and
+    reasoning budget."""
     apply_limits(request, parsed)
     await media.ready(request, parsed)
     progress = load_progress(request, parsed.stream, failure) if failure is not None else None

@@ -1,0 +1,187 @@
+"""Fetching a picture or sound that a request names by http(s) URL (OpenAI ``image_url.url``,
+Anthropic ``source: {type: url}``), only where the operator set ``server.allow_remote_media``.
+
+A URL in a request makes the gateway open a connection on the caller's behalf, from inside the
+operator's network (SSRF). So ``fetch_media``:
+
+- fetches only ``http`` and ``https`` URLs;
+- never connects to a loopback, private, unique-local, link-local (cloud metadata among them),
+  multicast, unspecified, reserved or shared (CGNAT) address, nor to an IPv6 form that embeds
+  one (IPv4-mapped, 6to4, NAT64), unless ``allow_private``. The check is on the address
+  actually connected to: the connector's resolver (``GuardedResolver``) drops forbidden
+  addresses, so a name that resolves to one is refused, and since aiohttp's ``TCPConnector``
+  never asks the resolver about a host that is an IP literal, each URL's literal host is checked
+  here before any request;
+- follows at most ``MAX_REDIRECTS`` redirects by hand, each URL checked as the first (a redirect
+  to an IP literal would otherwise skip the resolver);
+- reads at most ``max_bytes`` (refused at once on a larger Content-Length, and as soon as the
+  streamed body passes it) within ``timeout`` seconds for the whole fetch, redirects included;
+- keeps no cookies, sends no credentials (userinfo in a URL is dropped) and no proxy settings
+  from the environment, and names itself ``gguf-gateway``.
+
+Every failure is an ``InvalidRequest`` (400) naming the request's field (``param``) with a short
+reason and the URL shortened: the caller's URL is the caller's mistake, never a 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+from collections.abc import Callable
+
+import aiohttp
+from aiohttp.abc import AbstractResolver, ResolveResult
+from aiohttp.resolver import DefaultResolver
+from yarl import URL
+
+from ..base.errors import InvalidRequest
+
+MAX_REDIRECTS = 3
+USER_AGENT = "gguf-gateway"
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+_PRIVATE_HINT = "(server.allow_remote_media_private allows it)"
+# IPv6 prefixes that carry an IPv4 address in their last 32 bits: RFC 6052's NAT64 prefix
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+Refuse = Callable[[str], InvalidRequest]  # a reason -> the 400 that names the field and the URL
+
+
+def forbidden(ip: IPAddress) -> bool:
+    """Whether ``ip`` is an address a fetch must not reach: anything not publicly routable,
+    judged on the IPv4 address an IPv6 one embeds where it embeds one."""
+    if isinstance(ip, ipaddress.IPv6Address):
+        embedded = ip.ipv4_mapped or ip.sixtofour
+        if embedded is None and ip in _NAT64:
+            embedded = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+        if embedded is not None:
+            return forbidden(embedded)
+    return (ip.is_loopback or ip.is_private or ip.is_link_local or ip.is_multicast
+            or ip.is_unspecified or ip.is_reserved or not ip.is_global)
+
+
+class ForbiddenAddress(OSError):
+    """A host that resolves only to forbidden addresses. An ``OSError`` so that aiohttp wraps it
+    as it wraps any resolver failure (``ClientConnectorError.os_error``)."""
+
+
+class GuardedResolver(AbstractResolver):
+    """aiohttp's default resolver, less the forbidden addresses; failing where none is left."""
+
+    def __init__(self, allow_private: bool = False) -> None:
+        self.allow_private = allow_private
+        self._inner: AbstractResolver | None = None  # made on first use: it needs a running loop
+
+    async def resolve(self, host: str, port: int = 0,
+                      family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
+        if self._inner is None:
+            self._inner = DefaultResolver()
+        found = await self._inner.resolve(host, port, family)
+        if self.allow_private:
+            return found
+        kept = [r for r in found if not _forbidden_text(r["host"])]
+        if not kept:
+            raise ForbiddenAddress(f"{host} resolves only to private or loopback addresses")
+        return kept
+
+    async def close(self) -> None:
+        if self._inner is not None:
+            await self._inner.close()
+
+
+def _forbidden_text(host: str) -> bool:
+    try:
+        return forbidden(ipaddress.ip_address(host))
+    except ValueError:  # not an address at all: refuse rather than guess
+        return True
+
+
+def media_session(allow_private: bool) -> aiohttp.ClientSession:
+    """A session whose every connection goes through ``GuardedResolver`` (call it with a running
+    loop; close it when done). ``fetch_media`` must be given the same ``allow_private``."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(resolver=GuardedResolver(allow_private)),
+        cookie_jar=aiohttp.DummyCookieJar(),
+        headers={"User-Agent": USER_AGENT, "Accept-Encoding": "identity"},
+        trust_env=False,
+    )
+
+
+def _short(url: str, limit: int = 100) -> str:
+    return url if len(url) <= limit else url[: limit - 3] + "..."
+
+
+async def fetch_media(url: str, param: str, *, max_bytes: int, timeout: float,
+                      allow_private: bool = False, session: aiohttp.ClientSession | None = None) -> bytes:
+    """The body at ``url``, or an ``InvalidRequest`` naming ``param`` (see the module's docstring)."""
+
+    def refuse(reason: str) -> InvalidRequest:
+        return InvalidRequest(f"could not fetch the file at `{param}` ({_short(url)}): {reason}", param)
+
+    own = session is None
+    client = media_session(allow_private) if session is None else session
+    try:
+        return await _fetch(client, url, refuse, max_bytes, timeout, allow_private)
+    except asyncio.TimeoutError:  # aiohttp's timeouts are these too
+        raise refuse(f"took longer than {timeout:g} s") from None
+    except aiohttp.ClientConnectorError as exc:  # a resolver's failure is its os_error
+        if isinstance(exc.os_error, ForbiddenAddress):
+            raise refuse(f"the host resolves to a private or loopback address {_PRIVATE_HINT}") from None
+        if isinstance(exc.os_error, socket.gaierror):
+            raise refuse("the host name does not resolve") from None
+        raise refuse("could not connect to the host") from None
+    except (aiohttp.InvalidURL, ValueError):  # yarl's and idna's complaints are ValueErrors
+        raise refuse("not a valid URL") from None
+    except (aiohttp.ClientError, OSError):
+        raise refuse("the connection failed") from None
+    finally:
+        if own:
+            await client.close()
+
+
+async def _fetch(client: aiohttp.ClientSession, url: str, refuse: Refuse,
+                 max_bytes: int, timeout: float, allow_private: bool) -> bytes:
+    # one deadline for the whole fetch: each hop gets what is left of it, as aiohttp's own timeout
+    deadline = asyncio.get_running_loop().time() + timeout
+    target = URL(url)
+    for hop in range(MAX_REDIRECTS + 1):
+        _check(target, refuse, allow_private)
+        left = deadline - asyncio.get_running_loop().time()
+        if left <= 0:
+            raise asyncio.TimeoutError
+        async with client.get(target.with_user(None), allow_redirects=False, auth=None,
+                              timeout=aiohttp.ClientTimeout(total=left)) as resp:
+            location = resp.headers.get("Location")
+            if resp.status in _REDIRECTS and location:
+                if hop == MAX_REDIRECTS:
+                    raise refuse(f"more than {MAX_REDIRECTS} redirects")
+                target = resp.url.join(URL(location))
+                continue
+            if not 200 <= resp.status < 300:
+                raise refuse(f"HTTP {resp.status}")
+            if resp.content_length is not None and resp.content_length > max_bytes:
+                raise refuse(f"is larger than {max_bytes} bytes")
+            body = bytearray()
+            async for chunk in resp.content.iter_chunked(1 << 16):
+                body += chunk
+                if len(body) > max_bytes:
+                    raise refuse(f"is larger than {max_bytes} bytes")
+            return bytes(body)
+    raise AssertionError("unreachable: the loop returns or raises")
+
+
+def _check(target: URL, refuse: Refuse, allow_private: bool) -> None:
+    """Refuse a URL that is not http(s), has no host, or whose host is a forbidden IP literal
+    (aiohttp connects to a literal without asking the resolver)."""
+    if target.scheme not in ("http", "https"):
+        raise refuse("only http and https URLs are fetched")
+    host = target.raw_host
+    if not host:
+        raise refuse("the URL names no host")
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return  # a name: the resolver checks what it resolves to
+    if not allow_private and forbidden(ip):
+        raise refuse(f"the host is a private or loopback address {_PRIVATE_HINT}")
