@@ -161,12 +161,12 @@ async def _fetch(client: aiohttp.ClientSession, url: str, refuse: Refuse,
             if not 200 <= resp.status < 300:
                 raise refuse(f"HTTP {resp.status}")
             if resp.content_length is not None and resp.content_length > max_bytes:
-                raise refuse(f"is larger than {max_bytes} bytes")
+                raise refuse(f"the file is larger than {max_bytes} bytes (server.max_media_bytes)")
             body = bytearray()
             async for chunk in resp.content.iter_chunked(1 << 16):
                 body += chunk
                 if len(body) > max_bytes:
-                    raise refuse(f"is larger than {max_bytes} bytes")
+                    raise refuse(f"the file is larger than {max_bytes} bytes (server.max_media_bytes)")
             return bytes(body)
     raise AssertionError("unreachable: the loop returns or raises")
 
