@@ -119,7 +119,8 @@ def _record(app: web.Application, obs: Observation, status: int, request: web.Re
             itl.observe(gap)
     for counter, n in ((m.prompt_tokens, obs.prompt_tokens), (m.cached_tokens, obs.cached_tokens),
                        (m.completion_tokens, obs.completion_tokens),
-                       (m.reasoning_tokens, obs.reasoning_tokens)):
+                       (m.reasoning_tokens, obs.reasoning_tokens), (m.drafted_tokens, obs.drafted_tokens),
+                       (m.accepted_tokens, obs.accepted_tokens)):
         if n:
             counter.labels(obs.model).inc(n)
     if obs.disconnected:

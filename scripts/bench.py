@@ -7,6 +7,7 @@
     .venv/bin/python scripts/bench.py --only gateway --only llama-server --stream-interval 0,5
     .venv/bin/python scripts/bench.py --swap --llama-server PATH        # switching models (swapbench.py)
     .venv/bin/python scripts/bench.py --conversations --llama-server PATH   # conversations > slots (convbench.py)
+    .venv/bin/python scripts/bench.py --speculation --llama-server PATH     # n-gram speculation (specbench.py)
 
 Contenders, each a real server process driven over HTTP through the same OpenAI
 `/v1/completions` requests. All are started, then measured in turns: each figure is taken
@@ -330,7 +331,13 @@ def main(argv: list[str] | None = None) -> int:
                    "sliding-window layers' window (swa_full: false; llama-server's default)")
     p.add_argument("--kv-unified", action="store_true", help="with --conversations: both servers' slots share one "
                    "pool of slots x slot-ctx cells (kv_unified, --kv-unified)")
+    p.add_argument("--speculation", action="store_true", help="only speculative decoding (scripts/specbench.py): "
+                   "an editing workload and a chat, with and without n-gram speculation, and llama-server likewise")
+    p.add_argument("--spec-n", type=int, default=4, help="with --speculation: the lookup n-gram's tokens")
+    p.add_argument("--spec-m", type=int, default=16, help="with --speculation: most tokens proposed a step")
     args = p.parse_args(argv)
+    if args.speculation:
+        return speculation_main(args)
     if args.swap:
         return swap_main(args)
     if args.conversations is not None:
@@ -391,6 +398,23 @@ def main(argv: list[str] | None = None) -> int:
                                          "gpu_layers": args.gpu_layers, "parallel": PARALLEL, "n_ctx": N_CTX,
                                          "results": results,
                                          "hop": hops, "rpc": rpc}, indent=2))
+    return 0
+
+
+def speculation_main(args) -> int:
+    import specbench
+
+    model = (args.model or bench_model()).resolve()
+    wanted = set(args.only or ("gateway", "llama-server"))
+    binary = find_llama_server(args.llama_server) if "llama-server" in wanted else None
+    if binary is None and "llama-server" in wanted:
+        print("llama-server: not measured (give --llama-server PATH or put it on PATH)", file=sys.stderr)
+    with tempfile.TemporaryDirectory() as tmp:
+        results = specbench.measure(model, args, Path(tmp), binary, wanted)
+    print(specbench.report(results, model, args))
+    if args.json:
+        args.json.write_text(json.dumps({"speculation": results, "model": str(model), "threads": args.threads,
+                                         "spec_n": args.spec_n, "spec_m": args.spec_m}, indent=2))
     return 0
 
 

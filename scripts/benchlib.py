@@ -88,6 +88,7 @@ class Streamed:
     stamps: list[float] = field(default_factory=list)  # when each chunk with text came
     text: str = ""
     usage: dict = field(default_factory=dict)
+    timings: dict = field(default_factory=dict)  # llama-server's (its speculation's draft_n, draft_n_accepted)
 
 
 class Server:
@@ -164,6 +165,7 @@ class Server:
             if line.startswith(b"data: {"):
                 chunk = json.loads(line[6:])
                 out.usage = chunk.get("usage") or out.usage
+                out.timings = chunk.get("timings") or out.timings
                 text = "".join(ch.get("text") or "" for ch in chunk.get("choices", ()))
                 if text:
                     out.stamps.append(time.perf_counter())

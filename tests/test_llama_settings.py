@@ -45,6 +45,9 @@ SAMPLES = {
     "cache_reuse": (256, 256),
     "ctx_checkpoints": (4, 4),
     "mmproj": ("mmproj-m.gguf", None),  # kept: relative to the file (below)
+    "spec_type": ("ngram", "ngram"),
+    "spec_ngram_size_n": (3, 3),
+    "spec_ngram_size_m": (32, 32),
 }
 
 

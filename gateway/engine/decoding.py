@@ -15,33 +15,26 @@ from __future__ import annotations
 import time
 
 from . import checkpoints, ipc, media
+from .generation import Generation
 from .kvcache import PromptCache
 from .model import Model
 from .outbox import Outbox
-from .refusals import decode_failed, failure
+from .refusals import failure
 from .sampling import Sampling
-from .slotmemory import SlotMemory
 from .slots import Batch, Sequence, Slot, choose, chunk_end, reusable
 
 
-class Decoder:
+class Decoder(Generation):
     def __init__(self, model: Model, sampling: Sampling, out: Outbox):
-        self.ll, self.ctx, self.mem = model.ll, model.ctx, model.mem
+        super().__init__(model, sampling, out)
         self.n_ctx, self.n_batch, self.n_ubatch = model.n_ctx, model.n_batch, model.cp.n_ubatch
         self.n_swa = model.n_swa
         self.swa_full = model.params.swa_full
-        self.sampling, self.out = sampling, out
         self.slots = [Slot(i) for i in range(model.n_slots)]
         self.batch = Batch(model.ll, model.n_batch, model.n_slots)
-        self.memory = SlotMemory(model)
-        self.projector = model.projector
         keep = model.params.prompt_cache_bytes
         self.cache = PromptCache(model.ll, model.ctx, keep) if keep and not model.params.embeddings else None
         self.last_step = 0.0  # seconds the last decode step took, sampling included
-        # bound once: called for every token
-        self._logits, self._sample = sampling.logits, sampling.sample
-        self._is_eog, self._piece = model.vocab.is_eog, model.vocab.piece
-        self._tokenize = model.vocab.tokenize
 
     def admit(self, rid: int, req: ipc.GenerationRequest, tokens: list[int], prompt_tail: str,
               runs: dict[int, media.Run] | None = None) -> Sequence:
@@ -75,6 +68,7 @@ class Decoder:
         seq = slot.seq = Sequence(rid, req, tokens, slot, end, prompt_tail, chain,
                                   max_tokens if max_tokens is not None else room)
         seq.splices, seq.runs = parked, runs or {}
+        self.speculate(seq, tokens)
         if self.n_swa and not self.swa_full and self.memory.keep_checkpoints:
             seq.marks = checkpoints.marks(end, n_prompt, self.n_ubatch)
         seq.common = end + sum(r.n for r in parked)
@@ -138,7 +132,11 @@ class Decoder:
         if not running:
             return
         t0 = time.monotonic()
-        generating = [(seq, [seq.pending], True) for seq in running if seq.pending is not None]
+        generating = [seq for seq in running if seq.pending is not None]
+        room = (self.n_batch - len(generating)) // max(1, len(generating))  # each one's share of the drafts
+        drafted = [(seq, [tok, *self.draft(seq, min(room, self.n_ctx - len(seq.slot.cached) - 1,
+                                                    seq.limit - seq.n_gen - 1))])
+                   for seq in generating if (tok := seq.pending) is not None]
         prefilling = sorted((s for s in running if s.pending is None), key=lambda s: s.order)
         if self.out.holding and prefilling:
             self.out.flush()  # a prompt chunk makes this step long: held text goes out first
@@ -146,8 +144,8 @@ class Decoder:
         if generating:
             # llama.cpp splits a batch over separate per-sequence caches into runs of consecutive
             # sequence ids: ordered by slot, neighbours share one pass over the weights.
-            self._decode(sorted(generating, key=lambda c: c[0].slot.id))
-            budget -= len(generating)
+            self._decode(sorted(((seq, part, len(part)) for seq, part in drafted), key=lambda c: c[0].slot.id))
+            budget -= sum(len(part) for _, part in drafted)
         for seq in prefilling:
             if budget <= 0:  # never before the first: a prefilling slot leaves budget
                 break
@@ -158,19 +156,20 @@ class Decoder:
             end = media.next_start(seq.runs, seq.next, len(seq.tokens))
             stop = min(seq.splices[0].prompt if seq.splices else end, seq.marks[0] if seq.marks else end, end)
             part = seq.tokens[seq.next:min(chunk_end(seq.next, self.n_batch, self.n_ubatch), stop)]
-            self._decode([(seq, part, seq.next + len(part) == len(seq.tokens))])
+            self._decode([(seq, part, int(seq.next + len(part) == len(seq.tokens)))])
             budget -= len(part)
         self.last_step = time.monotonic() - t0
 
-    def _decode(self, chunks: list[tuple[Sequence, list[int], bool]]) -> None:
-        """One llama_decode of ``chunks`` (sequence, tokens, whether its last token's logits are
-        wanted), then the next token of each sequence whose logits came back."""
+    def _decode(self, chunks: list[tuple[Sequence, list[int], int]]) -> None:
+        """One llama_decode of ``chunks`` (sequence, tokens, how many of its last tokens' logits
+        are wanted: a pending token's drafts are each read), then the next token of each sequence
+        whose logits came back."""
         batch = self.batch
         batch.clear()
         row = 0
         for seq, part, want in chunks:
-            seq.logit_index = batch.add(part, len(seq.slot.cached), seq.slot.id, want)
-            seq.logit_row, row = row, row + want  # outputs are stored in batch order
+            batch.add(part, len(seq.slot.cached), seq.slot.id, want)
+            seq.logit_row, row = row, row + want  # outputs are stored in batch order: its first
         rc = self.ll.llama_decode(self.ctx, batch.struct)
         if rc == 1 and self._forget_idle():  # a shared pool (kv_unified) is full: idle slots' caches make room
             rc = self.ll.llama_decode(self.ctx, batch.struct)
@@ -181,7 +180,7 @@ class Decoder:
             self._advance(seq, part)
             if want:
                 try:
-                    self._next_token(seq)
+                    self._verify(seq, part) if want > 1 else self._next_token(seq)
                 except Exception as e:  # a bug here must fail one request, not the others
                     self.drop(seq)
                     self.memory.empty(seq.slot)
@@ -208,69 +207,3 @@ class Decoder:
             while seq.marks and seq.marks[0] <= seq.next:
                 if seq.marks.pop(0) == seq.next:
                     self.memory.checkpoint(seq.slot)
-
-    def _failed(self, seqs: list[Sequence], rc: int) -> None:
-        """A decode failed: its sequences end with an error, their slots emptied."""
-        for seq in seqs:
-            self.drop(seq)
-            self.memory.empty(seq.slot)
-            self.out.send(decode_failed(seq.rid, rc))
-
-    def _next_token(self, seq: Sequence) -> None:
-        tok: int | None
-        if seq.forced:  # a thinking budget ran out: its closing marker is written, not sampled
-            tok = seq.forced.pop(0)
-            if seq.chain is not None:
-                self.ll.llama_sampler_accept(seq.chain, tok)
-        elif seq.chain is not None:
-            tok = self._sample(seq.chain, seq.logit_row)
-            if tok is None:
-                return self.finish(seq, "stop")
-        else:
-            logits = self._logits(seq.logit_row)
-            tok = int(logits.argmax())  # the first of equal maxima, as llama.cpp's greedy sampler
-            if seq.req.ignore_eos and self._is_eog(tok):
-                tok = self.sampling.argmax_without_eog(logits)
-        if self._is_eog(tok):
-            return self.finish(seq, "stop")
-        seq.n_gen += 1
-        if seq.top_n is not None:
-            seq.probs.append(self.sampling.logprobs(tok, seq.top_n, seq.logit_row))
-        piece = self._piece(tok)
-        if seq.thinking is not None:
-            seq.watch_thinking(piece, self._tokenize)
-        text, matched = seq.stops.feed(seq.utf8.feed(piece))
-        if text:
-            seq.send_text(text, self.out)
-        if matched is not None:
-            seq.matched = matched
-            return self.finish(seq, "stop")
-        if seq.n_gen >= seq.limit or (seq.deadline is not None and time.time() >= seq.deadline):
-            return self.finish(seq, "length")  # max_tokens, the context, or server.request_timeout
-        seq.pending = tok
-
-    def finish(self, seq: Sequence, finish: str) -> None:
-        """End a sequence: the rest of its text (what the stop matcher and the UTF-8 decoder held
-        back, unless a stop matched or it was cancelled), then its done event."""
-        if seq.matched is None and finish != "cancelled":
-            tail, matched = seq.stops.feed(seq.utf8.flush())
-            tail += seq.stops.flush()
-            if tail:
-                self.out.send(seq.text_event(tail))  # with the done event that follows
-            if matched is not None:
-                seq.matched, finish = matched, "stop"
-        self.drop(seq)
-        self.out.send(ipc.Done(seq.rid, finish, seq.matched, len(seq.tokens), seq.n_gen, seq.common, seq.source))
-
-    def drop(self, seq: Sequence) -> None:
-        """Free the sequence's slot; its cache stays for the next request to reuse."""
-        if seq.splices:
-            seq.splices = []
-            self.memory.unpark(seq.slot)
-        if seq.runs and self.projector is not None:
-            self.projector.free(seq.runs)
-        if seq.slot.seq is seq:
-            seq.slot.seq = None
-            seq.slot.last_used = time.monotonic()
-            if seq.chain is not None:
-                self.sampling.free(seq.chain)

@@ -355,6 +355,8 @@ class Done:
     completion_tokens: int
     cached_tokens: int
     cache_source: str | None = None  # as the start event's
+    drafted: int = 0  # tokens speculation proposed (``speculation``), and those the model agreed with
+    accepted: int = 0
 
 
 @dataclass(slots=True)

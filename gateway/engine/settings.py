@@ -157,6 +157,12 @@ class LlamaSettings:
     # the model's multimodal projector (llama-server's --mmproj): pictures and sounds are encoded
     # by it (llama.cpp's libmtmd, ``engine/media``) into the prompt; None: text alone
     mmproj: Path | None = setting(None, checks.path)
+    # speculative decoding (``engine/speculation``): "ngram" (llama-server's --spec-type
+    # ngram-simple) proposes the tokens that followed the latest earlier occurrence of the last
+    # spec_ngram_size_n tokens, at most spec_ngram_size_m a step, and keeps those the model agrees with
+    spec_type: str = setting("none", checks.one_of(("none", "ngram")))
+    spec_ngram_size_n: int = setting(4, checks.integer(minimum=1, maximum=1024, what="an integer from 1 to 1024"))
+    spec_ngram_size_m: int = setting(16, checks.integer(minimum=1, maximum=1024, what="an integer from 1 to 1024"))
 
 
 SETTINGS = tuple(fields(LlamaSettings))

@@ -78,6 +78,14 @@ class SlotMemory:
         if self.pin_base is not None:
             self.ll.llama_memory_seq_rm(self.mem, self.pin_base + slot.id, -1, -1)
 
+    def cut(self, slot: Slot, n: int) -> None:
+        """Drop the slot's cells from position ``n`` on (a speculation's drafts the model did
+        not keep), its pin's too."""
+        self.ll.llama_memory_seq_rm(self.mem, slot.id, n, -1)
+        if self.pin_base is not None:
+            self.ll.llama_memory_seq_rm(self.mem, self.pin_base + slot.id, n, -1)
+        slot.keep(n)
+
     def empty(self, slot: Slot) -> None:
         """Drop all the slot holds (its cells, its tokens, its pin)."""
         self.ll.llama_memory_seq_rm(self.mem, slot.id, -1, -1)

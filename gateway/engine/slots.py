@@ -222,6 +222,8 @@ class Sequence:
         self.source: str | None = None  # where the ``common`` tokens came from (``Slot.origin``)
         self.splices: list[Reuse] = []  # chunks of the cache parked until the prompt is read up to them
         self.runs: dict[int, Any] = {}  # its pictures and sounds by start (``media.Run``s)
+        self.lookup: Any = None  # its tokens' n-grams, where it speculates (``speculation.Lookup``)
+        self.drafted = self.kept_drafts = 0  # tokens proposed, and those the model agreed with
         self.parked_shift = 0  # how far the parked chunks' cells have moved so far
         self.marks: list[int] = []  # where its prompt's reading stops for a checkpoint (``checkpoints.marks``)
         self.chain = chain  # the native sampler chain (``Sampling.chain``); None: greedy
@@ -230,7 +232,6 @@ class Sequence:
         self.deadline = req.deadline
         self.utf8, self.stops = Utf8Stream(), StopMatcher(req.stop or [])
         self.pending: int | None = None  # the last sampled token, decoded in the next step
-        self.logit_index = -1  # this step's batch entry with its logits (for llama_sampler_sample)
         self.logit_row = 0  # and its row among the step's outputs
         self.n_gen = 0
         self.probs: list[dict[str, Any]] = []
@@ -304,8 +305,9 @@ class Batch:
     def clear(self) -> None:
         self.struct.n_tokens = 0
 
-    def add(self, tokens: list[int], pos: int, seq: int, want_logits: bool) -> int:
-        """Append ``tokens`` of sequence ``seq`` from position ``pos``; the index of the last one."""
+    def add(self, tokens: list[int], pos: int, seq: int, want_logits: int) -> int:
+        """Append ``tokens`` of sequence ``seq`` from position ``pos``, the last ``want_logits``
+        of them with their logits; the index of the last one."""
         a = self.struct.n_tokens
         b = a + len(tokens)
         if len(tokens) == 1:
@@ -315,6 +317,7 @@ class Batch:
             self.pos[a:b] = self.np.arange(pos, pos + len(tokens), dtype=self.np.int32)
         self.seq_ptr[a:b] = self.addr[seq]
         self.logits[a:b] = 0
-        self.logits[b - 1] = want_logits
+        if want_logits:
+            self.logits[b - want_logits:b] = 1
         self.struct.n_tokens = b
         return b - 1

@@ -46,6 +46,8 @@ class Observation:
     cache_source: str | None = None
     completion_tokens: int = 0
     reasoning_tokens: int = 0
+    drafted_tokens: int = 0  # speculative decoding's proposals, and those the model kept
+    accepted_tokens: int = 0
     first_token: float | None = None
     last_token: float | None = None
     gaps: list[float] = field(default_factory=list)  # seconds between generated tokens
@@ -75,6 +77,8 @@ class Observation:
         self.cached_tokens += finish.cached_tokens
         self.completion_tokens += finish.completion_tokens
         self.reasoning_tokens += finish.reasoning_tokens
+        self.drafted_tokens += getattr(finish, "drafted", 0)
+        self.accepted_tokens += getattr(finish, "accepted", 0)
         self.finish_reason = finish.reason
 
     def event(self, status: int, duration: float) -> dict[str, Any]:
@@ -84,6 +88,7 @@ class Observation:
             "cached_tokens": self.cached_tokens, "cache_source": self.cache_source,
             "completion_tokens": self.completion_tokens,
             "reasoning_tokens": self.reasoning_tokens,
+            "drafted_tokens": self.drafted_tokens, "accepted_tokens": self.accepted_tokens,
             "time_to_first_token_s": round(self.first_token - self.started, 6) if self.first_token else None,
             "duration_s": round(duration, 6), "finish_reason": self.finish_reason,
             "client_disconnected": self.disconnected, "tool_calls": self.tool_calls,

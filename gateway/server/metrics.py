@@ -49,6 +49,10 @@ class Metrics:
         self.completion_tokens = Counter(p + "completion_tokens", "Tokens generated", ["model"], registry=r)
         self.reasoning_tokens = Counter(p + "reasoning_tokens", "Generated tokens that were thinking",
                                         ["model"], registry=r)
+        self.drafted_tokens = Counter(p + "drafted_tokens", "Tokens speculative decoding proposed", ["model"],
+                                      registry=r)
+        self.accepted_tokens = Counter(p + "accepted_tokens", "Proposed tokens the model kept (the rest of "
+                                       "drafted_tokens was decoded in vain)", ["model"], registry=r)
         self.load_duration = Histogram(p + "model_load_duration_seconds", "Time to load a model",
                                        ["model"], buckets=LOAD_BUCKETS, registry=r)
         self.load_failures = Counter(p + "model_load_failures", "Model loads that failed", ["model"], registry=r)

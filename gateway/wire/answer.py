@@ -34,6 +34,8 @@ class Finish:
     completion_tokens: int
     reasoning_tokens: int
     cached_tokens: int = 0  # prompt tokens reused from the slot's cache (not decoded again)
+    drafted: int = 0  # tokens speculative decoding proposed, and those the model kept
+    accepted: int = 0
 
 
 def api_error(event: ipc.Error) -> ApiError:
@@ -138,7 +140,7 @@ async def pieces(gen: GenerationEvents, parser: AnswerParser,
             if calls and reason == "stop" and completed:
                 reason = "tool_calls"
             finish = Finish(reason, event.stop, event.prompt_tokens, event.completion_tokens,
-                            reasoning, event.cached_tokens)
+                            reasoning, event.cached_tokens, event.drafted, event.accepted)
             if obs is not None:
                 obs.finished(finish)
                 obs.tool_calls += completed

@@ -318,6 +318,9 @@ def usage(finishes: list[Finish], chat: bool) -> dict[str, Any]:
                            "prompt_tokens_details": {"cached_tokens": sum(f.cached_tokens for f in finishes)}}
     if chat:
         out["completion_tokens_details"] = {"reasoning_tokens": sum(f.reasoning_tokens for f in finishes)}
+    drafted = sum(f.drafted for f in finishes)
+    if drafted:  # speculative decoding (the model's spec_type): what it proposed and kept
+        out["speculation"] = {"drafted": drafted, "accepted": sum(f.accepted for f in finishes)}
     return out
 
 

@@ -1,0 +1,137 @@
+"""Speculative decoding by prompt lookup (``engine/speculation``, ``spec_type: ngram``): the
+proposals and the verification (pure), then the worker's decoder on real llama.cpp: answers
+with speculation are token for token those without it, greedy and sampled with a seed (each
+kept token is the target's own choice at its position), alone and batched with other slots,
+and on a model that repeats itself most drafts are kept."""
+
+import pytest
+from helpers import InProcessEngine, tiny_random_model
+
+from gateway.engine import ipc
+from gateway.engine.speculation import Lookup, accepted
+from gateway.models import testmodels as tm
+from gateway.models.ggufwriter import _MARGIN
+
+# --- proposals and verification (pure) ----------------------------------------------------------
+
+
+def test_lookup_proposes_what_followed_the_latest_earlier_occurrence():
+    look = Lookup([1, 2, 3, 4, 5, 9, 1, 2, 3, 7, 8, 1, 2], n=2, m=3)
+    assert look.propose(10) == [3, 7, 8]  # "1 2" last came before "3 7 8", not "3 4 5"
+    assert look.propose(2) == [3, 7]
+    look.extend([3])
+    assert look.propose(10) == [7, 8, 1]  # "2 3" latest: before "7 8 1"
+    assert Lookup([1, 2, 3], n=2, m=4).propose(4) == []  # "2 3" never came before
+    assert Lookup([5], n=2, m=4).propose(4) == [] and Lookup([1, 2, 1, 2], n=2, m=4).propose(0) == []
+
+
+def test_accepted_keeps_the_picks_while_they_match_the_draft():
+    def picks(seq):
+        calls = []
+
+        def pick(i):
+            calls.append(i)
+            return seq[i]
+        return pick, calls
+
+    pick, calls = picks([5, 6, 7, 8])
+    assert accepted([5, 6, 7], pick) == [5, 6, 7, 8] and calls == [0, 1, 2, 3]  # all kept, and the next
+    pick, calls = picks([5, 9, 7, 8])
+    assert accepted([5, 6, 7], pick) == [5, 9] and calls == [0, 1]  # the first difference is the last kept
+    pick, calls = picks([4, 6])
+    assert accepted([5, 6], pick) == [4] and calls == [0]
+    assert accepted([], picks([3])[0]) == [3]
+    pick, calls = picks([5, None, 7])
+    assert accepted([5, 6], pick) == [5] and calls == [0, 1]  # the answer ended
+
+
+# --- the decoder on real llama.cpp ---------------------------------------------------------------
+
+EDIT = ("def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\n"
+        "class Box:\n    def put(self, x):\n        self.items.append(x)\n" * 2 + "Again:\n")
+
+
+@pytest.fixture(scope="module")
+def random_model():
+    return tiny_random_model("llama-spm", seed=3)
+
+
+def engine(path, spec: bool, **load):
+    extra = {"spec_type": "ngram", "spec_ngram_size_n": 3, "spec_ngram_size_m": 8} if spec else {}
+    return InProcessEngine(path, **extra, **load)
+
+
+@pytest.mark.parametrize("prompt", [EDIT, "Hello there, how are you today? " * 4, "x"])
+def test_greedy_answers_are_the_same_with_and_without_speculation(random_model, prompt):
+    plain, spec = engine(random_model, False), engine(random_model, True)
+    want, done = plain.run(prompt, max_tokens=48, logprobs=2)
+    want_probs = plain.logprobs
+    got, sdone = spec.run(prompt, max_tokens=48, logprobs=2)
+    assert got == want and sdone.completion_tokens == done.completion_tokens
+    assert [p["token"] for p in spec.logprobs] == [p["token"] for p in want_probs]
+    assert done.drafted == 0 and sdone.accepted <= sdone.drafted
+
+
+def run_sampled(eng, prompt: str, seed: int, temperature: float, n: int = 40) -> str:
+    eng.rid += 1
+    req = ipc.GenerationRequest(prompt=prompt, max_tokens=n, temperature=temperature, top_k=0, top_p=1.0,
+                                min_p=0.0, seed=seed)
+    seq = eng.decoder.admit(eng.rid, req, eng.tokens(prompt), "")
+    while seq.slot.seq is seq:
+        eng.decoder.step()
+    events = [ipc.decode_event(f[4:]) for f in eng.out.frames]
+    eng.out.frames.clear()
+    return "".join(e.text for e in events if isinstance(e, ipc.Text) and e.id == eng.rid)
+
+
+def test_sampled_answers_follow_the_targets_distribution(tmp_path):
+    """A scripted model that loops " tick tock": its successor's logit is the script's margin above
+    every other token's, so at temperature T it comes with probability p = e^(margin/T) / (e^(margin/T)
+    + n_vocab - 1), and the answer stays in the loop for a run of p / (1 - p) tokens on average
+    (after any other token the model ends). With a seed, each kept token is the chain's own sample
+    at its position: the answers are those without speculation, seed for seed; and over many
+    seeds the runs with speculation average the target's p / (1 - p)."""
+    import math
+
+    model = tm.endless(tmp_path / "loop.gguf").path
+    plain, spec = engine(model, False), engine(model, True)
+    temperature = 7.0
+    odds = math.exp(_MARGIN / temperature)
+    p = odds / (odds + spec.model.vocab.n_vocab - 1)
+    def run_length(answer: str) -> int:
+        """The loop's tokens the answer opens with, before it leaves the loop."""
+        n = pos = 0
+        while answer.startswith((" tick", " tock")[n % 2], pos):
+            pos, n = pos + 5, n + 1
+        return n
+
+    pairs = [(run_sampled(plain, "\n", seed, temperature), run_sampled(spec, "\n", seed, temperature))
+             for seed in range(30)]
+    assert all(a == b for a, b in pairs)
+    assert len({a for a, _ in pairs}) > 3  # sampled: the seeds differ
+    runs = [run_length(run_sampled(spec, "\n", 1000 + seed, temperature)) for seed in range(240)]
+    mean, want = sum(runs) / len(runs), p / (1 - p)
+    spread = math.sqrt(p) / (1 - p) / math.sqrt(len(runs))  # the standard error of a geometric mean
+    assert abs(mean - want) < 4 * spread, (mean, want, spread)
+    assert spec.decoder.slots[0].seq is None
+
+
+def test_a_repeating_answer_keeps_most_drafts_and_batched_slots_answer_as_alone(tmp_path, random_model):
+    model = tm.endless(tmp_path / "loop.gguf").path
+    plain, spec = engine(model, False), engine(model, True)
+    want, _ = plain.run("\n", max_tokens=60)
+    got, done = spec.run("\n", max_tokens=60)
+    assert got == want and done.drafted > 20 and done.accepted / done.drafted > 0.8
+    # two slots, each speculating beside the other's prompt chunks and drafts
+    alone = {p: engine(random_model, False).run(p, max_tokens=32)[0] for p in (EDIT, EDIT.replace("add", "plus"))}
+    two = engine(random_model, True, parallel=2)
+    seqs = []
+    for p in alone:
+        two.rid += 1
+        req = ipc.GenerationRequest(prompt=p, max_tokens=32, temperature=0)
+        seqs.append((two.rid, p, two.decoder.admit(two.rid, req, two.tokens(p), "")))
+    while any(s.slot.seq is s for _, _, s in seqs):
+        two.decoder.step()
+    events = [ipc.decode_event(f[4:]) for f in two.out.frames]
+    for rid, p, _ in seqs:
+        assert "".join(e.text for e in events if isinstance(e, ipc.Text) and e.id == rid) == alone[p]
