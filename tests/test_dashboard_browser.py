@@ -40,7 +40,8 @@ def server(tmp_path_factory):
     cfg = d / "models.yaml"
     cfg.write_text(f"server:\n  models_dirs: [{d}]\n  discover_default_stores: false\n  api_keys: [{KEY}]\n"
                    f"models:\n  chat:\n    path: {d / 'plain.gguf'}\n    aliases: [chat:latest]\n"
-                   f"  loop:\n    path: {d / 'loop.gguf'}\n    n_ctx: 131072\n    parallel: 1\n")  # outlasts the test
+                   f"  loop:\n    path: {d / 'loop.gguf'}\n    n_ctx: 131072\n    parallel: 1\n"  # outlasts the test
+                   f"  drafting:\n    path: {d / 'loop.gguf'}\n    spec_type: ngram\n    parallel: 1\n")
     with ServerProcess("--config", str(cfg), env={"HOME": str(d)}) as srv:
         yield srv
     assert srv.proc.returncode == 0
@@ -131,6 +132,20 @@ def test_the_model_table_matches_models(page, server):
     expect(rows.locator("visible=true")).to_have_count(1)
     page.fill("#model-filter", "")
     expect(rows.locator("visible=true")).to_have_count(len(want))
+
+
+def test_a_speculating_models_requests_show_the_drafts_it_kept(page, server):
+    answer = api(server, "/v1/completions", {"model": "drafting", "prompt": "\n", "max_tokens": 40, "temperature": 0})
+    told = answer["usage"]["speculation"]
+    assert told["drafted"] > 0
+    share = round(100 * told["accepted"] / told["drafted"])
+    cell = page.locator("#recent tbody tr", has_text="drafting").first.locator("td.r-tokens")
+    expect(cell).to_contain_text(f"{share}% of {told['drafted']} drafts kept", timeout=10_000)
+    req = urllib.request.Request(server.url + "/metrics", headers={"Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        metrics = r.read().decode()
+    for name, n in (("drafted", told["drafted"]), ("accepted", told["accepted"])):
+        assert f'gguf_gateway_{name}_tokens_total{{model="drafting"}} {float(n)}' in metrics
 
 
 def test_load_and_unload_change_a_models_state(page, server):

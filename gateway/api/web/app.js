@@ -906,7 +906,12 @@
       const principal = el("td", "r-principal", e.principal || "—");
       const p = isNum(e.prompt_tokens) ? e.prompt_tokens : null;
       const c = isNum(e.completion_tokens) ? e.completion_tokens : null;
-      const tokens = el("td", "r-tokens num", `${p === null ? "—" : p} / ${c === null ? "—" : c}`);
+      let counts = `${p === null ? "—" : p} / ${c === null ? "—" : c}`;
+      // speculative decoding: the share of the proposed tokens the model kept
+      if (isNum(e.drafted_tokens) && e.drafted_tokens > 0 && isNum(e.accepted_tokens)) {
+        counts += ` · ${Math.round((100 * e.accepted_tokens) / e.drafted_tokens)}% of ${e.drafted_tokens} drafts kept`;
+      }
+      const tokens = el("td", "r-tokens num", counts);
       const extra = [];
       if (isNum(e.cached_tokens) && e.cached_tokens) extra.push(`${e.cached_tokens} cached`);
       if (isNum(e.reasoning_tokens) && e.reasoning_tokens) extra.push(`${e.reasoning_tokens} reasoning`);
