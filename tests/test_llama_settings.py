@@ -48,6 +48,12 @@ SAMPLES = {
     "spec_type": ("ngram", "ngram"),
     "spec_ngram_size_n": (3, 3),
     "spec_ngram_size_m": (32, 32),
+    "draft": ("draft.gguf", None),  # kept: relative to the file (below)
+    "draft_n_gpu_layers": (0, 0),
+    "draft_n_ctx": (2048, 2048),
+    "draft_max": (8, 8),
+    "draft_min": (2, 2),
+    "draft_p_min": (0.5, 0.5),
 }
 
 
@@ -59,6 +65,7 @@ def test_every_setting_is_a_models_yaml_key_that_reaches_the_worker_as_its_own_t
     kept = {name: value for name, (_, value) in SAMPLES.items()}
     kept["lora"] = ((tmp_path / "a.gguf", 1.0), (Path("/x/b.gguf"), 0.25))
     kept["mmproj"] = tmp_path / "mmproj-m.gguf"
+    kept["draft"] = tmp_path / "draft.gguf"
     assert settings_of(spec) == kept
     assert all(getattr(spec, f.name) != f.default for f in fields(LlamaSettings))  # each one read, none left out
 

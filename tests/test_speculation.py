@@ -135,3 +135,32 @@ def test_a_repeating_answer_keeps_most_drafts_and_batched_slots_answer_as_alone(
     events = [ipc.decode_event(f[4:]) for f in two.out.frames]
     for rid, p, _ in seqs:
         assert "".join(e.text for e in events if isinstance(e, ipc.Text) and e.id == rid) == alone[p]
+
+
+# --- a draft model -------------------------------------------------------------------------------
+
+def test_a_model_as_its_own_draft_keeps_every_draft_and_answers_the_same(random_model):
+    plain = InProcessEngine(random_model)
+    own = InProcessEngine(random_model, draft=random_model, draft_max=4)
+    for prompt in (EDIT, "Hello there, how are you today? " * 4):
+        want, _ = plain.run(prompt, max_tokens=40, logprobs=1)
+        got, done = own.run(prompt, max_tokens=40, logprobs=1)
+        assert got == want and done.drafted > 20 and done.accepted == done.drafted
+    # a second conversation in the same slot: the draft's sequence follows the slot's cache
+    got, done = own.run(EDIT.replace("add", "plus"), max_tokens=40)
+    assert got == plain.run(EDIT.replace("add", "plus"), max_tokens=40)[0] and done.accepted == done.drafted
+
+
+def test_an_unsure_draft_proposes_less_and_a_short_one_nothing(random_model):
+    """``draft_p_min``: a random model's top probability is far below 0.9, so it proposes
+    nothing; ``draft_min`` above ``draft_max`` throws every draft away."""
+    for load in ({"draft_p_min": 0.9}, {"draft_max": 2, "draft_min": 3}):
+        eng = InProcessEngine(random_model, draft=random_model, **load)
+        got, done = eng.run(EDIT, max_tokens=20)
+        assert done.drafted == 0 and got == InProcessEngine(random_model).run(EDIT, max_tokens=20)[0]
+
+
+def test_a_draft_of_another_vocabulary_is_refused_at_load(random_model):
+    other = tiny_random_model("qwen2", seed=1)
+    with pytest.raises(RuntimeError, match="cannot draft for .*vocabulary"):
+        InProcessEngine(random_model, draft=other)

@@ -134,9 +134,9 @@ class Decoder(Generation):
         t0 = time.monotonic()
         generating = [seq for seq in running if seq.pending is not None]
         room = (self.n_batch - len(generating)) // max(1, len(generating))  # each one's share of the drafts
-        drafted = [(seq, [tok, *self.draft(seq, min(room, self.n_ctx - len(seq.slot.cached) - 1,
-                                                    seq.limit - seq.n_gen - 1))])
-                   for seq in generating if (tok := seq.pending) is not None]
+        drafts = self.drafts([(seq, min(room, self.n_ctx - len(seq.slot.cached) - 1, seq.limit - seq.n_gen - 1))
+                              for seq in generating]) if self.spec or self.drafter else {}
+        drafted = [(seq, [tok, *drafts.get(seq.slot.id, [])]) for seq in generating if (tok := seq.pending) is not None]
         prefilling = sorted((s for s in running if s.pending is None), key=lambda s: s.order)
         if self.out.holding and prefilling:
             self.out.flush()  # a prompt chunk makes this step long: held text goes out first

@@ -23,6 +23,7 @@ class Generation:
     def __init__(self, model: Model, sampling: Sampling, out: Outbox):
         params = model.params
         self.spec = (params.spec_ngram_size_n, params.spec_ngram_size_m) if params.spec_type == "ngram" else None
+        self.drafter = model.drafter
         self.ll, self.ctx, self.mem = model.ll, model.ctx, model.mem
         self.sampling, self.out = sampling, out
         self.memory = SlotMemory(model)
@@ -79,12 +80,16 @@ class Generation:
         if self.spec is not None:
             seq.lookup = Lookup(tokens, *self.spec)
 
-    def draft(self, seq: Sequence, room: int) -> list[int]:
-        """The tokens proposed to follow the sequence's pending one (none while a thinking
-        budget's closing marker is being written), at most ``room``: never a picture's stand-in."""
-        if seq.lookup is None or seq.forced:
-            return []
-        return list(takewhile(lambda t: t >= 0, seq.lookup.propose(room)))
+    def drafts(self, wants: list[tuple[Sequence, int]]) -> dict[int, list[int]]:
+        """By slot, the tokens proposed to follow each generating sequence's pending one, at most
+        its ``room``: the draft model's (``drafting``), else prompt lookup's; none while a thinking
+        budget's closing marker is being written, never a picture's stand-in."""
+        wants = [(seq, room) for seq, room in wants if not seq.forced and seq.pending is not None]
+        if self.drafter is not None:
+            return self.drafter.propose([(seq.slot.id, [*seq.slot.cached, tok], room)
+                                         for seq, room in wants if not seq.runs and (tok := seq.pending) is not None])
+        return {seq.slot.id: list(takewhile(lambda t: t >= 0, seq.lookup.propose(room)))
+                for seq, room in wants if seq.lookup is not None}
 
     def _verify(self, seq: Sequence, part: list[int]) -> None:
         """Read the logits of the pending token and its drafts (``part``, just decoded) in order

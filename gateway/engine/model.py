@@ -21,6 +21,7 @@ from ..text import chat_template
 from ..text.reasoning import MARKER_TOKENS
 from ..text.toolformats import MARKER_TOKENS as CALL_MARKERS
 from . import device_probe, ggml, ipc, rpc
+from .drafting import Drafter, draft_params
 from .media import Projector
 from .settings import CACHE_TYPES, DEFAULT_N_CTX
 from .topology import default_threads
@@ -225,6 +226,9 @@ class Model:
         if self.rpc_devices:
             self.device += f"+rpc:{self.rpc_devices}"
         # pictures and sounds (``media``): the projector runs where the model's layers do
+        # speculative decoding's draft model (``drafting``): a model of its own, a sequence per slot
+        self.drafter = Drafter(self, Model(draft_params(params, self.n_ctx, self.n_slots)), params) \
+            if params.draft and not params.embeddings else None
         self.projector = None
         if params.mmproj and not params.embeddings:
             try:
@@ -277,6 +281,7 @@ class Model:
             "kv_unified": bool(self.cp.kv_unified), "n_ctx_total": self.ll.llama_n_ctx(self.ctx),
             "rope_freq_base": self.cp.rope_freq_base or None, "rope_freq_scale": self.cp.rope_freq_scale or None,
             "lora": len(self.loras), "cache_reuse": self.cache_reuse,
+            "draft": str(self.params.draft) if self.drafter is not None else None,
             # what its projector encodes (``mmproj``)
             "vision": bool(self.projector and self.projector.vision),
             "audio": bool(self.projector and self.projector.audio),

@@ -163,6 +163,15 @@ class LlamaSettings:
     spec_type: str = setting("none", checks.one_of(("none", "ngram")))
     spec_ngram_size_n: int = setting(4, checks.integer(minimum=1, maximum=1024, what="an integer from 1 to 1024"))
     spec_ngram_size_m: int = setting(16, checks.integer(minimum=1, maximum=1024, what="an integer from 1 to 1024"))
+    # a draft model (llama-server's -md, ``engine/drafting``): a smaller model of the same vocabulary
+    # proposes up to draft_max tokens a step, greedily, stopping where its own top probability
+    # is under draft_p_min, nothing where under draft_min came; its own n_gpu_layers and n_ctx
+    draft: Path | None = setting(None, checks.path)
+    draft_n_gpu_layers: int = setting(-1, checks.integer(minimum=-1, what="an integer >= -1 (-1: all layers)"))
+    draft_n_ctx: int | None = setting(None, POSITIVE_INTEGER)  # None: the model's n_ctx
+    draft_max: int = setting(3, checks.integer(minimum=1, maximum=256, what="an integer from 1 to 256"))
+    draft_min: int = setting(0, checks.integer(minimum=0, maximum=256, what="an integer from 0 to 256"))
+    draft_p_min: float = setting(0.0, checks.number)
 
 
 SETTINGS = tuple(fields(LlamaSettings))
