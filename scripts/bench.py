@@ -335,6 +335,9 @@ def main(argv: list[str] | None = None) -> int:
                    "an editing workload and a chat, with and without n-gram speculation, and llama-server likewise")
     p.add_argument("--spec-n", type=int, default=4, help="with --speculation: the lookup n-gram's tokens")
     p.add_argument("--spec-m", type=int, default=16, help="with --speculation: most tokens proposed a step")
+    p.add_argument("--spec-draft", type=Path, help="with --speculation: also a draft model (the model itself shows "
+                   "the machinery's cost at full acceptance)")
+    p.add_argument("--spec-draft-max", type=int, default=8, help="with --speculation: draft tokens a step")
     args = p.parse_args(argv)
     if args.speculation:
         return speculation_main(args)

@@ -59,28 +59,33 @@ class Account:
 WORKLOADS = {
     "editing": f"Here is a Python file:\n```python\n{CODE}```\nThe same file, with the function `add` renamed to "
                "`plus` everywhere and nothing else changed:\n```python\n",
-    "chat": "Question: Why is the sky blue at noon and red at sunset? Explain it to a child.\nAnswer:",
+    "chat": "Question: Why is the sky blue at noon and red at sunset? Explain it to a child.\nAnswer:\n",
 }
 GATEWAY, GATEWAY_SPEC, LLAMA, LLAMA_SPEC = "gateway", "gateway, ngram", "llama-server", "llama-server, ngram"
+GATEWAY_DRAFT, LLAMA_DRAFT = "gateway, draft model", "llama-server, draft model"
 
 
-def gateway(model: Path, args, tmp: Path, spec: bool) -> Server:
+def gateway(model: Path, args, tmp: Path, spec: str) -> Server:
+    """``spec``: none, ngram or draft (``--spec-draft``, ``--spec-draft-max`` tokens a step)."""
     cfg = tmp / f"spec-{spec}.yaml"
-    extra = f"    spec_type: ngram\n    spec_ngram_size_n: {args.spec_n}\n    spec_ngram_size_m: {args.spec_m}\n" \
-        if spec else "    spec_type: none\n"
+    extra = {"none": "    spec_type: none\n",
+             "ngram": f"    spec_type: ngram\n    spec_ngram_size_n: {args.spec_n}\n"
+                      f"    spec_ngram_size_m: {args.spec_m}\n",
+             "draft": f"    draft: {args.spec_draft}\n    draft_max: {args.spec_draft_max}\n"}[spec]
     cfg.write_text(f"server:\n  discover_default_stores: false\nmodels:\n  spec:\n    path: {model}\n"
                    f"    n_ctx: 4096\n    parallel: 1\n    n_threads: {args.threads}\n{extra}")
-    return Server(GATEWAY_SPEC if spec else GATEWAY, [sys.executable, "-m", "gateway", "serve", "--config", str(cfg),
-                                                     "--port", "{port}", "--log-level", "warning"],
-                  "/health", "spec", {**os.environ, "HOME": str(tmp)})
+    name = {"none": GATEWAY, "ngram": GATEWAY_SPEC, "draft": GATEWAY_DRAFT}[spec]
+    return Server(name, [sys.executable, "-m", "gateway", "serve", "--config", str(cfg), "--port", "{port}",
+                         "--log-level", "warning"], "/health", "spec", {**os.environ, "HOME": str(tmp)})
 
 
-def llama_server(binary: str, model: Path, args, spec: bool) -> Server:
-    flags = ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(args.spec_n),
-             "--spec-ngram-simple-size-m", str(args.spec_m)] if spec else []
-    return Server(LLAMA_SPEC if spec else LLAMA, [binary, "-m", str(model), "--host", "127.0.0.1", "--port", "{port}",
-                                                  "-t", str(args.threads), "-tb", str(args.threads), "--parallel", "1",
-                                                  "-c", "4096", *flags], "/health", "spec")
+def llama_server(binary: str, model: Path, args, spec: str) -> Server:
+    flags = {"none": [], "ngram": ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(args.spec_n),
+                                   "--spec-ngram-simple-size-m", str(args.spec_m)],
+             "draft": ["-md", str(args.spec_draft), "--spec-draft-n-max", str(args.spec_draft_max)]}[spec]
+    name = {"none": LLAMA, "ngram": LLAMA_SPEC, "draft": LLAMA_DRAFT}[spec]
+    return Server(name, [binary, "-m", str(model), "--host", "127.0.0.1", "--port", "{port}", "-t", str(args.threads),
+                         "-tb", str(args.threads), "--parallel", "1", "-c", "4096", *flags], "/health", "spec")
 
 
 def once(srv: Server, prompt: str, tokens: int) -> dict:
@@ -96,11 +101,12 @@ def once(srv: Server, prompt: str, tokens: int) -> dict:
 
 def measure(model: Path, args, tmp: Path, binary: str | None, wanted: set[str]) -> dict:
     """{contender: {workload: [per-round figures]}}."""
+    kinds = ["none", "ngram"] + (["draft"] if args.spec_draft else [])
     makers = []
     if "gateway" in wanted:
-        makers += [lambda: gateway(model, args, tmp, False), lambda: gateway(model, args, tmp, True)]
+        makers += [lambda k=k: gateway(model, args, tmp, k) for k in kinds]
     if binary and "llama-server" in wanted:
-        makers += [lambda: llama_server(binary, model, args, False), lambda: llama_server(binary, model, args, True)]
+        makers += [lambda k=k: llama_server(binary, model, args, k) for k in kinds]
     with contextlib.ExitStack() as stack:
         servers = [stack.enter_context(make()) for make in makers]
         for srv in servers:
@@ -128,8 +134,8 @@ def report(results: dict, model: Path, args) -> str:
              f"{args.threads} threads, {args.tokens} tokens, {args.rounds} rounds, greedy",
              "| contender | workload | decode tok/s | vs the same without | vs llama-server (same setting) | kept |",
              "|---|---|---|---|---|---|"]
-    plain = {GATEWAY_SPEC: GATEWAY, LLAMA_SPEC: LLAMA}
-    rival = {GATEWAY: LLAMA, GATEWAY_SPEC: LLAMA_SPEC}
+    plain = {GATEWAY_SPEC: GATEWAY, LLAMA_SPEC: LLAMA, GATEWAY_DRAFT: GATEWAY, LLAMA_DRAFT: LLAMA}
+    rival = {GATEWAY: LLAMA, GATEWAY_SPEC: LLAMA_SPEC, GATEWAY_DRAFT: LLAMA_DRAFT}
     for name, per in results.items():
         for workload, rounds in per.items():
             drafted = sum(r["drafted"] or 0 for r in rounds)
@@ -137,8 +143,10 @@ def report(results: dict, model: Path, args) -> str:
             lines.append(f"| {name} | {workload} | {med(r['tok_s'] for r in rounds):.1f} | "
                          f"{_ratio(results, name, plain[name], workload) if name in plain else ''} | "
                          f"{_ratio(results, name, rival[name], workload) if name in rival else ''} | {kept} |")
-    same = [a["text"] == b["text"] for w in WORKLOADS for a, b in zip(results.get(GATEWAY, {}).get(w, []),
-                                                                        results.get(GATEWAY_SPEC, {}).get(w, []))]
-    if same:
-        lines.append(f"gateway's greedy answers with and without speculation: {sum(same)} of {len(same)} the same")
+    for spec in (GATEWAY_SPEC, GATEWAY_DRAFT):
+        same = [a["text"] == b["text"] for w in WORKLOADS for a, b in zip(results.get(GATEWAY, {}).get(w, []),
+                                                                            results.get(spec, {}).get(w, []))]
+        if same:
+            lines.append(f"greedy answers of the {spec} against the gateway without: {sum(same)} of {len(same)} "
+                         "the same")
     return "\n".join(lines)

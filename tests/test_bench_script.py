@@ -80,3 +80,22 @@ def test_the_memory_benchmark_sets_each_estimate_beside_llama_cpps_allocation(tm
         ram = row["pools"]["ram"]
         assert ram["estimate"] > 0 and ram["allocated"] > 0
     assert "| plain.gguf | defaults | ram |" in r.stdout and "estimated / allocated" in r.stdout
+
+
+def test_the_speculation_benchmark_runs_each_workload_with_and_without(tmp_path):
+    model = tm.endless(tmp_path / "loop.gguf").path
+    out = tmp_path / "spec.json"
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "bench.py"), "--speculation", "--only", "gateway",
+                        "--model", str(model), "--spec-draft", str(model), "--spec-draft-max", "4", "--tokens", "24",
+                        "--rounds", "1", "--threads", "1", "--json", str(out)], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    data = json.loads(out.read_text())["speculation"]
+    assert set(data) == {"gateway", "gateway, ngram", "gateway, draft model"}
+    for name, per in data.items():
+        assert set(per) == {"editing", "chat"}
+        for rounds in per.values():
+            (one,) = rounds
+            assert one["tokens"] > 0 and one["tok_s"] > 0
+            assert (one["drafted"] or 0) > 0 if name != "gateway" else one["drafted"] is None
+    assert "greedy answers of the gateway, draft model against the gateway without: 2 of 2 the same" in r.stdout
