@@ -54,6 +54,7 @@ def test_models_lists_names_with_header_metadata(write_config, model_dir, tmp_pa
             path: {model_dir}/loop.gguf
             tool_format: none
             mmproj: {projector}
+            draft: {model_dir}/plain.gguf
     """)
     r = run_cli("models", "--config", str(path), "--json")
     assert r.returncode == 0, r.stderr
@@ -69,6 +70,8 @@ def test_models_lists_names_with_header_metadata(write_config, model_dir, tmp_pa
     assert rows["chat"]["tool_format"] == "plain" and rows["toolless"]["tool_format"] is None
     assert rows["toolless"]["media"] == ["audio"] and rows["chat"]["media"] == []
     assert rows["toolless"]["memory_estimate"]["projector"] > projector.stat().st_size
+    # the draft model counts as the model it is would (plain.gguf, whose row is "chat")
+    assert rows["toolless"]["memory_estimate"]["draft"] == rows["chat"]["memory_estimate"]["total"]
 
     table = run_cli("models", "--config", str(path))
     assert table.returncode == 0

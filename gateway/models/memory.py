@@ -37,7 +37,7 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..engine.settings import CACHE_TYPES, DEFAULT_N_CTX
@@ -87,15 +87,23 @@ class Estimate:
     devices: dict[str, int] = field(default_factory=dict)  # the total by pool; {RAM: total} on the CPU
     checkpoints: int = 0  # context checkpoints in RAM (the worker's, beside llama.cpp's buffers)
     projector: int = 0  # a multimodal projector's weights and its encoder's buffers (``projector_bytes``)
+    draft: int = 0  # a speculative decoding draft model's whole estimate (``with_draft``)
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv + self.compute + self.checkpoints + self.projector
+        return self.weights + self.kv + self.compute + self.checkpoints + self.projector + self.draft
 
     def describe(self) -> dict[str, Any]:
         return {"weights": self.weights, "kv_cache": self.kv, "compute": self.compute,
-                "checkpoints": self.checkpoints, "projector": self.projector, "total": self.total,
-                "devices": dict(self.devices)}
+                "checkpoints": self.checkpoints, "projector": self.projector, "draft": self.draft,
+                "total": self.total, "devices": dict(self.devices)}
+
+    def with_draft(self, draft: Estimate) -> Estimate:
+        """This estimate and a draft model's (loaded beside the model, a sequence per slot)."""
+        devices = dict(self.devices)
+        for pool, n in draft.devices.items():
+            devices[pool] = devices.get(pool, 0) + n
+        return replace(self, devices=devices, draft=draft.total)
 
 
 def _pad(n: int, to: int = 256) -> int:

@@ -18,6 +18,7 @@ time, since a reload or an unload changes them while a load waits for room.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import time
@@ -56,6 +57,12 @@ class Placer:
         if info is None:
             return None
         found = memory.estimate(info, spec, self.devices.gpus, self.projector(spec))
+        if found is not None and spec.draft is not None:  # the draft model, loaded beside it
+            draft = dataclasses.replace(spec, path=spec.draft, draft=None, mmproj=None, prompt_cache_bytes=0,
+                                        n_gpu_layers=spec.draft_n_gpu_layers, n_ctx=spec.draft_n_ctx or spec.n_ctx)
+            draft_info = self.info(draft)
+            extra = memory.estimate(draft_info, draft, self.devices.gpus) if draft_info is not None else None
+            found = found.with_draft(extra) if extra is not None else found
         return found.describe() if found is not None else None
 
     def need(self, spec: ModelSpec) -> dict[str, int]:
