@@ -164,3 +164,24 @@ def test_a_draft_of_another_vocabulary_is_refused_at_load(random_model):
     other = tiny_random_model("qwen2", seed=1)
     with pytest.raises(RuntimeError, match="cannot draft for .*vocabulary"):
         InProcessEngine(random_model, draft=other)
+
+
+def test_a_grammar_constrains_every_kept_token(tmp_path):
+    """The request's grammar is in its sampler chain, which picks each position in order: the
+    answer is the one without speculation, and it keeps to the grammar (which cuts the looping
+    model's answer short)."""
+    model = tm.endless(tmp_path / "loop.gguf").path
+    grammar = 'root ::= (" tick" " tock"){3,5}'
+    answers = []
+    for spec in (False, True):
+        eng = engine(model, spec)
+        eng.rid += 1
+        req = ipc.GenerationRequest(prompt="\n", max_tokens=40, temperature=0, grammar=grammar)
+        seq = eng.decoder.admit(eng.rid, req, eng.tokens("\n"), "")
+        while seq.slot.seq is seq:
+            eng.decoder.step()
+        events = [ipc.decode_event(f[4:]) for f in eng.out.frames]
+        answers.append("".join(e.text for e in events if isinstance(e, ipc.Text)))
+        (done,) = [e for e in events if isinstance(e, ipc.Done)]
+    assert answers[0] == answers[1] == " tick tock" * 5
+    assert done.drafted > 0  # drafts were proposed and judged through the grammar
