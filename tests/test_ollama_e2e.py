@@ -11,7 +11,7 @@ import urllib.request
 
 import ollama
 import pytest
-from helpers import WEATHER, ServerProcess, agent_model, free_port
+from helpers import WEATHER, ServerProcess, agent_model, free_port, noise_picture
 
 from gateway.models import testmodels as tm
 
@@ -139,8 +139,10 @@ def test_keep_alive_zero_unloads(client):
 
 @pytest.mark.parametrize("call, status, words", [
     (lambda c: c.chat(model="nope", messages=ASK, stream=False), 404, "does not exist"),
+    (lambda c: c.chat(model="plain", messages=[{"role": "user", "content": "hi", "images": [noise_picture(1)]}],
+                      stream=False), 400, "does not take images"),
     (lambda c: c.chat(model="plain", messages=[{"role": "user", "content": "hi", "images": ["aGk="]}],
-                      stream=False), 400, "images are not supported"),
+                      stream=False), 400, "is not an image this server reads"),
     (lambda c: c.chat(model="plain", messages=ASK, options={"temperature": "hot"}, stream=False), 400,
      "options.temperature"),
     (lambda c: c.generate(model="plain", prompt="hi", keep_alive="soon", stream=False), 400, "keep_alive"),

@@ -120,7 +120,9 @@ def test_stored_responses_are_kept_retrieved_and_deleted(client):
 @pytest.mark.parametrize("fields, param", [
     ({"input": 5}, "input"),
     ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0].type"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+     "input[0].content[0].image_url"),
+    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "x"}]}]}, "input[0].content[0].type"),
     ({"input": [{"type": "function_call_output", "call_id": "nope", "output": "x"}]}, "input[0].call_id"),
     ({"input": "x", "tools": [{"type": "web search!"}]}, "tools[0].type"),  # a hosted tool's is dropped
     ({"input": "x", "reasoning": {"effort": "max"}}, "reasoning.effort"),
