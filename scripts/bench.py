@@ -408,6 +408,7 @@ def speculation_main(args) -> int:
     import specbench
 
     model = (args.model or bench_model()).resolve()
+    args.spec_draft = args.spec_draft.resolve() if args.spec_draft else None  # the gateway reads paths by its config
     wanted = set(args.only or ("gateway", "llama-server"))
     binary = find_llama_server(args.llama_server) if "llama-server" in wanted else None
     if binary is None and "llama-server" in wanted:

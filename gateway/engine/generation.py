@@ -16,7 +16,7 @@ from .refusals import decode_failed
 from .sampling import Sampling
 from .slotmemory import SlotMemory
 from .slots import Sequence, common_prefix
-from .speculation import Lookup, accepted
+from .speculation import Lookup, accepted, next_cap
 
 
 class Generation:
@@ -24,6 +24,8 @@ class Generation:
         params = model.params
         self.spec = (params.spec_ngram_size_n, params.spec_ngram_size_m) if params.spec_type == "ngram" else None
         self.drafter = model.drafter
+        # most tokens a step: the draft model's draft_max, prompt lookup's spec_ngram_size_m
+        self.cap = params.draft_max if self.drafter is not None else params.spec_ngram_size_m
         self.ll, self.ctx, self.mem = model.ll, model.ctx, model.mem
         self.sampling, self.out = sampling, out
         self.memory = SlotMemory(model)
@@ -84,7 +86,7 @@ class Generation:
         """By slot, the tokens proposed to follow each generating sequence's pending one, at most
         its ``room``: the draft model's (``drafting``), else prompt lookup's; none while a thinking
         budget's closing marker is being written, never a picture's stand-in."""
-        wants = [(seq, room) for seq, room in wants if not seq.forced and seq.pending is not None]
+        wants = [(seq, min(room, seq.draft_cap)) for seq, room in wants if not seq.forced and seq.pending is not None]
         if self.drafter is not None:
             return self.drafter.propose([(seq.slot.id, [*seq.slot.cached, tok], room)
                                          for seq, room in wants if not seq.runs and (tok := seq.pending) is not None])
@@ -107,6 +109,7 @@ class Generation:
         good = 1 + common_prefix(accepted(draft, pick), draft)  # the cells the kept tokens read
         seq.drafted += len(draft)
         seq.kept_drafts += good - 1
+        seq.draft_cap = next_cap(seq.draft_cap, len(draft), good - 1, self.cap)
         if good < len(part):
             self.memory.cut(seq.slot, start + good)
 

@@ -48,6 +48,17 @@ class Lookup:
         return seq[start:start + min(self.m, limit)]
 
 
+def next_cap(cap: int, proposed: int, kept: int, most: int) -> int:
+    """How many tokens to propose next step: twice as many after a draft kept whole (up to
+    ``most``), after a refused one half as many, or one more than were kept where that is more.
+    A refused token costs a row of the decode for nothing, so a sequence whose proposals keep
+    missing proposes few; one that copies its context proposes many, and a miss (an edit in a
+    copied file) does not undo that."""
+    if not proposed:
+        return cap
+    return min(most, 2 * cap) if kept == proposed else max(1, kept + 1, cap // 2)
+
+
 def accepted(draft: Sequence[int], pick: Callable[[int], int | None]) -> list[int]:
     """The tokens kept from one verification: ``pick(i)`` is the model's token at position ``i``
     (after the token sampled last, then after each drafted one; None: the answer ends there).
