@@ -8,7 +8,7 @@ import pytest
 from helpers import InProcessEngine, tiny_random_model
 
 from gateway.engine import ipc
-from gateway.engine.speculation import Lookup, accepted
+from gateway.engine.speculation import Lookup, accepted, next_cap
 from gateway.models import testmodels as tm
 from gateway.models.ggufwriter import _MARGIN
 
@@ -43,6 +43,13 @@ def test_accepted_keeps_the_picks_while_they_match_the_draft():
     assert accepted([], picks([3])[0]) == [3]
     pick, calls = picks([5, None, 7])
     assert accepted([5, 6], pick) == [5] and calls == [0, 1]  # the answer ended
+
+
+def test_the_proposal_length_halves_after_a_miss_and_doubles_after_a_whole_keep():
+    assert next_cap(16, 16, 3, 16) == 8  # a miss: half, or what was kept and one more
+    assert next_cap(16, 16, 12, 16) == 13 and next_cap(1, 1, 0, 16) == 1
+    assert next_cap(4, 4, 4, 16) == 8 and next_cap(8, 8, 8, 16) == 16 and next_cap(16, 16, 16, 16) == 16
+    assert next_cap(5, 0, 0, 16) == 5  # nothing proposed: nothing learned
 
 
 # --- the decoder on real llama.cpp ---------------------------------------------------------------
