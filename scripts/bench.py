@@ -404,15 +404,22 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def speculation_main(args) -> int:
-    import specbench
-
+def _gateway_and_llama_server(args) -> tuple[Path, set[str], str | None]:
+    """The model, the contenders wanted (the gateway and llama-server unless --only says), and
+    llama-server's binary where it is wanted and found."""
     model = (args.model or bench_model()).resolve()
-    args.spec_draft = args.spec_draft.resolve() if args.spec_draft else None  # the gateway reads paths by its config
     wanted = set(args.only or ("gateway", "llama-server"))
     binary = find_llama_server(args.llama_server) if "llama-server" in wanted else None
     if binary is None and "llama-server" in wanted:
         print("llama-server: not measured (give --llama-server PATH or put it on PATH)", file=sys.stderr)
+    return model, wanted, binary
+
+
+def speculation_main(args) -> int:
+    import specbench
+
+    model, wanted, binary = _gateway_and_llama_server(args)
+    args.spec_draft = args.spec_draft.resolve() if args.spec_draft else None  # the gateway reads paths by its config
     with tempfile.TemporaryDirectory() as tmp:
         results = specbench.measure(model, args, Path(tmp), binary, wanted)
     print(specbench.report(results, model, args))
@@ -452,11 +459,7 @@ def swap_main(args) -> int:
 def conversations_main(args) -> int:
     import convbench
 
-    model = (args.model or bench_model()).resolve()
-    wanted = set(args.only or ("gateway", "llama-server"))
-    binary = find_llama_server(args.llama_server) if "llama-server" in wanted else None
-    if binary is None and "llama-server" in wanted:
-        print("llama-server: not measured (give --llama-server PATH or put it on PATH)", file=sys.stderr)
+    model, wanted, binary = _gateway_and_llama_server(args)
     with tempfile.TemporaryDirectory() as tmp:
         results = convbench.measure(model, args, Path(tmp), binary, wanted)
     print(convbench.report(results, model, args))
