@@ -192,3 +192,21 @@ def test_a_grammar_constrains_every_kept_token(tmp_path):
         (done,) = [e for e in events if isinstance(e, ipc.Done)]
     assert answers[0] == answers[1] == " tick tock" * 5
     assert done.drafted > 0  # drafts were proposed and judged through the grammar
+
+
+def test_a_draft_model_drafts_for_batched_slots_each_as_alone(random_model):
+    prompts = (EDIT, "Hello there, how are you today? " * 4)
+    alone = {p: InProcessEngine(random_model).run(p, max_tokens=24)[0] for p in prompts}
+    two = InProcessEngine(random_model, parallel=2, draft=random_model, draft_max=4)
+    seqs = []
+    for p in prompts:
+        two.rid += 1
+        req = ipc.GenerationRequest(prompt=p, max_tokens=24, temperature=0)
+        seqs.append((two.rid, p, two.decoder.admit(two.rid, req, two.tokens(p), "")))
+    while any(s.slot.seq is s for _, _, s in seqs):
+        two.decoder.step()
+    events = [ipc.decode_event(f[4:]) for f in two.out.frames]
+    for rid, p, _ in seqs:
+        assert "".join(e.text for e in events if isinstance(e, ipc.Text) and e.id == rid) == alone[p]
+        (done,) = [e for e in events if isinstance(e, ipc.Done) and e.id == rid]
+        assert done.drafted > 10 and done.accepted == done.drafted
