@@ -232,7 +232,7 @@ def test_an_image_in_a_tool_result_is_told_not_refused():
             {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]}]}]}
     req = anthropic.parse(body).request
     assert req.messages[-1]["role"] == "tool" and req.messages[-1]["content"] == MARKER
-    assert [(m.param, m.note) for m in req.media] == [("messages.2.content.0.content.0.source.data", IMAGE_NOTE)]
+    assert [(m.param, m.note) for m in req.media] == [("messages.2.content.0.content.0", IMAGE_NOTE)]
     wire_media.require(req, {"vision": False}, "m")  # a model that takes no pictures reads the note
     assert req.messages[-1]["content"] == IMAGE_NOTE and req.media == []
     body["messages"].append({"role": "user", "content": [{"type": "image", "source": {"type": "base64",
@@ -240,4 +240,4 @@ def test_an_image_in_a_tool_result_is_told_not_refused():
     req = anthropic.parse(body).request
     with pytest.raises(InvalidRequest) as e:  # an image the user sends is refused by such a model
         wire_media.require(req, {"vision": False}, "m")
-    assert e.value.param == "messages.3.content.0.source.data"
+    assert e.value.param == "messages.3.content.0"

@@ -176,17 +176,17 @@ def bad(server, content, model="vl"):
 
 
 @pytest.mark.parametrize("part, param, says", [
-    (picture_part(noise(5)[:200]), "messages[0].content[1].image_url.url", "could not be decoded"),  # truncated
-    (picture_part(b"GIF89a" + b"\x00" * 40, "image/gif"), "messages[0].content[1].image_url.url", "could not be decoded"),
-    (picture_part(b"%PDF-1.7 not a picture"), "messages[0].content[1].image_url.url", "not an image"),
-    (picture_part(b"RIFF\x10\x00\x00\x00WEBPVP8 " + b"\x00" * 20), "messages[0].content[1].image_url.url",
+    (picture_part(noise(5)[:200]), "messages[0].content[1]", "could not be decoded"),  # truncated
+    (picture_part(b"GIF89a" + b"\x00" * 40, "image/gif"), "messages[0].content[1]", "could not be decoded"),
+    (picture_part(b"%PDF-1.7 not a picture"), "messages[0].content[1]", "not an image"),
+    (picture_part(b"RIFF\x10\x00\x00\x00WEBPVP8 " + b"\x00" * 20), "messages[0].content[1]",
      "not an image"),
-    (picture_part(huge_png_header(5000, 5000)), "messages[0].content[1].image_url.url", "5000x5000 pixels"),
-    (picture_part(b"\x89PNG" + b"\x00" * 300000), "messages[0].content[1].image_url.url", "server.max_media_bytes"),
-    ({"type": "image_url", "image_url": {"url": "http://127.0.0.1:1/x.png"}}, "messages[0].content[1].image_url.url",
+    (picture_part(huge_png_header(5000, 5000)), "messages[0].content[1]", "5000x5000 pixels"),
+    (picture_part(b"\x89PNG" + b"\x00" * 300000), "messages[0].content[1]", "server.max_media_bytes"),
+    ({"type": "image_url", "image_url": {"url": "http://127.0.0.1:1/x.png"}}, "messages[0].content[1]",
      "server.allow_remote_media"),
     ({"type": "input_audio", "input_audio": {"data": b64(tone(300)), "format": "wav"}},
-     "messages[0].content[1].input_audio.data", "does not take audio"),
+     "messages[0].content[1]", "does not take audio"),
 ])
 def test_bad_media_are_400s_naming_the_part_and_the_worker_goes_on(server, client, part, param, says):
     status, error = bad(server, [{"type": "text", "text": "hi"}, part])
@@ -197,7 +197,7 @@ def test_bad_media_are_400s_naming_the_part_and_the_worker_goes_on(server, clien
 
 def test_a_picture_to_a_text_model_is_refused_in_each_wire(server):
     status, error = bad(server, [{"type": "text", "text": "hi"}, picture_part(noise(6))], model="text")
-    assert status == 400 and error["param"] == "messages[0].content[1].image_url.url"
+    assert status == 400 and error["param"] == "messages[0].content[1]"
     assert "does not take images" in error["message"]
     status, body, _ = request(server.url + "/v1/messages", {"model": "text", "max_tokens": 4, "messages": [
         {"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png",
@@ -280,6 +280,6 @@ def test_a_picture_by_url_is_fetched_only_where_allowed_and_never_from_loopback_
     assert body["choices"][0]["message"]["content"] == answers[True, "inline"][1]["choices"][0]["message"]["content"]
     assert body["usage"]["prompt_tokens"] == answers[True, "inline"][1]["usage"]["prompt_tokens"]
     status, body = answers[False, "url"]
-    assert status == 400 and body["error"]["param"] == "messages[0].content[1].image_url.url"
+    assert status == 400 and body["error"]["param"] == "messages[0].content[1]"
     assert "allow_remote_media_private" in body["error"]["message"]
     assert answers[False, "inline"][0] == 200

@@ -62,9 +62,9 @@ def test_openai_chat_parts_become_markers_and_media_in_order():
     req = openai.parse_chat(body).request
     assert req.messages[1]["content"] == f"Compare {wm.MARKER} with {wm.MARKER}{wm.MARKER}"
     assert [(m.kind, m.param, m.url) for m in req.media] == [
-        ("image", "messages[1].content[1].image_url.url", None),
-        ("image", "messages[1].content[3].image_url.url", "https://example.com/cat.jpg"),
-        ("audio", "messages[1].content[4].input_audio.data", None)]
+        ("image", "messages[1].content[1]", None),
+        ("image", "messages[1].content[3]", "https://example.com/cat.jpg"),
+        ("audio", "messages[1].content[4]", None)]
     assert base64.b64decode(req.media[0].data) == png
 
 
@@ -92,7 +92,7 @@ def test_anthropic_image_blocks_and_the_tool_result_note():
                                      {"type": "text", "text": "What is this?"}]}]}
     req = anthropic.parse(body).request
     assert req.messages[-1]["content"] == f"{wm.MARKER}What is this?"
-    assert [(m.kind, m.param) for m in req.media] == [("image", "messages.0.content.0.source.data")]
+    assert [(m.kind, m.param) for m in req.media] == [("image", "messages.0.content.0")]
     with pytest.raises(InvalidRequest) as e:
         anthropic.parse({**body, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]})
     assert e.value.param == "messages.0.content.0.source"
@@ -117,7 +117,7 @@ def test_responses_input_image_and_a_file_id():
     parsed = responses.parse({"model": "m", "input": [{"role": "user", "content": [
         {"type": "input_text", "text": "look: "}, {"type": "input_image", "image_url": f"data:image/png;base64,{png}"}]}]})
     assert parsed.request.messages[-1]["content"] == f"look: {wm.MARKER}"
-    assert [m.param for m in parsed.request.media] == ["input[0].content[1].image_url"]
+    assert [m.param for m in parsed.request.media] == ["input[0].content[1]"]
     with pytest.raises(InvalidRequest) as e:
         responses.parse({"model": "m", "input": [{"role": "user", "content": [{"type": "input_image",
                                                                               "file_id": "file-1"}]}]})

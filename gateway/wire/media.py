@@ -5,7 +5,9 @@ llama-server builds its prompts); the bytes checked before a model sees them (``
 format llama.cpp decodes, within the server's limits); and a model's refusal of a kind it does
 not take (``require``). Pure: fetching is ``server/fetch.py``'s, done by ``api/media.py``.
 
-Every refusal is a 400 naming the caller's part (``messages[1].content[0]``)."""
+Every refusal is a 400 naming the caller's part (``messages[1].content[0]``: ``Media.param``), or
+the field inside it where the part's own shape is wrong (``messages[1].content[0].image_url.url``
+missing)."""
 
 from __future__ import annotations
 
@@ -38,24 +40,26 @@ class Sniffed:
     height: int = 0
 
 
-def from_url(url: Any, kind: str, param: str) -> Media:
-    """An image part's ``url``: a ``data:`` URI (its base64 payload) or an http(s) address."""
+def from_url(url: Any, kind: str, param: str, part: str) -> Media:
+    """An image part's ``url`` (the field ``param`` of the part ``part``): a ``data:`` URI (its
+    base64 payload) or an http(s) address."""
     if not isinstance(url, str) or not url:
         raise InvalidRequest(f"`{param}` must be a data: URI or an http(s) URL", param)
     if url[:5].lower() == "data:":
         m = _DATA_URI.match(url)
         if m is None:
             raise InvalidRequest(f"`{param}` must be a base64 data: URI (data:image/png;base64,...)", param)
-        return Media(kind, param, url[m.end():])
+        return Media(kind, part, url[m.end():])
     if url.split(":", 1)[0].lower() in ("http", "https"):
-        return Media(kind, param, url=url)
+        return Media(kind, part, url=url)
     raise InvalidRequest(f"`{param}` must be a data: URI or an http(s) URL, got {url[:40]!r}", param)
 
 
-def from_base64(data: Any, kind: str, param: str) -> Media:
+def from_base64(data: Any, kind: str, param: str, part: str | None = None) -> Media:
+    """A part's bytes in base64 (the field ``param`` of the part ``part``, by default the same)."""
     if not isinstance(data, str) or not data:
         raise InvalidRequest(f"`{param}` must be the file's bytes in base64", param)
-    return Media(kind, param, data)
+    return Media(kind, part or param, data)
 
 
 def openai_part(part: dict[str, Any], where: str) -> Media:
@@ -65,18 +69,19 @@ def openai_part(part: dict[str, Any], where: str) -> Media:
     if kind == "image_url":
         image = part.get("image_url")
         url = image.get("url") if isinstance(image, dict) else image
-        return from_url(url, IMAGE, f"{where}.image_url.url" if isinstance(image, dict) else f"{where}.image_url")
+        field = f"{where}.image_url.url" if isinstance(image, dict) else f"{where}.image_url"
+        return from_url(url, IMAGE, field, where)
     if kind == "input_image":
         if part.get("image_url") is None and part.get("file_id") is not None:
             raise InvalidRequest(f"`{where}.file_id`: this server keeps no files; send the image as "
                                  "`image_url` (a data: URI)", f"{where}.file_id")
-        return from_url(part.get("image_url"), IMAGE, f"{where}.image_url")
+        return from_url(part.get("image_url"), IMAGE, f"{where}.image_url", where)
     if kind == "input_audio":
         audio = part.get("input_audio")
         if not isinstance(audio, dict):
             raise InvalidRequest(f"`{where}.input_audio` must be an object with `data` and `format`",
                                  f"{where}.input_audio")
-        return from_base64(audio.get("data"), AUDIO, f"{where}.input_audio.data")
+        return from_base64(audio.get("data"), AUDIO, f"{where}.input_audio.data", where)
     raise InvalidRequest(f"`{where}.type` {kind!r} is not a picture or a sound", f"{where}.type")
 
 
@@ -88,9 +93,9 @@ def anthropic_source(block: dict[str, Any], where: str) -> Media:
     source = block.get("source")
     kind = source.get("type") if isinstance(source, dict) else None
     if kind == "base64":
-        return from_base64(source.get("data"), IMAGE, f"{where}.source.data")  # type: ignore[union-attr]
+        return from_base64(source.get("data"), IMAGE, f"{where}.source.data", where)  # type: ignore[union-attr]
     if kind == "url":
-        return from_url(source.get("url"), IMAGE, f"{where}.source.url")  # type: ignore[union-attr]
+        return from_url(source.get("url"), IMAGE, f"{where}.source.url", where)  # type: ignore[union-attr]
     raise InvalidRequest(f"{where}.source: must be {{type: base64, media_type, data}} or {{type: url, url}}",
                          f"{where}.source")
 
