@@ -2,6 +2,8 @@
 
 import shutil
 
+import pytest
+
 from gateway.models import testmodels as tm
 from gateway.models.catalog import DEMO_NAME, ModelCatalog
 from gateway.models.config import load_config
@@ -83,3 +85,26 @@ def test_a_glob_alias_answers_for_the_names_no_model_has(tmp_path, write_config)
     assert catalog.resolve("gpt-oss-20b").path.name == "gpt-oss-20b.gguf"  # a model's own name first
     assert catalog.resolve("anything-else").name == "chat"  # "*": every name no model has
     assert "claude-*" not in catalog.names_of(catalog.resolve("coder"))
+
+
+def test_a_draft_named_by_a_model_name_is_that_models_file(tmp_path, write_config):
+    store = tmp_path / "store"
+    store.mkdir()
+    tm.plain(store / "small-draft.gguf")
+    tm.plain(tmp_path / "big.gguf")
+    config = load_config(write_config(
+        f"server:\n  discover_default_stores: false\n  models_dirs: [{store}]\n"
+        f"models:\n  big:\n    path: {tmp_path}/big.gguf\n    draft: small-draft\n"
+        f"  other:\n    path: {tmp_path}/big.gguf\n    draft: {store}/small-draft.gguf\n    aliases: [o]\n"
+        f"  lost:\n    path: {tmp_path}/big.gguf\n    draft: nowhere-to-be-found\n"))
+    catalog = ModelCatalog(config)
+    assert catalog.resolve("big").draft == store / "small-draft.gguf"  # discovery's name, resolved
+    assert catalog.resolve("o").draft == store / "small-draft.gguf"  # a path, as given
+    lost = catalog.resolve("lost")
+    assert str(lost.draft) == "nowhere-to-be-found" and not lost.draft.is_absolute()
+
+    from gateway.backends.local import load_params
+    from gateway.engine.drafting import draft_params
+
+    with pytest.raises(RuntimeError, match="neither a file nor a model this gateway serves"):
+        draft_params(load_params(lost, config.server), 512, 1)

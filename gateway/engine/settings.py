@@ -92,6 +92,16 @@ def _lora_adapter(r: Report, where: str, v: Any) -> Any:
 T = TypeVar("T")
 
 
+def _file_or_model(r: Report, where: str, v: Any) -> Any:
+    """A GGUF file (relative to models.yaml), or the name of a model this gateway serves (no
+    path separator, no ``.gguf``, no ``~`` or ``$``): kept as a relative path, which the catalog
+    replaces by that model's file (``ModelCatalog``)."""
+    if isinstance(v, str) and v.strip() and not any(c in v for c in "/\\~$") and \
+            not v.strip().lower().endswith(".gguf"):
+        return Path(v.strip())
+    return checks.path(r, where, v)
+
+
 def setting(default: T, check: Check) -> T:
     """A field of ``LlamaSettings``: its default, and the check of its models.yaml value."""
     return field(default=default, metadata={"check": check})
@@ -166,7 +176,7 @@ class LlamaSettings:
     # a draft model (llama-server's -md, ``engine/drafting``): a smaller model of the same vocabulary
     # proposes up to draft_max tokens a step, greedily, stopping where its own top probability
     # is under draft_p_min, nothing where under draft_min came; its own n_gpu_layers and n_ctx
-    draft: Path | None = setting(None, checks.path)
+    draft: Path | None = setting(None, _file_or_model)  # a file, or a model's name (relative until resolved)
     draft_n_gpu_layers: int = setting(-1, checks.integer(minimum=-1, what="an integer >= -1 (-1: all layers)"))
     draft_n_ctx: int | None = setting(None, POSITIVE_INTEGER)  # None: the model's n_ctx
     draft_max: int = setting(3, checks.integer(minimum=1, maximum=256, what="an integer from 1 to 256"))

@@ -79,6 +79,26 @@ class ModelCatalog:
         self._patterns = patterns
         self.table = table
         self._scanned_at = time.monotonic()
+        self._resolve_drafts()
+
+    def _resolve_drafts(self) -> None:
+        """A ``draft:`` given as a model's name becomes that model's file (a local model this
+        catalog resolves); one it cannot resolve is left as it is, and the load says so."""
+        named = {id(s): s for s in self._specs if s.draft is not None and not s.draft.is_absolute()}
+        new: dict[int, ModelSpec] = {}
+        for key, spec in named.items():
+            target = self.resolve(str(spec.draft))
+            if target is not None and target.path is not None:
+                new[key] = dataclasses.replace(spec, draft=target.path)
+        if not new:
+            return
+        def swap(s: ModelSpec) -> ModelSpec:
+            return new.get(id(s), s)
+
+        self._specs = [swap(s) for s in self._specs]
+        self._configured = {k: swap(s) for k, s in self._configured.items()}
+        self._discovered = {k: swap(s) for k, s in self._discovered.items()}
+        self._patterns = [(p, swap(s)) for p, s in self._patterns]
 
     def stale(self) -> bool:
         """Whether a miss may rescan the stores now."""
