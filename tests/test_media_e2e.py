@@ -283,3 +283,26 @@ def test_a_picture_by_url_is_fetched_only_where_allowed_and_never_from_loopback_
     assert status == 400 and body["error"]["param"] == "messages[0].content[1]"
     assert "allow_remote_media_private" in body["error"]["message"]
     assert answers[False, "inline"][0] == 200
+
+
+def test_a_tool_results_picture_reaches_a_vision_model_and_is_a_note_to_a_text_model(server, claude):
+    """Claude Code's Read of a picture: a valid PNG in a tool result is read by the vision model
+    (its tokens counted) and told as a note to the text-only one, never refused."""
+    def body(model: str) -> dict:
+        return {"model": model, "max_tokens": 4, "messages": [
+            {"role": "user", "content": "look at a.png"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Read",
+                                               "input": {"file_path": "a.png"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                             "data": b64(noise(11))}}]}]}]}
+
+    status, text_answer, _ = request(server.url + "/v1/messages", body("text"))
+    assert status == 200, text_answer
+    status, seen, _ = request(server.url + "/v1/messages", body("vl"))
+    assert status == 200, seen
+    blank = body("vl")
+    blank["messages"][-1]["content"][0]["content"] = "no picture"
+    _, unseen, _ = request(server.url + "/v1/messages", blank)
+    counted = lambda a: a["usage"]["input_tokens"] + a["usage"].get("cache_read_input_tokens", 0)  # noqa: E731
+    assert counted(seen) >= counted(unseen) + 16 - 4  # the picture's tokens in place of two words

@@ -128,6 +128,8 @@ def test_checked_refuses_what_llama_cpp_would_not_read():
     part = Media("image", "messages[0].content[0]")
     png = picture("PNG", (40, 30))
     assert base64.b64decode(wm.checked(part, png, 40 * 30).data) == png
+    kept = wm.checked(Media("image", "t", url="https://x/a.png", note="[note]"), png, 40 * 30)
+    assert (kept.note, kept.url, kept.param) == ("[note]", None, "t")  # a tool's picture keeps its note
     with pytest.raises(InvalidRequest) as e:
         wm.checked(part, png, 40 * 30 - 1)
     assert "40x30 pixels" in e.value.message and e.value.param == part.param

@@ -15,7 +15,7 @@ import base64
 import binascii
 import re
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..base.errors import InvalidRequest
@@ -173,7 +173,7 @@ def checked(media: Media, data: bytes, max_pixels: int) -> Media:
     if what.width * what.height > max_pixels:
         raise InvalidRequest(f"`{media.param}` is {what.width}x{what.height} pixels, more than this server takes "
                              f"({max_pixels} pixels: server.max_media_pixels)", media.param, "media_too_large")
-    return Media(media.kind, media.param, base64.b64encode(data).decode("ascii"))
+    return replace(media, data=base64.b64encode(data).decode("ascii"), url=None)  # its note stays
 
 
 def require(req: GenerationRequest, info: dict[str, Any], model: str) -> None:
