@@ -371,19 +371,33 @@ class InProcessEngine:
     def tokens(self, text: str) -> list[int]:
         return self.model.vocab.tokenize(text, add_special=True)
 
-    def run(self, text: str, max_tokens: int = 10, logprobs: int | None = None) -> tuple[str, Any]:
+    def run(self, text: str, max_tokens: int = 10, logprobs: int | None = None, **fields: Any) -> tuple[str, Any]:
+        """One prompt, greedy unless ``fields`` (a ``GenerationRequest``'s) say otherwise."""
+        (answer,) = self.together([text], max_tokens, logprobs, **fields)
+        return answer
+
+    def together(self, texts: list[str], max_tokens: int = 10, logprobs: int | None = None,
+                 **fields: Any) -> list[tuple[str, Any]]:
+        """Prompts admitted together (one slot each) and decoded in the same steps: each one's
+        text and done event, in order."""
         ipc = self.ipc
-        self.rid += 1
-        req = ipc.GenerationRequest(prompt=text, max_tokens=max_tokens, temperature=0, logprobs=logprobs)
-        seq = self.decoder.admit(self.rid, req, self.tokens(text), "")
-        while seq.slot.seq is seq:
+        seqs = []
+        for text in texts:
+            self.rid += 1
+            req = ipc.GenerationRequest(**{"prompt": text, "max_tokens": max_tokens, "temperature": 0,
+                                           "logprobs": logprobs, **fields})
+            seqs.append((self.rid, self.decoder.admit(self.rid, req, self.tokens(text), "")))
+        while any(seq.slot.seq is seq for _, seq in seqs):
             self.decoder.step()
         events = [ipc.decode_event(f[4:]) for f in self.out.frames]
         self.out.frames.clear()
-        texts = [e for e in events if isinstance(e, ipc.Text) and e.id == self.rid]
-        (done,) = [e for e in events if isinstance(e, ipc.Done) and e.id == self.rid]
-        self.last_done, self.logprobs = done, [p for e in texts for p in e.logprobs or []]
-        return "".join(e.text for e in texts), done
+        out = []
+        for rid, _ in seqs:
+            got = [e for e in events if isinstance(e, ipc.Text) and e.id == rid]
+            (done,) = [e for e in events if isinstance(e, ipc.Done) and e.id == rid]
+            self.last_done, self.logprobs = done, [p for e in got for p in e.logprobs or []]
+            out.append(("".join(e.text for e in got), done))
+        return out
 
     def first_token(self, text: str) -> list[tuple[str, float]]:
         """The first answer token's five likeliest, with their log-probabilities."""

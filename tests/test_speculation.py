@@ -7,7 +7,6 @@ and on a model that repeats itself most drafts are kept."""
 import pytest
 from helpers import InProcessEngine, tiny_random_model
 
-from gateway.engine import ipc
 from gateway.engine.speculation import Lookup, accepted, next_cap
 from gateway.models import testmodels as tm
 from gateway.models.ggufwriter import _MARGIN
@@ -80,15 +79,7 @@ def test_greedy_answers_are_the_same_with_and_without_speculation(random_model, 
 
 
 def run_sampled(eng, prompt: str, seed: int, temperature: float, n: int = 40) -> str:
-    eng.rid += 1
-    req = ipc.GenerationRequest(prompt=prompt, max_tokens=n, temperature=temperature, top_k=0, top_p=1.0,
-                                min_p=0.0, seed=seed)
-    seq = eng.decoder.admit(eng.rid, req, eng.tokens(prompt), "")
-    while seq.slot.seq is seq:
-        eng.decoder.step()
-    events = [ipc.decode_event(f[4:]) for f in eng.out.frames]
-    eng.out.frames.clear()
-    return "".join(e.text for e in events if isinstance(e, ipc.Text) and e.id == eng.rid)
+    return eng.run(prompt, n, temperature=temperature, top_k=0, top_p=1.0, min_p=0.0, seed=seed)[0]
 
 
 def test_sampled_answers_follow_the_targets_distribution(tmp_path):
@@ -131,17 +122,8 @@ def test_a_repeating_answer_keeps_most_drafts_and_batched_slots_answer_as_alone(
     assert got == want and done.drafted > 20 and done.accepted / done.drafted > 0.8
     # two slots, each speculating beside the other's prompt chunks and drafts
     alone = {p: engine(random_model, False).run(p, max_tokens=32)[0] for p in (EDIT, EDIT.replace("add", "plus"))}
-    two = engine(random_model, True, parallel=2)
-    seqs = []
-    for p in alone:
-        two.rid += 1
-        req = ipc.GenerationRequest(prompt=p, max_tokens=32, temperature=0)
-        seqs.append((two.rid, p, two.decoder.admit(two.rid, req, two.tokens(p), "")))
-    while any(s.slot.seq is s for _, _, s in seqs):
-        two.decoder.step()
-    events = [ipc.decode_event(f[4:]) for f in two.out.frames]
-    for rid, p, _ in seqs:
-        assert "".join(e.text for e in events if isinstance(e, ipc.Text) and e.id == rid) == alone[p]
+    together = engine(random_model, True, parallel=2).together(list(alone), max_tokens=32)
+    assert [text for text, _ in together] == list(alone.values())
 
 
 # --- a draft model -------------------------------------------------------------------------------
@@ -179,18 +161,8 @@ def test_a_grammar_constrains_every_kept_token(tmp_path):
     model's answer short)."""
     model = tm.endless(tmp_path / "loop.gguf").path
     grammar = 'root ::= (" tick" " tock"){3,5}'
-    answers = []
-    for spec in (False, True):
-        eng = engine(model, spec)
-        eng.rid += 1
-        req = ipc.GenerationRequest(prompt="\n", max_tokens=40, temperature=0, grammar=grammar)
-        seq = eng.decoder.admit(eng.rid, req, eng.tokens("\n"), "")
-        while seq.slot.seq is seq:
-            eng.decoder.step()
-        events = [ipc.decode_event(f[4:]) for f in eng.out.frames]
-        answers.append("".join(e.text for e in events if isinstance(e, ipc.Text)))
-        (done,) = [e for e in events if isinstance(e, ipc.Done)]
-    assert answers[0] == answers[1] == " tick tock" * 5
+    (plain, _), (got, done) = (engine(model, spec).run("\n", 40, grammar=grammar) for spec in (False, True))
+    assert plain == got == " tick tock" * 5
     assert done.drafted > 0  # drafts were proposed and judged through the grammar
 
 
@@ -198,15 +170,6 @@ def test_a_draft_model_drafts_for_batched_slots_each_as_alone(random_model):
     prompts = (EDIT, "Hello there, how are you today? " * 4)
     alone = {p: InProcessEngine(random_model).run(p, max_tokens=24)[0] for p in prompts}
     two = InProcessEngine(random_model, parallel=2, draft=random_model, draft_max=4)
-    seqs = []
-    for p in prompts:
-        two.rid += 1
-        req = ipc.GenerationRequest(prompt=p, max_tokens=24, temperature=0)
-        seqs.append((two.rid, p, two.decoder.admit(two.rid, req, two.tokens(p), "")))
-    while any(s.slot.seq is s for _, _, s in seqs):
-        two.decoder.step()
-    events = [ipc.decode_event(f[4:]) for f in two.out.frames]
-    for rid, p, _ in seqs:
-        assert "".join(e.text for e in events if isinstance(e, ipc.Text) and e.id == rid) == alone[p]
-        (done,) = [e for e in events if isinstance(e, ipc.Done) and e.id == rid]
+    for p, (text, done) in zip(prompts, two.together(list(prompts), max_tokens=24)):
+        assert text == alone[p]
         assert done.drafted > 10 and done.accepted == done.drafted
