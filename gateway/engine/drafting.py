@@ -69,15 +69,15 @@ class Drafter:
         self.batch = Batch(self.ll, self.n_batch, model.n_slots)
         self.held: list[list[int]] = [[] for _ in range(model.n_slots)]  # each slot's draft sequence
 
-    def propose(self, wants: list[tuple[int, list[int], int]]) -> dict[int, list[int]]:
-        """Drafts by slot for ``wants``: (slot, the target's cached tokens and its pending one,
-        most tokens wanted). A slot whose sequence the draft cannot read gets none."""
+    def propose(self, wants: list[tuple[int, list[int], int, int]]) -> dict[int, list[int]]:
+        """Drafts by slot for ``wants``: (slot, the target's cached tokens, its pending one, most
+        tokens wanted). A slot whose sequence the draft cannot read gets none."""
         p = self.params
-        out: dict[int, list[int]] = {slot: [] for slot, _, _ in wants}
-        most = {slot: min(room, p.draft_max) for slot, _, room in wants}
+        out: dict[int, list[int]] = {slot: [] for slot, _, _, _ in wants}
+        most = {slot: min(room, p.draft_max) for slot, _, _, room in wants}
         rows: dict[int, np.ndarray] = {}  # slot -> the logits its next draft token is picked from
-        for slot, tokens, _ in wants:
-            if most[slot] > 0 and (row := self._sync(slot, tokens)) is not None:
+        for slot, cached, pending, _ in wants:
+            if most[slot] > 0 and (row := self._sync(slot, cached, pending)) is not None:
                 rows[slot] = row
         while rows:
             for slot, row in list(rows.items()):
@@ -100,20 +100,22 @@ class Drafter:
                 rows[slot] = self._row(i)
         return {slot: d if len(d) >= p.draft_min else [] for slot, d in out.items()}
 
-    def _sync(self, slot: int, tokens: list[int]) -> np.ndarray | None:
-        """The draft's sequence for ``slot`` made ``tokens`` (the prefix kept, the rest read):
-        the logits after its last token; None where it cannot be (too long for the draft's
-        context, a picture's stand-ins, a failed decode)."""
-        if not tokens or len(tokens) >= self.n_ctx or min(tokens) < 0:
+    def _sync(self, slot: int, cached: list[int], pending: int) -> np.ndarray | None:
+        """The draft's sequence for ``slot`` made the slot's ``cached`` tokens and its ``pending``
+        one (the prefix they share kept, the rest read; never a picture's stand-ins, which
+        ``Generation.drafts`` leaves out): the logits after ``pending``; None where it cannot be
+        (longer than the draft's context, a failed decode)."""
+        if len(cached) + 1 >= self.n_ctx:
             return None
         held = self.held[slot]
-        keep = min(common_prefix(held, tokens), len(tokens) - 1)  # the last one is read again: its logits
+        keep = common_prefix(held, cached)  # ``pending`` is read again: its logits
         if not self.ll.llama_memory_seq_rm(self.mem, slot, keep, -1):
             self.ll.llama_memory_seq_rm(self.mem, slot, -1, -1)
             keep = 0
         del held[keep:]
-        while len(held) < len(tokens):
-            part = tokens[len(held):len(held) + self.n_batch]
+        missing = [*cached[keep:], pending]
+        for start in range(0, len(missing), self.n_batch):
+            part = missing[start:start + self.n_batch]
             self.batch.clear()
             self.batch.add(part, len(held), slot, 1)
             if self.ll.llama_decode(self.ctx, self.batch.struct) != 0:

@@ -88,7 +88,7 @@ class Generation:
         budget's closing marker is being written, never a picture's stand-in."""
         wants = [(seq, min(room, seq.draft_cap)) for seq, room in wants if not seq.forced and seq.pending is not None]
         if self.drafter is not None:
-            return self.drafter.propose([(seq.slot.id, [*seq.slot.cached, tok], room)
+            return self.drafter.propose([(seq.slot.id, seq.slot.cached, tok, room)
                                          for seq, room in wants if not seq.runs and (tok := seq.pending) is not None])
         return {seq.slot.id: list(takewhile(lambda t: t >= 0, seq.lookup.propose(room)))
                 for seq, room in wants if seq.lookup is not None}

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import ctypes
+import functools
 import hashlib
 import threading
 from collections import OrderedDict
@@ -43,8 +44,9 @@ class Run:
     chunk: Any  # its mtmd_input_chunk (a copy this run owns)
     embd: Any = field(default=None, repr=False)  # its n_tokens x n_embd encoded floats (ctypes array)
 
-    @property
+    @functools.cached_property
     def tokens(self) -> list[int]:
+        """The stand-ins of its positions (made once: the prompt and its reading both take them)."""
         return stand_ins(self.key, self.n_pos)
 
 
