@@ -154,25 +154,24 @@ class ModelCatalog:
                 if found is not None and claimants[0] is found}
 
     @staticmethod
-    def info(spec: ModelSpec) -> GGUFInfo | None:
-        """The GGUF header of a local model (None for one served elsewhere, or a bad file)."""
-        if spec.path is None:
+    def header(path: Path | None) -> GGUFInfo | None:
+        """A GGUF file's header (None for no file, or a bad one: ``INFO_CACHE`` says which)."""
+        if path is None:
             return None
         try:
-            return discovery.INFO_CACHE.get(spec.path)
+            return discovery.INFO_CACHE.get(path)
         except ModelFileError:
             return None
 
+    @classmethod
+    def info(cls, spec: ModelSpec) -> GGUFInfo | None:
+        """The GGUF header of a local model (None for one served elsewhere, or a bad file)."""
+        return cls.header(spec.path)
 
-    @staticmethod
-    def projector(spec: ModelSpec) -> GGUFInfo | None:
+    @classmethod
+    def projector(cls, spec: ModelSpec) -> GGUFInfo | None:
         """The GGUF header of a local model's projector (None without one, or a bad file)."""
-        if spec.mmproj is None:
-            return None
-        try:
-            return discovery.INFO_CACHE.get(spec.mmproj)
-        except (ModelFileError, OSError):
-            return None
+        return cls.header(spec.mmproj)
 
     @classmethod
     def media(cls, spec: ModelSpec) -> list[str]:
