@@ -365,41 +365,44 @@ class InProcessEngine:
         self.out = Outbox(-1)  # never flushed: the test reads the queued frames
         self.decoder = Decoder(self.model, Sampling(self.model), self.out)
         self.rid = 0
-        self.logprobs: list[dict[str, Any]] = []
+        self.logprobs: list[dict[str, Any]] = []  # the last answer's (``each_logprobs``: each of ``together``'s)
+        self.each_logprobs: list[list[dict[str, Any]]] = []
         self.last_done: Any = None
 
     def tokens(self, text: str) -> list[int]:
         return self.model.vocab.tokenize(text, add_special=True)
 
-    def run(self, text: str, max_tokens: int = 10, logprobs: int | None = None, **fields: Any) -> tuple[str, Any]:
+    def run(self, text: str | list[int], max_tokens: int = 10, logprobs: int | None = None, **fields: Any) -> tuple[str, Any]:
         """One prompt, greedy unless ``fields`` (a ``GenerationRequest``'s) say otherwise."""
         (answer,) = self.together([text], max_tokens, logprobs, **fields)
         return answer
 
-    def together(self, texts: list[str], max_tokens: int = 10, logprobs: int | None = None,
+    def together(self, texts: list[str] | list[list[int]], max_tokens: int = 10, logprobs: int | None = None,
                  **fields: Any) -> list[tuple[str, Any]]:
-        """Prompts admitted together (one slot each) and decoded in the same steps: each one's
-        text and done event, in order."""
+        """Prompts (texts, or their tokens) admitted together (one slot each) and decoded in the
+        same steps: each one's text and done event, in order."""
         ipc = self.ipc
         seqs = []
         for text in texts:
             self.rid += 1
-            req = ipc.GenerationRequest(**{"prompt": text, "max_tokens": max_tokens, "temperature": 0,
-                                           "logprobs": logprobs, **fields})
-            seqs.append((self.rid, self.decoder.admit(self.rid, req, self.tokens(text), "")))
+            tokens = self.tokens(text) if isinstance(text, str) else text
+            req = ipc.GenerationRequest(**{"prompt": text if isinstance(text, str) else "",
+                                           "max_tokens": max_tokens, "temperature": 0, "logprobs": logprobs, **fields})
+            seqs.append((self.rid, self.decoder.admit(self.rid, req, tokens, "")))
         while any(seq.slot.seq is seq for _, seq in seqs):
             self.decoder.step()
         events = [ipc.decode_event(f[4:]) for f in self.out.frames]
         self.out.frames.clear()
-        out = []
+        out, self.each_logprobs = [], []
         for rid, _ in seqs:
             got = [e for e in events if isinstance(e, ipc.Text) and e.id == rid]
             (done,) = [e for e in events if isinstance(e, ipc.Done) and e.id == rid]
             self.last_done, self.logprobs = done, [p for e in got for p in e.logprobs or []]
+            self.each_logprobs.append(self.logprobs)
             out.append(("".join(e.text for e in got), done))
         return out
 
-    def first_token(self, text: str) -> list[tuple[str, float]]:
+    def first_token(self, text: str | list[int]) -> list[tuple[str, float]]:
         """The first answer token's five likeliest, with their log-probabilities."""
         self.run(text, max_tokens=1, logprobs=5)
         return [(t["token"], t["logprob"]) for t in self.logprobs[0]["top_logprobs"]]
