@@ -7,7 +7,7 @@ and on a model that repeats itself most drafts are kept."""
 import pytest
 from helpers import InProcessEngine, tiny_random_model
 
-from gateway.engine.speculation import Lookup, accepted, next_cap
+from gateway.engine.speculation import MAX_WAIT, Lookup, Pace, accepted, depth, paced
 from gateway.models import testmodels as tm
 from gateway.models.ggufwriter import _MARGIN
 
@@ -16,12 +16,21 @@ from gateway.models.ggufwriter import _MARGIN
 
 def test_lookup_proposes_what_followed_the_latest_earlier_occurrence():
     look = Lookup([1, 2, 3, 4, 5, 9, 1, 2, 3, 7, 8, 1, 2], n=2, m=3)
-    assert look.propose(10) == [3, 7, 8]  # "1 2" last came before "3 7 8", not "3 4 5"
-    assert look.propose(2) == [3, 7]
+    assert look.propose(10, proven=True) == [3, 7, 8]  # "1 2" last came before "3 7 8", not "3 4 5"
+    assert look.propose(2, proven=True) == [3, 7]
     look.extend([3])
-    assert look.propose(10) == [7, 8, 1]  # "2 3" latest: before "7 8 1"
+    assert look.propose(10, proven=True) == [7, 8, 1]  # "2 3" latest: before "7 8 1"
     assert Lookup([1, 2, 3], n=2, m=4).propose(4) == []  # "2 3" never came before
     assert Lookup([5], n=2, m=4).propose(4) == [] and Lookup([1, 2, 1, 2], n=2, m=4).propose(0) == []
+
+
+def test_an_unproven_match_proposes_no_more_than_the_text_before_it_agrees():
+    copied = [7, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3, 4]  # "1 2 3 4" again: four tokens agree
+    assert Lookup(copied, n=2, m=8).propose(8) == [5, 6, 7, 8]
+    assert Lookup(copied, n=2, m=8).propose(8, proven=True) == [5, 6, 7, 8, 9, 0, 1, 2]
+    chance = [1, 2, 3, 4, 5, 6, 9, 9, 3, 4]  # only the n-gram "3 4" agrees
+    assert Lookup(chance, n=2, m=8).propose(8) == [5, 6]
+    assert depth([1, 2, 3, 1, 2, 3], 3, 8) == 3 and depth([1, 2, 3, 1, 2, 3], 3, 2) == 2
 
 
 def test_accepted_keeps_the_picks_while_they_match_the_draft():
@@ -45,10 +54,27 @@ def test_accepted_keeps_the_picks_while_they_match_the_draft():
 
 
 def test_the_proposal_length_halves_after_a_miss_and_doubles_after_a_whole_keep():
-    assert next_cap(16, 16, 3, 16) == 8  # a miss: half, or what was kept and one more
-    assert next_cap(16, 16, 12, 16) == 13 and next_cap(1, 1, 0, 16) == 1
-    assert next_cap(4, 4, 4, 16) == 8 and next_cap(8, 8, 8, 16) == 16 and next_cap(16, 16, 16, 16) == 16
-    assert next_cap(5, 0, 0, 16) == 5  # nothing proposed: nothing learned
+    def cap(cap, proposed, kept, most=16):
+        return paced(Pace(cap), proposed, kept, most).cap
+
+    assert cap(16, 16, 3) == 8  # a miss: half, or what was kept and one more
+    assert cap(16, 16, 12) == 13 and cap(1, 1, 0) == 1
+    assert cap(4, 4, 4) == 8 and cap(8, 8, 8) == 16 and cap(16, 16, 16) == 16
+    assert cap(5, 0, 0) == 5  # nothing proposed: nothing learned
+    assert cap(Pace().cap, 16, 0) == 8  # the first miss halves the setting's length
+
+
+def test_a_sequence_whose_proposals_keep_missing_waits_longer_each_time():
+    pace, waits = Pace(4), []
+    for _ in range(7):
+        pace = paced(pace, 3, 1, 16)  # less than half kept
+        waits.append(pace.wait)
+        while pace.wait:  # the steps it waits count it down
+            pace = paced(pace, 0, 0, 16)
+    assert waits == [0, 1, 3, 7, 15, MAX_WAIT, MAX_WAIT] and pace.misses == 7
+    assert paced(pace, 4, 2, 16) == Pace(3, proven=True)  # half kept: no more misses, no wait
+    assert paced(Pace(4, misses=2, wait=0), 4, 4, 16) == Pace(8, proven=True)
+    assert not paced(Pace(4, proven=True), 4, 1, 16).proven
 
 
 # --- the decoder on real llama.cpp ---------------------------------------------------------------

@@ -16,7 +16,7 @@ from .refusals import decode_failed
 from .sampling import Sampling
 from .slotmemory import SlotMemory
 from .slots import Sequence, common_prefix
-from .speculation import Lookup, accepted, next_cap
+from .speculation import Lookup, accepted, paced
 
 
 class Generation:
@@ -85,12 +85,20 @@ class Generation:
     def drafts(self, wants: list[tuple[Sequence, int]]) -> dict[int, list[int]]:
         """By slot, the tokens proposed to follow each generating sequence's pending one, at most
         its ``room``: the draft model's (``drafting``), else prompt lookup's; none while a thinking
-        budget's closing marker is being written, never a picture's stand-in."""
-        wants = [(seq, min(room, seq.draft_cap)) for seq, room in wants if not seq.forced and seq.pending is not None]
+        budget's closing marker is being written or its pace says wait, never a picture's stand-in."""
+        ready = []
+        for seq, room in wants:
+            if seq.forced or seq.pending is None:
+                continue
+            if seq.pace.wait:  # its proposals kept missing: it waits (``speculation.paced``)
+                seq.pace = paced(seq.pace, 0, 0, self.cap)
+            else:
+                ready.append((seq, min(room, seq.pace.cap)))
+        wants = ready
         if self.drafter is not None:
             return self.drafter.propose([(seq.slot.id, seq.slot.cached, tok, room)
                                          for seq, room in wants if not seq.runs and (tok := seq.pending) is not None])
-        return {seq.slot.id: list(takewhile(lambda t: t >= 0, seq.lookup.propose(room)))
+        return {seq.slot.id: list(takewhile(lambda t: t >= 0, seq.lookup.propose(room, seq.pace.proven)))
                 for seq, room in wants if seq.lookup is not None}
 
     def _verify(self, seq: Sequence, part: list[int]) -> None:
@@ -109,7 +117,7 @@ class Generation:
         good = 1 + common_prefix(accepted(draft, pick), draft)  # the cells the kept tokens read
         seq.drafted += len(draft)
         seq.kept_drafts += good - 1
-        seq.draft_cap = next_cap(seq.draft_cap, len(draft), good - 1, self.cap)
+        seq.pace = paced(seq.pace, len(draft), good - 1, self.cap)
         if good < len(part):
             self.memory.cut(seq.slot, start + good)
 

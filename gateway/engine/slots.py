@@ -20,6 +20,7 @@ from ..text.textstream import StopMatcher, Utf8Stream
 from . import ipc
 from .checkpoints import Checkpoint
 from .outbox import Outbox
+from .speculation import Pace
 
 _STRIDE = 256
 
@@ -224,7 +225,7 @@ class Sequence:
         self.runs: dict[int, Any] = {}  # its pictures and sounds by start (``media.Run``s)
         self.lookup: Any = None  # its tokens' n-grams, where it speculates (``speculation.Lookup``)
         self.drafted = self.kept_drafts = 0  # tokens proposed, and those the model agreed with
-        self.draft_cap = 1 << 30  # most tokens proposed next step (``speculation.next_cap``; the setting's at first)
+        self.pace = Pace()  # how much it proposes, where it speculates
         self.parked_shift = 0  # how far the parked chunks' cells have moved so far
         self.marks: list[int] = []  # where its prompt's reading stops for a checkpoint (``checkpoints.marks``)
         self.chain = chain  # the native sampler chain (``Sampling.chain``); None: greedy

@@ -16,6 +16,7 @@ same way). Greedy answers are token for token those of plain decoding.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 
 class Lookup:
@@ -36,27 +37,66 @@ class Lookup:
                 after[tuple(seq[-n:])] = len(seq)  # the n-gram ending here is followed by ``tok``
             seq.append(tok)
 
-    def propose(self, limit: int) -> list[int]:
+    def propose(self, limit: int, proven: bool = False) -> list[int]:
         """Up to ``min(m, limit)`` tokens that followed the latest earlier occurrence of the last
-        ``n`` tokens; none where they never occurred before."""
+        ``n`` tokens; none where they never occurred before. Unless the sequence's proposals
+        have ``proven`` themselves (``Pace.proven``), no more than the tokens before the match
+        agree with those before the occurrence (``depth``): a chance match of ``n`` tokens is
+        trusted for ``n``, a long stretch of copied text for long."""
         n, seq = self.n, self.tokens
         if len(seq) < n or limit <= 0:
             return []
         start = self.after.get(tuple(seq[-n:]))
         if start is None:
             return []
-        return seq[start:start + min(self.m, limit)]
+        most = min(self.m, limit)
+        return seq[start:start + (most if proven else depth(seq, start, most))]
 
 
-def next_cap(cap: int, proposed: int, kept: int, most: int) -> int:
-    """How many tokens to propose next step: twice as many after a draft kept whole (up to
-    ``most``), after a refused one half as many, or one more than were kept where that is more.
-    A refused token costs a row of the decode for nothing, so a sequence whose proposals keep
-    missing proposes few; one that copies its context proposes many, and a miss (an edit in a
-    copied file) does not undo that."""
+def depth(seq: list[int], start: int, most: int) -> int:
+    """How many of ``seq``'s last tokens equal those before index ``start`` (at most ``most``)."""
+    k, end = 0, len(seq)
+    while k < most and k < start and seq[start - 1 - k] == seq[end - 1 - k]:
+        k += 1
+    return k
+
+
+MAX_WAIT = 16  # most steps a sequence whose proposals keep missing waits before proposing again
+
+
+@dataclass(frozen=True, slots=True)
+class Pace:
+    """How much a sequence proposes: at most ``cap`` tokens a step (the setting's at first),
+    none for the next ``wait`` steps; ``misses``: proposals in a row the model kept less than
+    half of; ``proven``: its last proposal was kept half or more (``paced``)."""
+
+    cap: int = 1 << 30
+    misses: int = 0
+    wait: int = 0
+    proven: bool = False
+
+
+def paced(pace: Pace, proposed: int, kept: int, most: int) -> Pace:
+    """The pace after a step that proposed ``proposed`` tokens, of which the model kept ``kept``.
+
+    A refused token costs a row of the decode for nothing (on a CPU, where a step's cost grows
+    with its rows, nearly a step's worth), so a sequence that copies its context proposes many,
+    one whose proposals miss proposes few, and one whose proposals keep missing stops proposing
+    a while. The length starts at ``most``, doubles after a draft kept whole (up to ``most``),
+    else halves, or becomes one more than were kept where that is more: a miss (an edit in a
+    copied file) does not undo a run of hits. A proposal of which less than half was kept is a
+    miss; after misses in a row the sequence waits 0, 1, 3, 7... steps (``MAX_WAIT`` at most)
+    before proposing again, and a proposal half kept or more ends that (and proves the sequence:
+    ``Lookup.propose`` trusts its matches whole). A step that proposed
+    nothing (none to propose, or waiting) counts down the wait."""
     if not proposed:
-        return cap
-    return min(most, 2 * cap) if kept == proposed else max(1, kept + 1, cap // 2)
+        return replace(pace, wait=max(0, pace.wait - 1))
+    now = min(pace.cap, most)  # the setting's at first
+    cap = min(most, 2 * now) if kept == proposed else max(1, kept + 1, now // 2)
+    if 2 * kept >= proposed:
+        return Pace(cap, proven=True)
+    misses = pace.misses + 1
+    return Pace(cap, misses, min(MAX_WAIT, (1 << (misses - 1)) - 1))
 
 
 def accepted(draft: Sequence[int], pick: Callable[[int], int | None]) -> list[int]:
