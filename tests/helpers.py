@@ -377,7 +377,7 @@ class InProcessEngine:
         (answer,) = self.together([text], max_tokens, logprobs, **fields)
         return answer
 
-    def together(self, texts: list[str] | list[list[int]], max_tokens: int = 10, logprobs: int | None = None,
+    def together(self, texts: list[str | list[int]] | list[str], max_tokens: int = 10, logprobs: int | None = None,
                  **fields: Any) -> list[tuple[str, Any]]:
         """Prompts (texts, or their tokens) admitted together (one slot each) and decoded in the
         same steps: each one's text and done event, in order."""
