@@ -289,3 +289,19 @@ def test_a_duration_past_any_float_is_a_mistake_not_a_crash(write_config):
     assert parse_duration(10 ** 400) is None and parse_duration(-1) == float("inf") and parse_duration(1e308) == 1e308
     found = problems_of(write_config(f"server:\n  keep_alive: {10 ** 400}\n"))
     assert any("server.keep_alive: must be a duration" in p for p in found), found
+
+
+def test_missing_projector_draft_and_adapter_files_are_warnings(write_config, tmp_path):
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    cfg = load_config(write_config("models:\n  m:\n    path: m.gguf\n    mmproj: mm.gguf\n    draft: d.gguf\n"
+                                   "    lora: [a.gguf]\n  n:\n    path: m.gguf\n    draft: m\n"))
+    where = f"{tmp_path / 'models.yaml'}: models.m"
+    assert cfg.warnings == (f"{where}: projector file (mmproj) not found: {tmp_path / 'mm.gguf'}",
+                            f"{where}: draft model file not found: {tmp_path / 'd.gguf'}",
+                            f"{where}: LoRA adapter not found: {tmp_path / 'a.gguf'}")  # a draft by name: the catalog's
+
+
+@pytest.mark.parametrize("value", [1.5, -0.1, "high", True])
+def test_draft_p_min_is_a_probability(write_config, value):
+    (line,) = problems_of(write_config(f"models:\n  m:\n    path: m.gguf\n    draft_p_min: {value}\n"))
+    assert "models.m.draft_p_min: must be a number from 0 to 1, got " in line

@@ -180,6 +180,13 @@ def number(r: Report, where: str, v: Any) -> Any:
     return float(v)
 
 
+def fraction(r: Report, where: str, v: Any) -> Any:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+        r.error(where, f"must be a number from 0 to 1, got {show(v)}")
+        return INVALID
+    return float(v)
+
+
 def positive_number(r: Report, where: str, v: Any) -> Any:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
         r.error(where, f"must be a number > 0, got {show(v)}")

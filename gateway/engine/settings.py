@@ -181,7 +181,7 @@ class LlamaSettings:
     draft_n_ctx: int | None = setting(None, POSITIVE_INTEGER)  # None: the model's n_ctx
     draft_max: int = setting(3, checks.integer(minimum=1, maximum=256, what="an integer from 1 to 256"))
     draft_min: int = setting(0, checks.integer(minimum=0, maximum=256, what="an integer from 0 to 256"))
-    draft_p_min: float = setting(0.0, checks.number)
+    draft_p_min: float = setting(0.0, checks.fraction)
 
 
 SETTINGS = tuple(fields(LlamaSettings))

@@ -6,6 +6,7 @@ replicas and upstreams included."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -132,10 +133,25 @@ def parse_models(r: Parsing, data: dict[str, Any], *, check_files: bool) -> list
             else:
                 seen[key] = where
         for member in spec.members:
-            if check_files and member.path is not None and not member.path.is_file():
-                r.warn(where, f"model file not found: {member.path}")
+            if check_files:
+                for what, file in _files(member):
+                    if not file.is_file():
+                        r.warn(where, f"{what} not found: {file}")
         models.append(spec)
     return models
+
+
+def _files(spec: ModelSpec) -> list[tuple[str, Path]]:
+    """The files a model entry names, each with what it is: the model's, its projector's, its
+    draft model's (where ``draft`` is a path: a bare name is a model the catalog resolves) and
+    its LoRA adapters'."""
+    files = [("model file", spec.path)] if spec.path is not None else []
+    if spec.mmproj is not None:
+        files.append(("projector file (mmproj)", spec.mmproj))
+    if spec.draft is not None and spec.draft.is_absolute():
+        files.append(("draft model file", spec.draft))
+    files += [("LoRA adapter", adapter) for adapter, _ in spec.lora]
+    return files
 
 
 def _model(r: Parsing, where: str, name: Any, raw: Any) -> ModelSpec | None:
