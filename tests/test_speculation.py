@@ -152,6 +152,22 @@ def test_a_repeating_answer_keeps_most_drafts_and_batched_slots_answer_as_alone(
     assert [text for text, _ in together] == list(alone.values())
 
 
+def test_a_stop_or_max_tokens_inside_kept_drafts_ends_the_answer_where_it_would_end_without(tmp_path):
+    """Drafts are proposed past where the answer ends: a stop string matched inside a kept run
+    (or across its edge) and ``max_tokens`` reached inside one end it at the same token, with the
+    same count and reason, as without speculation."""
+    model = tm.endless(tmp_path / "loop.gguf").path
+    plain, spec = engine(model, False), engine(model, True)
+    drafted = 0
+    for max_tokens in range(1, 21):
+        for stop in (None, [" tock tick"], ["ck ti"]):
+            (want, wdone), (got, done) = (e.run("\n", max_tokens, stop=stop) for e in (plain, spec))
+            assert (got, done.completion_tokens, done.finish_reason, done.stop) == \
+                (want, wdone.completion_tokens, wdone.finish_reason, wdone.stop), (max_tokens, stop)
+            drafted += done.drafted
+    assert drafted > 40
+
+
 # --- a draft model -------------------------------------------------------------------------------
 
 def test_a_model_as_its_own_draft_keeps_every_draft_and_answers_the_same(random_model):
