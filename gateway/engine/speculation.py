@@ -10,7 +10,10 @@ for a greedy request), in order, and keeps a drafted token only where the sample
 proposal is a fixed token (no draft distribution), so the kept tokens follow the target's
 distribution exactly: the first position's token is the target's sample, and each next
 position is sampled only after the one before was kept (llama-server verifies its drafts the
-same way). Greedy answers are token for token those of plain decoding.
+same way). Greedy answers are token for token those of plain decoding wherever a token's
+logits do not depend on the batch it is read in; llama.cpp's CPU kernels round a row read
+among several otherwise than one read alone, so on a real model an answer can part from the
+plain one where its two likeliest tokens are all but tied (``tests/test_speculation_real``).
 """
 
 from __future__ import annotations
