@@ -168,6 +168,22 @@ def test_a_stop_or_max_tokens_inside_kept_drafts_ends_the_answer_where_it_would_
     assert drafted > 40
 
 
+@pytest.mark.parametrize("kind", ["ngram", "draft"])
+def test_scripted_models_answer_the_same_with_either_kind_alone_and_batched(tmp_path, kind):
+    """The scripted models (their answer is in their weights): the looping one and the demo's,
+    speculating by prompt lookup or with the model as its own draft, one slot and two together."""
+    loop, demo = tm.endless(tmp_path / "loop.gguf").path, tm.demo(tmp_path / "demo.gguf").path
+    for model in (loop, demo):
+        load = {"draft": model, "draft_max": 4} if kind == "draft" else \
+            {"spec_type": "ngram", "spec_ngram_size_n": 2, "spec_ngram_size_m": 8}
+        kept = kind == "draft" or model == loop  # the demo's answer does not repeat itself: no proposal of it is kept
+        want, _ = InProcessEngine(model).run("\n", max_tokens=40)
+        got, done = InProcessEngine(model, **load).run("\n", max_tokens=40)
+        assert got == want and (done.accepted > 0) == kept
+        two = InProcessEngine(model, parallel=2, **load).together(["\n", "\n"], max_tokens=40)
+        assert [text for text, _ in two] == [want, want] and all((d.accepted > 0) == kept for _, d in two)
+
+
 # --- a draft model -------------------------------------------------------------------------------
 
 def test_a_model_as_its_own_draft_keeps_every_draft_and_answers_the_same(random_model):
