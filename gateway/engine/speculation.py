@@ -90,8 +90,8 @@ def paced(pace: Pace, proposed: int, kept: int, most: int) -> Pace:
     copied file) does not undo a run of hits. A proposal of which less than half was kept is a
     miss; after misses in a row the sequence waits 0, 1, 3, 7... steps (``MAX_WAIT`` at most)
     before proposing again, and a proposal half kept or more ends that (and proves the sequence:
-    ``Lookup.propose`` trusts its matches whole). A step that proposed
-    nothing (none to propose, or waiting) counts down the wait."""
+    ``Lookup.propose`` trusts its matches whole). A step that proposed nothing (none to
+    propose, or waiting) counts down the wait. A draft model's proposals are paced alike."""
     if not proposed:
         return replace(pace, wait=max(0, pace.wait - 1))
     now = min(pace.cap, most)  # the setting's at first
