@@ -177,6 +177,22 @@ async def test_a_lora_adapter_changes_the_answer_by_its_scale(aiohttp_client, wr
     assert body["choices"][0]["message"]["content"] == answer
 
 
+@pytest.mark.parametrize(("key", "what"), [("lora", "the LoRA adapter"), ("mmproj", "the projector file (mmproj)"),
+                                           ("draft", "the draft model file")])
+async def test_a_file_a_setting_names_that_is_not_there_fails_the_load_saying_so(aiohttp_client, write_config,
+                                                                              tmp_path, key, what):
+    model = tm.plain(tmp_path / "plain.gguf").path
+    gone = tmp_path / "gone.gguf"
+    cfg = load_config(write_config(f"server:\n  discover_default_stores: false\nmodels:\n  m:\n    path: {model}\n"
+                                   f"    {key}: {f'[{gone}]' if key == 'lora' else gone}\n"))
+    assert cfg.warnings  # check-config and the start say so too
+    client = await aiohttp_client(create_app(cfg))
+    r = await client.post("/v1/chat/completions", json={"model": "m", "messages": HI})
+    body = await r.json()
+    assert r.status == 503 and body["error"]["code"] == "model_load_failed", body
+    assert f"{what} {gone} does not exist" in body["error"]["message"], body
+
+
 async def test_a_lora_for_another_model_fails_the_load_with_its_reason(aiohttp_client, write_config, tmp_path):
     model = tm.plain(tmp_path / "plain.gguf").path
     other = tm.plain(tmp_path / "other.gguf", ["x"] * 200).path  # a larger vocabulary: other shapes

@@ -49,6 +49,8 @@ def draft_params(params: ipc.LoadParams, n_ctx: int, n_slots: int) -> ipc.LoadPa
     assert params.draft is not None
     if not params.draft.is_absolute():  # a name the catalog did not resolve (settings: a file or a name)
         raise RuntimeError(f"the draft model {str(params.draft)!r} is neither a file nor a model this gateway serves")
+    if not params.draft.is_file():
+        raise RuntimeError(f"the draft model file {params.draft} does not exist")
     return ipc.LoadParams(name=f"{params.name} (draft)", path=str(params.draft), n_ctx=params.draft_n_ctx or n_ctx,
                           n_gpu_layers=params.draft_n_gpu_layers, parallel=n_slots, n_threads=params.n_threads,
                           n_threads_batch=params.n_threads_batch, devices=params.devices, prompt_cache_bytes=0)

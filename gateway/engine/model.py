@@ -101,6 +101,12 @@ def prepare() -> None:
         llama_cpp.llama_backend_init()
 
 
+def existing(path: str | os.PathLike, what: str) -> None:
+    """Raise where ``path`` is no file: llama.cpp's own failure would not say so."""
+    if not os.path.isfile(path):
+        raise RuntimeError(f"{what} {path} does not exist")
+
+
 class Model:
     def __init__(self, params: ipc.LoadParams, on_progress: Callable[[float], None] | None = None):
         """Load the model; ``on_progress(fraction)`` is called as the weights are read (on this
@@ -140,6 +146,7 @@ class Model:
                 return True  # go on loading
 
             mp.progress_callback = progress  # referenced by ``progress`` until the load returns
+        existing(params.path, "the model file")
         self.handle = ll.llama_model_load_from_file(params.path.encode(), mp)
         if not self.handle:
             raise RuntimeError(f"llama.cpp could not load {params.path} (unsupported or damaged file, "
@@ -232,6 +239,7 @@ class Model:
         self.projector = None
         if params.mmproj and not params.embeddings:
             try:
+                existing(params.mmproj, "the projector file (mmproj)")
                 self.projector = Projector(ll, self.handle, str(params.mmproj), cp.n_threads_batch, self.gpu_offload)
             except RuntimeError as e:
                 if not params.mmproj_optional:
@@ -246,6 +254,7 @@ class Model:
             return []
         loaded = []
         for path, _ in adapters:
+            existing(path, "the LoRA adapter")
             adapter = ll.llama_adapter_lora_init(self.handle, str(path).encode())
             if not adapter:
                 raise RuntimeError(f"llama.cpp could not load the LoRA adapter {path} (not a LoRA GGUF, or made "
