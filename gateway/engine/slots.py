@@ -307,9 +307,9 @@ class Batch:
     def clear(self) -> None:
         self.struct.n_tokens = 0
 
-    def add(self, tokens: list[int], pos: int, seq: int, want_logits: int) -> int:
+    def add(self, tokens: list[int], pos: int, seq: int, want_logits: int) -> None:
         """Append ``tokens`` of sequence ``seq`` from position ``pos``, the last ``want_logits``
-        of them with their logits; the index of the last one."""
+        of them with their logits."""
         a = self.struct.n_tokens
         b = a + len(tokens)
         if len(tokens) == 1:
@@ -322,4 +322,3 @@ class Batch:
         if want_logits:
             self.logits[b - want_logits:b] = 1
         self.struct.n_tokens = b
-        return b - 1

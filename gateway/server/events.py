@@ -77,8 +77,8 @@ class Observation:
         self.cached_tokens += finish.cached_tokens
         self.completion_tokens += finish.completion_tokens
         self.reasoning_tokens += finish.reasoning_tokens
-        self.drafted_tokens += getattr(finish, "drafted", 0)
-        self.accepted_tokens += getattr(finish, "accepted", 0)
+        self.drafted_tokens += finish.drafted
+        self.accepted_tokens += finish.accepted
         self.finish_reason = finish.reason
 
     def event(self, status: int, duration: float) -> dict[str, Any]:
