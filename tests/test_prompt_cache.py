@@ -140,6 +140,57 @@ def test_the_bound_holds_under_many_conversations_the_least_recently_used_droppe
         assert e[:len(prompt)] == prompt
 
 
+def test_a_full_cache_never_drops_the_state_it_is_about_to_restore(random_model, uncached):
+    """Two conversations take turns on one slot with room for one state: each turn keeps the
+    slot's conversation first, and the room made for it must not drop the state about to be
+    loaded (it was dropped, and its restore failed: a 500 to the caller)."""
+    engine = Engine(random_model, keep=1)
+    engine.run(TALKS[0], max_tokens=3)
+    one = engine.model.ll.llama_state_seq_get_size(engine.model.ctx, 0) + 4 * len(engine.decoder.slots[0].cached)
+    bound = int(one * 1.6)  # room for one state of this length, not two
+    engine = Engine(random_model, keep=bound)
+    engine.run(TALKS[0])
+    engine.run(TALKS[1])  # keeps the first
+    for talk in (TALKS[0], TALKS[1], TALKS[0]):
+        answer, done = engine.run(talk + " And then?")
+        assert (answer, done.completion_tokens) == (uncached[talk][0], uncached[talk][1].completion_tokens)
+        shared = common_prefix(engine.tokens(talk), engine.tokens(talk + " And then?"))
+        assert (done.cache_source, done.cached_tokens) == ("ram", shared)
+        assert engine.decoder.cache.held <= bound and len(engine.decoder.cache.entries) == 1
+        engine.run(talk)  # the turn goes back to where the other conversation's state was kept
+
+
+@pytest.mark.slow
+def test_two_conversations_taking_turns_through_a_full_cache_on_the_real_server(random_model, write_config):
+    """The same, through the real server and its HTTP API: every turn answers (it was a 500,
+    ``list.remove(x): x not in list``, twice in six requests) as a fresh model does."""
+    from helpers import ServerProcess, request
+
+    engine = Engine(random_model, keep=1)
+    _, done = engine.run(TALKS[0], max_tokens=8)
+    one = engine.model.ll.llama_state_seq_get_size(engine.model.ctx, 0) + 4 * len(engine.decoder.slots[0].cached)
+    cfg = write_config(f"server:\n  discover_default_stores: false\n  kv_cache_max_bytes: 0\nmodels:\n"
+                       f"  m:\n    path: {random_model}\n    parallel: 1\n    prompt_cache_bytes: {int(one * 1.6)}\n"
+                       f"  fresh:\n    path: {random_model}\n    parallel: 1\n    prompt_cache_bytes: 0\n")
+
+    def chat(model, content):
+        status, body, _ = request(server.url + "/v1/chat/completions", {
+            "model": model, "max_tokens": 8, "temperature": 0, "messages": [{"role": "user", "content": content}]})
+        assert status == 200, body
+        return body["choices"][0]["message"]["content"], body["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    with ServerProcess("--config", str(cfg)) as server:
+        want = {talk: chat("fresh", talk)[0] for talk in TALKS[:2]}
+        cached = []
+        for talk in TALKS[:2] * 3:
+            answer, n = chat("m", talk)
+            assert answer == want[talk]
+            cached.append(n)
+        assert all(n > 0 for n in cached[2:])  # from the third turn on each came back from RAM
+        code, log = server.stop()
+    assert code == 0 and "Traceback" not in log
+
+
 def test_a_damaged_state_reads_the_prompt_and_answers_right(random_model, uncached):
     engine = Engine(random_model, keep=64 * 2**20)
     engine.run(TALKS[0])

@@ -50,15 +50,16 @@ class Decoder(Generation):
         choice = choose(self.free_slots(), cache.entries if cache else [], tokens, req.cache_scope, cache is not None)
         slot = choice.slot
         if cache is not None:
+            kept = cache.take(choice.kept) if choice.kept is not None else None  # safe from the room made below
             # another conversation's: kept before it is overwritten (not one the prompt reuses most of)
             if choice.save and (choice.kept is not None
                                 or self.memory.keeps(slot, tokens, choice.common) < len(slot.cached) / 2):
                 # the prefix the prompt keeps of this slot's own cache (none where a kept state replaces it)
                 mine = 0 if choice.kept is not None else choice.common
                 self._keep(slot, max(slot.prompt_end, mine), mine)
-            if choice.kept is not None:
+            if kept is not None:
                 self.memory.release(slot)
-                slot.origin = choice.kept.origin if cache.restore(choice.kept, slot) else "slot"  # failed: empty
+                slot.origin = kept.origin if cache.restore(kept, slot) else "slot"  # failed: empty
         # At least one prompt token is decoded, for fresh logits.
         common = media.floor(runs or {}, min(reusable(slot, tokens, req.cache_scope), n_prompt - 1))
         end, parked = self.memory.prepare(slot, tokens, common)

@@ -198,12 +198,19 @@ class PromptCache:
         self.drop(evict(self.entries, max(0, max_bytes)))
         return self.held
 
+    def take(self, entry: Entry) -> Entry:
+        """Take a kept state out of the cache before it is restored (``restore``): the slot it
+        goes into may first have its own cache kept, and making room for that must not drop the
+        state about to be loaded (its bytes live on in ``entry`` until the restore)."""
+        if entry in self.entries:
+            self.entries.remove(entry)
+        return entry
+
     def restore(self, entry: Entry, slot) -> bool:
-        """Load a kept state into ``slot`` in place of its cache, taking it out of the cache (the
+        """Load a state ``take`` took out of the cache into ``slot`` in place of its cache (the
         slot holds it now; taken again, it is kept again). False, with the slot left empty,
         where the bytes changed since they were kept, llama.cpp refuses them (another model or
         context shape), or the positions they load do not match their tokens."""
-        self.drop([entry])
         ll, mem = self.ll, self.mem
         ll.llama_memory_seq_rm(mem, slot.id, -1, -1)
         slot.keep(0)
