@@ -103,7 +103,10 @@ def test_a_prompt_sharing_only_an_opening_with_a_window_only_cache_is_read_whole
     other = TALK[:40] + " and something else entirely."
     got = engine.first_token(other)
     assert engine.last_done.cached_tokens == 0
-    assert got == Engine(gemma, swa_full=False).first_token(other)
+    # bit for bit as a cold read on an engine of the same settings: without checkpoints the prompt
+    # is read in the same chunks (with them, a cold read stops at a mark a few tokens before the
+    # end, and some CPUs' kernels round a token read in another chunk shape differently)
+    assert got == Engine(gemma, swa_full=False, ctx_checkpoints=0).first_token(other)
 
 
 @pytest.mark.real

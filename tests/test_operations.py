@@ -186,25 +186,31 @@ def stream_through_sigterm(config_path, path: str, body: dict) -> tuple[list[str
     with server:
         req = urllib.request.Request(server.url + path, data=json.dumps({**body, "stream": True}).encode())
         with urllib.request.urlopen(req) as resp:
-            first = resp.readline()
+            # a load that takes over a second (a loaded machine) opens the stream with progress comments
+            first = next(line for line in resp if line.strip() and not line.startswith(b":"))
             assert first.startswith(b"data: ")
             server.proc.send_signal(signal.SIGTERM)
-            lines = [first.decode().strip()] + [line.decode().strip() for line in resp if line.strip()]
+            lines = [first.decode().strip()] + [line.decode().strip() for line in resp
+                                                if line.strip() and not line.startswith(b":")]
         code, log = server.stop()
     return lines, code, log
 
 
 @pytest.mark.slow
 def test_sigterm_lets_a_stream_finish_within_the_drain_time(files, write_config):
-    cfg = write_config(f"server:\n  drain_seconds: 30\nmodels:\n  loop:\n    path: {files}/loop.gguf\n"
-                       f"    n_ctx: 32768\n")
+    """A short answer against a long drain: what is checked is that the drain waits for the
+    stream, not how fast a machine streams (the answer takes a few seconds at most even on a
+    slow CPU, far inside the drain). The log proves the signal came while it streamed."""
+    cfg = write_config(f"server:\n  drain_seconds: 300\nmodels:\n  loop:\n    path: {files}/loop.gguf\n"
+                       f"    n_ctx: 4096\n")
     lines, code, log = stream_through_sigterm(cfg, "/v1/completions",
-                                              {"model": "loop", "prompt": "go\n", "max_tokens": 30000})
+                                              {"model": "loop", "prompt": "go\n", "max_tokens": 3000})
+    assert "waiting up to 300 s for 1 request(s) in flight" in log
     assert lines[-1] == "data: [DONE]"
     assert '"finish_reason":"length"' in lines[-2]
     text = "".join(json.loads(line[6:])["choices"][0]["text"] for line in lines[:-1])
-    assert text.count("tick") == 15000  # every token arrived
-    assert code == 0 and "Traceback" not in log
+    assert text.count("tick") == 1500  # every token arrived
+    assert code == 0 and "Traceback" not in log and "drain time over" not in log
 
 
 @pytest.mark.slow
