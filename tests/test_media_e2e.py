@@ -177,7 +177,7 @@ def bad(server, content, model="vl"):
 
 @pytest.mark.parametrize("part, param, says", [
     (picture_part(noise(5)[:200]), "messages[0].content[1]", "could not be decoded"),  # truncated
-    (picture_part(b"GIF89a" + b"\x00" * 40, "image/gif"), "messages[0].content[1]", "could not be decoded"),
+    (picture_part(b"GIF89a" + b"\x00" * 40, "image/gif"), "messages[0].content[1]", "0x0 pixels"),
     (picture_part(b"%PDF-1.7 not a picture"), "messages[0].content[1]", "not an image"),
     (picture_part(b"RIFF\x10\x00\x00\x00WEBPVP8 " + b"\x00" * 20), "messages[0].content[1]",
      "not an image"),

@@ -6,6 +6,7 @@ a cold read; a cached prefix is kept to whole pictures; bad media and mismatched
 refusals naming the part."""
 
 import base64
+import ctypes
 
 import pytest
 from helpers import InProcessEngine, noise_picture, tiny_projector, tiny_random_model
@@ -149,3 +150,121 @@ def test_the_projector_counts_in_what_the_model_holds(files):
     info = Engine(files).model.info()
     assert info["vision"] is True and info["audio"] is False
     assert info["buffers"]["projector"]["cpu"] >= files[1].stat().st_size // 2  # its weights, as libmtmd told them
+
+
+def sized(seed: int, size: tuple[int, int] = (48, 40), param: str = "p") -> ipc.Media:
+    """A picture as the gateway hands it on: with the size its header says."""
+    return ipc.Media("image", param, noise(seed), size=size)
+
+
+class Bitmaps:
+    """libmtmd's decoder and bitmap free, watched: how many decoded (not placeholder) bitmaps
+    are alive at once, and how many were made."""
+
+    def __init__(self, projector, monkeypatch):
+        mt = projector.mt
+        self.alive, self.most, self.made = set(), 0, 0
+        make, free = mt.mtmd_helper_bitmap_init_from_buf_wrapper, mt.mtmd_bitmap_free
+
+        def made(ctx, buf, n, placeholder, opt):
+            out = make(ctx, buf, n, placeholder, opt)
+            if out.bitmap and not placeholder:
+                self.made += 1
+                self.alive.add(ctypes.cast(out.bitmap, ctypes.c_void_p).value)
+                self.most = max(self.most, len(self.alive))
+            return out
+
+        def freed(bitmap):
+            self.alive.discard(ctypes.cast(bitmap, ctypes.c_void_p).value)
+            free(bitmap)
+
+        monkeypatch.setattr(mt, "mtmd_helper_bitmap_init_from_buf_wrapper", made)
+        monkeypatch.setattr(mt, "mtmd_bitmap_free", freed)
+
+
+def test_pictures_are_counted_from_their_size_and_decoded_one_at_a_time(files, monkeypatch):
+    engine = Engine(files)
+    watch = Bitmaps(engine.model.projector, monkeypatch)
+    text = f"one {MARKER} two {MARKER} three {MARKER} and?"
+    counted = engine.prompts.tokens(ipc.PromptRequest(prompt=text, media=[sized(i) for i in range(3)]))
+    assert watch.made == 0  # a count decodes nothing
+    prompt = engine.prompts.prepare(ipc.GenerationRequest(prompt=text, media=[sized(i) for i in range(3)]))
+    assert prompt.tokens == counted.tokens and all(run.embd is not None for run in prompt.runs.values())
+    assert watch.made == 3 and watch.most == 1 and not watch.alive
+    unsized = engine.prompts.prepare(ipc.GenerationRequest(prompt=text, media=[sized(i, (0, 0)) for i in range(3)]))
+    assert unsized.tokens == prompt.tokens  # (sized by decoding where the gateway gave no size)
+    engine.model.projector.free(prompt.runs)
+    engine.model.projector.free(unsized.runs)
+
+
+def test_a_prompt_too_long_for_the_context_is_refused_before_any_picture_is_decoded(files, monkeypatch):
+    engine = Engine(files, n_ctx=256)
+    watch = Bitmaps(engine.model.projector, monkeypatch)
+    n = engine.model.n_ctx // 16  # sixteen tokens a picture
+    req = ipc.GenerationRequest(prompt=f"{MARKER} " * n + "describe", max_tokens=8, media=[sized(i) for i in range(n)])
+    with pytest.raises(Refused) as e:
+        engine.prompts.prepare(req)
+    assert e.value.code == "context_length_exceeded" and watch.made == 0
+
+
+def test_a_picture_that_is_not_the_size_its_header_said_is_refused_unencoded(files):
+    engine = Engine(files)
+    req = ipc.GenerationRequest(prompt=f"look {MARKER} now", media=[sized(1, (48, 41), "messages[0].content[1]")])
+    with pytest.raises(Refused) as e:
+        engine.prompts.prepare(req)
+    assert e.value.status == 400 and e.value.param == "messages[0].content[1]"
+    assert "decodes to 48x40 pixels, not the 48x41" in e.value.message
+    assert engine.ask(talk(1), [noise(1)])[0]  # the worker goes on
+
+
+def test_a_sound_longer_than_its_header_said_is_refused(files):
+    import hostile_media
+
+    engine = Engine((files[0], tiny_projector(64, audio=True)))
+    data = base64.b64encode(hostile_media.silent_mp3(2)).decode()
+    req = ipc.GenerationRequest(prompt=f"hear {MARKER} this", media=[ipc.Media("audio", "a", data, size=(576, 8000))])
+    with pytest.raises(Refused) as e:
+        engine.prompts.prepare(req)
+    assert e.value.param == "a" and "more than its header says" in e.value.message
+
+
+def test_the_encoded_pictures_are_kept_per_cache_scope_and_bounded_by_bytes(files):
+    engine = Engine(files)
+    prompts = engine.prompts
+
+    def encoded(scope: str):
+        prompt = prompts.prepare(ipc.GenerationRequest(prompt=f"a {MARKER} b", media=[sized(5)], cache_scope=scope))
+        (run,) = prompt.runs.values()
+        engine.model.projector.free(prompt.runs)
+        return run.embd
+
+    alice = encoded("alice")
+    assert encoded("alice") is alice  # reused within its scope
+    assert encoded("bob") is not alice  # another key's picture is encoded afresh: no timing to tell it
+    kept = media.EmbeddingCache(max_bytes=3 * ctypes.sizeof(alice))
+    for i in range(5):
+        kept.put("", bytes([i]), alice)
+    assert kept.bytes == 3 * ctypes.sizeof(alice) and [k for _, k in kept.entries] == [b"\x02", b"\x03", b"\x04"]
+    kept.put("", b"big", (ctypes.c_float * (len(alice) * 4))())
+    assert (("", b"big") not in kept.entries) and kept.get("", b"\x04", len(alice)) is alice
+
+
+def test_a_sound_too_long_for_the_context_is_refused_before_it_is_encoded(files, monkeypatch):
+    """A sound's tokens are counted from its samples (mtmd_tokenize makes its mel spectrogram,
+    it never runs the encoder): a prompt too long for the context is refused unencoded."""
+    import hostile_media
+
+    from gateway.wire.mediasize import sniff
+
+    engine = Engine((files[0], tiny_projector(64, audio=True)), n_ctx=512)
+    projector = engine.model.projector
+    encoded = []
+    encode = projector.mt.mtmd_encode_chunk
+    monkeypatch.setattr(projector.mt, "mtmd_encode_chunk", lambda ctx, chunk: encoded.append(chunk) or encode(ctx, chunk))
+    sound = hostile_media.silent_mp3(2)
+    header = sniff(sound)
+    req = ipc.GenerationRequest(prompt=f"hear {MARKER} this", max_tokens=8, media=[
+        ipc.Media("audio", "a", base64.b64encode(sound).decode(), size=(header.frames, header.rate))])
+    with pytest.raises(Refused) as e:  # one window of 750 tokens in a context of 512
+        engine.prompts.prepare(req)
+    assert e.value.code == "context_length_exceeded" and encoded == []

@@ -36,16 +36,19 @@ def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
+LIMITS = wm.Limits(pixels=10**6, count=8, total_pixels=10**7, seconds=60)
+
+
 @pytest.mark.parametrize("fmt", ["PNG", "JPEG", "GIF", "BMP"])
 def test_sniff_reads_each_picture_format_and_its_size(fmt):
     found = wm.sniff(picture(fmt, (37, 21)))
-    assert found == wm.Sniffed("image", fmt, 37, 21)
+    assert (found.kind, found.format, found.width, found.height, found.problem) == ("image", fmt, 37, 21, None)
 
 
 def test_sniff_tells_sounds_and_refuses_the_rest():
-    assert wm.sniff(tone()) == wm.Sniffed("audio", "WAV")
-    assert wm.sniff(b"fLaC\x00\x00") == wm.Sniffed("audio", "FLAC")
-    assert wm.sniff(b"ID3\x04rest") == wm.Sniffed("audio", "MP3")
+    found = wm.sniff(tone())
+    assert (found.kind, found.format, found.frames, found.rate) == ("audio", "WAV", 4000, 16000)
+    assert wm.sniff(b"ID3\x04\x00\x00\x00\x00\x00\x00rest") is None  # no frame in it: miniaudio opens nothing
     assert wm.sniff(b"RIFF\x00\x00\x00\x00WEBPVP8 ") is None  # WebP: llama.cpp's stb_image cannot read it
     assert wm.sniff(b"%PDF-1.7") is None and wm.sniff(b"") is None
 
@@ -127,20 +130,21 @@ def test_responses_input_image_and_a_file_id():
 def test_checked_refuses_what_llama_cpp_would_not_read():
     part = Media("image", "messages[0].content[0]")
     png = picture("PNG", (40, 30))
-    assert base64.b64decode(wm.checked(part, png, 40 * 30).data) == png
-    kept = wm.checked(Media("image", "t", url="https://x/a.png", note="[note]"), png, 40 * 30)
+    kept, spent = wm.checked(part, png, LIMITS, wm.Spent())
+    assert base64.b64decode(kept.data) == png and kept.size == (40, 30) and spent.pixels == 1200
+    kept, _ = wm.checked(Media("image", "t", url="https://x/a.png", note="[note]"), png, LIMITS, wm.Spent())
     assert (kept.note, kept.url, kept.param) == ("[note]", None, "t")  # a tool's picture keeps its note
     with pytest.raises(InvalidRequest) as e:
-        wm.checked(part, png, 40 * 30 - 1)
+        wm.checked(part, png, wm.Limits(40 * 30 - 1, 8, 10**7, 60), wm.Spent())
     assert "40x30 pixels" in e.value.message and e.value.param == part.param
     with pytest.raises(InvalidRequest) as e:
-        wm.checked(part, b"%PDF-1.7 not a picture", 10**6)
+        wm.checked(part, b"%PDF-1.7 not a picture", LIMITS, wm.Spent())
     assert "not an image" in e.value.message and e.value.code == "invalid_media"
     with pytest.raises(InvalidRequest) as e:
-        wm.checked(part, tone(), 10**6)  # a sound sent as a picture
+        wm.checked(part, tone(), LIMITS, wm.Spent())  # a sound sent as a picture
     assert "WAV audio" in e.value.message
     with pytest.raises(InvalidRequest) as e:
-        wm.checked(Media("audio", "p"), png, 10**6)
+        wm.checked(Media("audio", "p"), png, LIMITS, wm.Spent())
     assert "not audio" in e.value.message and "PNG image" in e.value.message
 
 

@@ -1,10 +1,15 @@
 """A request's pictures and sounds made ready before its model is leased: each fetched where it
 came by URL (only under ``server.allow_remote_media``: ``server/fetch.py``), decoded where it came
-inline, and checked (``wire.media.checked``: a format llama.cpp decodes, within
-``server.max_media_bytes`` and ``server.max_media_pixels``). Every refusal is a 400 naming the
-part, in the caller's shape (the errors middleware writes it)."""
+inline, and checked (``wire.media.checked``: a format llama.cpp decodes, its size read from its
+header as llama.cpp's decoders read it, within ``server.max_media_bytes`` and
+``server.max_media_pixels``, and the request's media within ``server.max_media_per_request``,
+``max_media_pixels_per_request`` and ``max_media_seconds_per_request``). Every refusal is a 400
+naming the part, in the caller's shape (the errors middleware writes it); a tool's picture that
+would be refused is told as its note instead."""
 
 from __future__ import annotations
+
+import asyncio
 
 from aiohttp import web
 
@@ -18,20 +23,33 @@ from ..wire.params import Parsed
 from .appkeys import CONFIG
 
 
+def limits(server: ServerConfig) -> wire_media.Limits:
+    return wire_media.Limits(pixels=server.max_media_pixels, count=server.max_media_per_request,
+                             total_pixels=server.max_media_pixels_per_request,
+                             seconds=server.max_media_seconds_per_request)
+
+
 async def ready(request: web.Request, parsed: Parsed) -> None:
     """Each request's media as bytes llama.cpp can decode, or a 400."""
     server = request.app[CONFIG].server
+    bounds = limits(server)
     told = observation(request).media
     for req in parsed.requests:
-        for i in reversed(range(len(req.media))):
-            media = req.media[i]
+        spent = wire_media.Spent()
+        unread = []
+        for i, media in enumerate(req.media):
             told[media.kind] = told.get(media.kind, 0) + 1
             try:
-                req.media[i] = wire_media.checked(media, await _bytes(media, server), server.max_media_pixels)
+                wire_media.admit(media, bounds, spent)
+                data = await _bytes(media, server)
+                # (off the event loop: an MP3's frames are counted one by one)
+                req.media[i], spent = await asyncio.to_thread(wire_media.checked, media, data, bounds, spent)
             except InvalidRequest:
                 if media.note is None:
                     raise
-                wire_media.tell(req, i)  # a tool's picture no model could read: its note, not a 400
+                unread.append(i)  # a tool's picture no model could read: its note, not a 400
+        for i in reversed(unread):
+            wire_media.tell(req, i)
 
 
 async def _bytes(media: Media, server: ServerConfig) -> bytes:

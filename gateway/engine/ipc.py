@@ -112,6 +112,9 @@ class Media:
     url: str | None = None  # an http(s) address, fetched by the gateway before the request goes on
     # a tool result's picture: what a model that takes none reads in its place (else such a model refuses it)
     note: str | None = None
+    # what its header says it decodes to (``wire.mediasize``): a picture's width and height, a sound's
+    # frames and their sample rate; (0, 0): not read
+    size: tuple[int, int] = (0, 0)
 
 
 @dataclass

@@ -54,8 +54,8 @@ class Prompts:
         return PromptTokens(self.vocab.tokenize(text, add_special=add_special), text[-PROMPT_TAIL:])
 
     def with_media(self, req: Source, text: str, add_special: bool) -> PromptTokens:
-        """A prompt with pictures or sounds, read by the model's projector (``media``); only
-        counted (not encoded) for a prompt read without generating."""
+        """A prompt with pictures or sounds, read by the model's projector (``media``): counted
+        here, encoded by ``prepare`` once the prompt fits."""
         projector = self.model.projector
         first = req.media[0]
         if projector is None or not (projector.vision if first.kind == "image" else projector.audio):
@@ -63,7 +63,7 @@ class Prompts:
                                f"{'images' if first.kind == 'image' else 'audio'}", first.param,
                           f"{first.kind}_not_supported")
         generating = isinstance(req, ipc.GenerationRequest)
-        tokens, runs = projector.tokenize(text, req.media, add_special, encode=generating)
+        tokens, runs = projector.tokenize(text, req.media, add_special)
         if not generating:
             projector.free(runs)
             return PromptTokens(tokens, text[-PROMPT_TAIL:])
@@ -125,6 +125,8 @@ class Prompts:
         prompt = self.tokens(req)
         try:
             self._check(req, prompt)
+            if prompt.runs and self.model.projector is not None:  # only a prompt that fits is encoded
+                self.model.projector.encode(prompt.runs, req.media, req.cache_scope)
         except BaseException:
             if prompt.runs and self.model.projector is not None:
                 self.model.projector.free(prompt.runs)

@@ -5,6 +5,11 @@ llama-server builds its prompts); the bytes checked before a model sees them (``
 format llama.cpp decodes, within the server's limits); and a model's refusal of a kind it does
 not take (``require``). Pure: fetching is ``server/fetch.py``'s, done by ``api/media.py``.
 
+Nothing is decoded that has not been sized: ``checked`` reads each file's size from its header
+the way llama.cpp's decoders will (``mediasize``), refuses one whose size it cannot read, and
+holds the request to ``Limits``: a picture's pixels, and the request's media, pixels and seconds
+of sound altogether (``admit`` refuses a medium past the count before it is even fetched).
+
 Every refusal is a 400 naming the caller's part (``messages[1].content[0]``: ``Media.param``), or
 the field inside it where the part's own shape is wrong (``messages[1].content[0].image_url.url``
 missing)."""
@@ -14,30 +19,19 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-import struct
 from dataclasses import dataclass, replace
 from typing import Any
 
 from ..base.errors import InvalidRequest
 from ..engine.ipc import GenerationRequest, Media
+from .mediasize import AUDIO, IMAGE, sniff
 
 MARKER = "<__media__>"
-IMAGE, AUDIO = "image", "audio"
 
-# what llama.cpp decodes (stb_image for pictures, miniaudio for sounds), by the bytes they open with
+# what llama.cpp decodes (stb_image for pictures, miniaudio for sounds) and ``mediasize`` sizes
 IMAGE_FORMATS = ("PNG", "JPEG", "GIF", "BMP")
 AUDIO_FORMATS = ("WAV", "MP3", "FLAC")
 _DATA_URI = re.compile(r"data:(?P<type>[\w.+-]+/[\w.+-]+)?(?P<params>(;[^;,]*)*?);base64,", re.I)
-
-
-@dataclass(frozen=True)
-class Sniffed:
-    """What a file's first bytes say it is; pictures' sizes from their headers (0: unknown)."""
-
-    kind: str  # IMAGE | AUDIO
-    format: str
-    width: int = 0
-    height: int = 0
 
 
 def from_url(url: Any, kind: str, param: str, part: str) -> Media:
@@ -100,48 +94,6 @@ def anthropic_source(block: dict[str, Any], where: str) -> Media:
                          f"{where}.source")
 
 
-def sniff(data: bytes) -> Sniffed | None:
-    """The format of a picture or sound llama.cpp decodes, by its first bytes; None for another."""
-    if data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) >= 24:
-        width, height = struct.unpack(">II", data[16:24])
-        return Sniffed(IMAGE, "PNG", width, height)
-    if data.startswith(b"\xff\xd8\xff"):
-        return Sniffed(IMAGE, "JPEG", *_jpeg_size(data))
-    if data[:6] in (b"GIF87a", b"GIF89a") and len(data) >= 10:
-        return Sniffed(IMAGE, "GIF", *struct.unpack("<HH", data[6:10]))
-    if data.startswith(b"BM") and len(data) >= 26:
-        width, height = struct.unpack("<ii", data[18:26])
-        return Sniffed(IMAGE, "BMP", abs(width), abs(height))
-    if data[:4] == b"RIFF" and data[8:12] == b"WAVE":
-        return Sniffed(AUDIO, "WAV")
-    if data.startswith(b"fLaC"):
-        return Sniffed(AUDIO, "FLAC")
-    if data.startswith(b"ID3") or (len(data) > 1 and data[0] == 0xFF and data[1] & 0xE0 == 0xE0):
-        return Sniffed(AUDIO, "MP3")
-    return None
-
-
-def _jpeg_size(data: bytes) -> tuple[int, int]:
-    """A JPEG's width and height from its frame header (SOFn); (0, 0) where none is found."""
-    i = 2
-    while i + 9 < len(data):
-        if data[i] != 0xFF:
-            return 0, 0
-        marker = data[i + 1]
-        if marker == 0xFF:  # fill byte
-            i += 1
-            continue
-        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
-            i += 2
-            continue
-        (length,) = struct.unpack(">H", data[i + 2:i + 4])
-        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
-            height, width = struct.unpack(">HH", data[i + 5:i + 9])
-            return width, height
-        i += 2 + length
-    return 0, 0
-
-
 def decoded(media: Media, max_bytes: int) -> bytes:
     """The bytes of a part given inline, refused where they are not base64 or exceed
     ``max_bytes`` (checked on the base64 text's length first, before decoding)."""
@@ -161,19 +113,67 @@ def too_large(param: str, max_bytes: int) -> InvalidRequest:
                           param, "media_too_large")
 
 
-def checked(media: Media, data: bytes, max_pixels: int) -> Media:
-    """``media`` with ``data`` as its bytes, once they are a format llama.cpp decodes, of the
-    part's kind, within ``max_pixels``."""
-    what = sniff(data)
+@dataclass(frozen=True)
+class Limits:
+    """What a request's media may take (``server.*``), checked on their headers before anything
+    decodes them: a picture's pixels, and each request's media, pixels and seconds of sound."""
+
+    pixels: int  # max_media_pixels
+    count: int  # max_media_per_request
+    total_pixels: int  # max_media_pixels_per_request
+    seconds: float  # max_media_seconds_per_request
+
+
+@dataclass(frozen=True)
+class Spent:
+    """What a request's media took so far."""
+
+    count: int = 0
+    pixels: int = 0
+    seconds: float = 0.0
+
+
+def admit(media: Media, limits: Limits, spent: Spent) -> None:
+    """Refuse a medium past the request's count, before its bytes are fetched or decoded."""
+    if spent.count >= limits.count:
+        raise InvalidRequest(f"`{media.param}`: this server takes at most {limits.count} pictures and sounds in a "
+                             "request (server.max_media_per_request)", media.param, "too_many_media")
+
+
+def checked(media: Media, data: bytes, limits: Limits, spent: Spent) -> tuple[Media, Spent]:
+    """``media`` with ``data`` as its bytes and its size, once they are a format llama.cpp
+    decodes, of the part's kind, whose size its header tells exactly (``mediasize``), within
+    ``limits`` with what the request's media before it ``spent``; and what they all spent."""
+    param = media.param
+    what = sniff(data, max_seconds=limits.seconds - spent.seconds)
+    formats = ", ".join(IMAGE_FORMATS if media.kind == IMAGE else AUDIO_FORMATS)
     if what is None or what.kind != media.kind:
-        formats = IMAGE_FORMATS if media.kind == IMAGE else AUDIO_FORMATS
         said = f"{what.format} {what.kind}" if what else "not in a format this server decodes"
-        raise InvalidRequest(f"`{media.param}` is not {'an image' if media.kind == IMAGE else 'audio'} this server "
-                             f"reads ({said}); send {', '.join(formats)}", media.param, "invalid_media")
-    if what.width * what.height > max_pixels:
-        raise InvalidRequest(f"`{media.param}` is {what.width}x{what.height} pixels, more than this server takes "
-                             f"({max_pixels} pixels: server.max_media_pixels)", media.param, "media_too_large")
-    return replace(media, data=base64.b64encode(data).decode("ascii"), url=None)  # its note stays
+        raise InvalidRequest(f"`{param}` is not {'an image' if media.kind == IMAGE else 'audio'} this server "
+                             f"reads ({said}); send {formats}", param, "invalid_media")
+    if what.problem is not None:
+        raise InvalidRequest(f"`{param}`: this server reads no size from this {what.format} file "
+                             f"({what.problem}), and decodes nothing it has not sized; send {formats}", param,
+                             "invalid_media")
+    if media.kind == IMAGE:
+        _within(what.pixels > limits.pixels, param, f"is {what.width}x{what.height} pixels, more than this server "
+                f"takes ({limits.pixels} pixels: server.max_media_pixels)")
+        _within(spent.pixels + what.pixels > limits.total_pixels, param, f"is {what.width}x{what.height} pixels: "
+                f"with the pictures before it, more than this server takes in a request ({limits.total_pixels} "
+                "pixels: server.max_media_pixels_per_request)")
+        size = (what.width, what.height)
+    else:
+        _within(spent.seconds + what.seconds > limits.seconds, param, f"is {what.format} audio of more than "
+                f"{max(0.0, limits.seconds - spent.seconds):.0f} seconds: with the sounds before it, more than this "
+                f"server takes in a request ({limits.seconds:g} seconds: server.max_media_seconds_per_request)")
+        size = (what.frames, what.rate)
+    kept = replace(media, data=base64.b64encode(data).decode("ascii"), url=None, size=size)  # its note stays
+    return kept, Spent(spent.count + 1, spent.pixels + what.pixels, spent.seconds + what.seconds)
+
+
+def _within(past: bool, param: str, says: str) -> None:
+    if past:
+        raise InvalidRequest(f"`{param}` {says}", param, "media_too_large")
 
 
 def require(req: GenerationRequest, info: dict[str, Any], model: str) -> None:

@@ -17,6 +17,7 @@ DEFAULT_KEEP_ALIVE = 300.0  # seconds an idle model stays loaded, as Ollama's 5m
 DEFAULT_LOAD_TIMEOUT = 300.0
 DEFAULT_MAX_LOADED = 3  # as Ollama's OLLAMA_MAX_LOADED_MODELS on a CPU; 0 = no limit
 DEFAULT_KV_CACHE_MAX_BYTES = 8 * 2**30  # saved conversations, all models together
+DEFAULT_MAX_MEDIA_PIXELS = 7680 * 4320  # a picture's most pixels: 8K UHD
 
 REASONING_MODES = ("auto", "think", "think_mistral", "seed", "channel", "harmony", "think_dsml", "cohere",
                    "think_kimi", "kimi_k3", "think_ling", "none")
@@ -131,7 +132,14 @@ class ServerConfig:
     # Pictures and sounds in requests (``wire/media``): each file's largest size and a picture's
     # most pixels (its header's width x height, read before llama.cpp decodes it)
     max_media_bytes: int = 20 * 2**20
-    max_media_pixels: int = 7680 * 4320
+    max_media_pixels: int = DEFAULT_MAX_MEDIA_PIXELS
+    # A request's pictures and sounds together, read from their headers before any is decoded:
+    # how many (as many as Anthropic's API takes), all the pictures' pixels (each is decoded in
+    # turn, but decoding and resizing take the worker's time by the pixel) and all the sounds'
+    # seconds (each decoded at the projector's rate, and its time to encode grows with it)
+    max_media_per_request: int = 100
+    max_media_pixels_per_request: int = 8 * DEFAULT_MAX_MEDIA_PIXELS
+    max_media_seconds_per_request: float = 600.0
     # media named by an http(s) URL are fetched only where this is set (``server/fetch``), within
     # max_media_bytes and remote_media_timeout seconds, never from a loopback, private or
     # link-local address unless allow_remote_media_private
