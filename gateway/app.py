@@ -14,12 +14,13 @@ from urllib.parse import urlsplit
 from aiohttp import web
 
 from .api import admin, anthropic, dashboard, ollama, openai, responses
-from .api.appkeys import CONFIG, CONNECTIONS, EVENTS, LIFECYCLE, LIVE, METRICS, REGISTRY
+from .api.appkeys import CONFIG, CONNECTIONS, EVENTS, LIFECYCLE, LIVE, METRICS, REGISTRY, SEAL_KEY
 from .base.errors import ApiError
+from .base.secretfile import KeptSecret
 from .engine.client import RequestFailed
-from .models.config import Config
+from .models.config import Config, default_kv_cache_dir
 from .server.connections import ConnectionGuard, Limits
-from .server.events import ERROR_CODE, OBSERVATION, PRINCIPAL, STREAM, EventSink, Observation, request_id
+from .server.events import ERROR_CODE, OBSERVATION, OWNER, PRINCIPAL, STREAM, EventSink, Observation, request_id
 from .server.live import Live
 from .server.metrics import Metrics
 from .serving.registry import Registry
@@ -31,6 +32,9 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 OPEN_PATHS = frozenset({"/health"}) | dashboard.PAGE_PATHS
+# the key a reasoning item's encrypted_content is signed with, in the gateway's state folder
+# (where its saved KV caches are), made on first use and kept across restarts
+SEAL_FILE = "seal.key"
 # no inference event, no request metrics
 UNOBSERVED = frozenset({"/health", "/metrics", "/dashboard/live"}) | dashboard.PAGE_PATHS
 
@@ -285,9 +289,20 @@ def _digest(key: str) -> bytes:
     return hashlib.sha256(key.encode()).digest()
 
 
+def owner_of(key: str) -> str:
+    """Who owns what a key's requests leave behind (stored responses, cached prompts, saved KV
+    caches): the key itself, by a digest of it, so neither a key's name (unnamed keys are named
+    ``key1``, ``key2``, ... by their place in the list, and two sources may give one name twice)
+    nor its place hands one key's to another. Truncated, and apart from the comparison's digest:
+    it is written into saved caches' notes, and must say nothing usable of the key. Pure."""
+    return "key-" + hashlib.sha256(b"gguf-gateway owner\0" + key.encode()).hexdigest()[:32]
+
+
 def auth_middleware(keys: tuple[tuple[str, str], ...], open_paths: frozenset[str] = OPEN_PATHS):
-    """Bearer or ``x-api-key``; both sides hashed so the comparison is constant-time."""
-    digests = [(name, _digest(k)) for name, k in keys]
+    """Bearer or ``x-api-key``; both sides hashed so the comparison is constant-time. A request
+    is named by its key's name (``PRINCIPAL``: the log, the events, the page) and owned by the
+    key itself (``OWNER``: ``owner_of``)."""
+    digests = [(name, _digest(k), owner_of(k)) for name, k in keys]
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -296,18 +311,17 @@ def auth_middleware(keys: tuple[tuple[str, str], ...], open_paths: frozenset[str
         auth = request.headers.get("Authorization", "")
         given = auth[7:].strip() if auth[:7].lower() == "bearer " else request.headers.get("x-api-key", "")
         d = _digest(given)
-        principal = None
-        for name, k in digests:  # every key is compared, so the time taken says nothing of which matched
+        principal = owner = None
+        for name, k, own in digests:  # every key is compared, so the time taken says nothing of which matched
             if hmac.compare_digest(d, k) and given:
-                principal = name
-        if request.path in open_paths:  # open, but a key given still names who asks (/health's details)
-            if principal is not None:
-                request[PRINCIPAL] = principal
-            return await handler(request)
-        if principal is None:
+                principal, owner = name, own
+        if principal is None or owner is None:
+            if request.path in open_paths:  # open
+                return await handler(request)
             raise ApiError("Invalid or missing API key", status=401, code="invalid_api_key",
                            headers={"WWW-Authenticate": "Bearer"})
-        request[PRINCIPAL] = principal
+        # on the open paths too, a key given names who asks (/health's details)
+        request[PRINCIPAL], request[OWNER] = principal, owner
         return await handler(request)
 
     return middleware
@@ -334,6 +348,7 @@ def create_app(config: Config, registry: Registry | None = None) -> web.Applicat
     app[EVENTS] = EventSink(config.server.events_path)
     app[LIVE] = Live()
     app[LIFECYCLE] = {"draining": False}
+    app[SEAL_KEY] = KeptSecret((config.server.kv_cache_dir or default_kv_cache_dir()) / SEAL_FILE)
     server = config.server
     app[CONNECTIONS] = ConnectionGuard(Limits(server.header_timeout, server.keepalive_timeout, server.max_connections),
                                        on_close=lambda reason: app[METRICS].connections_closed.labels(reason).inc())

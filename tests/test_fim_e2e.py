@@ -212,6 +212,7 @@ def test_repo_level_layout_with_extra_files(server):
 
 
 def test_props(server):
+    assert post(server, "/infill", {**INFILL, "n_predict": 2})[0] == 200  # loaded: what its worker reported
     status, body = server.get("/props?model=coder")
     assert status == 200, body
     assert body["default_generation_settings"]["n_ctx"] > 0 and body["total_slots"] >= 1
@@ -229,9 +230,19 @@ def test_props_of_an_unknown_model_is_a_404_in_openais_shape(server, query):
     assert status == 404 and body["error"]["code"] == "model_not_found" and body["error"]["param"] == "model"
 
 
-def test_props_of_a_model_that_is_not_loaded_loads_it(server):
+def test_props_of_a_model_that_is_not_loaded_answers_without_loading_it(server):
+    """A GET loads nothing (a page on any site can make a browser send one): a model that is not
+    loaded answers from its spec and GGUF header, sleeping, as llama-server's /props answers
+    while it sleeps (tests/test_reads_change_nothing.py: every GET route, from another site)."""
+    assert request(server.url + "/models/unload", {"model": "star"})[0] == 200
     status, body = server.get("/props?model=star")
-    assert status == 200 and body["model_alias"] == "star" and body["infill"] is True
+    assert status == 200 and body["model_alias"] == "star" and body["is_sleeping"] is True
+    assert body["default_generation_settings"]["n_ctx"] > 0 and body["model_path"].endswith("star.gguf")
+    assert next(m for m in server.get("/models")[1]["data"] if m["id"] == "star")["state"] == "unloaded"
+    status, body = post(server, "/infill", {**INFILL, "model": "star", "n_predict": 2})  # loaded by a POST
+    assert status == 200, body
+    status, body = server.get("/props?model=star")
+    assert status == 200 and body["is_sleeping"] is False and body["infill"] is True
     assert body["bos_token"] == "<|endoftext|>" or body["bos_token"]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from ..base.secretfile import KeptSecret
 from ..models.config import Config
 from ..server.connections import ConnectionGuard
 from ..server.events import EventSink
@@ -21,3 +22,4 @@ LIFECYCLE = web.AppKey("lifecycle", dict)  # {"draining": bool}
 CONNECTIONS = web.AppKey("connections", ConnectionGuard)
 LIVE = web.AppKey("live", Live)  # what the dashboard draws
 RESPONSES = web.AppKey("responses", ResponseStore)  # OpenAI Responses kept for previous_response_id
+SEAL_KEY = web.AppKey("seal_key", KeptSecret)  # what a reasoning item's encrypted_content is signed with

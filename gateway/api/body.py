@@ -4,29 +4,30 @@
 A body is read within ``server.body_timeout`` (a body that never ends is a 408), decoded
 when it says ``Content-Encoding: gzip`` or ``deflate`` (never past ``server.max_body_bytes``:
 a small compressed body cannot expand without bound; any other encoding is a 415), and parsed
-as strict JSON: no ``NaN``/``Infinity``, numbers Python can hold, at most ``MAX_DEPTH`` levels
-of nesting, and no lone UTF-16 surrogate in any string or key (``"\\ud800"`` is valid JSON but not
-text: it cannot be encoded, tokenized or logged). Each refusal is a 4xx naming what is wrong;
-none reaches a handler. Large bodies are parsed off the event loop.
+as strict JSON by ``base/strictjson`` (the one parser of JSON from outside, which the wire
+parsers use for the JSON a caller sends inside a string too): no ``NaN``/``Infinity``, numbers
+Python can hold, at most ``MAX_DEPTH`` levels of nesting, and no lone UTF-16 surrogate in any
+string or key. Each refusal is a 4xx naming what is wrong; none reaches a handler. Large bodies
+are parsed off the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import re
 import zlib
 from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
 
+from ..base import strictjson
 from ..base.errors import ApiError, InvalidRequest
+from ..base.strictjson import MAX_DEPTH
 from .appkeys import CONFIG
 
-MAX_DEPTH = 100  # JSON nesting; a chat request needs about 6, a JSON schema rarely 30
+__all__ = ["MAX_DEPTH", "check_content_type", "decode", "parse_body", "parse_json", "read_json_object"]
+
 OFF_LOOP_BYTES = 256 * 1024  # bodies larger than this are decoded and parsed in a thread
-_SURROGATE = re.compile("[\ud800-\udfff]")
 _ENCODINGS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 
 
@@ -106,65 +107,8 @@ def decode(raw: bytes, encoding: str, limit: int) -> bytes:
     return out
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
 def parse_json(raw: bytes) -> Any:
-    try:
-        value = json.loads(raw, parse_constant=_no_constant) if raw else None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InvalidRequest(f"The request body is not valid JSON: {e}", code="invalid_json") from None
-    except RecursionError:
-        raise InvalidRequest(f"The request body is nested more than {MAX_DEPTH} levels deep",
-                             code="invalid_json") from None
-    except ValueError as e:  # NaN and Infinity; integers longer than Python converts (4300 digits)
-        raise InvalidRequest(f"The request body is not valid JSON: {str(e)[:200]}", code="invalid_json") from None
-    check_tree(value)
-    return value
-
-
-def check_tree(value: Any) -> None:
-    """Depth and lone surrogates, without recursion. The refusal names the offending place
-    (``messages[0].content``), built only when there is one."""
-    stack: list[tuple[Any, Any, Any, int]] = [(value, None, None, 0)]  # (value, parent entry, key, depth)
-    while stack:
-        entry = stack.pop()
-        v, _, _, depth = entry
-        if isinstance(v, str):
-            if _lone_surrogate(v):
-                raise InvalidRequest(f"`{_path(entry)}` holds a lone UTF-16 surrogate (such as \\ud800): "
-                                     "not valid Unicode text", _path(entry), "invalid_unicode")
-            continue
-        if isinstance(v, dict):
-            items: Any = v.items()
-        elif isinstance(v, list):
-            items = enumerate(v)
-        else:
-            continue
-        if depth >= MAX_DEPTH:
-            raise InvalidRequest(f"The request body is nested more than {MAX_DEPTH} levels deep", _path(entry) or None,
-                                 "invalid_json")
-        for k, x in items:
-            if isinstance(k, str) and _lone_surrogate(k):
-                raise InvalidRequest(f"A key in `{_path(entry) or 'the body'}` holds a lone UTF-16 surrogate: "
-                                     "not valid Unicode text", _path(entry) or None, "invalid_unicode")
-            if isinstance(x, (str, dict, list)):
-                stack.append((x, entry, k, depth + 1))
-
-
-def _lone_surrogate(text: str) -> bool:
-    return not text.isascii() and _SURROGATE.search(text) is not None
-
-
-def _path(entry: tuple[Any, Any, Any, int]) -> str:
-    parts = []
-    while entry[1] is not None:
-        _, parent, key, _ = entry
-        parts.append(f"[{key}]" if isinstance(key, int) else f".{_printable(key)}")
-        entry = parent
-    return "".join(reversed(parts)).lstrip(".")
-
-
-def _printable(key: str) -> str:
-    return _SURROGATE.sub("\ufffd", key[:64])
+    """The body's JSON, parsed and bounded by ``base/strictjson`` (the parser every JSON text
+    from outside goes through); a refusal names the place in the body. No body at all is None
+    (``parse_body`` says a body must be an object)."""
+    return strictjson.loads(raw) if raw else None

@@ -7,7 +7,7 @@ import time
 from aiohttp import web
 
 from ..base.errors import InvalidRequest
-from ..server.events import PRINCIPAL, STREAM, observation
+from ..server.events import OWNER, STREAM, observation
 from ..server.sse import EventStream
 from ..wire.params import Parsed
 from .appkeys import CONFIG
@@ -15,7 +15,9 @@ from .appkeys import CONFIG
 
 def apply_limits(request: web.Request, parsed: Parsed) -> None:
     """server.max_messages before any work, server.request_timeout as each request's deadline,
-    and the cache scope of server.isolate_cache_by_key."""
+    and the cache scope of server.isolate_cache_by_key: the API key's own (``OWNER``, a digest of
+    the key, never its name: a key renamed, or another key given its old name or place in the
+    list, does not reuse or learn from its saved caches)."""
     server = request.app[CONFIG].server
     messages = parsed.request.messages
     if messages is not None and len(messages) > server.max_messages:
@@ -27,7 +29,7 @@ def apply_limits(request: web.Request, parsed: Parsed) -> None:
             req.deadline = deadline
     if server.isolate_cache_by_key:
         for req in parsed.requests:
-            req.cache_scope = request.get(PRINCIPAL) or ""
+            req.cache_scope = request.get(OWNER) or ""
 
 
 def event_stream(request: web.Request) -> EventStream:

@@ -150,6 +150,9 @@ async def infill(request: web.Request) -> web.StreamResponse:
     parsed.model = _fim_model(request, parsed.model)
     req, obs = parsed.request, observation(request)
     async with pipeline.lease(request, parsed, thinking=False, failure=_told) as (spec, backend):
+        # the extra context cut to what this model can keep of it, before the worker tokenizes it
+        if req.infill_extra and (budget := fim.extra_budget(backend.info, req.max_tokens)) is not None:
+            req.infill_extra = fim.trim_extra(req.infill_extra, budget)
         started = time.monotonic()
         async with pipeline.generate(request, backend, req, stream=parsed.stream) as run:
             if parsed.stream:
@@ -183,19 +186,23 @@ async def _infill_stream(request: web.Request, model: str, parsed: fim.InfillPar
 
 
 async def props(request: web.Request) -> web.Response:
-    """llama-server's GET /props for ``?model=NAME`` (loading it, as llama-server's router
-    does); without it, the only model's, or with several the router's own answer."""
+    """llama-server's GET /props for ``?model=NAME``; without it, the only model's, or with
+    several the router's own answer. It loads nothing, nor keeps a loaded model longer: a model
+    that is not loaded answers from its spec and header (``props_wire.expected``)."""
     registry = request.app[REGISTRY]
     name = request.query.get("model", "")
     specs = registry.specs()
     if not name and len(specs) != 1:
         return web.json_response(props_wire.router(len(specs)))
-    name = name or specs[0].name
-    async with registry.lease(name, embeddings=None) as (spec, backend):
-        observation(request).model = spec.name
-        info = backend.info
+    spec = await registry.lookup(name) if name else specs[0]
+    observation(request).model = spec.name
     header = registry.info(spec)
-    return web.json_response(props_wire.model(spec, info, header.quantization if header else None))
+    ftype = header.quantization if header else None
+    backend = registry.loaded().get(spec.name)
+    if backend is None:
+        return web.json_response(props_wire.model(spec, props_wire.expected(spec, header, registry.media(spec)),
+                                                  ftype, loaded=False))
+    return web.json_response(props_wire.model(spec, backend.info, ftype))
 
 
 async def embeddings(request: web.Request) -> web.Response:

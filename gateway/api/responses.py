@@ -12,21 +12,22 @@ from typing import Any
 from aiohttp import web
 
 from ..base.errors import ApiError
-from ..server.events import PRINCIPAL
+from ..server.events import OWNER
 from ..server.response_store import ResponseStore, Stored
 from ..server.sse import EventStream
 from ..wire import answer
 from ..wire import responses as wire
 from ..wire.media import unmarked
 from . import pipeline
-from .appkeys import CONFIG, RESPONSES
+from .appkeys import CONFIG, RESPONSES, SEAL_KEY
 from .body import read_json_object
 from .common import dropped_tools, event_stream
 
 
 def owner(request: web.Request) -> str | None:
-    """Whose stored responses a request sees: its API key's (None where the server has no keys)."""
-    return request.get(PRINCIPAL)
+    """Whose stored responses a request sees: its API key's, by the key itself (``events.OWNER``),
+    not by its name or place in the list; None where the server has no keys."""
+    return request.get(OWNER)
 
 
 def _unknown(response_id: str, param: str | None = None) -> ApiError:
@@ -34,7 +35,8 @@ def _unknown(response_id: str, param: str | None = None) -> ApiError:
 
 
 async def create(request: web.Request) -> web.StreamResponse:
-    parsed = wire.parse(await read_json_object(request))
+    key = request.app[SEAL_KEY].get()  # encrypted_content's: made in the state folder on first use
+    parsed = wire.parse(await read_json_object(request), key)
     store = request.app[RESPONSES]
     history: list[dict] = []
     if parsed.previous_response_id is not None:
@@ -42,7 +44,7 @@ async def create(request: web.Request) -> web.StreamResponse:
         if previous is None:
             raise _unknown(parsed.previous_response_id, "previous_response_id")
         history = previous.messages
-        parsed.input_messages = wire.input_messages(parsed.raw_input, history, parsed.request.media)
+        parsed.input_messages = wire.input_messages(parsed.raw_input, history, parsed.request.media, key)
     req = parsed.request
     req.messages = wire.conversation(parsed.instructions, history, parsed.input_messages)
     headers = dropped_tools(request, parsed.dropped)

@@ -105,6 +105,9 @@ def _request_key(name: str, kind: type):
 
 OBSERVATION = _request_key("observation", Observation)
 PRINCIPAL = _request_key("principal", str)  # the API key's name, set by the auth middleware
+# whose stored responses and cached prompts a request's are: a digest of its API key itself
+# (``app.owner_of``), so a key's name or place in the list hands nothing to another key
+OWNER = _request_key("owner", str)
 ERROR_CODE = _request_key("error_code", str)  # the code of the error answered, for rejected_requests
 STREAM = _request_key("stream", EventStream)  # the request's sse.EventStream, once a handler asked for one
 

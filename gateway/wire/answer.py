@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..backends.local import GenerationEvents
+from ..base import strictjson
 from ..base.errors import ApiError, from_event
 from ..engine import ipc
 from ..server.events import Observation
@@ -198,8 +199,8 @@ class _NativeCalls:
         out: list[Item] = []
         for call_id, name, pieces in self._open.values():
             text = "".join(pieces)
-            try:
-                whole = json.loads(text or "{}")
+            try:  # strict and bounded: an upstream's arguments nested thousands deep are no call either
+                whole = strictjson.loads(text or "{}")
             except ValueError:
                 whole = None
             if not isinstance(whole, dict):

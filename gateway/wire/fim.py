@@ -22,6 +22,11 @@ from .params import SAMPLING, Parsed, read_sampling, read_stops, shown
 
 MAX_EXTRA = 1024  # input_extra chunks (each is tokenized; the body's size bounds their text)
 MAX_FILENAME = 1024  # characters of a chunk's filename
+# More bytes than one token stands for in the vocabularies models ship with (their longest
+# pieces are runs of spaces or punctuation), for ``extra_budget``: a cut by this many bytes a
+# token drops only what the layout could not have kept, unless the kept text's tokens averaged
+# more than this
+MAX_TOKEN_BYTES = 128
 
 
 def read_suffix(body: dict[str, Any], name: str = "suffix") -> str | None:
@@ -135,6 +140,44 @@ def read_extra(value: Any, name: str = "input_extra") -> list[dict[str, str]]:
                                  f"{where}.filename")
         out.append({"filename": filename, "text": chunk["text"]})
     return out
+
+
+def extra_budget(info: dict[str, Any], max_tokens: int | None) -> int | None:
+    """The bytes of ``input_extra`` (file names and texts together) that can reach a model's
+    prompt, from what its backend reported (``info``: ``n_ctx``, ``n_batch``): the layout keeps at
+    most the last ``n_ctx - n_batch - 2 * n_predict`` tokens of the extra context (llama-server's
+    rule, ``engine/infill.layout``), so no more than ``MAX_TOKEN_BYTES`` for each of them, and a
+    few more for the token a cut splits. None where the backend does not say (an upstream's
+    server lays its prompt out itself). Pure."""
+    n_ctx, n_batch = info.get("n_ctx"), info.get("n_batch")
+    if type(n_ctx) is not int or type(n_batch) is not int:
+        return None
+    n_predict = -1 if max_tokens is None else max_tokens
+    return (max(0, n_ctx - n_batch - 2 * n_predict) + 8) * MAX_TOKEN_BYTES
+
+
+def trim_extra(extra: list[dict[str, str]], budget: int) -> list[dict[str, str]]:
+    """``extra`` cut to what its model can keep (``budget`` bytes, ``extra_budget``) before the
+    worker tokenizes it: the newest chunks whose file names and texts hold at most ``budget``
+    bytes together, and the one that crosses it with its text cut to its end (whole
+    characters). Tokenizing takes time and memory that grow with a text, faster than it on some
+    vocabularies, and the layout keeps only the extra context's end: a chunk of megabytes, or a
+    thousand long file names, cost seconds and hundreds of megabytes of the worker for tokens
+    it then dropped. Pure."""
+    out: list[dict[str, str]] = []
+    for chunk in reversed(extra):
+        text, name = chunk["text"], chunk["filename"]
+        size = len(name.encode("utf-8")) + 1 + len(text.encode("utf-8"))  # the name's line, then the text
+        if size <= budget:
+            out.append(chunk)
+            budget -= size
+            continue
+        if budget > 0:  # the crossing chunk: its text's end (its name, at most MAX_FILENAME, as it is)
+            data = text.encode("utf-8")
+            out.append({"filename": name, "text": data[len(data) - budget:].decode("utf-8", "ignore")
+                        if len(data) > budget else text})
+        break
+    return out[::-1]
 
 
 MAX_FIELDS = 64  # response_fields' paths

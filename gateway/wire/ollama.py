@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from ..base import strictjson
 from ..base.errors import InvalidRequest
 from ..engine.ipc import GenerationRequest, Media
 from ..models.config import parse_duration
@@ -175,11 +176,8 @@ def _messages(value: Any, media: list[Media]) -> list[dict[str, Any]]:
                 if not isinstance(f, dict) or not isinstance(f.get("name"), str):
                     raise InvalidRequest(f'{at} must be {{"name": ..., "arguments": {{...}}}}', at)
                 args = f.get("arguments") or {}
-                if isinstance(args, str):
-                    try:
-                        args = json.loads(args)
-                    except ValueError:
-                        args = None
+                if isinstance(args, str):  # strict and bounded, a 400 naming the field (base/strictjson)
+                    args = strictjson.loads(args, f"{at}.arguments")
                 if not isinstance(args, dict):
                     raise InvalidRequest(f"{at}.arguments must be an object", f"{at}.arguments")
                 call_id = call.get("id") if isinstance(call.get("id"), str) else f"call_{i}_{j}"
@@ -301,7 +299,7 @@ def chunk(model: str, chat: bool, content: str = "", thinking: str = "",
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if thinking:
             message["thinking"] = thinking
-        if calls:
+        if calls:  # whole calls (``whole_calls``): JSON ``answer`` has parsed, bounded and written again
             message["tool_calls"] = [{"function": {"name": c["name"], "arguments": json.loads(c["arguments"] or "{}")}}
                                      for c in calls]
         out["message"] = message

@@ -17,11 +17,11 @@ mistake is an ``InvalidRequest`` naming the param.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from typing import Any
 
+from ..base import strictjson
 from ..base.errors import InvalidRequest
 from .params import check_schema, named, shown
 
@@ -184,12 +184,8 @@ def openai_calls(value: Any, where: str) -> list[dict[str, Any]]:
             raise InvalidRequest(f"`{at}` must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\", "
                                  "\"arguments\"}}}}", at)
         args = f.get("arguments", "{}")
-        if isinstance(args, str):
-            try:
-                args = json.loads(args or "{}")
-            except ValueError:
-                raise InvalidRequest(f"`{at}.function.arguments` must be a JSON object in a string",
-                                     f"{at}.function.arguments") from None
+        if isinstance(args, str):  # strict and bounded, a 400 naming the field (base/strictjson)
+            args = strictjson.loads(args or "{}", f"{at}.function.arguments")
         if not isinstance(args, dict):
             raise InvalidRequest(f"`{at}.function.arguments` must be a JSON object in a string",
                                  f"{at}.function.arguments")

@@ -9,10 +9,10 @@ Text the upstream chose that goes into a message is shown escaped (``untrusted.s
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
+from ...base import strictjson
 from ...base.errors import ApiError
 from ..untrusted import shown
 
@@ -34,10 +34,11 @@ def too_large(what: str, limit: int) -> MalformedStream:
 
 
 def json_of(data: str | bytes, what: str, where: str = "stream") -> Any:
-    """JSON, or ``MalformedStream`` (nesting too deep for the parser included)."""
+    """JSON, or ``MalformedStream``: bounded as a caller's JSON is (``base/strictjson``: depth,
+    lone surrogates), NaN and Infinity let through (some servers write them in logprobs)."""
     try:
-        return json.loads(data)
-    except (ValueError, RecursionError):
+        return strictjson.loads(data, constants=True)
+    except ValueError:
         raise MalformedStream(f"{what} that is not JSON: {shown(_text_of(data[:80]))!r}", where) from None
 
 
@@ -64,8 +65,8 @@ def error_from(status: int, body: bytes) -> ApiError:
     short identifier is dropped."""
     message, param, code = None, None, None
     try:
-        data = json.loads(body[:MAX_ERROR_BYTES])
-    except (ValueError, RecursionError):
+        data = strictjson.loads(body[:MAX_ERROR_BYTES], constants=True)
+    except ValueError:
         data = None
     error = data.get("error") if isinstance(data, dict) else None
     if isinstance(error, dict):

@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from enum import Enum
 from typing import Any
 
+from ...base import strictjson
+
 WS = " \t\r\n"
 NAME_LIMIT = 256  # a tool or parameter name longer than this is not one
 HEAD_LIMIT = 2048  # a JSON call's text before its arguments longer than this is not read as a head
@@ -26,13 +28,11 @@ MORE, DONE, CUT = Status.MORE, Status.DONE, Status.CUT
 BAD = "bad"  # read_name: the text cannot be a name
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
 def loads(text: str) -> Any:
-    """Strict JSON: NaN and Infinity are not JSON."""
-    return json.loads(text, parse_constant=_reject_constant)
+    """Strict JSON, as ``base/strictjson`` reads every JSON text from outside: NaN and Infinity
+    are not JSON, nor is a text nested past its bound (a ``ValueError``, never a
+    ``RecursionError``)."""
+    return strictjson.loads(text)
 
 
 def is_object(text: str) -> bool:

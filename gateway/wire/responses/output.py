@@ -13,6 +13,7 @@ import time
 import uuid
 from typing import Any
 
+from ...base import strictjson
 from ...base.errors import ApiError
 from ..answer import Call, CallArgs, Finish, Piece
 from .request import ResponsesParsed
@@ -88,7 +89,7 @@ class ResponseBuilder:
                            self._event("response.reasoning_summary_part.done", item_id=item["id"], output_index=i,
                                        summary_index=0, part=summary)]
             if self.parsed.encrypted:
-                item["encrypted_content"] = seal(text)
+                item["encrypted_content"] = seal(text, self.parsed.seal_key)
         elif item["type"] == "message":
             text = "".join(self._text)
             part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
@@ -202,7 +203,7 @@ class ResponseBuilder:
                     args: Any = {CUSTOM_INPUT: item["input"]}
                 else:
                     try:
-                        args = json.loads(item["arguments"] or "{}")
+                        args = strictjson.loads(item["arguments"] or "{}")
                     except ValueError:  # a streamed call that broke: its history is kept as an empty call
                         args = {}
                 call = {"id": item["call_id"], "type": "function",

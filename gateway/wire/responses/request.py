@@ -9,15 +9,15 @@ input are passed over; a tool output's images are told as a note.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...base import strictjson
 from ...base.errors import InvalidRequest
 from ...engine.ipc import GenerationRequest, Media
 from .. import tools as wire_tools
 from ..params import EFFORTS, SAMPLING, Parsed, check_schema, read_sampling, require_model, shown, text_parts
-from .sealed import unseal
+from .sealed import EPHEMERAL, unseal
 from .tools import CUSTOM_INPUT, ToolOrigin, flat_name, read_tool_choice, read_tools
 
 ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
@@ -43,6 +43,7 @@ class ResponsesParsed(Parsed):
     raw_input: Any = None  # read once the previous response's conversation is known
     summary: str | None = None  # reasoning.summary: the thinking as a summary part too
     encrypted: bool = False  # include holds reasoning.encrypted_content: seal the thinking into its item
+    seal_key: bytes = EPHEMERAL  # what encrypted_content is signed with (the gateway's kept key)
     origins: dict[str, ToolOrigin] = field(default_factory=dict)  # offered name -> a tool that is not a plain function
     dropped: list[str] = field(default_factory=list)  # the tools left out of the prompt, by type
 
@@ -53,11 +54,12 @@ def _text(content: Any, where: str, kinds: tuple[str, ...], media: list[Media] |
 
 
 def input_messages(value: Any, history: list[dict[str, Any]] | None = None,
-                   media: list[Media] | None = None) -> list[dict[str, Any]]:
+                   media: list[Media] | None = None, key: bytes = EPHEMERAL) -> list[dict[str, Any]]:
     """``input`` (a string, or message, ``function_call``, ``function_call_output`` and
     ``reasoning`` items) as messages in the chat templates' shape; a result may answer a call
     made in ``history`` (the conversation of ``previous_response_id``). A user's pictures
-    (``input_image``) go to ``media``, marked in the text (``wire.media``)."""
+    (``input_image``) go to ``media``, marked in the text (``wire.media``); a reasoning item's
+    ``encrypted_content`` opens with ``key`` (``sealed.unseal``)."""
     if isinstance(value, str):
         return [{"role": "user", "content": value}]
     if not isinstance(value, list) or not value:
@@ -95,11 +97,8 @@ def input_messages(value: Any, history: list[dict[str, Any]] | None = None,
                 raise InvalidRequest(f"`{where}.namespace` must be a string", f"{where}.namespace")
             if kind == "custom_tool_call":
                 args: Any = {CUSTOM_INPUT: arguments}
-            else:
-                try:
-                    args = json.loads(arguments or "{}")
-                except ValueError:
-                    args = None
+            else:  # strict and bounded, a 400 naming the field (base/strictjson)
+                args = strictjson.loads(arguments or "{}", f"{where}.arguments")
                 if not isinstance(args, dict):
                     raise InvalidRequest(f"`{where}.arguments` must be a JSON object in a string",
                                          f"{where}.arguments")
@@ -122,7 +121,7 @@ def input_messages(value: Any, history: list[dict[str, Any]] | None = None,
             out.append({"role": "tool", "tool_call_id": item.get("call_id"),
                         "name": ledger.name_of(item.get("call_id"), f"{where}.call_id"), "content": text})
         elif kind == "reasoning":
-            thinking = _thinking(item, where)
+            thinking = _thinking(item, where, key)
         elif kind not in HOSTED_ITEMS:
             raise InvalidRequest(f"`{where}.type` {shown(kind)} is not supported by this server: message, "
                                  "function_call, custom_tool_call, their outputs, and reasoning items only",
@@ -140,11 +139,11 @@ def _unseen_files(output: Any) -> Any:
             "input_file" else part for part in output]
 
 
-def _thinking(item: dict[str, Any], where: str) -> str:
+def _thinking(item: dict[str, Any], where: str, key: bytes) -> str:
     """A reasoning item's thinking: sealed (``encrypted_content``, exactly as it was), else its
     ``content``, else its ``summary``."""
     if item.get("encrypted_content") is not None:
-        return unseal(item["encrypted_content"], f"{where}.encrypted_content")
+        return unseal(item["encrypted_content"], f"{where}.encrypted_content", key)
     for name in ("content", "summary"):
         parts = item.get(name)
         if parts is None or parts == []:
@@ -193,7 +192,9 @@ def _text_format(body: dict[str, Any], req: GenerationRequest) -> dict[str, Any]
     return fmt
 
 
-def parse(body: dict[str, Any]) -> ResponsesParsed:
+def parse(body: dict[str, Any], key: bytes = EPHEMERAL) -> ResponsesParsed:
+    """The request, its reasoning items' ``encrypted_content`` opened with ``key`` and its
+    answer's sealed with it."""
     model = require_model(body)
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
@@ -203,7 +204,7 @@ def parse(body: dict[str, Any]) -> ResponsesParsed:
         raise InvalidRequest("`previous_response_id` must be a string", "previous_response_id")
     # with a previous response, a result may answer one of its calls: read once it is known
     media: list[Media] = []
-    messages = input_messages(body.get("input"), media=media) if previous is None else []
+    messages = input_messages(body.get("input"), media=media, key=key) if previous is None else []
     req = GenerationRequest(messages=messages, media=media)
     explicit = read_sampling(body, req, RESPONSES_SAMPLING)
     limit = body.get("max_output_tokens")
@@ -246,7 +247,8 @@ def parse(body: dict[str, Any]) -> ResponsesParsed:
     return ResponsesParsed(model, req, flags["stream"], explicit=explicit, reasoning_effort=effort,
                            instructions=instructions, previous_response_id=previous, store=flags["store"], echo=echo,
                            input_messages=messages, raw_input=body.get("input"), summary=summary,
-                           encrypted=ENCRYPTED in (include or ()), origins=toolset.origins, dropped=toolset.dropped)
+                           encrypted=ENCRYPTED in (include or ()), seal_key=key, origins=toolset.origins,
+                           dropped=toolset.dropped)
 
 
 def _reasoning(value: Any) -> tuple[str | None, str | None]:

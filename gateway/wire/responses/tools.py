@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ...base import strictjson
 from ...base.errors import InvalidRequest
 from .. import tools as wire_tools
 from ..params import shown
@@ -163,8 +164,8 @@ def custom_input(arguments: str) -> str:
     """A custom tool's input from the call the model wrote (``{"input": "..."}``); a call that
     broke off gives what there is of it, as text."""
     try:
-        args = json.loads(arguments or "{}")
-    except ValueError:
+        args = strictjson.loads(arguments or "{}")
+    except ValueError:  # strictjson.JSONRefused too: nested past its bound
         return arguments
     value = args.get(CUSTOM_INPUT) if isinstance(args, dict) else None
     return value if isinstance(value, str) else json.dumps(value if value is not None else args)
