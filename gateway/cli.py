@@ -16,7 +16,8 @@ from typing import Any
 
 from . import __version__
 from .models.config import Config, ConfigError, find_config_path, load_config
-from .models.ggufmeta import ModelFileError, read_info
+from .models.discovery import INFO_CACHE
+from .models.ggufmeta import ModelFileError
 
 log = logging.getLogger("gateway")
 
@@ -140,7 +141,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
             if member.path is None or not member.path.is_file():
                 continue
             try:
-                read_info(member.path)
+                INFO_CACHE.get(member.path)  # the header as serving reads it: any refusal is a reason
             except ModelFileError as e:
                 problems.append(f"{config.path}: models.{spec.name}: {e}")
     for line in problems:
@@ -182,7 +183,7 @@ def cmd_models(args: argparse.Namespace) -> int:
             rows.append(row)
             continue
         try:
-            info = read_info(spec.path)
+            info = INFO_CACHE.get(spec.path)  # read by the registry's scan already
             row.update(size=info.file_size, architecture=info.architecture, quantization=info.quantization,
                        context_length=info.context_length, error=None, media=registry.media(spec),
                        tool_format=tool_format(spec.tool_format,

@@ -15,6 +15,10 @@ When several files claim a name, the winner is the first by (class, reached thro
 symbolic link or not, root order, path depth, path), so every scan gives the same answer and a
 link dropped into a folder cannot take a name from a model file there; ``Catalog.conflicts``
 lists the losers.
+
+A model file is a stranger's: a file whose header is refused (``ModelFileError``: damaged, or
+saying what no real model does) is listed with the reason, and its names answer 503 with it; a
+failure the reader did not foresee refuses that file the same way, never the scan.
 """
 
 from __future__ import annotations
@@ -110,6 +114,10 @@ class _InfoCache:
                 value: GGUFInfo | ModelFileError = read_info(path)
             except ModelFileError as e:
                 value = e
+            except Exception as e:  # noqa: BLE001 (a header the reader did not foresee refuses that file alone)
+                log.warning("cannot read the GGUF header of %s: %s: %s", path, type(e).__name__, e,
+                            exc_info=log.isEnabledFor(logging.DEBUG))
+                value = ModelFileError(f"{path}: unreadable GGUF header ({type(e).__name__})")
             with self._lock:
                 self._cache[key] = (stamp, value)
             hit = (stamp, value)

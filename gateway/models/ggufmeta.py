@@ -6,23 +6,93 @@ per array element: it took 8 s on a model with a 152k-entry vocabulary, while th
 skips the vocabulary in about 0.1 s. The walk also checks what makes llama.cpp abort
 rather than fail politely (a truncated header or tensor data, absurd counts), so a bad
 file is refused with a reason before any worker is spawned for it.
+
+A model file is untrusted input (people download them from strangers): every count, length,
+index and number in its header decides how much this process reads, loops over or holds, here
+and in what reads ``GGUFInfo`` (the memory estimate, the template scans, the listings), and
+some of that runs on the event loop. So this walk is the one reader, and it bounds each where
+it is read (the ``MAX_*`` constants, ``SHAPE_BOUNDS``): past a bound the file is refused with
+the reason (``ModelFileError``); the walk's work and memory stay linear in the header's size
+whatever its numbers say, and a ``GGUFInfo`` holds a bounded few of them. Each bound lies far
+beyond any real model's and, where llama.cpp has a limit of its own, beyond llama.cpp's, which
+it raises as models grow (``LLAMA_MAX_EXPERTS`` has, several times): the gateway refuses what
+would cost it, and leaves to llama.cpp what it can load. Strings the gateway does not read are
+skipped, never copied.
 """
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import re
+import stat
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 SPLIT_RE = re.compile(r"^(?P<stem>.*)-(?P<part>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
 
-_MAX_KV = 1 << 20
-_MAX_TENSORS = 1 << 20
-_MAX_DIMS = 8
+# What one header may hold. Real models have tens of keys and at most a few thousand tensors;
+# each key and tensor is a step of the walk and an entry it keeps.
+MAX_KV = 1 << 16
+MAX_TENSORS = 1 << 16
+MAX_DIMS = 8  # a tensor's dimensions (ggml's GGML_MAX_DIMS is 4)
+MAX_KEY_BYTES = 256  # a key's length: real ones are under 64 bytes
+MAX_TENSOR_NAME_BYTES = 256  # ggml's GGML_MAX_NAME is 64 (llama.cpp refuses a longer name)
+MAX_DIM = 2**63 - 1  # a dimension, and a tensor's elements: ggml's int64_t
+# The items of an array of strings (the vocabulary, the merges), each a step of the walk: the
+# largest vocabularies have 262,144 tokens (Gemma 3). Arrays of numbers are skipped whole.
+MAX_STRING_ARRAY = 1 << 21
+# general.architecture, .name, .size_label, .type: shown, and the architecture becomes a
+# model's name (discovery's fallback); real ones are tens of bytes.
+MAX_NAME_BYTES = 256
+# A chat template (tokenizer.chat_template, and the named ones beside it). llama.cpp takes any
+# length; the longest real templates, a default system prompt written in, are tens of KiB. The
+# gateway scans a template on the event loop (the tool and thinking formats: ``gguf-gateway
+# models``, Ollama's /api/show, each load), returns it whole (/api/show, /props) and compiles
+# it in the worker: 1 MiB keeps each of those in milliseconds, with room of a few dozen times
+# the longest template there is.
+MAX_TEMPLATE_BYTES = 1 << 20
+# Layers and experts: eight times llama.cpp's LLAMA_MAX_LAYERS and LLAMA_MAX_EXPERTS (512 each
+# as this is written). The estimate places each layer in a Python loop, and a tensor's layer
+# index sizes ``GGUFInfo.layer_bytes``.
+MAX_LAYERS = 4096
+MAX_EXPERTS = 4096
+U32_MAX = 2**32 - 1
+
+# The architecture's numbers the gateway reads (``GGUFInfo.shape``: its keys less the
+# architecture's prefix; the memory estimate computes with them): each must be a whole number
+# from 0 to its bound, as llama.cpp too reads them (it refuses a float or a string there), or,
+# where llama.cpp reads one per layer, an array of at most ``MAX_LAYERS`` items. The header's
+# other numbers the gateway neither keeps nor reads.
+_WIDTH = 1 << 20  # the widest models' embeddings: 16,384 to 18,432
+_FF = 1 << 22  # the widest feed-forward: 53,248 (Llama 3.1 405B)
+_HEADS = 1 << 16  # the most heads: 128; the longest head: 576 (DeepSeek's keys)
+SHAPE_BOUNDS = {
+    "block_count": MAX_LAYERS,
+    "context_length": U32_MAX,  # llama.cpp's n_ctx_train is a uint32_t (the longest real one: 10 Mi)
+    "embedding_length": _WIDTH,
+    "feed_forward_length": _FF,
+    "attention.head_count": _HEADS,
+    "attention.head_count_kv": _HEADS,
+    "attention.key_length": _HEADS,
+    "attention.value_length": _HEADS,
+    "attention.sliding_window": U32_MAX,
+    "attention.sliding_window_pattern": MAX_LAYERS,
+    "expert_count": MAX_EXPERTS,
+    "expert_used_count": MAX_EXPERTS,
+    "vocab_size": MAX_STRING_ARRAY,
+    # a projector's (architecture "clip"): its encoders', and the pictures it takes (real ones
+    # are at most a few thousand pixels a side)
+    **{f"{enc}.{key}": bound for enc in ("vision", "audio") for key, bound in (
+        ("block_count", MAX_LAYERS), ("embedding_length", _WIDTH), ("feed_forward_length", _FF),
+        ("attention.head_count", _HEADS))},
+    "vision.image_size": 1 << 16,
+    "vision.patch_size": 1 << 16,
+}
 
 
 class ModelFileError(Exception):
@@ -33,7 +103,14 @@ RANK_POOLING = 4  # enum llama_pooling_type: NONE, MEAN, CLS, LAST, RANK
 
 
 class ArrayLength(int):
-    """An array's place in the metadata: its length (its items are not kept)."""
+    """An array's place in the metadata: its length (its items are not kept), and the type of
+    its items (``gguf.GGUFValueType``)."""
+
+    etype: int = -1
+
+
+class StringLength(int):
+    """A string's place in the metadata where it is not read: its length in bytes."""
 
 
 @dataclass(frozen=True)
@@ -66,8 +143,9 @@ class GGUFInfo:
     # the vocabulary names its fill-in-the-middle tokens (tokenizer.ggml.fim_{pre,suf,mid}_token_id;
     # llama.cpp also finds them by their text once loaded, which a header alone does not tell)
     fim: bool = False
-    # the architecture's numbers (block_count, attention.head_count_kv, ...), without the prefix;
-    # a per-layer array appears as its length
+    # the architecture's numbers the gateway reads (``SHAPE_BOUNDS``: block_count,
+    # attention.head_count_kv, ...), without the prefix, each within its bound; a per-layer
+    # array is left out
     shape: dict[str, int | float] = field(default_factory=dict)
 
 
@@ -90,6 +168,28 @@ def quantization_name(file_type: int | None) -> str | None:
     except ValueError:
         return f"type {file_type}"
     return name.removeprefix("MOSTLY_").removeprefix("ALL_")
+
+
+# The strings the gateway reads, each with its bound; every other string is skipped, and a chat
+# template by any name (tokenizer.chat_template.tool_use, ...) is bounded as the template is.
+_READ_STRINGS = {"general.architecture": MAX_NAME_BYTES, "general.name": MAX_NAME_BYTES,
+                 "general.size_label": MAX_NAME_BYTES, "general.type": MAX_NAME_BYTES,
+                 "tokenizer.chat_template": MAX_TEMPLATE_BYTES}
+_TEMPLATES = "tokenizer.chat_template"
+
+
+def _shown(name: bytes) -> str:
+    """A tensor's name in a reason: its start, quoted (escapes a terminal would act on escaped)."""
+    return repr(name[:64].decode("utf-8", "replace"))
+
+
+def _said(key: str) -> str:
+    """A key in a reason: as it is where it is printable, else quoted with its escapes."""
+    return key if key.isprintable() else repr(key)
+
+
+def _beyond(what: str, n: int, bound: int) -> str:
+    return f"{what} is {n:,}: more than any real model has (at most {bound:,})"
 
 
 class _Walker:
@@ -115,37 +215,62 @@ class _Walker:
         self.pos += size
         return value
 
-    def string(self) -> bytes:
-        n = self.take("Q")
-        if self.pos + n > len(self.buf):
-            raise self.fail("truncated GGUF header (a string runs past the end of the file)")
+    def skip(self, n: int, what: str) -> None:
+        if n > len(self.buf) - self.pos:
+            raise self.fail(f"truncated GGUF header ({what} runs past the end of the file)")
         self.pos += n
+
+    def string(self, bound: int, what: str) -> bytes:
+        """A string of at most ``bound`` bytes (``what`` it is, for the reason), copied out."""
+        n = self.take("Q")
+        if n > bound:
+            raise self.fail(_beyond(f"{what}'s length in bytes", n, bound))
+        self.skip(n, "a string")
         return self.buf[self.pos - n:self.pos]
 
-    def value(self, vtype: int, keep: bool) -> Any:
+    def skip_strings(self, count: int) -> None:
+        """Past ``count`` strings, copying none (the vocabulary: one tight loop)."""
+        buf, pos, end, length = self.buf, self.pos, len(self.buf), struct.Struct("<Q").unpack_from
+        for _ in range(count):
+            if pos + 8 > end:
+                raise self.fail("truncated GGUF header (an array of strings runs past the end of the file)")
+            pos += 8 + length(buf, pos)[0]
+            if pos > end:
+                raise self.fail("truncated GGUF header (a string runs past the end of the file)")
+        self.pos = pos
+
+    def value(self, key: str, vtype: int) -> Any:
+        """``key``'s value: a number as it is, a string the gateway reads (``_READ_STRINGS``) as
+        text, any other string as its ``StringLength``, an array as its ``ArrayLength``."""
         T = self.T
         if vtype in self.fixed:
             return self.take(self.fixed[vtype])
         if vtype == T.STRING:
-            raw = self.string()
-            return raw.decode("utf-8", "replace") if keep else None
+            bound = _READ_STRINGS.get(key, MAX_TEMPLATE_BYTES if key.startswith(_TEMPLATES) else None)
+            n = self.take("Q")
+            if bound is not None and n > bound:
+                raise self.fail(_beyond(f"{_said(key)}'s length in bytes", n, bound))
+            self.skip(n, f"the string {_said(key)}")
+            if key not in _READ_STRINGS:
+                return StringLength(n)
+            return self.buf[self.pos - n:self.pos].decode("utf-8", "replace")
         if vtype == T.ARRAY:
             etype, count = self.take("I"), self.take("Q")
             if etype in self.fixed:
-                size = struct.calcsize("<" + self.fixed[etype]) * count
-                if self.pos + size > len(self.buf):
-                    raise self.fail("truncated GGUF header (an array runs past the end of the file)")
-                self.pos += size
+                self.skip(struct.calcsize("<" + self.fixed[etype]) * count, f"the array {_said(key)}")
             elif etype == T.STRING:
+                if count > MAX_STRING_ARRAY:
+                    raise self.fail(_beyond(f"{_said(key)}'s count of strings", count, MAX_STRING_ARRAY))
                 if count * 8 > len(self.buf) - self.pos:
                     raise self.fail(f"truncated or corrupt GGUF header: an array of {count} strings "
                                     "cannot fit in the rest of the file")
-                for _ in range(count):
-                    self.string()
-            else:
-                raise self.fail(f"unsupported array element type {etype}")
-            return ArrayLength(count)
-        raise self.fail(f"unknown metadata value type {vtype}")
+                self.skip_strings(count)
+            else:  # an array of arrays: llama.cpp refuses it too
+                raise self.fail(f"{_said(key)}: unsupported array element type {etype}")
+            length = ArrayLength(count)
+            length.etype = etype
+            return length
+        raise self.fail(f"{_said(key)}: unknown metadata value type {vtype}")
 
 
 @dataclass
@@ -161,9 +286,9 @@ class _Weights:
     def total(self) -> int:
         return sum(self.layers.values()) + self.input + self.output
 
-    def add(self, name: bytes, nbytes: int) -> None:
-        if m := _LAYER_TENSOR.match(name):
-            self.layers[int(m.group(1))] = self.layers.get(int(m.group(1)), 0) + nbytes
+    def add(self, name: bytes, layer: int | None, nbytes: int) -> None:
+        if layer is not None:
+            self.layers[layer] = self.layers.get(layer, 0) + nbytes
         elif name.split(b".")[0] in _INPUT_TENSORS:
             self.input += nbytes
         else:
@@ -179,16 +304,22 @@ class _Weights:
 
 
 _LAYER_TENSOR = re.compile(rb"blk\.(\d+)\.")
+# an architecture's name is a word: llama.cpp names its own (LLM_ARCH_NAMES) in lowercase
+# letters, digits, "-" and "_", and loads no other
+_ARCHITECTURE = re.compile(r"[\w.-]+", re.ASCII)
 # llama.cpp's input layer (LLM_TENSOR_LAYER_INPUT): kept on the CPU whatever n_gpu_layers says
 _INPUT_TENSORS = frozenset({b"token_embd", b"token_embd_norm", b"token_types", b"position_embd",
                             b"per_layer_token_embd"})
 
 
 def _walk(path: Path) -> tuple[dict[str, Any], int, _Weights]:  # (metadata, tensor count, tensor data bytes)
-    """Header metadata (scalars and strings; arrays as their lengths), checked against the file size."""
+    """Header metadata (numbers, the strings read, arrays and other strings as their lengths),
+    checked against the file size and the bounds above."""
     import gguf
 
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a pipe would block the open, a device never end
+            raise ModelFileError(f"{path}: not a regular file")
         f = open(path, "rb")
     except OSError as e:
         raise ModelFileError(f"cannot open {path}: {e.strerror or e}") from None
@@ -209,36 +340,81 @@ def _walk(path: Path) -> tuple[dict[str, Any], int, _Weights]:  # (metadata, ten
                     raise ModelFileError(f"{path}: big-endian GGUF files are not supported")
                 raise ModelFileError(f"{path}: unsupported GGUF version {version}")
             n_tensors, n_kv = w.take("Q"), w.take("Q")
-            if n_tensors > _MAX_TENSORS or n_kv > _MAX_KV:
-                raise ModelFileError(f"{path}: absurd counts in the GGUF header ({n_tensors} tensors, {n_kv} keys)")
+            if n_tensors > MAX_TENSORS or n_kv > MAX_KV:
+                raise ModelFileError(f"{path}: absurd counts in the GGUF header ({n_tensors} tensors, {n_kv} keys; "
+                                     f"at most {MAX_TENSORS} and {MAX_KV})")
             meta: dict[str, Any] = {}
+            align_type = None
             for _ in range(n_kv):
-                key = w.string().decode("utf-8", "replace")
-                meta[key] = w.value(w.take("I"), keep=not key.startswith("tokenizer.ggml."))
+                key = w.string(MAX_KEY_BYTES, "a key").decode("utf-8", "replace")
+                vtype = w.take("I")
+                meta[key] = w.value(key, vtype)
+                if key == "general.alignment":
+                    align_type = vtype
+            # llama.cpp reads the alignment as a uint32 (asserting the type: a process abort) and
+            # refuses one that is not a power of two
+            align = meta.get("general.alignment", gguf.GGUF_DEFAULT_ALIGNMENT)
+            if align_type is not None and (align_type != w.T.UINT32 or not align or align & (align - 1)):
+                raise ModelFileError(f"{path}: general.alignment must be a power of two, as a uint32")
             # Tensor infos: the data they describe must lie inside the file.
             end, weights = 0, _Weights()
             for _ in range(n_tensors):
-                name = w.string()
+                name = w.string(MAX_TENSOR_NAME_BYTES, "a tensor's name")
                 n_dims = w.take("I")
-                if n_dims > _MAX_DIMS:
-                    raise ModelFileError(f"{path}: tensor {name[:64]!r} has {n_dims} dimensions")
-                elements = 1
-                for _ in range(n_dims):
-                    elements *= w.take("Q")
+                if n_dims > MAX_DIMS:
+                    raise ModelFileError(f"{path}: tensor {_shown(name)} has {n_dims} dimensions")
+                dims = [w.take("Q") for _ in range(n_dims)]
+                elements = math.prod(dims)
+                if any(d > MAX_DIM for d in dims) or elements > MAX_DIM:
+                    raise ModelFileError(f"{path}: tensor {_shown(name)} has absurd dimensions {dims}")
                 ttype, offset = w.take("I"), w.take("Q")
                 try:
                     block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(ttype)]
                 except (ValueError, KeyError):
-                    raise ModelFileError(f"{path}: tensor {name[:64]!r} has unknown type {ttype}") from None
+                    raise ModelFileError(f"{path}: tensor {_shown(name)} has unknown type {ttype}") from None
+                if (dims[0] if dims else 1) % block:  # llama.cpp refuses it too
+                    raise ModelFileError(f"{path}: tensor {_shown(name)} has rows of {dims[0] if dims else 1} "
+                                         f"elements, not a multiple of its type's block of {block}")
+                m = _LAYER_TENSOR.match(name)
+                layer = int(m.group(1)) if m else None
+                if layer is not None and layer >= MAX_LAYERS:
+                    raise ModelFileError(f"{path}: tensor {_shown(name)} is in layer {layer:,}: more layers than "
+                                         f"any real model has (at most {MAX_LAYERS:,})")
                 nbytes = elements // block * type_size
                 end = max(end, offset + nbytes)
-                weights.add(name, nbytes)
-            align = meta.get("general.alignment") or gguf.GGUF_DEFAULT_ALIGNMENT
+                weights.add(name, layer, nbytes)
             data_start = -(-w.pos // align) * align
             if n_tensors and data_start + end > size:
                 raise ModelFileError(f"{path}: truncated tensor data (the header needs {data_start + end} bytes, "
                                      f"the file has {size})")
     return meta, n_tensors, weights
+
+
+def shape_problem(numbers: Mapping[str, Any], prefix: str = "") -> str | None:
+    """Why an architecture's numbers (its keys less ``prefix``, as the header gives them, or
+    ``GGUFInfo.shape``) cannot be a real model's, or None: a ``SHAPE_BOUNDS`` name that is not a
+    whole number within its bound (nor a per-layer array of at most ``MAX_LAYERS`` items), or
+    more experts used than there are (llama.cpp asserts that: a process abort). Pure, and as
+    quick however many numbers there are."""
+    for key, bound in SHAPE_BOUNDS.items():
+        if key not in numbers:
+            continue
+        v, name = numbers[key], _said(prefix + key)
+        if isinstance(v, ArrayLength):
+            if v > MAX_LAYERS:
+                return _beyond(f"{name}'s count of items (one per layer)", v, MAX_LAYERS)
+        elif isinstance(v, (StringLength, str)):
+            return f"{name} is text, not a count"
+        elif type(v) is not int:
+            return f"{name} is a {type(v).__name__} ({v!r}), not a count"
+        elif v < 0:
+            return f"{name} is negative ({v})"
+        elif v > bound:
+            return _beyond(name, v, bound)
+    experts, used = numbers.get("expert_count"), numbers.get("expert_used_count")
+    if type(experts) is int and type(used) is int and used > experts:
+        return f"{_said(prefix)}expert_used_count ({used}) is more than the expert_count ({experts})"
+    return None
 
 
 ENCODER_ARCHS = frozenset({"bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3", "t5encoder",
@@ -247,11 +423,18 @@ ENCODER_ARCHS = frozenset({"bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2
 
 def read_info(path: str | Path) -> GGUFInfo:
     """Header metadata of ``path``; raises ``ModelFileError`` with a reason a person can act on."""
+    import gguf
+
     path = Path(path)
     meta, n_tensors, weights = _walk(path)
     arch = meta.get("general.architecture")
     if not isinstance(arch, str):
         raise ModelFileError(f"{path}: no general.architecture in the GGUF header")
+    if not _ARCHITECTURE.fullmatch(arch):  # it becomes a model's name: no escapes, no spaces
+        raise ModelFileError(f"{path}: general.architecture {arch!r} is no architecture's name")
+    numbers = {k[len(arch) + 1:]: v for k, v in meta.items() if k.startswith(f"{arch}.")}
+    if (problem := shape_problem(numbers, prefix=f"{arch}.")) is not None:
+        raise ModelFileError(f"{path}: {problem}")
     parts = split_parts(path)
     missing = [p.name for p in parts if not p.exists()]
     if missing:
@@ -259,14 +442,15 @@ def read_info(path: str | Path) -> GGUFInfo:
     for part in parts[1:]:  # a split model's other files hold the rest of its tensors
         weights.merge(_walk(part)[2])
 
-    def num(key: str) -> int | None:
+    def num(key: str) -> int | None:  # a number, not a bool nor a length
         v = meta.get(key)
-        return v if isinstance(v, int) and not isinstance(v, bool) else None
+        return v if type(v) is int else None
 
     def text(key: str) -> str | None:
         v = meta.get(key)
         return v if isinstance(v, str) else None
 
+    tokens = meta.get("tokenizer.ggml.tokens")
     return GGUFInfo(
         path=path,
         file_size=sum(p.stat().st_size for p in parts),
@@ -276,7 +460,7 @@ def read_info(path: str | Path) -> GGUFInfo:
         quantization=quantization_name(num("general.file_type")),
         context_length=num(f"{arch}.context_length"),
         embedding_length=num(f"{arch}.embedding_length"),
-        has_chat_template="tokenizer.chat_template" in meta,
+        has_chat_template=text("tokenizer.chat_template") is not None,
         split_count=len(parts),
         pooling=arch in ENCODER_ARCHS or num(f"{arch}.pooling_type") not in (None, 0),
         reranker=num(f"{arch}.pooling_type") == RANK_POOLING,
@@ -290,8 +474,7 @@ def read_info(path: str | Path) -> GGUFInfo:
         input_bytes=weights.input,
         output_bytes=weights.output,
         tied_output=not weights.has_output_head,
-        n_vocab=num("tokenizer.ggml.tokens") or 0,
+        n_vocab=int(tokens) if isinstance(tokens, ArrayLength) and tokens.etype == gguf.GGUFValueType.STRING else 0,
         fim=all(type(meta.get(f"tokenizer.ggml.fim_{k}_token_id")) is int for k in ("pre", "suf", "mid")),
-        shape={k[len(arch) + 1:]: v for k, v in meta.items() if k.startswith(f"{arch}.")
-               and isinstance(v, (int, float)) and not isinstance(v, (bool, ArrayLength))},
+        shape={k: v for k, v in numbers.items() if k in SHAPE_BOUNDS and type(v) is int},
     )

@@ -30,6 +30,11 @@ allocation on whatever devices the machine has (the README gives figures on the 
 NVIDIA H100 and on llama.cpp's Vulkan backend over Mesa's software device).
 Where a model's layers go to other machines (``rpc``), what goes there is counted in the pool
 ``RPC``, which no capacity bounds: their memory is theirs to count.
+
+A header's numbers are a stranger's (``ggufmeta``): the estimate runs on the event loop (for
+``/models``, ``/metrics``, the page's stream and placement) and loops over the layers, so it
+takes only numbers within ``ggufmeta.SHAPE_BOUNDS`` (``shape_problem``; the reader refuses a
+file past them), and has no estimate for any other.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from ..engine.settings import CACHE_TYPES, DEFAULT_N_CTX
 from ..engine.topology import HOST_KINDS, Device
 from ..hardware.sysmem import RAM
 from .config import ModelSpec
-from .ggufmeta import GGUFInfo
+from .ggufmeta import GGUFInfo, shape_problem
 
 COMPUTE_OVERHEAD = 4 * 2**20  # llama.cpp's graph buffers beyond the rows counted (seen on the tiny models)
 # What a process's GPU runtime holds beside llama.cpp's buffers (a CUDA context, cuBLAS's
@@ -154,6 +159,8 @@ def projector_bytes(info: GGUFInfo) -> int:
     and attention scores over the picture's patches (the header's vision sizes; a sound's
     encoder, whose sizes it does not give so, gets the overhead alone)."""
     shape = info.shape
+    if shape_problem(shape) is not None:  # numbers no real projector has: its weights alone
+        return info.weight_bytes + COMPUTE_OVERHEAD
     patch = int(shape.get("vision.patch_size") or 0)
     patches = (int(shape.get("vision.image_size") or 0) // patch) ** 2 if patch else 0
     n_embd = int(shape.get("vision.embedding_length") or 0)
@@ -167,8 +174,11 @@ def estimate(info: GGUFInfo, spec: ModelSpec, devices: Sequence[Device] = (),
              projector: GGUFInfo | None = None) -> Estimate | None:
     """The estimate for ``spec`` as llama.cpp would load it on ``devices`` (``gateway.hardware.devices``;
     none: everything in RAM), with its ``projector``'s header where it has one; None where the
-    header does not say enough (no layer count or embedding size)."""
+    header does not say enough (no layer count or embedding size) or says what no real model
+    does (``shape_problem``: a layer count, a width past its bound)."""
     shape = info.shape
+    if shape_problem(shape) is not None:
+        return None
     n_layer = int(shape.get("block_count") or 0)
     n_embd = int(shape.get("embedding_length") or 0)
     if not n_layer or not n_embd:

@@ -141,7 +141,13 @@ _JINJA_CODE = re.compile(r"\{[{%](.*?)[%}]\}", re.S)
 
 
 def _code(template: str) -> str:
-    return "\n".join(_JINJA_CODE.findall(template))
+    """The text inside the template's Jinja tags (``{{ }}``, ``{% %}``), joined by newlines: a
+    tag runs from its opener to the first closer after it. A template is a stranger's text,
+    scanned on the event loop, so the scan stops at the last closer: no match runs past it, and
+    before it every opener has a closer after it, so no attempt scans to the end in vain (from
+    each of many unclosed openers that was quadratic) and the scan is linear."""
+    last = max(template.rfind("%}"), template.rfind("}}"))
+    return "\n".join(_JINJA_CODE.findall(template, 0, last + 2)) if last >= 0 else ""
 
 
 def describes_tools(chat_template: str | None) -> bool:
