@@ -279,6 +279,14 @@ def test_what_is_not_a_file_is_refused_without_blocking(tmp_path):
     assert "not a regular file" in refused(tmp_path / "pipe.gguf")
 
 
+def test_a_split_file_without_its_parts_names_the_first_one_missing(tmp_path):
+    """A first part that claims 99,999 parts, alone in its folder: refused by the first part
+    missing, not by a stat and a name for each of the others."""
+    first = _write(tmp_path / "big-00001-of-99999.gguf", sound())
+    why = refused(first)
+    assert why.endswith("split model is missing big-00002-of-99999.gguf (one of 99999 parts)"), why
+
+
 def test_the_sound_header_is_taken():
     """The corpus below spoils a header the reader takes, read as the gateway reads it."""
     import tempfile

@@ -153,6 +153,22 @@ def test_projectors_go_with_the_models_beside_them(_isolated_home, scripted, wri
     assert reg.estimate(reg.resolve("plain:1b"))["projector"] == 0
 
 
+def test_a_hostile_ollama_manifest_is_skipped_and_the_others_kept(_isolated_home, scripted, write_config):
+    """A store's manifest is another program's text: one nested 100,000 deep, one of 2 MiB and
+    one that is no object are each skipped (bounded, never a RecursionError), the rest listed."""
+    store = _isolated_home / ".ollama" / "models"
+    ollama_store(store, {"good:1b": scripted / "beta.gguf", "deep:1b": scripted / "beta.gguf",
+                         "huge:1b": scripted / "beta.gguf", "list:1b": scripted / "beta.gguf"})
+    manifests = store / "manifests" / "registry.ollama.ai" / "library"
+    (manifests / "deep" / "1b").write_text("[" * 100_000 + "]" * 100_000)
+    huge = json.loads((manifests / "huge" / "1b").read_text())
+    (manifests / "huge" / "1b").write_text(json.dumps({**huge, "padding": "x" * (2 << 20)}))
+    (manifests / "list" / "1b").write_text("[1, 2]")
+    reg = Registry(config_for(write_config))
+    assert reg.resolve("good:1b").source == "ollama"
+    assert [reg.resolve(n) for n in ("deep:1b", "huge:1b", "list:1b")] == [None, None, None]
+
+
 def test_configuration_beats_discovery_and_the_architecture_is_a_last_resort(scripted, tmp_path, write_config):
     store = tmp_path / "store"
     store.mkdir()

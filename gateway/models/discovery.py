@@ -23,13 +23,13 @@ failure the reader did not foresee refuses that file the same way, never the sca
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..base import strictjson
 from .config import normalize_name
 from .ggufmeta import SPLIT_RE, GGUFInfo, ModelFileError, read_info
 
@@ -155,6 +155,22 @@ def _scan_dir(root: Root, order: int) -> list[Found]:
     return out
 
 
+MAX_MANIFEST_BYTES = 1 << 20  # an Ollama manifest lists a few layers in about a kilobyte
+
+
+def _manifest(path: Path) -> dict:
+    """An Ollama manifest, read within ``MAX_MANIFEST_BYTES`` and parsed by the bounded parser
+    (a store's file is another program's or a registry's text); raises ``ValueError``."""
+    with open(path, "rb") as f:
+        data = f.read(MAX_MANIFEST_BYTES + 1)
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise ValueError(f"{path}: more than {MAX_MANIFEST_BYTES} bytes")
+    value = strictjson.loads(data, str(path))
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return value
+
+
 def _scan_ollama(root: Root, order: int) -> list[Found]:
     manifests = root.path / "manifests"
     by_blob: dict[Path, Found] = {}
@@ -168,7 +184,7 @@ def _scan_ollama(root: Root, order: int) -> list[Found]:
             if len(parts) != 4:
                 continue
             try:
-                data = json.loads(manifest.read_text())
+                data = _manifest(manifest)
                 digest = next(layer["digest"] for layer in data.get("layers", [])
                               if layer.get("mediaType") == OLLAMA_MODEL_LAYER)
                 projector = next((root.path / "blobs" / str(layer["digest"]).replace(":", "-")

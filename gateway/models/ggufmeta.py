@@ -150,12 +150,19 @@ class GGUFInfo:
 
 
 def split_parts(path: Path) -> list[Path]:
-    """All files of a split model (``-00001-of-00003.gguf``), or just ``[path]``."""
+    """All files of a split model (``-00001-of-00003.gguf``), or just ``[path]``; raises
+    ``ModelFileError`` naming the first part missing (looked for in order, so a file named
+    ``-00001-of-99999`` alone in a folder costs one look, not a name for each of the others)."""
     m = SPLIT_RE.match(path.name)
     if not m:
         return [path]
-    count = int(m.group("count"))
-    return [path.with_name(f"{m.group('stem')}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+    count, parts = int(m.group("count")), [path]
+    for i in range(2, count + 1):
+        part = path.with_name(f"{m.group('stem')}-{i:05d}-of-{count:05d}.gguf")
+        if not part.exists():
+            raise ModelFileError(f"{path}: split model is missing {part.name} (one of {count} parts)")
+        parts.append(part)
+    return parts
 
 
 def quantization_name(file_type: int | None) -> str | None:
@@ -436,9 +443,6 @@ def read_info(path: str | Path) -> GGUFInfo:
     if (problem := shape_problem(numbers, prefix=f"{arch}.")) is not None:
         raise ModelFileError(f"{path}: {problem}")
     parts = split_parts(path)
-    missing = [p.name for p in parts if not p.exists()]
-    if missing:
-        raise ModelFileError(f"{path}: split model is missing {', '.join(missing)}")
     for part in parts[1:]:  # a split model's other files hold the rest of its tensors
         weights.merge(_walk(part)[2])
 
