@@ -16,13 +16,16 @@ it (llama.cpp's common/chat.cpp and its Jinja engine in common/jinja):
 
 ``raise_exception`` in a template (e.g. "roles must alternate") is the caller's mistake and
 becomes ``TemplateInputError``; anything else that goes wrong is the template's fault and becomes
-``TemplateBroken``.
+``TemplateBroken``: a template that crosses a bound of ``templatebounds`` (too long a run, too
+long a value or output, too much memory) ``TemplateRunaway``, at once and for that render only.
+The bounds grow with the size of the render's inputs (``templatebounds.bounds_for``).
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import re
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
@@ -31,7 +34,11 @@ import jinja2
 import jinja2.defaults
 import jinja2.ext
 import jinja2.nodes
-from jinja2.sandbox import SandboxedEnvironment, modifies_known_mutable
+from jinja2.sandbox import modifies_known_mutable
+
+from . import templatebounds
+from .templatebounds import Runaway
+from .templatesandbox import BoundedSandbox
 
 CHATML = (
     "{% for message in messages %}"
@@ -56,6 +63,10 @@ class TemplateBroken(Exception):
     """The template itself failed (syntax, sandbox violation, a bug)."""
 
 
+class TemplateRunaway(TemplateBroken):
+    """The template crossed a bound (``templatebounds``): it ran too long or made too much."""
+
+
 def _raise_exception(message: str) -> None:
     raise TemplateInputError(message)
 
@@ -68,14 +79,13 @@ class _InputList(list):
     """A list of the inputs: the sandbox refuses its changing methods (``_inputs``)."""
 
 
-class _Sandbox(SandboxedEnvironment):
-    """Jinja's sandbox, with llama.cpp's undefined (``ChainableUndefined``: empty when shown or
-    iterated, its attributes and items undefined too), its ``+`` (``none`` or an undefined added
-    to a string is the string; any other use of an undefined still fails), and the changing
-    methods allowed on the lists and dicts the template made itself (exactly ``list`` and
-    ``dict``: the inputs are ``_Input`` and ``_InputList``)."""
-
-    intercepted_binops = frozenset({"+"})
+class _Sandbox(BoundedSandbox):
+    """Jinja's sandbox within bounds (``templatebounds``), with llama.cpp's undefined
+    (``ChainableUndefined``: empty when shown or iterated, its attributes and items undefined
+    too), its ``+`` (``none`` or an undefined added to a string is the string; any other use of
+    an undefined still fails), and the changing methods allowed on the lists and dicts the
+    template made itself (exactly ``list`` and ``dict``: the inputs are ``_Input`` and
+    ``_InputList``)."""
 
     def call_binop(self, context: jinja2.runtime.Context, operator: str, left: Any, right: Any) -> Any:
         if operator == "+" and isinstance(left, str) != isinstance(right, str):
@@ -97,11 +107,14 @@ class _Sandbox(SandboxedEnvironment):
 
 
 def _json_default(value: Any) -> Any:
-    """What ``json`` cannot write itself: an undefined (null) and a filter's lazy sequence (a list)."""
+    """What ``json`` cannot write itself: an undefined (null) and a filter's lazy sequence (a
+    list, walked before json writes it: ``templatebounds``)."""
     if isinstance(value, jinja2.Undefined):
         return None
     if isinstance(value, Iterable) and not isinstance(value, (str, bytes, dict)):
-        return list(value)
+        items = list(value)
+        templatebounds.current().unfolded(items)
+        return items
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
@@ -138,17 +151,39 @@ class _Generation(jinja2.ext.Extension):
 EXTENSIONS = ("jinja2.ext.loopcontrols", _Generation)
 
 
-@functools.lru_cache(maxsize=16)
+_WIDTH = re.compile(r"%[-_0^#]*\d")
+
+
+def _strftime_now(fmt: str) -> str:
+    """Today's date as ``fmt`` says; without the C library's field widths (``%099999999Y``)."""
+    if _WIDTH.search(fmt):
+        raise ValueError(f"strftime_now() takes no field widths: {fmt[:40]!r}")
+    return datetime.now().strftime(fmt)
+
+
 def compile_template(source: str) -> jinja2.Template:
+    """``source`` compiled in the sandbox, within ``templatebounds.bounded`` (compiling ticks
+    too). A template that does not compile is remembered so, and fails each request at once; one
+    stopped while compiling is tried again (its time depends on the machine's load)."""
+    compiled = _compiled(source)
+    if isinstance(compiled, TemplateBroken):
+        raise type(compiled)(str(compiled)) from None
+    return compiled
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled(source: str) -> jinja2.Template | TemplateBroken:
     env = _Sandbox(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.ChainableUndefined,
-                   extensions=list(EXTENSIONS))
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+                   extensions=list(EXTENSIONS), filters={"tojson": _tojson},
+                   globals_={"raise_exception": _raise_exception, "strftime_now": _strftime_now})
     try:
         return env.from_string(source)
+    except Runaway as e:
+        raise TemplateRunaway(f"chat template stopped compiling: {e}") from None
     except jinja2.TemplateError as e:
-        raise TemplateBroken(f"chat template does not compile: {e}") from None
+        return TemplateBroken(f"chat template does not compile: {e}")
+    except Exception as e:  # Python's compiler on what Jinja made of it: too deep, too many blocks
+        return TemplateBroken(f"chat template does not compile: {type(e).__name__}: {e}")
 
 
 _PROBE: list[dict[str, Any]] = [  # one call, its arguments an object
@@ -170,6 +205,8 @@ def arguments_as_string(source: str) -> bool:
     def shows_json(messages: list[dict[str, Any]]) -> bool:
         try:
             out = _render(source, messages, {})
+        except TemplateRunaway:
+            raise  # once is enough
         except (TemplateInputError, TemplateBroken):
             return False
         return "probe-value" in out and "'probe_arg'" not in out
@@ -210,17 +247,23 @@ def render(
 
 def _render(source: str, messages: list[dict[str, Any]], variables: dict[str, Any]) -> str:
     """``variables`` and ``messages`` through the template; unset names are render()'s defaults
-    and llama.cpp's date names (which ``variables`` may set), ``tools`` is left unset."""
-    template = compile_template(source)
+    and llama.cpp's date names (which ``variables`` may set), ``tools`` is left unset. Compiled
+    and rendered within the bounds its inputs' size sets (``templatebounds``)."""
     now = datetime.now()
     variables = _inputs({"datetime": now.strftime("%b %d %Y"), "date_string": now.strftime("%d %b %Y"),
                          "bos_token": "", "eos_token": "", "add_generation_prompt": True, **variables,
                          "messages": messages})
+    known: dict[int, tuple[int, int]] = {}  # the inputs' sizes: they cannot change
+    size, _ = templatebounds.measure(variables, known)
     try:
-        return template.render(**variables)
-    except TemplateInputError:
+        with templatebounds.bounded(templatebounds.bounds_for(size), known) as guard:
+            template = compile_template(source)
+            return guard.output(template.root_render_func(template.new_context(variables)))
+    except (TemplateInputError, TemplateBroken):
         raise
+    except Runaway as e:
+        raise TemplateRunaway(f"chat template stopped: {e}") from None
     except jinja2.exceptions.SecurityError as e:
         raise TemplateBroken(f"chat template tried something the sandbox forbids: {e}") from None
-    except Exception as e:  # a template bug: TypeError, UndefinedError, ...
+    except Exception as e:  # a template bug: TypeError, UndefinedError, RecursionError, ...
         raise TemplateBroken(f"chat template failed: {type(e).__name__}: {e}") from None
