@@ -131,10 +131,10 @@ def _record(app: web.Application, obs: Observation, status: int, request: web.Re
         m.disconnects.labels(*labels).inc()
     if status >= 400 and obs.first_token is None and not obs.disconnected:
         m.rejection(request.get(ERROR_CODE) or f"http_{status}")
-    obs.principal = request.get(PRINCIPAL, obs.principal)
+    obs.principal, obs.owner = request.get(PRINCIPAL, obs.principal), request.get(OWNER)
     event = obs.event(status, duration)
     app[EVENTS].write(event)
-    app[LIVE].record(event)
+    app[LIVE].record(event, obs.owner)
 
 
 @web.middleware

@@ -7,6 +7,9 @@ first API key).
 
 Every string a server sent (a model's name, an upstream's error, an answer) is written through
 ``untrusted.shown``: escape codes and bidi controls print as escapes, never act on the terminal.
+A server's JSON is read by ``base/strictjson`` (bounded: a text nested thousands deep is not a
+``RecursionError``); an answer that is not JSON, or not in the gateway's shape (a server at the
+wrong address), is a ``BadAnswer``: one line, exit code 1.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .backends.untrusted import shown
+from .base import strictjson
 from .models.config import Config
 
 DIM, RESET = "\x1b[2m", "\x1b[0m"
@@ -28,6 +32,18 @@ DIM, RESET = "\x1b[2m", "\x1b[0m"
 
 class Unreachable(Exception):
     pass
+
+
+class BadAnswer(RuntimeError):
+    """The server's answer is not JSON this client reads, or not in the gateway's shape: it ends
+    the command (``chat`` too), where an error the gateway answered ends one turn."""
+
+
+def _error_message(detail: Any) -> str | None:
+    """The message of an error answer in OpenAI's shape (``{"error": {"message": ...}}``), else None."""
+    error = detail.get("error") if isinstance(detail, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    return message if isinstance(message, str) else None
 
 
 class Gateway:
@@ -56,29 +72,40 @@ class Gateway:
             return urllib.request.urlopen(req, timeout=timeout)
         except urllib.error.HTTPError as e:
             try:
-                detail = json.loads(e.read())
-                message = (detail.get("error") or {}).get("message") or str(detail)
-            except ValueError:
-                message = e.reason
-            raise RuntimeError(f"{e.code}: {message}") from None
+                detail = strictjson.loads(e.read(), "error")
+                message = _error_message(detail) or str(detail)
+            except (ValueError, OSError):  # not JSON, nested too deep, cut off, ...
+                message = str(e.reason)
+            raise RuntimeError(f"{e.code}: {shown(message, 500)}") from None
         except (urllib.error.URLError, OSError) as e:
             reason = getattr(e, "reason", e)
             raise Unreachable(f"cannot reach gguf-gateway at {self.url} ({reason}); is it running? "
                               "(gguf-gateway serve)") from None
 
+    def _json(self, path: str, text: bytes | str) -> Any:
+        """An answer's JSON, by the bounded parser; ``BadAnswer`` where it is none."""
+        try:
+            return strictjson.loads(text, path)
+        except ValueError as e:  # strictjson.JSONRefused: its message quotes none of the answer
+            raise BadAnswer(f"{self.url} did not answer with JSON this client reads: {e}; "
+                            "is this a gguf-gateway?") from None
+
     def get(self, path: str) -> Any:
         with self._request(path) as r:
-            return json.loads(r.read())
+            return self._json(path, r.read())
 
     def stream_chat(self, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        with self._request("/v1/chat/completions", {**body, "stream": True}, timeout=600) as r:
+        path = "/v1/chat/completions"
+        with self._request(path, {**body, "stream": True}, timeout=600) as r:
             for raw in r:
                 line = raw.decode("utf-8", "replace").strip()
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
-                event = json.loads(line[6:])
+                event = self._json(path, line[6:])
+                if not isinstance(event, dict):
+                    raise BadAnswer(f"{self.url}{path} streamed an event that is not a JSON object")
                 if "error" in event:
-                    raise RuntimeError(event["error"].get("message", "the stream ended with an error"))
+                    raise RuntimeError(shown(_error_message(event) or "the stream ended with an error", 500))
                 yield event
 
 
@@ -87,6 +114,14 @@ def _mib(n: int | None) -> str:
 
 
 def status(gw: Gateway, out=sys.stdout) -> int:
+    try:
+        return _status(gw, out)
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError) as e:  # not the gateway's shape
+        raise BadAnswer(f"{gw.url} answered /health or /models in a shape this client does not read "
+                        f"({type(e).__name__}); is this a gguf-gateway?") from None
+
+
+def _status(gw: Gateway, out) -> int:
     health = gw.get("/health")
     models = gw.get("/models")["data"]
     out.write(shown(f"gguf-gateway {health['version']} at {gw.url}: {health['status']}, "
@@ -135,25 +170,34 @@ def chat(gw: Gateway, model: str, system: str | None, color: bool, inp=sys.stdin
         thinking, answer, in_thinking = [], [], False
         try:
             for event in gw.stream_chat({"model": model, "messages": history}):
-                if not event.get("choices"):
+                choices = event.get("choices")
+                if not choices:
                     continue
-                delta = event["choices"][0].get("delta", {})
+                first = choices[0] if isinstance(choices, list) else None
+                delta = first.get("delta", {}) if isinstance(first, dict) else None
+                if not isinstance(delta, dict):
+                    raise BadAnswer(f"{gw.url}/v1/chat/completions streamed a chunk that is not a chat completion's")
                 t = delta.get("reasoning_content") or delta.get("reasoning")
-                if t:
+                if t and isinstance(t, str):  # text only: another server's reasoning objects are not shown
                     if not in_thinking:
                         out.write(DIM if color else "[thinking] ")
                         in_thinking = True
                     thinking.append(t)
                     out.write(shown(t, prose=True))
                 c = delta.get("content")
-                if c:
+                if c and isinstance(c, str):
                     if in_thinking:
                         out.write((RESET if color else "") + "\n\n")
                         in_thinking = False
                     answer.append(c)
                     out.write(shown(c, prose=True))
                 out.flush()
-        except RuntimeError as e:
+        except BadAnswer:
+            if color and in_thinking:
+                out.write(RESET)
+            out.write("\n")
+            raise
+        except RuntimeError as e:  # the gateway's own error: this turn failed, the chat goes on
             out.write((RESET if color and in_thinking else "") + f"\nerror: {shown(str(e), prose=True)}\n")
             history.pop()
             continue

@@ -101,3 +101,31 @@ async def test_a_failed_load_names_its_model_in_the_recent_requests(aiohttp_clie
         snap = await read_snapshot(live)
     assert [(e["model"], e["status"]) for e in snap["recent"]] == [("bad", 503)]
     assert snap["series"]["points"][0]["models"]["bad"]["errors"] == 1
+
+
+async def test_two_keys_of_one_name_each_see_only_their_own_requests(aiohttp_client, write_config, model_dir,
+                                                                     monkeypatch):
+    """A key in models.yaml and one in $GGUF_GATEWAY_API_KEYS may carry the same name: the page's
+    recent requests go by the key itself (``OWNER``), which the snapshot does not show."""
+    monkeypatch.setenv("GGUF_GATEWAY_API_KEYS", "alice=k2")
+    config = load_config(write_config(f"server:\n  models_dirs: [{model_dir}]\n  api_keys: {{alice: k1}}\n"))
+    assert [name for name, _ in config.server.api_keys] == ["alice", "alice"]
+    client = await aiohttp_client(create_app(config))
+    for key, model in (("k1", "plain"), ("k2", "nope")):
+        await client.post("/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                          json={"model": model, "messages": [{"role": "user", "content": "hi"}]})
+    seen = {}
+    for key in ("k1", "k2"):
+        async with client.get("/dashboard/live", headers={"Authorization": f"Bearer {key}"}) as live:
+            seen[key] = (await read_snapshot(live))["recent"]
+    assert [(e["model"], e["principal"]) for e in seen["k1"]] == [("plain", "alice")]
+    assert [(e["model"], e["principal"]) for e in seen["k2"]] == [("-", "alice")]
+    assert not any("owner" in e or "key-" in json.dumps(e) for e in seen["k1"] + seen["k2"])
+
+
+async def test_without_keys_the_page_lists_every_request(aiohttp_client, write_config, model_dir):
+    client = await aiohttp_client(create_app(load_config(write_config(f"server:\n  models_dirs: [{model_dir}]\n"))))
+    await client.post("/v1/chat/completions", json={"model": "plain", "messages": [{"role": "user", "content": "hi"}]})
+    async with client.get("/dashboard/live") as live:
+        recent = (await read_snapshot(live))["recent"]
+    assert [(e["model"], e["principal"]) for e in recent] == [("plain", "anonymous")]

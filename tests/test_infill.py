@@ -85,8 +85,10 @@ def test_missing_tokens_are_named():
 def test_byte_cuts_keep_whole_characters():
     assert infill.tail_bytes("aé€", 3) == "€" and infill.head_bytes("aé€", 3) == "aé"
     assert infill.tail_bytes("short", 100) == "short"
+    assert infill.tail_bytes("abc", 0) == "" and infill.head_bytes("abc", 0) == ""
     chunks = [Extra("a", "x" * 10), Extra("b", "y" * 10), Extra("c", "z" * 10)]
-    assert infill.recent(chunks, 15) == chunks[1:]
+    # the snippet separators and the texts of the last two, the second cut
+    assert infill.recent(PSM, chunks, 100, 2 * len(infill.SNIPPET) + 15) == [Extra("b", "y" * 5), chunks[2]]
 
 
 # --- wire ----------------------------------------------------------------------------------

@@ -8,12 +8,16 @@ took seconds and some hundreds of MiB of the worker; ``/tokenize`` refuses the s
 from __future__ import annotations
 
 import random
+import re
+from types import SimpleNamespace
 
 import pytest
 from helpers import ServerProcess, request, tiny_random_model
 
 from gateway.engine import infill
 from gateway.engine.infill import Extra, FimTokens
+from gateway.engine.ipc import GenerationRequest
+from gateway.engine.prompts import Prompts
 from gateway.wire import fim
 
 CODE = "def f(x):\n    return x + 1\n"
@@ -71,6 +75,138 @@ def test_the_cut_never_changes_the_prompt(seed):
                              n_predict=n_predict, n_ctx=n_ctx, bos=None)
 
     assert lay(fim.trim_extra(extra, budget)) == lay(extra)
+
+
+# --- the worker's own bound (engine/prompts.Prompts.infill, engine/infill.recent) ------------
+
+WORD = re.compile(r"\s+|\w+|[^\w\s]")
+PIECE = 8  # characters of a stand-in token at most
+
+
+class WordVocab:
+    """A stand-in vocabulary whose tokens are words (runs of spaces, of word characters, and
+    single other characters) in pieces of at most ``PIECE`` characters cut from each word's end:
+    a text's end tokenizes as the whole text's last tokens but for its first word, as a BPE
+    vocabulary's words do. ``given`` holds the bytes of each text handed to ``tokenize``."""
+
+    def __init__(self, fims: FimTokens):
+        self.fim, self.bos, self.add_bos = fims, -1, False
+        self.ids: dict[str, int] = {}
+        self.given: list[int] = []
+
+    def tokenize(self, text: str, add_special: bool, parse_special: bool = True) -> list[int]:
+        self.given.append(len(text.encode("utf-8")))
+        out = []
+        for word in WORD.findall(text):
+            pieces = [word[max(0, end - PIECE):end] for end in range(len(word), 0, -PIECE)]
+            out += [self.ids.setdefault(p, 100 + len(self.ids)) for p in reversed(pieces)]
+        return out
+
+    def longest_piece(self) -> int:
+        return PIECE  # the texts here are ASCII
+
+
+def worker(fims: FimTokens, n_ctx: int = 4096, n_batch: int = 512) -> Prompts:
+    model = SimpleNamespace(vocab=WordVocab(fims), n_ctx=n_ctx, cp=SimpleNamespace(n_batch=n_batch),
+                            params=SimpleNamespace(name="m", spm_infill=False))
+    return Prompts(model)  # type: ignore[arg-type]
+
+
+def whole_layout(prompts: Prompts, req: GenerationRequest) -> list[int]:
+    """``req``'s prompt laid out from its whole texts, nothing cut (the vocabulary's own tokens)."""
+    vocab, n_batch = prompts.vocab, prompts.model.cp.n_batch
+
+    def plain(text: str) -> list[int]:
+        return vocab.tokenize(text, add_special=False, parse_special=False)
+
+    return infill.layout(vocab.fim, plain, plain(req.prompt or ""), plain(req.suffix or ""), plain(req.infill_prompt),
+                         [Extra(e["filename"], e["text"]) for e in req.infill_extra], n_batch=n_batch,
+                         n_predict=-1 if req.max_tokens is None else req.max_tokens, n_ctx=prompts.n_ctx, bos=None)
+
+
+def extra_given(prompts: Prompts, req: GenerationRequest) -> tuple[list[int], int]:
+    """``req``'s prompt as the worker lays it out, and the bytes of its extra context that the
+    vocabulary was handed (all it was handed, less the prefix, suffix and prompt)."""
+    vocab = prompts.vocab
+    vocab.given.clear()
+    tokens = prompts.infill(req).tokens
+    own = sum(len(t.encode()) for t in (req.prompt or "", req.suffix or "", req.infill_prompt))
+    return tokens, sum(vocab.given) - own
+
+
+SEPARATED = FimTokens(pre=1, suf=2, mid=3, rep=4, sep=5)  # Qwen2.5-Coder's: a file name line a chunk
+SNIPPETS = FimTokens(pre=1, suf=2, mid=3)  # StarCoder's: the snippet separator
+
+
+@pytest.mark.parametrize("fims", [SEPARATED, SNIPPETS], ids=["sep", "snippet"])
+@pytest.mark.parametrize("max_tokens", [None, 64])
+def test_the_worker_hands_the_tokenizer_no_more_than_the_layout_can_keep(fims, max_tokens):
+    """A 4 MB chunk, and 1,024 chunks under 4 KB names: the vocabulary is handed at most (the
+    extra tokens the layout keeps + MARGIN) times its longest piece, and the prompt is the one
+    the whole texts give (laid out from a shorter extra context with the same end, still more
+    than the layout keeps: tokenizing 4 MB here takes seconds)."""
+    prompts = worker(fims)
+    n_predict = -1 if max_tokens is None else max_tokens
+    bound = (infill.extra_room(4096, 512, n_predict) + infill.MARGIN) * PIECE
+    assert min(2000 * len(CODE), 20 * 4096) > bound
+    base = {"prompt": "def f():\n", "suffix": "\n", "max_tokens": max_tokens}
+    old = {"filename": "old.py", "text": "x = 0\n"}
+    names = [{"filename": f"{i:04d}" + "f" * 4092, "text": "y = 2\n"} for i in range(1024)]
+    for extra, same_end in (([old, {"filename": "big.py", "text": CODE * (4 * 2**20 // len(CODE))}],
+                             [{"filename": "big.py", "text": CODE * 2000}]),
+                            (names, names[-20:] if fims.sep is not None else names)):  # snippets: no names
+        tokens, given = extra_given(prompts, GenerationRequest(**base, infill_extra=extra))
+        assert given <= bound
+        assert tokens == whole_layout(prompts, GenerationRequest(**base, infill_extra=same_end))
+
+
+def test_a_normal_request_is_laid_out_whole():
+    prompts = worker(SEPARATED)
+    extra = [{"filename": "a.py", "text": "A = 1\n"}, {"filename": "b.py", "text": CODE}]
+    req = GenerationRequest(prompt="def f():\n", suffix="\n", infill_extra=extra)
+    tokens, given = extra_given(prompts, req)
+    assert tokens == whole_layout(prompts, req)
+    assert given == sum(len(t) for t in ("myproject\n", "a.py\n", "A = 1\n", "b.py\n", CODE, "filename\n"))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_recent_never_changes_the_prompt_and_keeps_to_its_budget(seed):
+    """``infill.recent`` on random chunks, budgets and names (a character up to 3 bytes, a token
+    up to ``PIECE`` characters: up to 24 bytes)."""
+    rng = random.Random(seed)
+    fims = SEPARATED if seed % 2 else SNIPPETS
+    n_ctx, n_batch = rng.choice([(256, 64), (512, 128), (1024, 512)])
+    n_predict = rng.choice([-1, 8, 100])
+    extra = [Extra(rng.choice(["a.py", "é" * rng.randint(1, 300), ""]),
+                   rng.choice(["", "x = 1\n", "€" * rng.randint(0, 4000), CODE * rng.randint(0, 100)]))
+             for _ in range(rng.randint(0, 40))]
+    vocab = WordVocab(fims)
+
+    def lay(chunks: list[Extra]) -> list[int]:
+        return infill.layout(fims, lambda t: vocab.tokenize(t, False), vocab.tokenize("def g():\n", False),
+                             vocab.tokenize("\n", False), [], chunks, n_batch=n_batch, n_predict=n_predict,
+                             n_ctx=n_ctx, bos=None)
+
+    room = infill.extra_room(n_ctx, n_batch, n_predict)
+    budget = (room + infill.MARGIN) * 3 * PIECE
+    kept = infill.recent(fims, extra, room, budget)
+    assert lay(kept) == lay(extra)
+    vocab.given.clear()
+    lay(kept)
+    assert sum(vocab.given) - len("def g():\n") - len("\n") <= budget
+
+
+def test_recent_cuts_the_crossing_chunk_to_its_texts_end():
+    sep = len(infill.REPO) + len(infill.CURRENT_FILE)
+    chunks = [Extra("a", "x" * 10), Extra("b", "y" * 10), Extra("c", "z" * 10)]
+    assert infill.recent(SEPARATED, chunks, 100, sep + 2 * 12) == chunks[1:]  # "b\n" and its text, "c\n" and its
+    assert infill.recent(SEPARATED, chunks, 100, sep + 12 + 5) == [Extra("", "y" * 4), chunks[2]]
+    assert infill.recent(SEPARATED, chunks, 100, sep + 12 + 11 + 1) == [Extra("b", "y" * 10), chunks[2]]
+    assert infill.recent(SEPARATED, [Extra("name", "t")], 100, sep + 2 + 2) == [Extra("me", "t")]
+    assert infill.recent(SEPARATED, chunks, 2, 10**6) == chunks[1:]  # each chunk is a token at least
+    assert infill.recent(SEPARATED, chunks, 0, 10**6) == []
+    snip = len(infill.SNIPPET)
+    assert infill.recent(SNIPPETS, chunks, 100, snip + 10 + snip + 3) == [Extra("b", "y" * 3), chunks[2]]
 
 
 # --- against the real server ------------------------------------------------------------------

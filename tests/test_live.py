@@ -38,7 +38,7 @@ def test_recent_is_newest_first_bounded_and_skips_the_gateways_own_requests():
         live.record(event(float(i), model=f"m{i}"))
     live.record(event(9.0, endpoint="/models/load"))
     live.record(event(9.0, endpoint="/models"))
-    assert [e["model"] for e in live.recent()] == ["m4", "m3", "m2"]
+    assert [e["model"] for e in live.recent(everyone=True)] == ["m4", "m3", "m2"]
     assert all(p["models"].keys() <= {"m0", "m1", "m2", "m3", "m4"} for p in live.series(now=10.0)["points"])
 
 
@@ -48,3 +48,15 @@ def test_a_late_event_counts_in_the_newest_point():
     live.record(event(101.0))  # began long ago, ended (and recorded) now
     points = live.series(now=111.0)["points"]
     assert len(points) == 1 and points[0]["models"]["m"]["requests"] == 2
+
+
+def test_recent_is_each_owners_own_and_the_owner_is_not_in_the_events():
+    live = Live()
+    live.record(event(1.0, model="a"), owner="key-a")
+    live.record(event(2.0, model="b"), owner="key-b")
+    live.record(event(3.0, model="open"))  # no key given (an open path)
+    assert [e["model"] for e in live.recent(owner="key-a")] == ["a"]
+    assert [e["model"] for e in live.recent(owner="key-b")] == ["b"]
+    assert live.recent() == [] and live.recent(owner=None) == []  # no owner: none of them
+    assert [e["model"] for e in live.recent(everyone=True)] == ["open", "b", "a"]
+    assert all("owner" not in e for e in live.recent(everyone=True))

@@ -14,7 +14,7 @@ from importlib import resources
 
 from aiohttp import web
 
-from ..server.events import PRINCIPAL
+from ..server.events import OWNER
 from .admin import describe
 from .appkeys import CONFIG, LIFECYCLE, LIVE, REGISTRY
 from .common import event_stream
@@ -32,13 +32,12 @@ HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", 
 
 
 def snapshot(request: web.Request) -> dict:
-    """What the page draws. With API keys set, the recent requests are the asking key's own:
-    another key's prompts' models, sizes and timings are not its to see."""
+    """What the page draws. With API keys set, the recent requests are the asking key's own, by
+    the key itself (``OWNER``), not its name, which two keys may share: another key's prompts'
+    models, sizes and timings are not its to see."""
     registry, live = request.app[REGISTRY], request.app[LIVE]
     now = time.time()
-    recent = live.recent()
-    if request.app[CONFIG].server.api_keys:
-        recent = [e for e in recent if e.get("principal") == request.get(PRINCIPAL)]
+    recent = live.recent(owner=request.get(OWNER), everyone=not request.app[CONFIG].server.api_keys)
     return {"time": now, "models": [describe(registry, s) for s in registry.specs()],
             "series": live.series(now), "recent": recent}
 

@@ -17,6 +17,9 @@ from dataclasses import dataclass
 SNIPPET = "\n\n--- snippet ---\n\n"
 REPO = "myproject\n"  # llama-server's project name after fim_rep ("TODO: make project name an input")
 CURRENT_FILE = "filename\n"  # and its name of the file being edited ("TODO: current filename")
+# Tokens read past what the layout keeps of a text cut by bytes: the cut may split a token, and
+# the tokens right after it may differ from the whole text's
+MARGIN = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +84,7 @@ def layout(fim: FimTokens, tokenize: Callable[[str], list[int]], prefix: list[in
 
     n_prefix_take = min(len(prefix), 3 * (n_batch // 4))
     n_suffix_take = min(len(suffix), max(0, n_batch // 4 - (2 + len(prompt))))
-    n_extra_take = min(max(0, n_ctx - n_batch - 2 * n_predict), len(extra_tokens))
+    n_extra_take = min(extra_room(n_ctx, n_batch, n_predict), len(extra_tokens))
     # Past llama-server: the answer keeps room for at least max(n_predict, 1) tokens (llama-server
     # would shift the context instead, which this gateway does not): the extra context gives way
     # first, then the prefix's oldest tokens.
@@ -101,27 +104,54 @@ def layout(fim: FimTokens, tokenize: Callable[[str], list[int]], prefix: list[in
     return [*context, *head, *tail, fim.mid]
 
 
-def recent(extra: list[Extra], keep: int) -> list[Extra]:
-    """The last chunks of ``extra`` whose texts hold at most about ``keep`` bytes together, and
-    the one that crosses it: ``layout`` keeps only the end of the extra context, so chunks wholly
-    before what the context can hold need not be tokenized."""
+def extra_room(n_ctx: int, n_batch: int, n_predict: int) -> int:
+    """The most tokens of the extra context ``layout`` keeps: llama-server's
+    ``n_ctx - n_batch - 2 * n_predict``, never more than the context."""
+    return min(max(0, n_ctx - n_batch - 2 * n_predict), n_ctx)
+
+
+def recent(fim: FimTokens, extra: list[Extra], room: int, budget: int) -> list[Extra]:
+    """What ``layout`` needs of ``extra`` to keep the extra context's last ``room`` tokens
+    (``extra_room``), the texts it hands the tokenizer for the extra context holding at most
+    ``budget`` bytes together: the project's and the current file's lines, each chunk's file
+    name line (or the snippet separator) and text. A budget of ``room + MARGIN`` times the
+    vocabulary's longest piece holds more than those tokens stand for, so what is left out lies
+    before what the layout keeps and the prompt is the same.
+
+    From the newest chunk back, each chunk's text, then its name, count against the budget; the
+    chunk that crosses it keeps its text's end (whole characters, and then no name: what the
+    layout writes before the kept text is dropped with it) or, its text whole, its name's end;
+    older chunks are left out, and so is every chunk before the last ``room`` (each is a token
+    at least: its separator). Pure."""
+    sep = fim.sep is not None
+    left = budget - (len(REPO) if fim.rep is not None else 0) - (len(CURRENT_FILE) if sep else 0)
+    line = 1 if sep else len(SNIPPET)  # a chunk's bytes besides its text and name: the name's "\n"
     out: list[Extra] = []
-    for chunk in reversed(extra):
-        out.append(chunk)
-        keep -= len(chunk.text.encode("utf-8"))  # texts only: a filename may not reach the prompt
-        if keep <= 0:
+    for chunk in reversed(extra[max(0, len(extra) - room):] if room > 0 else []):
+        if left < line:
+            break
+        text = tail_bytes(chunk.text, left - line)
+        left -= line + len(text.encode("utf-8"))
+        cut = len(text) < len(chunk.text)
+        name = chunk.filename if not sep else "" if cut else tail_bytes(chunk.filename, left)
+        if sep:
+            left -= len(name.encode("utf-8"))
+            cut = cut or len(name) < len(chunk.filename)
+        out.append(Extra(name, text) if cut else chunk)
+        if cut:
             break
     return out[::-1]
 
 
 def tail_bytes(text: str, keep: int) -> str:
-    """The end of ``text``, at most about ``keep`` bytes of it (whole characters): a prefix far
-    longer than what ``layout`` keeps of it need not be tokenized whole."""
+    """The end of ``text``, at most ``keep`` bytes of it (whole characters): a prefix far
+    longer than what ``layout`` keeps of it need not be tokenized whole. ``text`` itself where
+    it holds no more."""
     data = text.encode("utf-8")
-    return text if len(data) <= keep else data[-keep:].decode("utf-8", "ignore")
+    return text if len(data) <= keep else data[len(data) - max(0, keep):].decode("utf-8", "ignore")
 
 
 def head_bytes(text: str, keep: int) -> str:
-    """The start of ``text``, at most about ``keep`` bytes of it (whole characters)."""
+    """The start of ``text``, at most ``keep`` bytes of it (whole characters)."""
     data = text.encode("utf-8")
-    return text if len(data) <= keep else data[:keep].decode("utf-8", "ignore")
+    return text if len(data) <= keep else data[:max(0, keep)].decode("utf-8", "ignore")

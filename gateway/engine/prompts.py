@@ -75,30 +75,37 @@ class Prompts:
     def infill(self, req: ipc.GenerationRequest) -> PromptTokens:
         """A fill-in-the-middle prompt: ``prompt`` before the cursor, ``suffix`` after it, the
         extra files before both, in the model's FIM tokens (``infill.layout``, llama-server's
-        layout). A vocabulary without them is a 400 naming the suffix's field. Texts far longer
-        than what the layout keeps of them are cut (by bytes) before tokenizing."""
+        layout). A vocabulary without them is a 400 naming the suffix's field. What the layout
+        cannot keep is cut (by bytes) before tokenizing: the prefix, the suffix, and the extra
+        files (``infill.recent``: names and texts together), each to (the tokens the layout keeps
+        of it + ``infill.MARGIN``) times the vocabulary's longest piece in bytes."""
         vocab, fim = self.vocab, self.vocab.fim
         if missing := fim.missing():
             raise Refused(400, f"model {self.model.params.name!r} cannot fill in the middle: its vocabulary has no "
                                f"FIM {', '.join(missing)} token (tokenizer.ggml.fim_*_token_id); leave out "
                                f"`{req.suffix_param}` for a plain completion", req.suffix_param, "fim_not_supported")
         self.check_fits(req.infill_prompt, "prompt")
-        n_batch = self.model.cp.n_batch
-        chars = max(len(req.prompt or ""), len(req.suffix or ""), sum(len(e["text"]) for e in req.infill_extra))
-        # a text of at most this many bytes is never cut (a char is at most 4 bytes), and the
-        # vocabulary's scan for its longest piece is spared
-        longest = vocab.longest_piece() if 4 * chars > min(n_batch, self.n_ctx) else 1
+        n_batch, n_predict = self.model.cp.n_batch, -1 if req.max_tokens is None else req.max_tokens
+        room = infill.extra_room(self.n_ctx, n_batch, n_predict)  # tokens of the extra context kept at most
+        extra = [infill.Extra(e.get("filename", "tmp"), e["text"]) for e in req.infill_extra]
+        # Cut at more bytes than the kept tokens can stand for (MARGIN: a cut may split a token),
+        # so the model reads the same prompt. Texts of at most the kept tokens' count in bytes
+        # are never cut (a character is at most 4 bytes), nor is anything kept where no extra
+        # context is: the vocabulary's scan is spared there.
+        side_bytes = 4 * max(len(req.prompt or ""), len(req.suffix or ""))
+        extra_bytes = 4 * sum(len(e.filename) + len(e.text) + len(infill.SNIPPET) for e in extra) \
+            + len(infill.REPO) + len(infill.CURRENT_FILE)
+        longest = vocab.longest_piece() if side_bytes > n_batch or extra_bytes > room > 0 else 1
 
         def plain(text: str) -> list[int]:  # a caller's code: special tokens written in it stay text
             return vocab.tokenize(text, add_special=False, parse_special=False)
 
-        keep = (n_batch + 8) * longest  # more bytes than the layout's share of a batch can hold
-        extra = infill.recent([infill.Extra(e.get("filename", "tmp"), e["text"]) for e in req.infill_extra],
-                              (self.n_ctx + 8) * longest)
+        keep = (n_batch + infill.MARGIN) * longest  # more bytes than the layout's share of a batch can hold
+        extra = infill.recent(fim, extra, room, (room + infill.MARGIN) * longest)
         prefix, suffix = infill.tail_bytes(req.prompt or "", keep), infill.head_bytes(req.suffix or "", keep)
         tokens = infill.layout(
             fim, plain, plain(prefix), plain(suffix), vocab.tokenize(req.infill_prompt, add_special=False), extra,
-            n_batch=n_batch, n_predict=-1 if req.max_tokens is None else req.max_tokens, n_ctx=self.n_ctx,
+            n_batch=n_batch, n_predict=n_predict, n_ctx=self.n_ctx,
             bos=vocab.bos if vocab.add_bos and vocab.bos >= 0 else None, spm=self.model.params.spm_infill)
         return PromptTokens(tokens, req.infill_prompt[-PROMPT_TAIL:])
 

@@ -39,6 +39,9 @@ class Observation:
     started: float = field(default_factory=time.monotonic)
     model: str = "-"
     principal: str = "anonymous"
+    # a digest of the API key that asked (``OWNER``), for the page's own-requests filter only:
+    # two keys may share a name; never in the event, which is logged
+    owner: str | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0
     # where the cached tokens came from: slot (the slot's own cache), ram (the prompt cache in

@@ -1,9 +1,9 @@
 """What the dashboard draws, from the gateway's own requests (no Prometheus needed): per-model
 counts in short intervals over the last minutes, and the last inference events.
 
-``Live.record`` takes each inference event as ``events.Observation.event`` makes it (the
-observe middleware calls it once per request); ``series`` and ``recent`` are what the page's
-live stream sends. Plain data in, plain data out: tests call it with events and a clock.
+``Live.record`` takes each inference event as ``events.Observation.event`` makes it, with who
+owns it (the observe middleware calls it once per request); ``series`` and ``recent`` are what
+the page's live stream sends. Plain data in, plain data out: tests call it with events and a clock.
 """
 
 from __future__ import annotations
@@ -20,13 +20,14 @@ class Live:
     def __init__(self, interval: float = 5.0, points: int = 120, recent: int = 50):
         self.interval = interval  # seconds one point covers
         self.points: deque[tuple[float, dict[str, dict[str, float]]]] = deque(maxlen=points)  # oldest first
-        self.events: deque[dict[str, Any]] = deque(maxlen=recent)  # newest last
+        # newest last, each with its owner (``events.OWNER``: a digest of the key that asked)
+        self.events: deque[tuple[str | None, dict[str, Any]]] = deque(maxlen=recent)
 
-    def record(self, event: dict[str, Any]) -> None:
-        """One inference event (``time`` in epoch seconds)."""
+    def record(self, event: dict[str, Any], owner: str | None = None) -> None:
+        """One inference event (``time`` in epoch seconds), asked for by ``owner`` (None: no key)."""
         if event.get("endpoint") in NOT_INFERENCE:
             return
-        self.events.append(event)
+        self.events.append((owner, event))
         start = math.floor(event["time"] / self.interval) * self.interval
         if not self.points or self.points[-1][0] < start:
             self.points.append((start, {}))
@@ -48,6 +49,7 @@ class Live:
         return {"interval_s": self.interval,
                 "points": [{"t": t, "models": models} for t, models in self.points if t >= since]}
 
-    def recent(self) -> list[dict[str, Any]]:
-        """The last inference events, newest first."""
-        return list(reversed(self.events))
+    def recent(self, *, owner: str | None = None, everyone: bool = False) -> list[dict[str, Any]]:
+        """The last inference events, newest first: those ``owner`` asked for, or with
+        ``everyone`` all of them (a gateway without keys). The owner itself is not in them."""
+        return [event for who, event in reversed(self.events) if everyone or (owner is not None and who == owner)]
