@@ -26,6 +26,18 @@ traceback, no worker failure, RSS at the end within --rss-bound-mib of the start
 hostile mode no hostile request answered other than expected and every stalled or idle
 socket closed by the server in time.
 
+--hostile also serves what a stranger's files do (issue 50): a models folder holding hostile
+GGUF headers (a tensor in layer 150,000,000, a block_count of 40,000,000, tens of KiB of
+unclosed `{{`, a template past its bound), models whose chat templates run away (an integer
+folded at compile time, loops whose output floods, a list that hoards memory), and a vision and
+an audio model that hostile clients send pictures and sounds whose headers lie or claim too much
+(a padded JPEG and a CgBI PNG of 16000x16000, sixteen legal 7680x4320 PNGs in one request, an
+MP3 of 17 minutes of silence, an MP3 whose Xing header claims hours). Its clients list and
+describe the hostile models (/models, /metrics, Ollama's /api/show) and ask them to answer.
+Meanwhile /health is asked every 100 ms; the checks hold its latency, the gateway's peak memory
+growth and every worker's peak memory (VmHWM) within --health-p99-ms / --health-max-ms,
+--gateway-peak-mib and --worker-peak-mib.
+
 --hostile-upstream (also only with the gateway it starts; with --hostile or alone) starts a
 loopback server that misbehaves as an upstream in each way we have seen one do harm (tests/hostile_upstream.py:
 endless embeddings, model lists and answers, a trickle, blank lines, empty data lines, keep-alive
@@ -185,6 +197,7 @@ class Hostile:
     body: Callable[[int], tuple[bytes, dict]]
     expect: frozenset[str]  # statuses that are right
     finishes: bool = False  # a 200 must end cleanly with finish_reason "stop"
+    method: str = "POST"  # a GET sends no body
 
 
 def _json(body: dict) -> tuple[bytes, dict]:
@@ -245,6 +258,117 @@ IDLE_MODES = {
     "endless_body": (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n"
                      b"Content-Type: application/json\r\n\r\n5\r\n{\"a\":\r\n", b"1\r\n \r\n", "408"),
 }
+# --- hostile files: model files, templates, pictures and sounds from strangers (issue 50) -------------
+STRANGERS = ("deep-layer", "huge-blocks", "unclosed-braces", "long-template")  # GGUF headers, by stem
+TEMPLATE_BOMBS = {  # a model -> its chat template, each stopped by the render's bounds (a 500)
+    "t-power": "{{ 9**(9**9) }}",  # folded at compile time, in one C call holding the GIL
+    "t-flood": "{% set s = 'x' * 20000 %}{% for a in s %}{% for b in s %}{{ s }}{% endfor %}{% endfor %}",
+    "t-hoard": "{% set ns = namespace(l=[]) %}{% set s = 'x' * 1000000 %}{% for i in range(100000) %}"
+               "{% set _ = ns.l.append(s[1:]) %}{% endfor %}",
+}
+MEDIA_MODELS = ("vl", "ear")  # a vision and an audio model: a random model with a random projector
+
+
+def write_hostile_files(d: Path) -> list[str]:
+    """The strangers' model files under ``d`` (discovered from ``d/strangers`` and ``d/media``);
+    the models.yaml entries of the template bombs."""
+    import shutil
+
+    import hostilegguf as hg
+    from helpers import tiny_projector, tiny_random_model
+
+    from gateway.models.ggufmeta import MAX_TEMPLATE_BYTES
+
+    folder = d / "strangers"
+    folder.mkdir()
+    hg.deep_layer_index(folder / "deep-layer.gguf")
+    hg.huge_block_count(folder / "huge-blocks.gguf")
+    hg.unclosed_template(folder / "unclosed-braces.gguf")
+    hg.unclosed_template(folder / "long-template.gguf", size=MAX_TEMPLATE_BYTES + 1)
+    for model in MEDIA_MODELS:
+        (d / "media" / model).mkdir(parents=True)
+        shutil.copy(tiny_random_model("qwen2", seed=1), d / "media" / model / f"{model}.gguf")
+        (d / "media" / model / f"mmproj-{model}-f16.gguf").symlink_to(tiny_projector(64, audio=model == "ear"))
+    for name, template in TEMPLATE_BOMBS.items():
+        tm.plain(d / f"{name}.gguf", chat_template=template)
+    return [f"  {name}: {d}/{name}.gguf\n" for name in TEMPLATE_BOMBS]
+
+
+def _media(model: str, parts: list[tuple[str, bytes]]) -> Callable[[int], tuple[bytes, dict]]:
+    """A chat request to ``model`` with pictures (``png``, ``jpeg``) and sounds (``mp3``), each sent
+    as base64 in its part; the body is made once."""
+    import base64
+
+    content: list[dict] = [{"type": "text", "text": "What is it?"}]
+    for kind, data in parts:
+        b64 = base64.b64encode(data).decode()
+        content.append({"type": "input_audio", "input_audio": {"data": b64, "format": kind}} if kind == "mp3" else
+                       {"type": "image_url", "image_url": {"url": f"data:image/{kind};base64,{b64}"}})
+    body = json.dumps({"model": model, "max_tokens": 2, "messages": [{"role": "user", "content": content}]}).encode()
+    return lambda n: (body, {})
+
+
+def _legal_8k_png() -> bytes:
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (7680, 4320), (40, 120, 200)).save(out, format="PNG")
+    return out.getvalue()
+
+
+def hostile_file_kinds() -> tuple[Hostile, ...]:
+    """The requests that reach the strangers' files, each with the answers right for it."""
+    import hostile_media as hm
+
+    big = _legal_8k_png()
+    ok, refused, failed, template = frozenset({"200"}), frozenset({"400"}), frozenset({"503"}), frozenset({"500"})
+    return (
+        Hostile("files/models", "/models", lambda n: (b"", {}), ok, method="GET"),
+        Hostile("files/metrics", "/metrics", lambda n: (b"", {}), ok, method="GET"),
+        Hostile("files/tags", "/api/tags", lambda n: (b"", {}), ok, method="GET"),
+        *(Hostile(f"files/show/{m}", "/api/show", lambda n, m=m: _json({"model": m}), ok) for m in STRANGERS),
+        *(Hostile(f"files/chat/{m}", CHAT, lambda n, m=m: _json({"model": m, "messages": HI}), failed)
+          for m in STRANGERS),
+        *(Hostile(f"files/template/{m}", CHAT, lambda n, m=m: _json({"model": m, "messages": HI}), template)
+          for m in TEMPLATE_BOMBS),
+        Hostile("files/jpeg_padded_16000", CHAT, _media("vl", [("jpeg", hm.jpeg(16000, 16000, padding=b"\x00"))]),
+                refused),
+        Hostile("files/png_cgbi_16000", CHAT, _media("vl", [("png", hm.png(16000, 16000, cgbi=True))]), refused),
+        Hostile("files/png_8k_x16", CHAT, _media("vl", [("png", big)] * 16), refused),
+        Hostile("files/png_8k_x2", CHAT, _media("vl", [("png", big)] * 2), ok),  # legal: decoded one at a time
+        Hostile("files/mp3_silence_1000s", CHAT, _media("ear", [("mp3", hm.silent_mp3(1000))]), refused),
+        Hostile("files/mp3_xing_hours", CHAT, _media("ear", [("mp3", hm.xing_mp3(1 << 20))]), refused),
+    )
+
+
+def worker_peaks(url: str) -> dict[str, float]:
+    """Each loaded local model's worker's peak resident memory (VmHWM), in MiB, by model."""
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/models", timeout=30) as r:
+        rows = json.loads(r.read())["data"]
+    out = {}
+    for row in rows:
+        if row.get("pid"):
+            with contextlib.suppress(OSError, StopIteration):
+                with open(f"/proc/{row['pid']}/status") as f:
+                    kib = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+                out[row["id"]] = round(kib / 1024, 1)
+    return out
+
+
+def reset_worker_peaks(url: str) -> None:
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/models", timeout=30) as r:
+        for row in json.loads(r.read())["data"]:
+            if row.get("pid"):
+                with contextlib.suppress(OSError):
+                    Path(f"/proc/{row['pid']}/clear_refs").write_text("5")  # VmHWM back to VmRSS
+
+
 DRIP_SECONDS = 1.0  # under header_timeout, so each slow socket does send again before its close
 SLACK_SECONDS = 3.0  # the server's sweep runs once a second; the rest is for a busy 2-core machine
 
@@ -254,7 +378,10 @@ class HostileOptions:
     stalled: int = 4
     idle: int = 200
     clients: int = 2
+    worker_peak_mib: float = 768.0  # each worker's peak (VmHWM): one 8K picture decoded is about 200 MiB
     limits: dict = field(default_factory=lambda: dict(HOSTILE_LIMITS))
+    kinds: tuple[Hostile, ...] = HOSTILE  # with the hostile files' (``hostile_file_kinds``) in a full run
+    files: bool = False  # the strangers' model files are served (``write_hostile_files``)
 
     def idle_bound(self, mode: str) -> float:
         """Seconds an idle socket in ``mode`` may stay open: its timeouts and a slack. A chunked body
@@ -304,8 +431,8 @@ async def hostile_request(session: aiohttp.ClientSession, url: str, kind: Hostil
     data, headers = kind.body(next(hs.serial))
     hs.sent[kind.name] += 1
     try:
-        async with session.post(url + kind.path, data=data,
-                                headers={"Content-Type": "application/json", **headers}) as r:
+        async with session.request(kind.method, url + kind.path, data=data if kind.method == "POST" else None,
+                                   headers={"Content-Type": "application/json", **headers}) as r:
             text = await r.text()
             status = str(r.status)
             if r.status == 200 and kind.finishes and not ended_cleanly(r.content_type, text):
@@ -317,13 +444,14 @@ async def hostile_request(session: aiohttp.ClientSession, url: str, kind: Hostil
         hs.unexpected[kind.name][status] += 1
 
 
-async def hostile_client(url: str, hs: HostileStats, deadline: float, offset: int) -> None:
+async def hostile_client(url: str, hs: HostileStats, deadline: float, offset: int,
+                         kinds: tuple[Hostile, ...] = HOSTILE) -> None:
     timeout = aiohttp.ClientTimeout(total=120)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         for i in itertools.count(offset):  # each client starts elsewhere in the list
             if time.monotonic() >= deadline:
                 return
-            await hostile_request(session, url, HOSTILE[i % len(HOSTILE)], hs)
+            await hostile_request(session, url, kinds[i % len(kinds)], hs)
 
 
 def established_server_side(port: int) -> set[int]:
@@ -502,7 +630,7 @@ def hostile_actors(url: str, opts: HostileOptions, hs: HostileStats, deadline: f
     server = ServerSide(port)
     modes = list(IDLE_MODES)
     return [
-        *(hostile_client(url, hs, deadline, i * 5) for i in range(opts.clients)),
+        *(hostile_client(url, hs, deadline, i * 5, opts.kinds) for i in range(opts.clients)),
         *(until(deadline, stalled_reader(host, port, opts, hs, server)) for _ in range(opts.stalled)),
         *(until(deadline, idle_socket(host, port, modes[i % len(modes)], opts, hs, i * 0.005))
           for i in range(opts.idle)),
@@ -524,7 +652,7 @@ def hostile_report(hs: HostileStats, opts: HostileOptions) -> dict:
         "hostile_clients": opts.clients,
         "hostile_sent": dict(sorted(hs.sent.items())),
         "hostile_statuses": {k: dict(v) for k, v in sorted(hs.statuses.items())},
-        "hostile_expected": {k.name: sorted(k.expect) for k in HOSTILE},
+        "hostile_expected": {k.name: sorted(k.expect) for k in opts.kinds},
         "hostile_unexpected": unexpected,
         "hostile_5xx": sum(n for v in hs.unexpected.values() for s, n in v.items() if s.startswith("5")),
         "stalled_readers": {
@@ -677,9 +805,23 @@ def percentile(values: list[float], q: float) -> float | None:
     return v[min(len(v) - 1, int(q * len(v)))] if v else None
 
 
-def upstream_report(hs: HostileStats, opts: UpstreamOptions, watch, upstream) -> dict:
-    names = {k.name for k in UPSTREAM_KINDS}
+def watch_report(watch, opts: UpstreamOptions) -> dict:
+    """/health's latency and the gateway's peak memory over the run, with their bounds."""
     ms = [x * 1000 for x in watch.latencies]
+    return {
+        "health_latency_ms": {"n": len(ms), "failures": watch.failures,
+                              **{k: round(percentile(ms, q) or 0, 1) for k, q in (("p50", 0.5), ("p99", 0.99),
+                                                                                  ("max", 1.0))},
+                              "p99_bound": opts.health_p99_ms, "max_bound": opts.health_max_ms},
+        "gateway_rss_start_mib": round(watch.start / 2**20, 1),
+        "gateway_peak_mib": round(watch.peak / 2**20, 1),
+        "gateway_peak_growth_mib": round(watch.grew_mib, 1),
+        "gateway_peak_bound_mib": opts.peak_mib,
+    }
+
+
+def upstream_report(hs: HostileStats, opts: UpstreamOptions, upstream) -> dict:
+    names = {k.name for k in UPSTREAM_KINDS}
     return {
         "upstream_clients": opts.clients,
         "upstream_sent": {k: v for k, v in sorted(hs.sent.items()) if k in names},
@@ -689,14 +831,6 @@ def upstream_report(hs: HostileStats, opts: UpstreamOptions, watch, upstream) ->
         # answers the hostile upstream was still writing 5 s after the run (the gateway still reading them)
         "upstream_still_read": upstream.wait_closed(timeout=5.0),
         "upstream_redirects_followed": upstream.stats()["sink"],
-        "health_latency_ms": {"n": len(ms), "failures": watch.failures,
-                              **{k: round(percentile(ms, q) or 0, 1) for k, q in (("p50", 0.5), ("p99", 0.99),
-                                                                                  ("max", 1.0))},
-                              "p99_bound": opts.health_p99_ms, "max_bound": opts.health_max_ms},
-        "gateway_rss_start_mib": round(watch.start / 2**20, 1),
-        "gateway_peak_mib": round(watch.peak / 2**20, 1),
-        "gateway_peak_growth_mib": round(watch.grew_mib, 1),
-        "gateway_peak_bound_mib": opts.peak_mib,
     }
 
 
@@ -711,7 +845,7 @@ async def worker_failures(url: str) -> int | None:
 
 async def run(url: str, models: list[str], clients: int, seconds: float, pid: int | None,
               hostile: HostileOptions | None = None, upstream=None,
-              upstream_opts: UpstreamOptions | None = None) -> dict:
+              upstream_opts: UpstreamOptions | None = None, bounds: UpstreamOptions | None = None) -> dict:
     stats, hs = Stats(), HostileStats()
     rss_start = rss_tree(pid) if pid else None
     deadline = time.monotonic() + seconds
@@ -726,7 +860,10 @@ async def run(url: str, models: list[str], clients: int, seconds: float, pid: in
     actors = hostile_actors(url, hostile, hs, deadline) if hostile else []
     if upstream_opts is not None:
         actors += [upstream_client(url, hs, deadline, i) for i in range(upstream_opts.clients)]
-    watch = Watch(url, pid, every=0.1) if upstream_opts is not None and pid else None
+    watched = upstream_opts is not None or (hostile is not None and hostile.files)
+    watch = Watch(url, pid, every=0.1) if watched and pid else None
+    if hostile is not None and hostile.files:
+        reset_worker_peaks(url)
     with watch or contextlib.nullcontext():
         await asyncio.gather(sample_memory(), *(client_loop(url, models, stats, deadline, i) for i in range(clients)),
                              *actors)
@@ -750,9 +887,14 @@ async def run(url: str, models: list[str], clients: int, seconds: float, pid: in
     }
     if hostile:
         report.update(hostile_report(hs, hostile))
-    report["hostile_upstream"] = watch is not None
-    if watch is not None and upstream_opts is not None:
-        report.update(upstream_report(hs, upstream_opts, watch, upstream))
+    report["hostile_upstream"] = upstream_opts is not None and watch is not None
+    if watch is not None:
+        report.update(watch_report(watch, bounds or upstream_opts or UpstreamOptions()))
+    if report["hostile_upstream"] and upstream_opts is not None:
+        report.update(upstream_report(hs, upstream_opts, upstream))
+    if hostile is not None and hostile.files:
+        report["worker_peak_mib"] = worker_peaks(url)
+        report["worker_peak_bound_mib"] = hostile.worker_peak_mib
     return report
 
 
@@ -767,16 +909,22 @@ def checks(report: dict, rss_bound_mib: float, own_server: bool) -> dict[str, bo
         "no_worker_failures": report["worker_failures"] == 0 or (not own_server and report["worker_failures"] is None),
         "rss_bound_ok": start is None or end is None or end <= start + rss_bound_mib,
     }
-    if report.get("hostile_upstream"):
+    if "health_latency_ms" in report:
         health = report["health_latency_ms"]
         out.update({
-            "upstream_all_as_expected": not report["upstream_unexpected"],
-            "upstream_reads_end": report["upstream_still_read"] == 0,
-            "upstream_redirects_not_followed": report["upstream_redirects_followed"] == 0,
             "health_latency_ok": health["n"] > 0 and not health["failures"] and
             health["p99"] <= health["p99_bound"] and health["max"] <= health["max_bound"],
             "gateway_peak_ok": report["gateway_peak_growth_mib"] <= report["gateway_peak_bound_mib"],
         })
+    if report.get("hostile_upstream"):
+        out.update({
+            "upstream_all_as_expected": not report["upstream_unexpected"],
+            "upstream_reads_end": report["upstream_still_read"] == 0,
+            "upstream_redirects_not_followed": report["upstream_redirects_followed"] == 0,
+        })
+    if "worker_peak_mib" in report:
+        out["worker_peak_ok"] = bool(report["worker_peak_mib"]) and \
+            max(report["worker_peak_mib"].values()) <= report["worker_peak_bound_mib"]
     if report["hostile"]:
         stalled, idle = report["stalled_readers"], report["idle_sockets"]
         out.update({
@@ -808,7 +956,8 @@ def raise_fd_limit(need: int) -> int:
         return soft
 
 
-def write_config(d: Path, threads: int | None, hostile: HostileOptions | None, upstream=None) -> Path:
+def write_config(d: Path, threads: int | None, hostile: HostileOptions | None, upstream=None,
+                 extra: list[str] = []) -> Path:  # noqa: B006 (never changed)
     per_model: dict[str, str] = {m: f"    path: {d}/{m}.gguf\n" for m in ("plain", "thinker", "loop")}
     if threads:
         per_model = {m: t + f"    n_threads: {threads}\n" for m, t in per_model.items()}
@@ -817,10 +966,12 @@ def write_config(d: Path, threads: int | None, hostile: HostileOptions | None, u
         server += "".join(f"  {k}: {v}\n" for k, v in hostile.limits.items())
         per_model["plain"] += "    n_ctx: 1024\n"  # a 400 KB prompt is then refused by its size
         per_model["loop"] += f"    n_ctx: {LOOP_N_CTX}\n"  # room for a stalled reader's long answer
-    entries = ""
+        if hostile.files:  # the strangers' files found in their folders, and every model kept loaded
+            server += f"  models_dirs: [{d}/strangers, {d}/media]\n  max_loaded_models: 0\n"
+    entries = "".join(extra)
     if upstream is not None:
         server += f"  request_timeout: {UPSTREAM_REQUEST_TIMEOUT}\n  upstream_check_seconds: 1\n"
-        entries = upstream_entries(upstream)
+        entries += upstream_entries(upstream)
     cfg = d / "models.yaml"
     cfg.write_text(server + "models:\n" + "".join(f"  {m}:\n{t}" for m, t in per_model.items()) + entries)
     return cfg
@@ -844,12 +995,17 @@ def main(argv: list[str] | None = None) -> int:
                    help="serve a loopback upstream that misbehaves, and run clients against it")
     p.add_argument("--upstream-clients", type=int, default=len(UPSTREAM_KINDS),
                    help="clients of the hostile upstream's entries (default: one to begin with each way)")
+    p.add_argument("--no-hostile-files", action="store_true",
+                   help="with --hostile: leave out the strangers' model files, templates, pictures and sounds")
     p.add_argument("--health-p99-ms", type=float, default=UpstreamOptions.health_p99_ms,
-                   help="/health's p99 bound (with --hostile-upstream)")
+                   help="/health's p99 bound (with --hostile-upstream, or --hostile and its files)")
     p.add_argument("--health-max-ms", type=float, default=UpstreamOptions.health_max_ms,
-                   help="/health's slowest answer's bound (with --hostile-upstream)")
-    p.add_argument("--upstream-peak-mib", type=float, default=UpstreamOptions.peak_mib,
-                   help="most the gateway process's peak memory may grow (with --hostile-upstream)")
+                   help="/health's slowest answer's bound (with --hostile-upstream, or --hostile and its files)")
+    p.add_argument("--gateway-peak-mib", "--upstream-peak-mib", type=float, default=UpstreamOptions.peak_mib,
+                   help="most the gateway process's peak memory may grow (with --hostile-upstream, or --hostile "
+                        "and its files)")
+    p.add_argument("--worker-peak-mib", type=float, default=HostileOptions.worker_peak_mib,
+                   help="most any worker's peak memory may be (with --hostile and its files)")
     args = p.parse_args(argv)
     hostile = None
     if args.hostile_upstream:
@@ -858,8 +1014,8 @@ def main(argv: list[str] | None = None) -> int:
                     "starts, and its peak memory is read from /proc); it cannot be used with --url")
         if not os.path.exists("/proc/self/clear_refs"):
             p.error("--hostile-upstream needs Linux's /proc/<pid>/clear_refs to measure the gateway's peak memory")
-    upstream_opts = UpstreamOptions(args.upstream_clients, args.health_p99_ms, args.health_max_ms,
-                                    args.upstream_peak_mib) if args.hostile_upstream else None
+    bounds = UpstreamOptions(args.upstream_clients, args.health_p99_ms, args.health_max_ms, args.gateway_peak_mib)
+    upstream_opts = bounds if args.hostile_upstream else None
     if args.hostile:
         if args.url:
             p.error("--hostile starts its own gateway (scripted models, short limits, its sockets read from "
@@ -873,7 +1029,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"needs {sockets + 64} open files; lower --idle or raise `ulimit -n`")
     if args.hostile:
         limits = {**HOSTILE_LIMITS, "max_connections": max(512, sockets + 64)}
-        hostile = HostileOptions(stalled=args.stalled, idle=args.idle, clients=args.hostile_clients, limits=limits)
+        files = not args.no_hostile_files
+        hostile = HostileOptions(stalled=args.stalled, idle=args.idle, clients=args.hostile_clients, limits=limits,
+                                 worker_peak_mib=args.worker_peak_mib, files=files,
+                                 kinds=HOSTILE + (hostile_file_kinds() if files else ()))
     if args.url:
         host = args.url.split("//", 1)[-1].split(":")[0].split("/")[0]
         if host not in ("127.0.0.1", "localhost", "::1", "[::1]") and not host.startswith("127."):
@@ -888,16 +1047,18 @@ def main(argv: list[str] | None = None) -> int:
             tm.plain(d / "plain.gguf", ["Hello", ",", " world", "!"])
             tm.thinking(d / "thinker.gguf", "Let me think about it.", "The answer is 4.")
             tm.endless(d / "loop.gguf", [" tick", " tock"])
-            cfg = write_config(d, args.threads, hostile, upstream)
+            files = hostile is not None and hostile.files
+            cfg = write_config(d, args.threads, hostile, upstream, write_hostile_files(d) if files else [])
+            loaded = ["plain", "thinker", "loop", *((*TEMPLATE_BOMBS, *MEDIA_MODELS) if files else ())]
             with ServerProcess("--config", str(cfg), "--log-level", "warning", env={"HOME": tmp}) as srv:
-                for m in ("plain", "thinker", "loop"):  # load all three before measuring memory
+                for m in loaded:  # every model that loads, loaded before memory is measured
                     srv.get("/health")
                     import urllib.request
 
                     urllib.request.urlopen(urllib.request.Request(
                         srv.url + "/models/load", data=json.dumps({"model": m}).encode())).read()
                 report = asyncio.run(run(srv.url, ["plain", "thinker", "loop"], args.clients, args.seconds,
-                                         srv.proc.pid, hostile, upstream, upstream_opts))
+                                         srv.proc.pid, hostile, upstream, upstream_opts, bounds))
                 code, log = srv.stop()
                 report["server_exit_code"] = code
                 report["server_tracebacks"] = log.count("Traceback")
