@@ -16,6 +16,7 @@ from typing import Any
 
 from ..backends.upstream_wire.fill import FIM_FORWARDED
 from ..base.errors import ApiError, InvalidRequest
+from ..engine import infill
 from ..engine.ipc import GenerationRequest
 from .answer import Finish
 from .params import SAMPLING, Parsed, read_sampling, read_stops, shown
@@ -153,7 +154,7 @@ def extra_budget(info: dict[str, Any], max_tokens: int | None) -> int | None:
     if type(n_ctx) is not int or type(n_batch) is not int:
         return None
     n_predict = -1 if max_tokens is None else max_tokens
-    return (max(0, n_ctx - n_batch - 2 * n_predict) + 8) * MAX_TOKEN_BYTES
+    return (infill.extra_room(n_ctx, n_batch, n_predict) + infill.MARGIN) * MAX_TOKEN_BYTES
 
 
 def trim_extra(extra: list[dict[str, str]], budget: int) -> list[dict[str, str]]:
