@@ -117,9 +117,11 @@ async def test_exact_outputs_are_unchanged_by_batching(client, files):
 
 async def test_a_fast_models_tokens_go_out_in_groups_within_the_stream_interval(client):
     # an interval long beside what a busy machine's scheduler delays a process by (tens of
-    # milliseconds), so the gaps told apart below are the interval's, not the machine's
+    # milliseconds), so the gaps told apart below are the interval's, not the machine's; and one
+    # decoding thread: beside other busy processes, two threads meeting at llama.cpp's barrier
+    # each step waited for each other's time slices (a token every 100-200 ms, then nothing to group)
     interval = 0.3
-    c = await client(server=f"  stream_interval_ms: {int(interval * 1000)}\n")
+    c = await client(loop="    n_threads: 1\n", server=f"  stream_interval_ms: {int(interval * 1000)}\n")
     r = await c.post("/v1/chat/completions", json=chat(3000))
     times = await stream_times(r)
     assert len(times) == 3000  # every token is still its own chunk
