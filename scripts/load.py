@@ -74,7 +74,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
 import aiohttp  # noqa: E402
-from hostile_upstream import FLOOD_TEXT, HostileUpstream, Watch  # noqa: E402
+from hostile_upstream import FLOOD_TEXT, HostileUpstream, Watch, peak_rss, reset_peak  # noqa: E402
 
 from gateway.backends import upstream_wire as wire  # noqa: E402
 from gateway.engine.ipc import GenerationRequest  # noqa: E402
@@ -352,10 +352,8 @@ def worker_peaks(url: str) -> dict[str, float]:
     out = {}
     for row in rows:
         if row.get("pid"):
-            with contextlib.suppress(OSError, StopIteration):
-                with open(f"/proc/{row['pid']}/status") as f:
-                    kib = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
-                out[row["id"]] = round(kib / 1024, 1)
+            with contextlib.suppress(OSError, KeyError):
+                out[row["id"]] = round(peak_rss(row["pid"]) / 2**20, 1)
     return out
 
 
@@ -365,8 +363,8 @@ def reset_worker_peaks(url: str) -> None:
     with urllib.request.urlopen(url + "/models", timeout=30) as r:
         for row in json.loads(r.read())["data"]:
             if row.get("pid"):
-                with contextlib.suppress(OSError):
-                    Path(f"/proc/{row['pid']}/clear_refs").write_text("5")  # VmHWM back to VmRSS
+                with contextlib.suppress(OSError, KeyError):
+                    reset_peak(row["pid"])
 
 
 DRIP_SECONDS = 1.0  # under header_timeout, so each slow socket does send again before its close

@@ -20,6 +20,7 @@ import urllib.request
 
 import pytest
 from helpers import ServerProcess, request, run_cli
+from hostile_upstream import peak_rss
 from hostilegguf import deep_layer_index, huge_block_count, unclosed_template
 
 from gateway.models import testmodels as tm
@@ -88,12 +89,6 @@ def first_live_snapshot(url: str) -> dict:
     raise AssertionError("the live stream sent no snapshot")
 
 
-def vm_hwm(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        (line,) = [x for x in f if x.startswith("VmHWM:")]
-    return int(line.split()[1]) * 1024
-
-
 @pytest.mark.slow
 def test_the_gateway_refuses_hostile_files_and_stays_responsive_and_small(folder, tmp_path):
     with ServerProcess("--config", config(folder, tmp_path)) as srv:
@@ -131,7 +126,7 @@ def test_the_gateway_refuses_hostile_files_and_stays_responsive_and_small(folder
             beat.stop()
         assert not beat.failures, beat.failures[:3]
         assert beat.slowest < HEALTH_SECONDS, f"/health took {beat.slowest:.2f} s"
-        peak = vm_hwm(srv.proc.pid)
+        peak = peak_rss(srv.proc.pid)
         assert peak < PEAK_RSS, f"the gateway peaked at {peak / 2**20:.0f} MiB"
         code, log = srv.stop()
     assert code == 0 and "Traceback" not in log, log[-3000:]

@@ -13,6 +13,7 @@ import time
 
 import pytest
 from helpers import ServerProcess, request
+from hostile_upstream import peak_rss
 
 from gateway.models import testmodels as tm
 from gateway.text import templatebounds
@@ -62,8 +63,7 @@ def worker(srv, model: str) -> int:
 
 def peak_mib(pid: int) -> float:
     """The process's peak resident memory (VmHWM)."""
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+    return peak_rss(pid) / 2**20
 
 
 def completes(srv, model: str) -> None:

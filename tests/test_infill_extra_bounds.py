@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 from helpers import ServerProcess, request, tiny_random_model
+from hostile_upstream import peak_rss
 
 from gateway.engine import infill
 from gateway.engine.infill import Extra, FimTokens
@@ -211,11 +212,6 @@ def test_recent_cuts_the_crossing_chunk_to_its_texts_end():
 
 # --- against the real server ------------------------------------------------------------------
 
-def rss_peak(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM"))
-
-
 @pytest.mark.slow
 def test_a_huge_extra_context_is_cut_before_the_worker_reads_it(tmp_path):
     """On llama.cpp's real StarCoder vocabulary: the answer is the one its chunk's end alone
@@ -229,12 +225,12 @@ def test_a_huge_extra_context_is_cut_before_the_worker_reads_it(tmp_path):
         status, want = request(srv.url + "/infill", {**base, "input_extra": small})[:2]
         assert status == 200, want
         pid = srv.get("/health")[1]["workers"]["star"]
-        before = rss_peak(pid)
+        before = peak_rss(pid)
         status, got = request(srv.url + "/infill", {**base, "input_extra": [
             {"filename": "big.py", "text": CODE * (4 * 2**20 // len(CODE))}]})[:2]
         assert status == 200, got
         assert (got["content"], got["tokens_evaluated"]) == (want["content"], want["tokens_evaluated"])
-        assert rss_peak(pid) - before < 64 * 2**20  # tokenizing the whole 4 MB took some hundreds of MiB
+        assert peak_rss(pid) - before < 64 * 2**20  # tokenizing the whole 4 MB took some hundreds of MiB
         names = [{"filename": f"{i:04d}" + "f" * 1020, "text": "y = 2\n"} for i in range(1024)]
         status, whole = request(srv.url + "/infill", {**base, "input_extra": names})[:2]
         status2, last = request(srv.url + "/infill", {**base, "input_extra": names[-500:]})[:2]

@@ -17,6 +17,7 @@ from pathlib import Path
 import hostile_media as h
 import pytest
 from helpers import ServerProcess, request, tiny_projector, tiny_random_model
+from hostile_upstream import peak_rss, reset_peak
 from PIL import Image
 
 pytestmark = pytest.mark.slow
@@ -37,13 +38,6 @@ def worker_pids(server: ServerProcess) -> list[int]:
     return out
 
 
-def status_kib(pid: int, key: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    raise KeyError(key)
-
-
 class Peak:
     """The workers' peak resident memory over a block, above where each stood at its start."""
 
@@ -53,15 +47,13 @@ class Peak:
     def __enter__(self) -> Peak:
         self.pids = worker_pids(self.server)
         assert self.pids
-        self.base = {pid: status_kib(pid, "VmRSS") for pid in self.pids}
-        for pid in self.pids:
-            Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM back to VmRSS
+        self.base = {pid: reset_peak(pid) for pid in self.pids}  # VmHWM back to VmRSS
         self.started = time.monotonic()
         return self
 
     def __exit__(self, *exc) -> None:
         self.seconds = time.monotonic() - self.started
-        self.bytes = max(status_kib(pid, "VmHWM") - self.base[pid] for pid in self.pids) * 1024
+        self.bytes = max(peak_rss(pid) - self.base[pid] for pid in self.pids)
 
 
 def serve(tmp_path: Path, **server) -> ServerProcess:
