@@ -15,7 +15,7 @@ from ..backends.replicas import ReplicaSet
 from ..models import memory
 from ..models.lifecycle import ModelState
 from ..server.events import PRINCIPAL
-from ..serving.registry import Registry
+from ..serving.registry import Registry, upstream_rows
 from ..wire.params import require_model
 from .appkeys import CONFIG, LIFECYCLE, METRICS, REGISTRY
 from .body import read_json_object
@@ -34,7 +34,7 @@ async def health(request: web.Request) -> web.Response:
                               "workers": {name: w.pid for name, w in sorted(registry.loaded().items())
                                           if w.pid is not None},
                               "worker_failures": registry.worker_failures,
-                              "upstreams": {name: state for name, state in registry.upstream_rows()},
+                              "upstreams": {name: state for name, state in upstream_rows(registry)},
                               "gpus": registry.devices.describe()},
                              status=503 if draining else 200)
 

@@ -158,7 +158,7 @@ def _scan_dir(root: Root, order: int) -> list[Found]:
 MAX_MANIFEST_BYTES = 1 << 20  # an Ollama manifest lists a few layers in about a kilobyte
 
 
-def _manifest(path: Path) -> dict:
+def read_manifest(path: Path) -> dict:
     """An Ollama manifest, read within ``MAX_MANIFEST_BYTES`` and parsed by the bounded parser
     (a store's file is another program's or a registry's text); raises ``ValueError``."""
     with open(path, "rb") as f:
@@ -184,7 +184,7 @@ def _scan_ollama(root: Root, order: int) -> list[Found]:
             if len(parts) != 4:
                 continue
             try:
-                data = _manifest(manifest)
+                data = read_manifest(manifest)
                 digest = next(layer["digest"] for layer in data.get("layers", [])
                               if layer.get("mediaType") == OLLAMA_MODEL_LAYER)
                 projector = next((root.path / "blobs" / str(layer["digest"]).replace(":", "-")

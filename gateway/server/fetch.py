@@ -35,30 +35,14 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import DefaultResolver
 from yarl import URL
 
+from ..base.addresses import forbidden, forbidden_text
 from ..base.errors import InvalidRequest
 
 MAX_REDIRECTS = 3
 USER_AGENT = "gguf-gateway"
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _PRIVATE_HINT = "(server.allow_remote_media_private allows it)"
-# IPv6 prefixes that carry an IPv4 address in their last 32 bits: RFC 6052's NAT64 prefix
-_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
-
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Refuse = Callable[[str], InvalidRequest]  # a reason -> the 400 that names the field and the URL
-
-
-def forbidden(ip: IPAddress) -> bool:
-    """Whether ``ip`` is an address a fetch must not reach: anything not publicly routable,
-    judged on the IPv4 address an IPv6 one embeds where it embeds one."""
-    if isinstance(ip, ipaddress.IPv6Address):
-        embedded = ip.ipv4_mapped or ip.sixtofour
-        if embedded is None and ip in _NAT64:
-            embedded = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
-        if embedded is not None:
-            return forbidden(embedded)
-    return (ip.is_loopback or ip.is_private or ip.is_link_local or ip.is_multicast
-            or ip.is_unspecified or ip.is_reserved or not ip.is_global)
 
 
 class ForbiddenAddress(OSError):
@@ -80,7 +64,7 @@ class GuardedResolver(AbstractResolver):
         found = await self._inner.resolve(host, port, family)
         if self.allow_private:
             return found
-        kept = [r for r in found if not _forbidden_text(r["host"])]
+        kept = [r for r in found if not forbidden_text(r["host"])]
         if not kept:
             raise ForbiddenAddress(f"{host} resolves only to private or loopback addresses")
         return kept
@@ -88,13 +72,6 @@ class GuardedResolver(AbstractResolver):
     async def close(self) -> None:
         if self._inner is not None:
             await self._inner.close()
-
-
-def _forbidden_text(host: str) -> bool:
-    try:
-        return forbidden(ipaddress.ip_address(host))
-    except ValueError:  # not an address at all: refuse rather than guess
-        return True
 
 
 def media_session(allow_private: bool) -> aiohttp.ClientSession:

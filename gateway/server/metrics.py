@@ -65,6 +65,10 @@ class Metrics:
         self.connections_closed = Counter(p + "connections_closed", "Connections this gateway closed or refused "
                                           "itself, by reason (header_timeout, keepalive_timeout, max_connections)",
                                           ["reason"], registry=r)
+        self.pull_bytes = Counter(p + "pull_bytes", "Bytes downloaded by pulls, by source (huggingface, ollama)",
+                                  ["source"], registry=r)
+        self.pulls = Counter(p + "pulls", "Pulls finished, by source and outcome (done, failed, cancelled)",
+                             ["source", "outcome"], registry=r)
         self.connections_open = Gauge(p + "connections_open", "Client connections open now", registry=r)
         info = Gauge(p + "build_info", "Versions of this gateway and what it runs on",
                      ["version", "python", "llama_cpp_python"], registry=r)

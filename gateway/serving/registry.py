@@ -34,6 +34,7 @@ from ..backends.replicas import ReplicaSet
 from ..backends.upstream_table import Upstreams
 from ..base.errors import ApiError, ModelNotFound
 from ..hardware.devices import Inventory
+from ..hub import pulls as hub
 from ..models import discovery, memory
 from ..models.catalog import DEMO_NAME, ModelCatalog, ensure_demo_model  # noqa: F401 (DEMO_NAME, ensure_demo_model: re-exported)
 from ..models.config import Config, ConfigError, ModelSpec, load_config, normalize_name
@@ -86,6 +87,9 @@ class Registry:
         self._retired: list[ModelSupervisor] = []  # replaced by a reload, still holding something
         self.worker_failures = 0  # backends that exited without being asked to
         self.metrics: Metrics | None = None  # when an app serves this registry
+        # models pulled by name from the hubs, into the stores discovery reads
+        self.pulls = hub.Pulls(lambda: hub.stores_for(self.config.server),
+                               refresh=lambda: asyncio.to_thread(self.catalog.refresh))
 
     @property
     def devices(self) -> Inventory:
@@ -105,10 +109,11 @@ class Registry:
     def found(self) -> dict[str, discovery.Found]:
         return self.catalog.found
 
-    def resolve(self, name: object, *, loaded_first: bool = True) -> ModelSpec | None:
+    def resolve(self, name: object, *, loaded_first: bool = True, tag_fallback: bool = True) -> ModelSpec | None:
         """A loaded (or loading) model by any of its names first, then the catalog's answer; a
-        ``name:tag`` that matched nothing tries ``name``; then models.yaml's glob aliases."""
-        keys = self.catalog.keys(name)
+        ``name:tag`` that matched nothing tries ``name`` (unless not ``tag_fallback``); then
+        models.yaml's glob aliases."""
+        keys = self.catalog.keys(name)[: None if tag_fallback else 1]
         for key in keys:
             for model in self._models.values() if loaded_first else ():
                 if model.state in _LIVE and key in map(normalize_name, model.spec.names):
@@ -120,12 +125,17 @@ class Registry:
                 return spec
         return None
 
-    async def lookup(self, name: object) -> ModelSpec:
-        """``resolve``, rescanning the stores once on a miss (at most every ``rescan_seconds``)."""
+    async def lookup(self, name: object, on_progress: Progress | None = None) -> ModelSpec:
+        """``resolve``, rescanning the stores once on a miss (at most every ``rescan_seconds``);
+        where ``server.pull_on_demand`` allows the name and no model has it exactly, pulled from
+        its hub first (``on_progress`` told the download's share done)."""
         spec = self.resolve(name)
         if spec is None and self.catalog.stale():
             await asyncio.to_thread(self.catalog.refresh)
             await self.upstreams.refresh(discover_only=True)
+            spec = self.resolve(name)
+        if isinstance(name, str) and self.resolve(name, tag_fallback=False) is None:
+            await self.pulls.on_demand(name, self.config.server, on_progress)  # where the server allows it
             spec = self.resolve(name)
         if spec is None:
             raise ModelNotFound(name if isinstance(name, str) else repr(name))
@@ -208,7 +218,7 @@ class Registry:
         model serves one of these, the wrong one is a 501 (``supervisor.refusal``: known from a
         local model's spec before any load, and checked against what the backend says it serves).
         ``embeddings=None``: any (tokenize)."""
-        spec = await self.lookup(name)
+        spec = await self.lookup(name, on_progress)
         kind = RERANK if rerank else {True: EMBEDDINGS, False: CHAT, None: TOKENIZE}[embeddings]
         if (refused := refusal(spec, kind)) is not None:  # before a supervisor is made for it
             raise refused
@@ -263,15 +273,6 @@ class Registry:
         if self.metrics is not None:
             self.metrics.worker_restarts.labels(model.spec.name).inc()
 
-    def upstream_rows(self) -> list[tuple[str, str]]:
-        """(upstream, health state) for every upstream the configuration names."""
-        return [(h.name, h.state.value) for h in self.upstreams.known()]
-
-    def replica_rows(self) -> list[tuple[str, str, bool, int, int]]:
-        """(model, replica, up, requests, failovers) for every running model with replicas."""
-        return [(m.spec.name, *row) for m in self._all() if isinstance(m.backend, ReplicaSet)
-                for row in m.backend.rows()]
-
     def _retire(self, model: ModelSupervisor) -> None:
         model.retire()
         if model.holds:
@@ -309,8 +310,20 @@ class Registry:
         await asyncio.gather(*(one(s) for s in self.specs() if s.preload or s.pin))
 
     async def close(self) -> None:
-        """Stop every backend (at shutdown)."""
+        """Stop every backend and pull (at shutdown)."""
+        await self.pulls.close()
         models = self._all()
         await asyncio.gather(*(m.cancel_load() for m in models), return_exceptions=True)
         await asyncio.gather(*(m.unload() for m in models), return_exceptions=True)
         await self.launcher.close()
+
+
+def upstream_rows(registry: Registry) -> list[tuple[str, str]]:
+    """(upstream, health state) for every upstream the configuration names."""
+    return [(h.name, h.state.value) for h in registry.upstreams.known()]
+
+
+def replica_rows(registry: Registry) -> list[tuple[str, str, bool, int, int]]:
+    """(model, replica, up, requests, failovers) for every running model with replicas."""
+    return [(m.spec.name, *row) for m in registry._all() if isinstance(m.backend, ReplicaSet)
+            for row in m.backend.rows()]

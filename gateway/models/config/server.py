@@ -63,6 +63,15 @@ def _per_device(parse: Check, plain: str) -> Check:
     return check
 
 
+def _pull_on_demand(r: Report, where: str, v: Any) -> Any:
+    """``true`` / ``false``, or a list of name prefixes (``hf.co``, ``bartowski``, ``llama3``): a
+    request naming a model on no disk that starts with one of them pulls it. ``true`` is ``("",)``."""
+    if isinstance(v, bool):
+        return ("",) if v else ()
+    prefixes = checks.list_of(checks.string)(r, where, v)
+    return tuple(p.strip().lower() for p in prefixes) if isinstance(prefixes, tuple) else prefixes
+
+
 _PORT = checks.integer(minimum=1, maximum=65535, what="a port number (1-65535)")
 
 SERVER: dict[str, Check] = {
@@ -109,6 +118,9 @@ SERVER: dict[str, Check] = {
     "allow_remote_media": checks.boolean,
     "allow_remote_media_private": checks.boolean,
     "remote_media_timeout": checks.positive_seconds,
+    "pull_on_demand": _pull_on_demand,
+    "pull_wait_seconds": checks.seconds,
+    "pull_keep_free_bytes": checks.byte_size,
 }
 
 

@@ -165,6 +165,12 @@ class ServerConfig:
     # keep Claude Code's per-session ``x-anthropic-billing-header:`` system block in the prompt
     # (off: left out, so that a new session's prompt reuses the last one's cache)
     keep_billing_header: bool = False
+    # Pulling a model a request names that is on no disk (``hub/``): the name prefixes that may
+    # be (``("",)``: any; empty: none), how long a whole (not streamed) request waits for the
+    # download, and the bytes a pull leaves free on the disk it writes to
+    pull_on_demand: tuple[str, ...] = ()
+    pull_wait_seconds: float = 1800.0
+    pull_keep_free_bytes: int = 1 << 30
 
 
 @dataclass(frozen=True)

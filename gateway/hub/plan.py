@@ -1,0 +1,90 @@
+"""What a pull writes, and carrying it out: the same steps for every source.
+
+A source (``huggingface``, ``ollama``) reads the hub's listing or manifest and returns a
+``Plan``: the files to fetch (each a ``Blob``: where from, its partial and final paths, its size
+and digest, the lock that keeps another process off it) and ``finish``, which makes the model
+visible (the snapshot's links, the manifest) once every file is in place. ``execute`` checks
+the free space for what is still missing before the first byte, fetches each missing file under
+its lock, and calls ``finish`` last: discovery sees all of a model or none of it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import transfer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Blob:
+    want: transfer.Want
+    final: Path
+    lock: Path
+    digest: str  # "sha256:HEX" as Ollama shows it, or the hub's etag
+
+    @property
+    def size(self) -> int:
+        return self.want.size or 0
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str  # the canonical name pulled, as the model then answers to it
+    source: str  # huggingface | ollama
+    store: Path  # the store folder written into
+    blobs: tuple[Blob, ...]
+    finish: Callable[[], list[Path]]  # makes the model visible; the model files it made visible
+    aliases: tuple[str, ...] = ()  # other names the model answers to once pulled
+
+    @property
+    def total(self) -> int:
+        return sum(b.size for b in self.blobs)
+
+
+Report = Callable[[str, Blob | None, int], None]  # (step, blob or None, bytes held of it)
+
+
+def missing(plan: Plan) -> int:
+    """Bytes still to fetch: each file not yet in place, less what its partial file holds."""
+    need = 0
+    for blob in plan.blobs:
+        if blob.final.exists():
+            continue
+        held = blob.want.partial.stat().st_size if blob.want.partial.exists() else 0
+        need += max(blob.size - held, 0)
+    return need
+
+
+def _reporter(report: Report, blob: Blob) -> transfer.Progress:
+    return lambda held: report("pulling", blob, held)
+
+
+def execute(plan: Plan, report: Report, cancelled: threading.Event, keep_free: int = 0) -> list[Path]:
+    """Carry ``plan`` out (blocking: a pull's thread). Raises ``transfer.PullError``."""
+    from huggingface_hub.utils import WeakFileLock
+
+    transfer.check_space(plan.store, missing(plan), keep_free, plan.name)
+    for blob in plan.blobs:
+        blob.final.parent.mkdir(parents=True, exist_ok=True)
+        blob.lock.parent.mkdir(parents=True, exist_ok=True)
+        if blob.final.exists():
+            report("exists", blob, blob.size)
+            continue
+        report("waiting", blob, 0)
+        with WeakFileLock(blob.lock):  # another pull of this file, in this process or another, goes first
+            if blob.final.exists():
+                report("exists", blob, blob.size)
+                continue
+            held = blob.want.partial.stat().st_size if blob.want.partial.exists() else 0
+            report("starting", blob, held)  # what an earlier pull left: resumed, not fetched now
+            transfer.fetch(blob.want, _reporter(report, blob), cancelled)
+            report("verified", blob, blob.size)
+            transfer.place(blob.want.partial, blob.final)
+    report("writing manifest", None, 0)
+    return plan.finish()

@@ -1,0 +1,371 @@
+"""One file from a hub or registry onto disk: resumable, bounded, verified, cancellable.
+
+Every pull's bytes come through ``fetch``, on a worker thread (it blocks), over
+``huggingface_hub``'s shared HTTP client, so ``HF_TOKEN``'s headers, proxies and its connection
+pool are the ones every Hugging Face tool uses. The gateway installs its own client factory
+(``install_client``): every request that client makes, each redirect hop included, is checked
+against the pull's ``Origin`` first (``problem``):
+
+- ``https`` anywhere public; ``http`` only to the origin's own host, and only when the pull is
+  ``insecure`` (a registry the operator named over http);
+- never into the loopback or private ranges unless the origin itself is there (a registry on
+  this machine or the LAN), whatever a redirect says;
+- at most ``MAX_REDIRECTS`` hops.
+
+``fetch`` writes to ``partial`` (never the final name, so discovery never sees half a file),
+resuming from what ``partial`` already holds with an HTTP ``Range`` (after a dropped
+connection, within ``RETRIES`` attempts; after a cancel or a restart, at the next pull). Every
+byte is hashed as it is written (and the kept bytes first, on a resume); the size and the
+SHA-256 are checked at the end, and a mismatch deletes ``partial``. Only then does the caller
+move it into place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from ..base.addresses import forbidden_text
+from ..base.errors import ApiError
+
+log = logging.getLogger(__name__)
+
+CHUNK = 1 << 20  # read and hash a MiB at a time: the unit of progress and of a cancel's delay
+MAX_REDIRECTS = 5
+RETRIES = 5  # reconnections within one fetch while bytes keep coming
+CONNECT_TIMEOUT = 10.0  # an unreachable hub or no network fails within this, never hangs
+READ_TIMEOUT = 60.0  # a stalled connection is dropped and resumed after this
+MAX_SMALL_BYTES = 1 << 20  # a manifest, a listing or an error body is read within this
+
+
+class PullError(ApiError):
+    """A pull that cannot go on, as an HTTP caller is told it (each kind its status and code;
+    ``param`` is the model's name, which is what the caller got wrong where it is a 4xx)."""
+
+    STATUS, CODE = 502, "pull_failed"
+
+    def __init__(self, message: str, *, choices: tuple[str, ...] = ()):
+        super().__init__(message, status=self.STATUS, code=self.CODE, param="model" if self.STATUS < 500 else None)
+        self.choices = choices
+
+
+class NotFound(PullError):
+    STATUS, CODE = 404, "model_not_found"
+
+
+class BadPullName(PullError):
+    STATUS, CODE = 400, "invalid_model_name"
+
+
+class Ambiguous(PullError):
+    STATUS, CODE = 400, "ambiguous_model_name"
+
+
+class Gated(PullError):
+    STATUS, CODE = 403, "model_gated"
+
+
+class Unreachable(PullError):
+    STATUS, CODE = 502, "hub_unreachable"
+
+
+class Offline(PullError):
+    STATUS, CODE = 503, "hub_offline"
+
+
+class Corrupt(PullError):
+    STATUS, CODE = 502, "download_corrupt"
+
+
+class NoSpace(PullError):
+    STATUS, CODE = 507, "insufficient_storage"
+
+
+class Refused(PullError):
+    STATUS, CODE = 502, "redirect_refused"
+
+
+class Cancelled(PullError):
+    STATUS, CODE = 409, "pull_cancelled"
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a pull starts: a hub's endpoint or a registry. ``private`` is whether the origin
+    itself is in the loopback or private ranges (then its redirects may stay there)."""
+
+    host: str  # the host name or address, no port
+    insecure: bool  # plain http allowed, to this host only
+    private: bool
+
+    @classmethod
+    def of(cls, url: str, *, insecure: bool, resolve: Callable[[str], list[str]] | None = None) -> Origin:
+        host = urlsplit(url).hostname or ""
+        addresses = (resolve or addresses_of)(host)
+        return cls(host.lower(), insecure, any(forbidden_text(a) for a in addresses))
+
+
+def addresses_of(host: str) -> list[str]:
+    """The addresses ``host`` resolves to (blocking; on a pull's thread), or [] when it does not."""
+    try:
+        return sorted({str(info[4][0]) for info in socket.getaddrinfo(host, None)})
+    except (OSError, UnicodeError):
+        return []
+
+
+def problem(url: str, origin: Origin, resolve: Callable[[str], list[str]] = addresses_of) -> str | None:
+    """Why a request for ``url`` may not be made within a pull from ``origin``, or None (pure
+    but for ``resolve``). See the module's docstring for the rule."""
+    parts = urlsplit(url)
+    host = (parts.hostname or "").lower()
+    if not host:
+        return f"{url!r} names no host"
+    if parts.scheme == "http":
+        if not (origin.insecure and host == origin.host):
+            return f"refusing plain http to {host} (only https, or http to the registry itself when insecure)"
+    elif parts.scheme != "https":
+        return f"refusing a {parts.scheme or 'relative'} URL"
+    if not origin.private and host != origin.host:
+        addresses = resolve(host)
+        if any(forbidden_text(a) for a in addresses):
+            return f"refusing a redirect to {host}: it is a loopback or private address"
+    return None
+
+
+_CURRENT = threading.local()  # the pull this thread is serving: its Origin
+
+
+class within:
+    """``with within(origin):`` every request this thread makes through the shared client is
+    checked against ``origin`` (``problem``)."""
+
+    def __init__(self, origin: Origin):
+        self.origin = origin
+
+    def __enter__(self) -> Origin:
+        self.saved = getattr(_CURRENT, "origin", None)
+        _CURRENT.origin = self.origin
+        return self.origin
+
+    def __exit__(self, *exc: object) -> None:
+        _CURRENT.origin = self.saved
+
+
+def _check_request(request) -> None:  # noqa: ANN001 (httpx2.Request)
+    origin = getattr(_CURRENT, "origin", None)
+    if origin is None:
+        return  # a request outside a pull: not the gateway's
+    why = problem(str(request.url), origin)
+    if why:
+        raise Refused(why)
+
+
+_INSTALLED = threading.Lock()
+_installed = False
+
+
+def install_client() -> None:
+    """Make ``huggingface_hub``'s shared client the gateway's: its own request hook, then the
+    redirect check, a bound on hops, a connect timeout. Idempotent."""
+    global _installed
+    with _INSTALLED:
+        if _installed:
+            return
+        import httpx2
+        from huggingface_hub import set_client_factory
+        from huggingface_hub.utils import disable_progress_bars
+        from huggingface_hub.utils._http import hf_request_event_hook
+
+        def factory() -> httpx2.Client:
+            return httpx2.Client(event_hooks={"request": [hf_request_event_hook, _check_request]},
+                                 follow_redirects=True, max_redirects=MAX_REDIRECTS,
+                                 timeout=httpx2.Timeout(READ_TIMEOUT, connect=CONNECT_TIMEOUT))
+
+        set_client_factory(factory)
+        disable_progress_bars()  # progress is the gateway's own
+        _installed = True
+
+
+def session():  # noqa: ANN201 (httpx2.Client)
+    install_client()
+    from huggingface_hub import get_session
+
+    return get_session()
+
+
+def network_error(exc: BaseException, where: str) -> PullError:
+    """A transport failure as the caller is told it."""
+    if isinstance(exc, PullError):
+        return exc
+    cause: BaseException | None = exc
+    while cause is not None:  # httpx2 wraps the hook's own refusal
+        if isinstance(cause, Refused):
+            return cause
+        cause = cause.__cause__ or cause.__context__
+    text = str(exc) or type(exc).__name__
+    if "redirect" in text.lower() and "too many" in text.lower():
+        return Refused(f"{where}: more than {MAX_REDIRECTS} redirects")
+    return Unreachable(f"cannot reach {where}: {text}")
+
+
+def read_small(url: str, headers: dict[str, str], what: str, *, limit: int = MAX_SMALL_BYTES) -> tuple[int, bytes]:
+    """The status and body of a GET, the body read within ``limit`` bytes (a manifest, a
+    listing, an error): more is refused."""
+    import httpx2
+
+    try:
+        with session().stream("GET", url, headers=headers) as resp:
+            body = bytearray()
+            for chunk in resp.iter_bytes(1 << 16):
+                body += chunk
+                if len(body) > limit:
+                    raise Corrupt(f"{what}: more than {limit} bytes")
+            return resp.status_code, bytes(body)
+    except httpx2.HTTPError as exc:
+        raise network_error(exc, what) from None
+
+
+class Hashing:
+    """A partial file opened for appending, hashing what it holds and what is written."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.digest = hashlib.sha256()
+        self.file = open(path, "ab+")  # noqa: SIM115 (closed by close())
+        self.file.seek(0)
+        while block := self.file.read(CHUNK):
+            self.digest.update(block)
+        self.size = self.file.tell()
+
+    def write(self, data: bytes) -> None:
+        self.file.write(data)
+        self.digest.update(data)
+        self.size += len(data)
+
+    def restart(self) -> None:
+        """Drop what is held: the server sent the whole file again rather than the range."""
+        self.file.seek(0)
+        self.file.truncate()
+        self.digest = hashlib.sha256()
+        self.size = 0
+
+    def close(self) -> None:
+        self.file.close()
+
+
+@dataclass(frozen=True)
+class Want:
+    """One file to fetch: where from, into which partial file, and what it must be."""
+
+    url: str
+    partial: Path
+    size: int | None
+    sha256: str | None  # hex; None where the source declares none (then the size alone is checked)
+    name: str  # as shown in progress and errors
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+Progress = Callable[[int], None]  # bytes the partial file now holds
+
+
+def fetch(want: Want, progress: Progress, cancelled: threading.Event) -> None:
+    """Fetch ``want`` into ``want.partial``, checked: see the module's docstring. Raises a
+    ``PullError``; on ``Corrupt`` the partial file is gone, on anything else it is kept to
+    resume from."""
+    import httpx2
+
+    out = Hashing(want.partial)
+    try:
+        progress(out.size)
+        tries = 0
+        while True:
+            if cancelled.is_set():
+                raise Cancelled(f"{want.name}: cancelled")
+            headers = dict(want.headers)
+            if out.size:
+                headers["Range"] = f"bytes={out.size}-"
+            before = out.size
+            try:
+                _get(want, headers, out, progress, cancelled)
+                if want.size is None or out.size >= want.size:
+                    break
+                lost: Exception = ConnectionError("the body ended early")
+            except (httpx2.TransportError, httpx2.DecodingError) as exc:
+                lost = exc
+            except httpx2.HTTPError as exc:
+                raise network_error(exc, want.name) from None
+            tries = tries + 1 if out.size == before else 1
+            if tries > RETRIES or (isinstance(lost, httpx2.ConnectError) and tries > 2):
+                raise network_error(lost, want.name)
+            log.info("%s: connection lost at %d bytes, resuming (%s)", want.name, out.size, lost)
+            time.sleep(min(0.2 * 2 ** tries, 2.0))
+        if want.size is not None and out.size != want.size:
+            raise Corrupt(f"{want.name}: {out.size} bytes received, {want.size} declared")
+        if want.sha256 is not None and out.digest.hexdigest() != want.sha256.lower():
+            raise Corrupt(f"{want.name}: SHA-256 {out.digest.hexdigest()} is not the declared {want.sha256.lower()}")
+    except Corrupt:
+        out.close()
+        want.partial.unlink(missing_ok=True)
+        raise
+    finally:
+        out.close()
+
+
+def _get(want: Want, headers: dict[str, str], out: Hashing, progress: Progress, cancelled: threading.Event) -> None:
+    """One GET from where ``out`` stands, until its body ends or breaks."""
+    asked = out.size
+    with session().stream("GET", want.url, headers=headers) as resp:
+        status = resp.status_code
+        if status == 416 and want.size is not None and asked >= want.size:
+            return  # what is held is already all of it (or more: the size check says so)
+        if status == 404:
+            raise NotFound(f"{want.name}: not found ({want.url})")
+        if status >= 400:
+            raise Unreachable(f"{want.name}: HTTP {status} from {urlsplit(str(resp.url)).hostname}")
+        if asked and status == 200:
+            out.restart()  # the server ignored the range: take the whole file
+            progress(0)
+        elif asked and status == 206 and not str(resp.headers.get("Content-Range", "")).startswith(f"bytes {asked}-"):
+            raise Corrupt(f"{want.name}: asked for bytes from {asked}, got {resp.headers.get('Content-Range')!r}")
+        for chunk in resp.iter_bytes(CHUNK):
+            if cancelled.is_set():
+                raise Cancelled(f"{want.name}: cancelled")
+            out.write(chunk)
+            if want.size is not None and out.size > want.size:
+                raise Corrupt(f"{want.name}: more than the declared {want.size} bytes")
+            progress(out.size)
+
+
+def free_bytes(folder: Path) -> int:
+    """Free space where ``folder`` is (or would be: its nearest existing parent)."""
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return shutil.disk_usage(probe).free
+
+
+def check_space(folder: Path, needed: int, reserve: int, what: str) -> None:
+    """Refuse before the first byte when ``needed`` more bytes would leave less than ``reserve`` free."""
+    free = free_bytes(folder)
+    if needed + reserve > free:
+        raise NoSpace(f"{what} needs {_mib(needed)} more and {folder} has {_mib(free)} free"
+                      + (f" (keeping {_mib(reserve)} free: server.pull_keep_free_bytes)" if reserve else ""))
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+def place(partial: Path, final: Path) -> None:
+    """Move a verified file into its name (atomic on one filesystem), readable as the stores' files are."""
+    os.chmod(partial, 0o644)
+    os.replace(partial, final)
