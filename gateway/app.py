@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from .api import admin, anthropic, dashboard, ollama, openai, responses
+from .api import admin, anthropic, dashboard, ollama, openai, pulls, responses
 from .api.appkeys import CONFIG, CONNECTIONS, EVENTS, LIFECYCLE, LIVE, METRICS, REGISTRY, SEAL_KEY
 from .base.errors import ApiError
 from .base.secretfile import KeptSecret
@@ -360,6 +360,7 @@ def create_app(config: Config, registry: Registry | None = None) -> web.Applicat
     openai.setup(app)
     anthropic.setup(app)
     ollama.setup(app)
+    pulls.setup(app)
     responses.setup(app)
     dashboard.setup(app)
     return app

@@ -60,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_arg(models)
     models.add_argument("--json", action="store_true", help="one JSON object per model")
 
+    from .pullcmd import add_commands
+
+    add_commands(sub, _add_config_arg)
+
     devs = sub.add_parser("devices", help="list the devices llama.cpp can offload to, with their memory "
                           "(the names models.yaml's devices takes)")
     devs.add_argument("--json", action="store_true", help="one JSON object per device")
@@ -76,6 +80,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_console(args)
     if args.command == "devices":
         return cmd_devices(args)
+    if args.command in ("pull", "rm"):
+        from . import pullcmd
+
+        config = _load(args, check_files=False) if (args.config or find_config_path(None)) else None
+        return (pullcmd.cmd_pull if args.command == "pull" else pullcmd.cmd_rm)(args, config)
     return cmd_models(args)
 
 

@@ -92,9 +92,25 @@ def served_by(registry: Registry, spec, backend) -> dict[str, Any]:
     return {"rpc": list(spec.rpc)} if spec.rpc else {}
 
 
+def downloading_row(pull: dict[str, Any]) -> dict[str, Any]:
+    """A model being pulled, as a row of ``/models`` (llama-server's router lists its downloads
+    among its models): the fields a loaded model's row has, empty, and ``download`` (the pull's
+    bytes done and total, speed and files)."""
+    total = pull["total"]
+    return {"id": pull["name"], "aliases": [], "source": pull["source"] or None, "path": None, "kind": None,
+            "pinned": False, "media": [], "mmproj": None, "state": "downloading",
+            "progress": round(pull["completed"] / total, 4) if total else 0.0, "error": None, "retry_after": None,
+            "in_flight": 0, "queued": 0, "slots": None, "device": None, "pid": None, "memory_bytes": None,
+            "memory_estimate": None, "memory_allocated": None, "file_size": total or None, "architecture": None,
+            "quantization": None, "context_length": None, "n_ctx": None, "download": pull}
+
+
 async def list_models(request: web.Request) -> web.Response:
     registry = request.app[REGISTRY]
-    return web.json_response({"object": "list", "data": [describe(registry, s) for s in registry.specs()]})
+    pulls = registry.pulls.rows()
+    downloading = [downloading_row(p) for p in pulls if p["state"] in ("planning", "downloading")]
+    return web.json_response({"object": "list", "data": [describe(registry, s) for s in registry.specs()]
+                              + downloading, "pulls": pulls})
 
 
 async def _model_field(request: web.Request) -> str:

@@ -39,7 +39,7 @@ def snapshot(request: web.Request) -> dict:
     now = time.time()
     recent = live.recent(owner=request.get(OWNER), everyone=not request.app[CONFIG].server.api_keys)
     return {"time": now, "models": [describe(registry, s) for s in registry.specs()],
-            "series": live.series(now), "recent": recent}
+            "series": live.series(now), "recent": recent, "pulls": registry.pulls.rows()}
 
 
 async def live_stream(request: web.Request) -> web.StreamResponse:

@@ -1,6 +1,6 @@
 """Ollama's API: /api/chat, /api/generate, /api/embed, /api/embeddings, /api/tags, /api/ps,
-/api/show, /api/version; /api/pull, /api/push, /api/create, /api/delete and /api/copy answer 501
-(the gateway serves the models already on disk). Errors are Ollama's ``{"error": "..."}``
+/api/show, /api/version (``/api/pull`` and ``/api/delete`` are ``api/pulls.py``'s); /api/push,
+/api/create and /api/copy answer 501. Errors are Ollama's ``{"error": "..."}``
 (``app.error_response``), and streams are newline-delimited JSON, as Ollama's clients read them.
 """
 
@@ -213,8 +213,8 @@ async def version(request: web.Request) -> web.Response:
 
 
 async def not_here(request: web.Request) -> web.Response:
-    raise ApiError(f"{request.path} is not available: this gateway serves the GGUF models already on disk "
-                   "(put a file in a models directory or models.yaml instead)", status=501, code="not_implemented")
+    raise ApiError(f"{request.path} is not available: this gateway serves GGUF models on disk and pulls them "
+                   "(/api/pull), but does not make or push them", status=501, code="not_implemented")
 
 
 def setup(app: web.Application) -> None:
@@ -226,5 +226,5 @@ def setup(app: web.Application) -> None:
     app.router.add_get("/api/ps", ps)
     app.router.add_post("/api/show", show)
     app.router.add_get("/api/version", version)
-    for path in ("/api/pull", "/api/push", "/api/create", "/api/copy", "/api/delete"):
+    for path in ("/api/push", "/api/create", "/api/copy"):
         app.router.add_route("*", path, not_here)

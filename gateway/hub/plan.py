@@ -86,5 +86,7 @@ def execute(plan: Plan, report: Report, cancelled: threading.Event, keep_free: i
             transfer.fetch(blob.want, _reporter(report, blob), cancelled)
             report("verified", blob, blob.size)
             transfer.place(blob.want.partial, blob.final)
+        if blob.lock.parent == blob.final.parent:  # a lock beside the blobs (Ollama's store) goes with the partial
+            blob.lock.unlink(missing_ok=True)
     report("writing manifest", None, 0)
     return plan.finish()

@@ -27,7 +27,7 @@ from ..base.errors import ApiError
 from ..models import discovery
 from ..models.config import ServerConfig
 from . import huggingface, ollama, transfer
-from .names import BadName, HFName, HubName, OllamaName, parse
+from .names import BadName, HFName, HubName, parse
 from .plan import Blob, Plan, execute
 
 log = logging.getLogger(__name__)
@@ -192,6 +192,9 @@ class Pulls:
         task.add_done_callback(self._tasks.discard)
         return pull
 
+    def stores(self) -> Stores:
+        return self._stores()
+
     def find(self, asked: str) -> Pull | None:
         try:
             key = parse(asked)[0].canonical.lower()
@@ -267,7 +270,7 @@ class Pulls:
 
         def report(step: str, blob: Blob | None, held: int) -> None:  # on the pull's thread
             now = time.monotonic()
-            if step == "pulling" and now - last[0] < REPORT_EVERY:
+            if step == "pulling" and now - last[0] < REPORT_EVERY and (blob is None or held < blob.size):
                 return
             last[0] = now
             loop.call_soon_threadsafe(self._progress, pull, step, blob, held)
@@ -312,22 +315,25 @@ class Pulls:
             if pull.cancelled.is_set():
                 raise transfer.Cancelled(f"{pull.asked}: cancelled")
             try:
-                if isinstance(name, HFName):
-                    if stores.huggingface is None:
-                        raise transfer.NotFound("no Hugging Face store to pull into (server.discover_default_stores "
-                                                "is false)")
-                    return huggingface.plan(name, stores.huggingface)
-                if isinstance(name, OllamaName):
-                    if stores.ollama is None:
-                        raise transfer.NotFound("no Ollama store to pull into "
-                                                "(server.discover_default_stores is false)")
-                    return ollama.plan(name, stores.ollama, pull.insecure)
-            except transfer.NotFound as exc:
-                missed.append(exc)
+                return self._plan_one(pull, name, stores)
+            except (transfer.NotFound, transfer.Unreachable, transfer.Offline) as exc:
                 if len(candidates) == 1:
                     raise
+                missed.append(exc)
+        # a name one hub does not know is unknown, though another could not be asked
         reasons = "; ".join(str(e) for e in missed)
-        raise transfer.NotFound(f"{pull.asked}: no hub or registry has it ({reasons})")
+        if any(isinstance(e, transfer.NotFound) for e in missed):
+            raise transfer.NotFound(f"{pull.asked}: no hub or registry has it ({reasons})")
+        raise missed[0]
+
+    def _plan_one(self, pull: Pull, name: HubName, stores: Stores) -> Plan:
+        if isinstance(name, HFName):
+            if stores.huggingface is None:
+                raise transfer.NotFound("no Hugging Face store to pull into (server.discover_default_stores is false)")
+            return huggingface.plan(name, stores.huggingface)
+        if stores.ollama is None:
+            raise transfer.NotFound("no Ollama store to pull into (server.discover_default_stores is false)")
+        return ollama.plan(name, stores.ollama, pull.insecure)
 
     def _progress(self, pull: Pull, step: str, blob: Blob | None, held: int) -> None:
         if pull.state in FINISHED:

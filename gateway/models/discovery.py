@@ -9,7 +9,9 @@ not models (projectors, adapters, vocab-only files) are skipped, and each model 
 under names in two classes:
 - explicit: the file stem (``-00001-of-00003`` dropped for split models), the Ollama name
   (``llama3.2:3b``, and ``llama3.2`` for ``:latest``), the Hugging Face or LM Studio
-  repository (``org/repo`` and ``org/repo:QUANT``);
+  repository (``org/repo`` and ``org/repo:QUANT``, the quantization its header and its file name
+  say; a Hugging Face one also with its host, ``hf.co/org/repo:QUANT``, and by its path in the
+  repo, ``org/repo/FILE.gguf``: the names it is pulled by);
 - fallback: the architecture (``qwen3``), used only where no explicit name claims it.
 When several files claim a name, the winner is the first by (class, reached through a
 symbolic link or not, root order, path depth, path), so every scan gives the same answer and a
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +41,9 @@ log = logging.getLogger(__name__)
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
 OLLAMA_PROJECTOR_LAYER = "application/vnd.ollama.image.projector"
 OLLAMA_DEFAULT_REGISTRY = ("registry.ollama.ai", "library")
+HF_HOSTS = ("hf.co", "huggingface.co")  # a Hugging Face repo's names with its host, as Ollama writes them
+# the quantization a file's name ends with (llama.cpp's -hf tag: Q4_K_M, IQ2_XS, F16, BF16, ...)
+FILE_QUANT = re.compile(r"[-.]((?:i?q|f|bf|tq|mxfp)[0-9][a-z0-9_]*)$")
 NOT_MODELS = frozenset({"clip", "mmproj"})  # general.architecture / general.type of projectors
 
 
@@ -148,7 +154,12 @@ def _scan_dir(root: Root, order: int) -> list[Found]:
         rel = path.relative_to(root.path).parts
         if root.kind == "huggingface" and rel[0].startswith("models--"):
             repo = rel[0][len("models--"):].replace("--", "/").lower()
-            found.names.append(repo)
+            found.names += [repo, *(f"{host}/{repo}" for host in HF_HOSTS)]
+            if len(rel) > 3 and rel[1] == "snapshots":  # the file by its path in the repo, as pulled
+                file = "/".join(rel[3:]).lower()
+                found.names += [f"{repo}/{file}", *(f"{host}/{repo}/{file}" for host in HF_HOSTS)]
+            if m := FILE_QUANT.search(stem_name(path)):  # the quantization its name says, as it was pulled by
+                found.names += [f"{prefix}{repo}:{m.group(1)}" for prefix in ("", *(f"{h}/" for h in HF_HOSTS))]
         elif root.kind == "lmstudio" and len(rel) >= 3:
             found.names.append(f"{rel[0]}/{rel[1]}".lower())
         out.append(found)
@@ -247,8 +258,12 @@ def scan(roots: list[Root]) -> list[Found]:
                 continue  # projectors are not models to serve, but go with the models beside them
             if info.kind == "adapter" or info.n_tensors == 0:
                 continue  # nor are LoRA adapters and vocab-only files
-            if found.root.kind in ("huggingface", "lmstudio") and info.quantization and len(found.names) > 1:
+            if found.root.kind == "lmstudio" and info.quantization and len(found.names) > 1:
                 found.names.append(f"{found.names[1]}:{info.quantization.lower()}")
+            elif found.root.kind == "huggingface" and info.quantization and len(found.names) > 1:
+                repo = found.names[1]
+                found.names += [n for prefix in ("", *(f"{h}/" for h in HF_HOSTS))
+                                if (n := f"{prefix}{repo}:{info.quantization.lower()}") not in found.names]
             found.fallback = [info.architecture.lower()] if info.architecture else []
             out.append(found)
     for found in out:
