@@ -338,7 +338,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spec-draft", type=Path, help="with --speculation: also a draft model (the model itself shows "
                    "the machinery's cost at full acceptance)")
     p.add_argument("--spec-draft-max", type=int, default=8, help="with --speculation: draft tokens a step")
+    p.add_argument("--pull", action="store_true", help="only pulling a model from a loopback hub against curl "
+                   "(scripts/pullbench.py; --model: the file, default Gemma 3 270M's where the test cache has it)")
+    p.add_argument("--pull-rounds", type=int, default=5, help="with --pull: rounds")
     args = p.parse_args(argv)
+    if args.pull:
+        return pull_main(args)
     if args.speculation:
         return speculation_main(args)
     if args.swap:
@@ -413,6 +418,17 @@ def _gateway_and_llama_server(args) -> tuple[Path, set[str], str | None]:
     if binary is None and "llama-server" in wanted:
         print("llama-server: not measured (give --llama-server PATH or put it on PATH)", file=sys.stderr)
     return model, wanted, binary
+
+
+def pull_main(args) -> int:
+    import pullbench
+
+    model = args.model or next((p for p in (REPO / ".cache" / "models" / "gemma-3-270m-q4_k_m.gguf",)
+                                if p.exists()), None) or bench_model()
+    result = pullbench.main(model.resolve(), args.pull_rounds)
+    if args.json:
+        args.json.write_text(json.dumps({"pull": result}, indent=2))
+    return 0
 
 
 def speculation_main(args) -> int:

@@ -130,7 +130,7 @@ def plan(name: HFName, cache: Path) -> Plan:
                 raise transfer.Corrupt(f"{f.path}: the hub says {meta.size} bytes and its listing {f.size}")
             blob = folder / "blobs" / etag
             want = transfer.Want(meta.location, blob.with_name(etag + ".incomplete"), size, sha,
-                                 f"{name.repo}/{f.path}", tuple(_headers().items()))
+                                 f"{name.repo}/{f.path}", tuple(_headers().items()), origin)
             blobs.append(Blob(want, blob, cache / ".locks" / folder.name / f"{etag}.lock", f"sha256:{sha or etag}"))
             links.append((blob, folder / "snapshots" / commit / f.path))
 

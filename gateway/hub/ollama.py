@@ -79,7 +79,7 @@ def plan(name: OllamaName, store: Path, insecure: bool) -> Plan:
         want = transfer.Want(f"{base}/v2/{name.namespace}/{name.model}/blobs/{digest}",
                              final.with_name(final.name + ".gguf-gateway-partial"), layer["size"],
                              DIGEST.fullmatch(digest).group(1),  # type: ignore[union-attr]
-                             f"{name.canonical} {digest[:19]}")
+                             f"{name.canonical} {digest[:19]}", origin=origin)
         blobs.append(Blob(want, final, final.with_name(final.name + ".gguf-gateway-lock"), digest))
     target = store / "manifests" / Path(*name.store_parts)
     model_blob = next(store / "blobs" / layer["digest"].replace(":", "-") for layer in data["layers"]

@@ -1,34 +1,40 @@
 """One file from a hub or registry onto disk: resumable, bounded, verified, cancellable.
 
-Every pull's bytes come through ``fetch``, on a worker thread (it blocks), over
-``huggingface_hub``'s shared HTTP client, so ``HF_TOKEN``'s headers, proxies and its connection
-pool are the ones every Hugging Face tool uses. The gateway installs its own client factory
-(``install_client``): every request that client makes, each redirect hop included, is checked
-against the pull's ``Origin`` first (``problem``):
+Listings, manifests and metadata go through ``huggingface_hub``'s shared HTTP client, so
+``HF_TOKEN``'s headers, proxies and its connection pool are the ones every Hugging Face tool
+uses; the gateway installs its own client factory (``install_client``) whose every request,
+each redirect hop included, is checked against the pull's ``Origin`` first (``problem``). A
+file's bytes go through the standard library's client (``_get``: far less work a byte), with
+the same check at each hop (``_Redirects``), the hub's headers, and the environment's proxies.
+The rule:
 
 - ``https`` anywhere public; ``http`` only to the origin's own host, and only when the pull is
   ``insecure`` (a registry the operator named over http);
 - never into the loopback or private ranges unless the origin itself is there (a registry on
   this machine or the LAN), whatever a redirect says;
-- at most ``MAX_REDIRECTS`` hops.
+- at most ``MAX_REDIRECTS`` hops; a key sent to the hub is not sent on to another host.
 
 ``fetch`` writes to ``partial`` (never the final name, so discovery never sees half a file),
 resuming from what ``partial`` already holds with an HTTP ``Range`` (after a dropped
 connection, within ``RETRIES`` attempts; after a cancel or a restart, at the next pull). Every
-byte is hashed as it is written (and the kept bytes first, on a resume); the size and the
-SHA-256 are checked at the end, and a mismatch deletes ``partial``. Only then does the caller
-move it into place.
+byte is hashed as it is written, on a thread beside the reader (and the kept bytes first, on a
+resume); the size and the SHA-256 are checked at the end, and a mismatch deletes ``partial``.
+Only then does the caller move it into place.
 """
 
 from __future__ import annotations
 
 import hashlib
+import http.client
 import logging
 import os
+import queue
 import shutil
 import socket
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +46,7 @@ from ..base.errors import ApiError
 log = logging.getLogger(__name__)
 
 CHUNK = 1 << 20  # read and hash a MiB at a time: the unit of progress and of a cancel's delay
+QUEUED = 16  # chunks read ahead of the writer
 MAX_REDIRECTS = 5
 RETRIES = 5  # reconnections within one fetch while bytes keep coming
 CONNECT_TIMEOUT = 10.0  # an unreachable hub or no network fails within this, never hangs
@@ -272,6 +279,7 @@ class Want:
     sha256: str | None  # hex; None where the source declares none (then the size alone is checked)
     name: str  # as shown in progress and errors
     headers: tuple[tuple[str, str], ...] = ()
+    origin: Origin | None = None  # where the pull started: what the URL and its redirects may reach
 
 
 Progress = Callable[[int], None]  # bytes the partial file now holds
@@ -281,8 +289,6 @@ def fetch(want: Want, progress: Progress, cancelled: threading.Event) -> None:
     """Fetch ``want`` into ``want.partial``, checked: see the module's docstring. Raises a
     ``PullError``; on ``Corrupt`` the partial file is gone, on anything else it is kept to
     resume from."""
-    import httpx2
-
     out = Hashing(want.partial)
     try:
         progress(out.size)
@@ -290,22 +296,23 @@ def fetch(want: Want, progress: Progress, cancelled: threading.Event) -> None:
         while True:
             if cancelled.is_set():
                 raise Cancelled(f"{want.name}: cancelled")
-            headers = dict(want.headers)
-            if out.size:
-                headers["Range"] = f"bytes={out.size}-"
             before = out.size
             try:
-                _get(want, headers, out, progress, cancelled)
+                _get(want, out, progress, cancelled)
                 if want.size is None or out.size >= want.size:
                     break
                 lost: Exception = ConnectionError("the body ended early")
-            except (httpx2.TransportError, httpx2.DecodingError) as exc:
+            except (OSError, http.client.HTTPException) as exc:  # URLError, a reset, a timeout, a cut body
+                if isinstance(exc, urllib.error.HTTPError):
+                    raise Unreachable(f"{want.name}: HTTP {exc.code} from {urlsplit(exc.url).hostname}") from None
+                if isinstance(exc, urllib.error.URLError) and isinstance(exc.reason, PullError):
+                    raise exc.reason from None
                 lost = exc
-            except httpx2.HTTPError as exc:
-                raise network_error(exc, want.name) from None
             tries = tries + 1 if out.size == before else 1
-            if tries > RETRIES or (isinstance(lost, httpx2.ConnectError) and tries > 2):
-                raise network_error(lost, want.name)
+            connect = isinstance(lost, urllib.error.URLError)
+            if tries > RETRIES or (connect and tries > 2):
+                raise Unreachable(f"cannot reach {urlsplit(want.url).hostname} for {want.name}: "
+                                  f"{getattr(lost, 'reason', lost) or type(lost).__name__}") from None
             log.info("%s: connection lost at %d bytes, resuming (%s)", want.name, out.size, lost)
             time.sleep(min(0.2 * 2 ** tries, 2.0))
         if want.size is not None and out.size != want.size:
@@ -320,29 +327,90 @@ def fetch(want: Want, progress: Progress, cancelled: threading.Event) -> None:
         out.close()
 
 
-def _get(want: Want, headers: dict[str, str], out: Hashing, progress: Progress, cancelled: threading.Event) -> None:
-    """One GET from where ``out`` stands, until its body ends or breaks."""
+class _Redirects(urllib.request.HTTPRedirectHandler):
+    """Redirects within a pull's ``Origin`` (``problem``), at most ``MAX_REDIRECTS``; a key sent
+    to the hub never goes on to another host."""
+
+    max_redirections = MAX_REDIRECTS
+
+    def __init__(self, origin: Origin | None):
+        self.origin = origin
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001, ANN201 (urllib's)
+        if self.origin is not None and (why := problem(newurl, self.origin)):
+            raise urllib.error.URLError(Refused(why))
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and urlsplit(newurl).netloc != urlsplit(req.full_url).netloc:
+            for key in [k for k in new.headers if k.lower() in ("authorization", "cookie")]:
+                del new.headers[key]
+            new.unredirected_hdrs.clear()
+        return new
+
+
+def _get(want: Want, out: Hashing, progress: Progress, cancelled: threading.Event) -> None:
+    """One GET from where ``out`` stands, until its body ends or breaks. The standard library's
+    client (far less work a byte than an asyncio-free httpx2 stream), reading into a writer
+    thread that hashes and writes while the next bytes arrive."""
     asked = out.size
-    with session().stream("GET", want.url, headers=headers) as resp:
-        status = resp.status_code
-        if status == 416 and want.size is not None and asked >= want.size:
+    headers = {"User-Agent": "gguf-gateway", "Accept-Encoding": "identity", **dict(want.headers)}
+    if asked:
+        headers["Range"] = f"bytes={asked}-"
+    if want.origin is not None and (why := problem(want.url, want.origin)):
+        raise Refused(why)
+    opener = urllib.request.build_opener(_Redirects(want.origin))
+    try:
+        resp = opener.open(urllib.request.Request(want.url, headers=headers), timeout=READ_TIMEOUT)
+    except urllib.error.HTTPError as exc:
+        exc.close()
+        if exc.code == 416 and want.size is not None and asked >= want.size:
             return  # what is held is already all of it (or more: the size check says so)
-        if status == 404:
-            raise NotFound(f"{want.name}: not found ({want.url})")
-        if status >= 400:
-            raise Unreachable(f"{want.name}: HTTP {status} from {urlsplit(str(resp.url)).hostname}")
+        if exc.code == 404:
+            raise NotFound(f"{want.name}: not found") from None
+        raise
+    with resp:
+        status = resp.status
         if asked and status == 200:
             out.restart()  # the server ignored the range: take the whole file
             progress(0)
         elif asked and status == 206 and not str(resp.headers.get("Content-Range", "")).startswith(f"bytes {asked}-"):
             raise Corrupt(f"{want.name}: asked for bytes from {asked}, got {resp.headers.get('Content-Range')!r}")
-        for chunk in resp.iter_bytes(CHUNK):
+        _copy(resp, out, want, progress, cancelled)
+
+
+def _copy(resp, out: Hashing, want: Want, progress: Progress, cancelled: threading.Event) -> None:  # noqa: ANN001
+    """The body into ``out``: read here, hashed and written on a second thread (both leave the
+    GIL for the bytes), ``CHUNK`` at a time, at most ``QUEUED`` chunks apart."""
+    chunks: queue.Queue[bytes | None] = queue.Queue(QUEUED)
+    failed: list[BaseException] = []
+
+    def write() -> None:
+        while (chunk := chunks.get()) is not None:
+            if failed:
+                continue
+            try:
+                out.write(chunk)
+            except BaseException as exc:  # noqa: BLE001 (a full disk: told to the reader)
+                failed.append(exc)
+
+    writer = threading.Thread(target=write, name="pull-writer", daemon=True)
+    writer.start()
+    got = out.size
+    try:
+        while chunk := resp.read(CHUNK):
             if cancelled.is_set():
                 raise Cancelled(f"{want.name}: cancelled")
-            out.write(chunk)
-            if want.size is not None and out.size > want.size:
+            if failed:
+                break
+            got += len(chunk)
+            if want.size is not None and got > want.size:
                 raise Corrupt(f"{want.name}: more than the declared {want.size} bytes")
-            progress(out.size)
+            chunks.put(chunk)
+            progress(got)
+    finally:
+        chunks.put(None)
+        writer.join()
+    if failed:
+        raise PullError(f"{want.name}: cannot write {want.partial}: {failed[0]}")
 
 
 def free_bytes(folder: Path) -> int:

@@ -10,6 +10,7 @@
   const KEY_STORAGE = "gguf-gateway-key";
   const LIVE_RETRY_MS = 2500;
   const BOOT_RETRY_MS = 5000;
+  const MAX_ALIASES_SHOWN = 3; // beside a model's name; all of them in its tooltip
   const WINDOW_S = 600; // the charts show the last ten minutes
   const SVG_NS = "http://www.w3.org/2000/svg";
   const CHART_W = 240;
@@ -579,8 +580,12 @@
 
   function updateModelRow(row, m) {
     row.model = m;
-    const aliases = Array.isArray(m.aliases) ? m.aliases.filter((a) => a && a !== m.id) : [];
-    setText(row.cells.aliases, aliases.length ? aliases.join(", ") : "");
+    const aliases = Array.isArray(m.aliases) ? m.aliases.filter((a) => a && a !== m.id).map(String) : [];
+    // a pulled model answers to many spellings of its name: the first few, the rest on hover (the filter finds all)
+    const more = aliases.length - MAX_ALIASES_SHOWN;
+    setText(row.cells.aliases, more > 0
+      ? `${aliases.slice(0, MAX_ALIASES_SHOWN).join(", ")} +${more} more` : aliases.join(", "));
+    setAttr(row.cells.aliases, "title", more > 0 ? aliases.join("\n") : "");
     row.cells.aliases.hidden = !aliases.length;
     setText(row.cells.source, m.source || "—");
     updateFileCell(row, m);
@@ -1020,7 +1025,7 @@
         headers: { "Content-Type": "application/json" },
         body: JSON.stringify({ model: asked }),
       });
-      setAction(`Cancelling the pull of ${asked}…`);
+      setAction(`Cancel sent for the pull of ${asked}.`);
     } catch (err) {
       if (err instanceof AuthError) {
         cancelling.delete(asked);
