@@ -396,7 +396,7 @@ def _copy(resp, out: Hashing, want: Want, progress: Progress, cancelled: threadi
     writer.start()
     got = out.size
     try:
-        while chunk := resp.read(CHUNK):
+        while chunk := resp.read1(CHUNK):  # what has come, up to CHUNK: progress on a slow link too
             if cancelled.is_set():
                 raise Cancelled(f"{want.name}: cancelled")
             if failed:
