@@ -49,7 +49,7 @@ class Narration:
         extra = {"model": pull.name or pull.asked, "bytes_per_second": round(pull.rate())} if own else {}
         if "pulling manifest" not in self.said:
             self.said.add("pulling manifest")
-            out.append({"status": "pulling manifest"})
+            out.append({"status": "pulling manifest", **extra})
         for f in pull.files.values():
             if f.completed != self.sent.get(f.digest, 0) or (f.digest == pull.current and f.digest not in self.sent):
                 self.sent[f.digest] = f.completed
@@ -64,7 +64,7 @@ class Narration:
             return [*out, {"status": "success", **({"model": pull.name} if own else {})}]
         if pull.step not in ("pulling", "success", "error", "cancelled") and pull.step not in self.said:
             self.said.add(pull.step)
-            out.append({"status": pull.step})
+            out.append({"status": pull.step, **extra})
         return out
 
 

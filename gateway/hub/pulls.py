@@ -128,6 +128,9 @@ class Pull:
         (t0, b0), (t1, b1) = self._samples[0], self._samples[-1]
         return (b1 - b0) / (t1 - t0) if t1 > t0 else 0.0
 
+    def restart_rate(self) -> None:
+        self._samples.clear()
+
     def _sample(self) -> None:
         now = time.monotonic()
         self._samples.append((now, self.completed))
@@ -344,6 +347,8 @@ class Pulls:
                 self.on_bytes(pull.source, grew)
             f.completed = held
             pull.current = blob.digest
+            if step in ("starting", "exists"):  # bytes already on disk are no speed of this pull
+                pull.restart_rate()
         pull.step = {"pulling": "pulling", "waiting": "pulling", "exists": "pulling", "starting": "pulling",
                      "verified": "verifying sha256 digest"}.get(step, step)
         pull._sample()
