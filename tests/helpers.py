@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -461,3 +462,23 @@ def tiny_projector(n_embd: int = 64, audio: bool = False) -> Path:
         testprojector.write_random_projector(path.with_suffix(".part"), n_embd, audio=audio)
         path.with_suffix(".part").replace(path)
     return path
+
+
+class Console:
+    """A browser page's console errors and uncaught exceptions (the page tests'). Chromium itself
+    logs each HTTP error status as "Failed to load resource"; ``allow`` names the statuses a test
+    expects."""
+
+    def __init__(self, page, allow: tuple[int, ...] = ()):
+        self.errors: list[str] = []
+        self.allow = allow
+        page.on("console", self._console)
+        page.on("pageerror", lambda e: self.errors.append(f"uncaught: {e}"))
+
+    def _console(self, msg) -> None:
+        if msg.type not in ("error", "warning"):
+            return
+        status = re.search(r"Failed to load resource: the server responded with a status of (\d+)", msg.text)
+        if status and int(status.group(1)) in self.allow:
+            return
+        self.errors.append(f"{msg.type}: {msg.text}")

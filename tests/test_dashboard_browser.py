@@ -13,7 +13,7 @@ import time
 import urllib.request
 
 import pytest
-from helpers import ServerProcess, headless_chromium
+from helpers import Console, ServerProcess, headless_chromium
 
 from gateway.models import testmodels as tm
 
@@ -56,25 +56,6 @@ def api(server, path: str, body: dict | None = None) -> dict:
 
 def models(server) -> dict[str, dict]:
     return {m["id"]: m for m in api(server, "/models")["data"]}
-
-
-class Console:
-    """The page's console errors and uncaught exceptions. Chromium itself logs each HTTP error
-    status as "Failed to load resource"; ``allow`` names the statuses a test expects."""
-
-    def __init__(self, page, allow: tuple[int, ...] = ()):
-        self.errors: list[str] = []
-        self.allow = allow
-        page.on("console", self._console)
-        page.on("pageerror", lambda e: self.errors.append(f"uncaught: {e}"))
-
-    def _console(self, msg) -> None:
-        if msg.type not in ("error", "warning"):
-            return
-        status = re.search(r"Failed to load resource: the server responded with a status of (\d+)", msg.text)
-        if status and int(status.group(1)) in self.allow:
-            return
-        self.errors.append(f"{msg.type}: {msg.text}")
 
 
 @pytest.fixture

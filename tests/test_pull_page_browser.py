@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import ServerProcess, headless_chromium
+from helpers import Console, ServerProcess, headless_chromium
 from hubserver import Hub
 
 from gateway.models import testmodels as tm
@@ -85,25 +85,6 @@ def api(server, path: str, body: dict | None = None, timeout: float = 60) -> dic
 
 def pulls(server) -> dict[str, dict]:
     return {p["asked"]: p for p in api(server, "/models")["pulls"]}
-
-
-class Console:
-    """The page's console errors and uncaught exceptions; ``allow``: HTTP statuses a test expects
-    (Chromium logs each as "Failed to load resource")."""
-
-    def __init__(self, page, allow: tuple[int, ...] = ()):
-        self.errors: list[str] = []
-        self.allow = allow
-        page.on("console", self._console)
-        page.on("pageerror", lambda e: self.errors.append(f"uncaught: {e}"))
-
-    def _console(self, msg) -> None:
-        if msg.type not in ("error", "warning"):
-            return
-        status = re.search(r"Failed to load resource: the server responded with a status of (\d+)", msg.text)
-        if status and int(status.group(1)) in self.allow:
-            return
-        self.errors.append(f"{msg.type}: {msg.text}")
 
 
 def open_page(browser, server, allow: tuple[int, ...] = (), **context_args):

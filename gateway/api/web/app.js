@@ -620,30 +620,44 @@
     updateButtons(row);
   }
 
+  /** Keyed rows kept in `container` in the order of `items` ([key, item] pairs): each made once
+   * by `create(key)`, redrawn by `update(row, item)`, moved only where out of place (a focused
+   * button keeps its focus), removed when its key is gone (`removing(row)` first). */
+  function placeRows(container, rows, items, create, update, node, removing) {
+    const seen = new Set();
+    let prev = null;
+    for (const [key, item] of items) {
+      seen.add(key);
+      let row = rows.get(key);
+      if (!row) {
+        row = create(key);
+        rows.set(key, row);
+      }
+      update(row, item);
+      const el = node(row);
+      const expected = prev ? prev.nextSibling : container.firstChild;
+      if (expected !== el) container.insertBefore(el, expected);
+      prev = el;
+    }
+    for (const [key, row] of rows) {
+      if (!seen.has(key)) {
+        if (removing) removing(row);
+        node(row).remove();
+        rows.delete(key);
+      }
+    }
+    return seen;
+  }
+
   function renderModels(list) {
     const seen = new Set();
     const fresh = [];
-    let prev = null;
     for (const m of Array.isArray(list) ? list : []) {
       if (!m || typeof m !== "object" || typeof m.id !== "string" || seen.has(m.id)) continue;
       seen.add(m.id);
       fresh.push(m);
-      let row = modelRows.get(m.id);
-      if (!row) {
-        row = createModelRow(m.id);
-        modelRows.set(m.id, row);
-      }
-      updateModelRow(row, m);
-      const expected = prev ? prev.nextSibling : modelsBody.firstChild;
-      if (expected !== row.tr) modelsBody.insertBefore(row.tr, expected);
-      prev = row.tr;
     }
-    for (const [id, row] of modelRows) {
-      if (!seen.has(id)) {
-        row.tr.remove();
-        modelRows.delete(id);
-      }
-    }
+    placeRows(modelsBody, modelRows, fresh.map((m) => [m.id, m]), createModelRow, updateModelRow, (row) => row.tr);
     models = fresh;
     applyFilter();
     updateModelSelects();
@@ -908,29 +922,14 @@
     const rows = (Array.isArray(list) ? list : []).filter((p) => p && typeof p === "object");
     const running = rows.filter((p) => ACTIVE_PULL.has(p.state));
     const finished = rows.filter((p) => !ACTIVE_PULL.has(p.state)).reverse();
-    const seen = new Set();
-    let prev = null;
+    const items = new Map();
     for (const p of [...running, ...finished]) {
       const asked = typeof p.asked === "string" && p.asked ? p.asked : typeof p.name === "string" ? p.name : "";
-      if (!asked || seen.has(asked)) continue;
-      seen.add(asked);
-      let row = pullRows.get(asked);
-      if (!row) {
-        row = createPullRow(asked);
-        pullRows.set(asked, row);
-      }
-      updatePullRow(row, p);
-      const expected = prev ? prev.nextSibling : pullsList.firstChild;
-      if (expected !== row.li) pullsList.insertBefore(row.li, expected);
-      prev = row.li;
+      if (asked && !items.has(asked)) items.set(asked, p);
     }
-    for (const [asked, row] of pullRows) {
-      if (!seen.has(asked)) {
-        if (document.activeElement === row.cancel) pullName.focus();
-        row.li.remove();
-        pullRows.delete(asked);
-      }
-    }
+    const seen = placeRows(pullsList, pullRows, items, createPullRow, updatePullRow, (row) => row.li, (row) => {
+      if (document.activeElement === row.cancel) pullName.focus();
+    });
     pullsList.hidden = !seen.size;
     pullsEmpty.hidden = seen.size > 0;
   }
