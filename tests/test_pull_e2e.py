@@ -106,7 +106,8 @@ def home(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def server(home, hub):
     port = free_port()
-    with ServerProcess("--config", config(home, f"  ollama_port: {port}\n"), env=env_for(home, hub)) as srv:
+    env = env_for(home, hub, HF_TOKEN="hf_a_users_own_key")
+    with ServerProcess("--config", config(home, f"  ollama_port: {port}\n"), env=env) as srv:
         srv.ollama_port = port
         yield srv
 
@@ -137,6 +138,10 @@ def test_a_dropped_connection_resumes_with_range_and_the_model_answers(server, h
     assert resumed and resumed[0].headers["Range"].startswith("bytes=") and resumed[0].status == 206
     assert int(resumed[0].headers["Range"][6:].rstrip("-")) > 0
     assert sha256(hf_blob(home, "acme/Gemma-GGUF", want)) == want
+    # the user's HF_TOKEN goes to the hub, never to the CDN its answers point at
+    asked = [r for r in hub.log if r.server == "hub" and "Gemma-GGUF" in r.path]
+    assert asked and all(r.headers.get("Authorization") == "Bearer hf_a_users_own_key" for r in asked)
+    assert not [r for r in hub.log if r.server == "cdn" and r.headers.get("Authorization")]
 
     from huggingface_hub import scan_cache_dir
     cache = scan_cache_dir(home / ".cache" / "huggingface" / "hub")

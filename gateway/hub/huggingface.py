@@ -19,7 +19,7 @@ import os
 import re
 import shutil
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from ..base import strictjson
 from ..models.ggufmeta import SPLIT_RE
@@ -129,8 +129,10 @@ def plan(name: HFName, cache: Path) -> Plan:
             if f.size is not None and meta.size is not None and f.size != meta.size:
                 raise transfer.Corrupt(f"{f.path}: the hub says {meta.size} bytes and its listing {f.size}")
             blob = folder / "blobs" / etag
+            # the hub's key goes to the hub alone, never to the CDN its answer points at
+            headers = _headers() if urlsplit(meta.location).netloc == urlsplit(url).netloc else {}
             want = transfer.Want(meta.location, blob.with_name(etag + ".incomplete"), size, sha,
-                                 f"{name.repo}/{f.path}", tuple(_headers().items()), origin)
+                                 f"{name.repo}/{f.path}", tuple(headers.items()), origin)
             blobs.append(Blob(want, blob, cache / ".locks" / folder.name / f"{etag}.lock", f"sha256:{sha or etag}"))
             links.append((blob, folder / "snapshots" / commit / f.path))
 
