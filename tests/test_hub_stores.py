@@ -139,9 +139,6 @@ async def test_a_hostile_manifest_is_refused_and_nothing_written(aiohttp_server,
     assert not store.exists()
 
 
-@pytest.mark.xfail(strict=True, reason="ollama.manifest checks a size with isinstance(size, int), which JSON's "
-                   "true passes (bool is an int): a layer of size true is taken as 1 byte, and the manifest is "
-                   "written to Ollama's store as sent, where Ollama's own int64 field cannot read it")
 async def test_a_manifest_whose_size_is_a_boolean_is_refused(aiohttp_server, tmp_path):
     registry = await Registry(manifest(layer(size=True))).start(aiohttp_server)
     with pytest.raises(transfer.Corrupt):
@@ -399,10 +396,6 @@ def test_a_file_outside_the_cache_is_not_removed(tmp_path):
     assert outside.read_bytes() == b"mine" and (cache / "models--acme--Repo" / "blobs" / E1).is_file()
 
 
-@pytest.mark.xfail(strict=True, reason="huggingface._unlink deletes a blob only when os.path.realpath(link) "
-                   "is_relative_to(repo / 'blobs') with repo unresolved: where the cache is reached through a "
-                   "symlinked folder (a linked ~/.cache, HF_HOME on another disk) no blob of a removed model is "
-                   "ever deleted while the repo keeps another file")
 def test_a_cache_reached_through_a_symlink_frees_the_removed_models_blob(tmp_path):
     (tmp_path / "disk").mkdir()
     (tmp_path / "cache").symlink_to(tmp_path / "disk")

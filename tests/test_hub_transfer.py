@@ -256,9 +256,6 @@ def test_without_a_digest_the_size_alone_is_checked(hub, tmp_path):
     assert partial.stat().st_size == SIZE
 
 
-@pytest.mark.xfail(strict=True, reason="a declared size larger than the file: after the whole body, fetch resumes "
-                   "at the file's end, the server answers 416, and _get raises Unreachable('HTTP 416') instead of "
-                   "Corrupt; the partial file (the whole real file) is kept, so every later pull repeats it")
 def test_a_declared_size_larger_than_the_file_is_corrupt(hub, tmp_path):
     partial = tmp_path / "blob.incomplete"
     with pytest.raises(transfer.Corrupt):
@@ -393,10 +390,6 @@ def test_a_blob_redirect_to_another_host_over_http_is_refused(tmp_path):
     assert not [p for p in store.rglob("*") if p.is_file() and p.stat().st_size]
 
 
-@pytest.mark.xfail(strict=True, reason="_Redirects.redirect_request raises URLError(Refused) inside urllib's "
-                   "http_error_302, which closes the redirect's response only after redirect_request returns: "
-                   "the connection is left to the garbage collector (a ResourceWarning: unclosed socket) on "
-                   "every refused redirect")
 def test_a_refused_redirect_closes_its_connection(tmp_path):
     with LocalhostCdn() as other:
         other.add_ollama_model("acme", "tiny", "latest", PAYLOAD[:5000])
@@ -436,10 +429,9 @@ def test_a_key_sent_to_the_hub_is_not_sent_on_to_its_cdn(hub, tmp_path):
     assert "Authorization" not in get.headers
 
 
-@pytest.mark.xfail(strict=True, reason="huggingface.plan gives each file's Want the hub's headers (HF_TOKEN's "
-                   "Authorization) and the CDN location get_hf_file_metadata reports; fetch then sends the token "
-                   "straight to that other host, where huggingface_hub itself drops it for a CDN location")
 def test_the_hub_token_is_not_sent_to_the_cdn_the_hub_names(hub, tmp_path, monkeypatch):
+    """huggingface.plan's Want goes straight to the CDN location the hub's HEAD answered: the hub's headers
+    (HF_TOKEN's Authorization) stay with the hub, as huggingface_hub keeps them."""
     monkeypatch.setenv("HF_ENDPOINT", hub.url)
     monkeypatch.setenv("HF_TOKEN", "hf_secret_token_for_the_hub_only")
     transfer.install_client()
@@ -497,9 +489,6 @@ async def test_more_redirects_than_the_bound_are_not_followed(aiohttp_server, tm
     assert partial.read_bytes() == b""
 
 
-@pytest.mark.xfail(strict=True, reason="past MAX_REDIRECTS urllib's HTTPRedirectHandler raises HTTPError (the "
-                   "307), which fetch turns into Unreachable('HTTP 307 from 127.0.0.1', hub_unreachable): the "
-                   "caller is told the hub is unreachable, not that its redirects were refused")
 async def test_more_redirects_than_the_bound_are_refused(aiohttp_server, tmp_path):
     hops = await Hops().start(aiohttp_server)
     with pytest.raises(transfer.Refused):
@@ -517,9 +506,6 @@ async def test_a_redirect_to_another_host_or_scheme_is_refused(aiohttp_server, t
     assert "/hop/0" not in hops.paths
 
 
-@pytest.mark.xfail(strict=True, reason="urllib refuses a redirect to a scheme other than http, https or ftp "
-                   "itself, with HTTPError before _Redirects sees it; fetch reports Unreachable('HTTP 302 from "
-                   "None') rather than Refused (nothing is fetched either way)")
 async def test_a_redirect_to_a_file_url_is_refused(aiohttp_server, tmp_path):
     hops = await Hops().start(aiohttp_server)
     with pytest.raises(transfer.Refused, match="file URL"):

@@ -78,7 +78,7 @@ def listing(repo: str, revision: str = "main") -> tuple[str, list[choose.RepoFil
         lfs: dict = s["lfs"] if isinstance(s.get("lfs"), dict) else {}
         sha = lfs["sha256"] if isinstance(lfs.get("sha256"), str) and SHA256.fullmatch(lfs["sha256"]) else None
         size = lfs.get("size", s.get("size"))
-        files.append(choose.RepoFile(s["rfilename"], size if isinstance(size, int) and size >= 0 else None, sha))
+        files.append(choose.RepoFile(s["rfilename"], size if type(size) is int and size >= 0 else None, sha))
     return commit, files
 
 
@@ -214,6 +214,6 @@ def _unlink(link: Path, repo: Path) -> list[Path]:
         part.unlink()
         gone.append(part)
         others = [p for p in (repo / "snapshots").rglob("*") if p.is_symlink() and os.path.realpath(p) == str(blob)]
-        if not others and blob.is_relative_to(repo / "blobs"):
+        if not others and blob.is_relative_to(os.path.realpath(repo / "blobs")):
             blob.unlink(missing_ok=True)
     return gone

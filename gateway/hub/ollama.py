@@ -54,7 +54,7 @@ def manifest(name: OllamaName, insecure: bool) -> tuple[bytes, dict]:
     config = data.get("config")
     for layer in [*layers, *([config] if config is not None else [])]:
         if not (isinstance(layer, dict) and isinstance(layer.get("digest"), str) and DIGEST.fullmatch(layer["digest"])
-                and isinstance(layer.get("size"), int) and 0 <= layer["size"] <= MAX_BLOB_BYTES
+                and type(layer.get("size")) is int and 0 <= layer["size"] <= MAX_BLOB_BYTES
                 and isinstance(layer.get("mediaType"), str) and MEDIA_TYPE.fullmatch(layer["mediaType"])):
             raise transfer.Corrupt(f"{name.canonical}: the manifest has a malformed layer")
     if not any(layer["mediaType"] == discovery.OLLAMA_MODEL_LAYER for layer in layers):

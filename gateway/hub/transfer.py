@@ -338,6 +338,7 @@ class _Redirects(urllib.request.HTTPRedirectHandler):
 
     def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001, ANN201 (urllib's)
         if self.origin is not None and (why := problem(newurl, self.origin)):
+            fp.close()  # urllib closes it only after a redirect it follows
             raise urllib.error.URLError(Refused(why))
         new = super().redirect_request(req, fp, code, msg, headers, newurl)
         if new is not None and urlsplit(newurl).netloc != urlsplit(req.full_url).netloc:
@@ -362,10 +363,16 @@ def _get(want: Want, out: Hashing, progress: Progress, cancelled: threading.Even
         resp = opener.open(urllib.request.Request(want.url, headers=headers), timeout=READ_TIMEOUT)
     except urllib.error.HTTPError as exc:
         exc.close()
-        if exc.code == 416 and want.size is not None and asked >= want.size:
-            return  # what is held is already all of it (or more: the size check says so)
+        if exc.code == 416 and want.size is not None:
+            if asked >= want.size:
+                return  # what is held is already all of it (or more: the size check says so)
+            raise Corrupt(f"{want.name}: the server has {asked} bytes or fewer, {want.size} declared") from None
         if exc.code == 404:
             raise NotFound(f"{want.name}: not found") from None
+        if 300 <= exc.code < 400:  # past the hop bound, or to a scheme urllib will not follow
+            scheme = urlsplit(exc.headers.get("Location") or "").scheme
+            raise Refused(f"{want.name}: refusing a {scheme} URL" if scheme not in ("", "http", "https")
+                          else f"{want.name}: more than {MAX_REDIRECTS} redirects") from None
         raise
     with resp:
         status = resp.status
