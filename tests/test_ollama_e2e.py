@@ -147,8 +147,10 @@ def test_keep_alive_zero_unloads(client):
      "options.temperature"),
     (lambda c: c.generate(model="plain", prompt="hi", keep_alive="soon", stream=False), 400, "keep_alive"),
     (lambda c: c.embed(model="plain", input="x"), 501, "cannot embed"),
-    (lambda c: c.pull("llama3.2"), 501, "serves the GGUF models already on disk"),
-    (lambda c: c.delete("plain"), 501, "already on disk"),
+    (lambda c: c.pull("llama3.2"), 501, "discover_default_stores is false"),  # no store to pull into
+    (lambda c: c.delete("plain"), 409, "not a model the gateway pulled"),  # models.yaml's entry
+    (lambda c: c.delete("nope"), 404, "no pulled model"),
+    (lambda c: c.pull("../x"), 400, "neither a Hugging Face repo"),
 ])
 def test_errors_in_ollamas_shape(client, call, status, words):
     with pytest.raises(ollama.ResponseError) as e:

@@ -259,3 +259,20 @@ def test_the_schema_false_allows_nothing():
 
     with pytest.raises(ValueError, match="allows no value"):
         schema_grammar({"type": "object", "properties": {"x": False}})
+
+
+@pytest.mark.parametrize(("city", "ok"), [
+    ("Paris", True), ("Par\\u00eds", True), ("\\ud83d\\ude00", True),  # a surrogate pair is a character
+    ("\\udcad", False), ("\\ud83d", False), ("\\ud83dx", False),  # a lone one is not text: strictjson refuses it
+    ("a\nb", False), ("a\tb", False),  # raw control characters are not JSON
+])
+def test_a_call_holds_only_strings_the_gateway_reads_back(vocab, city, ok):
+    """The model's call is read by ``strictjson``: the grammar allows no string it would refuse
+    (a random model wrote ``\\udcad`` under the library's own rule, and its call was lost)."""
+    from gateway.base import strictjson
+
+    call = CALLS["hermes"].replace("Paris", city)
+    required = toolgrammar.build("hermes", TOOLS, required=True)
+    assert run(vocab, required, call)[0] is ok
+    if ok:
+        strictjson.loads(call.split("<tool_call>")[1].split("</tool_call>")[0], "call")

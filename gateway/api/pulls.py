@@ -134,7 +134,8 @@ async def _delete(request: web.Request) -> list[str]:
     found = registry.found.get(spec.name) if spec is not None else None
     if spec is not None and registry.supervisor(spec).holds:
         await registry.unload(spec.name)  # 409 while it answers
-    removed = await asyncio.to_thread(remove, name, found, registry.pulls.stores())
+    removed = await asyncio.to_thread(remove, name, found, registry.pulls.stores(),
+                                      configured=spec is not None and found is None)
     await asyncio.to_thread(registry.catalog.refresh)
     return [str(p) for p in removed]
 

@@ -1,4 +1,4 @@
-"""JSON schemas to GBNF: llama-cpp-python's converter, with three things done our way.
+"""JSON schemas to GBNF: llama-cpp-python's converter, with these things done our way.
 
 - **Integer bounds.** The converter writes any integer for ``{"type": "integer", "minimum": 1,
   "maximum": 12}``, so a model sampled under it could break the schema it was given.
@@ -13,6 +13,8 @@
   rule so that llama.cpp's count of rules per repetition stays one.
 - **References.** ``$ref`` is followed within the schema (``#``, ``#/...``), from anywhere in it
   (the converter did not look beside a ``$ref``, so a top-level one with ``$defs`` failed).
+- **Strings.** A string holds only what ``strictjson`` reads back (``CHAR``): no raw control
+  character, no lone UTF-16 surrogate escape, where the library's rule allowed both.
 - **Any value.** A schema that allows any JSON value (``schemacheck.allows_any``: ``{}``,
   ``true``, no ``type`` and nothing that shapes a value) is written as any JSON value; the
   converter refused one with only a ``description`` and wrote ``{}`` as an object. ``false``
@@ -157,7 +159,24 @@ def int_range(lo: int, hi: int) -> str:
 _CHOSEN_FIRST = ("$ref", "oneOf", "anyOf", "const", "enum")  # the converter's branches before a type's
 
 
+# A JSON string's character as the gateway's parser reads a model's call back (``strictjson``):
+# no raw control character (JSON forbids them; llama.cpp's own converter leaves them out too),
+# and a \u escape never a lone UTF-16 surrogate (a high one only with its low one), where the
+# library's rule allowed both, and a model sampled under it wrote a call that was then refused.
+CHAR = llama_grammar.BuiltinRule(
+    r'[^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" ('
+    r' [0-9a-cA-Ce-fE-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F]'
+    r' | [dD] [0-7] [0-9a-fA-F] [0-9a-fA-F]'
+    r' | [dD] [89abAB] [0-9a-fA-F] [0-9a-fA-F] "\\u" [dD] [c-fC-F] [0-9a-fA-F] [0-9a-fA-F]))',
+    [])
+
+
 class Converter(llama_grammar.SchemaConverter):
+    def _add_primitive(self, name: str, rule: llama_grammar.BuiltinRule) -> str:
+        """The library's primitive rules, but ``CHAR`` for a string's character wherever one is
+        needed (a string property, an object's keys, any value)."""
+        return super()._add_primitive(name, CHAR if name == "char" else rule)
+
     def __init__(self) -> None:
         super().__init__(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
         self._ref_rules: dict[str, str] = {}  # absolute reference -> its rule's name

@@ -332,10 +332,10 @@ class Pulls:
     def _plan_one(self, pull: Pull, name: HubName, stores: Stores) -> Plan:
         if isinstance(name, HFName):
             if stores.huggingface is None:
-                raise transfer.NotFound("no Hugging Face store to pull into (server.discover_default_stores is false)")
+                raise transfer.NoStore("no Hugging Face store to pull into (server.discover_default_stores is false)")
             return huggingface.plan(name, stores.huggingface)
         if stores.ollama is None:
-            raise transfer.NotFound("no Ollama store to pull into (server.discover_default_stores is false)")
+            raise transfer.NoStore("no Ollama store to pull into (server.discover_default_stores is false)")
         return ollama.plan(name, stores.ollama, pull.insecure)
 
     def _progress(self, pull: Pull, step: str, blob: Blob | None, held: int) -> None:

@@ -17,9 +17,9 @@ class NotPulled(transfer.PullError):
     STATUS, CODE = 409, "not_a_pulled_model"
 
 
-def remove(asked: str, found: Found | None, stores: Stores) -> list[Path]:
-    """Delete what ``asked`` names (``found``: the discovered model it resolves to, if any);
-    the paths removed (blocking)."""
+def remove(asked: str, found: Found | None, stores: Stores, *, configured: bool = False) -> list[Path]:
+    """Delete what ``asked`` names (``found``: the discovered model it resolves to, if any;
+    ``configured``: it names a models.yaml entry); the paths removed (blocking)."""
     names: list[str] = [asked, *(found.names if found is not None and found.root.kind == "ollama" else [])]
     for name in names:
         try:
@@ -30,6 +30,8 @@ def remove(asked: str, found: Found | None, stores: Stores) -> list[Path]:
             if isinstance(c, OllamaName) and stores.ollama is not None \
                     and (stores.ollama / "manifests" / Path(*c.store_parts)).is_file():
                 return ollama.remove(c, stores.ollama)
+    if found is None and configured:
+        raise NotPulled(f"{asked!r} is an entry of models.yaml: not a model the gateway pulled (edit the file)")
     if found is None:
         raise transfer.NotFound(f"no pulled model {asked!r}")
     cache = stores.huggingface

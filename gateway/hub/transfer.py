@@ -69,6 +69,10 @@ class NotFound(PullError):
     STATUS, CODE = 404, "model_not_found"
 
 
+class NoStore(PullError):
+    STATUS, CODE = 501, "no_store_to_pull_into"
+
+
 class BadPullName(PullError):
     STATUS, CODE = 400, "invalid_model_name"
 
