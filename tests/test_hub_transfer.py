@@ -569,18 +569,18 @@ def test_narration_tells_each_growth_once_and_a_files_last_line_before_a_later_s
     assert told.next(p) == []
     # A's last bytes and the step after them, before the caller woke: both told, in order
     p.files[A].completed = 100
-    p.step = "verifying sha256 digest"
+    p.at("verifying sha256 digest")
     assert told.next(p) == [line(A, 100, 100), {"status": "verifying sha256 digest"}]
     assert told.next(p) == []
     p.step, p.current = "pulling", B
     assert told.next(p) == [line(B, 50, 0)]
     # B's last bytes, its verification and the manifest, all before the caller woke
     p.files[B].completed = 50
-    p.step = "verifying sha256 digest"
-    p.step = "writing manifest"
+    p.at("verifying sha256 digest")
+    p.at("writing manifest")
     assert told.next(p) == [line(B, 50, 50), {"status": "writing manifest"}]
     assert told.next(p) == []
-    p.step = "success"
+    p.at("success")
     p.move(PullState.DONE)
     assert told.next(p) == [{"status": "success"}]
 
@@ -607,9 +607,9 @@ def test_narration_in_the_gateways_own_shape():
     [got] = told.next(p)
     assert got == {**line(A, 100, 10), "model": "hf.co/acme/M", "bytes_per_second": 0, "eta_seconds": None}
     p.files[A].completed = 100
-    p.step = "writing manifest"
+    p.at("writing manifest")
     assert holds(told.next(p), [{**line(A, 100, 100), "model": "hf.co/acme/M"}, {"status": "writing manifest"}])
-    p.step = "success"
+    p.at("success")
     p.move(PullState.DONE)
     assert told.next(p) == [{"status": "success", "model": "hf.co/acme/M"}]
 

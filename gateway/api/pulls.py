@@ -36,7 +36,8 @@ class Narration:
     """What a caller is told of a pull as it goes: Ollama's progress lines (``own``: with the
     gateway's ``model``, ``bytes_per_second`` and ``eta_seconds`` too). A caller wakes to the
     pull's latest state, so each call says what changed since the last: a line for each file
-    whose bytes grew (its last one too, whatever came after it), then a step not said yet, then
+    whose bytes grew (its last one too, whatever came after it), then each step it has passed not
+    said yet (``Pull.steps``), then
     the end."""
 
     def __init__(self, own: bool):
@@ -58,13 +59,14 @@ class Narration:
                 if own:
                     line["eta_seconds"] = pull.describe()["eta_seconds"]
                 out.append(line)
+        for step in pull.steps:
+            if step not in self.said:
+                self.said.add(step)
+                out.append({"status": step, **extra})
         if pull.state is PullState.FAILED or pull.state is PullState.CANCELLED:
-            return [*out, {"error": str(pull.error) if pull.error else pull.state.value}]
-        if pull.state is PullState.DONE:
-            return [*out, {"status": "success", **({"model": pull.name} if own else {})}]
-        if pull.step not in ("pulling", "success", "error", "cancelled") and pull.step not in self.said:
-            self.said.add(pull.step)
-            out.append({"status": pull.step, **extra})
+            out.append({"error": str(pull.error) if pull.error else pull.state.value})
+        elif pull.state is PullState.DONE:
+            out.append({"status": "success", **({"model": pull.name} if own else {})})
         return out
 
 

@@ -93,6 +93,7 @@ class Pull:
     source: str = ""
     files: dict[str, FileProgress] = field(default_factory=dict)
     current: str | None = None  # the digest being fetched
+    steps: list[str] = field(default_factory=list)  # the steps besides fetching it has passed, each once
     error: transfer.PullError | None = None
     paths: list[Path] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
@@ -127,6 +128,13 @@ class Pull:
             return 0.0
         (t0, b0), (t1, b1) = self._samples[0], self._samples[-1]
         return (b1 - b0) / (t1 - t0) if t1 > t0 else 0.0
+
+    def at(self, step: str) -> None:
+        """The step it is at; one besides fetching is kept in ``steps`` too, so that a watcher
+        that wakes after the next file began still tells it."""
+        self.step = step
+        if step not in ("pulling", "success", "error", "cancelled") and step not in self.steps:
+            self.steps.append(step)
 
     def restart_rate(self) -> None:
         self._samples.clear()
@@ -287,16 +295,16 @@ class Pulls:
             pull.paths = await asyncio.to_thread(execute, plan, report, pull.cancelled, stores.keep_free)
             if self._refresh is not None:
                 await self._refresh()
-            pull.step = "success"
+            pull.at("success")
             pull.move(PullState.DONE)
         except transfer.PullError as exc:
             pull.error = exc
-            pull.step = "cancelled" if isinstance(exc, transfer.Cancelled) else "error"
+            pull.at("cancelled" if isinstance(exc, transfer.Cancelled) else "error")
             pull.move(PullState.CANCELLED if isinstance(exc, transfer.Cancelled) else PullState.FAILED)
         except Exception as exc:  # noqa: BLE001 (a pull's unforeseen failure is that pull's alone)
             log.exception("pull of %s failed", pull.asked)
             pull.error = transfer.PullError(f"{pull.asked}: {type(exc).__name__}: {exc}")
-            pull.step = "error"
+            pull.at("error")
             pull.move(PullState.FAILED)
         finally:
             self.on_outcome(pull.source or "unknown", pull.state.value if pull.state in FINISHED else "failed")
@@ -349,7 +357,7 @@ class Pulls:
             pull.current = blob.digest
             if step in ("starting", "exists"):  # bytes already on disk are no speed of this pull
                 pull.restart_rate()
-        pull.step = {"pulling": "pulling", "waiting": "pulling", "exists": "pulling", "starting": "pulling",
-                     "verified": "verifying sha256 digest"}.get(step, step)
+        pull.at({"pulling": "pulling", "waiting": "pulling", "exists": "pulling", "starting": "pulling",
+                 "verified": "verifying sha256 digest"}.get(step, step))
         pull._sample()
         pull.touch()
