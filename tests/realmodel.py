@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("GGUF_GATEWAY_TEST_CACHE") or REPO / ".cache")
 
 
-def _sha256(path: Path) -> str:
+def sha256_of(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
         while block := f.read(1 << 20):
@@ -39,13 +39,13 @@ def _cached(name: str, sha256: str, make: Callable[[Path], None]) -> Path:
     """``CACHE / "models" / name``, made by ``make(partial)`` when it is missing or not the file
     whose SHA-256 is ``sha256``, and checked before it takes the name."""
     target = CACHE / "models" / name
-    if target.exists() and _sha256(target) == sha256:
+    if target.exists() and sha256_of(target) == sha256:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f"{target.name}.{os.getpid()}.part")  # a run cut short leaves no bad file
     try:
         make(partial)
-        got = _sha256(partial)
+        got = sha256_of(partial)
         if got != sha256:
             raise RuntimeError(f"{name}: SHA-256 {got}, expected {sha256}")
         partial.replace(target)

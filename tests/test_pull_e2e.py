@@ -7,7 +7,6 @@ the gateway's discovery."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import signal
 import threading
@@ -21,18 +20,11 @@ import pytest
 from helpers import ServerProcess, free_port, request, run_cli, tiny_projector
 from hubserver import Hub
 from realmodel import SMOLLM_SHA256, gemma_path, smollm_path
+from realmodel import sha256_of as sha256
 
 from gateway.models import testmodels as tm
 
 pytestmark = [pytest.mark.slow, pytest.mark.real]
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
 
 
 def env_for(home: Path, hub: Hub, **extra: str) -> dict[str, str]:
