@@ -64,7 +64,7 @@ async def test_with_keys_a_pull_needs_one(aiohttp_client, write_config):
 
 
 async def test_a_pull_shows_in_models_and_the_snapshot_and_two_callers_share_it(aiohttp_client, app, hub):
-    hub.faults.rate = 40_000  # the file is 150 kB: a few seconds
+    hub.faults.rate = 20_000  # the file is 150 kB: several seconds
     client = await aiohttp_client(app)
 
     async def pull() -> list[dict]:
