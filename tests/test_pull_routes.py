@@ -91,3 +91,25 @@ async def test_a_pull_shows_in_models_and_the_snapshot_and_two_callers_share_it(
     assert not [m for m in body["data"] if m["state"] == "downloading"]
     assert "hf.co/acme/tiny-gguf" in [a for m in body["data"] for a in m["aliases"]]
     assert [p["state"] for p in body["pulls"]] == ["done"]
+
+
+async def test_a_whole_request_waits_for_an_on_demand_pull_no_longer_than_its_bound(aiohttp_client, write_config, hub):
+    hub.faults.rate = 30_000  # the file is 150 kB: five seconds, longer than the two waits
+    app = create_app(load_config(write_config(
+        "server:\n  pull_keep_free_bytes: 0\n  pull_on_demand: [hf.co/]\n  pull_wait_seconds: 1\n")))
+    client = await aiohttp_client(app)
+    ask = {"model": "hf.co/acme/Tiny-GGUF", "messages": [{"role": "user", "content": "?"}]}
+    r = await client.post("/v1/chat/completions", json=ask)
+    body = await r.json()
+    assert r.status == 503 and body["error"]["code"] == "model_downloading" and r.headers["Retry-After"] == "30"
+    assert "still downloading" in body["error"]["message"]
+    r = await client.post("/v1/messages", json={**ask, "max_tokens": 8})  # the same pull, Anthropic's shape
+    assert r.status == 503 and (await r.json())["type"] == "error"
+    assert len([p for p in (await (await client.get("/models")).json())["pulls"]]) == 1
+    hub.faults.rate = None
+    for _ in range(300):  # the pull goes on without the callers who left: once done, the name answers
+        if [p["state"] for p in (await (await client.get("/models")).json())["pulls"]] == ["done"]:
+            break
+        await asyncio.sleep(0.1)
+    r = await client.post("/v1/chat/completions", json={**ask, "max_tokens": 4})
+    assert r.status == 200 and (await r.json())["choices"][0]["message"]["content"] == "Hi"
