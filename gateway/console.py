@@ -1,4 +1,5 @@
-"""Operator commands that talk to a running gateway: ``status`` and ``chat``.
+"""Operator commands that talk to a running gateway: ``status`` and ``chat``, and ``Gateway``,
+the client ``pull`` and ``rm`` use through one.
 
 Standard library only (urllib), so they work from the same install with nothing running but
 the gateway. The address and key come from ``--url`` / ``--api-key``, else
@@ -93,6 +94,21 @@ class Gateway:
     def get(self, path: str) -> Any:
         with self._request(path) as r:
             return self._json(path, r.read())
+
+    def post(self, path: str, body: dict[str, Any], limit: int = 1 << 20) -> Any:
+        """A POST's JSON answer, read within ``limit`` bytes."""
+        with self._request(path, body) as r:
+            return self._json(path, r.read(limit))
+
+    def stream_lines(self, path: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """A POST answered with newline-delimited JSON (a pull's progress): each line read
+        within a bound and parsed by the bounded parser."""
+        with self._request(path, body, timeout=3600) as r:
+            while raw := r.readline(1 << 16):
+                line = self._json(path, raw)
+                if not isinstance(line, dict):
+                    raise BadAnswer(f"{self.url}{path} streamed a line that is not a JSON object")
+                yield line
 
     def stream_chat(self, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
         path = "/v1/chat/completions"

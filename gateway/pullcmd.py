@@ -15,15 +15,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import urllib.error
-from collections.abc import Iterator
 from typing import Any, TextIO
 
 from .api.pulls import Narration
 from .backends.untrusted import shown
 from .console import BadAnswer, Gateway, Unreachable
 from .hub import pulls as hub
+from .hub import transfer
 from .hub.removal import remove
 from .models.catalog import ModelCatalog
 from .models.config import Config, ServerConfig
@@ -107,8 +108,6 @@ def add_commands(sub: argparse._SubParsersAction, add_config: Any) -> None:
 
 def _gateway(args: argparse.Namespace, config: Config | None) -> Gateway | None:
     """The gateway to work through: named, or found answering at the configured address."""
-    import os
-
     gw = Gateway.from_args(args, config)
     if args.url or os.environ.get("GGUF_GATEWAY_URL"):
         return gw
@@ -144,19 +143,9 @@ def cmd_pull(args: argparse.Namespace, config: Config | None, out: TextIO = sys.
 
 def _remote(gw: Gateway, args: argparse.Namespace, view: View) -> str | None:
     error = None
-    for line in _stream(gw, "/models/pull", {"model": args.name, "insecure": args.insecure}):
+    for line in gw.stream_lines("/models/pull", {"model": args.name, "insecure": args.insecure}):
         error = view.line(line) or error
     return error
-
-
-def _stream(gw: Gateway, path: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """A streamed answer's lines, each read within a bound and parsed by the bounded parser."""
-    with gw._request(path, body, timeout=3600) as r:
-        while raw := r.readline(1 << 16):
-            line = gw._json(path, raw)
-            if not isinstance(line, dict):
-                raise BadAnswer(f"{gw.url}{path} streamed a line that is not a JSON object")
-            yield line
 
 
 async def _local(name: str, insecure: bool, server: ServerConfig, view: View) -> str | None:
@@ -180,8 +169,7 @@ def cmd_rm(args: argparse.Namespace, config: Config | None, out: TextIO = sys.st
     gw = _gateway(args, config)
     try:
         if gw is not None:
-            with gw._request("/models/delete", {"model": args.name}) as r:
-                answer = gw._json("/models/delete", r.read(1 << 20))
+            answer = gw.post("/models/delete", {"model": args.name})
             removed = answer.get("deleted", []) if isinstance(answer, dict) else []
         else:
             cfg = config or Config()
@@ -192,7 +180,7 @@ def cmd_rm(args: argparse.Namespace, config: Config | None, out: TextIO = sys.st
     except (Unreachable, BadAnswer, RuntimeError, urllib.error.URLError) as e:
         print(f"error: {shown(str(e), 500)}", file=sys.stderr)
         return 1
-    except hub.transfer.PullError as e:
+    except transfer.PullError as e:
         print(f"error: {shown(e.message, 500)}", file=sys.stderr)
         return 1
     for path in removed:

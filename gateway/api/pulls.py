@@ -47,7 +47,8 @@ class Narration:
 
     def next(self, pull: Pull) -> list[dict[str, Any]]:
         own, out = self.own, list[dict[str, Any]]()
-        extra = {"model": pull.name or pull.asked, "bytes_per_second": round(pull.rate())} if own else {}
+        rate = pull.rate()
+        extra = {"model": pull.name or pull.asked, "bytes_per_second": round(rate)} if own else {}
         if "pulling manifest" not in self.said:
             self.said.add("pulling manifest")
             out.append({"status": "pulling manifest", **extra})
@@ -57,7 +58,7 @@ class Narration:
                 line = {"status": f"pulling {f.digest.removeprefix('sha256:')[:12]}", "digest": f.digest,
                         "total": f.total, "completed": f.completed, **extra}
                 if own:
-                    line["eta_seconds"] = pull.describe()["eta_seconds"]
+                    line["eta_seconds"] = pull.eta(rate)
                 out.append(line)
         for step in pull.steps:
             if step not in self.said:

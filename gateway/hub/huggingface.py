@@ -87,11 +87,10 @@ def pick(name: HFName, files: list[choose.RepoFile]) -> choose.Choice:
         return choose.choose(files, name.quant, name.file)
     except choose.Ambiguous as exc:
         raise transfer.Ambiguous(f"{name.canonical} matches several models: {', '.join(exc.choices)}; "
-                                 "name one by its quantization or file", choices=exc.choices) from None
+                                 "name one by its quantization or file") from None
     except choose.NoMatch as exc:
         offer = f"; it has: {', '.join(exc.choices)}" if exc.choices else "; it has no GGUF file"
-        raise transfer.NotFound(f"no file of {name.repo} matches {name.canonical}{offer}",
-                                choices=exc.choices) from None
+        raise transfer.NotFound(f"no file of {name.repo} matches {name.canonical}{offer}") from None
     except (choose.Incomplete, ValueError) as exc:
         raise transfer.NotFound(f"{name.canonical}: {exc}") from None
 
@@ -106,7 +105,8 @@ def plan(name: HFName, cache: Path) -> Plan:
 
     if offline():
         raise transfer.Offline("HF_HUB_OFFLINE is set: not asking the hub")
-    origin = transfer.Origin.of(endpoint(), insecure=endpoint().startswith("http://"))
+    base, headers = endpoint(), _headers()
+    origin = transfer.Origin.of(base, insecure=base.startswith("http://"))
     with transfer.within(origin):
         commit, files = listing(name.repo)
         choice = pick(name, files)
@@ -114,9 +114,9 @@ def plan(name: HFName, cache: Path) -> Plan:
         blobs, links = [], []
         wanted = [*choice.files, *([choice.projector] if choice.projector else [])]
         for f in wanted:
-            url = hf_hub_url(name.repo, f.path, revision=commit, endpoint=endpoint())
+            url = hf_hub_url(name.repo, f.path, revision=commit, endpoint=base)
             try:
-                meta = get_hf_file_metadata(url, headers=_headers(), endpoint=endpoint())
+                meta = get_hf_file_metadata(url, headers=headers, endpoint=base)
             except Exception as exc:  # noqa: BLE001 (huggingface_hub's errors: mapped by status below)
                 raise _metadata_error(exc, f.path) from None
             etag = (meta.etag or "").strip('"').removeprefix("W/").strip('"')
@@ -130,9 +130,9 @@ def plan(name: HFName, cache: Path) -> Plan:
                 raise transfer.Corrupt(f"{f.path}: the hub says {meta.size} bytes and its listing {f.size}")
             blob = folder / "blobs" / etag
             # the hub's key goes to the hub alone, never to the CDN its answer points at
-            headers = _headers() if urlsplit(meta.location).netloc == urlsplit(url).netloc else {}
+            sent = headers if urlsplit(meta.location).netloc == urlsplit(url).netloc else {}
             want = transfer.Want(meta.location, blob.with_name(etag + ".incomplete"), size, sha,
-                                 f"{name.repo}/{f.path}", tuple(headers.items()), origin)
+                                 f"{name.repo}/{f.path}", tuple(sent.items()), origin)
             blobs.append(Blob(want, blob, cache / ".locks" / folder.name / f"{etag}.lock", f"sha256:{sha or etag}"))
             links.append((blob, folder / "snapshots" / commit / f.path))
 
@@ -151,8 +151,7 @@ def plan(name: HFName, cache: Path) -> Plan:
                 _create_symlink(str(blob), str(link), new_blob=True)
         return [link for _, link in links[: len(choice.files)]]
 
-    aliases = (f"{name.repo}:{choice.quant}".lower(),) if not name.file else ()
-    return Plan(name.canonical, "huggingface", cache, tuple(blobs), finish, aliases)
+    return Plan(name.canonical, "huggingface", cache, tuple(blobs), finish)
 
 
 def _metadata_error(exc: Exception, path: str) -> transfer.PullError:

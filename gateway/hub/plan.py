@@ -40,25 +40,19 @@ class Plan:
     store: Path  # the store folder written into
     blobs: tuple[Blob, ...]
     finish: Callable[[], list[Path]]  # makes the model visible; the model files it made visible
-    aliases: tuple[str, ...] = ()  # other names the model answers to once pulled
-
-    @property
-    def total(self) -> int:
-        return sum(b.size for b in self.blobs)
 
 
 Report = Callable[[str, Blob | None, int], None]  # (step, blob or None, bytes held of it)
 
 
+def _held(blob: Blob) -> int:
+    """What an earlier pull left of ``blob`` in its partial file."""
+    return blob.want.partial.stat().st_size if blob.want.partial.exists() else 0
+
+
 def missing(plan: Plan) -> int:
     """Bytes still to fetch: each file not yet in place, less what its partial file holds."""
-    need = 0
-    for blob in plan.blobs:
-        if blob.final.exists():
-            continue
-        held = blob.want.partial.stat().st_size if blob.want.partial.exists() else 0
-        need += max(blob.size - held, 0)
-    return need
+    return sum(max(blob.size - _held(blob), 0) for blob in plan.blobs if not blob.final.exists())
 
 
 def _reporter(report: Report, blob: Blob) -> transfer.Progress:
@@ -81,8 +75,7 @@ def execute(plan: Plan, report: Report, cancelled: threading.Event, keep_free: i
             if blob.final.exists():
                 report("exists", blob, blob.size)
                 continue
-            held = blob.want.partial.stat().st_size if blob.want.partial.exists() else 0
-            report("starting", blob, held)  # what an earlier pull left: resumed, not fetched now
+            report("starting", blob, _held(blob))  # what an earlier pull left: resumed, not fetched now
             transfer.fetch(blob.want, _reporter(report, blob), cancelled)
             report("verified", blob, blob.size)
             transfer.place(blob.want.partial, blob.final)

@@ -145,14 +145,18 @@ class Pull:
         while len(self._samples) > 2 and now - self._samples[0][0] > RATE_WINDOW:
             self._samples.pop(0)
 
+    def eta(self, rate: float) -> float | None:
+        """Seconds left at ``rate`` bytes a second, where it is known."""
+        left = self.total - self.completed
+        return round(left / rate, 1) if rate > 0 and left > 0 else None
+
     def describe(self) -> dict:
         """The pull as ``GET /models`` and the page show it."""
         rate = self.rate()
-        left = self.total - self.completed
         out: dict[str, Any] = {
                "name": self.name or self.asked, "asked": self.asked, "state": self.state.value, "step": self.step,
                "source": self.source, "total": self.total, "completed": self.completed,
-               "bytes_per_second": round(rate), "eta_seconds": round(left / rate, 1) if rate > 0 and left > 0 else None,
+               "bytes_per_second": round(rate), "eta_seconds": self.eta(rate),
                "files": [{"digest": f.digest, "name": f.name, "total": f.total, "completed": f.completed}
                          for f in self.files.values()]}
         if self.error is not None:

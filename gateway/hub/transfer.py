@@ -60,9 +60,8 @@ class PullError(ApiError):
 
     STATUS, CODE = 502, "pull_failed"
 
-    def __init__(self, message: str, *, choices: tuple[str, ...] = ()):
+    def __init__(self, message: str):
         super().__init__(message, status=self.STATUS, code=self.CODE, param="model" if self.STATUS < 500 else None)
-        self.choices = choices
 
 
 class NotFound(PullError):
@@ -215,6 +214,8 @@ def session():  # noqa: ANN201 (httpx2.Client)
 
 def network_error(exc: BaseException, where: str) -> PullError:
     """A transport failure as the caller is told it."""
+    import httpx2
+
     if isinstance(exc, PullError):
         return exc
     cause: BaseException | None = exc
@@ -222,10 +223,9 @@ def network_error(exc: BaseException, where: str) -> PullError:
         if isinstance(cause, Refused):
             return cause
         cause = cause.__cause__ or cause.__context__
-    text = str(exc) or type(exc).__name__
-    if "redirect" in text.lower() and "too many" in text.lower():
+    if isinstance(exc, httpx2.TooManyRedirects):
         return Refused(f"{where}: more than {MAX_REDIRECTS} redirects")
-    return Unreachable(f"cannot reach {where}: {text}")
+    return Unreachable(f"cannot reach {where}: {str(exc) or type(exc).__name__}")
 
 
 def read_small(url: str, headers: dict[str, str], what: str, *, limit: int = MAX_SMALL_BYTES) -> tuple[int, bytes]:
@@ -249,7 +249,6 @@ class Hashing:
     """A partial file opened for appending, hashing what it holds and what is written."""
 
     def __init__(self, path: Path):
-        self.path = path
         self.digest = hashlib.sha256()
         self.file = open(path, "ab+")  # noqa: SIM115 (closed by close())
         self.file.seek(0)
