@@ -195,27 +195,21 @@
    * each event; returning true stops reading. onComment(text) gets ":" comment lines.
    */
   async function readSSE(resp, onEvent, onComment) {
-    const reader = resp.body.getReader();
-    const decoder = new TextDecoder();
-    let buffer = "";
     let eventName = "";
     let data = [];
-    let stop = false;
 
     const dispatch = () => {
-      if (data.length) stop = onEvent({ event: eventName || "message", data: data.join("\n") }) === true;
+      const stop = data.length > 0 && onEvent({ event: eventName || "message", data: data.join("\n") }) === true;
       eventName = "";
       data = [];
+      return stop;
     };
 
-    const line = (text) => {
-      if (text === "") {
-        dispatch();
-        return;
-      }
+    const stopped = await readLines(resp, (text) => {
+      if (text === "") return dispatch();
       if (text.startsWith(":")) {
         if (onComment) onComment(text.slice(1).trim());
-        return;
+        return false;
       }
       const colon = text.indexOf(":");
       const field = colon < 0 ? text : text.slice(0, colon);
@@ -223,39 +217,9 @@
       if (value.startsWith(" ")) value = value.slice(1);
       if (field === "event") eventName = value;
       else if (field === "data") data.push(value);
-    };
-
-    const drain = (final) => {
-      for (;;) {
-        const match = /\r\n|\r|\n/.exec(buffer);
-        if (!match) break;
-        // A lone "\r" at the very end may be the first half of "\r\n": wait for more.
-        if (!final && match[0] === "\r" && match.index === buffer.length - 1) break;
-        line(buffer.slice(0, match.index));
-        buffer = buffer.slice(match.index + match[0].length);
-        if (stop) return;
-      }
-    };
-
-    let ended = false;
-    try {
-      while (!stop) {
-        const { value, done } = await reader.read();
-        if (done) {
-          ended = true;
-          buffer += decoder.decode();
-          drain(true);
-          if (!stop && buffer) line(buffer);
-          if (!stop) dispatch();
-          break;
-        }
-        buffer += decoder.decode(value, { stream: true });
-        drain(false);
-      }
-    } finally {
-      // Stopped early, or a handler threw: close the body rather than leave the connection open.
-      if (!ended) reader.cancel().catch(() => {});
-    }
+      return false;
+    });
+    if (!stopped) dispatch();
   }
 
   /**
@@ -263,22 +227,41 @@
    * parses as JSON; returning true stops reading. Lines that do not parse are skipped.
    */
   async function readNDJSON(resp, onLine) {
+    await readLines(resp, (text) => {
+      const trimmed = text.trim();
+      if (!trimmed) return false;
+      let obj;
+      try {
+        obj = JSON.parse(trimmed);
+      } catch (_) {
+        return false; // a damaged line: wait for the next one
+      }
+      return onLine(obj) === true;
+    });
+  }
+
+  /**
+   * Reads a body a line at a time ("\r\n", "\r" or "\n" ends one): onLine(text) for each, the
+   * last unended one included; returning true stops reading. Resolves to whether it was stopped.
+   * Stopped early, or a handler threw: the body is closed rather than the connection left open.
+   */
+  async function readLines(resp, onLine) {
     const reader = resp.body.getReader();
     const decoder = new TextDecoder();
     let buffer = "";
     let stop = false;
     let ended = false;
 
-    const line = (text) => {
-      const trimmed = text.trim();
-      if (!trimmed) return;
-      let obj;
-      try {
-        obj = JSON.parse(trimmed);
-      } catch (_) {
-        return; // a damaged line: wait for the next one
+    const drain = (final) => {
+      while (!stop) {
+        const match = /\r\n|\r|\n/.exec(buffer);
+        if (!match) break;
+        // A lone "\r" at the very end may be the first half of "\r\n": wait for more.
+        if (!final && match[0] === "\r" && match.index === buffer.length - 1) break;
+        const text = buffer.slice(0, match.index);
+        buffer = buffer.slice(match.index + match[0].length);
+        stop = onLine(text) === true;
       }
-      stop = onLine(obj) === true;
     };
 
     try {
@@ -287,20 +270,17 @@
         if (done) {
           ended = true;
           buffer += decoder.decode();
-          if (buffer) line(buffer);
+          drain(true);
+          if (!stop && buffer) stop = onLine(buffer) === true;
           break;
         }
         buffer += decoder.decode(value, { stream: true });
-        let nl;
-        while (!stop && (nl = buffer.indexOf("\n")) >= 0) {
-          const text = buffer.slice(0, nl);
-          buffer = buffer.slice(nl + 1);
-          line(text);
-        }
+        drain(false);
       }
     } finally {
       if (!ended) reader.cancel().catch(() => {});
     }
+    return stop;
   }
 
   // ---- status area --------------------------------------------------------------------------
