@@ -28,11 +28,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ..models.discovery import HF_HOSTS, OLLAMA_DEFAULT_REGISTRY
+
 MAX_NAME = 512  # the whole name: far above any real one, small enough to quote back in an error
 
-HF_HOSTS = ("hf.co", "huggingface.co")
-OLLAMA_REGISTRY = "registry.ollama.ai"
-OLLAMA_NAMESPACE = "library"
+# discovery's own (Ollama's default registry and namespace; HF_HOSTS, Hugging Face's hosts in a name),
+# so that a pulled model answers to the name it was pulled by
+OLLAMA_REGISTRY, OLLAMA_NAMESPACE = OLLAMA_DEFAULT_REGISTRY
 OLLAMA_TAG = "latest"
 
 # Hugging Face (huggingface_hub.utils.validate_repo_id): letters, digits, "_", "-", "."; at most 96;

@@ -147,6 +147,11 @@ def _gguf_files(root: Path) -> list[Path]:
     return sorted(files, key=lambda p: (len(p.relative_to(root).parts), str(p)))
 
 
+def hf_spellings(name: str) -> list[str]:
+    """A Hugging Face name as it is written bare (llama-server's ``-hf``) and with each host."""
+    return [name, *(f"{host}/{name}" for host in HF_HOSTS)]
+
+
 def _scan_dir(root: Root, order: int) -> list[Found]:
     out = []
     for path in _gguf_files(root.path):
@@ -154,12 +159,11 @@ def _scan_dir(root: Root, order: int) -> list[Found]:
         rel = path.relative_to(root.path).parts
         if root.kind == "huggingface" and rel[0].startswith("models--"):
             repo = rel[0][len("models--"):].replace("--", "/").lower()
-            found.names += [repo, *(f"{host}/{repo}" for host in HF_HOSTS)]
+            found.names += hf_spellings(repo)
             if len(rel) > 3 and rel[1] == "snapshots":  # the file by its path in the repo, as pulled
-                file = "/".join(rel[3:]).lower()
-                found.names += [f"{repo}/{file}", *(f"{host}/{repo}/{file}" for host in HF_HOSTS)]
+                found.names += hf_spellings(f"{repo}/{'/'.join(rel[3:]).lower()}")
             if m := FILE_QUANT.search(stem_name(path)):  # the quantization its name says, as it was pulled by
-                found.names += [f"{prefix}{repo}:{m.group(1)}" for prefix in ("", *(f"{h}/" for h in HF_HOSTS))]
+                found.names += hf_spellings(f"{repo}:{m.group(1)}")
         elif root.kind == "lmstudio" and len(rel) >= 3:
             found.names.append(f"{rel[0]}/{rel[1]}".lower())
         out.append(found)
@@ -261,9 +265,8 @@ def scan(roots: list[Root]) -> list[Found]:
             if found.root.kind == "lmstudio" and info.quantization and len(found.names) > 1:
                 found.names.append(f"{found.names[1]}:{info.quantization.lower()}")
             elif found.root.kind == "huggingface" and info.quantization and len(found.names) > 1:
-                repo = found.names[1]
-                found.names += [n for prefix in ("", *(f"{h}/" for h in HF_HOSTS))
-                                if (n := f"{prefix}{repo}:{info.quantization.lower()}") not in found.names]
+                found.names += [n for n in hf_spellings(f"{found.names[1]}:{info.quantization.lower()}")
+                                if n not in found.names]
             found.fallback = [info.architecture.lower()] if info.architecture else []
             out.append(found)
     for found in out:
