@@ -23,10 +23,11 @@ from typing import Any
 
 from aiohttp import web
 
-from ..base.errors import ApiError, InvalidRequest, ModelNotFound
+from ..base.errors import ApiError, ModelNotFound
 from ..hub.pulls import Pull, PullState
 from ..hub.removal import remove
 from ..server.sse import LineStream
+from ..wire.ollama import flag
 from ..wire.params import require_model
 from .appkeys import CONFIG, REGISTRY
 from .body import read_json_object
@@ -37,8 +38,7 @@ class Narration:
     gateway's ``model``, ``bytes_per_second`` and ``eta_seconds`` too). A caller wakes to the
     pull's latest state, so each call says what changed since the last: a line for each file
     whose bytes grew (its last one too, whatever came after it), then each step it has passed not
-    said yet (``Pull.steps``), then
-    the end."""
+    said yet (``Pull.steps``), then the end."""
 
     def __init__(self, own: bool):
         self.own = own
@@ -78,17 +78,10 @@ def _model(body: dict[str, Any]) -> str:
     return require_model(body)
 
 
-def _flag(body: dict[str, Any], key: str, default: bool) -> bool:
-    value = body.get(key, default)
-    if not isinstance(value, bool):
-        raise InvalidRequest(f"`{key}` must be true or false", key)
-    return value
-
-
 async def _pull(request: web.Request, *, own: bool) -> web.StreamResponse:
     body = await read_json_object(request)
     name = _model(body)
-    insecure, stream = _flag(body, "insecure", False), _flag(body, "stream", True)
+    insecure, stream = flag(body, "insecure", False), flag(body, "stream", True)
     pulls = request.app[REGISTRY].pulls
     pull = pulls.start(name, insecure=insecure)
     if not stream:

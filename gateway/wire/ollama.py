@@ -46,7 +46,8 @@ def _model(body: dict[str, Any]) -> str:
     return model
 
 
-def _bool(body: dict[str, Any], name: str, default: bool) -> bool:
+def flag(body: dict[str, Any], name: str, default: bool) -> bool:
+    """A true-or-false field (absent or null: ``default``); else a 400 naming it."""
     value = body.get(name, default)
     if value is None:
         return default
@@ -211,7 +212,7 @@ def parse_chat(body: dict[str, Any]) -> OllamaParsed:
         if req.response_format is not None:
             raise InvalidRequest("give tools or format, not both", "tools")
         req.tools = tools
-    return OllamaParsed(model, req, _bool(body, "stream", True), explicit=given, keep_alive=alive,
+    return OllamaParsed(model, req, flag(body, "stream", True), explicit=given, keep_alive=alive,
                         reasoning_effort=effort)
 
 
@@ -234,7 +235,7 @@ def parse_generate(body: dict[str, Any]) -> OllamaParsed:
         if body.get(name):
             raise InvalidRequest(f"{name} is not supported by this gateway", name)
     suffix = read_suffix(body)
-    raw = _bool(body, "raw", False)
+    raw = flag(body, "raw", False)
     if suffix is not None:  # fill in the middle, as Ollama does for a model whose template has .Suffix
         if media:
             raise InvalidRequest("images cannot go with a suffix (fill in the middle)", "images")
@@ -246,7 +247,7 @@ def parse_generate(body: dict[str, Any]) -> OllamaParsed:
                                                                                    "content": marks + prompt}]
         req = GenerationRequest(messages=messages, media=media)
     given, alive, effort = _common(body, req)
-    return OllamaParsed(model, req, _bool(body, "stream", True), explicit=given, keep_alive=alive,
+    return OllamaParsed(model, req, flag(body, "stream", True), explicit=given, keep_alive=alive,
                         reasoning_effort=effort)
 
 
