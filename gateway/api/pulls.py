@@ -18,12 +18,11 @@ only on loopback unless told otherwise, and then anyone who can reach it may.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Any
 
 from aiohttp import web
 
-from ..base.errors import ApiError, ModelNotFound
+from ..base.errors import ApiError
 from ..hub.pulls import Pull, PullState
 from ..hub.removal import remove
 from ..server.sse import LineStream
@@ -124,9 +123,10 @@ async def cancel(request: web.Request) -> web.Response:
 async def _delete(request: web.Request) -> list[str]:
     name = _model(await read_json_object(request))
     registry = request.app[REGISTRY]
-    with contextlib.suppress(ModelNotFound):
-        await registry.lookup(name, pull=False)  # a model just put there: rescanned
     spec = registry.resolve(name, tag_fallback=False)  # this name's own model, never one a tag falls back to
+    if spec is None:  # a model put there since the last scan: the stores read again, whenever they last were
+        await asyncio.to_thread(registry.catalog.refresh)
+        spec = registry.resolve(name, tag_fallback=False)
     found = registry.found.get(spec.name) if spec is not None else None
     if spec is not None and registry.supervisor(spec).holds:
         await registry.unload(spec.name)  # 409 while it answers

@@ -62,6 +62,11 @@ def manifest(name: OllamaName, insecure: bool) -> tuple[bytes, dict]:
     return body, data
 
 
+def manifest_path(store: Path, name: OllamaName) -> Path:
+    """Where Ollama keeps ``name``'s manifest in ``store``."""
+    return store / "manifests" / Path(*name.store_parts)
+
+
 def plan(name: OllamaName, store: Path, insecure: bool) -> Plan:
     """What pulling ``name`` into the Ollama store ``store`` writes (blocking: network)."""
     base = base_url(name, insecure)
@@ -81,7 +86,7 @@ def plan(name: OllamaName, store: Path, insecure: bool) -> Plan:
                              DIGEST.fullmatch(digest).group(1),  # type: ignore[union-attr]
                              f"{name.canonical} {digest[:19]}", origin=origin)
         blobs.append(Blob(want, final, final.with_name(final.name + ".gguf-gateway-lock"), digest))
-    target = store / "manifests" / Path(*name.store_parts)
+    target = manifest_path(store, name)
     model_blob = next(store / "blobs" / layer["digest"].replace(":", "-") for layer in data["layers"]
                       if layer["mediaType"] == discovery.OLLAMA_MODEL_LAYER)
 
@@ -97,7 +102,7 @@ def plan(name: OllamaName, store: Path, insecure: bool) -> Plan:
 
 def remove(name: OllamaName, store: Path) -> list[Path]:
     """Ollama's own rule: the manifest goes, and each blob no other manifest names."""
-    target = store / "manifests" / Path(*name.store_parts)
+    target = manifest_path(store, name)
     if not target.is_file():
         raise transfer.NotFound(f"no model {name.canonical!r} in {store}")
     try:

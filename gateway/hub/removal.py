@@ -28,7 +28,7 @@ def remove(asked: str, found: Found | None, stores: Stores, *, configured: bool 
             continue
         for c in candidates:
             if isinstance(c, OllamaName) and stores.ollama is not None \
-                    and (stores.ollama / "manifests" / Path(*c.store_parts)).is_file():
+                    and ollama.manifest_path(stores.ollama, c).is_file():
                 return ollama.remove(c, stores.ollama)
     if found is None and configured:
         raise NotPulled(f"{asked!r} is an entry of models.yaml: not a model the gateway pulled (edit the file)")

@@ -125,16 +125,16 @@ class Registry:
                 return spec
         return None
 
-    async def lookup(self, name: object, on_progress: Progress | None = None, *, pull: bool = True) -> ModelSpec:
+    async def lookup(self, name: object, on_progress: Progress | None = None) -> ModelSpec:
         """``resolve``, rescanning the stores once on a miss (at most every ``rescan_seconds``);
-        where ``pull`` and ``server.pull_on_demand`` allows the name and no model has it exactly,
-        pulled from its hub first (``on_progress`` told the download's share done)."""
+        where ``server.pull_on_demand`` allows the name and no model has it exactly, pulled from
+        its hub first (``on_progress`` told the download's share done)."""
         spec = self.resolve(name)
         if spec is None and self.catalog.stale():
             await asyncio.to_thread(self.catalog.refresh)
             await self.upstreams.refresh(discover_only=True)
             spec = self.resolve(name)
-        if pull and isinstance(name, str) and self.resolve(name, tag_fallback=False) is None:
+        if isinstance(name, str) and self.resolve(name, tag_fallback=False) is None:
             await self.pulls.on_demand(name, self.config.server, on_progress)  # where the server allows it
             spec = self.resolve(name)
         if spec is None:
