@@ -113,3 +113,18 @@ async def test_a_whole_request_waits_for_an_on_demand_pull_no_longer_than_its_bo
         await asyncio.sleep(0.1)
     r = await client.post("/v1/chat/completions", json={**ask, "max_tokens": 4})
     assert r.status == 200 and (await r.json())["choices"][0]["message"]["content"] == "Hi"
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"model": "\\ud800"}',  # a lone surrogate
+    b'{"model": ' + b"[" * 5000 + b"]" * 5000 + b"}",  # nested far past the parser's bound
+    b'{"model": 1' + b"0" * 5000 + b"}",  # a huge number
+    b'{"model": 1e999}',
+    b"[]", b"not json",
+])
+async def test_hostile_bodies_are_a_400_on_every_pull_route(aiohttp_client, app, raw):
+    client = await aiohttp_client(app)
+    for method, path in (("POST", "/models/pull"), ("POST", "/api/pull"), ("POST", "/models/pull/cancel"),
+                         ("POST", "/models/delete"), ("DELETE", "/api/delete")):
+        r = await client.request(method, path, data=raw, headers={"Content-Type": "application/json"})
+        assert r.status == 400, (path, raw[:40], r.status, await r.text())
