@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import ipaddress
 import logging
 import time
@@ -13,8 +11,11 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from .api import admin, anthropic, dashboard, ollama, openai, pulls, responses
-from .api.appkeys import CONFIG, CONNECTIONS, EVENTS, LIFECYCLE, LIVE, METRICS, REGISTRY, SEAL_KEY
+from .access.gate import Gate
+from .access.keys import owner_of  # noqa: F401 (re-exported: what a key's requests leave behind is its own)
+from .api import admin, anthropic, dashboard, ollama, openai, pulls, responses, usage
+from .api.access import access_middleware
+from .api.appkeys import CONFIG, CONNECTIONS, EVENTS, GATE, LIFECYCLE, LIVE, METRICS, REGISTRY, SEAL_KEY
 from .base.errors import ApiError
 from .base.secretfile import KeptSecret
 from .engine.client import RequestFailed
@@ -285,48 +286,6 @@ def cors_middleware(origins: tuple[str, ...]):
     return middleware
 
 
-def _digest(key: str) -> bytes:
-    return hashlib.sha256(key.encode()).digest()
-
-
-def owner_of(key: str) -> str:
-    """Who owns what a key's requests leave behind (stored responses, cached prompts, saved KV
-    caches): the key itself, by a digest of it, so neither a key's name (unnamed keys are named
-    ``key1``, ``key2``, ... by their place in the list, and two sources may give one name twice)
-    nor its place hands one key's to another. Truncated, and apart from the comparison's digest:
-    it is written into saved caches' notes, and must say nothing usable of the key. Pure."""
-    return "key-" + hashlib.sha256(b"gguf-gateway owner\0" + key.encode()).hexdigest()[:32]
-
-
-def auth_middleware(keys: tuple[tuple[str, str], ...], open_paths: frozenset[str] = OPEN_PATHS):
-    """Bearer or ``x-api-key``; both sides hashed so the comparison is constant-time. A request
-    is named by its key's name (``PRINCIPAL``: the log, the events, the page) and owned by the
-    key itself (``OWNER``: ``owner_of``)."""
-    digests = [(name, _digest(k), owner_of(k)) for name, k in keys]
-
-    @web.middleware
-    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.method == "OPTIONS":
-            return await handler(request)
-        auth = request.headers.get("Authorization", "")
-        given = auth[7:].strip() if auth[:7].lower() == "bearer " else request.headers.get("x-api-key", "")
-        d = _digest(given)
-        principal = owner = None
-        for name, k, own in digests:  # every key is compared, so the time taken says nothing of which matched
-            if hmac.compare_digest(d, k) and given:
-                principal, owner = name, own
-        if principal is None or owner is None:
-            if request.path in open_paths:  # open
-                return await handler(request)
-            raise ApiError("Invalid or missing API key", status=401, code="invalid_api_key",
-                           headers={"WWW-Authenticate": "Bearer"})
-        # on the open paths too, a key given names who asks (/health's details)
-        request[PRINCIPAL], request[OWNER] = principal, owner
-        return await handler(request)
-
-    return middleware
-
-
 def create_app(config: Config, registry: Registry | None = None) -> web.Application:
     middlewares = [connection_middleware, observe_middleware, errors_middleware]
     if is_loopback(config.server.host):
@@ -334,9 +293,7 @@ def create_app(config: Config, registry: Registry | None = None) -> web.Applicat
     middlewares.append(browser_guard_middleware(config.server.cors_origins))
     if config.server.cors_origins:
         middlewares.append(cors_middleware(config.server.cors_origins))
-    if config.server.api_keys:
-        open_paths = OPEN_PATHS | ({"/metrics"} if config.server.metrics_public else set())
-        middlewares.append(auth_middleware(config.server.api_keys, open_paths))
+    middlewares.append(access_middleware(OPEN_PATHS | ({"/metrics"} if config.server.metrics_public else set())))
     app = web.Application(middlewares=middlewares, client_max_size=config.server.max_body_bytes)
     app[CONFIG] = config
     app[REGISTRY] = registry if registry is not None else Registry(config)
@@ -347,6 +304,10 @@ def create_app(config: Config, registry: Registry | None = None) -> web.Applicat
     app[METRICS].watch_models(app[REGISTRY].metrics_rows)
     app[METRICS].watch_upstreams(lambda: upstream_rows(app[REGISTRY]), lambda: replica_rows(app[REGISTRY]))
     app[METRICS].watch_gpus(lambda: [(d.name, d.description, d.free, d.total) for d in app[REGISTRY].devices.gpus])
+    app[GATE] = gate = Gate(config.server)
+    gate.on_spend = lambda name, named, wire, p, c: app[METRICS].spent(app[METRICS].key_label(name, named), wire, p, c)
+    gate.on_limited = lambda name, named, limit: app[METRICS].key_limited.labels(
+        app[METRICS].key_label(name, named), limit).inc()
     app[EVENTS] = EventSink(config.server.events_path)
     app[LIVE] = Live()
     app[LIFECYCLE] = {"draining": False}
@@ -362,15 +323,20 @@ def create_app(config: Config, registry: Registry | None = None) -> web.Applicat
     ollama.setup(app)
     pulls.setup(app)
     responses.setup(app)
+    usage.setup(app)
     dashboard.setup(app)
     return app
 
 
 async def _workers_ctx(app: web.Application):
+    await app[GATE].start()
     watch = asyncio.ensure_future(app[REGISTRY].upstreams.watch())  # upstreams' health, and the models they list
+    keys = asyncio.ensure_future(admin.watch_keys(app))  # the keys file, read again when it changes
     await app[REGISTRY].preload()
     yield
-    watch.cancel()
-    await asyncio.gather(watch, return_exceptions=True)
+    for task in (watch, keys):
+        task.cancel()
+    await asyncio.gather(watch, keys, return_exceptions=True)
     await app[REGISTRY].close()
+    await app[GATE].close()
     app[EVENTS].close()

@@ -24,6 +24,7 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
+from .access.keys import KeyTable
 from .backends.untrusted import shown
 from .base import strictjson
 from .models.config import Config
@@ -60,7 +61,7 @@ class Gateway:
             host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
             url = f"http://{'[' + host + ']' if ':' in host else host}:{config.server.port if config else 8080}"
         key = args.api_key or os.environ.get("GGUF_GATEWAY_API_KEY") or (
-            config.server.api_keys[0][1] if config and config.server.api_keys else None)
+            KeyTable(config.server.api_keys).first_secret() if config else None)
         return cls(url, key)
 
     def _request(self, path: str, body: dict[str, Any] | None = None, timeout: float = 10):

@@ -31,7 +31,7 @@ def test_full_form_short_form_and_aliases(write_config, model_dir):
     cfg = load_config(path)
     assert cfg.server.host == "0.0.0.0" and cfg.server.port == 9000
     assert cfg.server.models_dirs == (model_dir,)
-    assert cfg.server.api_keys == (("key1", "secret"),)
+    assert [(k.name, k.secret, k.role) for k in cfg.server.api_keys] == [("key1", "secret", "admin")]
     short, long_ = cfg.models
     assert (short.name, short.path, short.n_ctx, short.n_gpu_layers) == ("short", model_dir / "plain.gguf", None, -1)
     assert long_.name == "Long" and long_.aliases == ("long:8b", "other")
@@ -209,12 +209,13 @@ def test_api_keys_from_a_map_a_file_and_the_environment(write_config, tmp_path, 
     keys_file.write_text("# one per line\nci=ci-key\nbare-key\n\n")
     monkeypatch.setenv("GGUF_GATEWAY_API_KEYS", "ops=ops-key, other-key")
     cfg = load_config(write_config(f"server:\n  api_keys: {{alice: a-key, bob: b-key}}\n  api_keys_file: {keys_file}\n"))
-    assert cfg.server.api_keys == (("alice", "a-key"), ("bob", "b-key"), ("ci", "ci-key"), ("key4", "bare-key"),
-                                   ("ops", "ops-key"), ("key6", "other-key"))
+    assert [(k.name, k.secret) for k in cfg.server.api_keys] == [
+        ("alice", "a-key"), ("bob", "b-key"), ("ci", "ci-key"), ("key4", "bare-key"), ("ops", "ops-key"),
+        ("key6", "other-key")]
     (line,) = problems_of(write_config(f"server:\n  api_keys_file: {tmp_path}/missing\n"))
     assert "server.api_keys_file: cannot read" in line
     (line,) = problems_of(write_config("server:\n  api_keys: {alice: 5}\n"))
-    assert "server.api_keys.alice: must be a non-empty string" in line
+    assert "server.api_keys.alice.key: must be a non-empty string" in line
 
 
 def test_an_unset_key_variable_warns_and_the_upstream_goes_without_a_key(write_config, monkeypatch):

@@ -109,7 +109,7 @@ async def test_two_keys_of_one_name_each_see_only_their_own_requests(aiohttp_cli
     recent requests go by the key itself (``OWNER``), which the snapshot does not show."""
     monkeypatch.setenv("GGUF_GATEWAY_API_KEYS", "alice=k2")
     config = load_config(write_config(f"server:\n  models_dirs: [{model_dir}]\n  api_keys: {{alice: k1}}\n"))
-    assert [name for name, _ in config.server.api_keys] == ["alice", "alice"]
+    assert [k.name for k in config.server.api_keys] == ["alice", "alice"]
     client = await aiohttp_client(create_app(config))
     for key, model in (("k1", "plain"), ("k2", "nope")):
         await client.post("/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},

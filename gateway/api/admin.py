@@ -2,32 +2,44 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from .. import __version__
+from ..access.scope import visible
 from ..backends.replicas import ReplicaSet
+from ..base.errors import ApiError
 from ..models import memory
+from ..models.config import ConfigError, default_state_dir, load_config
+from ..models.config.keys import KEYS_FILE
 from ..models.lifecycle import ModelState
 from ..server.events import PRINCIPAL
 from ..serving.registry import Registry, upstream_rows
 from ..wire.params import require_model
-from .appkeys import CONFIG, LIFECYCLE, METRICS, REGISTRY
+from .access import admin_only, is_admin
+from .appkeys import CONFIG, GATE, LIFECYCLE, METRICS, REGISTRY
 from .body import read_json_object
+
+log = logging.getLogger(__name__)
 
 
 async def health(request: web.Request) -> web.Response:
-    """Open to all, for liveness checks; with API keys set, the details (workers' PIDs, upstreams,
-    GPUs) only to a request that gives a key."""
+    """Open to all, for liveness checks, and whether usage is being recorded; with API keys set,
+    the details (workers' PIDs, upstreams, GPUs) only to a request that gives an admin's key."""
     registry = request.app[REGISTRY]
     draining = request.app[LIFECYCLE]["draining"]
-    if request.app[CONFIG].server.api_keys and request.get(PRINCIPAL) is None:
-        return web.json_response({"status": "draining" if draining else "ok", "version": __version__},
+    usage = request.app[GATE].usage.status
+    told = {"usage": {"recording": usage.recording, "reason": usage.reason}}  # in memory only: say so, and why
+    if request.app[GATE].keys and (request.get(PRINCIPAL) is None or not is_admin(request)):
+        return web.json_response({"status": "draining" if draining else "ok", "version": __version__, **told},
                                  status=503 if draining else 200)
     return web.json_response({"status": "draining" if draining else "ok", "version": __version__,
                               "models": len(registry.specs()), "in_flight": registry.in_flight(),
@@ -35,7 +47,7 @@ async def health(request: web.Request) -> web.Response:
                                           if w.pid is not None},
                               "worker_failures": registry.worker_failures,
                               "upstreams": {name: state for name, state in upstream_rows(registry)},
-                              "gpus": registry.devices.describe()},
+                              "gpus": registry.devices.describe(), **told},
                              status=503 if draining else 200)
 
 
@@ -106,10 +118,11 @@ def downloading_row(pull: dict[str, Any]) -> dict[str, Any]:
 
 
 async def list_models(request: web.Request) -> web.Response:
+    """The models the key may use, and to an admin the pulls too."""
     registry = request.app[REGISTRY]
-    pulls = registry.pulls.rows()
+    pulls = registry.pulls.rows() if is_admin(request) else []
     downloading = [downloading_row(p) for p in pulls if p["state"] in ("planning", "downloading")]
-    return web.json_response({"object": "list", "data": [describe(registry, s) for s in registry.specs()]
+    return web.json_response({"object": "list", "data": [describe(registry, s) for s in visible(registry.specs())]
                               + downloading, "pulls": pulls})
 
 
@@ -117,20 +130,77 @@ async def _model_field(request: web.Request) -> str:
     return require_model(await read_json_object(request))
 
 
+@admin_only
 async def load_model(request: web.Request) -> web.Response:
     registry = request.app[REGISTRY]
     model = await registry.load(await _model_field(request))
     return web.json_response(describe(registry, model.spec))
 
 
+@admin_only
 async def unload_model(request: web.Request) -> web.Response:
     registry = request.app[REGISTRY]
     model = await registry.unload(await _model_field(request))
     return web.json_response(describe(registry, model.spec))
 
 
+@admin_only  # every key's names and spending
 async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=request.app[METRICS].scrape(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def reload_configuration(app: web.Application) -> bool:
+    """models.yaml and the keys read again (SIGHUP, ``POST /config/reload``): the models as
+    ``Registry.reload`` swaps them, the keys for the next request; a broken file changes nothing."""
+    config = await app[REGISTRY].reload(app[CONFIG].path)
+    if config is None:
+        return False
+    app[GATE].set_keys(config.server.api_keys)
+    return True
+
+
+async def reload_keys(app: web.Application) -> None:
+    """The keys alone read again (the keys file changed): a broken file is logged, the keys stay."""
+    try:
+        config = await asyncio.to_thread(load_config, app[CONFIG].path)
+    except ConfigError as e:
+        for line in e.problems:
+            log.error("keys not reloaded, keeping those in force: %s", line)
+        return
+    app[GATE].set_keys(config.server.api_keys)
+
+
+KEYS_EVERY = 2.0  # seconds between looks at the keys file
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size, st.st_ino
+
+
+async def watch_keys(app: web.Application) -> None:
+    """Read the keys again whenever the keys file changes (appears, is written, is removed)."""
+    server = app[CONFIG].server
+    path = server.keys_file or (server.state_dir or default_state_dir()) / KEYS_FILE
+    seen = await asyncio.to_thread(_stamp, path)
+    while True:
+        await asyncio.sleep(KEYS_EVERY)
+        now = await asyncio.to_thread(_stamp, path)
+        if now != seen:
+            seen = now
+            await reload_keys(app)
+
+
+@admin_only
+async def reload_route(request: web.Request) -> web.Response:
+    if not await reload_configuration(request.app):
+        raise ApiError("The configuration did not reload: it has a problem (the gateway's log says which); "
+                       "the running one stays", status=409, code="config_invalid")
+    return web.json_response({"status": "reloaded", "models": len(request.app[REGISTRY].specs()),
+                              "keys": len(request.app[GATE].keys.specs)})
 
 
 def setup(app: web.Application) -> None:
@@ -139,3 +209,4 @@ def setup(app: web.Application) -> None:
     app.router.add_get("/models", list_models)
     app.router.add_post("/models/load", load_model)
     app.router.add_post("/models/unload", unload_model)
+    app.router.add_post("/config/reload", reload_route)

@@ -17,6 +17,7 @@ from ..wire import media as wire_media
 from ..wire.params import Parsed
 from ..wire.tools import anthropic_left_out
 from . import media, pipeline
+from .access import spends
 from .appkeys import CONFIG, REGISTRY
 from .body import read_json_object
 from .common import dropped_tools, event_stream
@@ -35,6 +36,7 @@ def _told(err: ApiError) -> list[tuple[dict[str, Any], str | None]]:
     return [(err.anthropic_body(), "error")]
 
 
+@spends("messages")
 async def messages(request: web.Request) -> web.StreamResponse:
     parsed, headers = await _parse(request)
     async with pipeline.run(request, parsed, failure=_told, refused=anth.context_error) as (spec, run):

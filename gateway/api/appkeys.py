@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from ..access.gate import Gate
 from ..base.secretfile import KeptSecret
 from ..models.config import Config
 from ..server.connections import ConnectionGuard
@@ -23,3 +24,4 @@ CONNECTIONS = web.AppKey("connections", ConnectionGuard)
 LIVE = web.AppKey("live", Live)  # what the dashboard draws
 RESPONSES = web.AppKey("responses", ResponseStore)  # OpenAI Responses kept for previous_response_id
 SEAL_KEY = web.AppKey("seal_key", KeptSecret)  # what a reasoning item's encrypted_content is signed with
+GATE = web.AppKey("gate", Gate)  # the keys in force, their limits, and the usage store

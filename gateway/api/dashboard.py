@@ -14,9 +14,11 @@ from importlib import resources
 
 from aiohttp import web
 
+from ..access.scope import visible
 from ..server.events import OWNER
+from .access import is_admin
 from .admin import describe
-from .appkeys import CONFIG, LIFECYCLE, LIVE, REGISTRY
+from .appkeys import GATE, LIFECYCLE, LIVE, REGISTRY
 from .common import event_stream
 
 FILES = {"/": ("index.html", "text/html"), "/ui/app.js": ("app.js", "text/javascript"),
@@ -34,12 +36,15 @@ HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", 
 def snapshot(request: web.Request) -> dict:
     """What the page draws. With API keys set, the recent requests are the asking key's own, by
     the key itself (``OWNER``), not its name, which two keys may share: another key's prompts'
-    models, sizes and timings are not its to see."""
+    models, sizes and timings are not its to see; an admin's key sees every key's with
+    ``?all=1``. The models are those the key may use."""
     registry, live = request.app[REGISTRY], request.app[LIVE]
     now = time.time()
-    recent = live.recent(owner=request.get(OWNER), everyone=not request.app[CONFIG].server.api_keys)
-    return {"time": now, "models": [describe(registry, s) for s in registry.specs()],
-            "series": live.series(now), "recent": recent, "pulls": registry.pulls.rows()}
+    everyone = not request.app[GATE].keys or (is_admin(request) and request.query.get("all") in ("1", "true"))
+    recent = live.recent(owner=request.get(OWNER), everyone=everyone)
+    return {"time": now, "models": [describe(registry, s) for s in visible(registry.specs())],
+            "series": live.series(now), "recent": recent,
+            "pulls": registry.pulls.rows() if is_admin(request) else []}
 
 
 async def live_stream(request: web.Request) -> web.StreamResponse:

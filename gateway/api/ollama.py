@@ -15,6 +15,7 @@ from typing import Any
 from aiohttp import web
 
 from .. import __version__
+from ..access.scope import visible
 from ..backends.local import Backend
 from ..base.errors import ApiError
 from ..models.config import ModelSpec
@@ -23,12 +24,14 @@ from ..server.sse import EventStream, LineStream
 from ..text.formats import reasoning_format, tool_format
 from ..wire import answer, ollama
 from . import pipeline
+from .access import require_admin, spends
 from .appkeys import CONFIG, REGISTRY
 from .body import read_json_object
 
 FOREVER = 3650 * 86400.0  # seconds: how far off a model kept loaded for good (or busy) shows its expiry
 
 
+@spends("ollama")
 async def chat(request: web.Request) -> web.StreamResponse:
     parsed = ollama.parse_chat(await read_json_object(request))
     if not parsed.request.messages:
@@ -36,6 +39,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     return await _answer(request, parsed, chat=True)
 
 
+@spends("ollama")
 async def generate(request: web.Request) -> web.StreamResponse:
     parsed = ollama.parse_generate(await read_json_object(request))
     req = parsed.request
@@ -51,6 +55,7 @@ async def _load_only(request: web.Request, parsed: ollama.OllamaParsed, chat: bo
     spec = await registry.lookup(parsed.model)
     observation(request).model = spec.name
     if parsed.keep_alive == 0:
+        require_admin(request, "unloading a model")
         await registry.unload(parsed.model)
         reason = "unload"
     else:
@@ -110,10 +115,12 @@ async def _stream(request: web.Request, parsed: ollama.OllamaParsed, chat: bool,
                                  name=f"for {parsed.model}")
 
 
+@spends("ollama")
 async def embed(request: web.Request) -> web.Response:
     return await _embed(request, legacy=False)
 
 
+@spends("ollama")
 async def embeddings(request: web.Request) -> web.Response:
     return await _embed(request, legacy=True)
 
@@ -153,13 +160,13 @@ def _entry(registry, spec) -> dict[str, Any]:
 
 async def tags(request: web.Request) -> web.Response:
     registry = request.app[REGISTRY]
-    return web.json_response({"models": [_entry(registry, s) for s in registry.specs()]})
+    return web.json_response({"models": [_entry(registry, s) for s in visible(registry.specs())]})
 
 
 async def ps(request: web.Request) -> web.Response:
     registry = request.app[REGISTRY]
     out = []
-    for spec in registry.specs():
+    for spec in visible(registry.specs()):
         model = registry.supervisor(spec)
         if model.backend is None or not model.backend.alive:
             continue

@@ -9,6 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
+from ..access.scope import visible
 from ..backends.local import Backend
 from ..base.errors import ApiError, InvalidRequest
 from ..server.events import observation
@@ -19,6 +20,7 @@ from ..wire import props as props_wire
 from ..wire import rerank as rerank_wire
 from ..wire.params import require_model
 from . import pipeline
+from .access import spends
 from .appkeys import CONFIG, REGISTRY
 from .body import read_json_object
 from .common import apply_limits, event_stream
@@ -26,7 +28,7 @@ from .common import apply_limits, event_stream
 
 async def list_models(request: web.Request) -> web.Response:
     data = []
-    for spec in request.app[REGISTRY].specs():
+    for spec in visible(request.app[REGISTRY].specs()):
         try:
             created = int(spec.path.stat().st_mtime) if spec.path is not None else 0
         except OSError:
@@ -38,14 +40,17 @@ async def list_models(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": data})
 
 
+@spends("chat")
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await _complete(request, oai.parse_chat(await read_json_object(request)), "chat")
 
 
+@spends("completions")
 async def completions(request: web.Request) -> web.StreamResponse:
     return await _complete(request, oai.parse_completion(await read_json_object(request)), "completion")
 
 
+@spends("fim")
 async def fim_completions(request: web.Request) -> web.StreamResponse:
     """Mistral's fill-in-the-middle route, answered in Mistral's shape (a chat completion's)."""
     parsed = fim.parse_fim(await read_json_object(request))
@@ -130,7 +135,7 @@ def _fim_model(request: web.Request, name: str) -> str:
     registry = request.app[REGISTRY]
     loaded = registry.loaded()
     candidates: list[tuple[str, bool | None]] = []
-    for spec in registry.specs():
+    for spec in visible(registry.specs()):
         if spec.embeddings or spec.reranker:
             continue
         # what a running backend reports beats the header, which knows FIM tokens by their ids
@@ -144,6 +149,7 @@ def _fim_model(request: web.Request, name: str) -> str:
     return fim.choose_model(candidates)
 
 
+@spends("fim")
 async def infill(request: web.Request) -> web.StreamResponse:
     """llama-server's /infill: fill in the middle, answered in the shape of its /completion."""
     parsed = fim.parse_infill(await read_json_object(request))
@@ -191,7 +197,7 @@ async def props(request: web.Request) -> web.Response:
     that is not loaded answers from its spec and header (``props_wire.expected``)."""
     registry = request.app[REGISTRY]
     name = request.query.get("model", "")
-    specs = registry.specs()
+    specs = visible(registry.specs())
     if not name and len(specs) != 1:
         return web.json_response(props_wire.router(len(specs)))
     spec = await registry.lookup(name) if name else specs[0]
@@ -205,6 +211,7 @@ async def props(request: web.Request) -> web.Response:
     return web.json_response(props_wire.model(spec, backend.info, ftype))
 
 
+@spends("embeddings")
 async def embeddings(request: web.Request) -> web.Response:
     model, inputs, fmt = oai.parse_embeddings(await read_json_object(request))
     async with request.app[REGISTRY].lease(model, embeddings=True) as (spec, backend):
@@ -214,6 +221,7 @@ async def embeddings(request: web.Request) -> web.Response:
     return web.json_response(oai.embeddings_body(spec.name, reply.data, fmt, reply.prompt_tokens))
 
 
+@spends("rerank")
 async def rerank(request: web.Request) -> web.Response:
     """llama-server's, Jina's and Cohere's rerank: each document's relevance to the query."""
     model, query, documents, top_n, returned = rerank_wire.parse(await read_json_object(request))

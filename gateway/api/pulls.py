@@ -28,6 +28,7 @@ from ..hub.removal import remove
 from ..server.sse import LineStream
 from ..wire.ollama import flag
 from ..wire.params import require_model
+from .access import admin_only
 from .appkeys import CONFIG, REGISTRY
 from .body import read_json_object
 
@@ -104,14 +105,17 @@ async def _pull(request: web.Request, *, own: bool) -> web.StreamResponse:
     return await out.close()
 
 
+@admin_only
 async def pull(request: web.Request) -> web.StreamResponse:
     return await _pull(request, own=True)
 
 
+@admin_only
 async def ollama_pull(request: web.Request) -> web.StreamResponse:
     return await _pull(request, own=False)
 
 
+@admin_only
 async def cancel(request: web.Request) -> web.Response:
     name = _model(await read_json_object(request))
     pull = request.app[REGISTRY].pulls.cancel(name)
@@ -136,10 +140,12 @@ async def _delete(request: web.Request) -> list[str]:
     return [str(p) for p in removed]
 
 
+@admin_only
 async def delete(request: web.Request) -> web.Response:
     return web.json_response({"deleted": await _delete(request)})
 
 
+@admin_only
 async def ollama_delete(request: web.Request) -> web.Response:
     await _delete(request)
     return web.Response(status=200)

@@ -19,6 +19,7 @@ from ..wire import answer
 from ..wire import responses as wire
 from ..wire.media import unmarked
 from . import pipeline
+from .access import spends
 from .appkeys import CONFIG, RESPONSES, SEAL_KEY
 from .body import read_json_object
 from .common import dropped_tools, event_stream
@@ -34,6 +35,7 @@ def _unknown(response_id: str, param: str | None = None) -> ApiError:
     return ApiError(f"Response with id {response_id!r} not found.", status=404, param=param, code="not_found")
 
 
+@spends("responses")
 async def create(request: web.Request) -> web.StreamResponse:
     key = request.app[SEAL_KEY].get()  # encrypted_content's: made in the state folder on first use
     parsed = wire.parse(await read_json_object(request), key)

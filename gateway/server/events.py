@@ -100,19 +100,19 @@ class Observation:
         }
 
 
-def _request_key(name: str, kind: type):
+def request_key(name: str, kind: type):
     """A typed request key (aiohttp >= 3.13 warns on string keys); a plain string on older aiohttp."""
     factory = getattr(web, "RequestKey", None)
     return factory(name, kind) if factory is not None else name
 
 
-OBSERVATION = _request_key("observation", Observation)
-PRINCIPAL = _request_key("principal", str)  # the API key's name, set by the auth middleware
+OBSERVATION = request_key("observation", Observation)
+PRINCIPAL = request_key("principal", str)  # the API key's name, set by the auth middleware
 # whose stored responses and cached prompts a request's are: a digest of its API key itself
 # (``app.owner_of``), so a key's name or place in the list hands nothing to another key
-OWNER = _request_key("owner", str)
-ERROR_CODE = _request_key("error_code", str)  # the code of the error answered, for rejected_requests
-STREAM = _request_key("stream", EventStream)  # the request's sse.EventStream, once a handler asked for one
+OWNER = request_key("owner", str)
+ERROR_CODE = request_key("error_code", str)  # the code of the error answered, for rejected_requests
+STREAM = request_key("stream", EventStream)  # the request's sse.EventStream, once a handler asked for one
 
 
 def observation(request: web.Request) -> Observation:

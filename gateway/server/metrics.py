@@ -29,6 +29,7 @@ STATES = tuple(s.value for s in ModelState)
 
 
 MAX_REASONS = 200  # distinct reasons gguf_gateway_rejected_requests_total keeps apart
+MAX_KEYS = 64  # API keys with series of their own, so a long list of keys cannot grow the scrape without end
 
 
 class Metrics:
@@ -69,6 +70,13 @@ class Metrics:
                                   ["source"], registry=r)
         self.pulls = Counter(p + "pulls", "Pulls finished, by source and outcome (done, failed, cancelled)",
                              ["source", "outcome"], registry=r)
+        self.key_requests = Counter(p + "key_requests", "Requests that spend tokens, by API key (named keys; "
+                                    "past MAX_KEYS, and bare keys, as other) and wire", ["key", "wire"], registry=r)
+        self.key_tokens = Counter(p + "key_tokens", "Tokens spent, by API key and kind (prompt, completion)",
+                                  ["key", "kind"], registry=r)
+        self.key_limited = Counter(p + "key_limited", "Requests refused by a key's limit (rpm, tpm, max_parallel, "
+                                   "budget)", ["key", "limit"], registry=r)
+        self._keys: set[str] = set()
         self.connections_open = Gauge(p + "connections_open", "Client connections open now", registry=r)
         info = Gauge(p + "build_info", "Versions of this gateway and what it runs on",
                      ["version", "python", "llama_cpp_python"], registry=r)
@@ -87,6 +95,24 @@ class Metrics:
             else:
                 self._reasons.add(reason)
         self.rejected.labels(reason).inc()
+
+    def key_label(self, name: str, named: bool) -> str:
+        """A key's label: its name for a key the operator named, the first ``MAX_KEYS`` of them
+        (each is a series kept for good); ``other`` for the rest and for bare keys."""
+        if not named:
+            return "other"
+        if name not in self._keys:
+            if len(self._keys) >= MAX_KEYS:
+                return "other"
+            self._keys.add(name)
+        return name
+
+    def spent(self, key: str, wire: str, prompt_tokens: int, completion_tokens: int) -> None:
+        """One request that spent tokens, by its key's label."""
+        self.key_requests.labels(key, wire).inc()
+        for kind, n in (("prompt", prompt_tokens), ("completion", completion_tokens)):
+            if n:
+                self.key_tokens.labels(key, kind).inc(n)
 
     def watch_models(self, rows: Callable[[], Iterable[tuple[str, str, int, int, float, int, int]]]) -> None:
         """Per-model gauges read at scrape time: rows of (model, state, in_flight, queued, loaded

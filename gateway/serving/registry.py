@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from ..access import scope
 from ..backends.local import CHAT, EMBEDDINGS, RERANK, TOKENIZE, Backend, BackendFactory, LocalWorkers
 from ..backends.replicas import ReplicaSet
 from ..backends.upstream_table import Upstreams
@@ -126,19 +127,19 @@ class Registry:
         return None
 
     async def lookup(self, name: object, on_progress: Progress | None = None) -> ModelSpec:
-        """``resolve``, rescanning the stores once on a miss (at most every ``rescan_seconds``);
-        where ``server.pull_on_demand`` allows the name and no model has it exactly, pulled from
-        its hub first (``on_progress`` told the download's share done)."""
-        spec = self.resolve(name)
+        """``resolve``, rescanning the stores once on a miss (at most every ``rescan_seconds``); a
+        name ``server.pull_on_demand`` allows that no model has exactly is pulled first (``on_progress``
+        told its share done). A model outside the key's models (``access.scope``) is not found."""
+        spec, shown = self.resolve(name), name if isinstance(name, str) else repr(name)
         if spec is None and self.catalog.stale():
             await asyncio.to_thread(self.catalog.refresh)
             await self.upstreams.refresh(discover_only=True)
             spec = self.resolve(name)
-        if isinstance(name, str) and self.resolve(name, tag_fallback=False) is None:
+        if isinstance(name, str) and self.resolve(name, tag_fallback=False) is None and scope.allowed(name):
             await self.pulls.on_demand(name, self.config.server, on_progress)  # where the server allows it
             spec = self.resolve(name)
-        if spec is None:
-            raise ModelNotFound(name if isinstance(name, str) else repr(name))
+        if spec is None or not scope.allowed(shown, spec):  # outside the key's models: as if nothing had it
+            raise ModelNotFound(shown)
         return spec
 
     def specs(self) -> list[ModelSpec]:
@@ -236,8 +237,7 @@ class Registry:
         return model
 
     def keep_alive(self, spec: ModelSpec, seconds: float | None) -> None:
-        """A request's keep_alive (Ollama's): the model stays loaded this long once idle, from
-        now on (None: leave it as it is)."""
+        """A request's keep_alive (Ollama's): how long the model stays loaded once idle (None: as it is)."""
         if seconds is not None and not spec.pin:  # a pinned model stays loaded whatever a request asks
             self._supervise(spec).keep_alive = seconds
 
@@ -278,14 +278,14 @@ class Registry:
         if model.holds:
             self._retired.append(model)
 
-    async def reload(self, path: Path | None) -> bool:
-        """Re-read models.yaml and rescan; a broken file is reported and the old configuration stays."""
+    async def reload(self, path: Path | None) -> Config | None:
+        """Re-read models.yaml and rescan: the configuration read, or None (broken: told, old one kept)."""
         try:
             config = await asyncio.to_thread(load_config, path)
         except ConfigError as e:
             for line in e.problems:
                 log.error("reload refused, keeping the running configuration: %s", line)
-            return False
+            return None
         for line in config.warnings:
             log.warning("%s", line)
         self.config = self.catalog.config = config
@@ -299,7 +299,7 @@ class Registry:
             else:
                 model.timing = self._timing(model.spec)
         log.info("configuration reloaded: %d models", len(self.specs()))
-        return True
+        return config
 
     async def preload(self) -> None:
         async def one(spec: ModelSpec) -> None:

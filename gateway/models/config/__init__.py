@@ -21,9 +21,10 @@ from typing import Any
 import yaml
 
 from ...base.checks import parse_bytes, parse_duration, show
+from .keys import ENV_KEYS
 from .models import parse_models
 from .parsing import Parsing
-from .server import ENV_KEYS, parse_server
+from .server import MEMORY, parse_server
 from .specs import (
     DEFAULT_HOST,
     DEFAULT_KEEP_ALIVE,
@@ -36,18 +37,20 @@ from .specs import (
     TOOL_FORMATS,
     Config,
     ConfigError,
+    KeySpec,
     ModelSpec,
     ServerConfig,
     Upstream,
     default_kv_cache_dir,
+    default_state_dir,
     normalize_name,
 )
 
 __all__ = ["DEFAULT_HOST", "DEFAULT_KEEP_ALIVE", "DEFAULT_KV_CACHE_MAX_BYTES", "DEFAULT_LOAD_TIMEOUT",
            "DEFAULT_MAX_LOADED", "DEFAULT_PORT", "ENV_CONFIG", "ENV_KEYS", "REASONING_FIELDS", "REASONING_MODES",
-           "TOOL_FORMATS", "Config", "ConfigError", "ModelSpec", "ServerConfig", "Upstream", "default_config_path",
-           "default_kv_cache_dir", "find_config_path", "load_config", "normalize_name", "parse_bytes",
-           "parse_duration"]
+           "MEMORY", "TOOL_FORMATS", "Config", "ConfigError", "KeySpec", "ModelSpec", "ServerConfig", "Upstream",
+           "default_config_path", "default_kv_cache_dir", "default_state_dir", "find_config_path", "load_config",
+           "normalize_name", "parse_bytes", "parse_duration"]
 
 ENV_CONFIG = "GGUF_GATEWAY_CONFIG"
 
@@ -69,8 +72,8 @@ def find_config_path(explicit: str | os.PathLike | None = None) -> Path | None:
 
 def load_config(path: str | os.PathLike | None = None, *, check_files: bool = True) -> Config:
     """Load and validate ``path`` (``None``: built-in defaults). Raises ``ConfigError``."""
-    if path is None:
-        return Config()
+    if path is None:  # no file: the defaults, and the keys the environment and the state folder give
+        return _parse(Parsing(Path("(defaults)")), {}, check_files=check_files, path=None)
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -83,10 +86,10 @@ def load_config(path: str | os.PathLike | None = None, *, check_files: bool = Tr
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ConfigError([f"{path}: invalid YAML: {where}{problem}"]) from None
-    return _parse(Parsing(path), data, check_files=check_files)
+    return _parse(Parsing(path), data, check_files=check_files, path=path)
 
 
-def _parse(r: Parsing, data: Any, *, check_files: bool) -> Config:
+def _parse(r: Parsing, data: Any, *, check_files: bool, path: Path | None = None) -> Config:
     """The sections in their order (``server``, then the models), every problem collected."""
     if data is None:
         data = {}
@@ -96,4 +99,4 @@ def _parse(r: Parsing, data: Any, *, check_files: bool) -> Config:
     models = parse_models(r, data, check_files=check_files)
     if r.problems:
         raise ConfigError(r.problems)
-    return Config(server=ServerConfig(**server), models=tuple(models), path=r.file, warnings=tuple(r.warnings))
+    return Config(server=ServerConfig(**server), models=tuple(models), path=path, warnings=tuple(r.warnings))

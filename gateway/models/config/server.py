@@ -1,33 +1,16 @@
 """models.yaml's ``server:`` section: its keys and their checks, declared (``SERVER``), and the
-API keys gathered from every source (the section, ``api_keys_file``, ``$GGUF_GATEWAY_API_KEYS``)."""
+API keys gathered from every source (``keys``: the section, the keys file, ``$GGUF_GATEWAY_API_KEYS``)."""
 
 from __future__ import annotations
 
-import os
+from pathlib import Path
 from typing import Any
 
 from ...base import checks
 from ...base.checks import INVALID, Check, Report, show
 from ...hardware.sysmem import RAM
-from .specs import REASONING_FIELDS
-
-ENV_KEYS = "GGUF_GATEWAY_API_KEYS"  # comma-separated, each "key" or "name=key"
-
-
-def _api_keys(r: Report, where: str, v: Any) -> Any:
-    """A list of keys, or a map ``name: key`` so events and metrics can name the principal."""
-    if v is None:
-        return []
-    if isinstance(v, dict):
-        out = []
-        for name, key in v.items():
-            if not isinstance(key, str) or not key.strip():
-                r.error(f"{where}.{name}", f"must be a non-empty string, got {show(key)}")
-            else:
-                out.append((str(name), key.strip()))
-        return out
-    keys = checks.list_of(checks.string)(r, where, v)
-    return INVALID if keys is INVALID else [(None, k) for k in keys]
+from .keys import KEYS_FILE, from_section, gather
+from .specs import REASONING_FIELDS, default_state_dir
 
 
 def _reserve(r: Report, where: str, v: Any) -> Any:
@@ -72,13 +55,22 @@ def _pull_on_demand(r: Report, where: str, v: Any) -> Any:
     return tuple(p.strip().lower() for p in prefixes) if isinstance(prefixes, tuple) else prefixes
 
 
+def _usage_db(r: Report, where: str, v: Any) -> Any:
+    """A file path, or ``off`` (``false``): usage kept in memory only, for the limits."""
+    if v is False or (isinstance(v, str) and v.strip().lower() in ("off", ":memory:")):
+        return MEMORY
+    return checks.path(r, where, v)
+
+
+MEMORY = Path(":memory:")  # server.usage_db: off
+
 _PORT = checks.integer(minimum=1, maximum=65535, what="a port number (1-65535)")
 
 SERVER: dict[str, Check] = {
     "host": checks.string,
     "port": _PORT,
     "models_dirs": checks.list_of(checks.path),
-    "api_keys": _api_keys,
+    "api_keys": from_section,
     "api_keys_file": checks.path,
     "cors_origins": checks.list_of(checks.string),
     "max_body_bytes": checks.integer(minimum=1024, what="an integer >= 1024"),
@@ -121,39 +113,16 @@ SERVER: dict[str, Check] = {
     "pull_on_demand": _pull_on_demand,
     "pull_wait_seconds": checks.seconds,
     "pull_keep_free_bytes": checks.byte_size,
+    "state_dir": checks.path,
+    "usage_db": _usage_db,
+    "usage_days": checks.integer(minimum=1, maximum=36500, what="a number of days from 1 to 36500"),
 }
 
 
 def parse_server(r: Report, raw: Any) -> dict[str, Any]:
     """``ServerConfig``'s fields from the section, the API keys from all their sources."""
     server = checks.mapping(r, "server", raw, SERVER)
-    keys = list(server.pop("api_keys", ()))
-    keys_file = server.pop("api_keys_file", None)
-    if keys_file is not None:
-        try:
-            keys += parse_keys(keys_file.read_text(encoding="utf-8").splitlines())
-        except OSError as e:
-            r.error("server.api_keys_file", f"cannot read {keys_file}: {e.strerror or e}")
-    if os.environ.get(ENV_KEYS):
-        keys += parse_keys(os.environ[ENV_KEYS].split(","))
-    server["api_keys"] = tuple((name or f"key{i}", key) for i, (name, key) in enumerate(keys, 1))
+    state = server.get("state_dir") or default_state_dir()
+    server["api_keys"], server["keys_file"] = gather(
+        r, server.pop("api_keys", []), server.pop("api_keys_file", None), state / KEYS_FILE)
     return server
-
-
-def parse_keys(lines: list[str]) -> list[tuple[str | None, str]]:
-    """Keys from a file's lines or the environment: "key", "name=key" or "name: key"; # comments."""
-    out: list[tuple[str | None, str]] = []
-    for line in lines:
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        for sep in ("=", ": "):
-            if sep in line:
-                name, key = line.split(sep, 1)
-                out.append((name.strip() or None, key.strip()))
-                break
-        else:
-            out.append((None, line))
-    return [(n, k) for n, k in out if k]
-
-

@@ -1,5 +1,5 @@
 """What models.yaml describes, as frozen dataclasses: ``Config`` (``server`` and the ``models``),
-``ServerConfig``, ``ModelSpec`` and its ``Upstream``; the names and defaults they share."""
+``ServerConfig`` and its ``KeySpec``s, ``ModelSpec`` and its ``Upstream``; the names and defaults they share."""
 
 from __future__ import annotations
 
@@ -25,6 +25,9 @@ REASONING_MODES = ("auto", "think", "think_mistral", "seed", "channel", "harmony
 TOOL_FORMATS = ("auto", "hermes", "qwen3_coder", "llama3", "mistral", "harmony", "deepseek", "deepseek_dsml", "glm",
                 "command_r", "minimax", "minimax_m3", "kimi", "kimi_k3", "plain", "none")
 REASONING_FIELDS = ("reasoning_content", "reasoning")
+ROLES = ("user", "admin")
+BUDGET_PERIODS = ("day", "week", "month")
+DEFAULT_USAGE_DAYS = 400  # a year of daily history, and the month before it to compare against
 
 
 class ConfigError(Exception):
@@ -93,11 +96,49 @@ class ModelSpec(LlamaSettings):
 
 
 @dataclass(frozen=True)
+class KeySpec:
+    """One API key and what it may do. The key itself is kept only where the configuration gave
+    it (``secret``); a keys file may hold only its SHA-256 (``digest``), which is all a request
+    is matched by. ``models``: names and globs the key may use (empty: every model). Limits
+    left None do not apply; ``budget`` is tokens per ``budget_period``; ``expires`` is a time
+    (epoch seconds) after which the key is refused."""
+
+    name: str
+    digest: bytes
+    secret: str | None = None
+    named: bool = True  # named by the operator; a bare key is named by its place (key1, key2, ...)
+    role: str = "admin"
+    models: tuple[str, ...] = ()
+    rpm: int | None = None
+    tpm: int | None = None
+    max_parallel: int | None = None
+    budget: int | None = None
+    budget_period: str = "month"
+    expires: float | None = None
+    source: str = ""  # where it was given: server.api_keys, a keys file's path, the environment
+
+    @property
+    def limited(self) -> bool:
+        """Whether anything but the key itself was said of it: a scope or a limit."""
+        return bool(self.models) or any(v is not None for v in (self.rpm, self.tpm, self.max_parallel,
+                                                                 self.budget, self.expires))
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     models_dirs: tuple[Path, ...] = ()
-    api_keys: tuple[tuple[str, str], ...] = ()  # (principal name, key), from every source
+    api_keys: tuple[KeySpec, ...] = ()  # from every source: the section, the keys file, the environment
+    # the keys file: server.api_keys_file, else keys.yaml in the state folder where it exists;
+    # written by ``gguf-gateway keys``, read again on SIGHUP and when it changes
+    keys_file: Path | None = None
+    # The gateway's own state (the keys file, the usage database); None: ``default_state_dir``
+    state_dir: Path | None = None
+    # Usage per key, model, wire and hour (``access/usage``): SQLite at this path (None: usage.db
+    # in the state folder; ":memory:": kept in memory only), and how many days of it are kept
+    usage_db: Path | None = None
+    usage_days: int = DEFAULT_USAGE_DAYS
     discover_default_stores: bool = True
     keep_alive: float = DEFAULT_KEEP_ALIVE
     load_timeout: float = DEFAULT_LOAD_TIMEOUT
@@ -191,6 +232,18 @@ def default_kv_cache_dir() -> Path:
     else:
         base = Path.home() / ".cache"
     return base / "gguf-gateway" / "kv"
+
+
+def default_state_dir() -> Path:
+    """The gateway's state folder: ``$XDG_STATE_HOME``, else ``~/Library/Application Support`` on
+    macOS, else ``~/.local/state``; in it ``gguf-gateway``."""
+    if os.environ.get("XDG_STATE_HOME"):
+        base = Path(os.environ["XDG_STATE_HOME"])
+    elif sys.platform == "darwin":
+        base = Path.home() / "Library" / "Application Support"
+    else:
+        base = Path.home() / ".local" / "state"
+    return base / "gguf-gateway"
 
 
 def normalize_name(name: str) -> str:

@@ -1,0 +1,75 @@
+"""``GET /usage``: tokens spent per key, model, wire and day or hour (``access/usage``), and where
+each key stands against its limits. An admin's key sees every key's; another key its own.
+
+Query: ``key``, ``model``, ``wire`` (each may repeat: any of them), ``since`` and ``until`` (a
+date, ``2026-11-01``, a time, ``2026-11-01T12:00:00Z``, or epoch seconds; ``until`` exclusive;
+by default the last 30 days), ``group`` (``day``, the default, or ``hour``)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+
+from aiohttp import web
+
+from ..base.errors import InvalidRequest
+from .access import KEY, forbidden, is_admin
+from .appkeys import GATE
+
+DEFAULT_DAYS = 30
+MAX_VALUES = 64  # of each filter: a query names a few keys or models, not a list without end
+
+
+def _when(text: str, param: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        when = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidRequest(f"`{param}` must be a date (2026-11-01), a time (2026-11-01T12:00:00Z) or epoch "
+                             f"seconds", param) from None
+    return (when if when.tzinfo else when.replace(tzinfo=dt.timezone.utc)).timestamp()
+
+
+def _iso(t: float) -> str:
+    return dt.datetime.fromtimestamp(t, dt.timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _values(request: web.Request, param: str) -> list[str] | None:
+    values = [v for v in request.query.getall(param, []) if v]
+    if len(values) > MAX_VALUES:
+        raise InvalidRequest(f"`{param}` is given {len(values)} times; at most {MAX_VALUES}", param)
+    return values or None
+
+
+async def usage(request: web.Request) -> web.Response:
+    gate = request.app[GATE]
+    group = request.query.get("group", "day")
+    if group not in ("day", "hour"):
+        raise InvalidRequest("`group` must be day or hour", "group")
+    now = time.time()
+    until = _when(request.query["until"], "until") if request.query.get("until") else now + 3600
+    since = _when(request.query["since"], "since") if request.query.get("since") else now - DEFAULT_DAYS * 86400
+    keys = _values(request, "key")
+    if not is_admin(request):
+        own = request[KEY].name
+        if keys is not None and set(keys) != {own}:
+            raise forbidden(request, "reading another key's usage")
+        keys = [own]
+    models, wires = _values(request, "model"), _values(request, "wire")
+    rows = await gate.usage.query(keys=keys, model=models[0] if models and len(models) == 1 else None,
+                                  wire=wires[0] if wires and len(wires) == 1 else None,
+                                  since=since, until=until, group=group)
+    data = [r.as_json() for r in rows if (models is None or r.model in models) and (wires is None or r.wire in wires)]
+    names = sorted(keys if keys is not None else gate.keys.names())
+    limits = {name: state for name in names if (state := gate.state(name)) is not None}
+    status = gate.usage.status
+    return web.json_response({"object": "usage", "group": group, "since": _iso(since), "until": _iso(until),
+                              "recording": status.recording, "reason": status.reason, "data": data,
+                              "limits": limits})
+
+
+def setup(app: web.Application) -> None:
+    app.router.add_get("/usage", usage)
