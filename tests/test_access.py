@@ -237,7 +237,8 @@ async def test_a_damaged_usage_database_still_serves_and_enforces_limits(aiohttp
         db = tmp_path / "file" / "usage.db"  # a folder that cannot be made
     keys = f"    root: {ROOT}\n    rpm2: {{key: rpm-key, rpm: 2}}\n"
     client = await aiohttp_client(create_app(config(write_config, files, keys, f"  usage_db: {db}\n")))
-    health = await (await client.get("/health")).json()
+    assert "usage" not in await (await client.get("/health")).json()  # nothing more without a key
+    health = await (await client.get("/health", headers=auth("rpm-key"))).json()
     assert health["usage"]["recording"] is False and str(db) in health["usage"]["reason"]
     assert any(str(db) in r.getMessage() for r in caplog.records if r.levelname == "ERROR")
     for _ in range(2):

@@ -56,6 +56,7 @@ class Gate:
     async def start(self) -> None:
         """Start the usage store, and charge each budget with what its period has spent so far."""
         self.usage.start()
+        await self.usage.last_used()  # the store has opened its file (or said why not) before the first request
         await self._restore()
 
     async def _restore(self) -> None:

@@ -32,13 +32,15 @@ log = logging.getLogger(__name__)
 
 
 async def health(request: web.Request) -> web.Response:
-    """Open to all, for liveness checks, and whether usage is being recorded; with API keys set,
-    the details (workers' PIDs, upstreams, GPUs) only to a request that gives an admin's key."""
+    """Open to all, for liveness checks; with API keys set, whether usage is being recorded only
+    to a request that gives a key, and the details (workers' PIDs, upstreams, GPUs) only to an
+    admin's key."""
     registry = request.app[REGISTRY]
     draining = request.app[LIFECYCLE]["draining"]
     usage = request.app[GATE].usage.status
     told = {"usage": {"recording": usage.recording, "reason": usage.reason}}  # in memory only: say so, and why
     if request.app[GATE].keys and (request.get(PRINCIPAL) is None or not is_admin(request)):
+        told = told if request.get(PRINCIPAL) is not None else {}  # nothing more without a key
         return web.json_response({"status": "draining" if draining else "ok", "version": __version__, **told},
                                  status=503 if draining else 200)
     return web.json_response({"status": "draining" if draining else "ok", "version": __version__,
