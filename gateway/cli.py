@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .pullcmd import add_commands
 
     add_commands(sub, _add_config_arg)
+    from . import keyscmd
+
+    keyscmd.add_commands(sub, _add_config_arg)
 
     devs = sub.add_parser("devices", help="list the devices llama.cpp can offload to, with their memory "
                           "(the names models.yaml's devices takes)")
@@ -85,6 +88,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         config = _load(args, check_files=False) if (args.config or find_config_path(None)) else None
         return (pullcmd.cmd_pull if args.command == "pull" else pullcmd.cmd_rm)(args, config)
+    if args.command in ("keys", "usage"):
+        from . import keyscmd
+
+        return keyscmd.main(args)
     return cmd_models(args)
 
 
@@ -289,6 +296,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 async def _serve(config: Config, host: str, port: int) -> int:
     from aiohttp import web
 
+    from .api.admin import reload_configuration
     from .app import CONNECTIONS, LIFECYCLE, create_app, server_settings
     from .server.systemd import Notifier
     from .serving.registry import Registry
@@ -314,7 +322,7 @@ async def _serve(config: Config, host: str, port: int) -> int:
             return 1
     stop = asyncio.Event()
     handlers = {signal.SIGINT: stop.set, signal.SIGTERM: stop.set,
-                getattr(signal, "SIGHUP", None): lambda: asyncio.ensure_future(registry.reload(config.path))}
+                getattr(signal, "SIGHUP", None): lambda: asyncio.ensure_future(reload_configuration(app))}
     for sig, handler in handlers.items():
         if sig is None:
             continue

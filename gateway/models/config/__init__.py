@@ -70,10 +70,11 @@ def find_config_path(explicit: str | os.PathLike | None = None) -> Path | None:
     return path if path.is_file() else None
 
 
-def load_config(path: str | os.PathLike | None = None, *, check_files: bool = True) -> Config:
-    """Load and validate ``path`` (``None``: built-in defaults). Raises ``ConfigError``."""
+def load_config(path: str | os.PathLike | None = None, *, check_files: bool = True, editing: bool = False) -> Config:
+    """Load and validate ``path`` (``None``: built-in defaults). Raises ``ConfigError``.
+    ``editing``: for ``gguf-gateway keys``, which mends what it reads past (``keys.gather``)."""
     if path is None:  # no file: the defaults, and the keys the environment and the state folder give
-        return _parse(Parsing(Path("(defaults)")), {}, check_files=check_files, path=None)
+        return _parse(Parsing(Path("(defaults)")), {}, check_files=check_files, path=None, editing=editing)
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -86,16 +87,16 @@ def load_config(path: str | os.PathLike | None = None, *, check_files: bool = Tr
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ConfigError([f"{path}: invalid YAML: {where}{problem}"]) from None
-    return _parse(Parsing(path), data, check_files=check_files, path=path)
+    return _parse(Parsing(path), data, check_files=check_files, path=path, editing=editing)
 
 
-def _parse(r: Parsing, data: Any, *, check_files: bool, path: Path | None = None) -> Config:
+def _parse(r: Parsing, data: Any, *, check_files: bool, path: Path | None = None, editing: bool = False) -> Config:
     """The sections in their order (``server``, then the models), every problem collected."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError([f"{r.file}: top level: must be a mapping, got {show(data)}"])
-    server = parse_server(r, data.get("server"))
+    server = parse_server(r, data.get("server"), editing=editing)
     models = parse_models(r, data, check_files=check_files)
     if r.problems:
         raise ConfigError(r.problems)

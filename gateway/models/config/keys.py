@@ -41,6 +41,7 @@ import yaml
 
 from ...base import checks
 from ...base.checks import INVALID, Report, show
+from .parsing import Parsing
 from .specs import BUDGET_PERIODS, ROLES, KeySpec
 
 ENV_KEYS = "GGUF_GATEWAY_API_KEYS"  # comma-separated, each "key" or "name=key"
@@ -195,23 +196,25 @@ def from_env(r: Report, text: str) -> list[KeySpec]:
     return [k for k in out if k is not None]
 
 
-def gather(r: Report, section: list[KeySpec], keys_file: Path | None, default_file: Path) -> tuple[
-        tuple[KeySpec, ...], Path | None]:
+def gather(r: Parsing, section: list[KeySpec], keys_file: Path | None, default_file: Path, *,
+           editing: bool = False) -> tuple[tuple[KeySpec, ...], Path | None]:
     """Every key, in order: the section's, the keys file's, the environment's; a bare key named
     by its place (``key1``, ``key2``, ...). The keys file is ``keys_file``, else ``default_file``
-    where it exists. A configuration with keys and no admin is a problem."""
+    where it exists. A configuration with keys and no admin is a problem, unless ``editing``
+    (``gguf-gateway keys``, which mends it), where that and a keys file not made yet are warnings."""
     keys = list(section)
     where = "server.api_keys_file"
     if keys_file is None and default_file.is_file():
         keys_file, where = default_file, "keys file"
-    if keys_file is not None:
+    if keys_file is not None and not (editing and not keys_file.exists()):
         keys += read_file(r, where, keys_file)
     if os.environ.get(ENV_KEYS):
         keys += from_env(r, os.environ[ENV_KEYS])
     named = tuple(k if k.named else KeySpec(**{**k.__dict__, "name": f"key{i}"}) for i, k in enumerate(keys, 1))
     if named and not any(k.role == "admin" for k in named):
-        r.error("server.api_keys", "no key is an admin, so no key could load a model or read every key's usage: "
-                "give one `role: admin` (gguf-gateway keys add NAME --role admin)")
+        (r.warn if editing else r.error)(
+            "server.api_keys", "no key is an admin, so no key could load a model or read every key's usage: "
+            "give one `role: admin` (gguf-gateway keys add NAME --role admin)")
     return named, keys_file
 
 

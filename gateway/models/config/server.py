@@ -10,6 +10,7 @@ from ...base import checks
 from ...base.checks import INVALID, Check, Report, show
 from ...hardware.sysmem import RAM
 from .keys import KEYS_FILE, from_section, gather
+from .parsing import Parsing
 from .specs import REASONING_FIELDS, default_state_dir
 
 
@@ -119,10 +120,11 @@ SERVER: dict[str, Check] = {
 }
 
 
-def parse_server(r: Report, raw: Any) -> dict[str, Any]:
-    """``ServerConfig``'s fields from the section, the API keys from all their sources."""
+def parse_server(r: Parsing, raw: Any, *, editing: bool = False) -> dict[str, Any]:
+    """``ServerConfig``'s fields from the section, the API keys from all their sources
+    (``editing``: as ``keys.gather`` reads them for ``gguf-gateway keys``)."""
     server = checks.mapping(r, "server", raw, SERVER)
     state = server.get("state_dir") or default_state_dir()
     server["api_keys"], server["keys_file"] = gather(
-        r, server.pop("api_keys", []), server.pop("api_keys_file", None), state / KEYS_FILE)
+        r, server.pop("api_keys", []), server.pop("api_keys_file", None), state / KEYS_FILE, editing=editing)
     return server
