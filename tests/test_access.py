@@ -276,3 +276,26 @@ async def test_requests_and_tokens_per_named_key_in_prometheus(aiohttp_client, w
     assert 'gguf_gateway_key_limited_total{key="alice",limit="rpm"} 1.0' in text
     assert ALICE not in text
 
+
+
+async def test_upstream_and_replica_answers_are_limited_and_counted_as_local_ones(aiohttp_client, aiohttp_server,
+                                                                                  write_config, files):
+    inner = await aiohttp_server(create_app(load_config(write_config(
+        f"server:\n  discover_default_stores: false\nmodels:\n  plain: {files}/plain.gguf\n", "inner.yaml"))))
+    up = str(inner.make_url("/v1"))
+    outer = load_config(write_config(
+        f"server:\n  discover_default_stores: false\n  api_keys:\n    root: {ROOT}\n"
+        f"    alice: {{key: {ALICE}, rpm: 2}}\n"
+        f"models:\n  far: {{upstream: '{up}', model: plain}}\n  pair:\n    replicas:\n"
+        f"      - {{upstream: '{up}', model: plain}}\n", "outer.yaml"))
+    client = await aiohttp_client(create_app(outer))
+    told = {}
+    for model in ("far", "pair"):
+        r = await client.post("/v1/chat/completions", headers=auth(ALICE), json={**CHAT, "model": model})
+        assert r.status == 200, await r.text()
+        told[model] = (await r.json())["usage"]["total_tokens"]
+    assert all(told.values())
+    r = await client.post("/v1/chat/completions", headers=auth(ALICE), json={**CHAT, "model": "far"})
+    assert r.status == 429 and r.headers["X-Gateway-Limit"] == "rpm"
+    rows = (await (await client.get("/usage", headers=auth(ROOT))).json())["data"]
+    assert {r["model"]: r["total_tokens"] for r in rows if r["key"] == "alice"} == told

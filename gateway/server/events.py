@@ -107,9 +107,9 @@ def request_key(name: str, kind: type):
 
 
 OBSERVATION = request_key("observation", Observation)
-PRINCIPAL = request_key("principal", str)  # the API key's name, set by the auth middleware
+PRINCIPAL = request_key("principal", str)  # the API key's name, set by the access middleware
 # whose stored responses and cached prompts a request's are: a digest of its API key itself
-# (``app.owner_of``), so a key's name or place in the list hands nothing to another key
+# (``access.keys.owner_of``), so a key's name or place in the list hands nothing to another key
 OWNER = request_key("owner", str)
 ERROR_CODE = request_key("error_code", str)  # the code of the error answered, for rejected_requests
 STREAM = request_key("stream", EventStream)  # the request's sse.EventStream, once a handler asked for one
