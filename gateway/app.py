@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -16,6 +15,7 @@ from .access.keys import owner_of  # noqa: F401 (re-exported: what a key's reque
 from .api import admin, anthropic, dashboard, ollama, openai, pulls, responses, usage
 from .api.access import access_middleware
 from .api.appkeys import CONFIG, CONNECTIONS, EVENTS, GATE, LIFECYCLE, LIVE, METRICS, REGISTRY, SEAL_KEY
+from .base.addresses import is_loopback
 from .base.errors import ApiError
 from .base.secretfile import KeptSecret
 from .engine.client import RequestFailed
@@ -181,16 +181,6 @@ async def failed_response(request: web.Request, err: ApiError) -> web.StreamResp
     except ConnectionResetError:
         pass
     return sse.response
-
-
-def is_loopback(host: str) -> bool:
-    host = host.strip().strip("[]").lower()
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def host_check_middleware():

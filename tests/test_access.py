@@ -299,3 +299,14 @@ async def test_upstream_and_replica_answers_are_limited_and_counted_as_local_one
     assert r.status == 429 and r.headers["X-Gateway-Limit"] == "rpm"
     rows = (await (await client.get("/usage", headers=auth(ROOT))).json())["data"]
     assert {r["model"]: r["total_tokens"] for r in rows if r["key"] == "alice"} == told
+
+
+async def test_a_reload_never_drops_every_key_of_a_gateway_beyond_loopback(aiohttp_client, write_config, files, caplog):
+    keys = f"    root: {ROOT}\n"
+    app = create_app(config(write_config, files, keys, "  host: 0.0.0.0\n"))
+    client = await aiohttp_client(app)
+    config(write_config, files, "", "  host: 0.0.0.0\n")  # the same file, its keys gone
+    assert await reload_configuration(app)
+    assert (await client.get("/v1/models")).status == 401
+    assert (await client.get("/v1/models", headers=auth(ROOT))).status == 200
+    assert any("keys not reloaded" in r.getMessage() for r in caplog.records)

@@ -16,9 +16,10 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from .. import __version__
 from ..access.scope import visible
 from ..backends.replicas import ReplicaSet
+from ..base.addresses import is_loopback
 from ..base.errors import ApiError
 from ..models import memory
-from ..models.config import ConfigError, default_state_dir, load_config
+from ..models.config import ConfigError, KeySpec, default_state_dir, load_config
 from ..models.config.keys import KEYS_FILE
 from ..models.lifecycle import ModelState
 from ..server.events import PRINCIPAL
@@ -157,8 +158,19 @@ async def reload_configuration(app: web.Application) -> bool:
     config = await app[REGISTRY].reload(app[CONFIG].path)
     if config is None:
         return False
-    app[GATE].set_keys(config.server.api_keys)
+    _set_keys(app, config.server.api_keys)
     return True
+
+
+def _set_keys(app: web.Application, keys: tuple[KeySpec, ...]) -> None:
+    """The keys read put in force; but never none in place of some while the gateway listens
+    beyond loopback, which would open it to the network (it would not have started so)."""
+    host = app[CONFIG].server.host
+    if not keys and app[GATE].keys and not is_loopback(host):
+        log.error("keys not reloaded: the configuration now has no API key, and the gateway listens on %s, "
+                  "beyond this machine; the keys in force stay (restart it to serve without keys)", host)
+        return
+    app[GATE].set_keys(keys)
 
 
 async def reload_keys(app: web.Application) -> None:
@@ -169,7 +181,7 @@ async def reload_keys(app: web.Application) -> None:
         for line in e.problems:
             log.error("keys not reloaded, keeping those in force: %s", line)
         return
-    app[GATE].set_keys(config.server.api_keys)
+    _set_keys(app, config.server.api_keys)
 
 
 KEYS_EVERY = 2.0  # seconds between looks at the keys file

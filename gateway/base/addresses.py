@@ -34,3 +34,15 @@ def forbidden_text(host: str) -> bool:
         return forbidden(ipaddress.ip_address(host))
     except ValueError:
         return True
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a host to bind or a Host header names this machine only: ``localhost`` (and its
+    subdomains) or a loopback address."""
+    host = host.strip().strip("[]").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
