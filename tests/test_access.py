@@ -310,3 +310,21 @@ async def test_a_reload_never_drops_every_key_of_a_gateway_beyond_loopback(aioht
     assert (await client.get("/v1/models")).status == 401
     assert (await client.get("/v1/models", headers=auth(ROOT))).status == 200
     assert any("keys not reloaded" in r.getMessage() for r in caplog.records)
+
+
+async def test_the_pages_live_stream_shows_a_scoped_key_its_own_models_only(aiohttp_client, write_config, files):
+    from test_dashboard import read_snapshot
+
+    client = await aiohttp_client(create_app(config(write_config, files, KEYS)))
+    for model in ("plain", "thinker"):
+        await client.post("/v1/chat/completions", headers=auth(ROOT), json={**CHAT, "model": model})
+    await client.post("/v1/chat/completions", headers=auth(ALICE), json={**CHAT, "model": "plain"})
+    async with client.get("/dashboard/live", headers=auth(ALICE)) as live:
+        snap = await read_snapshot(live)
+    assert [m["id"] for m in snap["models"]] == ["plain", "emb", "rr"]
+    assert {m for p in snap["series"]["points"] for m in p["models"]} == {"plain"}
+    assert [e["principal"] for e in snap["recent"]] == ["alice"] and snap["pulls"] == []
+    async with client.get("/dashboard/live?all=1", headers=auth(ALICE)) as live:  # not an admin: its own still
+        assert [e["principal"] for e in (await read_snapshot(live))["recent"]] == ["alice"]
+    async with client.get("/dashboard/live?all=1", headers=auth(ROOT)) as live:
+        assert sorted(e["principal"] for e in (await read_snapshot(live))["recent"]) == ["alice", "root", "root"]

@@ -14,7 +14,7 @@ from importlib import resources
 
 from aiohttp import web
 
-from ..access.scope import visible
+from ..access.scope import SCOPE, visible
 from ..server.events import OWNER
 from .access import is_admin
 from .admin import describe
@@ -42,8 +42,14 @@ def snapshot(request: web.Request) -> dict:
     now = time.time()
     everyone = not request.app[GATE].keys or (is_admin(request) and request.query.get("all") in ("1", "true"))
     recent = live.recent(owner=request.get(OWNER), everyone=everyone)
-    return {"time": now, "models": [describe(registry, s) for s in visible(registry.specs())],
-            "series": live.series(now), "recent": recent,
+    models = visible(registry.specs())
+    series = live.series(now)
+    if SCOPE.get() is not None:  # another model's traffic is not the key's to see
+        names = {s.name for s in models}
+        series["points"] = [{**p, "models": {m: v for m, v in p["models"].items() if m in names}}
+                            for p in series["points"]]
+    return {"time": now, "models": [describe(registry, s) for s in models],
+            "series": series, "recent": recent,
             "pulls": registry.pulls.rows() if is_admin(request) else []}
 
 
