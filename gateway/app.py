@@ -37,7 +37,7 @@ OPEN_PATHS = frozenset({"/health"}) | dashboard.PAGE_PATHS
 # (where its saved KV caches are), made on first use and kept across restarts
 SEAL_FILE = "seal.key"
 # no inference event, no request metrics
-UNOBSERVED = frozenset({"/health", "/metrics", "/dashboard/live"}) | dashboard.PAGE_PATHS
+UNOBSERVED = frozenset({"/health", "/metrics", "/dashboard/live", "/usage"}) | dashboard.PAGE_PATHS
 
 
 def is_anthropic(request: web.Request) -> bool:

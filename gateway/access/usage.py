@@ -160,6 +160,9 @@ def _create_schema(conn: sqlite3.Connection) -> None:
 
 
 def _open_file(path: Path) -> sqlite3.Connection:
+    for folder in (path.parent, *path.parent.parents):  # "File exists" would say little of a file in the way
+        if folder.exists() and not folder.is_dir():
+            raise NotADirectoryError(20, f"{folder} is a file, not a folder")
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     with suppress(FileExistsError):
         # made here rather than by sqlite so that it is 0600 from its first byte (the WAL and

@@ -20,17 +20,23 @@ DEFAULT_DAYS = 30
 MAX_VALUES = 64  # of each filter: a query names a few keys or models, not a list without end
 
 
+LAST = 253402300799.0  # 9999-12-31T23:59:59Z: the last time an ISO date can say
+
+
 def _when(text: str, param: str) -> float:
+    problem = InvalidRequest(f"`{param}` must be a date (2026-11-01), a time (2026-11-01T12:00:00Z) or epoch "
+                             f"seconds from 0 to {LAST:.0f}", param)
     try:
-        return float(text)
+        t = float(text)
     except ValueError:
-        pass
-    try:
-        when = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-    except ValueError:
-        raise InvalidRequest(f"`{param}` must be a date (2026-11-01), a time (2026-11-01T12:00:00Z) or epoch "
-                             f"seconds", param) from None
-    return (when if when.tzinfo else when.replace(tzinfo=dt.timezone.utc)).timestamp()
+        try:
+            when = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+        except ValueError:
+            raise problem from None
+        t = (when if when.tzinfo else when.replace(tzinfo=dt.timezone.utc)).timestamp()
+    if not 0 <= t <= LAST:  # NaN too
+        raise problem
+    return t
 
 
 def _iso(t: float) -> str:
