@@ -8,6 +8,7 @@
     .venv/bin/python scripts/bench.py --swap --llama-server PATH        # switching models (swapbench.py)
     .venv/bin/python scripts/bench.py --conversations --llama-server PATH   # conversations > slots (convbench.py)
     .venv/bin/python scripts/bench.py --speculation --llama-server PATH     # n-gram speculation (specbench.py)
+    .venv/bin/python scripts/bench.py --access                             # keys, limits, usage (accessbench.py)
 
 Contenders, each a real server process driven over HTTP through the same OpenAI
 `/v1/completions` requests. All are started, then measured in turns: each figure is taken
@@ -341,7 +342,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pull", action="store_true", help="only pulling a model from a loopback hub against curl "
                    "(scripts/pullbench.py; --model: the file, default Gemma 3 270M's where the test cache has it)")
     p.add_argument("--pull-rounds", type=int, default=5, help="with --pull: rounds")
+    p.add_argument("--access", action="store_true", help="only the cost of API keys, limits and usage recording "
+                   "(scripts/accessbench.py): 1-token chat completions on gateways with and without them, and "
+                   "the usage store's own capacity")
+    p.add_argument("--access-rounds", type=int, default=7, help="with --access: interleaved rounds")
+    p.add_argument("--access-requests", type=int, default=300, help="with --access: requests per gateway a round")
+    p.add_argument("--access-spends", type=int, default=200_000, help="with --access: spends recorded into the "
+                   "usage store alone")
     args = p.parse_args(argv)
+    if args.access:
+        return access_main(args)
     if args.pull:
         return pull_main(args)
     if args.speculation:
@@ -428,6 +438,15 @@ def pull_main(args) -> int:
     result = pullbench.main(model.resolve(), args.pull_rounds)
     if args.json:
         args.json.write_text(json.dumps({"pull": result}, indent=2))
+    return 0
+
+
+def access_main(args) -> int:
+    import accessbench
+
+    result = accessbench.main(args.access_rounds, args.access_requests, args.access_spends)
+    if args.json:
+        args.json.write_text(json.dumps({"access": result}, indent=2))
     return 0
 
 

@@ -94,8 +94,10 @@ class Streamed:
 class Server:
     """A contender: a server process on a free port, stopped on exit."""
 
-    def __init__(self, name: str, cmd: list[str], health: str, model_name: str, env: dict | None = None):
+    def __init__(self, name: str, cmd: list[str], health: str, model_name: str, env: dict | None = None,
+                 headers: dict | None = None):
         self.name, self.cmd, self.health, self.model_name = name, cmd, health, model_name
+        self.headers = headers or {}  # sent with every request (an API key's Authorization)
         self.port = free_port()
         self.cmd = [c.replace("{port}", str(self.port)) for c in cmd]
         self.env = env
@@ -137,7 +139,7 @@ class Server:
     def request(self, method: str, path: str, body: dict | None = None, conn=None) -> tuple[int, bytes]:
         c = conn or self.connect()
         c.request(method, path, body=None if body is None else json.dumps(body),
-                  headers={"Content-Type": "application/json"})
+                  headers={"Content-Type": "application/json", **self.headers})
         r = c.getresponse()
         data = r.read()
         if conn is None:
@@ -156,7 +158,7 @@ class Server:
         c = self.connect()
         start = time.perf_counter()
         c.request("POST", "/v1/completions", body=json.dumps({"model": self.model_name, "stream": True, **body}),
-                  headers={"Content-Type": "application/json"})
+                  headers={"Content-Type": "application/json", **self.headers})
         r = c.getresponse()
         if r.status != 200:
             raise SystemExit(f"{self.name}: HTTP {r.status}: {r.read()[:300]!r}")

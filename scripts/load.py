@@ -2,7 +2,7 @@
 """A bounded load and soak run against a gateway on loopback.
 
     .venv/bin/python scripts/load.py --clients 16 --seconds 300
-    .venv/bin/python scripts/load.py --url http://127.0.0.1:8080 --models a,b --seconds 60
+    .venv/bin/python scripts/load.py --url http://127.0.0.1:8080 --models a,b --seconds 60 [--api-key KEY]
     .venv/bin/python scripts/load.py --hostile --clients 16 --seconds 60 --stalled 4 --idle 200
 
 Without --url it starts `gguf-gateway serve` on scripted models it writes itself (three
@@ -13,6 +13,20 @@ lost or truncated streams (a stream that ended without its terminator and was no
 by us), p50/p95 latency, and the resident memory of the gateway and its workers at
 start and end. It only ever talks to the address given (loopback by default) and stops
 by itself.
+
+Usage under load: the gateway it starts records usage as a gateway does by default (no keys: as
+key `anonymous`, to usage.db in its state folder, here in the run's temp dir); with --url,
+--api-key is sent on every request (`Authorization: Bearer`). After the run it reads
+`/usage?group=hour` (with that key; the figures are what the run added to what was there before
+it) until the count settles, and reports the requests the gateway recorded, per wire and per
+second of the run, beside the normal clients' requests: all of them are to routes that spend
+(chat, completions, messages), and the gateway records every one it let in, whether it finished,
+failed or its client left. The check `usage_counts_every_request`: recorded at least the clients'
+requests that got their answer (those read to the end, and those the client cut early on purpose)
+and at most every request they started; in --hostile and --hostile-upstream modes the upper
+bound adds every hostile request sent to a spending route (each stalled reader's, each idle
+socket's that names one), since those count too. With --url the usage may hold other callers'
+requests made meanwhile: reported, and judged only where /usage could be read.
 
 --hostile (only with the gateway it starts: it needs its scripted models and short connection
 limits, and reads the server's sockets from /proc) runs hostile actors beside the same normal
@@ -107,6 +121,7 @@ def rss_tree(pid: int) -> int | None:
 class Stats:
     def __init__(self) -> None:
         self.done = 0
+        self.started = 0  # requests sent (every one to a route that spends: chat, completions, messages)
         self.errors: collections.Counter[str] = collections.Counter()
         self.lost_streams = 0
         self.disconnected = 0
@@ -128,6 +143,7 @@ async def one(session: aiohttp.ClientSession, url: str, models: list[str], stats
     stream = kind.endswith("stream")
     body["stream"] = stream
     started = time.monotonic()
+    stats.started += 1
     try:
         async with session.post(url + path, json=body) as r:
             if r.status != 200:
@@ -162,10 +178,10 @@ async def one(session: aiohttp.ClientSession, url: str, models: list[str], stats
         stats.errors[type(e).__name__] += 1
 
 
-async def client_loop(url, models, stats, deadline, seed):
+async def client_loop(url, models, stats, deadline, seed, headers=None):
     rng = random.Random(seed)
     timeout = aiohttp.ClientTimeout(total=120)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
         while time.monotonic() < deadline:
             await one(session, url, models, stats, rng)
 
@@ -832,6 +848,86 @@ def upstream_report(hs: HostileStats, opts: UpstreamOptions, upstream) -> dict:
     }
 
 
+# --- usage under load ----------------------------------------------------------------------------
+# The routes that spend tokens (marked ``spends`` for the access middleware): the gateway records
+# each request to one of them that it let in, once the request named a model.
+SPENDING_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses",
+                            "/v1/embeddings", "/v1/fim/completions", "/infill", "/v1/rerank", "/rerank",
+                            "/v1/reranking", "/reranking", "/api/chat", "/api/generate", "/api/embed",
+                            "/api/embeddings"})
+USAGE_SETTLE_SECONDS = 15.0  # how long the count may take to stop growing after the run
+
+
+async def read_usage(url: str, headers: dict | None) -> dict:
+    """``/usage?group=hour`` summed over its rows: requests, per wire, and whether it is written to
+    its file; ``{"error": ...}`` where it cannot be read."""
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30), headers=headers) as session:
+            async with session.get(url + "/usage", params={"group": "hour"}) as r:
+                body = await r.json(content_type=None)
+                if r.status != 200:
+                    return {"error": f"HTTP {r.status}: {json.dumps(body)[:300]}"}
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+    by_wire: collections.Counter[str] = collections.Counter()
+    for row in body.get("data") or ():
+        by_wire[row["wire"]] += row["requests"]
+    return {"requests": sum(by_wire.values()), "by_wire": dict(by_wire), "recording": body.get("recording"),
+            "reason": body.get("reason")}
+
+
+async def settled_usage(url: str, headers: dict | None, at_least: int) -> tuple[dict, float]:
+    """/usage once its count stopped growing (two reads half a second apart agree) and holds at
+    least ``at_least``, or after USAGE_SETTLE_SECONDS: a request whose client left is recorded
+    when the gateway sees it go, which may be a moment after the run. With the seconds it took."""
+    start, previous = time.monotonic(), None
+    while True:
+        now = await read_usage(url, headers)
+        if "error" in now:
+            return now, time.monotonic() - start
+        if previous is not None and now["requests"] == previous["requests"] and now["requests"] >= at_least:
+            return now, time.monotonic() - start
+        if time.monotonic() - start > USAGE_SETTLE_SECONDS:
+            return now, time.monotonic() - start
+        previous = now
+        await asyncio.sleep(0.5)
+
+
+def _names_spending_route(first: bytes) -> bool:
+    parts = first.split(b" ", 2)
+    return len(parts) > 1 and parts[1].decode("latin-1") in SPENDING_PATHS
+
+
+def hostile_spending_sent(hs: HostileStats, hostile: HostileOptions | None, upstream: UpstreamOptions | None) -> int:
+    """Requests the hostile actors sent to routes that spend: each may be recorded (it is, where
+    the gateway let it in and it named a model), so the most usage may hold past the normal ones."""
+    n = 0
+    if hostile is not None:
+        n += sum(hs.sent[k.name] for k in hostile.kinds if k.method == "POST" and k.path in SPENDING_PATHS)
+        n += hs.stalled["opened"]  # one streamed completion per connection
+        n += sum(hs.idle[mode]["opened"] for mode, (first, _, _) in IDLE_MODES.items() if _names_spending_route(first))
+    if upstream is not None:
+        n += sum(hs.sent[k.name] for k in UPSTREAM_KINDS if k.body is not None and k.path in SPENDING_PATHS)
+    return n
+
+
+def usage_report(before: dict, after: dict, settle_s: float, stats: Stats, elapsed: float, hostile_sent: int,
+                 hostile: bool) -> dict:
+    """What the gateway recorded during the run, beside what the clients sent and got answered."""
+    answered = stats.done + stats.disconnected  # read to the end, or cut early by the client on purpose
+    out = {"normal_started": stats.started, "normal_done": stats.done, "normal_cut_early": stats.disconnected,
+           "normal_answered": answered, "hostile_spending_sent": hostile_sent if hostile else None,
+           "at_least": answered, "at_most": stats.started + hostile_sent}
+    if "error" in before or "error" in after:
+        return {**out, "error": before.get("error") or after.get("error")}
+    recorded = after["requests"] - before["requests"]
+    wires = {w: n - before["by_wire"].get(w, 0) for w, n in sorted(after["by_wire"].items())}
+    return {"recording": after["recording"], "reason": after["reason"], "recorded_requests": recorded,
+            "recorded_by_wire": {w: n for w, n in wires.items() if n},
+            "recorded_per_second": round(recorded / elapsed, 1) if elapsed > 0 else None,
+            "run_seconds": round(elapsed, 2), **out, "settle_seconds": round(settle_s, 2)}
+
+
 async def worker_failures(url: str) -> int | None:
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
@@ -843,10 +939,14 @@ async def worker_failures(url: str) -> int | None:
 
 async def run(url: str, models: list[str], clients: int, seconds: float, pid: int | None,
               hostile: HostileOptions | None = None, upstream=None,
-              upstream_opts: UpstreamOptions | None = None, bounds: UpstreamOptions | None = None) -> dict:
+              upstream_opts: UpstreamOptions | None = None, bounds: UpstreamOptions | None = None,
+              api_key: str | None = None) -> dict:
     stats, hs = Stats(), HostileStats()
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    usage_before = await read_usage(url, headers)
     rss_start = rss_tree(pid) if pid else None
-    deadline = time.monotonic() + seconds
+    began = time.monotonic()
+    deadline = began + seconds
     samples = []
 
     async def sample_memory():
@@ -863,8 +963,11 @@ async def run(url: str, models: list[str], clients: int, seconds: float, pid: in
     if hostile is not None and hostile.files:
         reset_worker_peaks(url)
     with watch or contextlib.nullcontext():
-        await asyncio.gather(sample_memory(), *(client_loop(url, models, stats, deadline, i) for i in range(clients)),
-                             *actors)
+        await asyncio.gather(sample_memory(), *(client_loop(url, models, stats, deadline, i, headers)
+                                                for i in range(clients)), *actors)
+    elapsed = time.monotonic() - began
+    at_least = usage_before.get("requests", 0) + stats.done + stats.disconnected
+    usage_after, settle_s = await settled_usage(url, headers, at_least)
     rss_end = rss_tree(pid) if pid else None
     lat = sorted(stats.latencies)
     pct = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] if lat else None  # noqa: E731
@@ -882,6 +985,9 @@ async def run(url: str, models: list[str], clients: int, seconds: float, pid: in
         "rss_samples_mib": [round(s / 2**20, 1) for s in samples if s],
         "rss_end_mib": round(rss_end / 2**20, 1) if rss_end else None,
         "worker_failures": await worker_failures(url),
+        "usage": usage_report(usage_before, usage_after, settle_s, stats, elapsed,
+                              hostile_spending_sent(hs, hostile, upstream_opts), hostile is not None or
+                              upstream_opts is not None),
     }
     if hostile:
         report.update(hostile_report(hs, hostile))
@@ -906,6 +1012,9 @@ def checks(report: dict, rss_bound_mib: float, own_server: bool) -> dict[str, bo
         # a gateway we did not start may have had failures before this run: reported, not judged
         "no_worker_failures": report["worker_failures"] == 0 or (not own_server and report["worker_failures"] is None),
         "rss_bound_ok": start is None or end is None or end <= start + rss_bound_mib,
+        # nothing lost, nothing counted twice: see the module's docstring; a gateway we did not
+        # start may not let this key read /usage (reported, not judged)
+        "usage_counts_every_request": _usage_ok(report["usage"], own_server),
     }
     if "health_latency_ms" in report:
         health = report["health_latency_ms"]
@@ -935,6 +1044,12 @@ def checks(report: dict, rss_bound_mib: float, own_server: bool) -> dict[str, bo
                 idle["closed_by_server"] > 0 or not idle["sockets"]),
         })
     return out
+
+
+def _usage_ok(usage: dict, own_server: bool) -> bool:
+    if "error" in usage:
+        return not own_server
+    return usage["at_least"] <= usage["recorded_requests"] <= usage["at_most"]
 
 
 def raise_fd_limit(need: int) -> int:
@@ -979,6 +1094,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", help="a running gateway (default: start one on scripted models)")
     p.add_argument("--models", help="comma-separated model names (with --url)")
+    p.add_argument("--api-key", help="with --url: sent on every request (Authorization: Bearer), and for /usage")
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--seconds", type=float, default=60)
     p.add_argument("--threads", type=int, help="n_threads for each scripted model (default: the gateway's)")
@@ -1014,6 +1130,8 @@ def main(argv: list[str] | None = None) -> int:
             p.error("--hostile-upstream needs Linux's /proc/<pid>/clear_refs to measure the gateway's peak memory")
     bounds = UpstreamOptions(args.upstream_clients, args.health_p99_ms, args.health_max_ms, args.gateway_peak_mib)
     upstream_opts = bounds if args.hostile_upstream else None
+    if args.api_key and not args.url:
+        p.error("--api-key is for a gateway given by --url (the one started here has no keys)")
     if args.hostile:
         if args.url:
             p.error("--hostile starts its own gateway (scripted models, short limits, its sockets read from "
@@ -1035,7 +1153,8 @@ def main(argv: list[str] | None = None) -> int:
         host = args.url.split("//", 1)[-1].split(":")[0].split("/")[0]
         if host not in ("127.0.0.1", "localhost", "::1", "[::1]") and not host.startswith("127."):
             p.error("--url must be a loopback address")
-        report = asyncio.run(run(args.url, args.models.split(","), args.clients, args.seconds, None))
+        report = asyncio.run(run(args.url, args.models.split(","), args.clients, args.seconds, None,
+                                 api_key=args.api_key))
     else:
         from helpers import ServerProcess
 
@@ -1048,7 +1167,10 @@ def main(argv: list[str] | None = None) -> int:
             files = hostile is not None and hostile.files
             cfg = write_config(d, args.threads, hostile, upstream, write_hostile_files(d) if files else [])
             loaded = ["plain", "thinker", "loop", *((*TEMPLATE_BOMBS, *MEDIA_MODELS) if files else ())]
-            with ServerProcess("--config", str(cfg), "--log-level", "warning", env={"HOME": tmp}) as srv:
+            # usage recorded as by default (usage.db in the state folder), the state folder in tmp;
+            # no keys from the environment: the gateway is open and records as key `anonymous`
+            env = {"HOME": tmp, "XDG_STATE_HOME": str(d / "state"), "GGUF_GATEWAY_API_KEYS": ""}
+            with ServerProcess("--config", str(cfg), "--log-level", "warning", env=env) as srv:
                 for m in loaded:  # every model that loads, loaded before memory is measured
                     srv.get("/health")
                     import urllib.request

@@ -37,6 +37,33 @@ def test_bench_script_measures_every_figure(tmp_path):
     assert "llama.cpp RPC: all layers on two rpc-servers" in r.stdout
 
 
+@pytest.mark.slow
+def test_the_access_benchmark_compares_keys_and_usage_with_neither(tmp_path):
+    out = tmp_path / "access.json"
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "bench.py"), "--access", "--access-rounds", "1",
+                        "--access-requests", "5", "--access-spends", "2000", "--json", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    data = json.loads(out.read_text())["access"]
+    servers = data["servers"]
+    assert list(servers) == ["open, no usage", "open", "keys + limits + usage"]
+    for name, s in servers.items():
+        assert 0 < s["p50_ms"] <= s["p95_ms"] and len(s["rounds"]["p50_ms"]) == 1
+        # every request sent was recorded, once: to the file, or in memory where usage_db is off
+        assert s["recorded"]["requests"] == s["sent"] == 35, (name, s["recorded"])
+        assert s["recorded"]["recording"] is (name != "open, no usage")
+    assert servers["open"]["recorded"]["keys"] == ["anonymous"]
+    assert servers["keys + limits + usage"]["recorded"]["keys"] == ["bench"]
+    for name in ("open", "keys + limits + usage"):
+        vs = servers[name]["vs_base"]
+        assert vs["p50_ratio"]["min"] <= vs["p50_ratio"]["median"] <= vs["p50_ratio"]["max"]
+    assert isinstance(data["target_met"], bool)
+    store = data["store"]
+    assert store["counted"] == 2000 and store["rows"] == 750 and store["record_us"] > 0 and store["spends_per_s"] > 0
+    assert "| keys + limits + usage" in r.stdout and "target, keys + limits + usage at most 0.1 ms" in r.stdout
+    assert "spends/s recorded" in r.stdout
+
+
 def check_figures(g: dict) -> None:
     assert g["decode_tok_s"] > 0 and g["ttft_ms"] > 0
     assert set(g["aggregate_tok_s"]) == {"1", "2", "4", "8"} and all(v > 0 for v in g["aggregate_tok_s"].values())

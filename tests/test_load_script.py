@@ -28,6 +28,11 @@ def test_hostile_load_leaves_normal_traffic_clean(tmp_path):
     assert data["requests_done"] > 0 and data["errors_5xx"] == 0 and data["lost_or_truncated_streams"] == 0
     assert data["worker_failures"] == 0 and data["server_tracebacks"] == 0 and data["server_exit_code"] == 0
     assert data["rss_bound_ok"] and data["rss_start_mib"] and data["rss_end_mib"]
+    # usage recorded every normal request answered, and no more than every request sent to a
+    # route that spends, the hostile actors' included
+    usage = data["usage"]
+    assert usage["recording"] and usage["at_least"] <= usage["recorded_requests"] <= usage["at_most"], usage
+    assert usage["hostile_spending_sent"] > 0 and usage["recorded_requests"] >= data["requests_done"]
 
     # stalled readers dropped mid-answer by write_timeout, idle and slow sockets by their timeouts
     stalled, idle = data["stalled_readers"], data["idle_sockets"]
@@ -74,3 +79,4 @@ def test_a_hostile_upstream_holds_the_gateways_memory_and_health(tmp_path):
     assert health["n"] > 50 and health["failures"] == 0 and health["max"] <= health["max_bound"]
     assert data["gateway_peak_growth_mib"] <= data["gateway_peak_bound_mib"]
     assert data["requests_done"] > 0 and data["errors_5xx"] == 0 and data["server_tracebacks"] == 0
+    assert data["usage"]["at_least"] <= data["usage"]["recorded_requests"] <= data["usage"]["at_most"]
