@@ -306,3 +306,33 @@ def test_missing_projector_draft_and_adapter_files_are_warnings(write_config, tm
 def test_draft_p_min_is_a_probability(write_config, value):
     (line,) = problems_of(write_config(f"models:\n  m:\n    path: m.gguf\n    draft_p_min: {value}\n"))
     assert "models.m.draft_p_min: must be a number from 0 to 1, got " in line
+
+
+def test_a_keys_settings_its_role_rule_and_a_keys_file_of_digests(write_config, tmp_path):
+    import datetime as dt
+    import hashlib
+
+    digest = hashlib.sha256(b"ci-secret").hexdigest()
+    keys_file = tmp_path / "keys.yaml"
+    keys_file.write_text(f"ci:\n  key: sha256:{digest}\n  models: [gemma*]\n  rpm: 5\n  expires: 2027-01-31\n"
+                         f"ops: sha256:{digest.upper()}\n")
+    cfg = load_config(write_config(
+        f"server:\n  api_keys_file: {keys_file}\n  api_keys:\n    me: my-key\n"
+        "    laptop: {key: l-key, budget: 1000, budget_period: week}\n"
+        "    boss: {key: b-key, role: admin, tpm: 10}\n"))
+    keys = {k.name: k for k in cfg.server.api_keys}
+    assert {n: k.role for n, k in keys.items()} == {"me": "admin", "laptop": "user", "boss": "admin",
+                                                   "ci": "user", "ops": "admin"}
+    assert keys["ci"].secret is None and keys["ci"].digest == hashlib.sha256(b"ci-secret").digest()
+    assert keys["ci"].models == ("gemma*",) and keys["ci"].rpm == 5 and keys["ci"].expires == dt.datetime(2027, 1, 31, tzinfo=dt.timezone.utc).timestamp()
+    assert keys["laptop"].budget == 1000 and keys["laptop"].budget_period == "week"
+    assert cfg.server.keys_file == keys_file and "my-key" not in repr(cfg)
+    # keys and no admin: refused, saying how to mend it
+    (line,) = problems_of(write_config("server:\n  api_keys:\n    u: {key: k, rpm: 5}\n"))
+    assert "no key is an admin" in line and "role: admin" in line
+    for bad, said in (("{key: k, role: root}", "must be one of user, admin"), ("{key: k, rpm: 0}", "positive"),
+                      ("{key: 'sha256:abc'}", "64 hex digits"), ("{key: k, expires: soon}", "date or time"),
+                      ("{rpm: 5}", "needs `key`"), ("{key: k, budget_period: year}", "day, week, month"),
+                      ("{key: k, colour: red}", "unknown key")):
+        (line,) = problems_of(write_config(f"server:\n  api_keys:\n    root: r\n    x: {bad}\n"))
+        assert said in line and "server.api_keys.x" in line, (bad, line)

@@ -104,7 +104,7 @@ class Gate:
         if model == "-" and not prompt_tokens + completion_tokens:
             return  # refused before it named a model (a 400, a 404): counted by the rate limits only
         self.usage.record(Spend(passed.name, model, wire, prompt_tokens, completion_tokens, now))
-        if self.on_spend is not None:
+        if self.on_spend is not None and passed.name != ANONYMOUS:  # series per key: none without keys
             self.on_spend(passed.name, passed.named, wire, prompt_tokens, completion_tokens)
 
     def state(self, name: str) -> dict | None:

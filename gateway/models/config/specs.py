@@ -104,8 +104,8 @@ class KeySpec:
     (epoch seconds) after which the key is refused."""
 
     name: str
-    digest: bytes
-    secret: str | None = None
+    digest: bytes = field(repr=False)  # never in a log line, should a configuration be printed
+    secret: str | None = field(default=None, repr=False)
     named: bool = True  # named by the operator; a bare key is named by its place (key1, key2, ...)
     role: str = "admin"
     models: tuple[str, ...] = ()
