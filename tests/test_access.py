@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 
 import pytest
 
+from gateway.access import usage as usage_store
 from gateway.api.admin import reload_configuration
 from gateway.api.appkeys import GATE
 from gateway.app import create_app
@@ -226,15 +228,19 @@ async def test_usage_and_a_spent_budget_survive_a_restart(aiohttp_client, write_
     assert r.status == 429 and r.headers["X-Gateway-Limit"] == "budget"
 
 
-@pytest.mark.parametrize("damage", ["garbage", "folder"])
+@pytest.mark.parametrize("damage", ["garbage", "folder", "read-only"])
 async def test_a_damaged_usage_database_still_serves_and_enforces_limits(aiohttp_client, write_config, files,
-                                                                         tmp_path, caplog, damage):
+                                                                         tmp_path, caplog, monkeypatch, damage):
     db = tmp_path / "usage.db"
     if damage == "garbage":
         db.write_bytes(b"this is not a database " * 100)
-    else:
+    elif damage == "folder":
         (tmp_path / "file").write_text("x")
         db = tmp_path / "file" / "usage.db"  # a folder that cannot be made
+    else:  # sqlite opens it read-only (a chmod would not stop root, who may run this)
+        sqlite3.connect(db).close()
+        monkeypatch.setattr(usage_store, "_connect", lambda p: sqlite3.connect(
+            p.resolve().as_uri() + "?mode=ro", uri=True, isolation_level=None))
     keys = f"    root: {ROOT}\n    rpm2: {{key: rpm-key, rpm: 2}}\n"
     client = await aiohttp_client(create_app(config(write_config, files, keys, f"  usage_db: {db}\n")))
     assert "usage" not in await (await client.get("/health")).json()  # nothing more without a key
@@ -328,3 +334,12 @@ async def test_the_pages_live_stream_shows_a_scoped_key_its_own_models_only(aioh
         assert [e["principal"] for e in (await read_snapshot(live))["recent"]] == ["alice"]
     async with client.get("/dashboard/live?all=1", headers=auth(ROOT)) as live:
         assert sorted(e["principal"] for e in (await read_snapshot(live))["recent"]) == ["alice", "root", "root"]
+
+
+def test_per_key_series_are_bounded_and_bare_keys_are_other():
+    from gateway.server.metrics import MAX_KEYS, Metrics
+
+    m = Metrics()
+    labels = [m.key_label(f"k{i}", True) for i in range(MAX_KEYS + 5)]
+    assert labels[:MAX_KEYS] == [f"k{i}" for i in range(MAX_KEYS)] and set(labels[MAX_KEYS:]) == {"other"}
+    assert m.key_label("k0", True) == "k0" and m.key_label("key3", False) == "other"
