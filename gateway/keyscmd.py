@@ -54,6 +54,7 @@ SECTION, ENV = "server.api_keys", f"${keyfile.ENV_KEYS}"
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION_RE = re.compile(r"(\d+)\s*([smhdw])")
 COLUMNS = ("PERIOD", "KEY", "MODEL", "WIRE", "REQUESTS", "PROMPT", "COMPLETION", "TOTAL")
+WINDOWS = (("rpm", "requests_last_minute", "requests"), ("tpm", "tokens_last_minute", "tokens"))
 NUMBERS = ("requests", "prompt_tokens", "completion_tokens", "total_tokens")
 
 
@@ -410,8 +411,10 @@ def _usage(answer: dict[str, Any], out: TextIO) -> None:
         if state.get("budget") is not None:
             parts.append(f"budget {int(state['budget'])}/{text(state['budget_period'])}, {int(state['spent'])} spent, "
                          f"resets {text(state['resets'])}")
-        parts.append(f"last minute: {int(state['requests_last_minute'])} request(s), "
-                     f"{int(state['tokens_last_minute'])} token(s); {int(state['in_flight'])} in flight")
+        for limit, count, what in WINDOWS:
+            if state.get(count) is not None:
+                parts.append(f"{int(state[count])} of {int(state[limit])} {what} in the last minute")
+        parts.append(f"{int(state['in_flight'])} in flight")
         out.write(f"{text(name)}: {'; '.join(parts)}\n")
     if answer["recording"] is False:
         reason = answer.get("reason")

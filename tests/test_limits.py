@@ -63,7 +63,7 @@ def test_a_key_with_no_limits_gets_tickets_and_keeps_no_window():
     for t in tickets:
         lim.release(t, 10, T0 + 1)
     state = lim.state("free", Limits(), T0 + 1)
-    assert state["in_flight"] == 0 and state["tokens_last_minute"] == 0 and state["spent"] == 10_000
+    assert state["in_flight"] == 0 and state["tokens_last_minute"] is None and state["spent"] == 10_000
     assert state["budget"] is None and state["remaining"] is None and state["resets"] is None
 
 
@@ -177,7 +177,7 @@ def test_max_parallel_refuses_at_exactly_its_number_and_release_frees_a_place():
     lim.release(a, 10, T0 + 2)  # a second release of the same ticket: nothing
     refusal(lim.admit("alice", limits, T0 + 2), Limit.MAX_PARALLEL)
     assert lim.state("alice", limits, T0 + 2)["in_flight"] == 2
-    assert lim.state("alice", limits, T0 + 2)["tokens_last_minute"] == 0  # no tpm: no window
+    assert lim.state("alice", limits, T0 + 2)["tokens_last_minute"] is None  # no tpm: no window
     assert lim.state("alice", limits, T0 + 2)["spent"] == 10  # charged once
     lim.release(c, 0, T0 + 3)
     ticket(lim.admit("alice", limits, T0 + 3))
@@ -237,7 +237,8 @@ def test_budget_refuses_once_spent_and_names_when_it_resets():
     assert got.message == ("Key 'alice' reached its budget: 1000 tokens per day, 1042 spent; "
                            "it resets at 2026-11-29T00:00:00Z.")
     assert lim.state("alice", limits, now + 4) == {
-        "in_flight": 0, "requests_last_minute": 0, "tokens_last_minute": 0, "budget": 1000,
+        "in_flight": 0, "rpm": None, "requests_last_minute": None, "tpm": None, "tokens_last_minute": None,
+        "budget": 1000,
         "budget_period": "day", "spent": 1042, "remaining": 0, "resets": "2026-11-29T00:00:00Z"}
     # the next day starts at 0
     ticket(lim.admit("alice", limits, at("2026-11-29 00:00:00")))

@@ -338,14 +338,19 @@ class Limiter:
 
     def state(self, name: str, limits: Limits, now: float) -> dict[str, Any]:
         """Key ``name``'s standing, for GET /usage and the page. A read: it changes nothing.
-        The windows are counted where the limits keep them (requests for rpm, tokens for tpm)."""
+        The windows are counted where the limits keep them (requests for rpm, tokens for tpm),
+        None elsewhere."""
         key = self._keys.get(name) or _Key()
         spent = key.spent_in(limits.budget_period, now)
         budget = limits.budget
         return {
             "in_flight": key.in_flight,
-            "requests_last_minute": requests_in_window(key.admitted or (), now),
-            "tokens_last_minute": tokens_in_window(key.buckets or _EMPTY_BUCKETS, now),
+            # None where the key's limits keep no such window (no rpm, no tpm): not a count of 0
+            "rpm": limits.rpm,
+            "requests_last_minute": None if limits.rpm is None else requests_in_window(key.admitted or (), now),
+            "tpm": limits.tpm,
+            "tokens_last_minute": None if limits.tpm is None else tokens_in_window(key.buckets or _EMPTY_BUCKETS,
+                                                                                     now),
             "budget": budget,
             "budget_period": limits.budget_period.value,
             "spent": spent,
