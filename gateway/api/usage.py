@@ -40,7 +40,7 @@ def _when(text: str, param: str) -> float:
 
 
 def _iso(t: float) -> str:
-    return dt.datetime.fromtimestamp(t, dt.timezone.utc).isoformat().replace("+00:00", "Z")
+    return dt.datetime.fromtimestamp(t, dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
 def _values(request: web.Request, param: str) -> list[str] | None:
