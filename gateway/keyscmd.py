@@ -42,10 +42,12 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .access.gate import usage_path
+from .access.limits import iso
 from .access.usage import read_last_used
 from .backends.untrusted import shown
+from .base.checks import parse_time
 from .console import BadAnswer, Gateway, Unreachable
-from .models.config import Config, ConfigError, KeySpec, ServerConfig, default_state_dir, find_config_path, load_config
+from .models.config import Config, ConfigError, KeySpec, ServerConfig, find_config_path, load_config
 from .models.config import keys as keyfile
 from .models.config.specs import BUDGET_PERIODS, ROLES
 
@@ -129,7 +131,7 @@ def _config(explicit: str | None) -> Config | None:
 
 def _watched(server: ServerConfig) -> Path:
     """The keys file a gateway of this configuration reads and watches."""
-    return server.keys_file or (server.state_dir or default_state_dir()) / keyfile.KEYS_FILE
+    return keyfile.keys_path(server)
 
 
 def _same(a: str | Path, b: Path) -> bool:
@@ -148,12 +150,8 @@ def _where(key: KeySpec, config: Config) -> str:
     return key.source
 
 
-def _iso(t: float) -> str:
-    return dt.datetime.fromtimestamp(t, dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
-
-
 def _day_or_time(t: float) -> str:
-    text = _iso(t)
+    text = iso(t)
     return text[:10] if text.endswith("T00:00:00Z") else text
 
 
@@ -169,12 +167,11 @@ def when(text: str, flag: str, *, ago: bool, now: float | None = None) -> float:
             return dt.datetime.fromtimestamp(now - seconds if ago else now + seconds, dt.timezone.utc).timestamp()
         except (OverflowError, OSError, ValueError):
             raise BadArgument(f"{flag}: {text!r} is too far off") from None
-    try:
-        got = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
-    except ValueError:
+    got = parse_time(text)
+    if got is None:
         raise BadArgument(f"{flag}: expected a date (2027-01-31), a time (2027-01-31T12:00:00Z) or a duration "
-                          f"(30d, 12h, 90m, 2w), got {text!r}") from None
-    return (got if got.tzinfo else got.replace(tzinfo=dt.timezone.utc)).timestamp()
+                          f"(30d, 12h, 90m, 2w), got {text!r}")
+    return got
 
 
 class ArgumentReport:
@@ -223,9 +220,9 @@ def cmd_add(args: argparse.Namespace, config: Config, out: TextIO) -> int:
     if args.expires is not None:
         expires = when(args.expires, "--expires", ago=False, now=now)
         if expires <= now:
-            raise BadArgument(f"--expires: {_iso(expires)} has passed")
-        settings["expires"] = _iso(expires)
-    settings["created"] = _iso(now)
+            raise BadArgument(f"--expires: {iso(expires)} has passed")
+        settings["expires"] = iso(expires)
+    settings["created"] = iso(now)
     if args.note is not None:
         settings["note"] = args.note
     report = ArgumentReport(name)
@@ -267,7 +264,7 @@ def _limits(key: KeySpec, now: float) -> dict[str, Any]:
     if key.budget is not None:
         got["budget_period"] = key.budget_period
     if key.expires is not None:
-        got["expires"] = _iso(key.expires)
+        got["expires"] = iso(key.expires)
         got["expired"] = key.expires <= now
     return got
 
@@ -290,7 +287,7 @@ def cmd_list(args: argparse.Namespace, config: Config, out: TextIO) -> int:
     now = time.time()
     if args.json:
         rows = [{"name": k.name, "role": k.role, "models": list(k.models), "limits": _limits(k, now),
-                 "source": _where(k, config), "last_used": _iso(last[k.name]) if k.name in last else None}
+                 "source": _where(k, config), "last_used": iso(last[k.name]) if k.name in last else None}
                 for k in keys]
         out.write(json.dumps(rows, indent=2) + "\n")
         return 0
@@ -300,7 +297,7 @@ def cmd_list(args: argparse.Namespace, config: Config, out: TextIO) -> int:
     table: list[tuple[str, ...]] = [("NAME", "ROLE", "MODELS", "LIMITS", "SOURCE", "LAST USE")]
     for k in keys:
         table.append((shown(k.name), k.role, shown(",".join(k.models)) or "*", _limits_text(k, now),
-                      shown(_where(k, config)), _iso(last[k.name]) if k.name in last else "never"))
+                      shown(_where(k, config)), iso(last[k.name]) if k.name in last else "never"))
     _table(out, table, right=())
     return 0
 
@@ -361,7 +358,7 @@ def cmd_usage(args: argparse.Namespace, out: TextIO) -> int:
         query += [(param, v) for v in getattr(args, param) or ()]
     for param in ("since", "until"):
         if getattr(args, param):
-            query.append((param, _iso(when(getattr(args, param), f"--{param}", ago=True))))
+            query.append((param, iso(when(getattr(args, param), f"--{param}", ago=True))))
     config = None
     if args.config or find_config_path(None):
         try:

@@ -346,3 +346,16 @@ def test_per_key_series_are_bounded_and_bare_keys_are_other():
     labels = [m.key_label(f"k{i}", True) for i in range(MAX_KEYS + 5)]
     assert labels[:MAX_KEYS] == [f"k{i}" for i in range(MAX_KEYS)] and set(labels[MAX_KEYS:]) == {"other"}
     assert m.key_label("k0", True) == "k0" and m.key_label("key3", False) == "other"
+
+
+@pytest.mark.parametrize("query", [
+    "since=nan", "until=-inf", "since=1e400", "since=0001-01-01", "until=9999-12-31T23:59:59-14:00",
+    "since=%ED%A0%80", "since=%F0%9F%99%82", "group=week", "group=%00", "key=" + "k" * 5000,
+    "&".join(["model=m"] * 65), "since=2026-13-01", "since=" + "9" * 5000, "wire=%FF%FE",
+])
+async def test_hostile_usage_queries_are_refused_or_answered_never_a_500(aiohttp_client, write_config, files, query):
+    client = await aiohttp_client(create_app(config(write_config, files, f"    root: {ROOT}\n")))
+    r = await client.get(f"/usage?{query}", headers=auth(ROOT))
+    assert r.status in (200, 400), (query, r.status, await r.text())
+    if r.status == 400:
+        assert (await r.json())["error"]["param"] in ("since", "until", "group", "model")

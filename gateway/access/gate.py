@@ -43,10 +43,15 @@ class Pass:
     ticket: Ticket | None
 
 
+def _limits_by_name(specs: tuple[KeySpec, ...]) -> dict[str, Limits]:
+    """The limits of each key that has any, by its name."""
+    return {k.name: lim for k in specs if (lim := limits_of(k)).any}
+
+
 class Gate:
     def __init__(self, server: ServerConfig):
         self.keys = KeyTable(server.api_keys)
-        self._limits = {k.name: limits_of(k) for k in self.keys.specs if k.limited}
+        self._limits = _limits_by_name(self.keys.specs)
         self.limiter = Limiter()
         self.usage = UsageStore(usage_path(server), server.usage_days)
         # told each request's spending (the metrics): key label, wire, prompt and completion tokens
@@ -61,7 +66,7 @@ class Gate:
 
     async def _restore(self) -> None:
         now = time.time()
-        budgets = {k.name: limits_of(k) for k in self.keys.specs if k.budget is not None}
+        budgets = {name: lim for name, lim in self._limits.items() if lim.budget is not None}
         if not budgets:
             return
         since = {name: period_start(lim.budget_period, now) for name, lim in budgets.items()}
@@ -77,21 +82,18 @@ class Gate:
         key it was admitted with, and a revoked key's state goes once its requests are done."""
         old = self.keys.names()
         self.keys = KeyTable(specs)
-        self._limits = {k.name: limits_of(k) for k in specs if k.limited}
+        self._limits = _limits_by_name(specs)
         self.limiter.forget(self.keys.names())
         added, gone = self.keys.names() - old, old - self.keys.names()
         log.info("API keys reloaded: %d key(s)%s%s", len(specs), f", added {', '.join(sorted(added))}" if added else "",
                  f", revoked {', '.join(sorted(gone))}" if gone else "")
-
-    def limits(self, name: str) -> Limits | None:
-        return self._limits.get(name)
 
     def admit(self, key: KeySpec | None) -> Pass | Refusal:
         """Let a request that spends tokens in, or say which of its key's limits it reached."""
         if key is None:
             return Pass(ANONYMOUS, False, None)
         lim = self._limits.get(key.name)
-        if lim is None or not lim.any:
+        if lim is None:
             return Pass(key.name, key.named, None)
         got = self.limiter.admit(key.name, lim, time.time())
         return got if isinstance(got, Refusal) else Pass(key.name, key.named, got)
@@ -110,4 +112,4 @@ class Gate:
     def state(self, name: str) -> dict | None:
         """A key's limits as they stand (for /usage), or None for a key without any."""
         lim = self._limits.get(name)
-        return self.limiter.state(name, lim, time.time()) if lim is not None and lim.any else None
+        return self.limiter.state(name, lim, time.time()) if lim is not None else None

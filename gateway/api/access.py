@@ -13,7 +13,6 @@ key given still names and owns the request.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -73,7 +72,7 @@ def refused(refusal: Refusal) -> ApiError:
     """A limit reached: 429 with Retry-After, in the caller's wire shape (the errors middleware)."""
     code = "budget_exceeded" if refusal.limit is Limit.BUDGET else "rate_limit_exceeded"
     return ApiError(refusal.message, status=429, code=code,
-                    headers={"Retry-After": str(max(1, math.ceil(refusal.retry_after))),
+                    headers={"Retry-After": str(refusal.seconds),
                              "X-Gateway-Limit": refusal.limit.value})
 
 

@@ -19,8 +19,8 @@ from ..backends.replicas import ReplicaSet
 from ..base.addresses import is_loopback
 from ..base.errors import ApiError
 from ..models import memory
-from ..models.config import ConfigError, KeySpec, default_state_dir, load_config
-from ..models.config.keys import KEYS_FILE
+from ..models.config import ConfigError, KeySpec, load_config
+from ..models.config.keys import keys_path
 from ..models.lifecycle import ModelState
 from ..server.events import PRINCIPAL
 from ..serving.registry import Registry, upstream_rows
@@ -197,8 +197,7 @@ def _stamp(path: Path) -> tuple[int, int, int] | None:
 
 async def watch_keys(app: web.Application) -> None:
     """Read the keys again whenever the keys file changes (appears, is written, is removed)."""
-    server = app[CONFIG].server
-    path = server.keys_file or (server.state_dir or default_state_dir()) / KEYS_FILE
+    path = keys_path(app[CONFIG].server)
     seen = await asyncio.to_thread(_stamp, path)
     while True:
         await asyncio.sleep(KEYS_EVERY)

@@ -7,11 +7,12 @@ by default the last 30 days), ``group`` (``day``, the default, or ``hour``)."""
 
 from __future__ import annotations
 
-import datetime as dt
 import time
 
 from aiohttp import web
 
+from ..access.limits import iso
+from ..base.checks import parse_time
 from ..base.errors import InvalidRequest
 from .access import KEY, forbidden, is_admin
 from .appkeys import GATE
@@ -27,20 +28,12 @@ def _when(text: str, param: str) -> float:
     problem = InvalidRequest(f"`{param}` must be a date (2026-11-01), a time (2026-11-01T12:00:00Z) or epoch "
                              f"seconds from 0 to {LAST:.0f}", param)
     try:
-        t = float(text)
+        t: float | None = float(text)
     except ValueError:
-        try:
-            when = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-        except ValueError:
-            raise problem from None
-        t = (when if when.tzinfo else when.replace(tzinfo=dt.timezone.utc)).timestamp()
-    if not 0 <= t <= LAST:  # NaN too
+        t = parse_time(text)
+    if t is None or not 0 <= t <= LAST:  # NaN too
         raise problem
     return t
-
-
-def _iso(t: float) -> str:
-    return dt.datetime.fromtimestamp(t, dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
 def _values(request: web.Request, param: str) -> list[str] | None:
@@ -72,7 +65,7 @@ async def usage(request: web.Request) -> web.Response:
     names = sorted(keys if keys is not None else gate.keys.names())
     limits = {name: state for name in names if (state := gate.state(name)) is not None}
     status = gate.usage.status
-    return web.json_response({"object": "usage", "group": group, "since": _iso(since), "until": _iso(until),
+    return web.json_response({"object": "usage", "group": group, "since": iso(since), "until": iso(until),
                               "recording": status.recording, "reason": status.reason, "data": data,
                               "limits": limits})
 

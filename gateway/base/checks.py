@@ -9,6 +9,7 @@ llama.cpp's load settings (``engine.settings``), which both processes import.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import re
@@ -68,6 +69,19 @@ def parse_duration(value: Any) -> float | None:
             scale = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
             return sum(float(n) * scale[u] for n, u in parts)
     return None
+
+
+def parse_time(text: str) -> float | None:
+    """Epoch seconds from an ISO 8601 date (``2027-01-31``) or date and time
+    (``2027-01-31T12:00:00Z``; UTC unless it says); None when ``text`` is neither."""
+    try:
+        when = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        return None
+    try:
+        return (when if when.tzinfo else when.replace(tzinfo=dt.timezone.utc)).timestamp()
+    except (OverflowError, ValueError):  # a date at the edge of the calendar, past what a timestamp holds
+        return None
 
 
 SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 2**10, "m": 1000**2, "mb": 1000**2, "mib": 2**20,

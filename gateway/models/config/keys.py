@@ -42,13 +42,19 @@ import yaml
 from ...base import checks
 from ...base.checks import INVALID, Report, show
 from .parsing import Parsing
-from .specs import BUDGET_PERIODS, ROLES, KeySpec
+from .specs import BUDGET_PERIODS, ROLES, KeySpec, ServerConfig, default_state_dir
 
 ENV_KEYS = "GGUF_GATEWAY_API_KEYS"  # comma-separated, each "key" or "name=key"
 KEYS_FILE = "keys.yaml"  # in the state folder, where no server.api_keys_file names another
 DIGEST = "sha256:"
 _DIGEST_RE = re.compile(r"sha256:([0-9a-fA-F]{64})")
 MAX_KEYS_FILE = 4 << 20  # bytes: far past any real list of keys, and read whole
+
+
+def keys_path(server: ServerConfig) -> Path:
+    """The keys file a gateway of this configuration reads (where it exists) and watches:
+    ``server.api_keys_file``, else keys.yaml in the state folder."""
+    return server.keys_file or (server.state_dir or default_state_dir()) / KEYS_FILE
 
 
 def digest_of(key: str) -> bytes:
@@ -66,12 +72,8 @@ def _when(r: Report, where: str, v: Any) -> Any:
     epoch seconds; kept as epoch seconds."""
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         return float(v)
-    if isinstance(v, str):
-        try:
-            v = dt.datetime.fromisoformat(v.strip().replace("Z", "+00:00"))
-        except ValueError:
-            r.error(where, f"must be a date or time (2027-01-31, 2027-01-31T12:00:00Z), got {show(v)}")
-            return INVALID
+    if isinstance(v, str) and (t := checks.parse_time(v)) is not None:
+        return t
     if isinstance(v, dt.datetime):
         return (v if v.tzinfo else v.replace(tzinfo=dt.timezone.utc)).timestamp()
     if isinstance(v, dt.date):
