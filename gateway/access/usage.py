@@ -47,9 +47,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ..models.config import MEMORY
+
 log = logging.getLogger(__name__)
 
-MEMORY = Path(":memory:")  # the store kept in memory only (server.usage_db: off)
 SCHEMA_VERSION = 1  # PRAGMA user_version: a newer file is left alone, not rewritten
 HOUR, DAY = 3600, 86400
 MAX_TEXT = 256  # key, model and wire come from outside: what a row keeps of each

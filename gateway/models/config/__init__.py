@@ -24,7 +24,7 @@ from ...base.checks import parse_bytes, parse_duration, show
 from .keys import ENV_KEYS
 from .models import parse_models
 from .parsing import Parsing
-from .server import MEMORY, parse_server
+from .server import parse_server
 from .specs import (
     DEFAULT_HOST,
     DEFAULT_KEEP_ALIVE,
@@ -32,6 +32,7 @@ from .specs import (
     DEFAULT_LOAD_TIMEOUT,
     DEFAULT_MAX_LOADED,
     DEFAULT_PORT,
+    MEMORY,
     REASONING_FIELDS,
     REASONING_MODES,
     TOOL_FORMATS,

@@ -3,7 +3,6 @@ API keys gathered from every source (``keys``: the section, the keys file, ``$GG
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from ...base import checks
@@ -11,7 +10,7 @@ from ...base.checks import INVALID, Check, Report, show
 from ...hardware.sysmem import RAM
 from .keys import KEYS_FILE, from_section, gather
 from .parsing import Parsing
-from .specs import REASONING_FIELDS, default_state_dir
+from .specs import MEMORY, REASONING_FIELDS, default_state_dir
 
 
 def _reserve(r: Report, where: str, v: Any) -> Any:
@@ -62,8 +61,6 @@ def _usage_db(r: Report, where: str, v: Any) -> Any:
         return MEMORY
     return checks.path(r, where, v)
 
-
-MEMORY = Path(":memory:")  # server.usage_db: off
 
 _PORT = checks.integer(minimum=1, maximum=65535, what="a port number (1-65535)")
 

@@ -27,6 +27,7 @@ TOOL_FORMATS = ("auto", "hermes", "qwen3_coder", "llama3", "mistral", "harmony",
 REASONING_FIELDS = ("reasoning_content", "reasoning")
 ROLES = ("user", "admin")
 BUDGET_PERIODS = ("day", "week", "month")
+MEMORY = Path(":memory:")  # server.usage_db: off, the usage store kept in memory only
 DEFAULT_USAGE_DAYS = 400  # a year of daily history, and the month before it to compare against
 
 
