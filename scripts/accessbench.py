@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import Server, tiny_model
+from benchlib import Server, interleaved, tiny_model
 
 TARGET_MS = 0.1
 WARMUP = 30
@@ -76,15 +76,6 @@ def chat(srv: Server, conn: http.client.HTTPConnection) -> None:
     status, data = srv.request("POST", "/v1/chat/completions", BODY, conn)
     if status != 200:
         raise SystemExit(f"{srv.name}: HTTP {status}: {data[:300]!r}")
-
-
-def interleaved(servers: list[Server], rounds: int, fn) -> dict[str, list]:
-    """``fn(server, round)`` for every server, the order rotating each round (as bench.py's)."""
-    out: dict[str, list] = {s.name: [] for s in servers}
-    for rep in range(rounds):
-        for srv in servers[rep % len(servers):] + servers[:rep % len(servers)]:
-            out[srv.name].append(fn(srv, rep))
-    return out
 
 
 def latencies(srv: Server, conn: http.client.HTTPConnection, n: int) -> dict:

@@ -59,7 +59,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(1, str(REPO / "scripts"))
 
-from benchlib import Server, bench_model, free_port, long_prompt, tiny_model  # noqa: E402
+from benchlib import Server, bench_model, free_port, interleaved, long_prompt, tiny_model  # noqa: E402
 
 PROMPT = "The history of the city begins with a small settlement on the river, where"
 SAMPLED = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "seed": 1}
@@ -205,16 +205,6 @@ def cold_warm(srv: Server, args, sampling: dict, rep: int) -> tuple[float, float
         ttft.append((got.stamps[0] - got.start) * 1000)
     n = srv.complete({"prompt": prompt, "max_tokens": 1, **sampling})["usage"]["prompt_tokens"]
     return ttft[0], ttft[1], n
-
-
-def interleaved(servers: list[Server], repeats: int, fn) -> dict[str, list]:
-    """``fn(server, rep)`` for every server, ``repeats`` rounds, the order rotating each round,
-    so a slow spell of the machine does not land on one contender."""
-    out: dict[str, list] = {s.name: [] for s in servers}
-    for rep in range(repeats):
-        for srv in servers[rep % len(servers):] + servers[:rep % len(servers)]:
-            out[srv.name].append(fn(srv, rep))
-    return out
 
 
 def measure(servers: list[Server], args, sampling: dict) -> dict[str, dict]:

@@ -180,3 +180,12 @@ class Server:
         own = rss_kib(self.proc.pid)
         return own, own + sum(rss_kib(p) for p in descendants(self.proc.pid))
 
+
+def interleaved(servers: list[Server], repeats: int, fn) -> dict[str, list]:
+    """``fn(server, rep)`` for every server, ``repeats`` rounds, the order rotating each round,
+    so a slow spell of the machine does not land on one contender."""
+    out: dict[str, list] = {s.name: [] for s in servers}
+    for rep in range(repeats):
+        for srv in servers[rep % len(servers):] + servers[:rep % len(servers)]:
+            out[srv.name].append(fn(srv, rep))
+    return out
