@@ -359,3 +359,11 @@ async def test_hostile_usage_queries_are_refused_or_answered_never_a_500(aiohttp
     assert r.status in (200, 400), (query, r.status, await r.text())
     if r.status == 400:
         assert (await r.json())["error"]["param"] in ("since", "until", "group", "model")
+
+
+async def test_a_reload_of_a_broken_configuration_is_a_409_and_changes_nothing(aiohttp_client, write_config, files):
+    client = await aiohttp_client(create_app(config(write_config, files, KEYS)))
+    write_config("server:\n  api_keys: {root: [not, a, key]}\n")  # the same file, broken
+    r = await client.post("/config/reload", headers=auth(ROOT))
+    assert r.status == 409 and (await r.json())["error"]["code"] == "config_invalid"
+    assert (await client.get("/v1/models", headers=auth(ALICE))).status == 200  # the keys in force stay

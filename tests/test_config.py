@@ -336,3 +336,12 @@ def test_a_keys_settings_its_role_rule_and_a_keys_file_of_digests(write_config, 
                       ("{key: k, colour: red}", "unknown key")):
         (line,) = problems_of(write_config(f"server:\n  api_keys:\n    root: r\n    x: {bad}\n"))
         assert said in line and "server.api_keys.x" in line, (bad, line)
+
+
+def test_a_keys_file_too_large_or_too_deep_is_a_problem_not_a_crash(write_config, tmp_path):
+    big, deep = tmp_path / "big.yaml", tmp_path / "deep.yaml"
+    big.write_text("k: " + "x" * (5 << 20) + "\n")
+    deep.write_text("k: " + "[" * 50_000 + "]" * 50_000 + "\n")
+    for path, said in ((big, "larger than"), (deep, "nests too deeply")):
+        (line,) = problems_of(write_config(f"server:\n  api_keys_file: {path}\n"))
+        assert said in line and str(path) in line

@@ -204,7 +204,10 @@ async def watch_keys(app: web.Application) -> None:
         now = await asyncio.to_thread(_stamp, path)
         if now != seen:
             seen = now
-            await reload_keys(app)
+            try:
+                await reload_keys(app)
+            except Exception:  # the watch goes on whatever one reading met
+                log.exception("keys not reloaded, keeping those in force")
 
 
 @admin_only

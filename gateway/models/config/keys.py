@@ -183,7 +183,11 @@ def read_file(r: Report, where: str, path: Path) -> list[KeySpec]:
     except (OSError, UnicodeDecodeError) as e:
         r.error(where, f"cannot read {path}: {getattr(e, 'strerror', None) or e}")
         return []
-    entries = file_entries(text)
+    try:
+        entries = file_entries(text)
+    except RecursionError:  # PyYAML's reader recurses per nesting level
+        r.error(where, f"{path} nests too deeply: not a keys file")
+        return []
     source = str(path)
     if isinstance(entries, dict):
         out = [entry(r, f"{path}: {name}", name, value, source) for name, value in entries.items()]
