@@ -12,9 +12,10 @@ calls this, between two polls of its inbox.
 
 from __future__ import annotations
 
+import sys
 import time
 
-from . import checkpoints, ipc, media
+from . import checkpoints, ipc, kvcache, media
 from .generation import Generation
 from .kvcache import PromptCache
 from .model import Model
@@ -27,6 +28,7 @@ from .slots import Batch, Sequence, Slot, choose, chunk_end, reusable
 class Decoder(Generation):
     def __init__(self, model: Model, sampling: Sampling, out: Outbox):
         super().__init__(model, sampling, out)
+        self.model = model
         self.n_ctx, self.n_batch, self.n_ubatch = model.n_ctx, model.n_batch, model.cp.n_ubatch
         self.n_swa = model.n_swa
         self.swa_full = model.params.swa_full
@@ -95,6 +97,18 @@ class Decoder(Generation):
 
     def active(self) -> list[Sequence]:
         return [s.seq for s in self.slots if s.seq is not None]
+
+    def save_caches(self) -> None:
+        """The slots' and the prompt cache's states into ``kv_cache_dir``, for the next load (a
+        failure loses them only)."""
+        params = self.model.params
+        if not params.kv_cache_dir:
+            return
+        try:
+            kvcache.save(self.model, self.slots, params.kv_cache_dir, params.kv_cache_max_bytes,
+                         self.cache.entries if self.cache is not None else [], self.memory.checkpoints_behind)
+        except Exception as e:  # a full disk, a directory we may not write
+            sys.stderr.write(f"could not save the KV caches of {params.name}: {e}\n")
 
     def forget_cache(self) -> None:
         """The context's memory was cleared (an embedding pass): no slot holds cached tokens."""

@@ -1,16 +1,34 @@
-"""Embeddings: one L2-normalized, pooled vector per input, from a context made for them
-(``LoadParams.embeddings``: pooling on, the whole input in one micro-batch). Each input is
-decoded alone in sequence 0, after the context's memory is cleared."""
+"""Embeddings and reranking: one pooled vector (or score) per input, many inputs to a decode.
+
+An embedding context (``LoadParams.embeddings``; ``Model``) has one pool of cells
+(``kv_unified``) and ``Model.embed_seqs`` sequences. A decode holds whole inputs only, each its
+own sequence from position 0 in a context cleared before it, as many as fit
+``Model.embed_batch`` tokens and ``embed_seqs`` sequences; an input longer than
+``embed_batch`` is decoded alone (up to n_ctx, the micro-batch's size). Every decode is one
+micro-batch, as llama.cpp pools a sequence within the micro-batch it was read in, and no input
+is split across two.
+
+Inputs come from every request waiting (``Embedder``): a decode takes one input from each job in
+turn, in arrival order, so a short request that arrives while a long one is being read gets
+into the next decode rather than after the long one's last.
+
+Batched and alone agree to a stated tolerance, not bit for bit: a sequence attends only to its
+own cells (the others are masked), but llama.cpp's CPU kernels sum a row's dot products and a
+pooling's mean in an order that depends on how many tokens share the micro-batch
+(``tests/test_embedding_batch``).
+"""
 
 from __future__ import annotations
 
 import math
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import ipc
 from .model import Model
 from .prompts import Prompts
-from .refusals import Refused
+from .refusals import Refused, decode_failed, failure
 
 
 def rerank_tokens(model: Model, prompts: Prompts, query: str, document: str) -> list[int]:
@@ -34,45 +52,144 @@ def rerank_tokens(model: Model, prompts: Prompts, query: str, document: str) -> 
     return tokens + ([eos] if add_eos else [])
 
 
-def embed(model: Model, prompts: Prompts, rid: int, inputs: list[Any], query: str | None = None) -> ipc.Embeddings:
-    """The vectors of ``inputs`` (each a text or token ids), or for a reranker (``query`` set)
-    each document's score against the query, as a one-number vector (llama.cpp's rank pooling:
-    the classifier's first output; a probability for Qwen3-style rerankers, a logit for
-    BERT-style ones). Raises ``Refused``. It clears the context's memory: what the slots had
-    cached is gone."""
-    ll, n_ctx = model.ll, model.n_ctx
-    vectors, total = [], 0
-    param = "input" if query is None else "documents"
-    for i, item in enumerate(inputs):
-        if query is not None:
-            tokens = rerank_tokens(model, prompts, query, item)
+def read(model: Model, prompts: Prompts, command: ipc.Embed) -> list[list[int]]:
+    """Each input of ``command`` as tokens (for a reranker, the query with each document), on a
+    prep thread. Raises ``Refused`` for an empty input or one past the model's context."""
+    out = []
+    param = "input" if command.query is None else "documents"
+    for i, item in enumerate(command.inputs):
+        if command.query is not None:
+            tokens = rerank_tokens(model, prompts, command.query, item)
         else:
             source = ipc.PromptRequest(prompt=item) if isinstance(item, str) else \
                 ipc.PromptRequest(prompt_tokens=item)
             tokens = prompts.tokens(source, param="input").tokens
         if not tokens:
             raise Refused(400, f"{param} {i} is empty", param)
-        if len(tokens) > n_ctx:
-            raise Refused(400, f"{param} {i} has {len(tokens)} tokens; this model reads at most {n_ctx}",
+        if len(tokens) > model.n_ctx:
+            raise Refused(400, f"{param} {i} has {len(tokens)} tokens; this model reads at most {model.n_ctx}",
                           param, "context_length_exceeded")
-        total += len(tokens)
+        out.append(tokens)
+    return out
+
+
+@dataclass(eq=False)
+class Job:
+    """One embed command's inputs as tokens, and its vectors as they are made."""
+
+    rid: int
+    inputs: list[list[int]]
+    rank: bool  # a reranker's: a one-number vector, the score
+    vectors: list[list[float] | None] = field(init=False)
+    taken: int = 0  # inputs handed to a decode (in order)
+    left: int = field(init=False)  # inputs whose vector is not made yet
+
+    def __post_init__(self) -> None:
+        self.vectors = [None] * len(self.inputs)
+        self.left = len(self.inputs)
+
+    def event(self) -> ipc.Embeddings:
+        return ipc.Embeddings(self.rid, [v for v in self.vectors if v is not None],
+                              sum(len(t) for t in self.inputs))
+
+
+def pack(jobs: list[Job], budget: int, seqs: int) -> list[tuple[Job, int]]:
+    """The inputs of the next decode, as (job, input index): one from each job in turn, each
+    job's in order, while they fit ``budget`` tokens and ``seqs`` sequences; the first may be
+    longer than ``budget`` and then goes alone. A job whose next input does not fit gives no
+    more to this decode. Pure: it reads ``taken`` and does not advance it."""
+    group: list[tuple[Job, int]] = []
+    used = 0
+    cursor = {id(job): job.taken for job in jobs}
+    open_ = [job for job in jobs if job.taken < len(job.inputs)]
+    while open_ and len(group) < seqs:
+        still = []
+        for job in open_:
+            if len(group) >= seqs:
+                break
+            i = cursor[id(job)]
+            n = len(job.inputs[i])
+            if group and used + n > budget:
+                continue  # this job is done for this decode
+            group.append((job, i))
+            used += n
+            cursor[id(job)] = i + 1
+            if used > budget:
+                return group  # an input longer than the budget, alone
+            if i + 1 < len(job.inputs):
+                still.append(job)
+        open_ = still
+    return group
+
+
+class Embedder:
+    """Embed jobs in arrival order, read a decode at a time (``step``), so that the worker takes
+    new commands between two decodes and their inputs join the next."""
+
+    def __init__(self, model: Model):
+        self.model = model
+        self.jobs: deque[Job] = deque()
+        self.batch = model.ll.llama_batch_init(model.embed_batch_cells, 0, 1)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.jobs)
+
+    def add(self, rid: int, inputs: list[list[int]], rank: bool) -> None:
+        self.jobs.append(Job(rid, inputs, rank))
+
+    def cancel(self, rid: int) -> None:
+        self.jobs = deque(job for job in self.jobs if job.rid != rid)
+
+    def step(self) -> list[ipc.Embeddings | ipc.Error]:
+        """Decode the next group of inputs; the events of the jobs it finished (or failed). A bug
+        fails the jobs waiting here, not the worker."""
+        try:
+            return self._step()
+        except Exception as e:
+            failed = [failure(job.rid, e) for job in self.jobs]
+            self.jobs.clear()
+            return list(failed)
+
+    def _step(self) -> list[ipc.Embeddings | ipc.Error]:
+        model, ll = self.model, self.model.ll
+        group = pack(list(self.jobs), model.embed_batch, model.embed_seqs)
+        if not group:
+            return []
         if model.mem:
             ll.llama_memory_clear(model.mem, True)
-        batch = ll.llama_batch_init(len(tokens), 0, 1)
-        try:
-            for pos, tok in enumerate(tokens):
-                batch.token[pos], batch.pos[pos], batch.n_seq_id[pos] = tok, pos, 1
-                batch.seq_id[pos][0], batch.logits[pos] = 0, True
-            batch.n_tokens = len(tokens)
-            if ll.llama_decode(model.ctx, batch) != 0:
-                raise Refused(500, "llama_decode failed while embedding", None, "decode_failed")
-        finally:
-            ll.llama_batch_free(batch)
-        ptr = ll.llama_get_embeddings_seq(model.ctx, 0)
-        if query is not None:
-            vectors.append([float(ptr[0])])
-            continue
-        vec = [float(ptr[j]) for j in range(model.n_embd)]
-        norm = math.sqrt(sum(x * x for x in vec)) or 1.0
-        vectors.append([x / norm for x in vec])
-    return ipc.Embeddings(rid, vectors, total)
+        batch, k = self.batch, 0
+        for seq, (job, i) in enumerate(group):
+            for pos, tok in enumerate(job.inputs[i]):
+                batch.token[k], batch.pos[k], batch.n_seq_id[k] = tok, pos, 1
+                batch.seq_id[k][0], batch.logits[k] = seq, True
+                k += 1
+            job.taken = i + 1
+        batch.n_tokens = k
+        rc = ll.llama_decode(model.ctx, batch)
+        out: list[ipc.Embeddings | ipc.Error] = []
+        if rc != 0:
+            failed = {id(job): job for job, _ in group}
+            for job in failed.values():
+                out.append(decode_failed(job.rid, rc))
+            self.jobs = deque(job for job in self.jobs if id(job) not in failed)
+            return out
+        n = model.n_embd
+        for seq, (job, i) in enumerate(group):
+            ptr = ll.llama_get_embeddings_seq(model.ctx, seq)
+            job.vectors[i] = [float(ptr[0])] if job.rank else normalized(ptr[:n])
+            job.left -= 1
+            if not job.left:
+                out.append(job.event())
+        if out:
+            self.jobs = deque(job for job in self.jobs if job.left)
+        return out
+
+    def close(self) -> None:
+        self.model.ll.llama_batch_free(self.batch)
+
+
+def normalized(vec: list[Any]) -> list[float]:
+    """``vec`` scaled to unit length (L2; llama-server's default normalization); a zero vector as it is."""
+    norm = math.sqrt(sum(x * x for x in vec)) or 1.0
+    return [x / norm for x in vec]

@@ -23,7 +23,7 @@ from ..text.toolformats import MARKER_TOKENS as CALL_MARKERS
 from . import device_probe, ggml, ipc, rpc
 from .drafting import Drafter, draft_params
 from .media import Projector
-from .settings import CACHE_TYPES, DEFAULT_N_CTX
+from .settings import CACHE_TYPES, DEFAULT_N_CTX, embed_seqs
 from .topology import default_threads
 from .vocab import Vocab
 
@@ -174,6 +174,9 @@ class Model:
         # kv_unified: llama-server's default, one pool of n_ctx cells that the slots share (a slot
         # may use what the others leave); else n_ctx cells each
         cp.kv_unified = params.kv_unified
+        # an embedding decode: as many inputs as fit embed_batch tokens, each its own sequence
+        self.embed_seqs = embed_seqs(params.parallel) if params.embeddings else 0
+        self.embed_batch = max(1, min(params.n_batch, n_ctx))
         cp.n_ctx = n_ctx if params.kv_unified else n_ctx * n_slots
         cp.n_batch = max(min(params.n_batch, n_ctx), n_slots)
         cp.n_ubatch = min(cp.n_batch, max(params.n_ubatch or cp.n_batch, n_slots))
@@ -195,9 +198,14 @@ class Model:
         # cache's cells wrap, so sums run in another order than a cold read's.
         cp.swa_full = params.swa_full
         if params.embeddings:
-            # a pooled embedding needs its whole input in one micro-batch
+            # A pooled embedding needs its whole input in one micro-batch, and a decode of several
+            # inputs is one micro-batch only where the cells are one stream (llama.cpp splits a
+            # batch over several streams into equal parts per sequence): n_ctx cells, each input
+            # up to n_ctx, several to a decode up to embed_batch (``embedding``).
             cp.embeddings = True
-            cp.n_batch = cp.n_ubatch = cp.n_ctx
+            cp.kv_unified = True
+            cp.n_seq_max = self.embed_seqs
+            cp.n_ctx = cp.n_batch = cp.n_ubatch = n_ctx
         self.cp = cp
         self.ctx = ll.llama_init_from_model(self.handle, cp)
         if params.reranker and self.ctx and ll.llama_pooling_type(self.ctx) != ll.LLAMA_POOLING_TYPE_RANK:
@@ -224,6 +232,7 @@ class Model:
             self.splice = False  # (the gateway logs a cache_reuse it asked for and did not get)
         self.n_ctx = ll.llama_n_ctx_seq(self.ctx)  # per slot
         self.n_batch = cp.n_batch
+        self.embed_batch_cells = cp.n_ubatch  # the longest decode an embedding context takes
         tmpl = ll.llama_model_chat_template(self.handle, None)
         self.model_template = tmpl.decode("utf-8", "replace") if tmpl else None
         self.template = params.chat_template or self.model_template or chat_template.CHATML
@@ -283,6 +292,7 @@ class Model:
             "bos_token": self._token_text(self.vocab.bos), "eos_token": self._token_text(self.vocab.eos),
             "build_info": f"llama-cpp-python {getattr(self.ll, '__version__', '?')}",
             "n_embd": self.n_embd, "embeddings": self.params.embeddings, "reranker": self.params.reranker,
+            "embed_seqs": self.embed_seqs, "embed_batch": self.embed_batch if self.embed_seqs else None,
             "rpc": list(self.params.rpc),
             # what llama.cpp was given (README: llama-server's flags)
             "cache_type_k": self.params.cache_type_k, "cache_type_v": self.params.cache_type_v,

@@ -19,6 +19,18 @@ from typing import Any, TypeVar
 from ..base import checks
 from ..base.checks import INVALID, POSITIVE_INTEGER, Check, Report, show
 
+# an embedding context's sequences: inputs decoded together (``embedding``). A sequence there lasts
+# one decode and holds no cells of its own after it, so this is a floor under ``parallel``,
+# not its default: short inputs (a RAG chunk, a rerank pair) fill a batch by their number
+EMBED_SEQS = 64
+LLAMA_MAX_SEQ = 256  # llama.cpp's bound on a context's sequences
+
+
+def embed_seqs(parallel: int) -> int:
+    """The inputs an embedding model decodes together, for its ``parallel`` setting."""
+    return min(LLAMA_MAX_SEQ, max(parallel, EMBED_SEQS))
+
+
 DEFAULT_N_CTX = 4096  # a slot's context for a model with no n_ctx of its own (at most its trained one)
 DEFAULT_PROMPT_CACHE_BYTES = 8 * 2**30  # llama-server's --cache-ram default
 
@@ -118,7 +130,8 @@ class LlamaSettings:
     n_gpu_layers: int = setting(-1, checks.integer(minimum=-1, what="an integer >= -1 (-1: all layers)"))
     n_threads: int | None = setting(None, POSITIVE_INTEGER)  # None: the CPUs this process may use (at most 16)
     n_batch: int = setting(512, POSITIVE_INTEGER)
-    # sequence slots decoded together (continuous batching), each holding n_ctx tokens; 1 for embeddings
+    # sequence slots decoded together (continuous batching), each holding n_ctx tokens; for an
+    # embedding model, the inputs a decode may hold (``embed_seqs``: at least EMBED_SEQS)
     parallel: int = setting(4, checks.integer(minimum=1, maximum=64, what="an integer from 1 to 64"))
     flash_attn: bool | None = setting(None, checks.boolean)  # None: llama.cpp decides
     # llama.cpp's repacked CPU weight layouts (use_extra_bufts): faster kernels on some CPUs, but a

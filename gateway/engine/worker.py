@@ -14,7 +14,7 @@ job each, all run in this process only (the gateway never imports llama_cpp):
 - ``sampling``: sampler chains, the logits in place, log-probabilities, response_format grammars;
 - ``slots``: slots, sequences, the reusable batch;
 - ``decoding``: admission to slots and the decode steps (``Decoder``);
-- ``embedding``: pooled vectors;
+- ``embedding``: pooled vectors, many inputs to a decode (``Embedder``);
 - ``outbox``: the events queued in a step and written together;
 - ``refusals``: a request refused or failed, as its error event.
 
@@ -38,6 +38,7 @@ from typing import Any
 
 from . import embedding, ipc, kvcache
 from .decoding import Decoder
+from .embedding import Embedder
 from .model import Model, prepare
 from .outbox import Outbox
 from .prompts import PromptQuestion, Prompts, PromptTokens
@@ -53,7 +54,7 @@ class Queued:
     """A generate or embed command waiting for a slot (``Worker.pending``, in arrival order)."""
 
     command: ipc.Generate | ipc.Embed
-    prepared: PromptTokens | None = None  # a generate's prompt, once read
+    prepared: PromptTokens | list[list[int]] | None = None  # a generate's prompt, an embed's inputs, once read
     cancelled: bool = False  # dropped from the queue by a cancel
 
 
@@ -63,7 +64,7 @@ class Prepared:
     tail, or its refusal; None for a request cancelled before it was read)."""
 
     job: Queued
-    result: PromptTokens | ipc.Error | None
+    result: PromptTokens | list[list[int]] | ipc.Error | None
     threaded: bool  # read on a prep thread (not in the loop)
 
 
@@ -72,6 +73,24 @@ class Reply:
     """Inbox message: the answer to a question, worked out on a prep thread."""
 
     event: ipc.Event
+
+
+def read_inline(command: ipc.Generate | ipc.Embed) -> bool:
+    """Whether an idle worker reads this prompt (or these inputs) in its loop: only a short one
+    (the hand-off to a prep thread and back costs about a tenth of a millisecond, a short prompt
+    less). A busy one reads every prompt on a prep thread, during the decodes."""
+    if isinstance(command, ipc.Embed):
+        return len(command.inputs) <= 64 and sum(len(x) for x in command.inputs) <= INLINE_PREP_CHARS and \
+            (command.query is None or len(command.query) <= INLINE_PREP_CHARS)
+    req = command.request
+    if req.media:
+        return False  # (a picture is encoded on a prep thread)
+    if req.prompt_tokens is not None:
+        return True
+    if req.messages is not None:
+        size = sum(len(m.get("content") or "") for m in req.messages if isinstance(m, dict))
+        return size <= INLINE_PREP_CHARS and len(req.messages) <= 64
+    return len(req.prompt or "") <= INLINE_PREP_CHARS
 
 
 class Worker:
@@ -94,6 +113,7 @@ class Worker:
         self.model: Model | None = None
         self.prompts: Prompts | None = None
         self.decoder: Decoder | None = None
+        self.embedder: Embedder | None = None  # an embedding model's
         self.told_cache = 0  # the prompt cache's bytes as the gateway was last told (``CacheHeld``)
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -110,7 +130,8 @@ class Worker:
     def _take(self, msg: ipc.Command | Prepared | Reply | None) -> None:
         match msg:
             case ipc.Exit():
-                self._save_caches()
+                if self.decoder is not None:  # at an asked-for exit (an unload, a shutdown)
+                    self.decoder.save_caches()
                 self.out.flush()
                 os._exit(0)
             case None:  # the gateway is gone
@@ -119,12 +140,11 @@ class Worker:
             case ipc.Generate() | ipc.Embed():
                 job = Queued(msg)
                 self.pending.append(job)
-                if isinstance(msg, ipc.Generate):
-                    if self._quick(msg.request):
-                        self._prepare(job)  # its result is the next message this loop takes
-                    else:
-                        self.preparing += 1
-                        self.prep.submit(self._prepare, job)
+                if self._quick(msg):
+                    self._prepare(job)  # its result is the next message this loop takes
+                else:
+                    self.preparing += 1
+                    self.prep.submit(self._prepare, job)
             case Prepared(job=job, result=result, threaded=threaded):
                 if threaded:
                     self.preparing -= 1
@@ -147,6 +167,8 @@ class Worker:
                 for seq in self.decoder.active() if self.decoder else ():
                     if seq.rid == rid:
                         seq.cancelled = True
+                if self.embedder is not None:
+                    self.embedder.cancel(rid)
             case ipc.Threads(n=n) if self.model is not None:
                 self.model.set_threads(n)
             case ipc.TrimCache(id=rid, max_bytes=n):
@@ -165,18 +187,6 @@ class Worker:
             self.told_cache = held
             self.out.send(ipc.CacheHeld(held, rid))
 
-    def _save_caches(self) -> None:
-        """At an asked-for exit (an unload, a shutdown): the caches, for the next load (a failure loses them only)."""
-        params = self.model.params if self.model is not None else None
-        if params is None or not params.kv_cache_dir or self.decoder is None:
-            return
-        try:
-            d = self.decoder
-            kvcache.save(self.model, d.slots, params.kv_cache_dir, params.kv_cache_max_bytes,
-                         d.cache.entries if d.cache is not None else [], d.memory.checkpoints_behind)
-        except Exception as e:  # a full disk, a directory we may not write
-            sys.stderr.write(f"could not save the KV caches of {params.name}: {e}\n")
-
     def _answer(self, question: PromptQuestion) -> None:
         """On a prep thread: a question's answer, unless its asker left before it began."""
         if not self.asking.get(question.id) and self.prompts is not None:
@@ -185,33 +195,28 @@ class Worker:
                 self.inbox.put(Reply(event))
         self.asking.pop(question.id, None)
 
-    def _quick(self, req: ipc.GenerationRequest) -> bool:
-        """Whether to read this prompt in the loop itself: only a short one, and only while the
-        model decodes nothing and no prompt is being read (the hand-off to a prep thread and back
-        costs about a tenth of a millisecond, a short prompt less)."""
-        if self.decoder is None or self.preparing or self.decoder.active() or req.media:
-            return False  # (a picture is encoded on a prep thread)
-        if req.prompt_tokens is not None:
-            return True
-        if req.messages is not None:
-            size = sum(len(m.get("content") or "") for m in req.messages if isinstance(m, dict))
-            return size <= INLINE_PREP_CHARS and len(req.messages) <= 64
-        return len(req.prompt or "") <= INLINE_PREP_CHARS
+    def _quick(self, command: ipc.Generate | ipc.Embed) -> bool:
+        """``read_inline``, for the loop's state now."""
+        idle = self.decoder is not None and not self.preparing and not self.decoder.active() \
+            and (self.embedder is None or not self.embedder.busy)
+        return idle and read_inline(command)
 
     def _prepare(self, job: Queued) -> None:
-        """Read a generate request's prompt (on a prep thread, or in the loop for ``_quick``
-        ones); the result goes to the inbox."""
+        """Read a generate request's prompt or an embed's inputs (on a prep thread, or in the
+        loop for ``_quick`` ones); the result goes to the inbox."""
         threaded = threading.current_thread() is not threading.main_thread()
         if job.cancelled:
             if threaded:
                 self.inbox.put(Prepared(job, None, True))
             return
         command = job.command
-        assert isinstance(command, ipc.Generate)
-        result: PromptTokens | ipc.Error
+        result: PromptTokens | list[list[int]] | ipc.Error
         try:
-            assert self.prompts is not None  # generate commands are taken only once it is loaded
-            result = self.prompts.prepare(command.request)
+            assert self.prompts is not None and self.model is not None  # taken only once it is loaded
+            if isinstance(command, ipc.Embed):
+                result = embedding.read(self.model, self.prompts, command)
+            else:
+                result = self.prompts.prepare(command.request)
         except Refused as r:
             result = r.event(command.id)
         except Exception as e:  # a bug here must fail one request, not the worker
@@ -220,7 +225,7 @@ class Worker:
 
     def _admissible(self) -> bool:
         """A waiting request could start now, or waits only for a slot to free."""
-        return any(isinstance(job.command, ipc.Embed) or job.prepared is not None for job in self.pending)
+        return any(job.prepared is not None for job in self.pending)
 
     def _poll(self, block: bool) -> None:
         if block:
@@ -233,21 +238,22 @@ class Worker:
 
     def _admit(self, decoder: Decoder) -> None:
         """Start waiting requests in free slots, in arrival order; one whose prompt is still
-        being read lets those behind it go first. An embedding request runs alone."""
+        being read lets those behind it go first. An embed's inputs join the embedder's (an
+        embedding model generates nothing)."""
         for job in list(self.pending):
-            command = job.command
-            if isinstance(command, ipc.Embed):
-                if decoder.active():
-                    return
-                self.pending.remove(job)
-                self._guard(command.id, self._embed, command)
+            command, prepared = job.command, job.prepared
+            if prepared is None:
                 continue
-            if job.prepared is None:
+            if isinstance(command, ipc.Embed):
+                assert isinstance(prepared, list) and self.embedder is not None
+                self.pending.remove(job)
+                self.embedder.add(command.id, prepared, command.query is not None)
                 continue
             if not decoder.free_slots():
                 return
+            assert isinstance(command, ipc.Generate) and isinstance(prepared, PromptTokens)
             self.pending.remove(job)
-            self._guard(command.id, self._start, decoder, command, job.prepared)
+            self._guard(command.id, self._start, decoder, command, prepared)
 
     def _start(self, decoder: Decoder, command: ipc.Generate, prompt: PromptTokens) -> None:
         req = command.request
@@ -259,11 +265,12 @@ class Worker:
         self.out.send(ipc.Start(command.id, len(seq.tokens), seq.common, seq.slot.id, seq.prompt_tail, echo,
                                seq.source))
 
-    def _embed(self, command: ipc.Embed) -> None:
-        assert self.model is not None and self.prompts is not None and self.decoder is not None
-        event = embedding.embed(self.model, self.prompts, command.id, command.inputs, command.query)
-        self.decoder.forget_cache()
-        self.out.send(event)
+    def _embed(self, embedder: Embedder) -> None:
+        """One decode of the waiting inputs; the events of the requests it finished or failed."""
+        for event in embedder.step():
+            self.out.send(event)
+        assert self.decoder is not None
+        self.decoder.forget_cache()  # the context's memory was cleared
 
     def _guard(self, rid: int, work, *args: Any) -> None:
         """``work(*args)``; a refusal or a bug there fails request ``rid`` alone."""
@@ -294,6 +301,7 @@ class Worker:
             model = self.model = Model(first.model, progress)
             self.prompts = Prompts(model)
             decoder = self.decoder = Decoder(model, Sampling(model), out)
+            embedder = self.embedder = Embedder(model) if model.embed_seqs else None
         except Exception as e:  # report, then leave: a failed load has nothing to serve
             out.send(ipc.LoadFailed(str(e)))
             out.flush()
@@ -309,10 +317,13 @@ class Worker:
         out.flush()
         interval = model.params.stream_interval
         while True:
-            self._poll(block=not decoder.active() and not self._admissible())
+            self._poll(block=not decoder.active() and not self._admissible()
+                       and not (embedder is not None and embedder.busy))
             self._admit(decoder)
             if decoder.active():
                 decoder.step()
+            elif embedder is not None and embedder.busy:
+                self._embed(embedder)
             # Held text goes out once waiting for the next step would hold it past the interval:
             # a model faster than that streams its tokens in twos or threes (each still its own
             # event), so the gateway process wakes fewer times. Its wake-ups cost CPU that, on a

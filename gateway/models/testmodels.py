@@ -237,8 +237,11 @@ def write_random_model(
     context_length: int = 4096,
     seed: int = 0,
     sliding_window: int = 0,
+    reranker: bool = False,
 ) -> Path:
     """A random-weight F16 llama using a real vocabulary (default: ~81M parameters with qwen2's 152k).
+    With ``reranker``, a Qwen3-style reranker instead (rank pooling through a two-label classifier),
+    for measuring reranking at a real model's size.
     With ``sliding_window``, a Gemma 3 instead whose layers alternate: a sliding-window one
     attending to that many positions, then a full-attention one whose keys and values are zero
     (it attends to nothing), so that what a one-window-layer model caches of a token depends on
@@ -246,7 +249,7 @@ def write_random_model(
     import gguf
 
     reader = gguf.GGUFReader(str(vocab_path))
-    w = gguf.GGUFWriter(str(path), "gemma3" if sliding_window else "llama")
+    w = gguf.GGUFWriter(str(path), "gemma3" if sliding_window else "qwen3" if reranker else "llama")
     n_vocab = 0
     for key, fld in reader.fields.items():
         if not key.startswith("tokenizer."):
@@ -276,10 +279,13 @@ def write_random_model(
     if sliding_window:
         w.add_sliding_window(sliding_window)
         w.add_uint32("gemma3.attention.sliding_window_pattern", 2)  # llama.cpp: layer i slides where i % 2 < 1
+    if reranker:
+        w.add_pooling_type(gguf.PoolingType.RANK)
+        w.add_classifier_output_labels(["yes", "no"])
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     w.add_tensor("token_embd.weight", rand(n_vocab, n_embd))
     w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
-    w.add_tensor("output.weight", rand(n_vocab, n_embd))
+    w.add_tensor("cls.output.weight" if reranker else "output.weight", rand(2 if reranker else n_vocab, n_embd))
     for i in range(n_layer):
         w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
         for t in ("q", "k", "v", "output"):
@@ -290,6 +296,9 @@ def write_random_model(
         w.add_tensor(f"blk.{i}.ffn_gate.weight", rand(n_ff, n_embd))
         w.add_tensor(f"blk.{i}.ffn_up.weight", rand(n_ff, n_embd))
         w.add_tensor(f"blk.{i}.ffn_down.weight", rand(n_embd, n_ff))
+        if reranker:  # Qwen3's norms of q and k
+            for name in ("attn_q_norm", "attn_k_norm"):
+                w.add_tensor(f"blk.{i}.{name}.weight", np.ones(n_embd // n_head, dtype=np.float32))
         if sliding_window:  # Gemma 3's norms after attention and the feed-forward, and of q and k
             for name, n in (("post_attention_norm", n_embd), ("post_ffw_norm", n_embd),
                             ("attn_q_norm", n_embd // n_head), ("attn_k_norm", n_embd // n_head)):

@@ -34,6 +34,7 @@ from ..backends.local import CHAT, EMBEDDINGS, RERANK, TOKENIZE, Backend, Backen
 from ..backends.replicas import ReplicaSet
 from ..backends.upstream_table import Upstreams
 from ..base.errors import ApiError, ModelNotFound
+from ..engine.settings import embed_seqs
 from ..hardware.devices import Inventory
 from ..hub import pulls as hub
 from ..models import discovery, memory
@@ -52,8 +53,9 @@ _LIVE = (ModelState.LOADING, ModelState.READY)
 
 
 def _parallel(spec: ModelSpec) -> int:
-    """Requests a model's backend decodes at once; the rest wait in its queue."""
-    return 1 if spec.embeddings or spec.reranker else spec.parallel
+    """Requests a model's backend decodes at once; the rest wait in its queue (an embedding
+    model's decode takes an input of each waiting request, up to its sequences)."""
+    return embed_seqs(spec.parallel) if spec.embeddings or spec.reranker else spec.parallel
 
 
 def metrics_row(model: ModelSupervisor, need: int) -> tuple[str, str, int, int, float, int, int]:
