@@ -114,12 +114,12 @@ def _record(app: web.Application, obs: Observation, status: int, request: web.Re
     m = app[METRICS]
     duration = time.monotonic() - obs.started
     labels = (obs.model, obs.endpoint)
-    m.requests.labels(*labels, str(status)).inc()
-    m.duration.labels(*labels).observe(duration)
+    m.series(m.requests, *labels, str(status)).inc()
+    m.series(m.duration, *labels).observe(duration)
     if obs.first_token is not None:
-        m.ttft.labels(obs.model).observe(obs.first_token - obs.started)
+        m.series(m.ttft, obs.model).observe(obs.first_token - obs.started)
     if obs.gaps:
-        itl = m.itl.labels(obs.model)  # once: the lookup cost more than each observation
+        itl = m.series(m.itl, obs.model)
         for gap in obs.gaps:
             itl.observe(gap)
     for counter, n in ((m.prompt_tokens, obs.prompt_tokens), (m.cached_tokens, obs.cached_tokens),
@@ -127,9 +127,9 @@ def _record(app: web.Application, obs: Observation, status: int, request: web.Re
                        (m.reasoning_tokens, obs.reasoning_tokens), (m.drafted_tokens, obs.drafted_tokens),
                        (m.accepted_tokens, obs.accepted_tokens)):
         if n:
-            counter.labels(obs.model).inc(n)
+            m.series(counter, obs.model).inc(n)
     if obs.disconnected:
-        m.disconnects.labels(*labels).inc()
+        m.series(m.disconnects, *labels).inc()
     if status >= 400 and obs.first_token is None and not obs.disconnected:
         m.rejection(request.get(ERROR_CODE) or f"http_{status}")
     obs.principal, obs.owner = request.get(PRINCIPAL, obs.principal), request.get(OWNER)

@@ -9,6 +9,8 @@
     .venv/bin/python scripts/bench.py --conversations --llama-server PATH   # conversations > slots (convbench.py)
     .venv/bin/python scripts/bench.py --speculation --llama-server PATH     # n-gram speculation (specbench.py)
     .venv/bin/python scripts/bench.py --access                             # keys, limits, usage (accessbench.py)
+    .venv/bin/python scripts/bench.py --embeddings --model M --llama-server PATH   # embeddings, rerank (embedbench.py)
+    .venv/bin/python scripts/bench.py --cost --llama-server PATH           # a request's cost, cut (costbench.py)
 
 Contenders, each a real server process driven over HTTP through the same OpenAI
 `/v1/completions` requests. All are started, then measured in turns: each figure is taken
@@ -329,6 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spec-draft", type=Path, help="with --speculation: also a draft model (the model itself shows "
                    "the machinery's cost at full acceptance)")
     p.add_argument("--spec-draft-max", type=int, default=8, help="with --speculation: draft tokens a step")
+    p.add_argument("--spec-contenders", type=lambda v: set(v.split(",")), metavar="KIND[,KIND...]",
+                   help="with --speculation: only these contenders: the gateway's none, ngram, draft, default; "
+                   "llama-server's llama, llama-ngram, llama-draft (default: all)")
     p.add_argument("--pull", action="store_true", help="only pulling a model from a loopback hub against curl "
                    "(scripts/pullbench.py; --model: the file, default Gemma 3 270M's where the test cache has it)")
     p.add_argument("--pull-rounds", type=int, default=5, help="with --pull: rounds")
@@ -339,7 +344,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--access-requests", type=int, default=300, help="with --access: requests per gateway a round")
     p.add_argument("--access-spends", type=int, default=200_000, help="with --access: spends recorded into the "
                    "usage store alone")
+    p.add_argument("--cost", action="store_true", help="only where a 1-token completion's time goes (scripts/"
+                   "costbench.py): the gateway with and without probes at its seams, against llama-server")
+    p.add_argument("--cost-rounds", type=int, default=5, help="with --cost: interleaved rounds")
+    p.add_argument("--cost-requests", type=int, default=300, help="with --cost: requests per server a round")
+    p.add_argument("--embeddings", action="store_true", help="only embeddings and reranking (scripts/embedbench.py): "
+                   "one input, 8 clients, 64 inputs in a request, a rerank of 50 documents, against llama-server")
+    p.add_argument("--embed-rounds", type=int, default=4, help="with --embeddings: interleaved rounds")
     args = p.parse_args(argv)
+    if args.embeddings:
+        return embeddings_main(args)
+    if args.cost:
+        return cost_main(args)
     if args.access:
         return access_main(args)
     if args.pull:
@@ -437,6 +453,32 @@ def access_main(args) -> int:
     result = accessbench.main(args.access_rounds, args.access_requests, args.access_spends)
     if args.json:
         args.json.write_text(json.dumps({"access": result}, indent=2))
+    return 0
+
+
+def cost_main(args) -> int:
+    import costbench
+
+    binary = find_llama_server(args.llama_server) if "llama-server" in set(args.only or ("llama-server",)) else None
+    if binary is None:
+        print("llama-server: not measured (give --llama-server PATH or put it on PATH)", file=sys.stderr)
+    with tempfile.TemporaryDirectory() as tmp:
+        result = costbench.main(args.cost_rounds, args.cost_requests, args.threads, Path(tmp),
+                                (lambda m: llama_server(binary, m, args.threads)) if binary else None)
+    if args.json:
+        args.json.write_text(json.dumps({"cost": result, "threads": args.threads}, indent=2))
+    return 0
+
+
+def embeddings_main(args) -> int:
+    import embedbench
+
+    model, _wanted, binary = _gateway_and_llama_server(args)
+    with tempfile.TemporaryDirectory() as tmp:
+        results = embedbench.measure(model, args, Path(tmp), binary)
+    print(embedbench.report(results))
+    if args.json:
+        args.json.write_text(json.dumps({"embeddings": results}, indent=2))
     return 0
 
 

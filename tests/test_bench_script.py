@@ -64,6 +64,28 @@ def test_the_access_benchmark_compares_keys_and_usage_with_neither(tmp_path):
     assert "spends/s recorded" in r.stdout
 
 
+@pytest.mark.slow
+def test_the_cost_benchmark_cuts_a_request_into_its_parts(tmp_path):
+    out = tmp_path / "cost.json"
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "bench.py"), "--cost", "--only", "gateway",
+                        "--cost-rounds", "1", "--cost-requests", "20", "--threads", "1", "--json", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    data = json.loads(out.read_text())["cost"]
+    assert list(data["servers"]) == ["gateway", "gateway (probed)"]  # --only gateway: no llama-server
+    for s in data["servers"].values():
+        assert 0 < s["p50_ms"] <= s["p95_ms"] and len(s["rounds"]["p50_ms"]) == 1
+    b = data["breakdown"]
+    assert b["requests"] == 20 and b["total_us"] > 0
+    rows = b["rows_us"]  # every seam was stamped: the gateway's, the worker's, both pipes
+    for row in ("aiohttp: HTTP parse, request, handler task", "body: read, strict JSON, checks",
+                "pipe -> worker: written, its reader thread wakes, reads",
+                "worker: decode step (llama_decode, sample, done)", "pipe -> gateway: written, the loop wakes",
+                "record: metrics, inference event, live series", "gateway -> client: written, the client reads"):
+        assert rows[row] > 0, row
+    assert "where the time goes" in r.stdout and "the probes' own cost" in r.stdout
+
+
 def check_figures(g: dict) -> None:
     assert g["decode_tok_s"] > 0 and g["ttft_ms"] > 0
     assert set(g["aggregate_tok_s"]) == {"1", "2", "4", "8"} and all(v > 0 for v in g["aggregate_tok_s"].values())

@@ -47,6 +47,24 @@ def test_every_command_reads_back_as_itself():
         assert ipc.decode_command(ipc.encode_command(command)[4:]) == command
 
 
+def test_a_command_is_written_as_asdict_would_write_it():
+    """The encoder writes a dataclass field by field (no deep copy first): the same JSON text as
+    ``asdict``'s, nested dataclasses (a request's media) and tuples included."""
+    import json
+    from dataclasses import asdict
+
+    req = ipc.GenerationRequest(prompt="a <__media__> b", stop=["x"], tool_names=("f", "g"),
+                                media=[ipc.Media("image", "messages[0]", "AAAA", size=(2, 3))])
+    for command in (ipc.Generate(1, req), ipc.Load(ipc.LoadParams("m", "/m.gguf", rpc=("h:1",))),
+                    ipc.Tokenize(2, ipc.PromptRequest(prompt="hi", media=req.media), True)):
+        op, names = ipc._OP_FIELDS[type(command)]
+        want = {"op": op}
+        for name, nested in names:
+            value = getattr(command, name)
+            want[name] = asdict(value) if nested else value
+        assert ipc.encode_command(command)[4:] == json.dumps(want, separators=(",", ":"), ensure_ascii=False).encode()
+
+
 def test_a_prompt_request_takes_the_prompt_fields_of_a_generation_request():
     req = ipc.GenerationRequest(messages=[{"role": "user", "content": "hi"}], max_tokens=3,
                                      chat_template_kwargs={"enable_thinking": False})

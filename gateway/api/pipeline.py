@@ -12,7 +12,7 @@ is told in its stream (``Failure``), what it writes, how it folds a whole answer
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,7 +48,7 @@ class Run:
 
     gen: GenerationEvents
     begun: Start
-    items: AsyncIterator[answer.Item | answer.Finish]
+    items: AsyncGenerator[answer.Item | answer.Finish, None]
 
 
 def load_progress(request: web.Request, stream: bool, failure: Failure) -> Progress | None:
@@ -144,10 +144,16 @@ async def run(request: web.Request, parsed: Parsed, *, thinking: bool = True, fa
 async def collect(started: Run, feed: Callable[[answer.Item], object]) -> answer.Finish:
     """A whole answer: each piece and call given to the wire's ``feed`` in order; returns the
     finish. An answer that ends without one is the worker's fault (500)."""
-    async for item in started.items:
-        if isinstance(item, answer.Finish):
-            return item
-        feed(item)
+    items = started.items
+    try:
+        async for item in items:
+            if isinstance(item, answer.Finish):
+                return item
+            feed(item)
+    finally:
+        # closed here, not when it is collected: a suspended generator left to the garbage
+        # collector is closed by asyncio's finalizer hook, a wake-up of the loop and a task
+        await items.aclose()
     raise ApiError("the model worker ended the answer without finishing it", status=500)
 
 

@@ -55,7 +55,7 @@ from __future__ import annotations
 import json
 import os
 import struct
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import PurePath
 from typing import Any, TypeVar
 
@@ -64,10 +64,20 @@ from .typedjson import nested as _nested
 
 
 def _plain(o: Any) -> Any:
-    """JSON's form of what JSON has no type for: a path (as text)."""
+    """JSON's form of what JSON has no type for: a path (as text), a dataclass (the object of its
+    fields, as ``asdict`` writes it, without the deep copy ``asdict`` makes first: a request's
+    command is encoded at once, and the copy cost more than the encoding)."""
     if isinstance(o, PurePath):
         return str(o)
+    names = _FIELD_NAMES.get(type(o))
+    if names is None and is_dataclass(o) and not isinstance(o, type):
+        names = _FIELD_NAMES[type(o)] = tuple(f.name for f in fields(o))
+    if names is not None:
+        return {name: getattr(o, name) for name in names}
     raise TypeError(f"{type(o).__name__} is not JSON serializable")
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
 _HEADER = struct.Struct(">I")
@@ -270,9 +280,8 @@ def encode_command(command: Command) -> bytes:
     """A command's frame: JSON ``{"op": KIND, FIELD: VALUE, ...}``."""
     op, names = _OP_FIELDS[type(command)]
     msg: dict[str, Any] = {"op": op}
-    for name, nested in names:
-        value = getattr(command, name)
-        msg[name] = asdict(value) if nested is not None else value
+    for name, _ in names:
+        msg[name] = getattr(command, name)  # a dataclass (a request) as its fields' object: ``_plain``
     return _encode(msg)
 
 

@@ -4,6 +4,7 @@ llama.cpp's devices as ggml reports them (``Device``, read by the probe process
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +19,15 @@ def default_threads() -> int:
         cpus = os.sched_getaffinity(0)
     except AttributeError:  # macOS
         return max(1, min(_macos_physical_cores() or os.cpu_count() or 1, 16))
-    return max(1, min(physical_cores(cpus), 16))
+    return max(1, min(_cores(frozenset(cpus)), 16))
+
+
+@functools.lru_cache(maxsize=8)
+def _cores(cpus: frozenset[int]) -> int:
+    """``physical_cores`` read once per set of CPUs: the placer asks at each request's start and
+    end (``Placer.share_cpus``), and reading sysfs costs more than the rest of a short request's
+    path; the affinity is still asked each time (a syscall), the machine's topology is not."""
+    return physical_cores(set(cpus))
 
 
 def physical_cores(cpus: set[int], sysfs: str = "/sys/devices/system/cpu") -> int:
@@ -37,6 +46,7 @@ def physical_cores(cpus: set[int], sysfs: str = "/sys/devices/system/cpu") -> in
     return len(cores) or len(cpus)
 
 
+@functools.lru_cache(maxsize=1)
 def _macos_physical_cores() -> int | None:
     import subprocess
 

@@ -132,6 +132,8 @@ class EventSink:
             self._file = open(path, "a", encoding="utf-8", buffering=1)
 
     def write(self, event: dict[str, Any]) -> None:
+        if self._file is None and not log.isEnabledFor(logging.INFO):
+            return  # neither a file nor the log takes it: no JSON is made
         line = json.dumps(event, separators=(",", ":"))
         log.info("%s", line)
         if self._file is not None:

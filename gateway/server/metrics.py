@@ -10,6 +10,7 @@ from __future__ import annotations
 import platform
 from collections.abc import Callable, Iterable
 from importlib import metadata
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -77,12 +78,23 @@ class Metrics:
         self.key_limited = Counter(p + "key_limited", "Requests refused by a key's limit (rpm, tpm, max_parallel, "
                                    "budget)", ["key", "limit"], registry=r)
         self._keys: set[str] = set()
+        self._series: dict[tuple[object, tuple[str, ...]], Any] = {}  # ``series``'s
         self.connections_open = Gauge(p + "connections_open", "Client connections open now", registry=r)
         info = Gauge(p + "build_info", "Versions of this gateway and what it runs on",
                      ["version", "python", "llama_cpp_python"], registry=r)
         info.labels(__version__, platform.python_version(), _llama_cpp_version()).set(1)
         self._model_collector: _ModelCollector | None = None
         self._reasons: set[str] = set()
+
+    def series(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, kept: prometheus_client's lookup (a lock, each label
+        checked) costs more than the count it is for, and every request makes several. A series
+        is never removed, so the one kept is the one scraped."""
+        key = (metric, labels)
+        child = self._series.get(key)
+        if child is None:
+            child = self._series[key] = metric.labels(*labels)
+        return child
 
     def rejection(self, reason: str) -> None:
         """Count a refused request by its reason (an error code). The codes come from the

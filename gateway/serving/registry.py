@@ -176,7 +176,7 @@ class Registry:
     def _supervise(self, spec: ModelSpec) -> ModelSupervisor:
         """The model's supervisor, made on first use and kept; a spec that changed retires the old one."""
         model = self._models.get(spec.name)
-        if model is None or model.spec != spec:
+        if model is None or (model.spec is not spec and model.spec != spec):  # the same spec: no field compared
             if model is not None:
                 self._retire(model)
             model = self._models[spec.name] = ModelSupervisor(spec, self, self._timing(spec), _parallel(spec))

@@ -9,7 +9,7 @@ is only counted. How an answer is read (``prepare``) was settled once, at the mo
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,7 +80,7 @@ async def start(gen: GenerationEvents, req: ipc.GenerationRequest,
 
 
 async def pieces(gen: GenerationEvents, parser: AnswerParser,
-                 obs: Observation | None = None) -> AsyncIterator[Item | Finish]:
+                 obs: Observation | None = None) -> AsyncGenerator[Item | Finish, None]:
     """Thinking and content pieces and calls, then the finish. Token log-probabilities ride on
     the next piece to leave (a marker held back by the parser delays them, never drops them).
     ``obs`` gets the token times and counts (time to first token, inter-token latency) and the

@@ -262,8 +262,8 @@ def parse_completion(body: dict[str, Any]) -> Parsed:
     if req.max_tokens is None:
         req.max_tokens = 16  # OpenAI's default for /v1/completions
     requests = []
-    for p in prompts:
-        one = dataclasses.replace(req, stop=list(req.stop))
+    for p in prompts:  # a batch's prompts each their own request (the one prompt of most: ``req`` itself)
+        one = req if len(prompts) == 1 else dataclasses.replace(req, stop=list(req.stop))
         if isinstance(p, str):
             one.prompt, one.suffix = p, suffix
         else:
