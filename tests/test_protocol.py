@@ -1,6 +1,7 @@
 """The worker pipe's framing and typed events: JSON frames and the JSON-free text frame, cut anywhere."""
 
 import asyncio
+import struct
 
 import pytest
 
@@ -84,3 +85,14 @@ async def test_the_parent_splits_mixed_frames_however_the_pipe_cuts_them():
         for at in range(0, len(stream), cut):
             frames.data_received(stream[at:at + cut])
         assert got == events
+
+
+def test_embeddings_travel_as_float32():
+    """Vectors cross the pipe packed (float32, the model's precision): each number comes back
+    as its float32 rounding, lengths and order kept, an empty list as one."""
+    vectors = [[0.1, -2.5, 1e-8, 3.4e38], [], [1 / 3] * 1000]
+    back = ipc.decode_event(ipc.encode_event(ipc.Embeddings(4, vectors, 17))[4:])
+    assert isinstance(back, ipc.Embeddings) and back.id == 4 and back.prompt_tokens == 17
+    assert [len(v) for v in back.data] == [4, 0, 1000]
+    assert back.data[0] == [struct.unpack("<f", struct.pack("<f", x))[0] for x in vectors[0]]
+    assert back.data[2][0] == pytest.approx(1 / 3, rel=1e-7) and back.data[0][0] != 0.1
