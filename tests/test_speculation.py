@@ -7,30 +7,54 @@ and on a model that repeats itself most drafts are kept."""
 import pytest
 from helpers import InProcessEngine, tiny_random_model
 
-from gateway.engine.speculation import MAX_WAIT, Lookup, Pace, accepted, depth, paced
+from gateway.engine.speculation import CREDIT, MAX_WAIT, Lookup, Pace, accepted, depth, draft_length, paced
 from gateway.models import testmodels as tm
 from gateway.models.ggufwriter import _MARGIN
 
 # --- proposals and verification (pure) ----------------------------------------------------------
 
 
+TRUSTED = Pace(credit=100)  # a sequence whose proposals proved themselves
+
+
 def test_lookup_proposes_what_followed_the_latest_earlier_occurrence():
     look = Lookup([1, 2, 3, 4, 5, 9, 1, 2, 3, 7, 8, 1, 2], n=2, m=3)
-    assert look.propose(10, proven=True) == [3, 7, 8]  # "1 2" last came before "3 7 8", not "3 4 5"
-    assert look.propose(2, proven=True) == [3, 7]
+    assert look.propose(10, TRUSTED) == [3, 7, 8]  # "1 2" last came before "3 7 8", not "3 4 5"
+    assert look.propose(2, TRUSTED) == [3, 7]
     look.extend([3])
-    assert look.propose(10, proven=True) == [7, 8, 1]  # "2 3" latest: before "7 8 1"
-    assert Lookup([1, 2, 3], n=2, m=4).propose(4) == []  # "2 3" never came before
-    assert Lookup([5], n=2, m=4).propose(4) == [] and Lookup([1, 2, 1, 2], n=2, m=4).propose(0) == []
+    assert look.propose(10, TRUSTED) == [7, 8, 1]  # "2 3" latest: before "7 8 1"
+    assert Lookup([1, 2, 3], n=2, m=4).propose(4, TRUSTED) == []  # "2 3" never came before
+    assert Lookup([5], n=2, m=4).propose(4) == [] and Lookup([1, 2, 1, 2], n=2, m=4).propose(0, TRUSTED) == []
 
 
-def test_an_unproven_match_proposes_no_more_than_the_text_before_it_agrees():
+def test_an_unproven_match_proposes_only_where_twice_the_ngram_agrees_and_no_further():
     copied = [7, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3, 4]  # "1 2 3 4" again: four tokens agree
     assert Lookup(copied, n=2, m=8).propose(8) == [5, 6, 7, 8]
-    assert Lookup(copied, n=2, m=8).propose(8, proven=True) == [5, 6, 7, 8, 9, 0, 1, 2]
-    chance = [1, 2, 3, 4, 5, 6, 9, 9, 3, 4]  # only the n-gram "3 4" agrees
-    assert Lookup(chance, n=2, m=8).propose(8) == [5, 6]
+    assert Lookup(copied, n=2, m=8).propose(8, TRUSTED) == [5, 6, 7, 8, 9, 0, 1, 2]
+    assert Lookup(copied, n=3, m=8).propose(8) == []  # four agree: under twice a 3-gram
+    chance = [1, 2, 3, 4, 5, 6, 9, 9, 3, 4]  # only the n-gram "3 4" agrees: a chance match
+    assert Lookup(chance, n=2, m=8).propose(8) == []
+    assert Lookup(chance, n=2, m=8).propose(8, TRUSTED) == [5, 6, 9, 9, 3, 4]
+    assert Lookup(copied, n=2, m=8).propose(8, Pace(credit=-1)) == []  # a debt asks for one more
+    assert Lookup(copied, n=2, m=8).propose(8, alone=False) == []  # beside other rows: four times the n-gram
+    assert Lookup(copied, n=1, m=8).propose(8, alone=False) == [5, 6, 7, 8]
     assert depth([1, 2, 3, 1, 2, 3], 3, 8) == 3 and depth([1, 2, 3, 1, 2, 3], 3, 2) == 2
+
+
+def test_the_draft_length_risks_what_the_sequence_earned():
+    fresh, n = Pace(), 4
+    assert [draft_length(a, n, fresh, 16, True) for a in (4, 7, 8, 12, 30)] == [0, 0, 8, 12, 16]
+    assert draft_length(15, n, fresh, 16, alone=False) == 0  # a batched step: an unproven sequence needs more
+    assert draft_length(16, n, fresh, 16, alone=False) == 16
+    assert draft_length(30, n, Pace(credit=-8), 16, True) == 16 and draft_length(15, n, Pace(credit=-8), 16, True) == 0
+    assert draft_length(4, n, Pace(credit=6), 16, True) == 0  # a short match: only for a copy under way
+    assert draft_length(8, n, Pace(credit=12), 16, True) == 12  # a long one: its credit where that is more
+    assert draft_length(4, n, Pace(credit=16), 16, True) == 16  # a whole draft's credit: short matches too
+    assert draft_length(4, n, Pace(credit=20), 16, alone=False) == 16  # and beside other rows
+    assert draft_length(4, n, Pace(credit=16), 8, True, full=16) == 8
+    assert draft_length(4, n, Pace(credit=12), 8, True, full=16) == 0  # the setting's draft, not the cap, is whole
+    assert draft_length(4, n, Pace(credit=40, misses=1), 16, True) == 4  # after a miss: what agrees
+    assert draft_length(11, n, Pace(credit=40, misses=1), 16, True) == 16
 
 
 def test_accepted_keeps_the_picks_while_they_match_the_draft():
@@ -72,9 +96,53 @@ def test_a_sequence_whose_proposals_keep_missing_waits_longer_each_time():
         while pace.wait:  # the steps it waits count it down
             pace = paced(pace, 0, 0, 16)
     assert waits == [0, 1, 3, 7, 15, MAX_WAIT, MAX_WAIT] and pace.misses == 7
-    assert paced(pace, 4, 2, 16) == Pace(3, proven=True)  # half kept: no more misses, no wait
-    assert paced(Pace(4, misses=2, wait=0), 4, 4, 16) == Pace(8, proven=True)
-    assert not paced(Pace(4, proven=True), 4, 1, 16).proven
+    assert paced(pace, 4, 2, 16) == Pace(3, credit=pace.credit)  # half kept: no more misses, no wait
+    assert paced(Pace(4, misses=2, wait=0), 4, 4, 16) == Pace(8, credit=4)
+    assert not paced(Pace(4, credit=1), 4, 1, 16).proven
+
+
+def test_the_credit_grows_with_kept_drafts_and_shrinks_with_refused_ones_within_bounds():
+    pace = Pace()
+    for _ in range(10):  # a copy: every draft kept
+        pace = paced(pace, 16, 16, 16)
+    assert pace.credit == CREDIT * 16 and pace.proven  # bounded: a long copy does not buy a long run of misses
+    pace = paced(pace, 16, 6, 16)  # an edit: 6 kept, 10 refused
+    assert pace.credit == CREDIT * 16 - 4 and pace.proven and pace.misses == 1
+    for _ in range(10):  # a model that does not copy: every draft refused
+        pace = paced(pace, 8, 0, 16)
+    assert pace.credit == -CREDIT * 16 and not pace.proven  # bounded: a long match can still propose
+    assert draft_length(16, 4, pace, 16, True) == 0 and draft_length(2 * 4 + CREDIT * 16, 4, pace, 64, True) > 0
+
+
+def test_a_copying_sequence_grows_its_drafts_and_a_missing_one_stops_proposing():
+    """The lookup and the pace together, as the decoder drives them: a sequence copying a long
+    stretch of its prompt proposes ever longer drafts, one whose proposals are refused stops
+    proposing, and beside another sequence's rows an unproven one waits for a longer copy."""
+    text = list(range(100, 160))
+
+    def drive(answer, alone=True):
+        look, pace, sizes, at = Lookup(text, n=3, m=16), Pace(), [], 0
+        while at < len(answer):
+            draft = look.propose(len(answer) - at, pace, alone) if not pace.wait else []
+            kept = 0
+            while kept < len(draft) and answer[at + kept] == draft[kept]:
+                kept += 1
+            look.extend(answer[at:at + kept + 1])
+            at += kept + 1
+            pace = paced(pace, len(draft), kept, 16)
+            sizes.append((len(draft), kept))
+        return sizes
+
+    copy = drive(text)  # the answer copies the prompt whole
+    proposed = [d for d, _ in copy if d]
+    assert proposed[0] == 6 and 16 in proposed and all(k == d for d, k in copy)
+    assert len(copy) < len(text) / 4  # most tokens came as kept drafts
+    # the answer copies 6 tokens at a time, each stretch from somewhere else: every draft misses
+    jumbled = [t for i in range(0, 60, 6) for t in text[(i * 7) % 54:(i * 7) % 54 + 6]]
+    tries = drive(jumbled)
+    assert sum(d for d, _ in tries) <= 2 * 6 + 1 and sum(k for _, k in tries) <= sum(d for d, _ in tries)
+    batched = drive(text, alone=False)  # beside other rows: an unproven sequence waits for a longer copy
+    assert [d for d, _ in batched if d][0] == 12 and all(k == d for d, k in batched)
 
 
 # --- the decoder on real llama.cpp ---------------------------------------------------------------
@@ -165,7 +233,7 @@ def test_a_stop_or_max_tokens_inside_kept_drafts_ends_the_answer_where_it_would_
             assert (got, done.completion_tokens, done.finish_reason, done.stop) == \
                 (want, wdone.completion_tokens, wdone.finish_reason, wdone.stop), (max_tokens, stop)
             drafted += done.drafted
-    assert drafted > 40
+    assert drafted > 30
 
 
 @pytest.mark.parametrize("kind", ["ngram", "draft"])
@@ -218,9 +286,9 @@ def test_a_grammar_constrains_every_kept_token(tmp_path):
     answer is the one without speculation, and it keeps to the grammar (which cuts the looping
     model's answer short)."""
     model = tm.endless(tmp_path / "loop.gguf").path
-    grammar = 'root ::= (" tick" " tock"){3,5}'
+    grammar = 'root ::= (" tick" " tock"){3,8}'
     (plain, _), (got, done) = (engine(model, spec).run("\n", 40, grammar=grammar) for spec in (False, True))
-    assert plain == got == " tick tock" * 5
+    assert plain == got == " tick tock" * 8
     assert done.drafted > 0  # drafts were proposed and judged through the grammar
 
 

@@ -87,6 +87,7 @@ class Generation:
         its ``room``: the draft model's (``drafting``), else prompt lookup's; none while a thinking
         budget's closing marker is being written or its pace says wait, never a picture's stand-in."""
         ready = []
+        alone = len(wants) <= 1  # no other generating sequence's rows in the step (``speculation.draft_length``)
         for seq, room in wants:
             if seq.forced or seq.pending is None:
                 continue
@@ -98,7 +99,7 @@ class Generation:
         if self.drafter is not None:
             return self.drafter.propose([(seq.slot.id, seq.slot.cached, tok, room)
                                          for seq, room in wants if not seq.runs and (tok := seq.pending) is not None])
-        return {seq.slot.id: list(takewhile(lambda t: t >= 0, seq.lookup.propose(room, seq.pace.proven)))
+        return {seq.slot.id: list(takewhile(lambda t: t >= 0, seq.lookup.propose(room, seq.pace, alone)))
                 for seq, room in wants if seq.lookup is not None}
 
     def _verify(self, seq: Sequence, part: list[int]) -> None:

@@ -182,7 +182,10 @@ class LlamaSettings:
     mmproj: Path | None = setting(None, checks.path)
     # speculative decoding (``engine/speculation``): "ngram" (llama-server's --spec-type
     # ngram-simple) proposes the tokens that followed the latest earlier occurrence of the last
-    # spec_ngram_size_n tokens, at most spec_ngram_size_m a step, and keeps those the model agrees with
+    # spec_ngram_size_n tokens, at most spec_ngram_size_m a step, and keeps those the model agrees with;
+    # each sequence risks only what its proposals earned (``speculation.draft_length``), so one whose
+    # answer does not copy its context proposes little. Off by default: the editing workload's gain
+    # stays under the target the default is held to (README, ``scripts/bench.py --speculation``)
     spec_type: str = setting("none", checks.one_of(("none", "ngram")))
     spec_ngram_size_n: int = setting(4, checks.integer(minimum=1, maximum=1024, what="an integer from 1 to 1024"))
     spec_ngram_size_m: int = setting(16, checks.integer(minimum=1, maximum=1024, what="an integer from 1 to 1024"))

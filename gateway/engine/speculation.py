@@ -40,20 +40,21 @@ class Lookup:
                 after[tuple(seq[-n:])] = len(seq)  # the n-gram ending here is followed by ``tok``
             seq.append(tok)
 
-    def propose(self, limit: int, proven: bool = False) -> list[int]:
-        """Up to ``min(m, limit)`` tokens that followed the latest earlier occurrence of the last
-        ``n`` tokens; none where they never occurred before. Unless the sequence's proposals
-        have ``proven`` themselves (``Pace.proven``), no more than the tokens before the match
-        agree with those before the occurrence (``depth``): a chance match of ``n`` tokens is
-        trusted for ``n``, a long stretch of copied text for long."""
+    def propose(self, limit: int, pace: Pace | None = None, alone: bool = True) -> list[int]:
+        """What followed the latest earlier occurrence of the last ``n`` tokens, as many as
+        ``draft_length`` allows a sequence of that ``pace`` for a match whose text before agrees
+        as far as it does (``depth``), at most ``min(m, limit)``; none where the last ``n`` tokens
+        never occurred before. ``alone``: no other sequence's rows are in the step."""
         n, seq = self.n, self.tokens
         if len(seq) < n or limit <= 0:
             return []
         start = self.after.get(tuple(seq[-n:]))
         if start is None:
             return []
+        pace = pace or Pace()
         most = min(self.m, limit)
-        return seq[start:start + (most if proven else depth(seq, start, most))]
+        agree = depth(seq, start, max(most, evidence(n, pace.credit, alone)))
+        return seq[start:start + draft_length(agree, n, pace, most, alone, self.m)]
 
 
 def depth(seq: list[int], start: int, most: int) -> int:
@@ -64,42 +65,85 @@ def depth(seq: list[int], start: int, most: int) -> int:
     return k
 
 
+def evidence(n: int, credit: int, alone: bool = True) -> int:
+    """How many tokens must agree before a match (its ``depth``) for it to be a long one
+    (``draft_length``), for a sequence of ``credit``: twice the n-gram alone in the step (a
+    chance match of ``n`` tokens in prose is common, of ``2n`` rare, in copied text the rule),
+    four times it beside other sequences' rows (there every extra row slows every sequence in
+    the step: only a copy well under way is worth one), and one more for each drafted token
+    its proposals lost on balance (``-credit``)."""
+    return (2 if alone else 4) * n + max(0, -credit)
+
+
+def draft_length(agree: int, n: int, pace: Pace, most: int, alone: bool, full: int | None = None) -> int:
+    """How many tokens a match proposes (at most ``most``), where ``agree`` tokens before it
+    agree with those before its earlier occurrence, for a sequence of ``pace``; ``full``: the
+    setting's longest draft (``most`` where not given). A drafted token costs a row of the
+    decode whether it is kept or not; on a CPU a row costs a good part of a step (a short draft
+    nearly a whole one), so only drafts kept more often than not pay, and a sequence risks what
+    its proposals earned:
+    - a long match (``agree`` at least ``evidence``: longer beside other sequences' rows, and
+      after misses that cost more than they won): as many as agree, or the sequence's credit
+      where that is more;
+    - a short one (a chance match, or a copy resuming after an edit): only for a sequence whose
+      credit is a whole draft or more (a copy under way): its credit or as many as agree,
+      whichever is more, or only as many as agree after a miss (the copy resumes once the text
+      after the edit agrees again, a short draft first); else none."""
+    credit = pace.credit
+    if agree >= evidence(n, credit, alone):
+        return min(most, max(agree, credit))
+    if credit < (full or most):
+        return 0
+    return min(most, agree if pace.misses else max(credit, agree))
+
+
 MAX_WAIT = 16  # most steps a sequence whose proposals keep missing waits before proposing again
+CREDIT = 2  # a sequence's credit lies within this many of the longest drafts either side of 0
 
 
 @dataclass(frozen=True, slots=True)
 class Pace:
     """How much a sequence proposes: at most ``cap`` tokens a step (the setting's at first),
     none for the next ``wait`` steps; ``misses``: proposals in a row the model kept less than
-    half of; ``proven``: its last proposal was kept half or more (``paced``)."""
+    half of; ``credit``: its drafted tokens kept less those refused, bounded (``paced``), 0 at
+    first: what its proposals earned the right to risk (``draft_length``)."""
 
     cap: int = 1 << 30
     misses: int = 0
     wait: int = 0
-    proven: bool = False
+    credit: int = 0
+
+    @property
+    def proven(self) -> bool:
+        """Its proposals kept more tokens than they lost."""
+        return self.credit > 0
 
 
 def paced(pace: Pace, proposed: int, kept: int, most: int) -> Pace:
     """The pace after a step that proposed ``proposed`` tokens, of which the model kept ``kept``.
 
     A refused token costs a row of the decode for nothing (on a CPU, where a step's cost grows
-    with its rows, nearly a step's worth), so a sequence that copies its context proposes many,
+    with its rows, a good part of a step), so a sequence that copies its context proposes many,
     one whose proposals miss proposes few, and one whose proposals keep missing stops proposing
     a while. The length starts at ``most``, doubles after a draft kept whole (up to ``most``),
     else halves, or becomes one more than were kept where that is more: a miss (an edit in a
     copied file) does not undo a run of hits. A proposal of which less than half was kept is a
     miss; after misses in a row the sequence waits 0, 1, 3, 7... steps (``MAX_WAIT`` at most)
-    before proposing again, and a proposal half kept or more ends that (and proves the sequence:
-    ``Lookup.propose`` trusts its matches whole). A step that proposed nothing (none to
-    propose, or waiting) counts down the wait. A draft model's proposals are paced alike."""
+    before proposing again, and a proposal half kept or more ends that. The credit gains each
+    kept token and loses each refused one, within ``CREDIT`` longest drafts of 0 either way (a
+    long copy does not buy a long run of misses; a long run of misses does not bar a sequence
+    for good: ``evidence``). A step that proposed nothing (none to propose, or waiting) counts
+    down the wait. A draft model's proposals are paced alike (its credit unused)."""
     if not proposed:
         return replace(pace, wait=max(0, pace.wait - 1))
     now = min(pace.cap, most)  # the setting's at first
     cap = min(most, 2 * now) if kept == proposed else max(1, kept + 1, now // 2)
+    bound = CREDIT * most
+    credit = max(-bound, min(bound, pace.credit + kept - (proposed - kept)))
     if 2 * kept >= proposed:
-        return Pace(cap, proven=True)
+        return Pace(cap, credit=credit)
     misses = pace.misses + 1
-    return Pace(cap, misses, min(MAX_WAIT, (1 << (misses - 1)) - 1))
+    return Pace(cap, misses, min(MAX_WAIT, (1 << (misses - 1)) - 1), credit)
 
 
 def accepted(draft: Sequence[int], pick: Callable[[int], int | None]) -> list[int]:
