@@ -157,18 +157,22 @@ def measure(model: Path, args, tmp: Path, binary: str | None, wanted: set[str]) 
     if binary and "llama-server" in wanted:
         makers += [lambda k=k: llama_server(binary, model, args, k) for k in kinds
                    if chosen("llama" if k == "none" else f"llama-{k}")]
-    with contextlib.ExitStack() as stack:
-        servers = [stack.enter_context(make()) for make in makers]
-        for srv in servers:
-            once(srv, "warm up: the city by the river", 4)
-        out: dict[str, dict[str, list]] = {s.name: {w: [] for w in WORKLOADS} for s in servers}
-        for rnd in range(args.rounds):
-            print(f"  speculation: round {rnd + 1}/{args.rounds} ...", file=sys.stderr)
-            k = rnd % len(servers)
+    out: dict[str, dict[str, list]] = {}
+    for rnd in range(args.rounds):
+        print(f"  speculation: round {rnd + 1}/{args.rounds} ...", file=sys.stderr)
+        # Every contender is started afresh each round, in a rotating order: two servers started
+        # alike on this machine can differ by a tenth for a whole run (an A/A test of two plain
+        # gateways gave 0.86x), which a fixed set of processes would fold into every ratio.
+        k = rnd % len(makers)
+        with contextlib.ExitStack() as stack:
+            servers = [stack.enter_context(make()) for make in makers[k:] + makers[:k]]
+            for srv in servers:
+                once(srv, "warm up: the city by the river", 4)
+                out.setdefault(srv.name, {w: [] for w in WORKLOADS})
             for name, prompt in WORKLOADS.items():  # a workload on every contender in turn: a slow spell of a
-                for srv in servers[k:] + servers[:k]:  # shared machine lands on neighbours, not on one's round
+                for srv in servers:  # shared machine lands on neighbours, not on one's round
                     out[srv.name][name].append(once(srv, prompt, args.tokens))
-    return out
+    return out  # (the first round starts them in their given order, so the report's is that)
 
 
 def _ratio(results: dict, a: str, b: str, workload: str) -> str:
