@@ -88,8 +88,8 @@ class Engine:
         from gateway.engine.prompts import Prompts
 
         self.ipc = ipc
-        self.model = Model(ipc.LoadParams(name="e", path=str(path), embeddings=True, n_threads=2,
-                                          **{"n_ctx": 512, **load}))
+        self.model = Model(ipc.LoadParams(name="e", path=str(path), embeddings=True,
+                                          **{"n_ctx": 512, "n_threads": 2, **load}))
         self.prompts = Prompts(self.model)
         self.embedder = embedding.Embedder(self.model)
         self.decodes = 0

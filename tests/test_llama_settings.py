@@ -45,7 +45,7 @@ SAMPLES = {
     "cache_reuse": (256, 256),
     "ctx_checkpoints": (4, 4),
     "mmproj": ("mmproj-m.gguf", None),  # kept: relative to the file (below)
-    "spec_type": ("ngram", "ngram"),
+    "spec_type": ("none", "none"),
     "spec_ngram_size_n": (3, 3),
     "spec_ngram_size_m": (32, 32),
     "draft": ("draft.gguf", None),  # kept: relative to the file (below)
