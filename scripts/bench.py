@@ -463,7 +463,8 @@ def cost_main(args) -> int:
     if binary is None:
         print("llama-server: not measured (give --llama-server PATH or put it on PATH)", file=sys.stderr)
     with tempfile.TemporaryDirectory() as tmp:
-        result = costbench.main(args.cost_rounds, args.cost_requests, args.threads, Path(tmp),
+        result = costbench.main(args.cost_rounds, args.cost_requests, Path(tmp),
+                                lambda m, label: gateway(m, args.threads, Path(tmp), label=label),
                                 (lambda m: llama_server(binary, m, args.threads)) if binary else None)
     if args.json:
         args.json.write_text(json.dumps({"cost": result, "threads": args.threads}, indent=2))

@@ -90,21 +90,18 @@ INSIDE: list[tuple[str, str, str]] = [
 ]
 
 
-def gateway(label: str, tmp: Path, threads: int, probes: Path | None) -> Server:
-    cfg = tmp / f"cost-{label.replace(' ', '-').strip('()')}.yaml"
-    cfg.write_text(f"server:\n  discover_default_stores: false\nmodels:\n  bench:\n    path: {tiny_model()}\n"
-                   f"    n_ctx: 4096\n    n_threads: {threads}\n    parallel: 4\n")
-    env = {**os.environ, "HOME": str(tmp)}  # no models of the user's own are discovered
-    env.pop(costtrace.ENV, None)
-    if probes is not None:
-        site = probes / "site"
-        site.mkdir(parents=True)
-        (site / "sitecustomize.py").write_text("import costtrace\ncosttrace.install()\n")
-        here = str(Path(__file__).resolve().parent)
-        env["PYTHONPATH"] = os.pathsep.join([str(site), here, *filter(None, [env.get("PYTHONPATH")])])
-        env[costtrace.ENV] = str(probes)
-    return Server(label, [sys.executable, "-m", "gateway", "serve", "--config", str(cfg), "--port", "{port}",
-                          "--log-level", "warning"], "/health", "bench", env)
+def with_probes(srv: Server, probes: Path) -> Server:
+    """``srv``, a gateway, started with the probes: a ``sitecustomize`` that installs them in its
+    process and its worker's, writing their stamps under ``probes``."""
+    site = probes / "site"
+    site.mkdir(parents=True)
+    (site / "sitecustomize.py").write_text("import costtrace\ncosttrace.install()\n")
+    here = str(Path(__file__).resolve().parent)
+    env = dict(srv.env or os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(site), here, *filter(None, [env.get("PYTHONPATH")])])
+    env[costtrace.ENV] = str(probes)
+    srv.env = env
+    return srv
 
 
 def complete(srv: Server, conn) -> None:
@@ -173,10 +170,11 @@ def spread(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def measure(rounds: int, n: int, threads: int, tmp: Path,
+def measure(rounds: int, n: int, tmp: Path, gateway: Callable[[Path, str], Server],
             llama_server: Callable[[Path], Server] | None) -> dict:
+    """``gateway(model, label)``: bench.py's gateway on that model, named ``label``."""
     probes = tmp / "probes"
-    servers = [gateway(PLAIN, tmp, threads, None), gateway(PROBED, tmp, threads, probes)]
+    servers = [gateway(tiny_model(), PLAIN), with_probes(gateway(tiny_model(), PROBED), probes)]
     if llama_server is not None:
         servers.append(llama_server(tiny_model()))
     windows: list[tuple[int, int]] = []
@@ -225,8 +223,9 @@ def report(res: dict) -> str:
     return "\n".join(lines)
 
 
-def main(rounds: int, n: int, threads: int, tmp: Path, llama_server: Callable[[Path], Server] | None) -> dict:
-    res = measure(rounds, n, threads, tmp, llama_server)
+def main(rounds: int, n: int, tmp: Path, gateway: Callable[[Path, str], Server],
+         llama_server: Callable[[Path], Server] | None) -> dict:
+    res = measure(rounds, n, tmp, gateway, llama_server)
     print(report(res))
     return res
 

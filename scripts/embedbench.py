@@ -18,6 +18,7 @@ not, so it stays below).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -27,9 +28,7 @@ import threading
 import time
 from pathlib import Path
 
-from benchlib import Server, interleaved
-
-from gateway.models import testmodels as tm
+from benchlib import Server, interleaved, random_model
 
 CLIENTS = 8
 WORDS = ("river city people market bridge winter summer stone house garden road north south light water "
@@ -42,14 +41,8 @@ def sentence(i: int, words: int = 16) -> str:
 
 
 def reranker_model() -> Path:
-    path = tm.data_dir() / "bench" / "random-qwen3-reranker.gguf"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        print(f"writing the benchmark reranker to {path} ...", file=sys.stderr)
-        tm.write_random_model(path.with_suffix(".part"), tm.find_vocab("qwen2"), n_embd=512, n_layer=6, n_head=8,
-                              n_ff=1536, seed=5, reranker=True)
-        path.with_suffix(".part").replace(path)
-    return path
+    return random_model("random-qwen3-reranker.gguf", seed=5, what="the benchmark reranker", n_embd=512, n_layer=6,
+                        n_head=8, n_ff=1536, reranker=True)
 
 
 def gateway(model: Path, threads: int, tmp: Path, kind: str) -> Server:
@@ -146,21 +139,14 @@ def measure(model: Path, args, tmp: Path, binary: str | None) -> dict:
         makers = [lambda p=path, k=kind: gateway(p, args.threads, tmp, k)]
         if binary:
             makers.append(lambda p=path, k=kind: llama_server(binary, p, args.threads, k))
-        servers = [make() for make in makers]
-        for srv in servers:
-            srv.__enter__()
-        try:
+        work = {"rerank": rerank} if kind == "rerank" else {"one": one, "clients": clients, "batch": batch}
+        with contextlib.ExitStack() as stack:
+            servers = [stack.enter_context(make()) for make in makers]
             for srv in servers:  # warm: the gateway loads on the first request
-                (rerank(srv, -1) if kind == "rerank" else batch(srv, -1))
-            work = {"rerank": lambda s, r: rerank(s, r)} if kind == "rerank" else {
-                "one": lambda s, r: one(s, r), "clients": lambda s, r: clients(s, r),
-                "batch": lambda s, r: batch(s, r)}
+                next(iter(work.values()))(srv, -1)
             for name, fn in work.items():
                 print(f"  embeddings: {name} ...", file=sys.stderr)
                 results["workloads"][name] = interleaved(servers, args.embed_rounds, fn)
-        finally:
-            for srv in servers:
-                srv.__exit__(None, None, None)
     if binary:
         results["pp512"] = pp512(Path(binary).with_name("llama-bench"), model, args.threads)
     return results

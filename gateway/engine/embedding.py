@@ -129,7 +129,7 @@ class Embedder:
     def __init__(self, model: Model):
         self.model = model
         self.jobs: deque[Job] = deque()
-        self.batch = model.ll.llama_batch_init(model.embed_batch_cells, 0, 1)
+        self.batch = model.ll.llama_batch_init(model.n_batch, 0, 1)  # an embedding context's whole micro-batch
 
     @property
     def busy(self) -> bool:
@@ -147,9 +147,9 @@ class Embedder:
         try:
             return self._step()
         except Exception as e:
-            failed = [failure(job.rid, e) for job in self.jobs]
+            failed: list[ipc.Embeddings | ipc.Error] = [failure(job.rid, e) for job in self.jobs]
             self.jobs.clear()
-            return list(failed)
+            return failed
 
     def _step(self) -> list[ipc.Embeddings | ipc.Error]:
         model, ll = self.model, self.model.ll

@@ -232,7 +232,6 @@ class Model:
             self.splice = False  # (the gateway logs a cache_reuse it asked for and did not get)
         self.n_ctx = ll.llama_n_ctx_seq(self.ctx)  # per slot
         self.n_batch = cp.n_batch
-        self.embed_batch_cells = cp.n_ubatch  # the longest decode an embedding context takes
         tmpl = ll.llama_model_chat_template(self.handle, None)
         self.model_template = tmpl.decode("utf-8", "replace") if tmpl else None
         self.template = params.chat_template or self.model_template or chat_template.CHATML
