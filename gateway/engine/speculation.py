@@ -113,11 +113,6 @@ class Pace:
     wait: int = 0
     credit: int = 0
 
-    @property
-    def proven(self) -> bool:
-        """Its proposals kept more tokens than they lost."""
-        return self.credit > 0
-
 
 def paced(pace: Pace, proposed: int, kept: int, most: int) -> Pace:
     """The pace after a step that proposed ``proposed`` tokens, of which the model kept ``kept``.
