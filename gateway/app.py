@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
 from urllib.parse import urlsplit
@@ -12,14 +13,30 @@ from aiohttp import web
 
 from .access.gate import Gate
 from .access.keys import owner_of  # noqa: F401 (re-exported: what a key's requests leave behind is its own)
-from .api import admin, anthropic, dashboard, ollama, openai, pulls, responses, usage
-from .api.access import access_middleware
-from .api.appkeys import CONFIG, CONNECTIONS, EVENTS, GATE, LIFECYCLE, LIVE, METRICS, REGISTRY, SEAL_KEY
+from .api import admin, anthropic, captures, dashboard, ollama, openai, pulls, responses, usage
+from .api.access import access_middleware, wire_of
+from .api.appkeys import (
+    CAPTURES,
+    CONFIG,
+    CONNECTIONS,
+    EVENTS,
+    GATE,
+    LIFECYCLE,
+    LIVE,
+    METRICS,
+    REGISTRY,
+    SEAL_KEY,
+    TRACING,
+)
+from .base import tracecontext
 from .base.addresses import is_loopback
 from .base.errors import ApiError
 from .base.secretfile import KeptSecret
 from .engine.client import RequestFailed
-from .models.config import Config, default_kv_cache_dir
+from .models.config import Config, default_kv_cache_dir, default_state_dir
+from .server import tracing
+from .server.captures import CAPTURE, CaptureStore
+from .server.captures import FOLDER as CAPTURE_FOLDER
 from .server.connections import ConnectionGuard, Limits
 from .server.events import ERROR_CODE, OBSERVATION, OWNER, PRINCIPAL, STREAM, EventSink, Observation, request_id
 from .server.live import Live
@@ -87,30 +104,50 @@ def server_settings(config: Config) -> dict:
 
 @web.middleware
 async def observe_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Request id in and out, and one observation per request: metrics plus an inference event."""
+    """Request id in and out, and one observation per request: metrics plus an inference event;
+    where they are on, its trace (``server/tracing``) and its capture (``server/captures``: a
+    request that spends tokens). The trace context a request came with, or its own span's, goes
+    on to any upstream it calls (``base/tracecontext``)."""
     rid = request_id(request.headers.get("X-Request-Id"))
     if request.path in UNOBSERVED:
         return await handler(request)
+    app = request.app
     obs = request[OBSERVATION] = Observation(rid, endpoint_of(request))
-    if request.app[LIFECYCLE]["draining"]:
-        response: web.StreamResponse = error_response(request, ApiError(
-            "the gateway is shutting down", status=503, code="shutting_down", headers={"Connection": "close"}))
-        status = 503
+    tracer, span = app[TRACING], None
+    if tracer is not None:
+        span = tracer.begin(request.headers, obs, request.method, obs.endpoint)
+        forward = tracer.forward(span)
     else:
-        try:
-            response = await handler(request)
-            status = response.status
-        except asyncio.CancelledError:  # the client went away (handler cancellation)
-            obs.disconnected = True
-            _record(request.app, obs, 499, request)
-            raise
-    if not response.prepared:
-        response.headers["X-Request-Id"] = rid
-    _record(request.app, obs, status, request)
-    return response
+        forward = tracecontext.incoming(request.headers) if "traceparent" in request.headers else ()
+    token = tracecontext.FORWARD.set(forward) if forward else None
+    store = app[CAPTURES]
+    if store.enabled and wire_of(request) is not None:
+        request[CAPTURE] = store.begin(request.method, request.path, request.query_string, request.headers,
+                                       obs.started)
+    try:
+        if app[LIFECYCLE]["draining"]:
+            response: web.StreamResponse = error_response(request, ApiError(
+                "the gateway is shutting down", status=503, code="shutting_down", headers={"Connection": "close"}))
+            status = 503
+        else:
+            try:
+                response = await handler(request)
+                status = response.status
+            except asyncio.CancelledError:  # the client went away (handler cancellation)
+                obs.disconnected = True
+                _record(app, obs, 499, request, span, None)
+                raise
+        if not response.prepared:
+            response.headers["X-Request-Id"] = rid
+        _record(app, obs, status, request, span, response)
+        return response
+    finally:
+        if token is not None:
+            tracecontext.FORWARD.reset(token)
 
 
-def _record(app: web.Application, obs: Observation, status: int, request: web.Request) -> None:
+def _record(app: web.Application, obs: Observation, status: int, request: web.Request, span: object,
+            response: web.StreamResponse | None) -> None:
     m = app[METRICS]
     duration = time.monotonic() - obs.started
     labels = (obs.model, obs.endpoint)
@@ -133,9 +170,17 @@ def _record(app: web.Application, obs: Observation, status: int, request: web.Re
     if status >= 400 and obs.first_token is None and not obs.disconnected:
         m.rejection(request.get(ERROR_CODE) or f"http_{status}")
     obs.principal, obs.owner = request.get(PRINCIPAL, obs.principal), request.get(OWNER)
+    tracer = app[TRACING]
+    if span is not None and tracer is not None:
+        code = request.get(ERROR_CODE) or ("client_disconnected" if obs.disconnected and status == 499 else None)
+        tracer.end(span, obs, status, code)
     event = obs.event(status, duration)
     app[EVENTS].write(event)
     app[LIVE].record(event, obs.owner)
+    capture = request.get(CAPTURE)
+    if capture is not None:
+        whole = response.body if isinstance(response, web.Response) and isinstance(response.body, bytes) else None
+        app[CAPTURES].finish(capture, obs, status, response.headers if response is not None else {}, whole)
 
 
 @web.middleware
@@ -300,6 +345,9 @@ def create_app(config: Config, registry: Registry | None = None) -> web.Applicat
         app[METRICS].key_label(name, named), limit).inc()
     app[EVENTS] = EventSink(config.server.events_path)
     app[LIVE] = Live()
+    state = config.server.state_dir or default_state_dir()
+    app[CAPTURES] = CaptureStore(config.server.capture, state / CAPTURE_FOLDER)
+    app[TRACING] = tracing.make(config.server.otel, os.environ)
     app[LIFECYCLE] = {"draining": False}
     app[SEAL_KEY] = KeptSecret((config.server.kv_cache_dir or default_kv_cache_dir()) / SEAL_FILE)
     server = config.server
@@ -314,6 +362,7 @@ def create_app(config: Config, registry: Registry | None = None) -> web.Applicat
     pulls.setup(app)
     responses.setup(app)
     usage.setup(app)
+    captures.setup(app)
     dashboard.setup(app)
     return app
 
@@ -322,11 +371,15 @@ async def _workers_ctx(app: web.Application):
     await app[GATE].start()
     watch = asyncio.ensure_future(app[REGISTRY].upstreams.watch())  # upstreams' health, and the models they list
     keys = asyncio.ensure_future(admin.watch_keys(app))  # the keys file, read again when it changes
+    kept = asyncio.ensure_future(captures.keep(app[CAPTURES]))  # captures kept in the state folder
     await app[REGISTRY].preload()
     yield
-    for task in (watch, keys):
+    for task in (watch, keys, kept):
         task.cancel()
-    await asyncio.gather(watch, keys, return_exceptions=True)
+    await asyncio.gather(watch, keys, kept, return_exceptions=True)
     await app[REGISTRY].close()
     await app[GATE].close()
     app[EVENTS].close()
+    tracer = app[TRACING]
+    if tracer is not None:
+        await asyncio.to_thread(tracer.shutdown)  # the last spans sent

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 
@@ -15,6 +16,8 @@ def _isolated_home(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("HOME", str(home))
     for var in ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_CACHE_HOME", "GGUF_GATEWAY_CONFIG", "LLAMA_CACHE", "HF_HOME", "HF_HUB_CACHE",
                 "HF_ENDPOINT", "HF_HUB_OFFLINE", "GGUF_GATEWAY_URL", "GGUF_GATEWAY_API_KEYS", "GGUF_GATEWAY_API_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    for var in [v for v in os.environ if v.startswith("OTEL_")]:  # no test exports to the developer's collector
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("OLLAMA_MODELS", str(home / ".ollama" / "models"))  # never the system-wide store
     return home

@@ -50,6 +50,11 @@ def admin_only(handler: Any) -> Any:
     return handler
 
 
+def wire_of(request: web.Request) -> str | None:
+    """The wire a request's handler spends tokens on (``spends``), or None."""
+    return getattr(request.match_info.handler, _WIRE, None)
+
+
 def is_admin(request: web.Request) -> bool:
     """Whether the request may do what only an admin may: its key's role is admin, or the
     gateway has no keys (then everyone is)."""

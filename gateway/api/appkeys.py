@@ -8,11 +8,13 @@ from aiohttp import web
 from ..access.gate import Gate
 from ..base.secretfile import KeptSecret
 from ..models.config import Config
+from ..server.captures import CaptureStore
 from ..server.connections import ConnectionGuard
 from ..server.events import EventSink
 from ..server.live import Live
 from ..server.metrics import Metrics
 from ..server.response_store import ResponseStore
+from ..server.tracing import Tracing
 from ..serving.registry import Registry
 
 CONFIG = web.AppKey("config", Config)
@@ -25,3 +27,6 @@ LIVE = web.AppKey("live", Live)  # what the dashboard draws
 RESPONSES = web.AppKey("responses", ResponseStore)  # OpenAI Responses kept for previous_response_id
 SEAL_KEY = web.AppKey("seal_key", KeptSecret)  # what a reasoning item's encrypted_content is signed with
 GATE = web.AppKey("gate", Gate)  # the keys in force, their limits, and the usage store
+CAPTURES = web.AppKey("captures", CaptureStore)  # requests and answers kept (server.capture)
+# OpenTelemetry's traces (``server/tracing``), or None: off, and nothing of OpenTelemetry imported
+TRACING: web.AppKey[Tracing | None] = web.AppKey("tracing")

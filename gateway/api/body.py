@@ -23,6 +23,7 @@ from aiohttp import web
 from ..base import strictjson
 from ..base.errors import ApiError, InvalidRequest
 from ..base.strictjson import MAX_DEPTH
+from ..server.captures import CAPTURE
 from .appkeys import CONFIG
 
 __all__ = ["MAX_DEPTH", "check_content_type", "decode", "parse_body", "parse_json", "read_json_object"]
@@ -47,8 +48,16 @@ async def read_json_object(request: web.Request) -> dict[str, Any]:
     except Exception as e:  # a malformed or cut body: bad chunk sizes, a reset connection
         raise InvalidRequest(f"The request body could not be read: {type(e).__name__}",
                              code="invalid_body") from None
+    capture = request.get(CAPTURE)
     check_content_type(request.headers)
     encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+    if capture is not None:  # kept as decoded, so a compressed body reads as the JSON it is
+        try:
+            raw = await asyncio.to_thread(decode, raw, encoding, server.max_body_bytes) \
+                if len(raw) > OFF_LOOP_BYTES else decode(raw, encoding, server.max_body_bytes)
+        finally:
+            capture.request_body(raw)  # as it came, where it could not be decoded
+        encoding = "identity"
     if len(raw) > OFF_LOOP_BYTES:
         return await asyncio.to_thread(parse_body, raw, encoding, server.max_body_bytes)
     return parse_body(raw, encoding, server.max_body_bytes)

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 from aiohttp import web
 
+from ..backends.local import Backend
 from ..base.errors import InvalidRequest
+from ..models.config import ModelSpec
+from ..server.captures import CAPTURE
 from ..server.events import OWNER, STREAM, observation
 from ..server.sse import EventStream
+from ..serving.supervisor import LOADED
 from ..wire.params import Parsed
-from .appkeys import CONFIG
+from .appkeys import CONFIG, REGISTRY
 
 
 def apply_limits(request: web.Request, parsed: Parsed) -> None:
@@ -32,13 +38,40 @@ def apply_limits(request: web.Request, parsed: Parsed) -> None:
             req.cache_scope = request.get(OWNER) or ""
 
 
+@asynccontextmanager
+async def lease(request: web.Request, model: object, **kinds) -> AsyncIterator[tuple[ModelSpec, Backend]]:
+    """``Registry.lease`` (``kinds``: its ``embeddings``, ``rerank``, ``on_progress``), its wait
+    noted in the request's observation for traces and captures: when it was asked for, when it
+    was held, and the load it waited for."""
+    obs = observation(request)
+    if obs.asked_model is None and isinstance(model, str):
+        obs.asked_model = model
+    obs.queued = time.monotonic()
+    async with request.app[REGISTRY].lease(model, **kinds) as (spec, backend):
+        obs.model = spec.name
+        obs.leased = time.monotonic()
+        loaded = backend.info.get(LOADED)
+        if loaded is not None and loaded.ended >= obs.queued:
+            obs.load = loaded
+        yield spec, backend
+
+
 def event_stream(request: web.Request) -> EventStream:
     """This request's server-sent event stream, its writes bounded by server.write_timeout: one
     per request, so an answer goes on in the stream its load's progress opened."""
     sse = request.get(STREAM)
     if sse is None:
-        sse = request[STREAM] = EventStream(request, write_timeout=request.app[CONFIG].server.write_timeout)
+        write_timeout = request.app[CONFIG].server.write_timeout
+        sse = request[STREAM] = tapped(request, EventStream(request, write_timeout=write_timeout))
     return sse
+
+
+def tapped(request: web.Request, out: EventStream) -> EventStream:
+    """``out``, each of its writes told to the request's capture where it has one."""
+    capture = request.get(CAPTURE)
+    if capture is not None and out.tap is None:
+        out.tap = capture.frame
+    return out
 
 
 DROPPED_TOOLS = "X-Gateway-Dropped-Tools"  # the tools a request gave that its prompt left out

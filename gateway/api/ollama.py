@@ -23,7 +23,7 @@ from ..server.events import observation
 from ..server.sse import EventStream, LineStream
 from ..text.formats import reasoning_format, tool_format
 from ..wire import answer, ollama
-from . import pipeline
+from . import common, pipeline
 from .access import require_admin, spends
 from .appkeys import CONFIG, REGISTRY
 from .body import read_json_object
@@ -129,7 +129,7 @@ async def _embed(request: web.Request, legacy: bool) -> web.Response:
     model, inputs, alive = ollama.parse_embed(await read_json_object(request), legacy)
     began = time.monotonic()
     registry = request.app[REGISTRY]
-    async with registry.lease(model, embeddings=True) as (spec, backend):
+    async with common.lease(request, model, embeddings=True) as (spec, backend):
         loaded = time.monotonic()
         observation(request).model = spec.name
         registry.keep_alive(spec, alive)

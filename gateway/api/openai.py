@@ -19,7 +19,7 @@ from ..wire import openai as oai
 from ..wire import props as props_wire
 from ..wire import rerank as rerank_wire
 from ..wire.params import require_model
-from . import pipeline
+from . import common, pipeline
 from .access import spends
 from .appkeys import CONFIG, REGISTRY
 from .body import read_json_object
@@ -214,7 +214,7 @@ async def props(request: web.Request) -> web.Response:
 @spends("embeddings")
 async def embeddings(request: web.Request) -> web.Response:
     model, inputs, fmt = oai.parse_embeddings(await read_json_object(request))
-    async with request.app[REGISTRY].lease(model, embeddings=True) as (spec, backend):
+    async with common.lease(request, model, embeddings=True) as (spec, backend):
         observation(request).model = spec.name
         reply = await backend.embed(inputs)
         observation(request).prompt_tokens = reply.prompt_tokens
@@ -225,7 +225,7 @@ async def embeddings(request: web.Request) -> web.Response:
 async def rerank(request: web.Request) -> web.Response:
     """llama-server's, Jina's and Cohere's rerank: each document's relevance to the query."""
     model, query, documents, top_n, returned = rerank_wire.parse(await read_json_object(request))
-    async with request.app[REGISTRY].lease(model, rerank=True) as (spec, backend):
+    async with common.lease(request, model, rerank=True) as (spec, backend):
         observation(request).model = spec.name
         reply = await backend.rerank(query, documents)
         observation(request).prompt_tokens = reply.prompt_tokens

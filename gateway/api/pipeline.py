@@ -12,6 +12,7 @@ is told in its stream (``Failure``), what it writes, how it folds a whole answer
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -29,8 +30,7 @@ from ..serving.supervisor import Progress
 from ..wire import answer, fim
 from ..wire import media as wire_media
 from ..wire.params import Parsed, apply_defaults, apply_effort
-from . import media
-from .appkeys import REGISTRY
+from . import common, media
 from .common import apply_limits, event_stream
 
 log = logging.getLogger(__name__)
@@ -87,8 +87,8 @@ async def lease(request: web.Request, parsed: Parsed, *, thinking: bool = True, 
     apply_limits(request, parsed)
     await media.ready(request, parsed)
     progress = load_progress(request, parsed.stream, failure) if failure is not None else None
-    async with request.app[REGISTRY].lease(parsed.model, on_progress=progress) as (spec, backend):
-        observation(request).model = spec.name
+    observation(request).request = parsed.request
+    async with common.lease(request, parsed.model, on_progress=progress) as (spec, backend):
         if on_lease is not None:
             on_lease(spec, backend)
         if parsed.request.suffix is not None:
@@ -124,6 +124,9 @@ async def generate(request: web.Request, backend: Backend, req: GenerationReques
                    refused: Callable[[ApiError], ApiError] | None = None) -> AsyncIterator[Run]:
     """``req`` generated and started (``start``) for the ``async with``; leaving it before the
     answer's end (an error, a client gone) cancels the rest."""
+    obs = observation(request)
+    if obs.submitted is None:
+        obs.submitted = time.monotonic()
     async with backend.generate(req) as gen:
         yield await start(request, gen, req, stream=stream, refused=refused)
 
@@ -201,6 +204,7 @@ async def stream(request: web.Request, out: EventStream, gens: Sequence[Generati
     its generations cancels the work. ``name``: the stream, in the log."""
     if not out.opened:
         out.response.headers.update(headers or {})
+    common.tapped(request, out)
     await out.open()
     for gen in gens:
         gen.on_idle = out.flush

@@ -24,7 +24,7 @@ MAX_VALUES = 64  # of each filter: a query names a few keys or models, not a lis
 LAST = 253402300799.0  # 9999-12-31T23:59:59Z: the last time an ISO date can say
 
 
-def _when(text: str, param: str) -> float:
+def query_time(text: str, param: str) -> float:
     problem = InvalidRequest(f"`{param}` must be a date (2026-11-01), a time (2026-11-01T12:00:00Z) or epoch "
                              f"seconds from 0 to {LAST:.0f}", param)
     try:
@@ -36,7 +36,7 @@ def _when(text: str, param: str) -> float:
     return t
 
 
-def _values(request: web.Request, param: str) -> list[str] | None:
+def query_values(request: web.Request, param: str) -> list[str] | None:
     values = [v for v in request.query.getall(param, []) if v]
     if len(values) > MAX_VALUES:
         raise InvalidRequest(f"`{param}` is given {len(values)} times; at most {MAX_VALUES}", param)
@@ -49,15 +49,15 @@ async def usage(request: web.Request) -> web.Response:
     if group not in ("day", "hour"):
         raise InvalidRequest("`group` must be day or hour", "group")
     now = time.time()
-    until = _when(request.query["until"], "until") if request.query.get("until") else now + 3600
-    since = _when(request.query["since"], "since") if request.query.get("since") else now - DEFAULT_DAYS * 86400
-    keys = _values(request, "key")
+    until = query_time(request.query["until"], "until") if request.query.get("until") else now + 3600
+    since = query_time(request.query["since"], "since") if request.query.get("since") else now - DEFAULT_DAYS * 86400
+    keys = query_values(request, "key")
     if not is_admin(request):
         own = request[KEY].name
         if keys is not None and set(keys) != {own}:
             raise forbidden(request, "reading another key's usage")
         keys = [own]
-    models, wires = _values(request, "model"), _values(request, "wire")
+    models, wires = query_values(request, "model"), query_values(request, "wire")
     rows = await gate.usage.query(keys=keys, model=models[0] if models and len(models) == 1 else None,
                                   wire=wires[0] if wires and len(wires) == 1 else None,
                                   since=since, until=until, group=group)

@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 import aiohttp
 
 from ..base.errors import ApiError, from_event
+from ..base.tracecontext import forward_headers
 from ..engine import ipc
 from ..engine.client import Events, RequestFailed
 from ..engine.ipc import CHAT, COMPLETIONS, EMBEDDINGS, Event, GenerationRequest
@@ -180,7 +181,8 @@ class RemoteBackend:
             raise RequestFailed(self.health.unavailable())
         up = self.upstream
         try:
-            resp = await within(self.session.post(url or up.url + path, json=body, allow_redirects=False),
+            resp = await within(self.session.post(url or up.url + path, json=body, allow_redirects=False,
+                                                 headers=forward_headers() or None),
                                 up.first_byte_timeout, _close)
         except asyncio.TimeoutError:
             raise RequestFailed(self._failing(f"no answer within {up.first_byte_timeout:g} s")) from None

@@ -60,6 +60,16 @@ class Observation:
     tool_call_failures: list[str] = field(default_factory=list)  # why each call that did not parse failed
     dropped_tools: list[str] = field(default_factory=list)  # tools the request gave that the prompt left out, by type
     media: dict[str, int] = field(default_factory=dict)  # the pictures and sounds its prompts held, by kind
+    # What traces and captures read (``server/tracing``, ``server/captures``); the clocks are
+    # ``time.monotonic()``, like ``started``, each None until the request got that far.
+    trace_id: str | None = None  # the request's trace, where tracing is on
+    asked_model: str | None = None  # the model as the request named it (``model`` is what served it)
+    request: Any = None  # the ``GenerationRequest`` of its first prompt: its sampling fields
+    queued: float | None = None  # the model's lease asked for
+    leased: float | None = None  # the lease held: the model loaded, a place in its queue given
+    load: Any = None  # the load it waited for (``serving.supervisor.Loaded``), if it waited for one
+    submitted: float | None = None  # the generation handed to the backend
+    admitted: float | None = None  # its ``Start`` came: a sequence took it, its prompt's read begins
 
     def tokens(self, n: int) -> None:
         """``n`` more tokens arrived now (n > 1: several tokens in one piece of text)."""
@@ -74,6 +84,8 @@ class Observation:
     def began(self, start: Any) -> None:
         """A generation began (a backend's ``Start`` event)."""
         self.cache_source = self.cache_source or start.cache_source
+        if self.admitted is None:
+            self.admitted = time.monotonic()
 
     def finished(self, finish: Any) -> None:
         self.prompt_tokens += finish.prompt_tokens
@@ -96,7 +108,7 @@ class Observation:
             "duration_s": round(duration, 6), "finish_reason": self.finish_reason,
             "client_disconnected": self.disconnected, "tool_calls": self.tool_calls,
             "tool_call_failures": self.tool_call_failures, "dropped_tools": self.dropped_tools,
-            "media": self.media, "time": time.time(),
+            "media": self.media, "trace_id": self.trace_id, "time": time.time(),
         }
 
 

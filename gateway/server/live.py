@@ -13,7 +13,8 @@ from collections import deque
 from typing import Any
 
 # Requests about the gateway itself, not a model's work: not drawn, not listed.
-NOT_INFERENCE = frozenset({"/models", "/models/load", "/models/unload"})
+NOT_INFERENCE = frozenset({"/models", "/models/load", "/models/unload", "/captures", "/captures/{id}",
+                           "/captures/{id}/replay"})
 
 
 class Live:

@@ -33,6 +33,8 @@ class EventStream:
             **(headers or {}),
         })
         self._held: list[bytes] = []
+        # told each write as it goes out: the request's capture (``server/captures``), where it has one
+        self.tap: Callable[[bytes], None] | None = None
         # what a failure before the answer ends says, in the stream's own wire shape: (message,
         # event name) pairs; set by whoever opens the stream before its answer can begin
         self.failure: Callable[[ApiError], list[tuple[dict[str, Any], str | None]]] | None = None
@@ -65,6 +67,8 @@ class EventStream:
         if self._held:
             data = self._held[0] if len(self._held) == 1 else b"".join(self._held)
             self._held.clear()
+            if self.tap is not None:
+                self.tap(data)
             await self._bounded(self.response.write(data))
 
     async def close(self) -> web.StreamResponse:

@@ -26,6 +26,7 @@ from ..backends.local import CHAT, EMBEDDINGS, RERANK, Backend, StartFailed
 from ..base.errors import ApiError
 from ..models import lifecycle, placement
 from ..models.config import ModelSpec
+from ..models.ggufmeta import ModelFileError, split_parts
 from ..models.lifecycle import ModelState
 from ..text.formats import FORMATS, Formats
 
@@ -41,6 +42,30 @@ PROGRESS_AFTER = 1.0
 PROGRESS_EVERY = 5.0
 
 Progress = Callable[[float], Awaitable[None]]
+
+LOADED = "loaded"  # a backend's info: the ``Loaded`` of its start
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A backend's start, as traces tell it: when it began and ended (``time.monotonic()``),
+    the model's file bytes (all its split parts; 0: no local file) and where its spec came from
+    (``ModelSpec.source``: models.yaml, discovered, demo, upstream)."""
+
+    began: float
+    ended: float
+    bytes: int
+    source: str
+
+
+def file_bytes(spec: ModelSpec) -> int:
+    """The bytes of a local model's files, every split part counted; 0 where there is none."""
+    if spec.path is None:
+        return 0
+    try:
+        return sum(p.stat().st_size for p in split_parts(spec.path))
+    except (OSError, ModelFileError):
+        return 0
 
 
 @dataclass(frozen=True)
@@ -220,6 +245,7 @@ class ModelSupervisor:
         # how its answers are read follows from its settings and what it reported, which hold
         # while it stays loaded: settled once here, kept with it (``text/formats.py``)
         backend.info[FORMATS] = Formats.settle(self.spec.reasoning, self.spec.tool_format, backend.info)
+        backend.info[LOADED] = Loaded(began, time.monotonic(), file_bytes(self.spec), self.spec.source)
         self.move(READY)
         self.backend, self.error, self.failures = backend, None, 0
         self.host.load_finished(self, time.monotonic() - began)

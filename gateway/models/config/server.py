@@ -10,7 +10,7 @@ from ...base.checks import INVALID, Check, Report, show
 from ...hardware.sysmem import RAM
 from .keys import KEYS_FILE, from_section, gather
 from .parsing import Parsing
-from .specs import MEMORY, REASONING_FIELDS, default_state_dir
+from .specs import MEMORY, REASONING_FIELDS, CaptureConfig, OtelConfig, default_state_dir
 
 
 def _reserve(r: Report, where: str, v: Any) -> Any:
@@ -61,6 +61,50 @@ def _usage_db(r: Report, where: str, v: Any) -> Any:
         return MEMORY
     return checks.path(r, where, v)
 
+
+def _capture(r: Report, where: str, v: Any) -> Any:
+    """``true`` / ``false``, or a mapping of ``CaptureConfig``'s fields (``enabled`` then true
+    unless it says otherwise)."""
+    if isinstance(v, bool):
+        return CaptureConfig(enabled=v)
+    fields = checks.mapping(r, where, v, _CAPTURE)
+    return CaptureConfig(**{"enabled": True, **fields})
+
+
+_CAPTURE: dict[str, Check] = {
+    "enabled": checks.boolean,
+    "max_bytes": checks.byte_size,
+    "max_body_bytes": checks.byte_size,
+    "keep": checks.boolean,
+    "redact_content": checks.boolean,
+}
+
+
+def _headers(r: Report, where: str, v: Any) -> Any:
+    if not isinstance(v, dict) or not all(isinstance(k, str) and isinstance(x, str) for k, x in v.items()):
+        r.error(where, f"must be a mapping of header names to strings, got {show(v)}")
+        return INVALID
+    return dict(v)
+
+
+def _otel(r: Report, where: str, v: Any) -> Any:
+    """``true`` / ``false``, or a mapping of ``OtelConfig``'s fields (``enabled`` then true
+    unless it says otherwise)."""
+    if isinstance(v, bool):
+        return OtelConfig(enabled=v)
+    fields = checks.mapping(r, where, v, _OTEL)
+    return OtelConfig(**{"enabled": True, **fields})
+
+
+_OTEL: dict[str, Check] = {
+    "enabled": checks.boolean,
+    "endpoint": checks.string,
+    "service_name": checks.string,
+    "sampler": checks.one_of(("always_on", "always_off", "traceidratio", "parentbased_always_on",
+                              "parentbased_always_off", "parentbased_traceidratio")),
+    "sampler_arg": checks.fraction,
+    "headers": _headers,
+}
 
 _PORT = checks.integer(minimum=1, maximum=65535, what="a port number (1-65535)")
 
@@ -114,6 +158,8 @@ SERVER: dict[str, Check] = {
     "state_dir": checks.path,
     "usage_db": _usage_db,
     "usage_days": checks.integer(minimum=1, maximum=36500, what="a number of days from 1 to 36500"),
+    "capture": _capture,
+    "otel": _otel,
 }
 
 

@@ -126,6 +126,34 @@ class KeySpec:
 
 
 @dataclass(frozen=True)
+class CaptureConfig:
+    """``server.capture``: each request and its answer kept as received and as sent
+    (``server/captures``), for the page's Requests tab and ``/captures``; off by default."""
+
+    enabled: bool = False
+    max_bytes: int = 64 * 2**20  # all captures together; the oldest go first
+    # each request's body and each answer's bytes kept at most this long; past it, cut and said so
+    max_body_bytes: int = 2**20
+    keep: bool = False  # also kept in the state folder (its captures folder), read again at a start
+    redact_content: bool = False  # keep the shapes and counts, not the text
+
+
+@dataclass(frozen=True)
+class OtelConfig:
+    """``server.otel``: OpenTelemetry traces (``server/tracing``, the ``otel`` extra). Each field
+    left out is the SDK's own, from its standard variables (``OTEL_EXPORTER_OTLP_ENDPOINT``,
+    ``OTEL_SERVICE_NAME``, ``OTEL_TRACES_SAMPLER``, ...)."""
+
+    # None: on where OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set
+    enabled: bool | None = None
+    endpoint: str | None = None  # the collector's base URL (OTLP/HTTP, protobuf): /v1/traces is added
+    service_name: str | None = None
+    sampler: str | None = None  # OTEL_TRACES_SAMPLER's names: always_on, parentbased_traceidratio, ...
+    sampler_arg: float | None = None  # the ratio of the traceidratio samplers
+    headers: dict[str, str] = field(default_factory=dict)  # sent with each export (a collector's key)
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
@@ -213,6 +241,8 @@ class ServerConfig:
     pull_on_demand: tuple[str, ...] = ()
     pull_wait_seconds: float = 1800.0
     pull_keep_free_bytes: int = 1 << 30
+    capture: CaptureConfig = field(default_factory=CaptureConfig)
+    otel: OtelConfig = field(default_factory=OtelConfig)
 
 
 @dataclass(frozen=True)
