@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Screenshots of the gateway's page for the README: the real server on scripted test models,
-some traffic, a playground chat, then the page wide and at a phone's width, in Chromium.
+some traffic, a playground chat, then the page wide and at a phone's width, in Chromium; and its
+Requests section (``server.capture`` on) with a capture opened and replayed on another model.
 
     .venv/bin/python scripts/screenshots.py [--out scripts/screenshots] [--chromium /usr/bin/chromium]
 
@@ -45,7 +46,7 @@ def write_models(d: Path) -> Path:
     tm.plain(d / "vectors.bin", ["x"])  # not a .gguf: found only through models.yaml
     (d / "broken.gguf").write_bytes((d / "hello.gguf").read_bytes().replace(b"llama", b"zzzzz"))
     cfg = d / "models.yaml"
-    cfg.write_text(f"server:\n  models_dirs: [{d}]\n  discover_default_stores: false\n"
+    cfg.write_text(f"server:\n  models_dirs: [{d}]\n  discover_default_stores: false\n  capture: true\n"
                    f"models:\n  embed:\n    path: {d / 'vectors.bin'}\n    embeddings: true\n")
     return cfg
 
@@ -60,6 +61,30 @@ def traffic(url: str, seconds: float) -> None:
         post(url + "/v1/embeddings", {"model": "embed", "input": "hi"})
         time.sleep(0.7)
     post(url + "/v1/chat/completions", {"model": "broken", "messages": hi})  # a failed load, with its reason
+
+
+def requests_shot(browser, url: str, path: Path) -> None:
+    """The Requests section: a streamed chat with a thinking model opened, and replayed on another
+    model beside it."""
+    from playwright.sync_api import expect
+
+    post(url + "/v1/chat/completions", {"model": "thinker", "stream": True, "temperature": 0.2, "max_tokens": 256,
+                                        "messages": [{"role": "system", "content": "Be brief."},
+                                                     {"role": "user", "content": "What is two and two?"}]})
+    with urllib.request.urlopen(url + "/captures?model=thinker&limit=1", timeout=30) as r:
+        capture = json.loads(r.read())["data"][0]["id"]
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(url + "/")
+    page.get_by_role("link", name="Requests", exact=True).click()
+    page.locator(f'#captures tbody tr[data-capture="{capture}"] button.cap-open').click()
+    expect(page.locator("#cap-answer .cap-content")).to_have_text("It is 4.", timeout=30_000)
+    page.select_option("#cap-replay-model", "hello")
+    page.click("#cap-replay")
+    expect(page.locator("#cap-compare .side-replay .cap-content")).to_have_text("Hello, world!", timeout=60_000)
+    time.sleep(2)  # the list shows the replay too
+    page.evaluate("document.activeElement.blur(); document.querySelector('.topbar').style.position = 'static'")
+    page.locator("#requests").screenshot(path=str(path), animations="disabled")
+    page.close()
 
 
 def main() -> None:
@@ -102,8 +127,9 @@ def main() -> None:
                 expect(phone.locator("#recent tbody tr").first).to_be_visible(timeout=10_000)
                 time.sleep(1.5)
                 phone.screenshot(path=str(args.out / "narrow.png"))
+                requests_shot(browser, url, args.out / "requests.png")
                 browser.close()
-    for name in ("wide.png", "wide-dark.png", "narrow.png"):
+    for name in ("wide.png", "wide-dark.png", "narrow.png", "requests.png"):
         print(args.out / name)
 
 
