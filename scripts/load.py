@@ -79,6 +79,7 @@ import sys
 import tempfile
 import time
 import urllib.parse
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -1029,6 +1030,9 @@ def checks(report: dict, rss_bound_mib: float, own_server: bool) -> dict[str, bo
             "upstream_reads_end": report["upstream_still_read"] == 0,
             "upstream_redirects_not_followed": report["upstream_redirects_followed"] == 0,
         })
+    if "captures" in report:  # the store within its bound, and holding what the run sent
+        held = report["captures"]
+        out["captures_within_bound"] = 0 < held["count"] and held["bytes"] <= held["max_bytes"]
     if "worker_peak_mib" in report:
         out["worker_peak_ok"] = bool(report["worker_peak_mib"]) and \
             max(report["worker_peak_mib"].values()) <= report["worker_peak_bound_mib"]
@@ -1044,6 +1048,13 @@ def checks(report: dict, rss_bound_mib: float, own_server: bool) -> dict[str, bo
                 idle["closed_by_server"] > 0 or not idle["sockets"]),
         })
     return out
+
+
+def read_captures(url: str) -> dict:
+    """What the gateway's capture store holds at the end: its count and bytes, and its bound."""
+    with urllib.request.urlopen(url + "/captures?limit=1", timeout=30) as r:
+        listing = json.loads(r.read())
+    return {k: listing[k] for k in ("count", "bytes", "max_bytes")}
 
 
 def _usage_ok(usage: dict, own_server: bool) -> bool:
@@ -1070,11 +1081,13 @@ def raise_fd_limit(need: int) -> int:
 
 
 def write_config(d: Path, threads: int | None, hostile: HostileOptions | None, upstream=None,
-                 extra: list[str] = []) -> Path:  # noqa: B006 (never changed)
+                 extra: list[str] = [], capture: int = 0) -> Path:  # noqa: B006 (never changed)
     per_model: dict[str, str] = {m: f"    path: {d}/{m}.gguf\n" for m in ("plain", "thinker", "loop")}
     if threads:
         per_model = {m: t + f"    n_threads: {threads}\n" for m, t in per_model.items()}
     server = "server:\n  discover_default_stores: false\n"
+    if capture:  # every request kept, within this bound; each body within a sixteenth of it
+        server += f"  capture: {{max_bytes: {capture}, max_body_bytes: {max(1024, capture // 16)}}}\n"
     if hostile:
         server += "".join(f"  {k}: {v}\n" for k, v in hostile.limits.items())
         per_model["plain"] += "    n_ctx: 1024\n"  # a 400 KB prompt is then refused by its size
@@ -1101,6 +1114,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="write the report here too")
     p.add_argument("--server-log", type=Path, help="write the started gateway's log here")
     p.add_argument("--rss-bound-mib", type=float, default=200, help="most the RSS may grow from start to end")
+    p.add_argument("--capture", type=int, default=0, metavar="BYTES",
+                   help="the gateway started keeps captures (server.capture) within BYTES; checked at the end")
     p.add_argument("--hostile", action="store_true", help="run hostile actors beside the normal clients")
     p.add_argument("--stalled", type=int, default=4, help="stalled readers at a time (with --hostile)")
     p.add_argument("--idle", type=int, default=200, help="idle and slow sockets at a time (with --hostile)")
@@ -1165,7 +1180,8 @@ def main(argv: list[str] | None = None) -> int:
             tm.thinking(d / "thinker.gguf", "Let me think about it.", "The answer is 4.")
             tm.endless(d / "loop.gguf", [" tick", " tock"])
             files = hostile is not None and hostile.files
-            cfg = write_config(d, args.threads, hostile, upstream, write_hostile_files(d) if files else [])
+            cfg = write_config(d, args.threads, hostile, upstream, write_hostile_files(d) if files else [],
+                               args.capture)
             loaded = ["plain", "thinker", "loop", *((*TEMPLATE_BOMBS, *MEDIA_MODELS) if files else ())]
             # usage recorded as by default (usage.db in the state folder), the state folder in tmp;
             # no keys from the environment: the gateway is open and records as key `anonymous`
@@ -1173,12 +1189,12 @@ def main(argv: list[str] | None = None) -> int:
             with ServerProcess("--config", str(cfg), "--log-level", "warning", env=env) as srv:
                 for m in loaded:  # every model that loads, loaded before memory is measured
                     srv.get("/health")
-                    import urllib.request
-
                     urllib.request.urlopen(urllib.request.Request(
                         srv.url + "/models/load", data=json.dumps({"model": m}).encode())).read()
                 report = asyncio.run(run(srv.url, ["plain", "thinker", "loop"], args.clients, args.seconds,
                                          srv.proc.pid, hostile, upstream, upstream_opts, bounds))
+                if args.capture:
+                    report["captures"] = read_captures(srv.url)
                 code, log = srv.stop()
                 report["server_exit_code"] = code
                 report["server_tracebacks"] = log.count("Traceback")

@@ -18,11 +18,14 @@ def test_hostile_load_leaves_normal_traffic_clean(tmp_path):
     # looser than the script's defaults, and far below the seconds each file stalled the gateway for
     r = subprocess.run([sys.executable, str(REPO / "scripts" / "load.py"), "--hostile", "--clients", "4",
                         "--seconds", "15", "--idle", "20", "--stalled", "2", "--hostile-clients", "3",
-                        "--health-p99-ms", "2000", "--health-max-ms", "3000", "--json", str(out)],
+                        "--health-p99-ms", "2000", "--health-max-ms", "3000", "--capture", str(256 * 1024),
+                        "--json", str(out)],
                        capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
     data = json.loads(out.read_text())
     assert data["hostile"] is True and all(data["checks"].values()), data["checks"]
+    # every request captured, hostile bodies and all, and the store held within its bound
+    assert data["checks"]["captures_within_bound"] and data["captures"]["count"] > 0, data["captures"]
 
     # the normal clients: their own figures, none of the hostile ones in them
     assert data["requests_done"] > 0 and data["errors_5xx"] == 0 and data["lost_or_truncated_streams"] == 0
