@@ -11,6 +11,7 @@
     .venv/bin/python scripts/bench.py --access                             # keys, limits, usage (accessbench.py)
     .venv/bin/python scripts/bench.py --embeddings --model M --llama-server PATH   # embeddings, rerank (embedbench.py)
     .venv/bin/python scripts/bench.py --cost --llama-server PATH           # a request's cost, cut (costbench.py)
+    .venv/bin/python scripts/bench.py --observe                            # captures, traces (observebench.py)
 
 Contenders, each a real server process driven over HTTP through the same OpenAI
 `/v1/completions` requests. All are started, then measured in turns: each figure is taken
@@ -72,9 +73,10 @@ STREAMS = (1, 2, 4, 8)
 
 
 def gateway(model: Path, threads: int, tmp: Path, name: str = "bench", interval: int | None = None,
-            label: str = "gateway", gpu_layers: int | None = None) -> Server:
+            label: str = "gateway", gpu_layers: int | None = None, server_yaml: str = "") -> Server:
+    """``server_yaml``: more of models.yaml's ``server:`` section, each line indented two spaces."""
     cfg = tmp / f"{name}-{label}.yaml"
-    server = "" if interval is None else f"  stream_interval_ms: {interval}\n"
+    server = ("" if interval is None else f"  stream_interval_ms: {interval}\n") + server_yaml
     layers = "" if gpu_layers is None else f"    n_gpu_layers: {gpu_layers}\n"
     cfg.write_text(f"server:\n  discover_default_stores: false\n{server}models:\n  {name}:\n    path: {model}\n"
                    f"    n_ctx: {N_CTX}\n    n_threads: {threads}\n    parallel: {PARALLEL}\n{layers}")
@@ -351,7 +353,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--embeddings", action="store_true", help="only embeddings and reranking (scripts/embedbench.py): "
                    "one input, 8 clients, 64 inputs in a request, a rerank of 50 documents, against llama-server")
     p.add_argument("--embed-rounds", type=int, default=4, help="with --embeddings: interleaved rounds")
+    p.add_argument("--observe", action="store_true", help="only the cost of captures and OpenTelemetry traces "
+                   "(scripts/observebench.py): 1-token chat p50 and the 4-stream aggregate of gateways with "
+                   "each, against neither (and an A/A pair of that); needs the otel extra")
+    p.add_argument("--observe-rounds", type=int, default=15, help="with --observe: interleaved rounds")
+    p.add_argument("--observe-requests", type=int, default=400, help="with --observe: 1-token chats per gateway "
+                   "a round")
+    p.add_argument("--observe-seconds", type=float, default=3.0, help="with --observe: seconds of 4 streams per "
+                   "gateway a round")
+    p.add_argument("--observe-tokens", type=int, default=300, help="with --observe: tokens per stream")
     args = p.parse_args(argv)
+    if args.observe:
+        return observe_main(args)
     if args.embeddings:
         return embeddings_main(args)
     if args.cost:
@@ -469,6 +482,19 @@ def cost_main(args) -> int:
     if args.json:
         args.json.write_text(json.dumps({"cost": result, "threads": args.threads}, indent=2))
     return 0
+
+
+def observe_main(args) -> int:
+    import observebench
+
+    with tempfile.TemporaryDirectory() as tmp:
+        result = observebench.main(args.observe_rounds, args.observe_requests, args.observe_seconds,
+                                   args.observe_tokens, Path(tmp),
+                                   lambda m, home, label, extra: gateway(m, args.threads, home, label=label,
+                                                                         server_yaml=extra))
+    if args.json:
+        args.json.write_text(json.dumps({"observe": result, "threads": args.threads}, indent=2))
+    return 0 if result["valid"] else 1
 
 
 def embeddings_main(args) -> int:

@@ -86,6 +86,34 @@ def test_the_cost_benchmark_cuts_a_request_into_its_parts(tmp_path):
     assert "where the time goes" in r.stdout and "the probes' own cost" in r.stdout
 
 
+@pytest.mark.slow
+def test_the_observe_benchmark_sets_captures_and_traces_against_neither(tmp_path):
+    out = tmp_path / "observe.json"
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "bench.py"), "--observe", "--observe-rounds", "1",
+                        "--observe-requests", "10", "--observe-seconds", "0.2", "--observe-tokens", "20",
+                        "--threads", "1", "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    data = json.loads(out.read_text())["observe"]
+    servers = data["servers"]
+    assert list(servers) == ["off", "off again", "capture", "tracing"]
+    for name, s in servers.items():
+        assert 0 < s["p50_ms"] <= s["p95_ms"] and s["aggregate_tok_s"] > 0, name
+        assert len(s["rounds"]["aggregate_tok_s"]) == 1
+    for name in ("off again", "capture", "tracing"):
+        vs = servers[name]["vs_off"]
+        for k in ("p50_diff_ms", "p50_ratio", "aggregate_ratio"):
+            assert vs[k]["min"] <= vs[k]["median"] <= vs[k]["max"], (name, k)
+    # every request the tracing gateway was sent reached the sink as a trace, once it stopped;
+    # every request the capture gateway was sent was captured
+    assert data["valid"] and data["exports"]["traces"] == data["exports"]["sent"] == servers["tracing"]["sent"]
+    assert data["exports"]["spans"] > data["exports"]["traces"] and data["exports"]["bytes"] > 0
+    assert data["captured"]["made"] == data["captured"]["sent"] == servers["capture"]["sent"]
+    assert {"p50_met", "aggregate_met"} <= set(data["targets"]["tracing"]) and set(data["targets"]) == {
+        "capture", "tracing"}
+    assert "| tracing" in r.stdout and "target, tracing at most 0.2 ms p50 and 2% of the aggregate" in r.stdout
+    assert "A/A, two identical gateways" in r.stdout and "INVALID" not in r.stdout
+
+
 def check_figures(g: dict) -> None:
     assert g["decode_tok_s"] > 0 and g["ttft_ms"] > 0
     assert set(g["aggregate_tok_s"]) == {"1", "2", "4", "8"} and all(v > 0 for v in g["aggregate_tok_s"].values())
