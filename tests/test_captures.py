@@ -293,3 +293,17 @@ def _session():
 async def _detail(server, capture_id):
     async with _session() as s:
         return await (await s.get(str(server.make_url(f"/captures/{capture_id}")))).json()
+
+
+def test_capture_and_otel_settings_are_checked(write_config):
+    from gateway.models.config import ConfigError
+    from gateway.models.config.specs import CaptureConfig, OtelConfig
+
+    cfg = load_config(write_config("server:\n  capture: {max_bytes: 1MiB, keep: true}\n  otel: {endpoint: 'http://c:4318'}\n"))
+    assert cfg.server.capture == CaptureConfig(enabled=True, max_bytes=2**20, keep=True)
+    assert cfg.server.otel == OtelConfig(enabled=True, endpoint="http://c:4318")
+    assert load_config(write_config("server:\n  capture: false\n  otel: false\n")).server.otel.enabled is False
+    with pytest.raises(ConfigError) as e:
+        load_config(write_config("server:\n  capture: {max_bytes: lots, redact: true}\n  otel: {sampler: sometimes}\n"))
+    text = str(e.value)
+    assert "server.capture.max_bytes" in text and "server.capture.redact" in text and "server.otel.sampler" in text

@@ -62,15 +62,6 @@ def _usage_db(r: Report, where: str, v: Any) -> Any:
     return checks.path(r, where, v)
 
 
-def _capture(r: Report, where: str, v: Any) -> Any:
-    """``true`` / ``false``, or a mapping of ``CaptureConfig``'s fields (``enabled`` then true
-    unless it says otherwise)."""
-    if isinstance(v, bool):
-        return CaptureConfig(enabled=v)
-    fields = checks.mapping(r, where, v, _CAPTURE)
-    return CaptureConfig(**{"enabled": True, **fields})
-
-
 _CAPTURE: dict[str, Check] = {
     "enabled": checks.boolean,
     "max_bytes": checks.byte_size,
@@ -87,13 +78,14 @@ def _headers(r: Report, where: str, v: Any) -> Any:
     return dict(v)
 
 
-def _otel(r: Report, where: str, v: Any) -> Any:
-    """``true`` / ``false``, or a mapping of ``OtelConfig``'s fields (``enabled`` then true
-    unless it says otherwise)."""
-    if isinstance(v, bool):
-        return OtelConfig(enabled=v)
-    fields = checks.mapping(r, where, v, _OTEL)
-    return OtelConfig(**{"enabled": True, **fields})
+def _switch(kind: type, allowed: dict[str, Check]) -> Check:
+    """``true`` / ``false`` (``kind(enabled=...)``), or a mapping of ``kind``'s fields checked by
+    ``allowed`` (``enabled`` then true unless it says otherwise)."""
+    def check(r: Report, where: str, v: Any) -> Any:
+        if isinstance(v, bool):
+            return kind(enabled=v)
+        return kind(**{"enabled": True, **checks.mapping(r, where, v, allowed)})
+    return check
 
 
 _OTEL: dict[str, Check] = {
@@ -158,8 +150,8 @@ SERVER: dict[str, Check] = {
     "state_dir": checks.path,
     "usage_db": _usage_db,
     "usage_days": checks.integer(minimum=1, maximum=36500, what="a number of days from 1 to 36500"),
-    "capture": _capture,
-    "otel": _otel,
+    "capture": _switch(CaptureConfig, _CAPTURE),
+    "otel": _switch(OtelConfig, _OTEL),
 }
 
 
