@@ -307,3 +307,21 @@ def test_capture_and_otel_settings_are_checked(write_config):
         load_config(write_config("server:\n  capture: {max_bytes: lots, redact: true}\n  otel: {sampler: sometimes}\n"))
     text = str(e.value)
     assert "server.capture.max_bytes" in text and "server.capture.redact" in text and "server.otel.sampler" in text
+
+
+async def test_replay_on_a_model_another_machine_serves(aiohttp_client, aiohttp_server, write_config, models):
+    """The replay names a model this gateway reaches through ``upstream:``: the other machine
+    answers, and the replay is captured here like any other request."""
+    inner = await aiohttp_server(make(write_config, models, capture="false"))
+    up = str(inner.make_url("/v1"))
+    client = await aiohttp_client(create_app(load_config(write_config(
+        f"server:\n  discover_default_stores: false\n  capture: true\n"
+        f"models:\n  chat: {models}/plain.gguf\n  far: {{upstream: '{up}', model: thinker}}\n", "outer.yaml"))))
+    r = await client.post("/v1/chat/completions", json={"model": "chat", "messages": [{"role": "user", "content": "2+2?"}]})
+    assert r.status == 200
+    original = (await (await client.get("/captures")).json())["data"][0]
+    r = await client.post(f"/captures/{original['id']}/replay", json={"model": "far"})
+    assert r.status == 200, await r.text()
+    again = await r.json()
+    assert again["model"] == "far" and again["replay_of"] == original["id"] and again["status"] == 200
+    assert again["answer"]["content"].strip() == "It is 4." and again["answer"]["thinking"].strip() == "Two and two make four."
