@@ -286,6 +286,9 @@ def test_a_user_key_sees_its_own_usage_alone(opened, server):
     p.select_option("#usage-by", "model")
     expect(p.locator("#usage-legend li")).to_have_count(2)
     assert chart_sums(p) == {m: v[3] for (k, m), v in mine.items()}
+    # the captured requests are an admin's: the Requests section says so, without asking (no 403
+    # in the console, which ``close`` checks)
+    expect(p.locator("#cap-error")).to_contain_text("not available to this key")
     # GET /usage itself: another key's is refused
     status, body = server.get("/usage?key=root", headers={"Authorization": f"Bearer {ALICEKEY}"})
     assert status == 403 and body["error"]["code"] == "forbidden"

@@ -50,7 +50,8 @@ def snapshot(request: web.Request) -> dict:
                             for p in series["points"]]
     return {"time": now, "models": [describe(registry, s) for s in models],
             "series": series, "recent": recent,
-            "pulls": registry.pulls.rows() if is_admin(request) else []}
+            "pulls": registry.pulls.rows() if is_admin(request) else [],
+            "admin": is_admin(request)}  # what the page may ask for: the captures are an admin's
 
 
 async def live_stream(request: web.Request) -> web.StreamResponse:

@@ -364,7 +364,7 @@
       setConn("connecting", "Connected, starting live updates…");
       startLive();
       startUsage();
-      startCaptures();
+      // captured requests: once the first snapshot says this key is an admin's (onSnapshot)
     } catch (err) {
       if (err instanceof AuthError) {
         needKey(hadKey);
@@ -1103,6 +1103,14 @@
     renderCharts();
     renderRecent(Array.isArray(snap.recent) ? snap.recent : []);
     if (Array.isArray(snap.pulls)) renderPulls(snap.pulls);
+    // /captures is an admin's alone: another key is told so here, without asking (and a 403)
+    if (snap.admin === true) startCaptures();
+    else if (snap.admin === false && !caps.refused) {
+      caps.refused = true;
+      caps.body = null;
+      renderCaptures();
+      showCapError("Captured requests are not available to this key: they are an admin key's to see.");
+    }
   }
 
   // ---- charts -------------------------------------------------------------------------------
