@@ -215,7 +215,9 @@ async def test_kept_captures_outlive_a_restart(aiohttp_client, write_config, mod
     received = await stream_bytes(r)
     first = (await (await client.get("/captures")).json())["data"][0]
     await client.close()  # the app's cleanup writes what is pending
-    assert list((tmp_path / "state" / "captures").glob("*.json"))
+    kept = list((tmp_path / "state" / "captures").glob("*.json"))
+    assert kept and all(f.stat().st_mode & 0o777 == 0o600 for f in kept)
+    assert (tmp_path / "state" / "captures").stat().st_mode & 0o777 == 0o700
     client = await aiohttp_client(make(write_config, models, capture="{keep: true}", extra=extra))
     for _ in range(50):  # read back off the event loop, just after the start
         listing = await (await client.get("/captures")).json()

@@ -362,14 +362,16 @@ class CaptureStore:
         if self.folder is None or not work:
             return
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
+            # they hold what people sent and got: the folder and the files are the user's alone
+            self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
             for capture_id, record in work:
                 path = self.folder / f"{capture_id}.json"
                 if record is None:
                     path.unlink(missing_ok=True)
                     continue
                 tmp = path.with_suffix(".tmp")
-                tmp.write_text(record.to_json(), encoding="utf-8")
+                with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as f:
+                    f.write(record.to_json())
                 os.replace(tmp, path)
         except OSError as e:
             log.warning("could not keep captures in %s: %s", self.folder, e)
