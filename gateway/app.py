@@ -114,9 +114,13 @@ async def observe_middleware(request: web.Request, handler: Handler) -> web.Stre
     app = request.app
     obs = request[OBSERVATION] = Observation(rid, endpoint_of(request))
     tracer, span = app[TRACING], None
+    forward: tuple[tuple[str, str], ...] = ()
     if tracer is not None:
-        span = tracer.begin(request.headers, obs, request.method, obs.endpoint)
-        forward = tracer.forward(span)
+        try:
+            span = tracer.begin(request.headers, obs, request.method, obs.endpoint)
+            forward = tracer.forward(span)
+        except Exception:  # a trace is the operator's view: its failure is logged, never the request's
+            log.exception("tracing could not begin this request's trace")
     else:
         forward = tracecontext.incoming(request.headers) if "traceparent" in request.headers else ()
     token = tracecontext.FORWARD.set(forward) if forward else None
@@ -173,14 +177,20 @@ def _record(app: web.Application, obs: Observation, status: int, request: web.Re
     tracer = app[TRACING]
     if span is not None and tracer is not None:
         code = request.get(ERROR_CODE) or ("client_disconnected" if obs.disconnected and status == 499 else None)
-        tracer.end(span, obs, status, code)
+        try:
+            tracer.end(span, obs, status, code)
+        except Exception:
+            log.exception("tracing could not end this request's trace")
     event = obs.event(status, duration)
     app[EVENTS].write(event)
     app[LIVE].record(event, obs.owner)
     capture = request.get(CAPTURE)
     if capture is not None:
         whole = response.body if isinstance(response, web.Response) and isinstance(response.body, bytes) else None
-        app[CAPTURES].finish(capture, obs, status, response.headers if response is not None else {}, whole)
+        try:
+            app[CAPTURES].finish(capture, obs, status, response.headers if response is not None else {}, whole)
+        except Exception:  # as a trace's: a capture that fails is logged, and the answer goes out
+            log.exception("this request could not be captured")
 
 
 @web.middleware

@@ -327,3 +327,24 @@ async def test_replay_on_a_model_another_machine_serves(aiohttp_client, aiohttp_
     again = await r.json()
     assert again["model"] == "far" and again["replay_of"] == original["id"] and again["status"] == 200
     assert again["answer"]["content"].strip() == "It is 4." and again["answer"]["thinking"].strip() == "Two and two make four."
+
+
+async def test_a_failing_capture_or_trace_is_logged_and_the_answer_goes_out(aiohttp_client, write_config, models,
+                                                                            monkeypatch, caplog):
+    from gateway.server import tracing
+    from gateway.server.captures import CaptureStore
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug in the observing")
+
+    monkeypatch.setattr(CaptureStore, "finish", broken)
+    monkeypatch.setattr(tracing.Tracing, "end", broken)
+    client = await aiohttp_client(make(write_config, models, extra="  otel: {endpoint: 'http://127.0.0.1:9'}\n"))
+    for stream in (False, True):
+        r = await client.post("/v1/chat/completions", json={"model": "chat", "stream": stream,
+                                                            "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status == 200 and b"Hello" in await r.read()
+    assert "this request could not be captured" in caplog.text and "could not end this request's trace" in caplog.text
+    monkeypatch.setattr(tracing.Tracing, "begin", broken)
+    r = await client.post("/v1/chat/completions", json={"model": "chat", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status == 200 and "could not begin" in caplog.text
