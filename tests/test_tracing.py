@@ -92,7 +92,7 @@ def full_observation(now: float) -> Observation:
     obs.asked_model, obs.model, obs.principal = "Chat:Latest", "chat", "alice"
     obs.request = GenerationRequest(messages=MSG, max_tokens=64, temperature=0.2, top_k=5, seed=3,
                                     stop=["END"], given=["temperature", "top_k"])
-    obs.queued, obs.leased, obs.submitted, obs.admitted = now + 0.001, now + 0.5, now + 0.501, now + 0.502
+    obs.queued, obs.leased, obs.admitted = now + 0.001, now + 0.5, now + 0.502
     obs.load = Loaded(began=now - 0.2, ended=now + 0.49, bytes=12345, source="models.yaml")
     obs.first_token, obs.last_token = now + 0.6, now + 0.9
     obs.prompt_tokens, obs.cached_tokens, obs.cache_source = 40, 30, "ram"

@@ -127,19 +127,18 @@ async def embeddings(request: web.Request) -> web.Response:
 
 async def _embed(request: web.Request, legacy: bool) -> web.Response:
     model, inputs, alive = ollama.parse_embed(await read_json_object(request), legacy)
-    began = time.monotonic()
-    registry = request.app[REGISTRY]
-    async with common.lease(request, model, embeddings=True) as (spec, backend):
-        loaded = time.monotonic()
-        observation(request).model = spec.name
-        registry.keep_alive(spec, alive)
+    obs = observation(request)
+    async with common.lease(request, model, embeddings=True) as (spec, backend):  # its wait in obs's clocks
+        request.app[REGISTRY].keep_alive(spec, alive)
         reply = await backend.embed(inputs)
-        observation(request).prompt_tokens = reply.prompt_tokens
+        obs.prompt_tokens = reply.prompt_tokens
     if legacy:
         return web.json_response({"embedding": reply.data[0]})
+    assert obs.queued is not None and obs.leased is not None
     return web.json_response({"model": model, "embeddings": reply.data,
-                              "total_duration": ollama.ns(time.monotonic() - began),
-                              "load_duration": ollama.ns(loaded - began), "prompt_eval_count": reply.prompt_tokens})
+                              "total_duration": ollama.ns(time.monotonic() - obs.queued),
+                              "load_duration": ollama.ns(obs.leased - obs.queued),
+                              "prompt_eval_count": reply.prompt_tokens})
 
 
 def _modified(spec) -> str:

@@ -12,7 +12,6 @@ is told in its stream (``Failure``), what it writes, how it folds a whole answer
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -124,9 +123,6 @@ async def generate(request: web.Request, backend: Backend, req: GenerationReques
                    refused: Callable[[ApiError], ApiError] | None = None) -> AsyncIterator[Run]:
     """``req`` generated and started (``start``) for the ``async with``; leaving it before the
     answer's end (an error, a client gone) cancels the rest."""
-    obs = observation(request)
-    if obs.submitted is None:
-        obs.submitted = time.monotonic()
     async with backend.generate(req) as gen:
         yield await start(request, gen, req, stream=stream, refused=refused)
 

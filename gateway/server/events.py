@@ -68,7 +68,6 @@ class Observation:
     queued: float | None = None  # the model's lease asked for
     leased: float | None = None  # the lease held: the model loaded, a place in its queue given
     load: Any = None  # the load it waited for (``serving.supervisor.Loaded``), if it waited for one
-    submitted: float | None = None  # the generation handed to the backend
     admitted: float | None = None  # its ``Start`` came: a sequence took it, its prompt's read begins
 
     def tokens(self, n: int) -> None:
