@@ -348,3 +348,30 @@ async def test_a_failing_capture_or_trace_is_logged_and_the_answer_goes_out(aioh
     monkeypatch.setattr(tracing.Tracing, "begin", broken)
     r = await client.post("/v1/chat/completions", json={"model": "chat", "messages": [{"role": "user", "content": "hi"}]})
     assert r.status == 200 and "could not begin" in caplog.text
+
+
+async def test_hostile_input_to_the_capture_routes_is_a_4xx_in_openais_shape(aiohttp_client, write_config, models):
+    client = await aiohttp_client(make(write_config, models))
+    r = await client.post("/v1/chat/completions", json={"model": "chat", "messages": [{"role": "user", "content": "a"}]})
+    await r.read()
+    cid = (await (await client.get("/captures")).json())["data"][0]["id"]
+    bodies = [b'{"model": "\\ud800"}', b"[" * 5000 + b"]" * 5000, b'{"model": 1e999999}', b'{"model": 7}',
+              b'{"model": ["chat"]}', b'{"model": ""}', b'{"model": null}', b"not json", b'"a string"']
+    for body in bodies:
+        r = await client.post(f"/captures/{cid}/replay", data=body, headers={"Content-Type": "application/json"})
+        payload = await r.json()
+        assert 400 <= r.status < 500 and set(payload) == {"error"} and payload["error"]["message"], (body[:40], r.status)
+    # a name no model has: the replay runs, and its capture holds the gateway's own 4xx to it
+    r = await client.post(f"/captures/{cid}/replay", json={"model": "x" * 100_000})
+    again = await r.json()
+    assert r.status == 200 and 400 <= again["status"] < 500 and again["replay_of"] == cid
+    for query in ({"limit": "1e999"}, {"limit": "99999999999999999999"}, {"limit": "-1"}, {"since": "\udcff"},
+                  {"until": "9" * 400}, {"status": "x" * 2000}, {"model": ["a"] * 100}):
+        r = await client.get("/captures", params=query)
+        assert r.status < 500, (query, r.status)
+        if r.status >= 400:
+            assert set(await r.json()) == {"error"}
+    for cid in ("x" * 2000, "%00", "../../etc/passwd", "\u202e"):
+        r = await client.get(f"/captures/{cid}")
+        # "../.." is resolved by the client to another path, no route's: a 404 all the same
+        assert r.status == 404 and (await r.json())["error"]["code"] in ("capture_not_found", "not_found")
