@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import __version__
+from .models.adapternames import qualified
 from .models.config import Config, ConfigError, find_config_path, load_config
 from .models.discovery import INFO_CACHE
 from .models.ggufmeta import ModelFileError
@@ -192,7 +193,8 @@ def cmd_models(args: argparse.Namespace) -> int:
     for spec in registry.specs():
         names = registry.names_of(spec)
         row: dict[str, Any] = {"name": spec.name, "aliases": names[1:], "source": spec.source, "file": str(spec.path),
-               "conflicts": {n: [str(p) for p in lost] for n, lost in registry.conflicts_won(spec).items()}}
+               "conflicts": {n: [str(p) for p in lost] for n, lost in registry.conflicts_won(spec).items()},
+               "loras": _adapters(spec)}
         if spec.path is None:  # served elsewhere, or by replicas: nothing on disk to read
             row.update(size=None, architecture=None, quantization=None, context_length=None, error=None,
                        tool_format=None, memory_estimate=None, media=[], file=_served_by(spec))
@@ -233,12 +235,21 @@ def cmd_models(args: argparse.Namespace) -> int:
                           r["quantization"] or "?", r["tool_format"] or "none", "+".join(r["media"]) or "-",
                           r["file"]))
     widths = [max(len(line[i]) for line in table) for i in range(8)]
-    for line in table:
+    print("  ".join(c.ljust(w) for c, w in zip(table[0], widths)) + "  " + table[0][8])
+    for line, r in zip(table[1:], rows):
         print("  ".join(c.ljust(w) for c, w in zip(line, widths)) + "  " + line[8])
+        for a in r["loras"]:  # each adapter under its model, by the name a request gives it
+            print(f"  + {a['model']}  (LoRA, scale {a['scale']:g}, {a['source']})  {a['path']}")
     for r in rows:
         for name, lost in r["conflicts"].items():
             print(f"name {name!r}: {r['file']} won over {', '.join(lost)}")
     return 0
+
+
+def _adapters(spec) -> list[dict[str, Any]]:
+    """A model's LoRA adapters by name (``ModelSpec.loras``), as ``/models`` lists them."""
+    return [{"name": a.name, "model": qualified(spec.name, a.name), "path": str(a.path), "scale": a.scale,
+             "source": a.source} for a in spec.loras]
 
 
 def _served_by(spec) -> str:

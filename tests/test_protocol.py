@@ -28,7 +28,8 @@ def test_every_event_kind_reads_back_as_itself():
               ipc.Done(1, "stop", "\n", 3, 7, 0), ipc.Error(4, 400, "no", "prompt", "bad"),
               ipc.Tokens(5, [1, 2], ["a", "b"]), ipc.Tokens(6, [1], None),
               ipc.Detokenized(7, "ab"), ipc.Prompt(8, "<s>hi"), ipc.Embeddings(9, [[0.5, -1.0]], 2),
-              ipc.CacheHeld(3 * 2**30), ipc.CacheHeld(0, 10)]
+              ipc.CacheHeld(3 * 2**30), ipc.CacheHeld(0, 10),
+              ipc.Adapted(11, [{"id": 0, "name": "a", "path": "/x/a.gguf", "scale": 0.5}])]
     assert {type(e) for e in events} == set(ipc._KINDS.values())
     for event in events:
         assert ipc.decode_event(ipc.encode_event(event)[4:]) == event
@@ -40,9 +41,11 @@ def test_every_command_reads_back_as_itself():
                 ipc.Generate(1, ipc.GenerationRequest(messages=[{"role": "user", "content": "é"}],
                                                                 stop=["\n"], json_schema={"type": "object"})),
                 ipc.Generate(2, ipc.GenerationRequest(prompt_tokens=[1, 2], deadline=1.5)),
+                ipc.Generate(3, ipc.GenerationRequest(prompt="x", adapter="a", lora=[(0, 0.5), (2, 1.0)])),
                 ipc.Cancel(3), ipc.Tokenize(4, ipc.PromptRequest(prompt="hi", param="content"), True),
                 ipc.Detokenize(5, [1, 2]), ipc.ApplyTemplate(6, ipc.PromptRequest(messages=[])),
-                ipc.Threads(2), ipc.Embed(7, ["a", [1, 2]]), ipc.TrimCache(8, 2**30), ipc.Exit()]
+                ipc.Threads(2), ipc.Embed(7, ["a", [1, 2]]), ipc.TrimCache(8, 2**30),
+                ipc.Adapt(9, "load", "a", "/x/a.gguf", 0.5), ipc.Adapt(10, "scales", scales=[(0, 1.0)]), ipc.Exit()]
     assert {type(c) for c in commands} == set(ipc._OPS.values())
     for command in commands:
         assert ipc.decode_command(ipc.encode_command(command)[4:]) == command

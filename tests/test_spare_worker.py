@@ -1,4 +1,4 @@
-"""The spare worker (``engine.client.Spare``): a worker process started after each load, its
+"""The spare worker (``engine.spawning.Spare``): a worker process started after each load, its
 interpreter up and llama.cpp imported, that the next load takes instead of starting one."""
 
 import asyncio

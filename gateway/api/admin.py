@@ -89,6 +89,7 @@ def describe(registry: Registry, spec) -> dict[str, Any]:
         "quantization": info.quantization if info else None,
         "context_length": info.context_length if info else None,
         "n_ctx": backend.info.get("n_ctx") if backend else None,
+        "loras": model.adapters.table(spec),  # its LoRA adapters, in the ids of /lora-adapters
         **served_by(registry, spec, backend),
     }
 
@@ -117,7 +118,7 @@ def downloading_row(pull: dict[str, Any]) -> dict[str, Any]:
             "progress": round(pull["completed"] / total, 4) if total else 0.0, "error": None, "retry_after": None,
             "in_flight": 0, "queued": 0, "slots": None, "device": None, "pid": None, "memory_bytes": None,
             "memory_estimate": None, "memory_allocated": None, "file_size": total or None, "architecture": None,
-            "quantization": None, "context_length": None, "n_ctx": None, "download": pull}
+            "quantization": None, "context_length": None, "n_ctx": None, "loras": [], "download": pull}
 
 
 async def list_models(request: web.Request) -> web.Response:

@@ -34,6 +34,13 @@ _ENCODINGS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "defla
 
 async def read_json_object(request: web.Request) -> dict[str, Any]:
     """The request's body as a JSON object, checked as the module says; raises ``ApiError``."""
+    body: dict[str, Any] = await read_json(request)
+    return body
+
+
+async def read_json(request: web.Request, array: bool = False) -> Any:
+    """The request's body as a JSON object, or where ``array`` an object or an array
+    (llama-server's POST /lora-adapters), checked as the module says; raises ``ApiError``."""
     server = request.app[CONFIG].server
     try:
         if request.content.is_eof() or not server.body_timeout:  # all here already: no timer needed
@@ -59,8 +66,8 @@ async def read_json_object(request: web.Request) -> dict[str, Any]:
             capture.request_body(raw)  # as it came, where it could not be decoded
         encoding = "identity"
     if len(raw) > OFF_LOOP_BYTES:
-        return await asyncio.to_thread(parse_body, raw, encoding, server.max_body_bytes)
-    return parse_body(raw, encoding, server.max_body_bytes)
+        return await asyncio.to_thread(parse_body, raw, encoding, server.max_body_bytes, array)
+    return parse_body(raw, encoding, server.max_body_bytes, array)
 
 
 def check_content_type(headers: Mapping[str, str]) -> None:
@@ -87,11 +94,15 @@ def check_content_type(headers: Mapping[str, str]) -> None:
 _SIMPLE_TYPES = frozenset({"text/plain", "multipart/form-data", "application/x-www-form-urlencoded"})
 
 
-def parse_body(raw: bytes, encoding: str, limit: int) -> dict[str, Any]:
-    """Decode and parse one body (pure: a test calls it with bytes)."""
+def parse_body(raw: bytes, encoding: str, limit: int, array: bool = False) -> Any:
+    """Decode and parse one body (pure: a test calls it with bytes): a JSON object, or where
+    ``array`` an object or an array."""
     body = parse_json(decode(raw, encoding, limit))
+    if array and isinstance(body, list):
+        return body
     if not isinstance(body, dict):
-        raise InvalidRequest("The request body must be a JSON object", code="invalid_json")
+        raise InvalidRequest(f"The request body must be a JSON {'array or ' if array else ''}object",
+                             code="invalid_json")
     return body
 
 

@@ -14,6 +14,7 @@ from ..backends.local import Backend
 from ..base.errors import ApiError, InvalidRequest
 from ..server.events import observation
 from ..server.sse import EventStream
+from ..serving.registry import adapters_of
 from ..wire import answer, fim
 from ..wire import openai as oai
 from ..wire import props as props_wire
@@ -27,8 +28,11 @@ from .common import apply_limits, event_stream
 
 
 async def list_models(request: web.Request) -> web.Response:
+    """The models the key may use, each followed by its LoRA adapters as models of their own
+    (``BASE:ADAPTER``, its ``parent`` the base: vLLM's listing of adapters)."""
     data = []
-    for spec in visible(request.app[REGISTRY].specs()):
+    registry = request.app[REGISTRY]
+    for spec in visible(registry.specs()):
         try:
             created = int(spec.path.stat().st_mtime) if spec.path is not None else 0
         except OSError:
@@ -36,7 +40,10 @@ async def list_models(request: web.Request) -> web.Response:
         data.append({"id": spec.name, "object": "model", "created": created,
                      "owned_by": "local" if spec.local else "upstream" if spec.upstream else "replicas",
                      # beside text (llama-server's modalities; LM Studio calls such a model a vlm)
-                     "input_modalities": ["text", *request.app[REGISTRY].media(spec)]})
+                     "input_modalities": ["text", *registry.media(spec)]})
+        data += [{"id": f"{spec.name}:{a.name}", "object": "model", "created": created, "owned_by": "local",
+                  "parent": spec.name, "root": str(a.path), "input_modalities": data[-1]["input_modalities"]}
+                 for a in adapters_of(registry, spec)]
     return web.json_response({"object": "list", "data": data})
 
 

@@ -25,11 +25,13 @@ from ..engine.ipc import GenerationRequest, Start
 from ..models.config import ModelSpec
 from ..server.events import observation
 from ..server.sse import EventStream
+from ..serving.registry import picked_adapter
 from ..serving.supervisor import Progress
 from ..wire import answer, fim
 from ..wire import media as wire_media
 from ..wire.params import Parsed, apply_defaults, apply_effort
 from . import common, media
+from .appkeys import REGISTRY
 from .common import apply_limits, event_stream
 
 log = logging.getLogger(__name__)
@@ -87,7 +89,12 @@ async def lease(request: web.Request, parsed: Parsed, *, thinking: bool = True, 
     await media.ready(request, parsed)
     progress = load_progress(request, parsed.stream, failure) if failure is not None else None
     observation(request).request = parsed.request
-    async with common.lease(request, parsed.model, on_progress=progress) as (spec, backend):
+    name = parsed.model
+    if (picked := picked_adapter(request.app[REGISTRY], name)) is not None:  # BASE:ADAPTER: the base, that adapter on
+        name = picked[0].name
+        for req in parsed.requests:
+            req.adapter = picked[1]
+    async with common.lease(request, name, on_progress=progress) as (spec, backend):
         if on_lease is not None:
             on_lease(spec, backend)
         if parsed.request.suffix is not None:

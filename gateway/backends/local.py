@@ -155,12 +155,13 @@ def load_params(spec: ModelSpec, server: ServerConfig) -> LoadParams:
         settings["prompt_cache_bytes"] = default_prompt_cache(server.prompt_cache_bytes, mem.available if mem else None)
     return LoadParams(name=spec.name, path=str(spec.path), **settings,
                       embeddings=spec.embeddings or spec.reranker, stream_interval=server.stream_interval_ms / 1000,
-                      mmproj_optional=spec.source != "models.yaml", **kv_cache(spec, server))
+                      mmproj_optional=spec.source != "models.yaml", **kv_cache(spec, server),
+                      loras=tuple((a.name, str(a.path), a.scale, a.default) for a in spec.loras))
 
 
 class LocalWorkers:
     """The ``BackendFactory`` of a serving gateway: ``start_local``, each worker started from a
-    spare process made ready after the last load (``engine.client.Spare``), so that a model
+    spare process made ready after the last load (``engine.spawning.Spare``), so that a model
     switch does not wait for an interpreter and llama.cpp's import. ``close`` ends the spare."""
 
     def __init__(self, spare: bool = True):

@@ -17,19 +17,17 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import itertools
 import logging
 import os
 import signal
 import struct
-import sys
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from . import ipc
 from .ipc import Command, Error, Event
+from .spawning import LoadFailed, Spare, Spawned, spawn
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +35,7 @@ _LEN = struct.Struct(">I")
 SAVE_TIMEOUT = 120.0  # seconds a worker saving its KV caches at exit may take before it is killed
 # what ``ask`` sends: a command the worker answers with one event (embed included, unlike
 # ``prompts.PromptQuestion``, which the worker's prep threads answer without decoding)
-WorkerQuestion = ipc.Tokenize | ipc.Detokenize | ipc.ApplyTemplate | ipc.Embed
-
-
-class LoadFailed(Exception):
-    """The worker could not load its model; the message says why."""
+WorkerQuestion = ipc.Tokenize | ipc.Detokenize | ipc.ApplyTemplate | ipc.Embed | ipc.Adapt
 
 
 class RequestFailed(Exception):
@@ -51,81 +45,6 @@ class RequestFailed(Exception):
     def __init__(self, event: Error):
         super().__init__(event.message)
         self.event = event
-
-
-@dataclass
-class Spawned:
-    """A worker process and the gateway's ends of its pipes, before any command."""
-
-    proc: asyncio.subprocess.Process
-    cmd_w: int
-    ev_r: int
-
-    def discard(self) -> None:
-        if self.proc.returncode is None:
-            self.proc.kill()
-        for fd in (self.cmd_w, self.ev_r):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
-
-async def spawn() -> Spawned:
-    """A new worker process, which readies llama.cpp and waits for its ``Load``; raises
-    ``LoadFailed`` where none can start."""
-    cmd_r, cmd_w = os.pipe()
-    ev_r, ev_w = os.pipe()
-    try:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gateway.engine.worker", str(cmd_r), str(ev_w),
-            pass_fds=(cmd_r, ev_w), stdin=asyncio.subprocess.DEVNULL, stdout=2,
-            start_new_session=True,  # Ctrl-C in a terminal reaches the gateway, which stops workers
-        )
-    except OSError as e:  # cannot exec the interpreter (permissions, resources): a failed load
-        for fd in (cmd_w, ev_r):
-            os.close(fd)
-        raise LoadFailed(f"cannot start a model worker ({sys.executable}): {e.strerror or e}") from None
-    finally:
-        os.close(cmd_r)
-        os.close(ev_w)
-    return Spawned(proc, cmd_w, ev_r)
-
-
-class Spare:
-    """One worker process started ahead of need, its interpreter up and llama.cpp imported
-    (a few tenths of a second of a model switch), waiting for the next model to load. ``take``
-    gives it (or a new process, where none is ready); ``refill`` starts the next one."""
-
-    def __init__(self) -> None:
-        self._next: asyncio.Future[Spawned] | None = None
-
-    async def take(self) -> Spawned:
-        waiting, self._next = self._next, None
-        if waiting is not None:
-            try:
-                spawned = await waiting
-            except LoadFailed:
-                pass
-            else:
-                if spawned.proc.returncode is None:
-                    return spawned
-                spawned.discard()
-        return await spawn()
-
-    def refill(self) -> None:
-        if self._next is None:
-            self._next = asyncio.ensure_future(spawn())
-            self._next.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved in take
-
-    async def close(self) -> None:
-        waiting, self._next = self._next, None
-        if waiting is None:
-            return
-        try:
-            spawned = await waiting
-        except (LoadFailed, asyncio.CancelledError):
-            return
-        spawned.discard()
-        await spawned.proc.wait()
 
 
 class WorkerProcess:
@@ -496,3 +415,9 @@ class Generation(Events):
 
     def close(self) -> None:
         self.worker._release(self.id, self.finished)
+
+
+async def adapt(worker: WorkerProcess, action: str, **fields: Any) -> list[dict[str, Any]]:
+    """Read or change a worker's LoRA adapters (``ipc.Adapt``): the table as it now is; a refusal
+    raises ``RequestFailed``."""
+    return _expect(await worker.ask(lambda rid: ipc.Adapt(rid, action, **fields)), ipc.Adapted).adapters

@@ -16,6 +16,7 @@ import sys
 import time
 
 from . import checkpoints, ipc, kvcache, media
+from .adapters import AdapterSet
 from .generation import Generation
 from .kvcache import PromptCache
 from .model import Model
@@ -37,6 +38,9 @@ class Decoder(Generation):
         keep = model.params.prompt_cache_bytes
         self.cache = PromptCache(model.ll, model.ctx, keep) if keep and not model.params.embeddings else None
         self.last_step = 0.0  # seconds the last decode step took, sampling included
+        self.adapters = model.adapters
+        self.turns: dict[tuple[tuple[int, float], ...], int] = {}  # each adapter set's last step (``_turn``)
+        self.n_steps = 0
 
     def admit(self, rid: int, req: ipc.GenerationRequest, tokens: list[int], prompt_tail: str,
               runs: dict[int, media.Run] | None = None) -> Sequence:
@@ -48,8 +52,11 @@ class Decoder(Generation):
         max_tokens = req.max_tokens
         room = self.n_ctx - n_prompt
         chain = self.sampling.chain(req)  # before "start": a grammar that does not parse is a plain 400
+        chosen = self.adapters.chosen(req.adapter, req.lora)  # likewise: an adapter it does not have
+        chosen, alora_at = self.adapters.activated(chosen, tokens)
+        scope = self.adapters.scope(req.cache_scope, chosen, alora_at)  # a cache made under other adapters is not its
         cache = self.cache
-        choice = choose(self.free_slots(), cache.entries if cache else [], tokens, req.cache_scope, cache is not None)
+        choice = choose(self.free_slots(), cache.entries if cache else [], tokens, scope, cache is not None)
         slot = choice.slot
         if cache is not None:
             kept = cache.take(choice.kept) if choice.kept is not None else None  # safe from the room made below
@@ -63,13 +70,14 @@ class Decoder(Generation):
                 self.memory.release(slot)
                 slot.origin = kept.origin if cache.restore(kept, slot) else "slot"  # failed: empty
         # At least one prompt token is decoded, for fresh logits.
-        common = media.floor(runs or {}, min(reusable(slot, tokens, req.cache_scope), n_prompt - 1))
+        common = media.floor(runs or {}, min(reusable(slot, tokens, scope), n_prompt - 1))
         end, parked = self.memory.prepare(slot, tokens, common)
         if runs and media.floor(runs, end) != end:  # a checkpoint inside a picture: read it whole
             end, parked = self.memory.prepare(slot, tokens, media.floor(runs, end))
-        slot.scope = req.cache_scope
+        slot.scope = scope
         seq = slot.seq = Sequence(rid, req, tokens, slot, end, prompt_tail, chain,
                                   max_tokens if max_tokens is not None else room)
+        seq.adapters, seq.alora_at = chosen, alora_at
         seq.splices, seq.runs = parked, runs or {}
         self.speculate(seq, tokens)
         if self.n_swa and not self.swa_full and self.memory.keep_checkpoints:
@@ -146,6 +154,7 @@ class Decoder(Generation):
                 running.append(seq)
         if not running:
             return
+        running = self._turn(running)
         t0 = time.monotonic()
         generating = [seq for seq in running if seq.pending is not None]
         room = (self.n_batch - len(generating)) // max(1, len(generating))  # each one's share of the drafts
@@ -169,11 +178,30 @@ class Decoder(Generation):
                 budget -= self._read_media(seq, run)
                 continue
             end = media.next_start(seq.runs, seq.next, len(seq.tokens))
-            stop = min(seq.splices[0].prompt if seq.splices else end, seq.marks[0] if seq.marks else end, end)
+            stop = min(seq.splices[0].prompt if seq.splices else end, seq.marks[0] if seq.marks else end, end,
+                       seq.alora_at if seq.next < seq.alora_at else end)  # an aLoRA's start: a set of its own
             part = seq.tokens[seq.next:min(chunk_end(seq.next, self.n_batch, self.n_ubatch), stop)]
             self._decode([(seq, part, int(seq.next + len(part) == len(seq.tokens)))])
             budget -= len(part)
         self.last_step = time.monotonic() - t0
+
+    def _turn(self, running: list[Sequence]) -> list[Sequence]:
+        """The running sequences this step decodes, their adapters set on the context: all of them
+        where they share one LoRA set (llama.cpp applies a set to a whole decode), else those of
+        the set that has waited longest for a step, so that every set progresses: the sets take
+        turns, as many steps each."""
+        if not self.adapters.table and not self.adapters.current:
+            return running
+        groups: dict[tuple[tuple[int, float], ...], list[Sequence]] = {}
+        for seq in running:
+            groups.setdefault(tuple((id(a), s) for a, s in _set_of(seq)), []).append(seq)
+        key = min(groups, key=lambda k: (self.turns.get(k, -1), min(s.order for s in groups[k])))
+        self.n_steps += 1
+        self.turns = {k: self.turns.get(k, -1) for k in groups}  # only the sets running now are kept
+        self.turns[key] = self.n_steps
+        turn = groups[key]
+        self.adapters.apply(_set_of(turn[0]))
+        return turn
 
     def _decode(self, chunks: list[tuple[Sequence, list[int], int]]) -> None:
         """One llama_decode of ``chunks`` (sequence, tokens, how many of its last tokens' logits
@@ -222,3 +250,9 @@ class Decoder(Generation):
             while seq.marks and seq.marks[0] <= seq.next:
                 if seq.marks.pop(0) == seq.next:
                     self.memory.checkpoint(seq.slot)
+
+
+def _set_of(seq: Sequence) -> AdapterSet:
+    """The adapters ``seq``'s next decode runs under: its set, or the base's for the part of its
+    prompt before an aLoRA's start (``Adapters.activated``)."""
+    return () if seq.pending is None and seq.next < seq.alora_at else seq.adapters

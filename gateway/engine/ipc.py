@@ -19,6 +19,9 @@ by ``encode_command`` and read back by ``decode_command``; on the wire, {"op": K
                                                          gateway shares the CPUs among busy workers)
   {"op": "embed", "id": N, "inputs": [text or [ids], ...]}  queued like generate (embedding models)
   {"op": "trim_cache", "id": N, "max_bytes": B}         prompt cache down to B bytes (answer: cache_held)
+  {"op": "adapt", "id": N, "action": "list"|"load"|"unload"|"scales", ...}  the LoRA adapters:
+                                                         one loaded or dropped by name, or every default
+                                                         scale set (answer: adapted, or error)
   {"op": "exit"}                                         (EOF on the pipe means the same)
 
 Worker -> parent: each event is a class below (``Ready``, ``Start``, ``Text``, ``Done``, ``Error``,
@@ -38,6 +41,7 @@ Worker -> parent: each event is a class below (``Ready``, ``Start``, ``Text``, `
   {"ev": "embeddings", "id": N, "data": [[float, ...], ...], "prompt_tokens": P}
   or instead of start/done: {"ev": "error", "id": N, "status": S, "message": "...",
    "param": ..., "code": ...}  (a request the worker refused, e.g. a context overflow)
+  {"ev": "adapted", "id": N, "adapters": [{"id", "name", "path", "scale", ...}]}  the adapters now
   {"ev": "cache_held", "bytes": B, "id": N}  the prompt cache's size: where it changed (id 0), or
    the answer to trim_cache N (the gateway's placement counts it in the model's RAM)
 
@@ -54,7 +58,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import struct
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import PurePath
@@ -110,6 +113,9 @@ class LoadParams(LlamaSettings):
     # a projector discovery paired by folder: one llama.cpp refuses (made for another model there)
     # is left out with a warning, where one models.yaml names fails the load
     mmproj_optional: bool = False
+    # LoRA adapters loaded with the model and applied per request (``adapters``), after ``lora``'s:
+    # (name, path, the scale it gets when a request names it, the scale every request gets)
+    loras: tuple[tuple[str, str, float, float], ...] = ()
 
 
 @dataclass
@@ -179,6 +185,10 @@ class GenerationRequest:
     # name); a slot holding another scope's cache is read afresh
     cache_scope: str = ""
     media: list[Media] = field(default_factory=list)  # pictures and sounds, in the order of their markers
+    # the LoRA adapters it is decoded under (``adapters.Adapters.chosen``): ``adapter``, one the model's
+    # name picked (BASE:ADAPTER); ``lora``, llama-server's field as (id, scale) pairs; neither: the defaults
+    adapter: str | None = None
+    lora: list[tuple[int, float]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -264,14 +274,28 @@ class TrimCache:  # drop the prompt cache's least recently used states down to m
 
 
 @dataclass(slots=True)
+class Adapt:
+    """The model's LoRA adapters read (``list``) or changed at run time: ``load`` (``name`` from
+    ``path``, applied at ``scale`` when named), ``unload`` (``name``), or ``scales`` (every default
+    scale: those ``scales`` lists by id, the rest 0, as llama-server's POST /lora-adapters)."""
+
+    id: int
+    action: str
+    name: str = ""
+    path: str = ""
+    scale: float = 1.0
+    scales: list[tuple[int, float]] | None = None
+
+
+@dataclass(slots=True)
 class Exit:
     pass
 
 
-Command = Load | Generate | Cancel | Tokenize | Detokenize | ApplyTemplate | Threads | Embed | TrimCache | Exit
+Command = Load | Generate | Cancel | Tokenize | Detokenize | ApplyTemplate | Threads | Embed | TrimCache | Adapt | Exit
 _OPS: dict[str, type] = {"load": Load, "generate": Generate, "cancel": Cancel, "tokenize": Tokenize,
                          "detokenize": Detokenize, "apply_template": ApplyTemplate, "threads": Threads,
-                         "embed": Embed, "trim_cache": TrimCache, "exit": Exit}
+                         "embed": Embed, "trim_cache": TrimCache, "adapt": Adapt, "exit": Exit}
 
 
 _OP_FIELDS = {cls: (op, _nested(cls)) for op, cls in _OPS.items()}
@@ -417,16 +441,22 @@ class CacheHeld:  # the prompt cache's bytes in host memory (as its bound counts
     id: int = 0  # the TrimCache it answers; 0: sent where the size changed
 
 
+@dataclass(slots=True)
+class Adapted:  # the answer to ``Adapt``: the adapters as they now are (``Adapters.describe``)
+    id: int
+    adapters: list[dict[str, Any]]
+
+
 Event = (Ready | LoadFailed | LoadProgress | Start | Text | Thinking | CallDelta | Done | Error | Tokens | Detokenized
-         | Prompt | Embeddings | CacheHeld)
+         | Prompt | Embeddings | CacheHeld | Adapted)
 _KINDS: dict[str, type] = {"ready": Ready, "load_failed": LoadFailed, "progress": LoadProgress, "start": Start,
                            "text": Text, "thinking": Thinking, "call": CallDelta, "done": Done, "error": Error,
                            "tokens": Tokens, "detokenized": Detokenized, "prompt": Prompt, "embeddings": Embeddings,
-                           "cache_held": CacheHeld}
+                           "cache_held": CacheHeld, "adapted": Adapted}
 _NAMES = {cls: (name, tuple(f.name for f in fields(cls))) for name, cls in _KINDS.items()}
-TERMINAL = (Done, Error, Tokens, Detokenized, Prompt, Embeddings)  # the last event of a request
+TERMINAL = (Done, Error, Tokens, Detokenized, Prompt, Embeddings, Adapted)  # the last event of a request
 TEvent = TypeVar("TEvent", Ready, LoadFailed, LoadProgress, Start, Text, Thinking, CallDelta, Done, Error, Tokens,
-                 Detokenized, Prompt, Embeddings)
+                 Detokenized, Prompt, Embeddings, Adapted)
 
 
 def _encode(msg: dict[str, Any]) -> bytes:
@@ -467,33 +497,3 @@ def decode_event(data: bytes | bytearray) -> Event:
 
 def _floats(raw: bytes) -> tuple[float, ...]:
     return struct.unpack(f"<{len(raw) // 4}f", raw)
-
-
-# --- the pipes, worker side --------------------------------------------------------------------
-
-def read_command_blocking(fd: int) -> Command | None:
-    """One command from ``fd``, or None at end of file."""
-    header = _read_exact(fd, _HEADER.size)
-    if header is None:
-        return None
-    (n,) = _HEADER.unpack(header)
-    body = _read_exact(fd, n)
-    return None if body is None else decode_command(body)
-
-
-def _read_exact(fd: int, n: int) -> bytes | None:
-    chunks, got = [], 0
-    while got < n:
-        chunk = os.read(fd, n - got)
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
-
-
-def write_all_blocking(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]

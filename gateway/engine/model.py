@@ -14,13 +14,13 @@ import os
 import re
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from ..text import chat_template
 from ..text.reasoning import MARKER_TOKENS
 from ..text.toolformats import MARKER_TOKENS as CALL_MARKERS
 from . import device_probe, ggml, ipc, rpc
+from .adapters import Adapters
 from .drafting import Drafter, draft_params
 from .media import Projector
 from .settings import CACHE_TYPES, DEFAULT_N_CTX, embed_seqs
@@ -43,7 +43,11 @@ def _device(ll) -> str:
 # What llama.cpp reports it allocated ("CPU KV buffer size = 288.00 MiB"), by kind (model, KV,
 # compute, output) and device, in bytes: the measured side of ``memory.estimate``.
 BUFFERS: dict[str, dict[str, int]] = {}
-_BUFFER_LINE = re.compile(r"(\S+)\s+(model|KV|compute|output) buffer size =\s+([\d.]+) MiB")
+_BUFFER_LINE = re.compile(r"(\S+)\s+(model|KV|compute|output|LoRA) buffer size =\s+([\d.]+) MiB")
+# llama.cpp's latest error lines: where a call fails it often says why only in its log (a LoRA
+# adapter made for another model)
+ERRORS: list[str] = []
+MAX_ERRORS = 64
 _PROJECTOR_LINE = re.compile(r"CLIP using (?P<backend>\S+) backend|model size:\s+(?P<mib>[\d.]+) MiB"
                              r"|(?P<device>\S+) compute buffer size =\s+(?P<cmib>[\d.]+) MiB")
 
@@ -59,6 +63,8 @@ def _silence_llama_logs(llama_cpp) -> None:
         line = text.decode("utf-8", "replace")
         if level == ggml_log_level_error:
             sys.stderr.write(line)
+            ERRORS.append(line[:1000])
+            del ERRORS[:-MAX_ERRORS]
         elif "buffer size" in line and (m := _BUFFER_LINE.search(line)):
             device, kind = m.group(1).split("_")[0].lower(), m.group(2).lower()
             per_kind = BUFFERS.setdefault(kind, {})
@@ -219,7 +225,7 @@ class Model:
         if not self.ctx:
             raise RuntimeError(f"llama.cpp could not create a context of {cp.n_ctx} tokens for {params.path} "
                                "(not enough memory?)")
-        self.loras = self._lora(params.lora)
+        self.adapters = Adapters(ll, self.handle, self.ctx, params, ERRORS)
         self.n_embd = ll.llama_model_n_embd(self.handle)
         # the attention window of its sliding-window layers (0: none), whatever ``swa_full`` says: a
         # state loaded back holds only the window, as llama.cpp writes no cell the window masks
@@ -254,26 +260,6 @@ class Model:
                     raise
                 print(f"gguf-gateway worker: {e}; serving {params.name} without it", file=sys.stderr, flush=True)
 
-    def _lora(self, adapters: tuple[tuple[Path, float], ...]) -> list[Any]:
-        """Load the LoRA adapters and set them on the context (each with its scale); raises
-        on one llama.cpp refuses (not a LoRA, or made for another model)."""
-        ll = self.ll
-        if not adapters:
-            return []
-        loaded = []
-        for path, _ in adapters:
-            existing(path, "the LoRA adapter")
-            adapter = ll.llama_adapter_lora_init(self.handle, str(path).encode())
-            if not adapter:
-                raise RuntimeError(f"llama.cpp could not load the LoRA adapter {path} (not a LoRA GGUF, or made "
-                                   "for another model)")
-            loaded.append(adapter)
-        array = (ll.llama_adapter_lora_p_ctypes * len(loaded))(*loaded)
-        scales = (ctypes.c_float * len(loaded))(*(scale for _, scale in adapters))
-        if ll.llama_set_adapters_lora(self.ctx, array, len(loaded), scales) != 0:
-            raise RuntimeError("llama.cpp could not set the LoRA adapters on the context")
-        return loaded
-
     def set_threads(self, n: int) -> None:
         """Use ``n`` CPU threads from the next decode on (never more than configured)."""
         n = max(1, min(n, self.threads))
@@ -298,7 +284,7 @@ class Model:
             "n_batch": self.cp.n_batch, "n_ubatch": self.cp.n_ubatch, "n_threads_batch": self.cp.n_threads_batch,
             "kv_unified": bool(self.cp.kv_unified), "n_ctx_total": self.ll.llama_n_ctx(self.ctx),
             "rope_freq_base": self.cp.rope_freq_base or None, "rope_freq_scale": self.cp.rope_freq_scale or None,
-            "lora": len(self.loras), "cache_reuse": self.cache_reuse,
+            "lora": len(self.adapters.table), "adapters": self.adapters.describe(), "cache_reuse": self.cache_reuse,
             "draft": str(self.params.draft) if self.drafter is not None else None,
             # what its projector encodes (``mmproj``)
             "vision": bool(self.projector and self.projector.vision),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 
-from . import ipc
+from . import ipc, pipes
 
 
 class Outbox:
@@ -41,6 +41,6 @@ class Outbox:
             return
         data, self.frames, self.urgent, self.holding = b"".join(self.frames), [], False, False
         try:
-            ipc.write_all_blocking(self.fd, data)
+            pipes.write_all_blocking(self.fd, data)
         except (BrokenPipeError, OSError):
             os._exit(0)  # the gateway is gone

@@ -248,6 +248,8 @@ class Sequence:
             self.budget = req.thinking_budget
         self.n_thinking = 0
         self.forced: list[int] = []
+        self.adapters: tuple[tuple[Any, float], ...] = ()  # its LoRA set (``adapters.Adapters.chosen``)
+        self.alora_at = 0  # where that set starts, an aLoRA's (before: the base's; ``Adapters.activated``)
 
     def watch_thinking(self, piece: bytes, tokenize: Callable[..., list[int]]) -> None:
         """Count the answer's thinking tokens (a budget of N lets N through); at the budget, queue

@@ -1,5 +1,5 @@
 """Values read back from JSON as the types their dataclass fields name, where JSON has no such
-type: a tuple, a path, a dataclass (an object), a list of dataclasses. The typed messages
+type: a tuple, a path, a dataclass (an object), a list of either. The typed messages
 between the gateway and a worker (``ipc``) are read through it."""
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ def _from_json(tp: Any) -> Callable[[Any], Any] | None:
     if origin is list and args and is_dataclass(args[0]):
         read = _reader(args[0])
         return lambda v: [read(x) for x in v]
+    if origin is list and args and (each := _from_json(args[0])) is not None:  # a list of tuples
+        return lambda v: [each(x) for x in v]
     if origin is tuple:
         if len(args) == 2 and args[1] is Ellipsis:
             item = _from_json(args[0])
@@ -51,7 +53,8 @@ def _reader(cls: Any) -> Callable[[dict[str, Any]], Any]:
 
 
 def nested(cls: type) -> tuple[tuple[str, Callable[[dict[str, Any]], Any] | None], ...]:
-    """A command's fields, each with the reader of the dataclass it holds (sent as a JSON object)
-    or None."""
+    """A command's fields, each with the reader of the dataclass it holds (sent as a JSON object),
+    or of the type JSON has not (a list of tuples), or None."""
     hints = get_type_hints(cls)
-    return tuple((f.name, _reader(hints[f.name]) if is_dataclass(hints[f.name]) else None) for f in fields(cls))
+    return tuple((f.name, _reader(hints[f.name]) if is_dataclass(hints[f.name]) else _from_json(hints[f.name]))
+                 for f in fields(cls))

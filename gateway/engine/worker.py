@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from . import embedding, ipc, kvcache
+from . import embedding, ipc, kvcache, pipes
 from .decoding import Decoder
 from .embedding import Embedder
 from .model import Model, prepare
@@ -120,7 +120,7 @@ class Worker:
     def _read(self) -> None:
         while True:
             try:
-                msg = ipc.read_command_blocking(self.cmd_fd)
+                msg = pipes.read_command_blocking(self.cmd_fd)
             except OSError:
                 msg = None
             self.inbox.put(msg)
@@ -175,6 +175,11 @@ class Worker:
                 if self.decoder is not None and self.decoder.cache is not None:
                     self.decoder.cache.trim(n)
                 self._tell_cache(rid)
+            case ipc.Adapt() if self.model is not None:  # between two steps: no decode sees it half done
+                try:
+                    self.out.send(ipc.Adapted(msg.id, self.model.adapters.change(msg)))
+                except Refused as r:
+                    self.out.send(r.event(msg.id))
             case ipc.Tokenize() | ipc.Detokenize() | ipc.ApplyTemplate() if self.model is not None:
                 self.asking[msg.id] = False
                 self.prep.submit(self._answer, msg)
@@ -322,6 +327,8 @@ class Worker:
             self._admit(decoder)
             if decoder.active():
                 decoder.step()
+            if model.adapters.retired:  # dropped at run time: freed once no sequence uses them
+                model.adapters.collect(seq.adapters for seq in decoder.active())
             elif embedder is not None and embedder.busy:
                 self._embed(embedder)
             # Held text goes out once waiting for the next step would hold it past the interval:

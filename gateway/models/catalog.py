@@ -19,7 +19,7 @@ import os
 import time
 from pathlib import Path
 
-from . import discovery, testmodels
+from . import adapternames, discovery, testmodels
 from .config import Config, ModelSpec, normalize_name
 from .ggufmeta import GGUFInfo, ModelFileError
 
@@ -61,7 +61,7 @@ class ModelCatalog:
             won = list(dict.fromkeys(won))
             spec = ModelSpec(name=won[0], path=f.path, aliases=tuple(won[1:]), source=f.source, mmproj=f.mmproj,
                              embeddings=bool(f.info and f.info.pooling and not f.info.reranker),
-                             reranker=bool(f.info and f.info.reranker))
+                             reranker=bool(f.info and f.info.reranker), loras=tuple(f.loras))
             self.found[spec.name] = f
             for n in won:
                 discovered[normalize_name(n)] = spec
@@ -140,6 +140,22 @@ class ModelCatalog:
 
     def specs(self) -> list[ModelSpec]:
         return list(self._specs)
+
+    def adapter(self, name: object) -> tuple[ModelSpec, str] | None:
+        """The model and the LoRA adapter of its own (``ModelSpec.loras``) that ``name`` means:
+        ``MODEL:ADAPTER``, or an adapter's name alone that one model has (``adapternames.resolve``);
+        None for a name that is a model's own (``get``: asked before the tag fallback of
+        ``resolve``, which takes ``MODEL:ADAPTER`` for MODEL) and for one that means no adapter."""
+        if not isinstance(name, str) or self.get(normalize_name(name)) is not None:
+            return None
+        return adapternames.resolve(name, self.resolve, adapternames.configured, self._specs)
+
+    @classmethod
+    def adapters(cls, spec: ModelSpec) -> list[GGUFInfo]:
+        """The headers of the LoRA adapters a local model loads with (``lora``, then ``loras``), for
+        its memory estimate; one that cannot be read is left out (its load says why)."""
+        paths = [path for path, _ in spec.lora] + [a.path for a in spec.loras]
+        return [info for info in map(cls.header, paths) if info is not None]
 
     def names_of(self, spec: ModelSpec) -> list[str]:
         """Every name that resolves to ``spec``, its own name first (glob aliases not included)."""

@@ -13,6 +13,15 @@ under names in two classes:
   say; a Hugging Face one also with its host, ``hf.co/org/repo:QUANT``, and by its path in the
   repo, ``org/repo/FILE.gguf``: the names it is pulled by);
 - fallback: the architecture (``qwen3``), used only where no explicit name claims it.
+A LoRA adapter is no model of its own: it goes with the models it fits in its folder, or in the
+folder above where it lies in a subfolder named ``loras`` or ``adapters`` (``adapterpairing``: the
+same architecture, tensors of shapes llama.cpp takes), as ``Found.loras``, which requests name
+as ``MODEL:ADAPTER`` (its file's stem)::
+
+    ~/models/qwen3-8b.gguf          the model
+    ~/models/pirate.gguf            qwen3-8b:pirate
+    ~/models/loras/concise.gguf     qwen3-8b:concise
+
 When several files claim a name, the winner is the first by (class, reached through a
 symbolic link or not, root order, path depth, path), so every scan gives the same answer and a
 link dropped into a folder cannot take a name from a model file there; ``Catalog.conflicts``
@@ -33,7 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..base import strictjson
-from .config import normalize_name
+from . import adapterpairing
+from .config import AdapterSpec, normalize_name
 from .ggufmeta import SPLIT_RE, GGUFInfo, ModelFileError, read_info
 
 log = logging.getLogger(__name__)
@@ -66,6 +76,7 @@ class Found:
     error: str | None = None
     linked: bool = False  # reached through a symbolic link (where the store's own layout has none)
     mmproj: Path | None = None  # its projector (pictures, sounds): Ollama's layer, or one beside it
+    loras: list[AdapterSpec] = field(default_factory=list)  # the LoRA adapters beside it that fit it
 
     @property
     def source(self) -> str:
@@ -248,6 +259,7 @@ def scan(roots: list[Root]) -> list[Found]:
             chosen[real] = found
     out: list[Found] = []
     projectors: dict[Path, list[Path]] = {}  # folder -> the projectors in it
+    adapters: list[Found] = []
     for real, found in candidates:
         if chosen[real] is found:
             try:
@@ -260,8 +272,11 @@ def scan(roots: list[Root]) -> list[Found]:
             if info.architecture in NOT_MODELS or info.kind in NOT_MODELS:
                 projectors.setdefault(found.path.parent, []).append(found.path)
                 continue  # projectors are not models to serve, but go with the models beside them
-            if info.kind == "adapter" or info.n_tensors == 0:
-                continue  # nor are LoRA adapters and vocab-only files
+            if info.kind == "adapter":
+                adapters.append(found)  # nor are LoRA adapters, which go with the models they fit
+                continue
+            if info.n_tensors == 0:
+                continue  # nor are vocab-only files
             if found.root.kind == "lmstudio" and info.quantization and len(found.names) > 1:
                 found.names.append(f"{found.names[1]}:{info.quantization.lower()}")
             elif found.root.kind == "huggingface" and info.quantization and len(found.names) > 1:
@@ -272,6 +287,10 @@ def scan(roots: list[Root]) -> list[Found]:
     for found in out:
         if found.mmproj is None and found.root.kind != "ollama":
             found.mmproj = pair(projectors.get(found.path.parent, []))
+    loras = adapterpairing.pair([(f.path, f.info) for f in out if f.info is not None],
+                                [(a.path, a.info) for a in adapters if a.info is not None])
+    for found in out:
+        found.loras = loras.get(found.path, [])
     return out
 
 

@@ -33,6 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import tensorplaces
+from .tensorplaces import Weights
+
 SPLIT_RE = re.compile(r"^(?P<stem>.*)-(?P<part>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
 
 # What one header may hold. Real models have tens of keys and at most a few thousand tensors;
@@ -62,6 +65,9 @@ MAX_TEMPLATE_BYTES = 1 << 20
 MAX_LAYERS = 4096
 MAX_EXPERTS = 4096
 U32_MAX = 2**32 - 1
+# A LoRA adapter's tensors, which ``GGUFInfo.tensors`` keeps (pairing and the estimate read them):
+# one over every matrix of a 128-layer model has about 2,600.
+MAX_ADAPTER_TENSORS = 1 << 14
 
 # The architecture's numbers the gateway reads (``GGUFInfo.shape``: its keys less the
 # architecture's prefix; the memory estimate computes with them): each must be a whole number
@@ -113,6 +119,11 @@ class StringLength(int):
     """A string's place in the metadata where it is not read: its length in bytes."""
 
 
+# A tensor as its header gives it: name, dimensions in ggml's order (``ne[0]``, a row's length,
+# first) and its data's bytes.
+Tensor = tuple[str, tuple[int, ...], int]
+
+
 @dataclass(frozen=True)
 class GGUFInfo:
     path: Path
@@ -147,6 +158,8 @@ class GGUFInfo:
     # attention.head_count_kv, ...), without the prefix, each within its bound; a per-layer
     # array is left out
     shape: dict[str, int | float] = field(default_factory=dict)
+    adapter_type: str | None = None  # an adapter's adapter.type: "lora" (llama.cpp loads no other by name)
+    tensors: tuple[Tensor, ...] = ()  # an adapter's (at most MAX_ADAPTER_TENSORS); none kept for other files
 
 
 def split_parts(path: Path) -> list[Path]:
@@ -181,7 +194,7 @@ def quantization_name(file_type: int | None) -> str | None:
 # template by any name (tokenizer.chat_template.tool_use, ...) is bounded as the template is.
 _READ_STRINGS = {"general.architecture": MAX_NAME_BYTES, "general.name": MAX_NAME_BYTES,
                  "general.size_label": MAX_NAME_BYTES, "general.type": MAX_NAME_BYTES,
-                 "tokenizer.chat_template": MAX_TEMPLATE_BYTES}
+                 "adapter.type": MAX_NAME_BYTES, "tokenizer.chat_template": MAX_TEMPLATE_BYTES}
 _TEMPLATES = "tokenizer.chat_template"
 
 
@@ -280,48 +293,15 @@ class _Walker:
         raise self.fail(f"{_said(key)}: unknown metadata value type {vtype}")
 
 
-@dataclass
-class _Weights:
-    """Tensor data bytes by place (``GGUFInfo.layer_bytes`` and its neighbours)."""
-
-    layers: dict[int, int] = field(default_factory=dict)
-    input: int = 0
-    output: int = 0
-    has_output_head: bool = False
-
-    @property
-    def total(self) -> int:
-        return sum(self.layers.values()) + self.input + self.output
-
-    def add(self, name: bytes, layer: int | None, nbytes: int) -> None:
-        if layer is not None:
-            self.layers[layer] = self.layers.get(layer, 0) + nbytes
-        elif name.split(b".")[0] in _INPUT_TENSORS:
-            self.input += nbytes
-        else:
-            self.output += nbytes
-            self.has_output_head |= name == b"output.weight"
-
-    def merge(self, other: _Weights) -> None:
-        for layer, n in other.layers.items():
-            self.layers[layer] = self.layers.get(layer, 0) + n
-        self.input += other.input
-        self.output += other.output
-        self.has_output_head |= other.has_output_head
-
-
-_LAYER_TENSOR = re.compile(rb"blk\.(\d+)\.")
 # an architecture's name is a word: llama.cpp names its own (LLM_ARCH_NAMES) in lowercase
 # letters, digits, "-" and "_", and loads no other
 _ARCHITECTURE = re.compile(r"[\w.-]+", re.ASCII)
-# llama.cpp's input layer (LLM_TENSOR_LAYER_INPUT): kept on the CPU whatever n_gpu_layers says
-_INPUT_TENSORS = frozenset({b"token_embd", b"token_embd_norm", b"token_types", b"position_embd",
-                            b"per_layer_token_embd"})
 
 
-def _walk(path: Path) -> tuple[dict[str, Any], int, _Weights]:  # (metadata, tensor count, tensor data bytes)
+def _walk(path: Path, tensors: list[Tensor] | None = None) -> tuple[dict[str, Any], int, Weights]:
     """Header metadata (numbers, the strings read, arrays and other strings as their lengths),
-    checked against the file size and the bounds above."""
+    checked against the file size and the bounds above; the tensors' count and data bytes, and
+    each ``Tensor`` appended to ``tensors`` where given."""
     import gguf
 
     try:
@@ -364,7 +344,7 @@ def _walk(path: Path) -> tuple[dict[str, Any], int, _Weights]:  # (metadata, ten
             if align_type is not None and (align_type != w.T.UINT32 or not align or align & (align - 1)):
                 raise ModelFileError(f"{path}: general.alignment must be a power of two, as a uint32")
             # Tensor infos: the data they describe must lie inside the file.
-            end, weights = 0, _Weights()
+            end, weights = 0, Weights()
             for _ in range(n_tensors):
                 name = w.string(MAX_TENSOR_NAME_BYTES, "a tensor's name")
                 n_dims = w.take("I")
@@ -382,14 +362,15 @@ def _walk(path: Path) -> tuple[dict[str, Any], int, _Weights]:  # (metadata, ten
                 if (dims[0] if dims else 1) % block:  # llama.cpp refuses it too
                     raise ModelFileError(f"{path}: tensor {_shown(name)} has rows of {dims[0] if dims else 1} "
                                          f"elements, not a multiple of its type's block of {block}")
-                m = _LAYER_TENSOR.match(name)
-                layer = int(m.group(1)) if m else None
+                layer = tensorplaces.layer(name)
                 if layer is not None and layer >= MAX_LAYERS:
                     raise ModelFileError(f"{path}: tensor {_shown(name)} is in layer {layer:,}: more layers than "
                                          f"any real model has (at most {MAX_LAYERS:,})")
                 nbytes = elements // block * type_size
                 end = max(end, offset + nbytes)
                 weights.add(name, layer, nbytes)
+                if tensors is not None:
+                    tensors.append((name.decode("utf-8", "replace"), tuple(dims), nbytes))
             data_start = -(-w.pos // align) * align
             if n_tensors and data_start + end > size:
                 raise ModelFileError(f"{path}: truncated tensor data (the header needs {data_start + end} bytes, "
@@ -433,7 +414,8 @@ def read_info(path: str | Path) -> GGUFInfo:
     import gguf
 
     path = Path(path)
-    meta, n_tensors, weights = _walk(path)
+    tensors: list[Tensor] = []
+    meta, n_tensors, weights = _walk(path, tensors)
     arch = meta.get("general.architecture")
     if not isinstance(arch, str):
         raise ModelFileError(f"{path}: no general.architecture in the GGUF header")
@@ -454,6 +436,10 @@ def read_info(path: str | Path) -> GGUFInfo:
         v = meta.get(key)
         return v if isinstance(v, str) else None
 
+    adapter = meta.get("general.type") == "adapter"
+    if adapter and n_tensors > MAX_ADAPTER_TENSORS:
+        why = _beyond("a LoRA adapter's count of tensors", n_tensors, MAX_ADAPTER_TENSORS)
+        raise ModelFileError(f"{path}: {why}")
     tokens = meta.get("tokenizer.ggml.tokens")
     return GGUFInfo(
         path=path,
@@ -481,4 +467,15 @@ def read_info(path: str | Path) -> GGUFInfo:
         n_vocab=int(tokens) if isinstance(tokens, ArrayLength) and tokens.etype == gguf.GGUFValueType.STRING else 0,
         fim=all(type(meta.get(f"tokenizer.ggml.fim_{k}_token_id")) is int for k in ("pre", "suf", "mid")),
         shape={k: v for k, v in numbers.items() if k in SHAPE_BOUNDS and type(v) is int},
+        adapter_type=text("adapter.type"),
+        tensors=tuple(tensors) if adapter else (),
     )
+
+
+def tensor_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
+    """Each tensor's dimensions (ggml's order) by name, in every file of a split model: the header
+    walked again (bounded as ``read_info``'s walk), for what pairs an adapter with its model."""
+    tensors: list[Tensor] = []
+    for part in split_parts(Path(path)):
+        _walk(part, tensors)
+    return {name: dims for name, dims, _ in tensors}

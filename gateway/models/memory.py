@@ -15,6 +15,10 @@ llama.cpp's ``load_tensors`` does: the input layer (token embeddings) on the CPU
   (one pool of ``n_ctx`` with ``kv_unified``), rounded up to llama.cpp's 256. A sliding-window
   layer (``swa_layers``) without ``swa_full`` holds only its window and a micro-batch per slot,
   as llama.cpp sizes it.
+- LoRA adapters (``lora``, ``loras``: every adapter a load opens): each adapter tensor's bytes in
+  the pool of the model tensor it adapts (llama.cpp allocates it in that tensor's buffer type, a
+  repacked CPU type falling back to the CPU's: ``llama_adapter_lora_init``), each padded to its
+  buffer's alignment (``LORA_ALIGNMENT``); ``*_norm.weight`` tensors llama.cpp does not load.
 - checkpoints: a sliding-window model's context checkpoints without ``swa_full``, in RAM
   (``ctx_checkpoints`` per slot, each one window of those layers): the worker's copies, beside
   llama.cpp's buffers.
@@ -48,6 +52,7 @@ from typing import Any
 from ..engine.settings import CACHE_TYPES, DEFAULT_N_CTX
 from ..engine.topology import HOST_KINDS, Device
 from ..hardware.sysmem import RAM
+from . import tensorplaces
 from .config import ModelSpec
 from .ggufmeta import GGUFInfo, shape_problem
 
@@ -57,6 +62,11 @@ COMPUTE_OVERHEAD = 4 * 2**20  # llama.cpp's graph buffers beyond the rows counte
 # showed about this much in nvidia-smi.
 GPU_CONTEXT = 512 * 2**20
 RPC = "rpc"
+# What ggml pads each tensor of a buffer to (``ggml_backend_alloc_ctx_tensors_from_buft``): the
+# buffer type's alignment, 32 bytes for the CPU's (TENSOR_ALIGNMENT); a GPU's is its backend's
+# (128 for CUDA, the largest of ggml's GPU backends), which is taken for every other pool.
+LORA_ALIGNMENT = {RAM: 32}
+GPU_ALIGNMENT = 128
 
 
 # llama.cpp's sliding-window layer pattern by architecture (``load_swa_pattern`` in each of its
@@ -93,15 +103,16 @@ class Estimate:
     checkpoints: int = 0  # context checkpoints in RAM (the worker's, beside llama.cpp's buffers)
     projector: int = 0  # a multimodal projector's weights and its encoder's buffers (``projector_bytes``)
     draft: int = 0  # a speculative decoding draft model's whole estimate (``with_draft``)
+    lora: int = 0  # the LoRA adapters' tensors (``lora_bytes``), where the tensors they adapt lie
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv + self.compute + self.checkpoints + self.projector + self.draft
+        return self.weights + self.kv + self.compute + self.checkpoints + self.projector + self.draft + self.lora
 
     def describe(self) -> dict[str, Any]:
         return {"weights": self.weights, "kv_cache": self.kv, "compute": self.compute,
                 "checkpoints": self.checkpoints, "projector": self.projector, "draft": self.draft,
-                "total": self.total, "devices": dict(self.devices)}
+                "lora": self.lora, "total": self.total, "devices": dict(self.devices)}
 
     def with_draft(self, draft: Estimate) -> Estimate:
         """This estimate and a draft model's (loaded beside the model, a sequence per slot)."""
@@ -170,12 +181,33 @@ def projector_bytes(info: GGUFInfo) -> int:
     return info.weight_bytes + compute + COMPUTE_OVERHEAD
 
 
+def lora_bytes(adapter: GGUFInfo, pools: Sequence[str]) -> dict[str, int]:
+    """What a LoRA adapter takes loaded, by pool (pure): each of its ``lora_a`` / ``lora_b``
+    tensors (``GGUFInfo.tensors``) in the pool of the model tensor it adapts: a repeating layer's
+    ``pools[N]``, the input layer's RAM, the output layer's ``pools[-1]`` (``layer_devices``'
+    list), padded as its buffer pads it (``LORA_ALIGNMENT``)."""
+    out: dict[str, int] = {}
+    n_layer = len(pools) - 1
+    for name, _, nbytes in adapter.tensors:
+        if not name.endswith((".lora_a", ".lora_b")):
+            continue  # llama.cpp loads no other (it skips *_norm.weight)
+        target = name[:-len(".lora_a")].encode()
+        layer = tensorplaces.layer(target)
+        if layer is not None:
+            pool = pools[layer] if layer < n_layer else pools[-1]  # past the model's layers: refused at load
+        else:
+            pool = RAM if tensorplaces.is_input(target) else pools[-1]
+        out[pool] = out.get(pool, 0) + _pad(nbytes, LORA_ALIGNMENT.get(pool, GPU_ALIGNMENT))
+    return out
+
+
 def estimate(info: GGUFInfo, spec: ModelSpec, devices: Sequence[Device] = (),
-             projector: GGUFInfo | None = None) -> Estimate | None:
+             projector: GGUFInfo | None = None, adapters: Sequence[GGUFInfo] = ()) -> Estimate | None:
     """The estimate for ``spec`` as llama.cpp would load it on ``devices`` (``gateway.hardware.devices``;
-    none: everything in RAM), with its ``projector``'s header where it has one; None where the
-    header does not say enough (no layer count or embedding size) or says what no real model
-    does (``shape_problem``: a layer count, a width past its bound)."""
+    none: everything in RAM), with its ``projector``'s header where it has one and its LoRA
+    ``adapters``' (``lora`` and ``loras``: ``ModelCatalog.adapters``); None where the header does
+    not say enough (no layer count or embedding size) or says what no real model does
+    (``shape_problem``: a layer count, a width past its bound)."""
     shape = info.shape
     if shape_problem(shape) is not None:
         return None
@@ -253,10 +285,15 @@ def estimate(info: GGUFInfo, spec: ModelSpec, devices: Sequence[Device] = (),
     if mm:
         on = gpus[0].pool if gpus and spec.n_gpu_layers != 0 and not spec.rpc else RAM
         by_pool[on] = by_pool.get(on, 0) + mm
+    lora = 0
+    for adapter in adapters:
+        for pool, n in lora_bytes(adapter, pools).items():
+            by_pool[pool] = by_pool.get(pool, 0) + n
+            lora += n
     kv = int(sum(layer_kv))
     devices_total = {pool: int(n) for pool, n in by_pool.items()}
-    compute = sum(devices_total.values()) - info.weight_bytes - kv - checkpoints - mm
-    return Estimate(info.weight_bytes, kv, compute, devices_total, checkpoints, mm)
+    compute = sum(devices_total.values()) - info.weight_bytes - kv - checkpoints - mm - lora
+    return Estimate(info.weight_bytes, kv, compute, devices_total, checkpoints, mm, lora=lora)
 
 
 def gpu_context(pool: str) -> int:
@@ -278,8 +315,9 @@ def pool_of(buffer_device: str) -> str:
 
 def allocated(buffers: Any) -> dict[str, Any] | None:
     """What llama.cpp reported it allocated (a worker's ``info["buffers"]``: by kind, then by
-    device) summed by kind (model, kv, compute, output), in all, and by pool (``devices``);
-    None where it said nothing."""
+    device) summed by kind (model, kv, compute, output, projector, lora: every kind it holds,
+    so a kind the worker reports is counted without a change here), in all, and by pool
+    (``devices``); None where it said nothing."""
     if not isinstance(buffers, dict) or not buffers:
         return None
     kinds = {kind: per_device for kind, per_device in buffers.items() if isinstance(per_device, dict)}

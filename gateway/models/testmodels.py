@@ -124,6 +124,54 @@ def lora_adapter(model: str | os.PathLike, path: str | os.PathLike, favour: str 
     return Path(path)
 
 
+LORA_TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
+def random_lora(model: str | os.PathLike, path: str | os.PathLike, *, seed: int = 0, rank: int = 4,
+                std: float = 0.02, alpha: float | None = None, targets: Sequence[str] = LORA_TARGETS,
+                zero: bool = False) -> Path:
+    """A LoRA adapter of random weights for any GGUF ``model`` (llama.cpp's GGUF form:
+    ``general.type: adapter``, ``adapter.type: lora``, ``adapter.lora.alpha``, the base's
+    architecture): for each ``blk.N.<target>.weight`` the base has, a ``lora_a`` / ``lora_b`` pair
+    of rank ``rank`` drawn from a normal of deviation ``std`` seeded by ``seed`` (F32).
+
+    llama.cpp's shapes (ggml's order, numpy's reversed): a base weight of ne [n_in, n_out] gets A
+    of ne [n_in, rank] and B of ne [rank, n_out]; its output gains scale x alpha / rank x B(A x).
+    ``alpha`` defaults to ``rank``, so an adapter's scale is the factor itself. With ``zero``, B is
+    zero (A stays random): the adapter loads and runs but changes nothing, so the model's logits
+    under it are exactly the base's."""
+    import re
+
+    import gguf
+
+    from . import ggufmeta  # the header alone (gguf's reader parses a 262k-token vocabulary for seconds)
+
+    base = Path(model)
+    arch = ggufmeta.read_info(base).architecture  # (read_info refuses a file without one)
+    assert arch is not None
+    found: list[tuple[int, int, str, tuple[int, int]]] = []  # (block, target's place, name, ne)
+    for name, dims in ggufmeta.tensor_shapes(base).items():
+        m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.weight", name)
+        if m and m.group(2) in targets and len(dims) == 2:
+            found.append((int(m.group(1)), list(targets).index(m.group(2)), name, (int(dims[0]), int(dims[1]))))
+    if not found:
+        raise ValueError(f"{model}: no blk.N.{{{','.join(targets)}}}.weight to adapt")
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_string("general.type", "adapter")
+    w.add_string("adapter.type", "lora")
+    w.add_float32("adapter.lora.alpha", float(rank if alpha is None else alpha))
+    for _, _, name, (n_in, n_out) in sorted(found):
+        a = (rng.standard_normal((rank, n_in), dtype=np.float32) * np.float32(std)).astype(np.float32)
+        b = (rng.standard_normal((n_out, rank), dtype=np.float32) * np.float32(std)).astype(np.float32)
+        if zero:
+            b = np.zeros_like(b)
+        w.add_tensor(f"{name}.lora_a", a)  # ne [n_in, rank]
+        w.add_tensor(f"{name}.lora_b", b)  # ne [rank, n_out]
+    finish(w)
+    return Path(path)
+
+
 def plain(path: str | os.PathLike, answer: Sequence[Step] = ("Hello", ",", " world", "!"), **kw) -> ScriptedModel:
     """A plain answer."""
     return write_scripted_model(path, Script(list(answer)), **kw)

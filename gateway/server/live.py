@@ -14,7 +14,8 @@ from typing import Any
 
 # Requests about the gateway itself, not a model's work: not drawn, not listed.
 NOT_INFERENCE = frozenset({"/models", "/models/load", "/models/unload", "/captures", "/captures/{id}",
-                           "/captures/{id}/replay"})
+                           "/captures/{id}/replay", "/lora-adapters", "/v1/load_lora_adapter",
+                           "/v1/unload_lora_adapter"})
 
 
 class Live:

@@ -53,6 +53,8 @@ class Launcher:
                 self.on_crash(model)
             on_exit(backend, expected)
 
+        if not model.spec.replicas:
+            spec = model.adapters.for_load(spec)  # with the adapters loaded at run time
         return await self.factory(spec, self.server(), on_exit=counted if model.spec.replicas else on_exit,
                                   on_busy=self.on_busy, on_progress=model.loaded_part)
 

@@ -43,9 +43,11 @@ Supervisors = Callable[[], list[ModelSupervisor]]  # every model that may hold s
 
 class Placer:
     def __init__(self, info: Callable[[ModelSpec], GGUFInfo | None],
-                 projector: Callable[[ModelSpec], GGUFInfo | None] = lambda spec: None):
+                 projector: Callable[[ModelSpec], GGUFInfo | None] = lambda spec: None,
+                 adapters: Callable[[ModelSpec], list[GGUFInfo]] = lambda spec: []):
         self.info = info  # a local model's GGUF header (the catalog's), for its estimate
         self.projector = projector  # and its projector's (``mmproj``)
+        self.adapters = adapters  # and its LoRA adapters' (``lora``, ``loras``)
         self.devices = devices.Inventory()  # the GPUs llama.cpp sees, for placement by memory
         self._released: asyncio.Event | None = None  # set when a model goes idle
 
@@ -56,7 +58,7 @@ class Placer:
         info = self.info(spec) if spec.path is not None else None
         if info is None:
             return None
-        found = memory.estimate(info, spec, self.devices.gpus, self.projector(spec))
+        found = memory.estimate(info, spec, self.devices.gpus, self.projector(spec), self.adapters(spec))
         if found is not None and spec.draft is not None:  # the draft model, loaded beside it
             draft = dataclasses.replace(spec, path=spec.draft, draft=None, mmproj=None, prompt_cache_bytes=0,
                                         n_gpu_layers=spec.draft_n_gpu_layers, n_ctx=spec.draft_n_ctx or spec.n_ctx)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 from collections.abc import AsyncIterator
@@ -37,12 +38,13 @@ from ..base.errors import ApiError, ModelNotFound
 from ..engine.settings import embed_seqs
 from ..hardware.devices import Inventory
 from ..hub import pulls as hub
-from ..models import discovery, memory
+from ..models import adapternames, discovery, memory
 from ..models.catalog import DEMO_NAME, ModelCatalog, ensure_demo_model  # noqa: F401 (DEMO_NAME, ensure_demo_model: re-exported)
-from ..models.config import Config, ConfigError, ModelSpec, load_config, normalize_name
+from ..models.config import AdapterSpec, Config, ConfigError, ModelSpec, load_config, normalize_name
 from ..models.ggufmeta import GGUFInfo
 from ..models.lifecycle import ModelState
 from ..server.metrics import Metrics
+from .adapters import ModelAdapters
 from .launcher import Launcher
 from .placer import Placer
 from .supervisor import ModelSupervisor, Progress, Timing, refusal
@@ -80,7 +82,7 @@ class Registry:
         self.upstreams = Upstreams(upstream_backoff, config.server.upstream_check_seconds)
         self.upstreams.sync(self.catalog.specs())
         # what placement decides on (memory by pool, the GPUs), and its decisions carried out
-        self.placer = Placer(self.catalog.info, self.catalog.projector)
+        self.placer = Placer(self.catalog.info, self.catalog.projector, self.catalog.adapters)
         # starts backends: a local model's through the factory (a worker process, from a spare
         # where configured), an upstream's, a replica set's
         self.launcher = Launcher(backends if backends is not None else LocalWorkers(config.server.spare_worker),
@@ -329,3 +331,31 @@ def replica_rows(registry: Registry) -> list[tuple[str, str, bool, int, int]]:
     """(model, replica, up, requests, failovers) for every running model with replicas."""
     return [(m.spec.name, *row) for m in registry._all() if isinstance(m.backend, ReplicaSet)
             for row in m.backend.rows()]
+
+
+def adapters_of(registry: Registry, spec: ModelSpec) -> list[AdapterSpec]:
+    """The LoRA adapters a model name can pick on ``spec``: its named ones, then those loaded at run time."""
+    return registry.supervisor(spec).adapters.named(spec)
+
+
+def kept_adapters(registry: Registry, spec: ModelSpec) -> ModelAdapters:
+    """What is kept of a model's adapters across its loads (its supervisor's, made and kept)."""
+    return registry._supervise(spec).adapters
+
+
+def picked_adapter(registry: Registry, name: object) -> tuple[ModelSpec, str] | None:
+    """The base model and the adapter a name picks (``BASE:ADAPTER``, or an adapter's own name
+    where one model has it); None where the name is a model's own (a ``name:tag`` included).
+    A ``BASE:TAG`` naming no adapter of a base that has some is a 404, ``:latest`` excepted: the
+    tag fallback would run the base for a mistyped adapter."""
+    if not isinstance(name, str) or registry.resolve(name, tag_fallback=False) is not None:
+        return None
+    exact = functools.partial(registry.resolve, tag_fallback=False)
+    picked = adapternames.resolve(name, exact, lambda spec: [a.name for a in adapters_of(registry, spec)],
+                                  registry.specs())
+    base, _, tag = name.rpartition(":")
+    if picked is None and base and tag.lower() != "latest" and (spec := exact(base)) is not None:
+        if names := [a.name for a in adapters_of(registry, spec)]:
+            raise ApiError(f"{spec.name!r} has no LoRA adapter {tag!r} (it has {', '.join(names)})",
+                           status=404, param="model", code="model_not_found")
+    return picked

@@ -29,6 +29,7 @@ from ..models.config import ModelSpec
 from ..models.ggufmeta import ModelFileError, split_parts
 from ..models.lifecycle import ModelState
 from ..text.formats import FORMATS, Formats
+from .adapters import ModelAdapters
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,7 @@ class ModelSupervisor:
         self._timer: asyncio.TimerHandle | None = None
         self.progress = 0.0  # of the load under way, 0 to 1 (the backend's reports)
         self._progressed: asyncio.Future[None] | None = None  # done at the next report; waiters watch it
+        self.adapters = ModelAdapters()  # its LoRA adapters loaded at run time, and the default scales set
 
     def move(self, new: ModelState) -> None:
         """The one place a model's state changes (``lifecycle.MOVES`` says where it may go)."""

@@ -19,7 +19,7 @@ from ..base.errors import ApiError, InvalidRequest
 from ..engine import infill
 from ..engine.ipc import GenerationRequest
 from .answer import Finish
-from .params import SAMPLING, Parsed, read_sampling, read_stops, shown
+from .params import SAMPLING, Parsed, read_lora, read_sampling, read_stops, shown
 
 MAX_EXTRA = 1024  # input_extra chunks (each is tokenized; the body's size bounds their text)
 MAX_FILENAME = 1024  # characters of a chunk's filename
@@ -236,6 +236,7 @@ def parse_infill(body: dict[str, Any]) -> InfillParsed:
     if not isinstance(ignore_eos, bool):
         raise InvalidRequest("`ignore_eos` must be true or false", "ignore_eos")
     req.ignore_eos = ignore_eos
+    req.lora = read_lora(body.get("lora"))  # llama-server's per-request adapters, as on its completions
     return InfillParsed(model or "", req, _stream(body), explicit=explicit,
                         response_fields=_paths(body.get("response_fields")))
 

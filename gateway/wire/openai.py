@@ -28,6 +28,7 @@ from .params import (  # noqa: F401 (apply_defaults: re-exported)
     Parsed,
     apply_defaults,
     check_schema,
+    read_lora,
     read_sampling,
     read_stops,
     require_model,
@@ -42,7 +43,7 @@ KNOWN_CHAT = {
     "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "stream",
     "stream_options", "seed", "presence_penalty", "frequency_penalty", "n", "user", "top_k", "min_p",
     "repeat_penalty", "chat_template_kwargs", "ignore_eos", "reasoning_format", "reasoning_effort", "response_format",
-    "grammar",
+    "grammar", "lora",
     "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
 }
 REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")  # llama-server's values; all but none split
@@ -102,6 +103,7 @@ def _common(body: dict[str, Any], req: GenerationRequest) -> tuple[bool, bool, s
     req.ignore_eos = ignore_eos
     explicit = read_sampling(body, req, SAMPLING)
     req.stop = read_stops(body.get("stop"), "stop")
+    req.lora = read_lora(body.get("lora"))
     return stream, include_usage, explicit
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..base.errors import InvalidRequest
+from ..engine.adapters import MAX_ADAPTERS, MAX_SCALE
 from ..engine.ipc import GenerationRequest, Media
 from ..text.sampling_params import SAMPLING, Param  # noqa: F401 (re-exported to the request parsers)
 from ..text.schemacheck import schema_problem
@@ -90,6 +91,29 @@ def require_model(body: dict[str, Any], *, anthropic: bool = False) -> str:
 
 MAX_STOPS = 16
 MAX_STOP_CHARS = 4096  # all stop strings together: each is matched against every token's text
+
+
+def read_lora(value: Any) -> list[tuple[int, float]] | None:
+    """llama-server's per-request ``lora``: ``[{"id": N, "scale": S}, ...]``, each listed adapter at
+    its scale (0 where none is given, as llama-server reads it) and the model's others at 0; the
+    worker refuses an id its model lacks (``engine.adapters``)."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) > MAX_ADAPTERS:
+        raise InvalidRequest(f"`lora` must be an array of at most {MAX_ADAPTERS} objects with `id` and `scale`", "lora")
+    pairs = []
+    for i, entry in enumerate(value):
+        if not isinstance(entry, dict):
+            raise InvalidRequest(f"`lora[{i}]` must be an object with `id` and `scale`", f"lora[{i}]")
+        aid, scale = entry.get("id"), entry.get("scale", 0.0)
+        if isinstance(aid, bool) or not isinstance(aid, int) or not 0 <= aid < MAX_ADAPTERS:
+            raise InvalidRequest(f"`lora[{i}].id` must be an adapter's id (GET /lora-adapters), got {shown(aid)}",
+                                 f"lora[{i}].id")
+        if isinstance(scale, bool) or not isinstance(scale, int | float) or not abs(scale) <= MAX_SCALE:
+            raise InvalidRequest(f"`lora[{i}].scale` must be a number from -{MAX_SCALE:g} to {MAX_SCALE:g}, "
+                                 f"got {shown(scale)}", f"lora[{i}].scale")
+        pairs.append((aid, float(scale)))
+    return pairs
 
 
 def read_stops(value: Any, name: str, *, anthropic: bool = False) -> list[str]:

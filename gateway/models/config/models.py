@@ -15,7 +15,17 @@ from ...base.checks import INVALID, Check, Report, show
 from ...engine import settings
 from ...text.sampling_params import SAMPLING
 from .parsing import Parsing
-from .specs import REASONING_MODES, TOOL_FORMATS, ModelSpec, Upstream, normalize_name
+from .specs import (
+    MAX_ADAPTERS,
+    MAX_LORA_SCALE,
+    REASONING_MODES,
+    TOOL_FORMATS,
+    AdapterSpec,
+    ModelSpec,
+    Upstream,
+    adapter_name_problem,
+    normalize_name,
+)
 
 _EFFORTS = ("minimal", "low", "medium", "high")
 
@@ -67,6 +77,65 @@ def _url(r: Report, where: str, v: Any) -> Any:
     return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
 
 
+def _lora_scale(r: Report, where: str, v: Any) -> Any:
+    """A finite number within MAX_LORA_SCALE either way (``specs``: why the bound)."""
+    if checks.number(r, where, v) is INVALID:
+        return INVALID
+    if not -MAX_LORA_SCALE <= v <= MAX_LORA_SCALE:
+        r.error(where, f"must be a number from {-MAX_LORA_SCALE:g} to {MAX_LORA_SCALE:g} (llama.cpp multiplies the "
+                       f"adapter's product by it: past that it drowns the model's own weights), got {show(v)}")
+        return INVALID
+    return float(v)
+
+
+def _loras(r: Report, where: str, v: Any) -> Any:
+    """``loras:``: each adapter's name to its GGUF file, or to ``{path: FILE, scale: NUMBER}``; at
+    most MAX_ADAPTERS, names as ``adapter_name_problem`` allows, none twice (compared as names are).
+    Every problem is told before the whole is refused."""
+    if v is None:
+        return ()
+    if not isinstance(v, dict):
+        r.error(where, f"must map each adapter's name to its GGUF file (or to {{path: FILE, scale: NUMBER}}), "
+                       f"got {show(v)}")
+        return INVALID
+    if len(v) > MAX_ADAPTERS:
+        r.error(where, f"names {len(v)} adapters: a model takes at most {MAX_ADAPTERS}")
+        return INVALID
+    out, seen, bad = [], set(), False
+    for name, raw in v.items():
+        sub = f"{where}.{name}"
+        if (problem := adapter_name_problem(name)) is not None:
+            r.error(sub, problem)
+            bad = True
+            continue
+        if normalize_name(name) in seen:  # YAML keeps one of two equal keys; these differ in case alone
+            r.error(sub, "is named twice (names are compared without case)")
+            bad = True
+            continue
+        seen.add(normalize_name(name))
+        entry = {"path": raw} if isinstance(raw, str) else raw
+        if not isinstance(entry, dict):
+            r.error(sub, f"must be the adapter's GGUF file or {{path: FILE, scale: NUMBER}}, got {show(raw)}")
+            bad = True
+            continue
+        parsed = checks.mapping(r, sub, entry, {"path": checks.path, "scale": _lora_scale})
+        if "path" not in entry:
+            r.error(f"{sub}.path", "is required: the adapter's GGUF file")
+        if len(parsed) < len(entry) or "path" not in entry:
+            bad = True
+            continue
+        out.append(AdapterSpec(name=name.strip(), path=parsed["path"], scale=parsed.get("scale", 1.0)))
+    return INVALID if bad else tuple(out)
+
+
+# loras: on an entry that runs no llama.cpp worker here: why it cannot be
+_NO_LORAS = {"upstream": "named LoRA adapters are applied by this gateway's llama.cpp worker, to a local model "
+                         "(`path`); an upstream's own adapters are its models: give each an entry with `model:`",
+             "replicas": "named LoRA adapters go on a local model's own entry (`path`): a replica set sends a "
+                         "request to whichever member is free, and its members (other files, other servers) need "
+                         "not take the same adapters"}
+
+
 COMMON: dict[str, Check] = {
     "aliases": checks.list_of(checks.string),
     "keep_alive": checks.duration,
@@ -82,6 +151,7 @@ LOCAL: dict[str, Check] = {
     **settings.CHECKS,
     "tool_format": checks.one_of(TOOL_FORMATS),
     "pin": checks.boolean,
+    "loras": _loras,
     **COMMON,
 }
 
@@ -144,13 +214,14 @@ def parse_models(r: Parsing, data: dict[str, Any], *, check_files: bool) -> list
 def _files(spec: ModelSpec) -> list[tuple[str, Path]]:
     """The files a model entry names, each with what it is: the model's, its projector's, its
     draft model's (where ``draft`` is a path: a bare name is a model the catalog resolves) and
-    its LoRA adapters'."""
+    its LoRA adapters' (``lora``, and ``loras`` by name)."""
     files = [("model file", spec.path)] if spec.path is not None else []
     if spec.mmproj is not None:
         files.append(("projector file (mmproj)", spec.mmproj))
     if spec.draft is not None and spec.draft.is_absolute():
         files.append(("draft model file", spec.draft))
     files += [("LoRA adapter", adapter) for adapter, _ in spec.lora]
+    files += [(f"LoRA adapter {a.name!r}", a.path) for a in spec.loras]
     return files
 
 
@@ -175,10 +246,13 @@ def _model(r: Parsing, where: str, name: Any, raw: Any) -> ModelSpec | None:
         r.error(where, f"needs exactly one of `path`, `upstream` or `replicas`, got {', '.join(kinds)}")
         return None
     if kinds == ["replicas"]:
-        stray = sorted(k for k in raw if k not in REPLICAS)
+        if "loras" in raw:
+            r.error(f"{where}.loras", _NO_LORAS["replicas"])
+        stray = sorted(k for k in raw if k not in REPLICAS and k != "loras")
         if stray:
             r.error(where, f"{', '.join(stray)}: set these on each replica, not on the entry")
-        fields = checks.mapping(r, where, {k: v for k, v in raw.items() if k not in stray}, REPLICAS)
+        fields = checks.mapping(r, where, {k: v for k, v in raw.items() if k not in stray and k != "loras"},
+                                REPLICAS)
         members = []
         for i, item in enumerate(fields.get("replicas", ()), 1):
             member = _member(r, f"{where}.replicas[{i - 1}]", f"{name}#{i}", item)
@@ -208,6 +282,9 @@ def _member(r: Parsing, where: str, name: str, raw: Any) -> ModelSpec | None:
     if len(kinds) != 1:
         r.error(where, f"needs exactly one of `path` or `upstream`, got {', '.join(kinds) or 'none'}")
         return None
+    if "loras" in raw:
+        r.error(f"{where}.loras", _NO_LORAS["replicas"])
+        raw = {k: v for k, v in raw.items() if k != "loras"}
     fields = _kind_fields(r, where, raw, upstream=kinds == ["upstream"])
     if len(r.problems) > before:
         return None
@@ -220,7 +297,9 @@ def _kind_fields(r: Parsing, where: str, raw: dict[str, Any], *, upstream: bool)
     table, other = (UPSTREAM, LOCAL) if upstream else (LOCAL, UPSTREAM)
     what = "a local model (`path`), not an upstream" if upstream else "an upstream (`upstream`), not a local model"
     for key in raw:
-        if key not in table and key in other:
+        if upstream and key == "loras":
+            r.error(f"{where}.loras", _NO_LORAS["upstream"])
+        elif key not in table and key in other:
             r.error(f"{where}.{key}", f"is for {what}")
     keys = [k for k in ("api_key", "api_key_env", "api_key_file") if k in raw]
     if len(keys) > 1:

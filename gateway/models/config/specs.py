@@ -1,9 +1,11 @@
 """What models.yaml describes, as frozen dataclasses: ``Config`` (``server`` and the ``models``),
-``ServerConfig`` and its ``KeySpec``s, ``ModelSpec`` and its ``Upstream``; the names and defaults they share."""
+``ServerConfig`` and its ``KeySpec``s, ``ModelSpec`` with its ``Upstream`` and its ``AdapterSpec``s; the
+names and defaults they share."""
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +58,49 @@ class Upstream:
     max_connections: int = 32  # the pool's open connections to this upstream
 
 
+# LoRA adapters a request names (``BASE:ADAPTER``, ``models/adapternames``). Each one a model has is
+# a file its worker opens and a buffer on each device its layers use, and a request's name is
+# looked up among them: a model has at most MAX_ADAPTERS (models.yaml's, discovery's and those
+# added at run time together), each named in at most MAX_ADAPTER_NAME characters.
+MAX_ADAPTERS = 64
+MAX_ADAPTER_NAME = 64
+# An adapter's scale, as llama.cpp multiplies its product by it: real ones are about 0 to 2 (below 0
+# takes a style away). Past 100 the adapter's product drowns the model's own weights, and in
+# half-precision activations it runs to infinity: a typo, not a setting.
+MAX_LORA_SCALE = 100.0
+ADAPTER_SOURCES = ("models.yaml", "discovered", "runtime")
+# letters, digits, "_", ".", "+", "-": never ":" (BASE:ADAPTER splits at the last one), "/" (a
+# repository's path), "#" (a replica's NAME#1), a glob's "*?[", space or a control character
+_ADAPTER_NAME = re.compile(r"[\w.+-]+")
+
+
+@dataclass(frozen=True)
+class AdapterSpec:
+    """A LoRA adapter a model takes by name: a request for ``BASE:NAME`` (or ``NAME`` alone where one
+    model has it) runs BASE with the adapter's product added at ``scale``. Its ``name`` is kept as
+    given and compared as names are (``normalize_name``)."""
+
+    name: str
+    path: Path  # the adapter's GGUF (general.type adapter, adapter.type lora)
+    scale: float = 1.0  # what it is applied at when a request names it
+    source: str = "models.yaml"  # ADAPTER_SOURCES: models.yaml's loras, found beside the model, added at run time
+    # what every request that names no adapter gets (0; POST /lora-adapters sets it: serving/adapters.py)
+    default: float = 0.0
+
+
+def adapter_name_problem(name: object) -> str | None:
+    """Why ``name`` cannot name an adapter (``MAX_ADAPTER_NAME``, ``_ADAPTER_NAME``), or None (pure)."""
+    if not isinstance(name, str) or not name.strip():
+        return "an adapter's name must be a non-empty string"
+    name = name.strip()
+    if len(name) > MAX_ADAPTER_NAME:
+        return f"an adapter's name is at most {MAX_ADAPTER_NAME} characters, got {len(name)}"
+    if not _ADAPTER_NAME.fullmatch(name):
+        return ("an adapter's name is letters, digits, '_', '.', '+' and '-' (never ':': a request names it "
+                f"as MODEL:ADAPTER), got {name!r}")
+    return None
+
+
 @dataclass(frozen=True)
 class ModelSpec(LlamaSettings):
     """A model the gateway can serve: where it lives and how to load it. Exactly one of
@@ -80,6 +125,9 @@ class ModelSpec(LlamaSettings):
     upstream: Upstream | None = None
     replicas: tuple[ModelSpec, ...] = ()  # each a local or upstream spec, named NAME#1, NAME#2, ...
     pin: bool = False  # loaded at start and never unloaded (neither evicted nor by keep_alive)
+    # the LoRA adapters a request may name (models.yaml's ``loras``, or found beside a discovered
+    # model), at most MAX_ADAPTERS; ``lora`` (LlamaSettings') are applied to every request instead
+    loras: tuple[AdapterSpec, ...] = ()
 
     @property
     def names(self) -> tuple[str, ...]:
