@@ -196,3 +196,31 @@ async def test_an_activated_lora_applies_from_its_invocation_on(client, files, t
     r = await client.post("/v1/completions", json={"model": "m", "prompt": "hello world", "max_tokens": 8,
                                                    "lora": [{"id": 0, "scale": 1}, {"id": 2, "scale": 1}]})
     assert r.status == 200  # one aLoRA beside a plain adapter: the plain one applies throughout
+
+
+async def test_a_draft_model_drafts_without_adapters_and_the_answer_stays_the_adapters(aiohttp_client, write_config,
+                                                                                       files):
+    cfg = load_config(write_config(
+        "server:\n  discover_default_stores: false\nmodels:\n"
+        f"  m:\n    path: {files['model']}\n    draft: {files['model']}\n    loras:\n      end: {files['end']}\n"))
+    client = await aiohttp_client(create_app(cfg))
+    assert await _answer(client, "m") == BASE  # the draft's proposals kept
+    assert await _answer(client, "m:end") == ""  # refused: the adapter's choice is the answer
+    assert await _answer(client, "m") == BASE
+
+
+async def test_a_saved_cache_comes_back_under_its_adapter_set_only(aiohttp_client, write_config, files, tmp_path):
+    cfg = load_config(write_config(
+        f"server:\n  discover_default_stores: false\n  kv_cache_dir: {tmp_path / 'kv'}\nmodels:\n"
+        f"  m:\n    path: {files['model']}\n    parallel: 1\n    loras:\n      end: {files['end']}\n"))
+    client = await aiohttp_client(create_app(cfg))
+    long = [{"role": "user", "content": " ".join(f"word{i}" for i in range(300))}]
+
+    async def usage(model):
+        return (await _chat(client, model, messages=long))["usage"]
+
+    await usage("m:end")
+    assert (await client.post("/models/unload", json={"model": "m"})).status == 200  # saved, with its set
+    assert (await usage("m"))["prompt_tokens_details"]["cached_tokens"] == 0  # restored, but not the base's
+    assert (await client.post("/models/unload", json={"model": "m"})).status == 200
+    assert (await usage("m:end"))["prompt_tokens_details"]["cached_tokens"] > 0  # the adapter's, from disk
