@@ -12,6 +12,7 @@
     .venv/bin/python scripts/bench.py --embeddings --model M --llama-server PATH   # embeddings, rerank (embedbench.py)
     .venv/bin/python scripts/bench.py --cost --llama-server PATH           # a request's cost, cut (costbench.py)
     .venv/bin/python scripts/bench.py --observe                            # captures, traces (observebench.py)
+    .venv/bin/python scripts/bench.py --lora                               # LoRA adapters per request (lorabench.py)
 
 Contenders, each a real server process driven over HTTP through the same OpenAI
 `/v1/completions` requests. All are started, then measured in turns: each figure is taken
@@ -362,7 +363,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--observe-seconds", type=float, default=3.0, help="with --observe: seconds of 4 streams per "
                    "gateway a round")
     p.add_argument("--observe-tokens", type=int, default=300, help="with --observe: tokens per stream")
+    p.add_argument("--lora", action="store_true", help="only LoRA adapters chosen per request (scripts/"
+                   "lorabench.py): the cost of switching adapters between 1-token requests, and 4 streams over two "
+                   "adapters against one, against llama-server (--llama-server, on PATH, else the vendored one, "
+                   "built by scripts/rpc_build.py)")
+    p.add_argument("--lora-rounds", type=int, default=5, help="with --lora: interleaved rounds")
+    p.add_argument("--lora-requests", type=int, default=100, help="with --lora: 1-token completions per mode a round")
+    p.add_argument("--lora-tokens", type=int, default=64, help="with --lora: tokens per stream")
     args = p.parse_args(argv)
+    if args.lora:
+        return lora_main(args)
     if args.observe:
         return observe_main(args)
     if args.embeddings:
@@ -495,6 +505,27 @@ def observe_main(args) -> int:
     if args.json:
         args.json.write_text(json.dumps({"observe": result, "threads": args.threads}, indent=2))
     return 0 if result["valid"] else 1
+
+
+def lora_main(args) -> int:
+    import lorabench
+
+    model = (args.model or bench_model()).resolve()
+    binary = None
+    if "llama-server" in set(args.only or ("llama-server",)):
+        binary = find_llama_server(args.llama_server)
+        if binary is None:
+            import rpc_build
+
+            print("llama-server: the vendored one (scripts/rpc_build.py; built once, minutes) ...", file=sys.stderr)
+            binary = str(rpc_build.server())
+    with tempfile.TemporaryDirectory() as tmp:
+        results = lorabench.measure(model, args, Path(tmp), binary)
+    print(lorabench.report(results, model, args))
+    if args.json:
+        args.json.write_text(json.dumps({"lora": results, "model": str(model), "threads": args.threads,
+                                         "tokens": args.lora_tokens, "requests": args.lora_requests}, indent=2))
+    return 0
 
 
 def embeddings_main(args) -> int:

@@ -11,10 +11,17 @@ The gateway's workers then load that ggml instead of the installed one: llama-cp
 its libraries from ``$LLAMA_CPP_LIB_PATH`` when set, and the directory built here holds the
 installed ``libllama`` beside the RPC-enabled ggml libraries (``libllama`` finds ggml by
 ``$ORIGIN``, and finds the RPC backend at run time by name).
+
+``server()`` builds llama.cpp's own ``llama-server`` of that version in the same tree, for the
+tests and benchmarks that set the gateway beside it (``tests/test_lora_e2e.py``,
+``scripts/bench.py --lora``):
+
+    .venv/bin/python scripts/rpc_build.py --server   # prints the llama-server binary
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -34,31 +41,13 @@ CACHE = Path(os.environ.get("GGUF_GATEWAY_TEST_CACHE") or REPO / ".cache")
 
 def build() -> tuple[Path, Path]:
     """(the rpc-server binary, the library directory for ``LLAMA_CPP_LIB_PATH``)."""
-    version = metadata.version("llama-cpp-python")
-    root = CACHE / f"rpc-{version}"
+    root = _root()
     server, libs = root / "build" / "bin" / "ggml-rpc-server", root / "libs"
     if server.exists() and (libs / "libllama.so").exists():
         return server, libs
-    src = root / "src"
-    if not (src / "CMakeLists.txt").exists():
-        sdist = testmodels._llama_cpp_sdist(CACHE)
-        shutil.rmtree(src, ignore_errors=True)
-        with tarfile.open(sdist) as tar:
-            prefix = next(m.name for m in tar if m.name.endswith("/vendor/llama.cpp/CMakeLists.txt")).rsplit("/", 1)[0]
-            members = [m for m in tar.getmembers() if m.name.startswith(prefix + "/")]
-            for m in members:
-                m.name = m.name[len(prefix) + 1:]
-            members = [m for m in members if not m.name.startswith(("models/", "docs/"))]  # vocabularies, docs
-            tar.extractall(src, members=members, filter="tar")
     began = time.monotonic()
-    cmake = ["cmake", "-S", str(src), "-B", str(root / "build"), "-DGGML_RPC=ON", "-DBUILD_SHARED_LIBS=ON",
-             "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
-             "-DLLAMA_BUILD_SERVER=OFF", "-DCMAKE_BUILD_TYPE=Release"]
-    if shutil.which("ninja"):
-        cmake += ["-G", "Ninja"]
-    subprocess.run(cmake, check=True, capture_output=True)
-    subprocess.run(["cmake", "--build", str(root / "build"), "--target", "ggml-rpc-server", "-j",
-                    str(os.cpu_count() or 2)], check=True, capture_output=True)
+    _configure(root, "-DLLAMA_BUILD_SERVER=OFF")
+    _target(root, "ggml-rpc-server")
     print(f"built llama.cpp's rpc-server in {time.monotonic() - began:.0f} s", file=sys.stderr)
     libs.mkdir(parents=True, exist_ok=True)
     import llama_cpp.llama_cpp as ll
@@ -73,6 +62,79 @@ def build() -> tuple[Path, Path]:
     return server, libs
 
 
+def server() -> Path:
+    """llama.cpp's ``llama-server`` of the vendored version, built in the same tree as ``build()``
+    (what that built is reused; from nothing, everything is done here), for tests and benchmarks
+    that set the gateway's answers beside llama-server's. It runs from the build tree: it finds
+    its own ``libllama`` and ggml there (not the installed ones), built from the same sources.
+    No web UI is embedded (nothing is downloaded); start it with ``--no-webui``."""
+    root = _root()
+    binary = root / "build" / "bin" / "llama-server"
+    if binary.exists():
+        return binary
+    with open(root / ".server-build.lock", "w") as lock:  # two processes at once: one builds, one waits
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not binary.exists():
+            began = time.monotonic()
+            _configure(root, "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_UI=OFF")
+            _target(root, "llama-server")
+            print(f"built llama.cpp's llama-server in {time.monotonic() - began:.0f} s", file=sys.stderr)
+    return binary
+
+
+def _root() -> Path:
+    """``CACHE / rpc-VERSION``, its ``src`` holding the vendored llama.cpp (extracted once)."""
+    version = metadata.version("llama-cpp-python")
+    root = CACHE / f"rpc-{version}"
+    src = root / "src"
+    if not (src / "CMakeLists.txt").exists():
+        sdist = testmodels._llama_cpp_sdist(CACHE)
+        shutil.rmtree(src, ignore_errors=True)
+        with tarfile.open(sdist) as tar:
+            prefix = next(m.name for m in tar if m.name.endswith("/vendor/llama.cpp/CMakeLists.txt")).rsplit("/", 1)[0]
+            members = [m for m in tar.getmembers() if m.name.startswith(prefix + "/")]
+            for m in members:
+                m.name = m.name[len(prefix) + 1:]
+            members = [m for m in members if not m.name.startswith(("models/", "docs/"))]  # vocabularies, docs
+            tar.extractall(src, members=members, filter="tar")
+    return root
+
+
+def _configure(root: Path, *more: str) -> None:
+    """cmake's configure of ``root/build``: one set of flags for every target built there, so a
+    second target reuses what the first built (changing a compiler flag would rebuild it all)."""
+    cmake = ["cmake", "-S", str(root / "src"), "-B", str(root / "build"), "-DGGML_RPC=ON", "-DBUILD_SHARED_LIBS=ON",
+             "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+             "-DCMAKE_BUILD_TYPE=Release", *_native_flags(), *more]
+    if shutil.which("ninja"):
+        cmake += ["-G", "Ninja"]
+    subprocess.run(cmake, check=True, capture_output=True)
+
+
+def _target(root: Path, target: str) -> None:
+    subprocess.run(["cmake", "--build", str(root / "build"), "--target", target, "-j", str(os.cpu_count() or 2)],
+                   check=True, capture_output=True)
+
+
+def _native_flags() -> list[str]:
+    """ggml builds for this CPU (``GGML_NATIVE``). Where the compiler's ``-march=native`` turns
+    AMX on, AMX is kept out: some virtual machines' CPUs advertise AMX but trap its instructions
+    (the kernel grants AMX's state only on request). Elsewhere nothing is added: the same flags
+    as a tree configured before this rule, so it is not rebuilt."""
+    try:
+        macros = subprocess.run(["cc", "-march=native", "-dM", "-E", "-x", "c", "-"], input="", text=True,
+                                capture_output=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    if "__AMX_TILE__" not in macros:
+        return []
+    flags = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+    return [f"-DCMAKE_C_FLAGS={flags}", f"-DCMAKE_CXX_FLAGS={flags}"]
+
+
 if __name__ == "__main__":
-    binary, directory = build()
-    print(f"rpc-server: {binary}\nLLAMA_CPP_LIB_PATH={directory}")
+    if sys.argv[1:] == ["--server"]:
+        print(f"llama-server: {server()}")
+    else:
+        binary, directory = build()
+        print(f"rpc-server: {binary}\nLLAMA_CPP_LIB_PATH={directory}")

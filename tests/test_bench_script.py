@@ -179,3 +179,19 @@ def test_the_speculation_benchmark_runs_each_workload_with_and_without(tmp_path)
             elif name != "gateway, default" and workload != "4 streams":  # four unproven streams do not draft
                 assert (one["drafted"] or 0) > 0
     assert "greedy answers of the gateway, draft model against the gateway without: 3 of 3 the same" in r.stdout
+
+
+def test_the_lora_benchmark_measures_switching_and_streams_over_two_adapters(tmp_path):
+    model = tm.endless(tmp_path / "loop.gguf").path
+    out = tmp_path / "lora.json"
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "bench.py"), "--lora", "--only", "gateway",
+                        "--model", str(model), "--lora-rounds", "1", "--lora-requests", "4", "--lora-tokens", "8",
+                        "--threads", "1", "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    data = json.loads(out.read_text())["lora"]
+    assert list(data) == ["gateway"]  # --only gateway: no llama-server
+    g = data["gateway"]
+    assert 0 < g["same_p50_ms"] <= g["same_p95_ms"] and 0 < g["alternating_p50_ms"] <= g["alternating_p95_ms"]
+    assert g["one_set_tok_s"] > 0 and g["two_sets_tok_s"] > 0 and len(g["rounds"]["two_over_one"]) == 1
+    assert g["per_switch_ms"] == g["alternating_p50_ms"] - g["same_p50_ms"]
+    assert "| gateway |" in r.stdout and "2 sets / 1 set" in r.stdout

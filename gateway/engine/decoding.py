@@ -25,6 +25,11 @@ from .refusals import failure
 from .sampling import Sampling
 from .slots import Batch, Sequence, Slot, choose, chunk_end, reusable
 
+# Seconds of steps an adapter set keeps the decode while sequences under other sets wait
+# (``Decoder._turn``): long enough that switching sets, a few milliseconds of llama.cpp planning
+# its graph again, costs little; short enough that a waiting stream's next tokens come soon.
+TURN = 0.1
+
 
 class Decoder(Generation):
     def __init__(self, model: Model, sampling: Sampling, out: Outbox):
@@ -39,8 +44,10 @@ class Decoder(Generation):
         self.cache = PromptCache(model.ll, model.ctx, keep) if keep and not model.params.embeddings else None
         self.last_step = 0.0  # seconds the last decode step took, sampling included
         self.adapters = model.adapters
-        self.turns: dict[tuple[tuple[int, float], ...], int] = {}  # each adapter set's last step (``_turn``)
-        self.n_steps = 0
+        # each running adapter set's last turn (``_turn``): when it ended, and the set whose turn it is
+        self.turns: dict[tuple[tuple[int, float], ...], float] = {}
+        self.turn: tuple[tuple[int, float], ...] | None = None
+        self.turn_began = 0.0
 
     def admit(self, rid: int, req: ipc.GenerationRequest, tokens: list[int], prompt_tail: str,
               runs: dict[int, media.Run] | None = None) -> Sequence:
@@ -188,17 +195,22 @@ class Decoder(Generation):
     def _turn(self, running: list[Sequence]) -> list[Sequence]:
         """The running sequences this step decodes, their adapters set on the context: all of them
         where they share one LoRA set (llama.cpp applies a set to a whole decode), else those of
-        the set that has waited longest for a step, so that every set progresses: the sets take
-        turns, as many steps each."""
+        the set whose turn it is. A set keeps its turn for ``TURN`` seconds of steps, then the
+        set that has waited longest takes it: every set progresses, and a change of set (llama.cpp
+        plans its graph again at the next decode) is paid once a turn, not once a step."""
         if not self.adapters.table and not self.adapters.current:
             return running
         groups: dict[tuple[tuple[int, float], ...], list[Sequence]] = {}
         for seq in running:
             groups.setdefault(tuple((id(a), s) for a, s in _set_of(seq)), []).append(seq)
-        key = min(groups, key=lambda k: (self.turns.get(k, -1), min(s.order for s in groups[k])))
-        self.n_steps += 1
-        self.turns = {k: self.turns.get(k, -1) for k in groups}  # only the sets running now are kept
-        self.turns[key] = self.n_steps
+        now = time.monotonic()
+        key = self.turn
+        if key not in groups or (len(groups) > 1 and now - self.turn_began >= TURN):
+            others = [k for k in groups if k != key] or list(groups)
+            key = min(others, key=lambda k: (self.turns.get(k, 0.0), min(s.order for s in groups[k])))
+            self.turn, self.turn_began = key, now
+        self.turns = {k: self.turns.get(k, 0.0) for k in groups}  # only the sets running now are kept
+        self.turns[key] = now
         turn = groups[key]
         self.adapters.apply(_set_of(turn[0]))
         return turn

@@ -1,7 +1,8 @@
 """Tiny GGUF models that llama.cpp really runs, ready-made for tests, the demo and the
 benchmarks: scripted chat models (``plain``, ``thinking``, ``utf8_split``, ``endless``,
-``demo``), a reranker whose scores are known in advance, a LoRA adapter, a random-weight model
-over a real vocabulary, and llama.cpp's own source files (vocabularies, chat templates).
+``demo``), a reranker whose scores are known in advance, LoRA adapters (one that ends a scripted
+model's answers; random ones for any model: ``random_lora``), a random-weight model over a real
+vocabulary, and llama.cpp's own source files (vocabularies, chat templates).
 
 The scripted models are ``ggufwriter.write_scripted_model``'s; its docstring says what a test
 writer must know of them (triggers, one successor per token). Its names (``Script``,
