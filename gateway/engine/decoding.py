@@ -58,9 +58,9 @@ class Decoder(Generation):
         n_prompt = len(tokens)
         max_tokens = req.max_tokens
         room = self.n_ctx - n_prompt
-        chain = self.sampling.chain(req)  # before "start": a grammar that does not parse is a plain 400
-        chosen = self.adapters.chosen(req.adapter, req.lora)  # likewise: an adapter it does not have
+        chosen = self.adapters.chosen(req.adapter, req.lora)  # before "start": an adapter it has not is a 400
         chosen, alora_at = self.adapters.activated(chosen, tokens)
+        chain = self.sampling.chain(req)  # likewise: a grammar that does not parse
         scope = self.adapters.scope(req.cache_scope, chosen, alora_at)  # a cache made under other adapters is not its
         cache = self.cache
         choice = choose(self.free_slots(), cache.entries if cache else [], tokens, scope, cache is not None)
