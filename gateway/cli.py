@@ -46,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check-config", help="validate models.yaml and the model files it names")
     _add_config_arg(check)
 
+    sub.add_parser("schema", help="print models.yaml's JSON Schema (docs/models.yaml.schema.json)")
     status = sub.add_parser("status", help="ask a running gateway what is loaded, in flight and failed")
     chat = sub.add_parser("chat", help="chat in the terminal with a model of a running gateway")
     chat.add_argument("model")
@@ -84,6 +85,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_console(args)
     if args.command == "devices":
         return cmd_devices(args)
+    if args.command == "schema":
+        from .models.config.reference import schema_text
+
+        sys.stdout.write(schema_text())
+        return 0
     if args.command in ("pull", "rm"):
         from . import pullcmd
 

@@ -3,6 +3,10 @@
 after telling ``report`` what is wrong at ``where`` (a dotted YAML path). Tables of them
 (``{key: check}``) describe a mapping; ``mapping`` walks one.
 
+Each check also carries the JSON Schema fragment of what it accepts (``schema_of``; set by
+``accepts`` on a check function, by the constructors on the checks they make), from which
+``models/config/reference.py`` builds models.yaml's schema and reference.
+
 Pure and small: the models.yaml reader (``config``) uses them, and so does the declaration of
 llama.cpp's load settings (``engine.settings``), which both processes import.
 """
@@ -15,7 +19,7 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 INVALID: Any = object()  # what a check returns after reporting a problem
 
@@ -29,6 +33,30 @@ class Report(Protocol):
 
 
 Check = Callable[[Report, str, Any], Any]
+C = TypeVar("C", bound=Check)
+
+S = r"\S"  # a pattern: not blank (a string check strips what it reads)
+
+
+def accepts(schema: dict[str, Any]) -> Callable[[C], C]:
+    """Marks a check with the JSON Schema fragment of the values it accepts."""
+    def mark(check: C) -> C:
+        setattr(check, "schema", schema)  # noqa: B010 (a function's attribute, not in its type)
+        return check
+    return mark
+
+
+def schema_of(check: Check) -> dict[str, Any]:
+    """The JSON Schema fragment ``check`` accepts (``accepts``)."""
+    schema = getattr(check, "schema", None)
+    if schema is None:
+        raise LookupError(f"{getattr(check, '__qualname__', check)} declares no schema (checks.accepts)")
+    return dict(schema)
+
+
+def nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema``, or null."""
+    return {"anyOf": [{"type": "null"}, schema]}
 
 
 def show(value: Any) -> str:
@@ -119,9 +147,15 @@ def mapping(r: Report, where: str, value: Any, allowed: Mapping[str, Check]) -> 
     return out
 
 
+def object_schema(allowed: Mapping[str, Check]) -> dict[str, Any]:
+    """The JSON Schema of a mapping ``mapping`` checks by ``allowed`` (unknown keys refused)."""
+    return {"type": "object", "properties": {k: schema_of(c) for k, c in allowed.items()},
+            "additionalProperties": False}
+
+
 def table(allowed: Mapping[str, Check]) -> Check:
-    """A nested mapping checked by ``allowed``."""
-    return lambda r, where, v: mapping(r, where, v, allowed)
+    """A nested mapping checked by ``allowed`` (or nothing: null)."""
+    return accepts(nullable(object_schema(allowed)))(lambda r, where, v: mapping(r, where, v, allowed))
 
 
 def resolve_path(r: Report, where: str, value: Any) -> Path | None:
@@ -133,6 +167,11 @@ def resolve_path(r: Report, where: str, value: Any) -> Path | None:
     return (r.base / expanded).resolve() if not os.path.isabs(expanded) else Path(expanded)
 
 
+PATH_SCHEMA = {"type": "string", "pattern": S,
+               "description": "a file path: ~ and $VARS expanded, relative to models.yaml"}
+
+
+@accepts(PATH_SCHEMA)
 def path(r: Report, where: str, v: Any) -> Any:
     p = resolve_path(r, where, v)
     return INVALID if p is None else p
@@ -146,7 +185,8 @@ def integer(*, minimum: int | None = None, maximum: int | None = None, what: str
             r.error(where, f"must be {what}, got {show(v)}")
             return INVALID
         return v
-    return check
+    bounds = {k: b for k, b in (("minimum", minimum), ("maximum", maximum)) if b is not None}
+    return accepts({"type": "integer", **bounds})(check)
 
 
 POSITIVE_INTEGER = integer(minimum=1, what="a positive integer")
@@ -158,9 +198,10 @@ def one_of(choices: tuple[str, ...]) -> Check:
             r.error(where, f"must be one of {', '.join(choices)}, got {show(v)}")
             return INVALID
         return v
-    return check
+    return accepts({"enum": list(choices)})(check)
 
 
+@accepts({"type": "boolean"})
 def boolean(r: Report, where: str, v: Any) -> Any:
     if not isinstance(v, bool):
         r.error(where, f"must be true or false, got {show(v)}")
@@ -168,6 +209,7 @@ def boolean(r: Report, where: str, v: Any) -> Any:
     return v
 
 
+@accepts({"type": "string", "pattern": S})
 def string(r: Report, where: str, v: Any) -> Any:
     if not isinstance(v, str) or not v.strip():
         r.error(where, f"must be a non-empty string, got {show(v)}")
@@ -184,9 +226,10 @@ def list_of(item: Check) -> Check:
             return INVALID
         items = [item(r, f"{where}[{i}]", x) for i, x in enumerate(v)]
         return INVALID if any(x is INVALID for x in items) else tuple(items)
-    return check
+    return accepts(nullable({"type": "array", "items": schema_of(item)}))(check)
 
 
+@accepts({"type": "number"})
 def number(r: Report, where: str, v: Any) -> Any:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or abs(v) == float("inf"):
         r.error(where, f"must be a number, got {show(v)}")
@@ -194,6 +237,7 @@ def number(r: Report, where: str, v: Any) -> Any:
     return float(v)
 
 
+@accepts({"type": "number", "minimum": 0, "maximum": 1})
 def fraction(r: Report, where: str, v: Any) -> Any:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
         r.error(where, f"must be a number from 0 to 1, got {show(v)}")
@@ -201,6 +245,7 @@ def fraction(r: Report, where: str, v: Any) -> Any:
     return float(v)
 
 
+@accepts({"type": "number", "exclusiveMinimum": 0})
 def positive_number(r: Report, where: str, v: Any) -> Any:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
         r.error(where, f"must be a number > 0, got {show(v)}")
@@ -208,6 +253,7 @@ def positive_number(r: Report, where: str, v: Any) -> Any:
     return float(v)
 
 
+@accepts({"type": "number", "minimum": 0})
 def seconds(r: Report, where: str, v: Any) -> Any:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
         r.error(where, f"must be a number of seconds >= 0, got {show(v)}")
@@ -215,6 +261,7 @@ def seconds(r: Report, where: str, v: Any) -> Any:
     return float(v)
 
 
+@accepts({"type": "number", "exclusiveMinimum": 0})
 def positive_seconds(r: Report, where: str, v: Any) -> Any:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
         r.error(where, f"must be a number of seconds > 0, got {show(v)}")
@@ -222,6 +269,13 @@ def positive_seconds(r: Report, where: str, v: Any) -> Any:
     return float(v)
 
 
+_NUMBER_TEXT = r"[+]?([0-9]+[.]?[0-9]*|[.][0-9]+)([eE][+-]?[0-9]+)?"
+DURATION_SCHEMA = {"anyOf": [{"const": -1}, {"type": "number", "minimum": 0}, {"type": "string", "pattern": (
+    r"^\s*(-1|[fF][oO][rR][eE][vV][eE][rR]|[iI][nN][fF]|" + _NUMBER_TEXT
+    + r"|([0-9]+([.][0-9]+)?([mM][sS]|[sS]|[mM]|[hH]))+)\s*$")}]}
+
+
+@accepts(DURATION_SCHEMA)
 def duration(r: Report, where: str, v: Any) -> Any:
     secs = parse_duration(v)
     if secs is None:
@@ -230,6 +284,11 @@ def duration(r: Report, where: str, v: Any) -> Any:
     return secs
 
 
+SIZE_SCHEMA = {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "string", "pattern": (
+    r"^\s*[0-9]+([.][0-9]+)?\s*([bB]|[kKmMgGtT]([iI]?[bB])?)?\s*$")}]}
+
+
+@accepts(SIZE_SCHEMA)
 def byte_size(r: Report, where: str, v: Any) -> Any:
     n = parse_bytes(v)
     if n is None:

@@ -54,6 +54,10 @@ SPLIT_MODES = ("none", "layer", "row")
 
 # --- checks of the settings that need more than a type -------------------------------------------
 
+_PORT_TEXT = "0*([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
+
+
+@checks.accepts({"type": "string", "pattern": f"^.+:{_PORT_TEXT}$"})
 def _rpc_server(r: Report, where: str, v: Any) -> Any:
     """``host:port`` of a llama.cpp ``rpc-server``."""
     host, _, port = v.rpartition(":") if isinstance(v, str) else ("", "", "")
@@ -63,6 +67,8 @@ def _rpc_server(r: Report, where: str, v: Any) -> Any:
     return f"{host.strip()}:{int(port)}"
 
 
+@checks.accepts({"type": "array", "minItems": 1, "maxItems": 16, "items": {"type": "number", "minimum": 0},
+                 "contains": {"exclusiveMinimum": 0}})
 def _tensor_split(r: Report, where: str, v: Any) -> Any:
     """Each GPU's share, as llama-server's --tensor-split: numbers >= 0, not all 0."""
     if not isinstance(v, list) or not v or len(v) > 16 or any(
@@ -73,6 +79,12 @@ def _tensor_split(r: Report, where: str, v: Any) -> Any:
     return tuple(float(x) for x in v)
 
 
+_NONE = "^\\s*[nN][oO][nN][eE]\\s*$"
+
+
+@checks.accepts({"anyOf": [{"type": "string", "pattern": _NONE}, {
+    "type": "array", "minItems": 1, "maxItems": 16, "uniqueItems": True,
+    "items": {"type": "string", "pattern": checks.S, "not": {"pattern": _NONE}}}]})
 def _device_names(r: Report, where: str, v: Any) -> Any:
     """llama-server's --device: ``none``, or a list of llama.cpp's device names (CUDA0,
     Vulkan1, ...: ``gguf-gateway devices`` lists them), checked against llama.cpp at load."""
@@ -87,6 +99,9 @@ def _device_names(r: Report, where: str, v: Any) -> Any:
     return tuple(x.strip() for x in v)
 
 
+@checks.accepts({"anyOf": [checks.PATH_SCHEMA, {
+    "type": "object", "required": ["path"], "additionalProperties": False,
+    "properties": {"path": checks.PATH_SCHEMA, "scale": checks.schema_of(checks.number)}}]})
 def _lora_adapter(r: Report, where: str, v: Any) -> Any:
     """A LoRA adapter: its GGUF path, or ``{path: ..., scale: 1.0}``."""
     raw = {"path": v} if isinstance(v, str) else v
@@ -104,6 +119,7 @@ def _lora_adapter(r: Report, where: str, v: Any) -> Any:
 T = TypeVar("T")
 
 
+@checks.accepts(checks.PATH_SCHEMA)
 def _file_or_model(r: Report, where: str, v: Any) -> Any:
     """A GGUF file (relative to models.yaml), or the name of a model this gateway serves (no
     path separator, no ``.gguf``, no ``~`` or ``$``): kept as a relative path, which the catalog
@@ -114,91 +130,147 @@ def _file_or_model(r: Report, where: str, v: Any) -> Any:
     return checks.path(r, where, v)
 
 
-def setting(default: T, check: Check) -> T:
-    """A field of ``LlamaSettings``: its default, and the check of its models.yaml value."""
-    return field(default=default, metadata={"check": check})
+def setting(default: T, check: Check, doc: str, *, flag: str = "", ollama: str = "") -> T:
+    """A field of ``LlamaSettings``: its default, the check of its models.yaml value, its line in
+    the reference (``doc``), and the llama-server ``flag`` and Ollama option it mirrors."""
+    return field(default=default, metadata={"check": check, "doc": doc, "flag": flag, "ollama": ollama})
 
 
 # --- the settings ----------------------------------------------------------------------------------
+
+_GPU_LAYERS = checks.integer(minimum=-1, what="an integer >= -1 (-1: all layers)")
+
+
+def _upto(low: int, high: int) -> Check:
+    return checks.integer(minimum=low, maximum=high, what=f"an integer from {low} to {high}")
+
 
 @dataclass(frozen=True, kw_only=True)
 class LlamaSettings:
     """How llama.cpp loads a model (llama-server's flags, passed as they are). Keyword-only, so
     that a class deriving from it keeps its own positional fields."""
 
-    n_ctx: int | None = setting(None, POSITIVE_INTEGER)  # None: the model's trained context, capped (DEFAULT_N_CTX)
-    n_gpu_layers: int = setting(-1, checks.integer(minimum=-1, what="an integer >= -1 (-1: all layers)"))
-    n_threads: int | None = setting(None, POSITIVE_INTEGER)  # None: the CPUs this process may use (at most 16)
-    n_batch: int = setting(512, POSITIVE_INTEGER)
+    n_ctx: int | None = setting(None, POSITIVE_INTEGER, (
+        "context of each slot in tokens; unset: the model's trained context, at most 4096"),
+        flag="-c, --ctx-size", ollama="num_ctx")
+    n_gpu_layers: int = setting(-1, _GPU_LAYERS, "layers on the GPU; -1: all, 0: CPU only",
+                                flag="-ngl, --n-gpu-layers", ollama="num_gpu")
+    n_threads: int | None = setting(None, POSITIVE_INTEGER, (
+        "CPU threads; unset: the physical cores this process may use, at most 16"),
+        flag="-t, --threads", ollama="num_thread")
+    n_batch: int = setting(512, POSITIVE_INTEGER, "tokens per llama_decode call (prompt chunks and streams together)",
+                           flag="-b, --batch-size", ollama="num_batch")
     # sequence slots decoded together (continuous batching), each holding n_ctx tokens; for an
     # embedding model, the inputs a decode may hold (``embed_seqs``: at least EMBED_SEQS)
-    parallel: int = setting(4, checks.integer(minimum=1, maximum=64, what="an integer from 1 to 64"))
-    flash_attn: bool | None = setting(None, checks.boolean)  # None: llama.cpp decides
+    parallel: int = setting(4, _upto(1, 64), (
+        "requests decoded together, each slot holding n_ctx tokens; an embedding model: inputs per decode "
+        "(at least 64)"), flag="-np, --parallel", ollama="OLLAMA_NUM_PARALLEL")
+    flash_attn: bool | None = setting(None, checks.boolean, "flash attention on or off; unset: llama.cpp decides",
+                                      flag="-fa, --flash-attn", ollama="OLLAMA_FLASH_ATTENTION")
     # llama.cpp's repacked CPU weight layouts (use_extra_bufts): faster kernels on some CPUs, but a
     # token's logits then depend on how many other tokens share its batch (greedy answers change
     # under load)
-    repack: bool = setting(False, checks.boolean)
+    repack: bool = setting(False, checks.boolean, (
+        "llama.cpp's repacked CPU weight layouts: faster on some CPUs, but answers then depend on the load"),
+        flag="--repack / --no-repack")
     # sliding-window layers keep every position (llama.cpp's C default): a prefix is reused however
     # far back a prompt leaves it, and answers do not depend on how a prompt was split; false
     # keeps only the window (llama-server's default), far less memory
-    swa_full: bool = setting(True, checks.boolean)
-    use_mmap: bool = setting(True, checks.boolean)
-    chat_template: str | None = setting(None, checks.string)  # Jinja source overriding the GGUF's own template
+    swa_full: bool = setting(True, checks.boolean, (
+        "sliding-window layers keep every position (any prefix reused); false: only the window, far less memory"),
+        flag="--swa-full")
+    use_mmap: bool = setting(True, checks.boolean, "map the file instead of reading it into memory",
+                             flag="--no-mmap (false)", ollama="use_mmap")
+    chat_template: str | None = setting(None, checks.string, "Jinja chat template overriding the GGUF's own",
+                                        flag="--chat-template-file", ollama="TEMPLATE")
     # llama.cpp RPC servers (host:port) that hold part of the layers
-    rpc: tuple[str, ...] = setting((), checks.list_of(_rpc_server))
-    reranker: bool = setting(False, checks.boolean)  # scores documents against a query with llama.cpp's rank pooling
-    cache_type_k: str = setting("f16", checks.one_of(tuple(CACHE_TYPES)))
-    cache_type_v: str = setting("f16", checks.one_of(tuple(CACHE_TYPES)))  # a quantized one needs flash attention
-    n_ubatch: int | None = setting(None, POSITIVE_INTEGER)  # physical batch; None: n_batch
-    n_threads_batch: int | None = setting(None, POSITIVE_INTEGER)  # threads reading prompts; None: n_threads
-    main_gpu: int = setting(0, checks.integer(minimum=0, what="a GPU index >= 0"))
-    split_mode: str = setting("layer", checks.one_of(SPLIT_MODES))  # how a model spreads over several GPUs
-    tensor_split: tuple[float, ...] = setting((), _tensor_split)  # each GPU's share of the model
+    rpc: tuple[str, ...] = setting((), checks.list_of(_rpc_server), (
+        "llama.cpp rpc-servers (host:port) that hold part of the layers"), flag="--rpc")
+    reranker: bool = setting(False, checks.boolean, "serve /v1/rerank with this model (llama.cpp's rank pooling)",
+                             flag="--reranking")
+    cache_type_k: str = setting("f16", checks.one_of(tuple(CACHE_TYPES)), "the KV cache's K type",
+                                flag="-ctk, --cache-type-k", ollama="OLLAMA_KV_CACHE_TYPE")
+    cache_type_v: str = setting("f16", checks.one_of(tuple(CACHE_TYPES)), (
+        "the KV cache's V type (a quantized one needs flash attention)"),
+        flag="-ctv, --cache-type-v", ollama="OLLAMA_KV_CACHE_TYPE")
+    n_ubatch: int | None = setting(None, POSITIVE_INTEGER, "physical batch, at most n_batch; unset: n_batch",
+                                   flag="-ub, --ubatch-size")
+    n_threads_batch: int | None = setting(None, POSITIVE_INTEGER, "threads reading prompts; unset: n_threads",
+                                          flag="-tb, --threads-batch")
+    main_gpu: int = setting(0, checks.integer(minimum=0, what="a GPU index >= 0"),
+                            "the GPU of a model that is not split (split_mode: none)",
+                            flag="-mg, --main-gpu", ollama="main_gpu")
+    split_mode: str = setting("layer", checks.one_of(SPLIT_MODES), "how a model spreads over several GPUs",
+                              flag="-sm, --split-mode")
+    tensor_split: tuple[float, ...] = setting((), _tensor_split, (
+        "each GPU's share of the model; empty: llama.cpp's split by free memory"), flag="-ts, --tensor-split")
     # the devices llama.cpp may offload to, by name (llama-server's --device): None: every GPU;
     # (): none (``devices: none``), the model stays on the CPU and touches no GPU
-    devices: tuple[str, ...] | None = setting(None, _device_names)
-    use_mlock: bool = setting(False, checks.boolean)  # lock the weights in RAM (never swapped out)
-    rope_freq_base: float | None = setting(None, checks.positive_number)  # None: the model's own
-    rope_freq_scale: float | None = setting(None, checks.positive_number)
+    devices: tuple[str, ...] | None = setting(None, _device_names, (
+        "the devices to offload to (gguf-gateway devices lists them); none: no GPU; unset: every GPU"),
+        flag="-dev, --device")
+    use_mlock: bool = setting(False, checks.boolean, "lock the weights in RAM (never swapped out)",
+                              flag="--mlock", ollama="use_mlock")
+    rope_freq_base: float | None = setting(None, checks.positive_number, "RoPE base frequency; unset: the model's",
+                                           flag="--rope-freq-base", ollama="rope_frequency_base")
+    rope_freq_scale: float | None = setting(None, checks.positive_number, "RoPE frequency scaling; unset: the model's",
+                                            flag="--rope-freq-scale", ollama="rope_frequency_scale")
     # the slots share one pool of n_ctx cells (llama-server's default) instead of n_ctx each
-    kv_unified: bool = setting(False, checks.boolean)
-    lora: tuple[tuple[Path, float], ...] = setting((), checks.list_of(_lora_adapter))  # (adapter GGUF, scale)
+    kv_unified: bool = setting(False, checks.boolean, "the slots share one pool of n_ctx cells instead of n_ctx each",
+                               flag="--kv-unified")
+    lora: tuple[tuple[Path, float], ...] = setting((), checks.list_of(_lora_adapter), (
+        "LoRA adapters applied to every request: a file, or {path: FILE, scale: NUMBER}"),
+        flag="--lora, --lora-scaled", ollama="ADAPTER")
     # fill in the middle suffix first (llama-server's --spm-infill), for models trained that way
-    spm_infill: bool = setting(False, checks.boolean)
+    spm_infill: bool = setting(False, checks.boolean, "fill in the middle suffix first, for models trained that way",
+                               flag="--spm-infill")
     # host memory that keeps the caches of slots taken for other conversations, to be restored
-    # when they come back (llama-server's --cache-ram; ``engine/kvcache.PromptCache``); 0: none;
-    # None: ``server.prompt_cache_bytes``
-    prompt_cache_bytes: int | None = setting(None, checks.byte_size)
+    # when they come back (``engine/kvcache.PromptCache``); 0: none; None: ``server.prompt_cache_bytes``
+    prompt_cache_bytes: int | None = setting(None, checks.byte_size, (
+        "host memory keeping other conversations' caches (a size; 0: off); unset: server.prompt_cache_bytes"),
+        flag="--cache-ram")
     # reuse chunks of at least this many cached tokens past the first difference, their cells
-    # moved to their new positions (llama-server's --cache-reuse; ``slots.reuse_plan``); 0: off.
-    # Only where llama.cpp can shift the cache (not a recurrent or hybrid model, not a
-    # sliding-window one without swa_full): elsewhere it is off and the load says so
-    cache_reuse: int = setting(0, checks.integer(minimum=0, what="a number of tokens >= 0 (0: off)"))
-    # context checkpoints kept per slot of a sliding-window model (llama-server's --ctx-checkpoints;
-    # ``engine/checkpoints``): each a copy of the window, taken near the end of each prompt; 0: none
-    ctx_checkpoints: int = setting(2, checks.integer(minimum=0, maximum=64, what="an integer from 0 to 64"))
-    # the model's multimodal projector (llama-server's --mmproj): pictures and sounds are encoded
-    # by it (llama.cpp's libmtmd, ``engine/media``) into the prompt; None: text alone
-    mmproj: Path | None = setting(None, checks.path)
+    # moved to their new positions (``slots.reuse_plan``). Only where llama.cpp can shift the
+    # cache (not a recurrent or hybrid model, not a sliding-window one without swa_full):
+    # elsewhere it is off and the load says so
+    cache_reuse: int = setting(0, checks.integer(minimum=0, what="a number of tokens >= 0 (0: off)"), (
+        "reuse cached chunks of at least this many tokens past the first difference; 0: off"),
+        flag="--cache-reuse")
+    # context checkpoints kept per slot of a sliding-window model (``engine/checkpoints``): each a
+    # copy of the window, taken near the end of each prompt; 0: none
+    ctx_checkpoints: int = setting(2, _upto(0, 64), "context checkpoints kept per slot of a sliding-window model",
+                                   flag="--ctx-checkpoints")
+    # the model's multimodal projector: pictures and sounds are encoded by it (llama.cpp's
+    # libmtmd, ``engine/media``) into the prompt; None: text alone
+    mmproj: Path | None = setting(None, checks.path, "the multimodal projector that reads pictures and sounds",
+                                  flag="--mmproj")
     # speculative decoding (``engine/speculation``): "ngram" (llama-server's --spec-type
     # ngram-simple) proposes the tokens that followed the latest earlier occurrence of the last
     # spec_ngram_size_n tokens, at most spec_ngram_size_m a step, and keeps those the model agrees with;
     # each sequence risks only what its proposals earned (``speculation.draft_length``), so one whose
     # answer does not copy its context proposes little. On by default: where answers copy their
     # context it is a multiple of the speed, and the benchmark's ordinary chat, non-copying edit and
-    # four batched streams lose no more than noise (README, ``scripts/bench.py --speculation``)
-    spec_type: str = setting("ngram", checks.one_of(("none", "ngram")))
-    spec_ngram_size_n: int = setting(4, checks.integer(minimum=1, maximum=1024, what="an integer from 1 to 1024"))
-    spec_ngram_size_m: int = setting(16, checks.integer(minimum=1, maximum=1024, what="an integer from 1 to 1024"))
-    # a draft model (llama-server's -md, ``engine/drafting``): a smaller model of the same vocabulary
-    # proposes up to draft_max tokens a step, greedily, stopping where its own top probability
-    # is under draft_p_min, nothing where under draft_min came; its own n_gpu_layers and n_ctx
-    draft: Path | None = setting(None, _file_or_model)  # a file, or a model's name (relative until resolved)
-    draft_n_gpu_layers: int = setting(-1, checks.integer(minimum=-1, what="an integer >= -1 (-1: all layers)"))
-    draft_n_ctx: int | None = setting(None, POSITIVE_INTEGER)  # None: the model's n_ctx
-    draft_max: int = setting(3, checks.integer(minimum=1, maximum=256, what="an integer from 1 to 256"))
-    draft_min: int = setting(0, checks.integer(minimum=0, maximum=256, what="an integer from 0 to 256"))
-    draft_p_min: float = setting(0.0, checks.fraction)
+    # four batched streams lose no more than noise (docs/performance.md, ``scripts/bench.py --speculation``)
+    spec_type: str = setting("ngram", checks.one_of(("none", "ngram")), (
+        "speculative decoding by prompt lookup (ngram) or none"), flag="--spec-type")
+    spec_ngram_size_n: int = setting(4, _upto(1, 1024), "tokens of context an ngram proposal is looked up by",
+                                     flag="--spec-ngram-size-n")
+    spec_ngram_size_m: int = setting(16, _upto(1, 1024), "at most this many tokens proposed a step by ngram",
+                                     flag="--spec-ngram-size-m")
+    # a draft model (``engine/drafting``): a smaller model of the same vocabulary proposes up to
+    # draft_max tokens a step, greedily, stopping where its own top probability is under
+    # draft_p_min, nothing where under draft_min came
+    draft: Path | None = setting(None, _file_or_model, (
+        "a draft model of the same vocabulary: a GGUF file, or a served model's name"), flag="-md, --model-draft")
+    draft_n_gpu_layers: int = setting(-1, _GPU_LAYERS, "the draft model's layers on the GPU; -1: all",
+                                      flag="-ngld, --gpu-layers-draft")
+    draft_n_ctx: int | None = setting(None, POSITIVE_INTEGER, "the draft model's context; unset: n_ctx",
+                                      flag="-cd, --ctx-size-draft")
+    draft_max: int = setting(3, _upto(1, 256), "at most this many tokens drafted a step", flag="--draft-max")
+    draft_min: int = setting(0, _upto(0, 256), "fewer drafted tokens than this are not proposed",
+                             flag="--draft-min")
+    draft_p_min: float = setting(0.0, checks.fraction, "drafting stops where its top probability is under this",
+                                 flag="--draft-p-min")
 
 
 SETTINGS = tuple(fields(LlamaSettings))

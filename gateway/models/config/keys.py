@@ -67,6 +67,7 @@ def new_key() -> str:
     return "sk-gg-" + secrets.token_urlsafe(32)
 
 
+@checks.accepts({"anyOf": [{"type": "number"}, {"type": "string", "pattern": r"^\s*[0-9]{4}-[0-9]{2}-[0-9]{2}"}]})
 def _when(r: Report, where: str, v: Any) -> Any:
     """A time: YAML's own timestamp, an ISO 8601 date or date and time (UTC unless it says), or
     epoch seconds; kept as epoch seconds."""
@@ -82,6 +83,11 @@ def _when(r: Report, where: str, v: Any) -> Any:
     return INVALID
 
 
+SECRET_SCHEMA = {"type": "string", "pattern": checks.S, "anyOf": [
+    {"not": {"pattern": r"^\s*[sS][hH][aA]256:"}}, {"pattern": r"^\s*sha256:[0-9a-fA-F]{64}\s*$"}]}
+
+
+@checks.accepts(SECRET_SCHEMA)
 def _secret(r: Report, where: str, v: Any) -> Any:
     """A key, or its digest: (digest, the key or None)."""
     if not isinstance(v, str) or not v.strip():
@@ -111,6 +117,17 @@ SETTINGS: dict[str, checks.Check] = {
     "created": _when,  # said by ``keys add``; read, not used
     "note": checks.string,
 }
+# each setting's line in the reference (``reference.py``)
+DOCS: dict[str, str] = {
+    "key": "the key, or sha256:HEX (its SHA-256 in hex)",
+    "role": "admin or user; unset: admin for a bare key, user once it has a scope or a limit",
+    "models": "globs of the model names it may use",
+    "rpm": "requests a minute", "tpm": "tokens a minute", "max_parallel": "requests at once",
+    "budget": "tokens a budget_period", "budget_period": "the budget's period (UTC)",
+    "expires": "refused after this date or time (UTC unless it says)",
+    "created": "when `keys add` made it (read, not used)", "note": "a note (read, not used)",
+}
+ENTRY_SCHEMA = {"anyOf": [SECRET_SCHEMA, {**checks.object_schema(SETTINGS), "required": ["key"]}]}
 
 
 def entry(r: Report, where: str, name: str | None, value: Any, source: str) -> KeySpec | None:
@@ -131,6 +148,8 @@ def entry(r: Report, where: str, name: str | None, value: Any, source: str) -> K
     return KeySpec(**{**spec.__dict__, "role": settings.get("role") or ("user" if spec.limited else "admin")})
 
 
+@checks.accepts({"anyOf": [{"type": "null"}, {"type": "object", "additionalProperties": ENTRY_SCHEMA},
+                           {"type": "array", "items": SECRET_SCHEMA}]})
 def from_section(r: Report, where: str, v: Any) -> Any:
     """``server.api_keys``: a list of keys, or a map of names to a key or its settings."""
     if v is None:

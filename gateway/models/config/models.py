@@ -11,11 +11,12 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from ...base import checks
-from ...base.checks import INVALID, Check, Report, show
+from ...base.checks import INVALID, Check, Report, schema_of, show
 from ...engine import settings
-from ...text.sampling_params import SAMPLING
+from ...text.sampling_params import FLOAT_MAX, INT32_MAX, SAMPLING
 from .parsing import Parsing
 from .specs import (
+    MAX_ADAPTER_NAME,
     MAX_ADAPTERS,
     MAX_LORA_SCALE,
     REASONING_MODES,
@@ -30,6 +31,11 @@ from .specs import (
 _EFFORTS = ("minimal", "low", "medium", "high")
 
 
+_MARKER = {"type": "string", "minLength": 1, "pattern": checks.S}
+
+
+@checks.accepts({"anyOf": [{"enum": list(REASONING_MODES)}, {
+    "type": "array", "items": _MARKER, "minItems": 2, "maxItems": 2, "uniqueItems": True}]})
 def _reasoning(r: Report, where: str, v: Any) -> Any:
     """One of REASONING_MODES, or the model's own ``[open, close]`` pair of thinking markers."""
     if isinstance(v, list):
@@ -42,6 +48,8 @@ def _reasoning(r: Report, where: str, v: Any) -> Any:
     return checks.one_of(REASONING_MODES)(r, where, v)
 
 
+@checks.accepts({"type": "object", "additionalProperties": False, "properties": {
+    e: {"type": ["integer", "null"], "minimum": 0} for e in _EFFORTS}})
 def _reasoning_budgets(r: Report, where: str, v: Any) -> Any:
     if not isinstance(v, dict) or any(k not in _EFFORTS for k in v) or any(
             b is not None and (not isinstance(b, int) or isinstance(b, bool) or b < 0) for b in v.values()):
@@ -57,9 +65,14 @@ def _sampling_default(param: Any) -> Check:
             r.error(where, f"{problem}, got {show(x)}")
             return INVALID
         return x
-    return check
+    low = {"exclusiveMinimum" if param.low_open else "minimum": param.low} if param.low is not None else {}
+    limit = FLOAT_MAX if param.kind is float else INT32_MAX
+    return checks.accepts({"type": "number" if param.kind is float else "integer",
+                           "minimum": -limit, "maximum": limit, **low,
+                           **({"maximum": param.high} if param.high is not None else {})})(check)
 
 
+@checks.accepts({"type": "string", "pattern": r"^\s*https?://[^/?#@\s]+(/[^?#]*)?\s*$"})
 def _url(r: Report, where: str, v: Any) -> Any:
     """An http(s) base URL; a bare host gets OpenAI's ``/v1``."""
     parts = urlsplit(v.strip()) if isinstance(v, str) else None
@@ -77,6 +90,7 @@ def _url(r: Report, where: str, v: Any) -> Any:
     return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
 
 
+@checks.accepts({"type": "number", "minimum": -MAX_LORA_SCALE, "maximum": MAX_LORA_SCALE})
 def _lora_scale(r: Report, where: str, v: Any) -> Any:
     """A finite number within MAX_LORA_SCALE either way (``specs``: why the bound)."""
     if checks.number(r, where, v) is INVALID:
@@ -88,6 +102,12 @@ def _lora_scale(r: Report, where: str, v: Any) -> Any:
     return float(v)
 
 
+@checks.accepts({"anyOf": [{"type": "null"}, {
+    "type": "object", "maxProperties": MAX_ADAPTERS,
+    "propertyNames": {"pattern": rf"^\s*[\w.+-]{{1,{MAX_ADAPTER_NAME}}}\s*$"},
+    "additionalProperties": {"anyOf": [checks.PATH_SCHEMA, {
+        "type": "object", "required": ["path"], "additionalProperties": False,
+        "properties": {"path": checks.PATH_SCHEMA, "scale": schema_of(_lora_scale)}}]}}]})
 def _loras(r: Report, where: str, v: Any) -> Any:
     """``loras:``: each adapter's name to its GGUF file, or to ``{path: FILE, scale: NUMBER}``; at
     most MAX_ADAPTERS, names as ``adapter_name_problem`` allows, none twice (compared as names are).
@@ -170,7 +190,66 @@ UPSTREAM: dict[str, Check] = {
     **COMMON,
 }
 
-REPLICAS: dict[str, Check] = {**COMMON, "replicas": checks.list_of(lambda r, w, v: v)}
+@checks.accepts({"type": "array", "minItems": 1})  # its items: ``reference.member_schema``
+def _replica_list(r: Report, where: str, v: Any) -> Any:
+    """``replicas:``, each member read by ``_member`` once the entry is checked."""
+    if v is None:
+        return ()
+    if not isinstance(v, list):
+        r.error(where, f"must be a list, got {show(v)}")
+        return INVALID
+    return tuple(v)
+
+
+REPLICAS: dict[str, Check] = {**COMMON, "replicas": _replica_list}
+
+# each key's line in the reference (``reference.py``); a llama.cpp setting's is its field's
+DOCS: dict[str, str] = {
+    "path": "the GGUF file (the first part of a split model); relative to models.yaml",
+    "tool_format": "how the model writes tool calls; auto: from its chat template and vocabulary",
+    "pin": "loaded at start, never unloaded by eviction or keep_alive",
+    "loras": "LoRA adapters a request names (MODEL:ADAPTER): each name to a file, or {path: FILE, scale: NUMBER}",
+    "aliases": "more names for the model (case-insensitive); a glob (claude-*, gpt-*, *) catches names no model has",
+    "keep_alive": "unload after idle this long (seconds, or 30s / 5m / 1h; -1: never); unset: server.keep_alive",
+    "preload": "load at start instead of on the first request",
+    "reasoning": "how the model marks its thinking: a format, none, or its own [open, close] pair; auto: "
+                 "from the template",
+    "reasoning_budgets": "thinking tokens per reasoning_effort (minimal, low, medium, high; null: no cap)",
+    "defaults": "sampling defaults for requests that leave a field out",
+    "embeddings": "serve /v1/embeddings with this model",
+    "upstream": "another server's OpenAI-compatible base URL (a bare host:port gets /v1)",
+    "model": "the upstream's name for the model; unset: this entry's name",
+    "api_key": "the key sent to the upstream (never logged or shown)",
+    "api_key_env": "the environment variable holding the upstream's key",
+    "api_key_file": "a file whose first line is the upstream's key",
+    "upstream_discover": "also serve every model the upstream's /v1/models lists, as prefix + id",
+    "prefix": "the names of discovered upstream models start with this; unset: the entry's name and a slash",
+    "timeouts": "seconds to wait on the upstream",
+    "max_connections": "pooled connections to the upstream",
+    "replicas": "several backends under one name: GGUF paths, or mappings of a local model or an upstream",
+}
+UPSTREAM_DOCS: dict[str, str] = {  # where a key means something else on an upstream
+    "parallel": "requests the upstream answers at once (how replicas share work)"}
+NESTED_DOCS: dict[str, str] = {
+    "timeouts.connect": "seconds to open a connection",
+    "timeouts.first_byte": "seconds from sending a request to the answer's first event",
+    "timeouts.idle": "seconds between two events of an answer",
+    "defaults.temperature": "sampling temperature", "defaults.top_p": "nucleus sampling: the probability kept",
+    "defaults.top_k": "sample among this many most likely tokens (0: all)",
+    "defaults.min_p": "drop tokens under this share of the most likely one's probability",
+    "defaults.repeat_penalty": "penalty on repeated tokens (1: none)",
+    "defaults.presence_penalty": "penalty on tokens already present", "defaults.frequency_penalty": (
+        "penalty on tokens by how often they appeared"), "defaults.seed": "a fixed sampling seed",
+    "defaults.max_tokens": "default completion length",
+    "loras.NAME.path": "the adapter's GGUF file", "loras.NAME.scale": "the scale it is applied at (-100 to 100)",
+}
+MIRRORS: dict[str, tuple[str, str]] = {  # key: (llama-server flag, Ollama option)
+    "keep_alive": ("", "keep_alive"), "embeddings": ("--embeddings", ""), "defaults.temperature": (
+        "--temp", "temperature"), "defaults.top_p": ("--top-p", "top_p"), "defaults.top_k": ("--top-k", "top_k"),
+    "defaults.min_p": ("--min-p", "min_p"), "defaults.repeat_penalty": ("--repeat-penalty", "repeat_penalty"),
+    "defaults.presence_penalty": ("--presence-penalty", "presence_penalty"),
+    "defaults.frequency_penalty": ("--frequency-penalty", "frequency_penalty"),
+    "defaults.seed": ("-s, --seed", "seed"), "defaults.max_tokens": ("-n, --n-predict", "num_predict")}
 
 
 def parse_models(r: Parsing, data: dict[str, Any], *, check_files: bool) -> list[ModelSpec]:

@@ -13,6 +13,8 @@ from .parsing import Parsing
 from .specs import MEMORY, REASONING_FIELDS, CaptureConfig, OtelConfig, default_state_dir
 
 
+@checks.accepts({"anyOf": [{"type": "string", "pattern": r"^\s*0*[0-9]{1,2}([.][0-9]*)?\s*%\s*$"},
+                           checks.SIZE_SCHEMA]})
 def _reserve(r: Report, where: str, v: Any) -> Any:
     """A size, or a share of the machine's memory (``"10%"``, kept as -10)."""
     if isinstance(v, str) and v.strip().endswith("%"):
@@ -43,9 +45,12 @@ def _per_device(parse: Check, plain: str) -> Check:
             if parsed is not INVALID:
                 out[key.strip().lower()] = parsed
         return out
-    return check
+    one = checks.schema_of(parse)
+    return checks.accepts({"anyOf": [one, {"type": "object", "propertyNames": {"pattern": checks.S},
+                                           "additionalProperties": one}]})(check)
 
 
+@checks.accepts({"anyOf": [{"type": "boolean"}, checks.schema_of(checks.list_of(checks.string))]})
 def _pull_on_demand(r: Report, where: str, v: Any) -> Any:
     """``true`` / ``false``, or a list of name prefixes (``hf.co``, ``bartowski``, ``llama3``): a
     request naming a model on no disk that starts with one of them pulls it. ``true`` is ``("",)``."""
@@ -55,6 +60,7 @@ def _pull_on_demand(r: Report, where: str, v: Any) -> Any:
     return tuple(p.strip().lower() for p in prefixes) if isinstance(prefixes, tuple) else prefixes
 
 
+@checks.accepts({"anyOf": [{"const": False}, checks.PATH_SCHEMA]})
 def _usage_db(r: Report, where: str, v: Any) -> Any:
     """A file path, or ``off`` (``false``): usage kept in memory only, for the limits."""
     if v is False or (isinstance(v, str) and v.strip().lower() in ("off", ":memory:")):
@@ -71,6 +77,7 @@ _CAPTURE: dict[str, Check] = {
 }
 
 
+@checks.accepts({"type": "object", "additionalProperties": {"type": "string"}})
 def _headers(r: Report, where: str, v: Any) -> Any:
     if not isinstance(v, dict) or not all(isinstance(k, str) and isinstance(x, str) for k, x in v.items()):
         r.error(where, f"must be a mapping of header names to strings, got {show(v)}")
@@ -85,7 +92,7 @@ def _switch(kind: type, allowed: dict[str, Check]) -> Check:
         if isinstance(v, bool):
             return kind(enabled=v)
         return kind(**{"enabled": True, **checks.mapping(r, where, v, allowed)})
-    return check
+    return checks.accepts({"anyOf": [{"type": "boolean"}, checks.schema_of(checks.table(allowed))]})(check)
 
 
 _OTEL: dict[str, Check] = {
@@ -154,6 +161,75 @@ SERVER: dict[str, Check] = {
     "otel": _switch(OtelConfig, _OTEL),
 }
 
+
+# each key's line in the reference (``reference.py``)
+DOCS: dict[str, str] = {
+    "host": "address to bind; loopback unless you mean to expose it",
+    "port": "TCP port",
+    "models_dirs": "more discovery roots: every GGUF below them is served by its file name",
+    "api_keys": "API keys: a list, or a map of names to a key or its settings (keys, below); more in the keys file",
+    "api_keys_file": "the keys file (the same map; a key may be sha256:HEX); unset: keys.yaml in state_dir",
+    "cors_origins": "browser origins allowed to call the API (\"*\": any)",
+    "max_body_bytes": "larger request bodies get 413",
+    "max_messages": "more messages in one request get 400",
+    "max_queue": "per model: requests waiting beyond this get 429",
+    "request_timeout": "seconds a request may run; 0: no limit",
+    "write_timeout": "a streamed answer whose client reads nothing this long ends as a disconnect",
+    "header_timeout": "seconds a connection has to send a request's headers",
+    "keepalive_timeout": "an idle kept-alive connection is closed after this many seconds",
+    "body_timeout": "seconds a request body has to arrive whole, else 408",
+    "max_connections": "more open connections are refused with 503",
+    "discover_default_stores": "also discover ~/models, llama.cpp's, Hugging Face's, LM Studio's and Ollama's stores",
+    "keep_alive": "unload a model idle this long (seconds, or 30s / 5m / 1h; -1: never)",
+    "load_timeout": "seconds a request waits for its model to load, then 503",
+    "max_loaded_models": "at most this many models loaded at once (0: no limit)",
+    "reasoning_fields": "where answers carry a model's thinking",
+    "events_path": "append one JSON line per request to this file",
+    "drain_seconds": "on SIGTERM, how long requests in flight may take to finish",
+    "metrics_public": "/metrics answers without an API key",
+    "isolate_cache_by_key": "a prompt cache is reused only by the API key that filled it",
+    "stream_interval_ms": "a streamed token may wait this long to go out with the next ones (0: at once)",
+    "upstream_check_seconds": "how often each upstream is asked for its /models (0: never)",
+    "responses_store": "OpenAI Responses kept in memory for previous_response_id (0: none)",
+    "ollama_port": "also serve on this port (Ollama's is 11434)",
+    "kv_cache_dir": "where an unloaded model's conversations (KV caches) are saved; unset: the user's cache folder",
+    "kv_cache_max_bytes": "all saved caches together (0: save none)",
+    "prompt_cache_bytes": "per model: host memory keeping other conversations' caches (0: off)",
+    "spare_worker": "keep one worker process started ahead of the next load",
+    "keep_billing_header": "keep Claude Code's per-session billing header in the prompt",
+    "memory_budget": "at most this much memory for all models together; or by device: {ram: 16GiB, cuda0: 20GiB}",
+    "memory_reserve": "kept free of each device's memory: a size or a share (10%); or by device",
+    "max_media_bytes": "the largest picture or sound in a request",
+    "max_media_pixels": "the most pixels of one picture",
+    "max_media_per_request": "pictures and sounds in one request",
+    "max_media_pixels_per_request": "all of a request's pictures' pixels",
+    "max_media_seconds_per_request": "all of a request's sounds together, in seconds",
+    "allow_remote_media": "fetch pictures and sounds a request gives by URL",
+    "allow_remote_media_private": "also from private and loopback addresses",
+    "remote_media_timeout": "seconds a remote picture or sound has to arrive",
+    "pull_on_demand": "true, or name prefixes: a request naming a model on no disk pulls it first",
+    "pull_wait_seconds": "how long a whole (not streamed) request waits for such a pull",
+    "pull_keep_free_bytes": "a pull that would leave less free on its disk is refused (507)",
+    "state_dir": "the keys file and the usage database; unset: $XDG_STATE_HOME/gguf-gateway",
+    "usage_db": "usage per key, model, wire and hour; off (false): in memory only",
+    "usage_days": "days of usage kept",
+    "capture": "keep requests that spend tokens and their answers (GET /captures): true, or a mapping",
+    "otel": "OpenTelemetry traces: true, or a mapping",
+    "capture.enabled": "capturing is on", "capture.max_bytes": "all captures together (oldest dropped)",
+    "capture.max_body_bytes": "each body and each answer (past it: cut)",
+    "capture.keep": "also keep them in the state folder, read again at a start",
+    "capture.redact_content": "shapes and counts, not the text",
+    "otel.enabled": "tracing is on", "otel.endpoint": "the OTLP/HTTP collector",
+    "otel.service_name": "the service's name in traces", "otel.sampler": "which traces are kept",
+    "otel.sampler_arg": "the share of traces a ratio sampler keeps", "otel.headers": "headers sent to the collector",
+}
+MIRRORS: dict[str, tuple[str, str]] = {  # key: (llama-server flag, Ollama variable)
+    "host": ("--host", "OLLAMA_HOST"), "port": ("--port", "OLLAMA_HOST"), "api_keys": ("--api-key", ""),
+    "api_keys_file": ("--api-key-file", ""), "keep_alive": ("", "OLLAMA_KEEP_ALIVE"),
+    "max_loaded_models": ("", "OLLAMA_MAX_LOADED_MODELS"), "max_queue": ("", "OLLAMA_MAX_QUEUE"),
+    "models_dirs": ("", "OLLAMA_MODELS"), "cors_origins": ("", "OLLAMA_ORIGINS"),
+    "prompt_cache_bytes": ("--cache-ram", ""), "metrics_public": ("--metrics", ""),
+    "request_timeout": ("-to, --timeout", "")}
 
 def parse_server(r: Parsing, raw: Any, *, editing: bool = False) -> dict[str, Any]:
     """``ServerConfig``'s fields from the section, the API keys from all their sources
