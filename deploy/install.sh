@@ -40,6 +40,8 @@ mkdir -p "$PREFIX"
 "$PREFIX/venv/bin/python" -m pip install -q --upgrade pip
 "$PREFIX/venv/bin/python" -m pip install -q --upgrade "$SRC"
 install -m 0644 "$SRC/README.md" "$PREFIX/README.md"
+install -d -m 0755 "$PREFIX/docs"
+install -m 0644 "$SRC"/docs/*.md "$SRC"/docs/*.json "$PREFIX/docs/"
 
 install -d -m 0755 "$ETC"
 [ -e "$ETC/models.yaml" ] || install -m 0644 "$SRC/models.yaml.example" "$ETC/models.yaml"

@@ -115,7 +115,7 @@ def test_a_question_is_answered(aider, provider):
     no_failures(records)
 
 
-def test_the_readme_shows_these_settings():
-    readme = (REPO / "README.md").read_text()
+def test_the_agents_page_shows_these_settings():
+    readme = (REPO / "docs" / "agents.md").read_text()
     assert "aider --model openai/" in readme and "OPENAI_API_BASE=http://127.0.0.1:8080/v1" in readme
     assert "aider --model ollama_chat/" in readme and "OLLAMA_API_BASE=http://127.0.0.1:8080" in readme

@@ -143,10 +143,12 @@ def stale_paths(text: str, root: Path) -> list[str]:
 
 
 def test_architecture_md_and_the_docstrings_name_only_paths_that_exist():
+    """ARCHITECTURE.md, README.md, the pages in docs/ and every docstring (paths from the
+    repository's root, as in the README)."""
     root = PACKAGE.parent
     assert stale_paths("`gone.py`, `api/`, `gateway/api/body.py` and `tests/nothing.py`", root) == [
         "gone.py", "tests/nothing.py"]
-    texts = [PACKAGE / "ARCHITECTURE.md", root / "README.md", *PACKAGE.rglob("*.py")]
+    texts = [PACKAGE / "ARCHITECTURE.md", root / "README.md", *sorted((root / "docs").glob("*.md")), *PACKAGE.rglob("*.py")]
     stale = {str(p.relative_to(root)): found for p in texts if (found := stale_paths(p.read_text(), root))}
     assert stale == {}
 

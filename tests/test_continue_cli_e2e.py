@@ -45,7 +45,7 @@ def cn_binary() -> Path:
 
 
 def config_yaml(model: str, api_base: str) -> str:
-    """The config.yaml the README shows, for ``model`` at ``api_base``."""
+    """The config.yaml docs/agents.md shows, for ``model`` at ``api_base``."""
     return (f"name: gguf-gateway\nversion: 1.0.0\nschema: v1\nmodels:\n  - name: {model}\n    provider: openai\n"
             f"    model: {model}\n    apiBase: {api_base}\n    apiKey: x\n")
 
@@ -91,8 +91,8 @@ def continue_cli(tmp_path_factory):
     assert statuses and all(s == 200 for s in statuses), (statuses, log[-3000:])
 
 
-def test_the_readme_shows_this_config():
-    readme = (REPO / "README.md").read_text()
+def test_the_agents_page_shows_this_config():
+    readme = (REPO / "docs" / "agents.md").read_text()
     assert config_yaml("qwen2.5-7b-instruct", "http://127.0.0.1:8080/v1") in readme
     assert "CONTINUE_CLI_ENABLE_TELEMETRY=0 CONTINUE_METRICS_ENABLED=0 cn --config ./config.yaml -p" in readme
 

@@ -40,7 +40,7 @@ def opencode() -> str:
 
 
 def config(base_url: str) -> dict:
-    """The ``opencode.json`` of the README: the gateway as an OpenAI-compatible provider."""
+    """The ``opencode.json`` of docs/agents.md: the gateway as an OpenAI-compatible provider."""
     return {"$schema": "https://opencode.ai/config.json",
             "provider": {"gateway": {"npm": "@ai-sdk/openai-compatible", "name": "gguf-gateway",
                                      "options": {"baseURL": base_url},

@@ -61,12 +61,12 @@ def test_every_format_module_is_in_the_table():
     assert formats == set(TABLE)
 
 
-def test_the_readme_has_a_row_for_every_format():
-    """README's table of `tool_format` values is what users set in models.yaml: every
+def test_the_http_api_page_has_a_row_for_every_format():
+    """docs/http-api.md's table of `tool_format` values is what users set in models.yaml: every
     registered format has its row."""
     from pathlib import Path
 
     from gateway.text.toolformats import FORMATS
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "http-api.md").read_text()
     assert [f for f in FORMATS if f"| `{f}` |" not in readme] == []

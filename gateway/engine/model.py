@@ -279,7 +279,7 @@ class Model:
             "n_embd": self.n_embd, "embeddings": self.params.embeddings, "reranker": self.params.reranker,
             "embed_seqs": self.embed_seqs, "embed_batch": self.embed_batch if self.embed_seqs else None,
             "rpc": list(self.params.rpc),
-            # what llama.cpp was given (README: llama-server's flags)
+            # what llama.cpp was given (docs/configuration.md: the llama-server flag of each)
             "cache_type_k": self.params.cache_type_k, "cache_type_v": self.params.cache_type_v,
             "n_batch": self.cp.n_batch, "n_ubatch": self.cp.n_ubatch, "n_threads_batch": self.cp.n_threads_batch,
             "kv_unified": bool(self.cp.kv_unified), "n_ctx_total": self.ll.llama_n_ctx(self.ctx),

@@ -50,7 +50,7 @@ def add_servers(ll: Any, endpoints: list[str] | tuple[str, ...]) -> int:
     of devices they hold. Raises ``RpcUnavailable``."""
     if not ll.llama_supports_rpc():
         raise RpcUnavailable("this llama-cpp-python was built without llama.cpp's RPC backend; reinstall it with "
-                             'CMAKE_ARGS="-DGGML_RPC=on" (see the README: Models split over machines)')
+                             'CMAKE_ARGS="-DGGML_RPC=on" (see docs/beyond-one-machine.md)')
     ggml = _ggml(ll)
     reg = ggml.ggml_backend_reg_by_name(b"RPC")
     add = ggml.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_rpc_add_server") if reg else None

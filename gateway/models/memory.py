@@ -30,7 +30,7 @@ llama.cpp's ``load_tensors`` does: the input layer (token embeddings) on the CPU
 ``tests/test_memory.py`` compares the estimate with what a loaded worker holds and states the
 error it sees on the CPU; ``tests/test_devices.py`` checks the layer placement against
 llama.cpp's rule; ``scripts/bench.py --memory`` sets each estimate beside llama.cpp's
-allocation on whatever devices the machine has (the README gives figures on the CPU, on an
+allocation on whatever devices the machine has (docs/performance.md gives figures on the CPU, on an
 NVIDIA H100 and on llama.cpp's Vulkan backend over Mesa's software device).
 Where a model's layers go to other machines (``rpc``), what goes there is counted in the pool
 ``RPC``, which no capacity bounds: their memory is theirs to count.
