@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from helpers import REPO
 
+from gateway.base.errors import ApiError
 from gateway.models import adapternames
-from gateway.models.catalog import ModelCatalog
 from gateway.models.config import (
     MAX_ADAPTER_NAME,
     MAX_ADAPTERS,
@@ -18,6 +18,12 @@ from gateway.models.config import (
     adapter_name_problem,
     load_config,
 )
+from gateway.serving.registry import Registry, picked_adapter
+
+
+def configured(spec) -> list[str]:
+    """The adapters a spec itself names (its ``loras``): ``resolve``'s ``adapters_of`` here."""
+    return [a.name for a in spec.loras]
 
 
 def problems_of(path) -> list[str]:
@@ -161,7 +167,7 @@ SPECS = (QWEN, LLAMA, SOLO)
     ("nothing", None),
 ])
 def test_resolve_reads_base_and_adapter(name, expected):
-    got = adapternames.resolve(name, catalog_of(*SPECS), adapternames.configured, SPECS)
+    got = adapternames.resolve(name, catalog_of(*SPECS), configured, SPECS)
     assert got == expected if expected is None else (got is not None and got[0] is expected[0] and got[1] == expected[1])
 
 
@@ -169,18 +175,18 @@ def test_resolve_asks_only_what_it_is_given():
     """Adapters come from ``adapters_of`` (a registry adds those of run time), models from ``lookup``
     and ``specs``: none of them is read from anywhere else."""
     extra = {id(QWEN): ["styled"]}
-    adapters_of = lambda s: adapternames.configured(s) + extra.get(id(s), [])  # noqa: E731
+    adapters_of = lambda s: configured(s) + extra.get(id(s), [])  # noqa: E731
     assert adapternames.resolve("qwen3:styled", catalog_of(*SPECS), adapters_of, SPECS)[1] == "styled"
     assert adapternames.resolve("styled", catalog_of(*SPECS), adapters_of, SPECS)[0] is QWEN
-    assert adapternames.resolve("qwen3:styled", catalog_of(*SPECS), adapternames.configured, SPECS) is None
-    assert adapternames.resolve("formal", catalog_of(*SPECS), adapternames.configured, (QWEN, LLAMA)) is None
-    assert adapternames.resolve("formal", catalog_of(*SPECS), adapternames.configured, (SOLO, SOLO))[0] is SOLO
+    assert adapternames.resolve("qwen3:styled", catalog_of(*SPECS), configured, SPECS) is None
+    assert adapternames.resolve("formal", catalog_of(*SPECS), configured, (QWEN, LLAMA)) is None
+    assert adapternames.resolve("formal", catalog_of(*SPECS), configured, (SOLO, SOLO))[0] is SOLO
 
 
 def test_qualified_names_base_and_adapter():
     assert adapternames.qualified("llama3.2:3b", "pirate") == "llama3.2:3b:pirate"
     assert adapternames.resolve(adapternames.qualified(LLAMA.name, "pirate"), catalog_of(*SPECS),
-                                adapternames.configured, SPECS)[0] is LLAMA
+                                configured, SPECS)[0] is LLAMA
 
 
 @pytest.mark.parametrize(("stem", "name"), [
@@ -191,7 +197,7 @@ def test_a_files_stem_becomes_an_adapters_name(stem, name):
     assert adapternames.from_stem(stem) == name
 
 
-def test_the_catalog_finds_a_configured_models_adapter(write_config, tmp_path):
+def test_a_request_name_picks_a_configured_models_adapter(write_config, tmp_path):
     cfg = load_config(write_config("""
         server: {discover_default_stores: false}
         models:
@@ -199,11 +205,15 @@ def test_the_catalog_finds_a_configured_models_adapter(write_config, tmp_path):
           "x:pirate": {path: x.gguf}
           other: {path: o.gguf, loras: {formal: f.gguf}}
     """), check_files=False)
-    catalog = ModelCatalog(cfg)
-    qwen3, other = catalog.resolve("qwen3"), catalog.resolve("other")
-    assert catalog.adapter("qwen3:pirate") == (qwen3, "pirate")
-    assert catalog.adapter("qwen3:latest:pirate") == (qwen3, "pirate")
-    assert catalog.adapter("pirate") == (qwen3, "pirate") and catalog.adapter("formal") == (other, "formal")
-    assert catalog.adapter("x:pirate") is None  # a model's own name is no adapter
-    assert catalog.adapter("qwen3:latest") is None and catalog.adapter("qwen3") is None
-    assert catalog.adapter(None) is None and catalog.adapter("other:pirate") is None
+    registry = Registry(cfg)
+    qwen3, other = registry.resolve("qwen3"), registry.resolve("other")
+    assert picked_adapter(registry, "qwen3:pirate") == (qwen3, "pirate")
+    assert picked_adapter(registry, "qwen3:latest:pirate") == (qwen3, "pirate")
+    assert picked_adapter(registry, "pirate") == (qwen3, "pirate")
+    assert picked_adapter(registry, "formal") == (other, "formal")
+    assert picked_adapter(registry, "x:pirate") is None  # a model's own name is no adapter
+    assert picked_adapter(registry, "qwen3:latest") is None and picked_adapter(registry, "qwen3") is None
+    assert picked_adapter(registry, None) is None
+    with pytest.raises(ApiError) as err:  # a tag naming no adapter of a base that has some: a typo, likely
+        picked_adapter(registry, "other:pirate")
+    assert err.value.status == 404 and "formal" in err.value.message

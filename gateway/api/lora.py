@@ -27,7 +27,7 @@ from typing import Any
 from aiohttp import web
 
 from ..base.errors import ApiError, InvalidRequest, ModelNotFound
-from ..engine.adapters import MAX_ADAPTERS, MAX_SCALE
+from ..engine.adapters import MAX_ADAPTERS, MAX_SCALE, is_scale
 from ..engine.client import RequestFailed, WorkerProcess, adapt
 from ..models.config import AdapterSpec, ModelSpec
 from ..serving.registry import Registry, adapters_of, kept_adapters
@@ -52,8 +52,13 @@ async def _adapt(worker: WorkerProcess, action: str, **fields: Any) -> list[dict
         raise ApiError(e.event.message, status=e.event.status, param=e.event.param, code=e.event.code) from None
 
 
+def _takes_adapters(spec: ModelSpec) -> bool:
+    """A text model this gateway's worker runs: the only kind adapters go on."""
+    return spec.local and not spec.replicas and not spec.embeddings and not spec.reranker
+
+
 def _local(spec: ModelSpec) -> ModelSpec:
-    if not spec.local or spec.replicas or spec.embeddings or spec.reranker:
+    if not _takes_adapters(spec):
         raise InvalidRequest(f"{spec.name!r} takes no LoRA adapters here: only a text model this gateway runs "
                              "itself does", "model")
     return spec
@@ -65,7 +70,8 @@ async def _model(request: web.Request) -> ModelSpec:
     name = request.query.get("model")
     if name is not None:
         return _local(await registry.lookup(name))
-    loaded = [m for m in registry.specs() if m.name in registry.loaded() and m.local]
+    running = registry.loaded()
+    loaded = [m for m in registry.specs() if m.name in running and m.local]
     if len(loaded) != 1:
         raise InvalidRequest("say which model: ?model=NAME (this gateway serves several)", "model")
     return loaded[0]
@@ -126,7 +132,7 @@ def _base(registry: Registry, body: dict[str, Any]) -> tuple[ModelSpec, str]:
         if spec is None:
             raise ModelNotFound(base)
         return _local(spec), name
-    texts = [s for s in registry.specs() if s.local and not s.replicas and not s.embeddings and not s.reranker]
+    texts = [s for s in registry.specs() if _takes_adapters(s)]
     if len(texts) != 1:
         raise InvalidRequest("say which model the adapter is for: `lora_name` as BASE:NAME, or `base_model_name`",
                              "base_model_name")
@@ -141,7 +147,7 @@ async def load_adapter(request: web.Request) -> web.Response:
     path = _text(body, "lora_path")
     assert path is not None
     scale = body.get("scale", 1.0)
-    if isinstance(scale, bool) or not isinstance(scale, int | float) or not abs(scale) <= MAX_SCALE:
+    if not is_scale(scale):
         raise InvalidRequest(f"`scale` must be a number from -{MAX_SCALE:g} to {MAX_SCALE:g}", "scale")
     if not await asyncio.to_thread(os.path.isfile, path):
         raise InvalidRequest(f"no adapter file at {shown(path, 200)} on the gateway's machine", "lora_path")

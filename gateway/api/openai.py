@@ -12,6 +12,7 @@ from aiohttp import web
 from ..access.scope import visible
 from ..backends.local import Backend
 from ..base.errors import ApiError, InvalidRequest
+from ..models.adapternames import qualified
 from ..server.events import observation
 from ..server.sse import EventStream
 from ..serving.registry import adapters_of
@@ -41,7 +42,7 @@ async def list_models(request: web.Request) -> web.Response:
                      "owned_by": "local" if spec.local else "upstream" if spec.upstream else "replicas",
                      # beside text (llama-server's modalities; LM Studio calls such a model a vlm)
                      "input_modalities": ["text", *registry.media(spec)]})
-        data += [{"id": f"{spec.name}:{a.name}", "object": "model", "created": created, "owned_by": "local",
+        data += [{"id": qualified(spec.name, a.name), "object": "model", "created": created, "owned_by": "local",
                   "parent": spec.name, "root": str(a.path), "input_modalities": data[-1]["input_modalities"]}
                  for a in adapters_of(registry, spec)]
     return web.json_response({"object": "list", "data": data})

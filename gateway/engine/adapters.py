@@ -29,7 +29,10 @@ from . import ipc
 from .refusals import Refused
 
 MAX_ADAPTERS = 64  # a model's table, run-time ones included: each holds memory and a name
-MAX_SCALE = 100.0  # far past any useful scale; bounds what a caller makes llama.cpp multiply by
+# An adapter's scale, as llama.cpp multiplies its product by it: real ones are about 0 to 2 (below 0
+# takes a style away). Past 100 the adapter's product drowns the model's own weights, and in
+# half-precision activations it runs to infinity: a typo, not a setting.
+MAX_SCALE = 100.0
 
 
 @dataclass(eq=False)
@@ -52,10 +55,15 @@ def _ident(path: str) -> str:
     return f"{os.path.realpath(path)}:{st.st_size}:{st.st_mtime_ns}"
 
 
+def is_scale(value: Any) -> bool:
+    """Whether a request or an operator gave a scale: a finite number within ``MAX_SCALE`` (pure)."""
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value) \
+        and abs(value) <= MAX_SCALE
+
+
 def scale_of(value: Any, param: str) -> float:
-    """A scale a request or an operator gave: a finite number within ``MAX_SCALE``."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
-            or abs(value) > MAX_SCALE:
+    """A scale a request or an operator gave (``is_scale``); else ``Refused``."""
+    if not is_scale(value):
         raise Refused(400, f"{param} must be a number between -{MAX_SCALE:g} and {MAX_SCALE:g}", param)
     return float(value)
 

@@ -30,12 +30,6 @@ def qualified(base_name: str, adapter: str) -> str:
     return f"{base_name}:{adapter}"
 
 
-def configured(spec: ModelSpec) -> list[str]:
-    """The adapters a spec itself names (models.yaml's ``loras`` and discovery's): the catalog's
-    ``adapters_of``."""
-    return [a.name for a in spec.loras]
-
-
 def _among(names: Sequence[str], wanted: str) -> str | None:
     """The name in ``names`` that ``wanted`` (normalized) is, as ``names`` spells it."""
     return next((n for n in names if normalize_name(n) == wanted), None)

@@ -19,7 +19,7 @@ import os
 import time
 from pathlib import Path
 
-from . import adapternames, discovery, testmodels
+from . import discovery, testmodels
 from .config import Config, ModelSpec, normalize_name
 from .ggufmeta import GGUFInfo, ModelFileError
 
@@ -140,15 +140,6 @@ class ModelCatalog:
 
     def specs(self) -> list[ModelSpec]:
         return list(self._specs)
-
-    def adapter(self, name: object) -> tuple[ModelSpec, str] | None:
-        """The model and the LoRA adapter of its own (``ModelSpec.loras``) that ``name`` means:
-        ``MODEL:ADAPTER``, or an adapter's name alone that one model has (``adapternames.resolve``);
-        None for a name that is a model's own (``get``: asked before the tag fallback of
-        ``resolve``, which takes ``MODEL:ADAPTER`` for MODEL) and for one that means no adapter."""
-        if not isinstance(name, str) or self.get(normalize_name(name)) is not None:
-            return None
-        return adapternames.resolve(name, self.resolve, adapternames.configured, self._specs)
 
     @classmethod
     def adapters(cls, spec: ModelSpec) -> list[GGUFInfo]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ..models.adapternames import qualified
 from ..models.config import AdapterSpec, ModelSpec
 
 
@@ -36,7 +37,7 @@ class ModelAdapters:
                          "named_scale": scale, "model": None, "source": "lora"})
         for a in (*spec.loras, *self.runtime):
             rows.append({"name": a.name, "path": str(a.path), "scale": self.defaults.get(a.name, 0.0),
-                         "named_scale": a.scale, "model": f"{spec.name}:{a.name}", "source": a.source})
+                         "named_scale": a.scale, "model": qualified(spec.name, a.name), "source": a.source})
         return [{"id": i, **row} for i, row in enumerate(rows)]
 
     def named(self, spec: ModelSpec) -> list[AdapterSpec]:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..base.errors import InvalidRequest
-from ..engine.adapters import MAX_ADAPTERS, MAX_SCALE
+from ..engine.adapters import MAX_ADAPTERS, MAX_SCALE, is_scale
 from ..engine.ipc import GenerationRequest, Media
 from ..text.sampling_params import SAMPLING, Param  # noqa: F401 (re-exported to the request parsers)
 from ..text.schemacheck import schema_problem
@@ -109,7 +109,7 @@ def read_lora(value: Any) -> list[tuple[int, float]] | None:
         if isinstance(aid, bool) or not isinstance(aid, int) or not 0 <= aid < MAX_ADAPTERS:
             raise InvalidRequest(f"`lora[{i}].id` must be an adapter's id (GET /lora-adapters), got {shown(aid)}",
                                  f"lora[{i}].id")
-        if isinstance(scale, bool) or not isinstance(scale, int | float) or not abs(scale) <= MAX_SCALE:
+        if not is_scale(scale):
             raise InvalidRequest(f"`lora[{i}].scale` must be a number from -{MAX_SCALE:g} to {MAX_SCALE:g}, "
                                  f"got {shown(scale)}", f"lora[{i}].scale")
         pairs.append((aid, float(scale)))

@@ -16,6 +16,7 @@ from ...engine import settings
 from ...text.sampling_params import FLOAT_MAX, INT32_MAX, SAMPLING
 from .parsing import Parsing
 from .specs import (
+    ADAPTER_NAME_CHAR,
     MAX_ADAPTER_NAME,
     MAX_ADAPTERS,
     MAX_LORA_SCALE,
@@ -92,7 +93,7 @@ def _url(r: Report, where: str, v: Any) -> Any:
 
 @checks.accepts({"type": "number", "minimum": -MAX_LORA_SCALE, "maximum": MAX_LORA_SCALE})
 def _lora_scale(r: Report, where: str, v: Any) -> Any:
-    """A finite number within MAX_LORA_SCALE either way (``specs``: why the bound)."""
+    """A finite number within MAX_LORA_SCALE either way (``engine.adapters.MAX_SCALE``: why the bound)."""
     if checks.number(r, where, v) is INVALID:
         return INVALID
     if not -MAX_LORA_SCALE <= v <= MAX_LORA_SCALE:
@@ -104,7 +105,7 @@ def _lora_scale(r: Report, where: str, v: Any) -> Any:
 
 @checks.accepts({"anyOf": [{"type": "null"}, {
     "type": "object", "maxProperties": MAX_ADAPTERS,
-    "propertyNames": {"pattern": rf"^\s*[\w.+-]{{1,{MAX_ADAPTER_NAME}}}\s*$"},
+    "propertyNames": {"pattern": rf"^\s*{ADAPTER_NAME_CHAR}{{1,{MAX_ADAPTER_NAME}}}\s*$"},
     "additionalProperties": {"anyOf": [checks.PATH_SCHEMA, {
         "type": "object", "required": ["path"], "additionalProperties": False,
         "properties": {"path": checks.PATH_SCHEMA, "scale": schema_of(_lora_scale)}}]}}]})

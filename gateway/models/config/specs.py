@@ -10,6 +10,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# the worker's bounds on a model's adapters and their scales, which the configuration is held to
+from ...engine.adapters import MAX_ADAPTERS  # noqa: F401 (re-exported)
+from ...engine.adapters import MAX_SCALE as MAX_LORA_SCALE  # noqa: F401 (re-exported)
 from ...engine.settings import DEFAULT_PROMPT_CACHE_BYTES, LlamaSettings
 from ...hardware.sysmem import DEFAULT_RESERVE
 
@@ -61,17 +64,13 @@ class Upstream:
 # LoRA adapters a request names (``BASE:ADAPTER``, ``models/adapternames``). Each one a model has is
 # a file its worker opens and a buffer on each device its layers use, and a request's name is
 # looked up among them: a model has at most MAX_ADAPTERS (models.yaml's, discovery's and those
-# added at run time together), each named in at most MAX_ADAPTER_NAME characters.
-MAX_ADAPTERS = 64
+# added at run time together: the worker's bound), each named in at most MAX_ADAPTER_NAME characters.
 MAX_ADAPTER_NAME = 64
-# An adapter's scale, as llama.cpp multiplies its product by it: real ones are about 0 to 2 (below 0
-# takes a style away). Past 100 the adapter's product drowns the model's own weights, and in
-# half-precision activations it runs to infinity: a typo, not a setting.
-MAX_LORA_SCALE = 100.0
 ADAPTER_SOURCES = ("models.yaml", "discovered", "runtime")
 # letters, digits, "_", ".", "+", "-": never ":" (BASE:ADAPTER splits at the last one), "/" (a
 # repository's path), "#" (a replica's NAME#1), a glob's "*?[", space or a control character
-_ADAPTER_NAME = re.compile(r"[\w.+-]+")
+ADAPTER_NAME_CHAR = r"[\w.+-]"  # (the schema's pattern of a name: ``models._loras``)
+_ADAPTER_NAME = re.compile(ADAPTER_NAME_CHAR + "+")
 
 
 @dataclass(frozen=True)
