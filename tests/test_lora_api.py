@@ -224,3 +224,36 @@ async def test_a_saved_cache_comes_back_under_its_adapter_set_only(aiohttp_clien
     assert (await usage("m"))["prompt_tokens_details"]["cached_tokens"] == 0  # restored, but not the base's
     assert (await client.post("/models/unload", json={"model": "m"})).status == 200
     assert (await usage("m:end"))["prompt_tokens_details"]["cached_tokens"] > 0  # the adapter's, from disk
+
+
+NESTED = "[" * 10_000 + "]" * 10_000
+
+
+@pytest.mark.parametrize(("method", "path", "body"), [
+    ("post", "/v1/load_lora_adapter", '{"lora_name": "m:\\ud800", "lora_path": "/x.gguf"}'),
+    ("post", "/v1/load_lora_adapter", '{"lora_name": "m:a", "lora_path": "/x\\udc80.gguf"}'),
+    ("post", "/v1/load_lora_adapter", '{"lora_name": "m:a", "lora_path": ' + NESTED + '}'),
+    ("post", "/v1/load_lora_adapter", '{"lora_name": "m:a", "lora_path": "/x.gguf", "scale": 1e400}'),
+    ("post", "/v1/load_lora_adapter", '{"lora_name": "m:a", "lora_path": "/x.gguf", "scale": ' + "9" * 5000 + '}'),
+    ("post", "/v1/load_lora_adapter", '{"lora_name": 7, "lora_path": "/x.gguf"}'),
+    ("post", "/v1/load_lora_adapter", '{"lora_name": "a", "lora_path": ["/x.gguf"], "base_model_name": "m"}'),
+    ("post", "/v1/load_lora_adapter", '{"lora_name": "a", "lora_path": "/x.gguf", "base_model_name": {"m": 1}}'),
+    ("post", "/v1/load_lora_adapter", '[1, 2]'),
+    ("post", "/v1/unload_lora_adapter", '{"lora_name": null}'),
+    ("post", "/v1/unload_lora_adapter", '{"lora_name": "m:' + "a" * 5000 + '"}'),
+    ("post", "/lora-adapters?model=m", '[{"id": 1e400, "scale": 1}]'),
+    ("post", "/lora-adapters?model=m", '[{"id": ' + "9" * 5000 + ', "scale": 1}]'),
+    ("post", "/lora-adapters?model=m", '[{"id": 0, "scale": [1]}]'),
+    ("post", "/lora-adapters?model=m", NESTED),
+    ("post", "/lora-adapters?model=m", '"\\ud800"'),
+    ("get", "/lora-adapters?model=%ED%A0%80", None),
+    ("get", "/lora-adapters?model=nobody", None),
+    ("post", "/v1/chat/completions", '{"model": "m", "messages": [{"role": "user", "content": "hi"}], '
+                                     '"lora": [{"id": ' + "9" * 5000 + ', "scale": 1}]}'),
+    ("post", "/v1/chat/completions", '{"model": "m:\\ud800", "messages": [{"role": "user", "content": "hi"}]}'),
+])
+async def test_hostile_input_to_the_adapter_routes_is_a_4xx_in_openais_shape(client, method, path, body):
+    r = await getattr(client, method)(path, data=body, headers={"Content-Type": "application/json"})
+    got = await r.json()
+    assert 400 <= r.status < 500, (r.status, got)
+    assert set(got["error"]) >= {"message", "type", "param", "code"}, got
