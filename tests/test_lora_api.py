@@ -257,3 +257,14 @@ async def test_hostile_input_to_the_adapter_routes_is_a_4xx_in_openais_shape(cli
     got = await r.json()
     assert 400 <= r.status < 500, (r.status, got)
     assert set(got["error"]) >= {"message", "type", "param", "code"}, got
+
+
+@pytest.mark.parametrize("content", [b"", b"GGUF" + b"\xff" * 60, b"not a gguf at all" * 100])
+async def test_a_damaged_adapter_file_is_refused_and_the_model_keeps_serving(client, tmp_path, content):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(content)
+    r = await client.post("/v1/load_lora_adapter", json={"lora_name": "m:bad", "lora_path": str(bad)})
+    body = await r.json()
+    assert r.status == 400 and body["error"]["param"] == "lora_path", body
+    assert await _answer(client, "m") == BASE
+    assert (await _chat(client, "m:bad", status=404))["error"]["code"] == "model_not_found"
