@@ -26,6 +26,7 @@ from typing import Any
 
 from aiohttp import web
 
+from ..access.scope import visible
 from ..base.errors import ApiError, InvalidRequest, ModelNotFound
 from ..engine.adapters import MAX_ADAPTERS, MAX_SCALE, is_scale
 from ..engine.client import RequestFailed, WorkerProcess, adapt
@@ -65,13 +66,14 @@ def _local(spec: ModelSpec) -> ModelSpec:
 
 
 async def _model(request: web.Request) -> ModelSpec:
-    """``?model=NAME``'s model, or without it the only local model loaded."""
+    """``?model=NAME``'s model, or without it the only local model loaded (of those the key may
+    use: a name is resolved within its scope, ``Registry.resolve``)."""
     registry = request.app[REGISTRY]
     name = request.query.get("model")
     if name is not None:
         return _local(await registry.lookup(name))
     running = registry.loaded()
-    loaded = [m for m in registry.specs() if m.name in running and m.local]
+    loaded = [m for m in visible(registry.specs()) if m.name in running and m.local]
     if len(loaded) != 1:
         raise InvalidRequest("say which model: ?model=NAME (this gateway serves several)", "model")
     return loaded[0]
@@ -132,7 +134,7 @@ def _base(registry: Registry, body: dict[str, Any]) -> tuple[ModelSpec, str]:
         if spec is None:
             raise ModelNotFound(base)
         return _local(spec), name
-    texts = [s for s in registry.specs() if _takes_adapters(s)]
+    texts = [s for s in visible(registry.specs()) if _takes_adapters(s)]
     if len(texts) != 1:
         raise InvalidRequest("say which model the adapter is for: `lora_name` as BASE:NAME, or `base_model_name`",
                              "base_model_name")

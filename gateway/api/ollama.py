@@ -2,6 +2,10 @@
 /api/show, /api/version (``/api/pull`` and ``/api/delete`` are ``api/pulls.py``'s); /api/push,
 /api/create and /api/copy answer 501. Errors are Ollama's ``{"error": "..."}``
 (``app.error_response``), and streams are newline-delimited JSON, as Ollama's clients read them.
+
+A request's ``keep_alive`` sets how long its model stays loaded once idle. The model is
+everyone's, so a user key's only ever lengthens that (``serving.registry.keep_alive``):
+unloading, or unloading sooner than the configuration says, is an admin's.
 """
 
 from __future__ import annotations
@@ -21,10 +25,11 @@ from ..base.errors import ApiError
 from ..models.config import ModelSpec
 from ..server.events import observation
 from ..server.sse import EventStream, LineStream
+from ..serving.registry import keep_alive
 from ..text.formats import reasoning_format, tool_format
 from ..wire import answer, ollama
 from . import common, pipeline
-from .access import require_admin, spends
+from .access import is_admin, require_admin, spends
 from .appkeys import CONFIG, REGISTRY
 from .body import read_json_object
 
@@ -50,7 +55,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
 
 async def _load_only(request: web.Request, parsed: ollama.OllamaParsed, chat: bool) -> web.Response:
     """An empty prompt or no messages: load the model (or, with keep_alive 0, unload it), as
-    Ollama does."""
+    Ollama does. Unloading is an admin's: a user key's keep_alive 0 is refused, and its other
+    keep_alives only ever lengthen the model's stay (``serving.registry.keep_alive``)."""
     registry = request.app[REGISTRY]
     spec = await registry.lookup(parsed.model)
     observation(request).model = spec.name
@@ -60,7 +66,7 @@ async def _load_only(request: web.Request, parsed: ollama.OllamaParsed, chat: bo
         reason = "unload"
     else:
         await registry.load(parsed.model)
-        registry.keep_alive(spec, parsed.keep_alive)
+        keep_alive(registry, spec, parsed.keep_alive, shorten=is_admin(request))
         reason = "load"
     body = ollama.chunk(parsed.model, chat)
     body.update(done=True, done_reason=reason)
@@ -73,7 +79,7 @@ async def _answer(request: web.Request, parsed: ollama.OllamaParsed, chat: bool)
 
     def on_lease(spec: ModelSpec, _backend: Backend) -> None:
         clock.loaded = time.monotonic()
-        request.app[REGISTRY].keep_alive(spec, parsed.keep_alive)
+        keep_alive(request.app[REGISTRY], spec, parsed.keep_alive, shorten=is_admin(request))
 
     # Ollama's streams carry no load progress (its clients read each line as JSON), and give
     # each call whole
@@ -129,7 +135,7 @@ async def _embed(request: web.Request, legacy: bool) -> web.Response:
     model, inputs, alive = ollama.parse_embed(await read_json_object(request), legacy)
     obs = observation(request)
     async with common.lease(request, model, embeddings=True) as (spec, backend):  # its wait in obs's clocks
-        request.app[REGISTRY].keep_alive(spec, alive)
+        keep_alive(request.app[REGISTRY], spec, alive, shorten=is_admin(request))
         reply = await backend.embed(inputs)
         obs.prompt_tokens = reply.prompt_tokens
     if legacy:

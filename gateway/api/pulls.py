@@ -25,6 +25,7 @@ from aiohttp import web
 from ..base.errors import ApiError
 from ..hub.pulls import Pull, PullState
 from ..hub.removal import remove
+from ..hub.transfer import NotFound
 from ..server.sse import LineStream
 from ..wire.ollama import flag
 from ..wire.params import require_model
@@ -131,6 +132,8 @@ async def _delete(request: web.Request) -> list[str]:
     if spec is None:  # a model put there since the last scan: the stores read again, whenever they last were
         await asyncio.to_thread(registry.catalog.refresh)
         spec = registry.resolve(name, tag_fallback=False)
+    if spec is None and registry.resolve(name, tag_fallback=False, scoped=False) is not None:
+        raise NotFound(f"no pulled model {name!r}")  # outside the key's models: as ``remove`` tells a name nothing has
     found = registry.found.get(spec.name) if spec is not None else None
     if spec is not None and registry.supervisor(spec).holds:
         await registry.unload(spec.name)  # 409 while it answers

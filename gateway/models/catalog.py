@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from . import discovery, testmodels
@@ -119,12 +120,13 @@ class ModelCatalog:
         """models.yaml's entry for a normalized key, else discovery's."""
         return self._configured.get(key) or self._discovered.get(key)
 
-    def match(self, key: str) -> ModelSpec | None:
+    def match(self, key: str, within: Callable[[ModelSpec], bool] = lambda _spec: True) -> ModelSpec | None:
         """The first models.yaml entry (in file order) with a glob alias (``claude-*``) that a
-        normalized key matches: asked only after every exact name, so a pattern never takes a
-        name a model has."""
+        normalized key matches, of those ``within`` takes (a request's scope: the others are
+        passed over as if they were not there): asked only after every exact name, so a pattern
+        never takes a name a model has."""
         for pattern, spec in self._patterns:
-            if fnmatch.fnmatchcase(key, pattern):
+            if fnmatch.fnmatchcase(key, pattern) and within(spec):
                 return spec
         return None
 

@@ -4,7 +4,11 @@ The registry joins three parts, each with one job:
 - the catalog (``catalog.py``): names -> specs. Resolution looks at models loaded or loading
   now (by name and alias) first, then the catalog (models.yaml, then discovery; a miss
   rescans the stores, at most every ``rescan_seconds``); a ``name:tag`` that matched nothing
-  tries ``name``;
+  tries ``name``. This is where a request's name becomes a model, so it is where the key's
+  scope holds (``access.scope``): each model outside it is passed over at every step, as if it
+  were not there, so a name resolves within the scope to what it would on a gateway without the
+  others, and a name outside it to nothing (``lookup``: the same ``ModelNotFound`` as a name
+  nothing has);
 - one supervisor per model (``supervisor.py``): its lifecycle, single-flight load, back-off,
   keep-alive and retirement;
 - placement (``placer.py``, carrying out ``placement.py``'s pure policies): which idle model
@@ -34,7 +38,7 @@ from ..access import scope
 from ..backends.local import CHAT, EMBEDDINGS, RERANK, TOKENIZE, Backend, BackendFactory, LocalWorkers
 from ..backends.replicas import ReplicaSet
 from ..backends.upstream_table import Upstreams
-from ..base.errors import ApiError, ModelNotFound
+from ..base.errors import MAX_MODEL_NAME, ApiError, ModelNotFound
 from ..engine.settings import embed_seqs
 from ..hardware.devices import Inventory
 from ..hub import pulls as hub
@@ -60,6 +64,10 @@ def _parallel(spec: ModelSpec) -> int:
     return embed_seqs(spec.parallel) if spec.embeddings or spec.reranker else spec.parallel
 
 
+def _anything(spec: ModelSpec) -> bool:
+    return True
+
+
 def metrics_row(model: ModelSupervisor, need: int) -> tuple[str, str, int, int, float, int, int]:
     """One model's row in ``Registry.metrics_rows``, from its supervisor and its estimate
     (``need``, bytes): what llama.cpp allocated counts only while it is ready."""
@@ -69,6 +77,14 @@ def metrics_row(model: ModelSupervisor, need: int) -> tuple[str, str, int, int, 
     allocated = memory.allocated(backend.info.get("buffers")) if backend is not None else None
     held = allocated["total"] if allocated else 0
     return model.spec.name, state.value, model.in_flight, model.queued(), loaded, need, held
+
+
+def _findable(name: object) -> object:
+    """``name``; a name longer than any model's (``MAX_MODEL_NAME``) is not looked for: it is
+    not found, and the 404 quotes it cut."""
+    if isinstance(name, str) and len(name) > MAX_MODEL_NAME:
+        raise ModelNotFound(name)
+    return name
 
 
 class Registry:
@@ -114,35 +130,38 @@ class Registry:
     def found(self) -> dict[str, discovery.Found]:
         return self.catalog.found
 
-    def resolve(self, name: object, *, loaded_first: bool = True, tag_fallback: bool = True) -> ModelSpec | None:
+    def resolve(self, name: object, *, loaded_first: bool = True, tag_fallback: bool = True,
+                scoped: bool = True) -> ModelSpec | None:
         """A loaded (or loading) model by any of its names first, then the catalog's answer; a
-        ``name:tag`` that matched nothing tries ``name`` (unless not ``tag_fallback``); then
-        models.yaml's glob aliases."""
+        ``name:tag`` that matched nothing tries ``name`` (unless not ``tag_fallback``); then glob
+        aliases. Every step passes over the models outside the request's scope (``scoped``: see above)."""
+        within = scope.allowed if scoped else _anything
         keys = self.catalog.keys(name)[: None if tag_fallback else 1]
         for key in keys:
             for model in self._models.values() if loaded_first else ():
-                if model.state in _LIVE and key in map(normalize_name, model.spec.names):
+                if model.state in _LIVE and key in map(normalize_name, model.spec.names) and within(model.spec):
                     return model.spec
-            if (spec := self.catalog.get(key) or self.upstreams.resolve(key)) is not None:
-                return spec
+            for spec in (self.catalog.get(key), self.upstreams.resolve(key)):
+                if spec is not None and within(spec):
+                    return spec
         for key in keys:  # models.yaml's glob aliases, once no model has the name itself
-            if (spec := self.catalog.match(key)) is not None:
+            if (spec := self.catalog.match(key, within)) is not None:
                 return spec
         return None
 
     async def lookup(self, name: object, on_progress: Progress | None = None) -> ModelSpec:
         """``resolve``, rescanning the stores once on a miss (at most every ``rescan_seconds``); a
-        name ``server.pull_on_demand`` allows that no model has exactly is pulled first (``on_progress``
-        told its share done). A model outside the key's models (``access.scope``) is not found."""
-        spec, shown = self.resolve(name), name if isinstance(name, str) else repr(name)
+        name ``server.pull_on_demand`` allows that no model has exactly is pulled first
+        (``on_progress`` told its share done), where the key's globs take it (``scope.may_pull``)."""
+        spec, shown = self.resolve(_findable(name)), name if isinstance(name, str) else repr(name)
         if spec is None and self.catalog.stale():
             await asyncio.to_thread(self.catalog.refresh)
             await self.upstreams.refresh(discover_only=True)
             spec = self.resolve(name)
-        if isinstance(name, str) and self.resolve(name, tag_fallback=False) is None and scope.allowed(name):
+        if isinstance(name, str) and self.resolve(name, tag_fallback=False) is None and scope.may_pull(name):
             await self.pulls.on_demand(name, self.config.server, on_progress)  # where the server allows it
             spec = self.resolve(name)
-        if spec is None or not scope.allowed(shown, spec):  # outside the key's models: as if nothing had it
+        if spec is None:  # nothing has it, or nothing the key may use: the same answer
             raise ModelNotFound(shown)
         return spec
 
@@ -240,11 +259,6 @@ class Registry:
         await model.ready()
         return model
 
-    def keep_alive(self, spec: ModelSpec, seconds: float | None) -> None:
-        """A request's keep_alive (Ollama's): how long the model stays loaded once idle (None: as it is)."""
-        if seconds is not None and not spec.pin:  # a pinned model stays loaded whatever a request asks
-            self._supervise(spec).keep_alive = seconds
-
     async def unload(self, name: object) -> ModelSupervisor:
         """Unload now (admin API); 409 while requests are in flight."""
         model = self.supervisor(await self.lookup(name))
@@ -297,7 +311,7 @@ class Registry:
         self.upstreams.check_seconds = config.server.upstream_check_seconds
         self.upstreams.sync(self.catalog.specs())
         for name, model in list(self._models.items()):
-            if self.resolve(name, loaded_first=False) != model.spec:
+            if self.resolve(name, loaded_first=False, scoped=False) != model.spec:
                 del self._models[name]
                 self._retire(model)
             else:
@@ -338,6 +352,17 @@ def adapters_of(registry: Registry, spec: ModelSpec) -> list[AdapterSpec]:
     return registry.supervisor(spec).adapters.named(spec)
 
 
+def keep_alive(registry: Registry, spec: ModelSpec, seconds: float | None, *, shorten: bool = True) -> None:
+    """A request's keep_alive (Ollama's): how long the model stays loaded once idle, from now on
+    (None: as it is). Without ``shorten`` (a user key's request: the model is everyone's), never
+    less than the configuration's keep_alive: a user may keep a model loaded longer, and only an
+    admin may unload it sooner. A pinned model stays loaded whatever a request asks."""
+    if seconds is None or spec.pin:
+        return
+    model = registry._supervise(spec)
+    model.keep_for(seconds if shorten else max(seconds, model.timing.keep_alive))
+
+
 def kept_adapters(registry: Registry, spec: ModelSpec) -> ModelAdapters:
     """What is kept of a model's adapters across its loads (its supervisor's, made and kept)."""
     return registry._supervise(spec).adapters
@@ -347,12 +372,14 @@ def picked_adapter(registry: Registry, name: object) -> tuple[ModelSpec, str] | 
     """The base model and the adapter a name picks (``BASE:ADAPTER``, or an adapter's own name
     where one model has it); None where the name is a model's own (a ``name:tag`` included).
     A ``BASE:TAG`` naming no adapter of a base that has some is a 404, ``:latest`` excepted: the
-    tag fallback would run the base for a mistyped adapter."""
+    tag fallback would run the base for a mistyped adapter. Within the request's scope, as
+    every name is (``Registry.resolve``): a model outside it, its adapters and its name are
+    not there, so nothing here tells a key of them."""
     if not isinstance(name, str) or registry.resolve(name, tag_fallback=False) is not None:
         return None
     exact = functools.partial(registry.resolve, tag_fallback=False)
     picked = adapternames.resolve(name, exact, lambda spec: [a.name for a in adapters_of(registry, spec)],
-                                  registry.specs())
+                                  scope.visible(registry.specs()))
     base, _, tag = name.rpartition(":")
     if picked is None and base and tag.lower() != "latest" and (spec := exact(base)) is not None:
         if names := [a.name for a in adapters_of(registry, spec)]:

@@ -257,6 +257,15 @@ class ModelSupervisor:
         return backend
 
     # --- going idle, unloading ---------------------------------------------------------------
+    def keep_for(self, seconds: float) -> None:
+        """A request's keep_alive: how long the model stays loaded once idle, from now on. An
+        idle model's clock starts again now (Ollama's empty prompt: load it, and keep it so long)."""
+        self.keep_alive = seconds
+        if self.in_flight == 0 and self.state == READY and not self.retiring:
+            self._cancel_timer()
+            self.last_used = time.monotonic()
+            self._idle()
+
     def _idle(self) -> None:
         self.host.went_idle(self)
         if self.retiring:
