@@ -98,8 +98,8 @@ def read(data: bytes, cuts: list[int]):
 def test_a_stream_cut_anywhere_reads_the_same(cuts):
     events = read(STREAM, cuts)
     assert events == [Thinking(3, "Think.", 1), Text(3, "Hé", 2), Text(3, "llo 🙂", 3),
-                      CallDelta(3, 0, "call_1", "f", ""), CallDelta(3, 0, None, None, '{"a":'),
-                      CallDelta(3, 0, None, None, " 1}"), Done(3, "tool_calls", None, 5, 7, 2)]
+                      CallDelta(3, 0, "call_1", "f", "", 4), CallDelta(3, 0, None, None, '{"a":', 5),
+                      CallDelta(3, 0, None, None, " 1}", 6), Done(3, "tool_calls", None, 5, 7, 2)]
 
 
 @pytest.mark.parametrize("payload, why", [
@@ -198,7 +198,7 @@ def test_a_whole_answer_where_a_stream_was_asked_for_reads_as_that_stream():
                        "usage": {"prompt_tokens": 3, "completion_tokens": 5}}).encode()
     reader = wire.ChunkReader(2, chat=True)
     events = reader.take(wire.whole_as_chunk(body, chat=True), len(body)) + reader.feed("[DONE]")
-    assert events == [Thinking(2, "hm", 1), CallDelta(2, 0, "call_1", "f", '{"a": 1}'), Text(2, "Hi", 2),
+    assert events == [Thinking(2, "hm", 1), CallDelta(2, 0, "call_1", "f", '{"a": 1}', 2), Text(2, "Hi", 3),
                       Done(2, "tool_calls", None, 3, 5, 0)]
     text = json.dumps({"choices": [{"index": 0, "text": "ok", "finish_reason": "length"}]}).encode()
     reader = wire.ChunkReader(3, chat=False)

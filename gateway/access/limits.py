@@ -16,8 +16,9 @@ The contract:
   than ``rpm`` in a window or ``max_parallel`` at once. No locks are needed, and none are taken.
 - It checks max_parallel, rpm, tpm, then budget; the first one reached is the ``Refusal``, and a
   refusal takes nothing. An admitted request counts in flight and in the rpm window at once.
-- Tokens are known only once an answer is done, so tpm and the budget are checked BEFORE a
-  request (refused when the tokens already charged reach the limit) and charged AFTER it
+- A request's tokens are all known only once it ends, however it ends (an answer, an error,
+  a client that left: ``api/access``), so tpm and the budget are checked BEFORE a request
+  (refused when the tokens already charged reach the limit) and charged AFTER it
   (``Limiter.release``). One answer may therefore run past either limit by its own size, and
   at most ``max_parallel`` answers can overlap that way; the next request is then refused.
 - A charge lands in the budget period that ``release``'s ``now`` falls in; the spent count

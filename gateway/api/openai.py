@@ -97,16 +97,19 @@ async def _stream(request: web.Request, render: oai.Renderer, parsed: oai.Parsed
                   backend: Backend) -> web.StreamResponse:
     reqs = parsed.requests
     gens = [backend.generate(req) for req in reqs]  # queued in order in the worker
+    runs: list[pipeline.Run] = []
     try:
         # a refusal is still a plain error response
-        first = await pipeline.start(request, gens[0], reqs[0], stream=True)
+        runs.append(await pipeline.start(request, gens[0], reqs[0], stream=True))
         finishes: list[answer.Finish] = []
 
         async def write(sse: EventStream) -> None:
             if (chunk := render.first_chunk()) is not None:
                 await sse.send(chunk)
             for index, gen in enumerate(gens):
-                run = first if index == 0 else await pipeline.start(request, gen, reqs[index], stream=True)
+                if index == len(runs):
+                    runs.append(await pipeline.start(request, gen, reqs[index], stream=True))
+                run = runs[index]
                 offset = 0
                 if run.begun.prompt_text:
                     echo = run.begun.prompt_text
@@ -129,7 +132,8 @@ async def _stream(request: web.Request, render: oai.Renderer, parsed: oai.Parsed
                                      lambda err: [(render.final_chunk("error"), None), *_told(err)],
                                      name=render.id, done="[DONE]")
     finally:
-        for gen in gens:
+        for index, gen in enumerate(gens):  # each one's tokens counted, those of a prompt not reached yet too
+            pipeline.left(request, gen, runs[index] if index < len(runs) else None)
             gen.close()
 
 

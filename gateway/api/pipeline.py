@@ -23,7 +23,7 @@ from ..backends.local import Backend, GenerationEvents
 from ..base.errors import ApiError
 from ..engine.ipc import GenerationRequest, Start
 from ..models.config import ModelSpec
-from ..server.events import observation
+from ..server.events import Tally, observation
 from ..server.sse import EventStream
 from ..serving.registry import picked_adapter
 from ..serving.supervisor import Progress
@@ -45,11 +45,12 @@ Failure = Callable[[ApiError], list[tuple[dict[str, Any], str | None]]]
 class Run:
     """One generation the backend accepted: its events, its start event (prompt tokens, the
     prompt's text for echo, ...), and its pieces and calls, then its finish, as ``answer.pieces``
-    reads them."""
+    reads them; ``tally``, its tokens as its request's observation counts them."""
 
     gen: GenerationEvents
     begun: Start
     items: AsyncGenerator[answer.Item | answer.Finish, None]
+    tally: Tally
 
 
 def load_progress(request: web.Request, stream: bool, failure: Failure) -> Progress | None:
@@ -120,18 +121,30 @@ async def start(request: web.Request, gen: GenerationEvents, req: GenerationRequ
         if refused is None:
             raise
         raise refused(err) from None
-    obs = observation(request)
-    obs.began(begun)
-    return Run(gen, begun, answer.pieces(gen, parser, obs))
+    tally = observation(request).began(begun)  # its prompt counted from here
+    return Run(gen, begun, answer.pieces(gen, parser, tally), tally)
+
+
+def left(request: web.Request, gen: GenerationEvents, run: Run | None) -> None:
+    """``gen`` (``run``'s, or one never started) is left, at its end or before it: what it
+    generated that was not read is counted in the request's observation too (``answer.left``),
+    so the access middleware charges it however the request ended."""
+    answer.left(gen, observation(request), run.tally if run is not None else None)
 
 
 @asynccontextmanager
 async def generate(request: web.Request, backend: Backend, req: GenerationRequest, *, stream: bool,
                    refused: Callable[[ApiError], ApiError] | None = None) -> AsyncIterator[Run]:
     """``req`` generated and started (``start``) for the ``async with``; leaving it before the
-    answer's end (an error, a client gone) cancels the rest."""
+    answer's end (an error, a client gone) cancels the rest, and what it generated is counted
+    (``left``)."""
     async with backend.generate(req) as gen:
-        yield await start(request, gen, req, stream=stream, refused=refused)
+        run = None
+        try:
+            run = await start(request, gen, req, stream=stream, refused=refused)
+            yield run
+        finally:
+            left(request, gen, run)
 
 
 @asynccontextmanager

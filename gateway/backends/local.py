@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from ..engine.client import LoadFailed, Spare, WorkerProcess
@@ -64,6 +64,8 @@ class GenerationEvents(Protocol):
     async def __aexit__(self, *exc: Any) -> None: ...
 
     def close(self) -> None: ...  # leave early: the rest of the answer is not wanted
+
+    def unread(self) -> Sequence[Event]: ...  # the events that came and were not handed out yet
 
 
 class Backend(Protocol):

@@ -16,7 +16,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -293,6 +293,9 @@ class FailoverGeneration(Events):
             gen.on_idle = self._on_idle
             return event
         return last or self.replicas._none_ready()
+
+    def unread(self) -> Sequence[Event]:
+        return self._gen.unread() if self._gen is not None else ()
 
     def close(self) -> None:
         if self._gen is not None:

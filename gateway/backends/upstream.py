@@ -433,6 +433,9 @@ class RemoteGeneration(Events):
         self._events.append(event)
         self._drop()
 
+    def unread(self) -> collections.deque[Event]:
+        return self._events
+
     def abort(self, event: ipc.Error) -> None:
         """End the answer now (shutdown, unload): what was not handed out yet is dropped."""
         self._events.clear()

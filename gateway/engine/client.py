@@ -22,7 +22,7 @@ import logging
 import os
 import signal
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from . import ipc
@@ -322,6 +322,9 @@ class _Inbox:
     def __len__(self) -> int:
         return len(self._items)
 
+    def unread(self) -> collections.deque[Event]:
+        return self._items
+
     def put_nowait(self, msg: Event) -> None:
         self._items.append(msg)
         if self._waiter is not None and not self._waiter.done():
@@ -380,6 +383,11 @@ class Events:
     def close(self) -> None:
         raise NotImplementedError
 
+    def unread(self) -> Sequence[Event]:
+        """The events that came and were not handed out yet, in order: what a generation left
+        before its end had still generated (``wire.answer.left`` counts it)."""
+        return ()
+
     def __aiter__(self: _Self) -> _Self:
         return self
 
@@ -412,6 +420,9 @@ class Generation(Events):
         if isinstance(event, ipc.TERMINAL):
             self.finished = True
         return event
+
+    def unread(self) -> Sequence[Event]:
+        return self._q.unread()
 
     def close(self) -> None:
         self.worker._release(self.id, self.finished)

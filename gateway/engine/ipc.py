@@ -381,6 +381,7 @@ class CallDelta:
     call_id: str | None
     name: str | None
     arguments: str  # a piece of the arguments' JSON text
+    tokens: int = 0  # generated so far, as a text event's (its chunk counted as one)
 
 
 @dataclass(slots=True)

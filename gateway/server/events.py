@@ -4,6 +4,12 @@ The outermost middleware opens an ``Observation`` (request id, endpoint, clock),
 note the model and the answer pipeline notes token times and counts; when the request ends
 the middleware turns it into metrics and one JSON line, written to the log (logger
 ``gateway.server.events``) and appended to ``server.events_path`` when that is set.
+
+Token counts are put in as they arrive, each generation's through its ``Tally``: its prompt's
+at its ``Start``, its text's with each text event, its ``Done``'s own counts in their place at
+the end. So however a request ends (an answer, a client that left, a cancel, a worker that
+died, an upstream that broke off), its observation holds what was generated, and that is what
+the access middleware charges to its key (``api/access``).
 """
 
 from __future__ import annotations
@@ -80,16 +86,19 @@ class Observation:
             self.gaps.extend([gap] * n)
         self.last_token = now
 
-    def began(self, start: Any) -> None:
-        """A generation began (a backend's ``Start`` event)."""
+    def began(self, start: Any) -> Tally:
+        """A generation began (a backend's ``Start`` event): its prompt's tokens are counted now
+        (its worker has taken the prompt to read, and a ``Done`` after a cancel counts it whole
+        too). Returns the ``Tally`` that counts the rest of it."""
         self.cache_source = self.cache_source or start.cache_source
         if self.admitted is None:
             self.admitted = time.monotonic()
+        tally = Tally(self)
+        tally.counts(start.prompt_tokens, start.cached_tokens, 0)
+        return tally
 
     def finished(self, finish: Any) -> None:
-        self.prompt_tokens += finish.prompt_tokens
-        self.cached_tokens += finish.cached_tokens
-        self.completion_tokens += finish.completion_tokens
+        """A generation's answer ended (its ``Finish``; its token counts are its ``Tally``'s)."""
         self.reasoning_tokens += finish.reasoning_tokens
         self.drafted_tokens += finish.drafted
         self.accepted_tokens += finish.accepted
@@ -109,6 +118,32 @@ class Observation:
             "tool_call_failures": self.tool_call_failures, "dropped_tools": self.dropped_tools,
             "media": self.media, "trace_id": self.trace_id, "time": time.time(),
         }
+
+
+class Tally:
+    """One generation's tokens as its request's observation holds them. Each count moves the
+    observation's totals by the difference, so a generation's ``Done`` (or the events it left
+    unread, ``wire.answer.left``) replaces what its ``Start`` and text events put in, and never
+    counts anything twice. Per text event: an int add, nothing made."""
+
+    __slots__ = ("obs", "prompt", "cached", "completion")
+
+    def __init__(self, obs: Observation):
+        self.obs = obs
+        self.prompt = self.cached = self.completion = 0
+
+    def generated(self, tokens: int) -> None:
+        """Its text events say ``tokens`` generated so far."""
+        self.obs.completion_tokens += tokens - self.completion
+        self.completion = tokens
+
+    def counts(self, prompt: int, cached: int, completion: int) -> None:
+        """Its counts are now these (its ``Start``'s, or its ``Done``'s)."""
+        obs = self.obs
+        obs.prompt_tokens += prompt - self.prompt
+        obs.cached_tokens += cached - self.cached
+        obs.completion_tokens += completion - self.completion
+        self.prompt, self.cached, self.completion = prompt, cached, completion
 
 
 def request_key(name: str, kind: type):

@@ -17,7 +17,7 @@ from ..backends.local import GenerationEvents
 from ..base import strictjson
 from ..base.errors import ApiError, from_event
 from ..engine import ipc
-from ..server.events import Observation
+from ..server.events import Observation, Tally
 from ..text.formats import FORMATS, NATIVE, Formats
 from ..text.reasoning import CONTENT, THINKING, unsplit
 from ..text.toolformats import TABLE, AnswerParser, CallArgs, CallEnd, CallStart, Piece, frames_answers
@@ -80,12 +80,14 @@ async def start(gen: GenerationEvents, req: ipc.GenerationRequest,
 
 
 async def pieces(gen: GenerationEvents, parser: AnswerParser,
-                 obs: Observation | None = None) -> AsyncGenerator[Item | Finish, None]:
+                 tally: Tally | None = None) -> AsyncGenerator[Item | Finish, None]:
     """Thinking and content pieces and calls, then the finish. Token log-probabilities ride on
     the next piece to leave (a marker held back by the parser delays them, never drops them).
-    ``obs`` gets the token times and counts (time to first token, inter-token latency) and the
-    calls that failed to parse. Thinking and calls a backend received already split (an
-    upstream's) pass through; a whole answer holds such calls until their arguments parse."""
+    ``tally`` (its generation's, from ``Observation.began``) counts each text event's tokens as
+    it comes and the ``Done``'s counts at the end, and its observation gets the token times
+    (time to first token, inter-token latency) and the calls that failed to parse. Thinking and
+    calls a backend received already split (an upstream's) pass through; a whole answer holds
+    such calls until their arguments parse."""
     seen = reasoning = 0
     probs: list[dict[str, Any]] = []
     calls = whole = 0  # calls opened; the parser's calls that ended whole (a CallEnd without error)
@@ -110,10 +112,12 @@ async def pieces(gen: GenerationEvents, parser: AnswerParser,
     async for event in gen:
         if isinstance(event, ipc.Error):
             raise api_error(event)
-        if isinstance(event, ipc.Text | ipc.Thinking):
+        # an upstream's call pieces count as its text does (a backend that sends no count: 0)
+        if isinstance(event, ipc.Text | ipc.Thinking) or (isinstance(event, ipc.CallDelta) and event.tokens > seen):
             n, seen = event.tokens - seen, event.tokens
-            if obs is not None:
-                obs.tokens(n)
+            if tally is not None:
+                tally.generated(seen)
+                tally.obs.tokens(n)
         if isinstance(event, ipc.Text):
             if event.logprobs:
                 probs += event.logprobs
@@ -142,11 +146,37 @@ async def pieces(gen: GenerationEvents, parser: AnswerParser,
                 reason = "tool_calls"
             finish = Finish(reason, event.stop, event.prompt_tokens, event.completion_tokens,
                             reasoning, event.cached_tokens, event.drafted, event.accepted)
-            if obs is not None:
+            if tally is not None:
+                tally.counts(event.prompt_tokens, event.cached_tokens, event.completion_tokens)
+                obs = tally.obs
                 obs.finished(finish)
                 obs.tool_calls += completed
                 obs.tool_call_failures += parser.failed + native.failed
             yield finish
+
+
+def left(gen: GenerationEvents, obs: Observation, tally: Tally | None) -> None:
+    """``gen`` is left (``tally``: its count so far, None where nothing of it was read), maybe
+    before its end: its client went, it failed, or it was cancelled. What its backend sent and
+    nobody read was generated all the same and is counted too: the prompt of a ``Start``, the
+    tokens the last text event says, or a ``Done``'s own counts. (What a worker generates after
+    the cancel reaches it, a step or so, is not seen here.) Cheap at the end of an answer read
+    whole: nothing is left unread."""
+    unread = gen.unread()
+    if not unread:
+        return
+    if tally is None:
+        first = unread[0]
+        if not isinstance(first, ipc.Start):
+            return  # refused or failed before it began: nothing was read of its prompt
+        tally = obs.began(first)
+    for event in reversed(unread):  # the last count a backend sent holds every one before it
+        if isinstance(event, ipc.Done):
+            tally.counts(event.prompt_tokens, event.cached_tokens, event.completion_tokens)
+            return
+        if isinstance(event, ipc.Text | ipc.Thinking | ipc.CallDelta) and event.tokens:
+            tally.generated(event.tokens)
+            return
 
 
 def _cut(items: list[Item], parser: AnswerParser, failures: int) -> list[Item]:

@@ -141,7 +141,7 @@ class ChunkReader:
 
     def __init__(self, rid: int, chat: bool, bounds: Bounds = Bounds()):
         self.rid, self.chat, self.bounds = rid, chat, bounds
-        self.tokens = 0  # chunks with generated text: a token each for llama.cpp's server
+        self.tokens = 0  # chunks with generated text or calls: a token each for llama.cpp's server
         self.finish: str | None = None
         self.prompt_tokens = self.completion_tokens = self.cached_tokens = 0
         self.usage = False
@@ -214,6 +214,8 @@ class ChunkReader:
             calls = delta.get("tool_calls") or []
             if not isinstance(calls, list):
                 raise MalformedStream("`tool_calls` is not a list")
+            if calls:
+                self.tokens += 1  # a chunk of a call's pieces is generated output, as one of text is
             for call in calls:
                 out.append(self._call(call))
         else:
@@ -247,8 +249,8 @@ class ChunkReader:
                 raise MalformedStream("a tool call's first piece has no name")
             self._calls.add(index)
             call_id = call.get("id") if isinstance(call.get("id"), str) else f"call_{self.rid}_{index}"
-            return CallDelta(self.rid, index, call_id, name, arguments)
-        return CallDelta(self.rid, index, None, None, arguments)
+            return CallDelta(self.rid, index, call_id, name, arguments, self.tokens)
+        return CallDelta(self.rid, index, None, None, arguments, self.tokens)
 
     def whole(self, body: bytes) -> list[Event]:
         """A whole answer where a stream was asked for, read as the stream it stands for."""
