@@ -30,7 +30,7 @@ from .api.appkeys import (
 )
 from .base import tracecontext
 from .base.addresses import is_loopback
-from .base.errors import ApiError
+from .base.errors import ApiError, shown
 from .base.secretfile import KeptSecret
 from .engine.client import RequestFailed
 from .models.config import Config, default_kv_cache_dir, default_state_dir
@@ -127,7 +127,7 @@ async def observe_middleware(request: web.Request, handler: Handler) -> web.Stre
     store = app[CAPTURES]
     if store.enabled and wire_of(request) is not None:
         request[CAPTURE] = store.begin(request.method, request.path, request.query_string, request.headers,
-                                       obs.started)
+                                       obs.started, (k.secret for k in app[GATE].keys.specs if k.secret))
     try:
         if app[LIFECYCLE]["draining"]:
             response: web.StreamResponse = error_response(request, ApiError(
@@ -188,7 +188,8 @@ def _record(app: web.Application, obs: Observation, status: int, request: web.Re
     if capture is not None:
         whole = response.body if isinstance(response, web.Response) and isinstance(response.body, bytes) else None
         try:
-            app[CAPTURES].finish(capture, obs, status, response.headers if response is not None else {}, whole)
+            app[CAPTURES].finish(capture, obs, status, response.headers if response is not None else {}, whole,
+                                 request.get(ERROR_CODE))
         except Exception:  # as a trace's: a capture that fails is logged, and the answer goes out
             log.exception("this request could not be captured")
 
@@ -248,7 +249,7 @@ def host_check_middleware():
         if host is not None:
             name = host.rsplit(":", 1)[0] if host.count(":") == 1 or host.startswith("[") else host
             if not is_loopback(name):
-                raise ApiError(f"Host {host!r} is not a loopback name; this gateway only answers requests "
+                raise ApiError(f"Host {shown(host, 100)} is not a loopback name; this gateway only answers requests "
                                "addressed to localhost", status=403, code="forbidden_host")
         return await handler(request)
 
@@ -315,7 +316,8 @@ def cors_middleware(origins: tuple[str, ...]):
         ok = bool(origin) and ("*" in allowed or origin in allowed)
         if request.method == "OPTIONS" and request.headers.get("Access-Control-Request-Method"):
             if not ok:
-                raise ApiError(f"Origin {origin!r} is not in server.cors_origins", status=403, code="forbidden_origin")
+                raise ApiError(f"Origin {shown(origin, 100)} is not in server.cors_origins", status=403,
+                               code="forbidden_origin")
             return web.Response(status=204, headers={
                 "Access-Control-Allow-Origin": origin, "Vary": "Origin",
                 "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
@@ -392,5 +394,5 @@ async def _workers_ctx(app: web.Application):
     await app[GATE].close()
     app[EVENTS].close()
     tracer = app[TRACING]
-    if tracer is not None:
-        await asyncio.to_thread(tracer.shutdown)  # the last spans sent
+    if tracer is not None:  # the last spans sent, within the drain time: a collector down holds no exit
+        await asyncio.to_thread(tracer.shutdown, min(tracing.SHUTDOWN_SECONDS, app[CONFIG].server.drain_seconds))

@@ -5,6 +5,8 @@ behind a gateway, and nothing of ``opentelemetry`` loaded when tracing is off.""
 
 from __future__ import annotations
 
+import io
+import json
 import subprocess
 import sys
 import textwrap
@@ -405,3 +407,106 @@ def test_tracing_off_loads_nothing_of_opentelemetry(write_config, files):
     done = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "LOADED []" in done.stdout
+
+
+# --- bounds: what a caller sent is quoted cut, and a collector that is down holds no exit ---------
+
+def _strings(value):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+
+
+def test_a_long_model_name_and_long_attributes_are_cut_in_every_span():
+    from gateway.base.errors import MAX_MODEL_NAME
+    from gateway.engine.ipc import GenerationRequest
+
+    with OtlpReceiver() as rx:
+        t = tracing.Tracing(OtelConfig(enabled=True, endpoint=rx.url))
+        obs = full_observation(time.monotonic() - 1)
+        obs.model, obs.asked_model = "-", "x" * (2 * 2**20)
+        obs.request = GenerationRequest(messages=MSG, stop=["s" * 4000, "t"])
+        t.end(t.begin({}, obs, "POST", "/v1/chat/completions"), obs, 404, "model_not_found")
+        t.shutdown()
+        spans = rx.wait_for(lambda s: any(x["kind"] == SERVER for x in s))
+    root = next(s for s in spans if s["kind"] == SERVER)
+    assert root["name"] == "chat " + "x" * MAX_MODEL_NAME
+    assert root["attributes"]["gen_ai.request.model"] == "x" * MAX_MODEL_NAME
+    assert root["attributes"]["gen_ai.request.stop_sequences"] == ["s" * tracing.MAX_ATTRIBUTE_LENGTH, "t"]
+    for span in spans:
+        assert len(span["attributes"]) <= tracing.MAX_ATTRIBUTES
+        for v in span["attributes"].values():
+            assert all(len(s) <= tracing.MAX_ATTRIBUTE_LENGTH for s in _strings(v))
+
+
+async def test_a_model_name_of_megabytes_leaves_a_bounded_span_and_404(aiohttp_client, write_config, files,
+                                                                       receiver):
+    from gateway.base.errors import MAX_MODEL_NAME
+
+    client = await aiohttp_client(create_app(traced_config(write_config, files, receiver)))
+    body = json.dumps({"model": "n" * (4 * 2**20), "messages": MSG}).encode()
+    r = await client.post("/v1/chat/completions", data=io.BytesIO(body),
+                          headers={"X-Request-Id": "long-name", "Content-Type": "application/json"})
+    text = await r.text()
+    assert r.status == 404 and len(text) < 2 * MAX_MODEL_NAME + 400, text[:200]
+    r = await client.post("/v1/chat/completions", json={"model": "plain", "messages": MSG, "max_tokens": 4,
+                                                        "stop": ["z" * 4000]}, headers={"X-Request-Id": "long-stop"})
+    assert r.status == 200, await r.text()
+    spans = await receiver.until(lambda s: has_request("long-name")(s) and has_request("long-stop")(s))
+    for rid in ("long-name", "long-stop"):
+        root, kids = tree_of(spans, rid)
+        assert len(root["name"]) <= MAX_MODEL_NAME + 32
+        for span in (root, *kids.values()):
+            for v in span["attributes"].values():
+                assert all(len(s) <= tracing.MAX_ATTRIBUTE_LENGTH for s in _strings(v))
+    root, _ = tree_of(spans, "long-stop")
+    assert root["attributes"]["gen_ai.request.stop_sequences"] == ["z" * tracing.MAX_ATTRIBUTE_LENGTH]
+
+
+def test_sigterm_with_the_collector_down_ends_within_the_bound(write_config, files):
+    """A collector that takes connections and never answers: the spans still queued at SIGTERM
+    are given the drain time at most (``SHUTDOWN_SECONDS`` within it), then dropped."""
+    import signal
+    import socket
+    import urllib.error
+    import urllib.request
+
+    from helpers import ServerProcess
+
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(1024)  # connections complete in the backlog; nothing is ever read or answered
+    drain = 2
+    cfg = write_config(f"server:\n  drain_seconds: {drain}\n  otel:\n    endpoint: http://127.0.0.1:{hole.getsockname()[1]}\n"
+                       f"models:\n  plain: {files}/plain.gguf\n")
+    # many small batches: each export waits out the exporter's timeout
+    env = {"OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "8", "OTEL_BSP_SCHEDULE_DELAY": "50"}
+    try:
+        with ServerProcess("--config", str(cfg), env=env) as server:
+            for i in range(120):
+                req = urllib.request.Request(server.url + "/v1/chat/completions", data=json.dumps(
+                    {"model": f"nope-{i}", "messages": MSG}).encode(), headers={"Content-Type": "application/json"})
+                try:
+                    urllib.request.urlopen(req, timeout=30).close()
+                except urllib.error.HTTPError as e:
+                    assert e.code == 404
+            began = time.monotonic()
+            code, log = server.stop(signal.SIGTERM, timeout=60)
+            took = time.monotonic() - began
+    finally:
+        hole.close()
+    assert code == 0, log[-2000:]
+    bound = min(tracing.SHUTDOWN_SECONDS, drain) + tracing.SHUTDOWN_GRACE
+    assert took < bound + 5, f"SIGTERM took {took:.1f} s with the collector down (bound {bound} s)\n{log[-2000:]}"
+    assert "spans still queued are dropped" in log
+
+
+async def test_a_method_no_convention_knows_is_told_as_other(aiohttp_client, write_config, files, receiver):
+    client = await aiohttp_client(create_app(traced_config(write_config, files, receiver)))
+    r = await client.request("PROPFIND", "/v1/chat/completions", headers={"X-Request-Id": "odd-method"})
+    assert r.status == 405
+    root, _ = tree_of(await receiver.until(has_request("odd-method")), "odd-method")
+    assert root["name"] in ("HTTP /v1/chat/completions", "HTTP")  # a method is any token: not quoted
+    assert root["attributes"]["http.request.method"] == "_OTHER"

@@ -4,7 +4,9 @@ the operator's routes.
 
 - ``GET /captures``: their summaries, newest first; filters ``model``, ``key``, ``status``
   (``200`` or a class, ``4xx``), ``route`` (``/v1/chat/completions``), ``since`` and ``until``
-  (as ``/usage`` reads them), ``limit``. Says whether capture is on and what the store holds.
+  (as ``/usage`` reads them), ``limit``. Says whether capture is on and what the store holds,
+  and ``refused``: how many requests were refused at the door (401, 403, 429) and the newest
+  ``limit`` of the lines kept of them (time, status, route, key, error code, request id).
 - ``GET /captures/{id}``: one capture whole, its answer read back into thinking, content and
   calls (``wire/readback``), and the ``curl`` command that sends its request again.
 - ``POST /captures/{id}/replay`` ``{"model": ...}``: its request sent again to this gateway as
@@ -16,6 +18,7 @@ the operator's routes.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import shlex
 import uuid
@@ -68,9 +71,11 @@ async def list_captures(request: web.Request) -> web.Response:
                           statuses=query_values(request, "status") or (), routes=query_values(request, "route") or (),
                           since=since, until=until, limit=limit)
     config = store.config
+    lines = [r.line() for r in itertools.islice(reversed(store.refusals.values()), limit)]
     return web.json_response({"object": "list", "enabled": config.enabled, "redact_content": config.redact_content,
                               "count": len(store.records), "bytes": store.bytes, "max_bytes": config.max_bytes,
-                              "data": [r.summary() for r in records]})
+                              "data": [r.summary() for r in records],
+                              "refused": {"count": store.refused, "kept": len(store.refusals), "recent": lines}})
 
 
 @admin_only

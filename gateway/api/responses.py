@@ -11,7 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ..base.errors import ApiError
+from ..base.errors import ApiError, shown
 from ..server.events import OWNER
 from ..server.response_store import ResponseStore, Stored
 from ..server.sse import EventStream
@@ -32,7 +32,8 @@ def owner(request: web.Request) -> str | None:
 
 
 def _unknown(response_id: str, param: str | None = None) -> ApiError:
-    return ApiError(f"Response with id {response_id!r} not found.", status=404, param=param, code="not_found")
+    return ApiError(f"Response with id {shown(response_id, 100)} not found.", status=404, param=param,
+                    code="not_found")
 
 
 @spends("responses")

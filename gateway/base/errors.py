@@ -10,6 +10,24 @@ from __future__ import annotations
 import math
 from typing import Any
 
+# The longest model name the gateway takes: more than any real one. A longer name is cut at the
+# wire's edge (``wire.params.require_model``), as not found, before it reaches a lookup, a
+# span or a log line.
+MAX_MODEL_NAME = 256
+# How much of a caller's value an error message quotes (``shown``): a message that quotes what
+# a caller sent is bounded however much was sent.
+QUOTED = 60
+
+
+def shown(value: object, limit: int = QUOTED) -> str:
+    """A caller's value for an error message: its ``repr``, cut to ``limit`` characters (a
+    string is cut before its ``repr`` is made, so a long one costs nothing)."""
+    if isinstance(value, (str, bytes)) and len(value) > limit:
+        text = repr(value[:limit])
+    else:
+        text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
 # HTTP status -> Anthropic's error type (https://docs.anthropic.com/en/api/errors).
 _ANTHROPIC_TYPES = {
     400: "invalid_request_error",
@@ -81,8 +99,11 @@ class InvalidRequest(ApiError):
 
 
 class ModelNotFound(ApiError):
+    """404 for a name no model has (or none the key may use); the name quoted as far as a real
+    one can be long."""
+
     def __init__(self, name: str):
         super().__init__(
-            f"The model {name!r} does not exist or is not available on this gateway.",
+            f"The model {shown(name, MAX_MODEL_NAME + 2)} does not exist or is not available on this gateway.",
             status=404, param="model", code="model_not_found",
         )

@@ -9,21 +9,31 @@ status, the whole answer's bytes where the answer was not a stream, and the requ
 stream is the stream the client read, byte for byte, each write stamped with its time.
 
 Bounds: each body (and each stream's writes together) is kept up to ``max_body_bytes``, cut
-past it and said so (``truncated``, with the size it had); the store holds at most
-``max_bytes`` of captures, dropping the oldest. What a capture costs the request is a slice of
-the body and one list append per stream write; everything else (redaction of content,
-persistence, JSON) happens after the answer went out, or when a capture is read.
+past it and said so (``truncated``, with the size it had); a request's headers are kept up to
+``MAX_HEADERS`` of them and ``MAX_HEADER_BYTES`` in all. The store holds at most ``max_bytes``,
+and it counts every byte it keeps (``weight``): the headers' names and values, the bodies, each
+write of a stream with its place (``ENTRY``), the ids and names, and each entry's own fields
+(``OVERHEAD``). A request refused at the door (401, 403, 429: ``REFUSED``) is kept as a line
+(``Refusal``: its time, status, route, key and error code), not a capture. The store is shared
+out by owner (the key that asked, ``events.OWNER``; nobody where no key was given): past the
+bound, what nobody's requests left goes first, then the oldest of the owner holding the most.
+So a request from nobody never pushes out a key's captures, and a key that floods the store
+pushes out its own. What a capture costs the request is a slice of the body and one list append
+per stream write (and a search for its secrets, where it presented any); everything else
+(redaction of content, persistence, JSON) happens after the answer went out, or when a capture
+is read.
 
 Secrets never enter a capture: the headers that carry credentials are redacted, and the key the
-request presented is cut out of the body wherever it appears. With ``redact_content`` the text
-goes too: every string of the JSON, but for the words that give its shape (roles, types, names,
-finish reasons), becomes its length (``redaction``)."""
+request presented (and every key the configuration gives as itself) is cut out of every other
+byte the capture keeps: header values, query, bodies, and a stream's writes as they are told,
+across two writes too (``redaction.Secrets``, ``redaction.StreamCut``). What is made of a
+capture (its kept file, a replay, ``curl``, the page) is made of what it kept. With
+``redact_content`` the text goes too: every string of the JSON, but for the words that give its
+shape (roles, types, names, finish reasons), becomes its length (``redaction``)."""
 
 from __future__ import annotations
 
-import base64
 import itertools
-import json
 import logging
 import os
 import time
@@ -32,18 +42,21 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ..models.config.specs import CaptureConfig
 from . import redaction
+from .capturerecords import ENTRY, OVERHEAD, Record, Refusal
 from .events import Observation, request_key
+
+__all__ = ["CAPTURE", "FOLDER", "Capture", "CaptureStore", "Record", "Refusal", "timings"]
 
 log = logging.getLogger(__name__)
 
 FOLDER = "captures"  # in the state folder, where ``keep`` is on
-OVERHEAD = 512  # bytes a capture is counted for beyond its bodies: its fields and headers
-MAX_HEADERS = 64  # of a request's headers kept, and each value's length
+MAX_HEADERS = 64  # of a request's headers kept, each name's and value's length, all of them together
 MAX_HEADER_VALUE = 1024
+MAX_HEADER_BYTES = 16 * 1024
+REFUSED = frozenset({401, 403, 429})  # refused at the door: kept as a line (``Refusal``), not a capture
 # the ``Content-Type``s whose answer is a stream of writes rather than one body
 STREAM_TYPES = ("text/event-stream", "application/x-ndjson")
 
@@ -59,140 +72,49 @@ class Capture:
     path: str
     query: str
     headers: dict[str, str]
-    secrets: tuple[bytes, ...]  # the credentials the request presented, cut out of what is kept
-    limit: int  # each body's bytes kept
+    secrets: redaction.Secrets  # the credentials the request presented, cut out of what is kept
+    limit: int  # each body's bytes kept (a stream's writes counting ``ENTRY`` each too)
     body: bytes | None = None  # the request's body as read (decoded), cut to ``limit``
     body_bytes: int = 0  # its whole size
+    request_cut: bool = False
     frames: list[tuple[float, bytes]] = field(default_factory=list)  # a stream's writes: (seconds in, bytes)
     sent: int = 0  # a stream's bytes written in all
-    kept: int = 0  # of them, kept
+    kept: int = 0  # of them, kept (with ``ENTRY`` for each write)
+    response_cut: bool = False
+    cutter: redaction.StreamCut | None = None  # where there are secrets: the writes with them cut out
+    last: float = 0.0  # seconds in of the last write
 
     def request_body(self, raw: bytes) -> None:
         self.body_bytes = len(raw)
-        self.body = raw[:self.limit]
+        self.request_cut = len(raw) > self.limit
+        self.body = self.secrets.bounded(raw, self.limit)
 
     def frame(self, data: bytes) -> None:
         """A write of the answer's stream, as it went to the client."""
         self.sent += len(data)
-        room = self.limit - self.kept
+        self.last = time.monotonic() - self.started
+        if self.secrets:
+            if self.cutter is None:
+                self.cutter = redaction.StreamCut(self.secrets)
+            data = self.cutter.feed(data)
+        self._keep(data)
+
+    def end_stream(self) -> None:
+        """The stream is over: what the secrets' cut held back is kept."""
+        if self.cutter is not None:
+            self._keep(self.cutter.flush())
+
+    def _keep(self, data: bytes) -> None:
+        if not data or self.response_cut:
+            return
+        room = self.limit - self.kept - ENTRY
+        if room < len(data):
+            self.response_cut = True  # nothing after it is kept: what is kept is a beginning
         if room <= 0:
             return
-        kept = data if len(data) <= room else data[:room]
-        self.kept += len(kept)
-        self.frames.append((time.monotonic() - self.started, kept))
-
-
-@dataclass(slots=True)
-class Record:
-    """A finished capture, as the store keeps it (``summary`` and ``detail`` are its JSON)."""
-
-    id: str
-    time: float
-    method: str
-    path: str
-    route: str
-    query: str
-    request_id: str
-    model: str
-    key: str
-    status: int
-    request_headers: dict[str, str]
-    request_body: bytes | None
-    request_bytes: int
-    response_headers: dict[str, str]
-    stream: bool
-    response_body: bytes | None  # a whole answer
-    frames: list[tuple[float, bytes]]  # a streamed one
-    response_bytes: int
-    timings: dict[str, float | None]
-    usage: dict[str, int]
-    finish_reason: str | None
-    trace_id: str | None
-    redacted: bool
-    request_cut: bool  # the request's body, or the answer, kept only in part (``max_body_bytes``)
-    response_cut: bool
-    replay_of: str | None = None
-
-    @property
-    def size(self) -> int:
-        return OVERHEAD + len(self.request_body or b"") + len(self.response_body or b"") + \
-            sum(len(b) for _, b in self.frames)
-
-    def summary(self) -> dict[str, Any]:
-        return {"id": self.id, "time": self.time, "method": self.method, "path": self.path, "route": self.route,
-                "request_id": self.request_id, "model": self.model, "key": self.key, "status": self.status,
-                "stream": self.stream, **self.timings, **self.usage, "finish_reason": self.finish_reason,
-                "request_bytes": self.request_bytes, "response_bytes": self.response_bytes,
-                "truncated": self.request_cut or self.response_cut, "redacted": self.redacted,
-                "trace_id": self.trace_id, "replay_of": self.replay_of}
-
-    def request_json(self) -> Any:
-        """The request's body as JSON, or None where it is cut, missing or not JSON."""
-        if self.request_body is None or self.request_cut:
-            return None
-        try:
-            return json.loads(self.request_body)
-        except (ValueError, RecursionError):
-            return None
-
-    def detail(self) -> dict[str, Any]:
-        """Everything kept: the bodies as text (and the request's as JSON where it parses), a
-        stream as its writes with their times."""
-        request_json = self.request_json()
-        response: dict[str, Any] = {"status": self.status, "headers": self.response_headers, "stream": self.stream,
-                                    "bytes": self.response_bytes, "truncated": self.response_cut}
-        if self.stream:
-            response["events"] = [{"t": round(t, 6), "data": _text(b)} for t, b in self.frames]
-        else:
-            response["body"] = _json_or_none(self.response_body)
-            response["body_text"] = _text(self.response_body) if self.response_body is not None else None
-        return {**self.summary(), "query": self.query,
-                "request": {"headers": self.request_headers, "body": request_json,
-                            "body_text": None if request_json is not None or self.request_body is None
-                            else _text(self.request_body),
-                            "bytes": self.request_bytes, "truncated": self.request_cut},
-                "response": response}
-
-    def answer_bytes(self) -> bytes:
-        """The answer as the client read it (a stream's writes joined), as far as it was kept."""
-        return b"".join(b for _, b in self.frames) if self.stream else (self.response_body or b"")
-
-    # --- kept on disk (``keep``): the record itself, its bytes in base64 ------------------------
-    def to_json(self) -> str:
-        out = {name: getattr(self, name) for name in self.__slots__}
-        out["request_body"] = _b64(self.request_body)
-        out["response_body"] = _b64(self.response_body)
-        out["frames"] = [[t, _b64(b)] for t, b in self.frames]
-        return json.dumps(out, separators=(",", ":"))
-
-    @classmethod
-    def from_json(cls, text: str) -> Record:
-        data = json.loads(text)
-        data["request_body"] = _unb64(data["request_body"])
-        data["response_body"] = _unb64(data["response_body"])
-        data["frames"] = [(float(t), _unb64(b) or b"") for t, b in data["frames"]]
-        return cls(**data)
-
-
-def _text(data: bytes | None) -> str:
-    return (data or b"").decode("utf-8", errors="replace")
-
-
-def _json_or_none(data: bytes | None) -> Any:
-    if not data:
-        return None
-    try:
-        return json.loads(data)
-    except (ValueError, RecursionError):
-        return None
-
-
-def _b64(data: bytes | None) -> str | None:
-    return None if data is None else base64.b64encode(data).decode("ascii")
-
-
-def _unb64(text: str | None) -> bytes | None:
-    return None if text is None else base64.b64decode(text)
+        kept = data[:room]
+        self.kept += len(kept) + ENTRY
+        self.frames.append((self.last, kept))
 
 
 def timings(obs: Observation, ended: float) -> dict[str, float | None]:
@@ -220,14 +142,20 @@ CAPTURE = request_key("capture", Capture)  # the request's capture, where captur
 
 
 class CaptureStore:
-    """The captures kept, oldest first, within ``config.max_bytes``; with ``keep``, each also a
-    file in ``folder`` (written and removed by ``persist``'s caller off the event loop)."""
+    """The captures kept, oldest first, and the lines of refused requests, within
+    ``config.max_bytes`` (shared out by owner, as the module says); with ``keep``, each capture
+    also a file in ``folder`` (written and removed by ``persist``'s caller off the event loop)."""
 
     def __init__(self, config: CaptureConfig, folder: Path | None = None):
         self.config = config
         self.folder = folder if config.keep else None
         self.records: OrderedDict[str, Record] = OrderedDict()
+        self.refusals: OrderedDict[str, Refusal] = OrderedDict()
+        self.refused = 0  # requests refused at the door since the start, their lines kept or not
         self.bytes = 0
+        # each owner's entries (None: nobody's), oldest first, with the bytes each is counted for
+        self._owned: dict[str | None, OrderedDict[str, int]] = {}
+        self._owned_bytes: dict[str | None, int] = {}
         self._ids = itertools.count(1)
         self._prefix = uuid.uuid4().hex[:8]  # ids of one run apart from another's kept ones
         # what ``persist`` writes (a record) or removes (None), by id, since it last ran
@@ -237,26 +165,35 @@ class CaptureStore:
     def enabled(self) -> bool:
         return self.config.enabled
 
-    def begin(self, method: str, path: str, query: str, headers: Mapping[str, str], started: float) -> Capture:
+    def begin(self, method: str, path: str, query: str, headers: Mapping[str, str], started: float,
+              secrets: Iterable[str] = ()) -> Capture:
+        """A request's capture; ``secrets``: keys besides the one it presented to cut out of it
+        (those the configuration gives as themselves)."""
+        given = redaction.presented(headers) + tuple(s.encode("utf-8", errors="replace") for s in secrets)
+        cut = redaction.Secrets.of(tuple(sorted(set(given))))
         return Capture(f"{self._prefix}-{next(self._ids)}", started, time.time(), method, path,
-                       query[:MAX_HEADER_VALUE], redaction.headers(headers, MAX_HEADERS, MAX_HEADER_VALUE),
-                       redaction.presented(headers), self.config.max_body_bytes)
+                       cut.cut_text(query[:MAX_HEADER_VALUE + cut.longest])[:MAX_HEADER_VALUE],
+                       redaction.headers(headers, MAX_HEADERS, MAX_HEADER_VALUE, max_total=MAX_HEADER_BYTES,
+                                         secrets=cut),
+                       cut, self.config.max_body_bytes)
 
     def finish(self, capture: Capture, obs: Observation, status: int, response_headers: Mapping[str, str],
-               whole: bytes | None) -> Record:
-        """The capture of a request that ended with ``status``; ``whole``: its answer's body where
-        it was not a stream."""
+               whole: bytes | None, code: str | None = None) -> Record | None:
+        """The capture of a request that ended with ``status`` (``code``: its error's); ``whole``:
+        its answer's body where it was not a stream. A request refused at the door is kept as
+        a line (None)."""
+        if status in REFUSED:
+            self.refuse(Refusal(f"{self._prefix}-r{next(self._ids)}", capture.time, status, obs.endpoint,
+                                obs.principal, code, obs.request_id, obs.owner))
+            return None
         kind = response_headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
+        capture.end_stream()
         stream = kind in STREAM_TYPES or bool(capture.frames)
-        limit = capture.limit
+        limit, cut = capture.limit, capture.secrets
         body, frames = capture.body, capture.frames
-        answer = None if stream or whole is None else whole[:limit]
+        answer = None if stream or whole is None else cut.bounded(whole, limit)
         answer_bytes = capture.sent if stream else len(whole or b"")
-        request_cut = body is not None and len(body) < capture.body_bytes
-        response_cut = (capture.kept if stream else len(answer or b"")) < answer_bytes
-        if capture.secrets:
-            body = redaction.cut_secrets(body, capture.secrets)
-            answer = redaction.cut_secrets(answer, capture.secrets)
+        response_cut = capture.response_cut if stream else len(whole or b"") > limit
         redacted = self.config.redact_content
         if redacted:
             body = redaction.content(body, sse=False)
@@ -265,36 +202,75 @@ class CaptureStore:
         record = Record(
             capture.id, capture.time, capture.method, capture.path, obs.endpoint, capture.query, obs.request_id,
             obs.model, obs.principal, status, capture.headers, body, capture.body_bytes,
-            redaction.headers(response_headers, MAX_HEADERS, MAX_HEADER_VALUE), stream, answer, frames,
-            answer_bytes, timings(obs, time.monotonic()),
+            redaction.headers(response_headers, MAX_HEADERS, MAX_HEADER_VALUE, max_total=MAX_HEADER_BYTES,
+                              secrets=cut),
+            stream, answer, frames, answer_bytes, timings(obs, time.monotonic()),
             {"prompt_tokens": obs.prompt_tokens, "cached_tokens": obs.cached_tokens,
              "completion_tokens": obs.completion_tokens, "reasoning_tokens": obs.reasoning_tokens},
-            obs.finish_reason, obs.trace_id, redacted, request_cut, response_cut)
+            obs.finish_reason, obs.trace_id, redacted, capture.request_cut, response_cut, owner=obs.owner)
         self.add(record)
         return record
 
     def add(self, record: Record) -> None:
-        size = record.size
-        if size > self.config.max_bytes:
+        if not self._hold(record.id, record.owner, record.size):
             return
         self.records[record.id] = record
-        self.bytes += size
         if self.folder is not None:
             self.pending.append((record.id, record))  # made into JSON by ``persist``, off the loop
-        self._trim()
+        self._trim(record.owner)
 
-    def _trim(self) -> None:
-        while self.bytes > self.config.max_bytes and self.records:
-            _, old = self.records.popitem(last=False)
-            self.bytes -= old.size
-            if self.folder is not None:
-                self.pending.append((old.id, None))
+    def refuse(self, refusal: Refusal) -> None:
+        self.refused += 1
+        if self._hold(refusal.id, refusal.owner, refusal.size):
+            self.refusals[refusal.id] = refusal
+            self._trim(refusal.owner)
+
+    def _hold(self, entry_id: str, owner: str | None, size: int, first: bool = False) -> bool:
+        """Count an entry in, as its owner's newest (``first``: oldest); False where it alone is
+        over the bound, and not kept."""
+        if size > self.config.max_bytes:
+            return False
+        owned = self._owned.setdefault(owner, OrderedDict())
+        owned[entry_id] = size
+        if first:
+            owned.move_to_end(entry_id, last=False)
+        self._owned_bytes[owner] = self._owned_bytes.get(owner, 0) + size
+        self.bytes += size
+        return True
+
+    def _trim(self, newcomer: str | None = None) -> None:
+        """Drop entries until the store is within its bound: nobody's oldest first, then the
+        oldest of the owner that holds the most (on a tie, ``newcomer``'s: the owner of the entry
+        just added, so that it does not push out another's as large)."""
+        while self.bytes > self.config.max_bytes and self._owned:
+            owner = None if None in self._owned else \
+                max(self._owned, key=lambda o: (self._owned_bytes[o], o == newcomer))
+            owned = self._owned[owner]
+            entry_id, size = owned.popitem(last=False)
+            if not owned:
+                del self._owned[owner], self._owned_bytes[owner]
+            else:
+                self._owned_bytes[owner] -= size
+            self.bytes -= size
+            if self.records.pop(entry_id, None) is not None:
+                if self.folder is not None:
+                    self.pending.append((entry_id, None))
+            else:
+                self.refusals.pop(entry_id, None)
 
     def replayed(self, record: Record, of: Record) -> None:
         """``record`` is the replay of ``of``: said in it, and in its kept file."""
         record.replay_of = of.id
-        if self.folder is not None and record.id in self.records:
+        owned = self._owned.get(record.owner)
+        if owned is None or record.id not in owned:
+            return
+        size = record.size  # it holds one more id
+        self.bytes += size - owned[record.id]
+        self._owned_bytes[record.owner] += size - owned[record.id]
+        owned[record.id] = size
+        if self.folder is not None:
             self.pending.append((record.id, record))
+        self._trim(record.owner)
 
     def get(self, capture_id: str) -> Record | None:
         return self.records.get(capture_id)
@@ -345,11 +321,10 @@ class CaptureStore:
     def restore(self, kept: list[Record]) -> None:
         """``read_kept``'s captures put before those made since the start, within ``max_bytes``."""
         for record in reversed(kept):
-            if record.id in self.records:
+            if record.id in self.records or not self._hold(record.id, record.owner, record.size, first=True):
                 continue
             self.records[record.id] = record
             self.records.move_to_end(record.id, last=False)
-            self.bytes += record.size
         self._trim()
 
     def take_pending(self) -> list[tuple[str, Record | None]]:

@@ -2,9 +2,14 @@
 headers.
 
 - Credentials: the headers that carry them are kept as ``[redacted]`` (``headers``), and the
-  values the request presented (``presented``: its bearer token, ``x-api-key``, ...) are cut
-  out of the bodies wherever they appear (``cut_secrets``): a client that echoes its key into
-  a prompt does not leave it in a capture.
+  values the request presented (``presented``: its bearer token, ``x-api-key``, ...), with the
+  keys the configuration gives as themselves, are cut out of every other byte a capture keeps
+  wherever they appear, as they are and as a JSON string writes them (``Secrets``): the other
+  headers' values, the query, the bodies, and a stream's writes as they are told, one secret
+  across two writes included (``StreamCut``). A client that echoes its key into a prompt, or an
+  answer that repeats the request (a Responses stream repeats ``instructions`` and
+  ``metadata``), leaves no copy of it in a capture, nor in what is made of one (the kept file,
+  a replay, ``curl``, the page).
 - Content (``server.capture.redact_content``): every string in the JSON becomes its length,
   ``"[42 chars]"``, but for the words that give a message its shape (``SHAPE_KEYS``: roles,
   types, names of tools, finish reasons, ids), so a capture still shows how many messages,
@@ -15,10 +20,13 @@ headers.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
+from functools import lru_cache
 from typing import Any
 
 REDACTED = "[redacted]"
+_REDACTED = REDACTED.encode()
 # headers whose value is a credential, or may be; and any name with one of these words in it
 SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie", "x-api-key", "api-key"})
 SECRET_WORDS = ("key", "token", "secret", "password", "auth", "cookie", "signature")
@@ -37,14 +45,27 @@ def is_secret(name: str) -> bool:
     return lower in SECRET_HEADERS or any(word in lower for word in SECRET_WORDS)
 
 
-def headers(given: Mapping[str, str], max_count: int, max_length: int) -> dict[str, str]:
-    """The first ``max_count`` headers, each value at most ``max_length`` characters, with
-    every credential's value ``[redacted]``."""
+def headers(given: Mapping[str, str], max_count: int, max_length: int, *, max_total: int | None = None,
+            secrets: Secrets | None = None) -> dict[str, str]:
+    """The first ``max_count`` headers, each name and value at most ``max_length`` characters,
+    with every credential's value ``[redacted]`` and ``secrets`` cut out of the others; the
+    names and values together at most ``max_total`` characters (the rest left out)."""
     out: dict[str, str] = {}
+    total = 0
     for name, value in given.items():
         if len(out) >= max_count:
             break
-        out[name] = REDACTED if is_secret(name) else value[:max_length]
+        name = name[:max_length]
+        if is_secret(name):
+            kept = REDACTED
+        elif secrets:  # a secret across the cut is cut whole
+            kept = secrets.cut_text(value[:max_length + secrets.longest])[:max_length]
+        else:
+            kept = value[:max_length]
+        total += len(name) + len(kept)
+        if max_total is not None and total > max_total:
+            break
+        out[name] = kept
     return out
 
 
@@ -61,12 +82,91 @@ def presented(given: Mapping[str, str]) -> tuple[bytes, ...]:
 
 
 def cut_secrets(data: bytes | None, secrets: tuple[bytes, ...]) -> bytes | None:
-    if data is None:
-        return None
-    for secret in secrets:
-        if secret in data:
-            data = data.replace(secret, REDACTED.encode())
-    return data
+    return None if data is None else Secrets.of(secrets).cut(data)
+
+
+def variants(secret: bytes) -> set[bytes]:
+    """A secret as it may appear in a body: as itself, and inside a JSON string (escaped)."""
+    out = {secret}
+    try:
+        text = secret.decode("utf-8")
+    except UnicodeDecodeError:
+        return out
+    for ascii_only in (True, False):
+        out.add(json.dumps(text, ensure_ascii=ascii_only)[1:-1].encode("utf-8", errors="replace"))
+    return out
+
+
+class Secrets:
+    """Secrets to cut out of bytes and text, found together in one pass: every ``variants`` of
+    each of at least ``MIN_SECRET`` bytes, each replaced by ``[redacted]``. Made by ``of``
+    (cached: a key's requests share one)."""
+
+    def __init__(self, secrets: tuple[bytes, ...]):
+        found = sorted({v for s in secrets if len(s) >= MIN_SECRET for v in variants(s)}, key=len, reverse=True)
+        self.pattern = re.compile(b"|".join(re.escape(v) for v in found)) if found else None
+        self.text_pattern = re.compile("|".join(re.escape(v.decode("utf-8", errors="replace")) for v in found)) \
+            if found else None
+        self.longest = len(found[0]) if found else 0
+        # every proper beginning of each: what a write may end with and the next one complete
+        self._starts = frozenset(v[:k] for v in found for k in range(1, len(v)))
+        self._ends = frozenset(b for v in found for b in v[:-1])  # the last byte such a beginning can have
+
+    @staticmethod
+    @lru_cache(maxsize=32)  # the keys asking now; each holds its keys' beginnings (a few KiB a key)
+    def of(secrets: tuple[bytes, ...]) -> Secrets:
+        return Secrets(secrets)
+
+    def __bool__(self) -> bool:
+        return self.pattern is not None
+
+    def cut(self, data: bytes) -> bytes:
+        return self.pattern.sub(_REDACTED, data) if self.pattern is not None else data
+
+    def cut_text(self, text: str) -> str:
+        return self.text_pattern.sub(REDACTED, text) if self.text_pattern is not None else text
+
+    def held(self, data: bytes) -> int:
+        """The length of the longest ending of ``data`` that begins a secret (0: none)."""
+        if not data or data[-1] not in self._ends:  # a write that ends a line, as most do
+            return 0
+        for k in range(min(self.longest - 1, len(data)), 0, -1):
+            if data[-k:] in self._starts:
+                return k
+        return 0
+
+    def bounded(self, data: bytes, limit: int) -> bytes:
+        """``data``'s first ``limit`` bytes, cut: a secret across the limit is cut whole, and one
+        that ``data`` ends inside of (it was cut short before it came) goes too."""
+        if self.pattern is None:
+            return data[:limit]
+        head = data[:limit + self.longest]
+        out = self.cut(head)
+        if len(head) == len(data):  # the whole of it: an ending that begins a secret is taken out
+            n = self.held(out)
+            if n >= MIN_SECRET:
+                out = out[:len(out) - n] + _REDACTED
+        return out[:limit]
+
+
+class StreamCut:
+    """A stream's writes with ``secrets`` cut out, across writes too: a write's ending that
+    begins a secret is held back until the next write says whether it is one (``flush``: what
+    is held at the end, itself cut where it could be one)."""
+
+    def __init__(self, secrets: Secrets):
+        self.secrets = secrets
+        self.held = b""
+
+    def feed(self, data: bytes) -> bytes:
+        buf = self.secrets.cut(self.held + data) if self.held else self.secrets.cut(data)
+        n = self.secrets.held(buf)
+        self.held = buf[len(buf) - n:] if n else b""
+        return buf[:len(buf) - n] if n else buf
+
+    def flush(self) -> bytes:
+        rest, self.held = self.held, b""
+        return _REDACTED if len(rest) >= MIN_SECRET else rest
 
 
 def content(data: bytes | None, *, sse: bool) -> bytes | None:

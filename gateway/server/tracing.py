@@ -53,14 +53,25 @@ and the gateway's own: ``gguf_gateway.request_id``, ``gguf_gateway.principal`` (
 The root's status is ERROR from 500 up; a 4xx sets only
 ``error.type`` (HTTP's convention for servers). ``obs.trace_id`` is set only where the root
 span is sampled: the event then names a trace a collector has.
+
+Bounds: what a caller sent is quoted in a span only cut (a model's name to
+``base.errors.MAX_MODEL_NAME``, in the span's name too), and the SDK's own limits hold every
+span (``LIMITS``: each attribute's length, how many attributes, events and links), so the
+exporter's queue holds a bounded number of bounded spans. At the end (``shutdown``) what is
+still queued is exported within a bound the app gives (within its drain time): past it, the
+exporter stops retrying and what is left is dropped, so a collector that is down does not hold
+the gateway's exit.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
+
+from ..base.errors import MAX_MODEL_NAME
 
 if TYPE_CHECKING:
     from ..models.config.specs import OtelConfig
@@ -83,6 +94,17 @@ ROUTE_OPERATIONS: dict[str, str] = {
 # GenerationRequest's sampling fields -> gen_ai.request.*; these are told only where the caller or
 # the model's defaults set them (``given``): the rest are the gateway's own defaults
 _GIVEN_FIELDS = ("temperature", "top_p", "top_k", "frequency_penalty", "presence_penalty")
+
+# the SDK's span limits (``SpanLimits``): every string attribute (each string of a list too) cut
+# to MAX_ATTRIBUTE_LENGTH characters, at most MAX_ATTRIBUTES attributes and MAX_EVENTS events
+# and links on a span
+MAX_ATTRIBUTE_LENGTH = 1024
+MAX_ATTRIBUTES = 64
+MAX_EVENTS = 16
+# the methods HTTP's conventions name; any other is told as ``_OTHER`` (a span named ``HTTP``)
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"})
+SHUTDOWN_SECONDS = 5.0  # at most, for the spans still queued at the end (the app: within its drain time too)
+SHUTDOWN_GRACE = 1.0  # seconds after the bound for the exporter to stop once told to
 
 _ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 _warned = False  # the environment asked for traces and the extra is missing: said once
@@ -171,14 +193,19 @@ class Tracing:
         # every import first: a missing extra raises ImportError before anything is made
         from opentelemetry import trace
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace import SpanLimits, TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+        limits = SpanLimits(max_attributes=MAX_ATTRIBUTES, max_span_attributes=MAX_ATTRIBUTES,
+                            max_events=MAX_EVENTS, max_links=MAX_EVENTS, max_event_attributes=MAX_ATTRIBUTES,
+                            max_link_attributes=MAX_ATTRIBUTES, max_attribute_length=MAX_ATTRIBUTE_LENGTH,
+                            max_span_attribute_length=MAX_ATTRIBUTE_LENGTH)
         # the app's cleanup shuts it down (``shutdown``): no atexit hook holding it past the app
-        self.provider = TracerProvider(sampler=_sampler(config), resource=_resource(config), shutdown_on_exit=False)
-        exporter = OTLPSpanExporter(endpoint=_endpoint(config), headers=config.headers or None)
-        self.provider.add_span_processor(BatchSpanProcessor(exporter))
+        self.provider = TracerProvider(sampler=_sampler(config), resource=_resource(config), shutdown_on_exit=False,
+                                       span_limits=limits)
+        self.exporter = OTLPSpanExporter(endpoint=_endpoint(config), headers=config.headers or None)
+        self.provider.add_span_processor(BatchSpanProcessor(self.exporter))
         self.tracer = self.provider.get_tracer("gguf_gateway")
         self._propagator = TraceContextTextMapPropagator()
         self._server, self._internal = trace.SpanKind.SERVER, trace.SpanKind.INTERNAL
@@ -192,7 +219,10 @@ class Tracing:
         offset = time.time_ns() - int(time.monotonic() * 1e9)  # monotonic seconds -> epoch ns
         parent = self._propagator.extract(headers) if "traceparent" in headers else None
         matched = route != "other"  # no route matched: HTTP's convention names the span by its method alone
-        span = self.tracer.start_span(f"{method} {route}" if matched else method, context=parent, kind=self._server,
+        if method not in HTTP_METHODS:  # the convention's word for a method it does not know (any token is one)
+            method = "_OTHER"
+        named = "HTTP" if method == "_OTHER" else method
+        span = self.tracer.start_span(f"{named} {route}" if matched else named, context=parent, kind=self._server,
                                       start_time=int(obs.started * 1e9) + offset,
                                       attributes={"http.request.method": method, "http.route": route} if matched
                                       else {"http.request.method": method})
@@ -221,7 +251,7 @@ class Tracing:
             return int(t * 1e9) + offset
 
         op = ROUTE_OPERATIONS.get(route)
-        model = obs.model if obs.model != "-" else obs.asked_model
+        model = _cut(obs.model if obs.model != "-" else obs.asked_model)
         if op is not None:  # GenAI's name for the span; else HTTP's, given at ``begin``
             span.update_name(f"{op} {model}" if model else op)
         span.set_attributes(self._root_attributes(obs, op, status, error_code))
@@ -270,9 +300,9 @@ class Tracing:
         out["gen_ai.operation.name"] = op
         out["gen_ai.provider.name"] = PROVIDER
         if obs.asked_model:
-            out["gen_ai.request.model"] = obs.asked_model
+            out["gen_ai.request.model"] = _cut(obs.asked_model)
         if obs.model != "-":
-            out["gen_ai.response.model"] = obs.model
+            out["gen_ai.response.model"] = _cut(obs.model)
         req = obs.request
         if req is not None:
             given = req.given
@@ -298,6 +328,36 @@ class Tracing:
             out["gen_ai.response.time_to_first_chunk"] = round(obs.first_token - obs.started, 6)
         return out
 
-    def shutdown(self) -> None:
-        """The spans still held exported, the exporter closed (blocking: call it off the loop)."""
-        self.provider.shutdown()
+    def shutdown(self, seconds: float | None = None) -> None:
+        """The spans still held exported, the exporter closed (blocking: call it off the loop).
+        Given ``seconds``, within them: past them the exporter is told to stop (its retries
+        end, what is still queued is dropped, and that is logged), and this returns at most
+        ``SHUTDOWN_GRACE`` later whatever the exporter does."""
+        if seconds is None:
+            self.provider.shutdown()
+            return
+        done = threading.Event()
+
+        def close() -> None:
+            try:
+                self.provider.shutdown()
+            except Exception:
+                log.exception("the trace exporter failed to shut down")
+            finally:
+                done.set()
+
+        # a daemon: a collector that never answers cannot keep the process from exiting
+        threading.Thread(target=close, name="otel-shutdown", daemon=True).start()
+        if done.wait(max(0.0, seconds)):
+            return
+        log.warning("traces: the collector took over %g s; the spans still queued are dropped", seconds)
+        try:
+            self.exporter.shutdown()
+        except Exception:
+            log.exception("the trace exporter failed to shut down")
+        done.wait(SHUTDOWN_GRACE)
+
+
+def _cut(name: str | None) -> str | None:
+    """A model's name as a span may quote it: at most ``MAX_MODEL_NAME`` characters."""
+    return name[:MAX_MODEL_NAME] if name is not None else None

@@ -120,7 +120,8 @@ def _blocks(value: Any, where: str, *, role: str, ledger: wire_tools.CallLedger 
             out.results.append({"role": "tool", "tool_call_id": block["tool_use_id"], "name": name,
                                 "content": f"Error: {content}" if is_error else content})
         else:
-            raise InvalidRequest(f"{at}.type: {kind!r} blocks are not supported here by this server", f"{at}.type")
+            raise InvalidRequest(f"{at}.type: {shown(kind)} blocks are not supported here by this server",
+                                 f"{at}.type")
     out.text, out.thinking = "".join(text), "".join(thinking)
     return out
 

@@ -19,7 +19,7 @@ from ..base.errors import ApiError, InvalidRequest
 from ..engine import infill
 from ..engine.ipc import GenerationRequest
 from .answer import Finish
-from .params import SAMPLING, Parsed, read_lora, read_sampling, read_stops, shown
+from .params import SAMPLING, Parsed, model_name, read_lora, read_sampling, read_stops, shown
 
 MAX_EXTRA = 1024  # input_extra chunks (each is tokenized; the body's size bounds their text)
 MAX_FILENAME = 1024  # characters of a chunk's filename
@@ -61,7 +61,7 @@ def _model(body: dict[str, Any]) -> str:
     model = body.get("model")
     if model is not None and (not isinstance(model, str) or not model.strip()):
         raise InvalidRequest("`model` must be the name of a model on this gateway (see /v1/models)", "model")
-    return model or ""
+    return model_name(model) if model else ""
 
 
 def choose_model(candidates: list[tuple[str, bool | None]]) -> str:

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..base.errors import InvalidRequest
+from ..base.errors import InvalidRequest, shown
 from ..engine.ipc import GenerationRequest, Media
 from .mediasize import AUDIO, IMAGE, sniff
 
@@ -76,7 +76,7 @@ def openai_part(part: dict[str, Any], where: str) -> Media:
             raise InvalidRequest(f"`{where}.input_audio` must be an object with `data` and `format`",
                                  f"{where}.input_audio")
         return from_base64(audio.get("data"), AUDIO, f"{where}.input_audio.data", where)
-    raise InvalidRequest(f"`{where}.type` {kind!r} is not a picture or a sound", f"{where}.type")
+    raise InvalidRequest(f"`{where}.type` {shown(kind)} is not a picture or a sound", f"{where}.type")
 
 
 MEDIA_PARTS = ("image_url", "input_image", "input_audio")

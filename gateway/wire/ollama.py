@@ -21,7 +21,7 @@ from ..models.config import parse_duration
 from . import media as wire_media
 from . import tools as wire_tools
 from .fim import read_suffix
-from .params import SAMPLING, Parsed, check_schema, read_stops, shown
+from .params import SAMPLING, Parsed, check_schema, model_name, read_stops, shown
 
 ROLES = ("system", "user", "assistant", "tool")
 # options -> the gateway's sampling fields (Ollama's names where they differ)
@@ -43,7 +43,7 @@ def _model(body: dict[str, Any]) -> str:
     model = body.get("model")
     if not isinstance(model, str) or not model.strip():
         raise InvalidRequest("model is required", "model")
-    return model
+    return model_name(model)
 
 
 def flag(body: dict[str, Any], name: str, default: bool) -> bool:
@@ -190,7 +190,7 @@ def _messages(value: Any, media: list[Media]) -> list[dict[str, Any]]:
             match = next((c for c in reversed(calls) if name is None or c[1] == name), None)
             if match is None:
                 raise InvalidRequest(f"{where}: a tool result needs an earlier tool call"
-                                     + (f" to {name!r}" if name else ""), f"{where}.tool_name")
+                                     + (f" to {shown(name)}" if name else ""), f"{where}.tool_name")
             msg["tool_call_id"], msg["name"] = match
         out.append(msg)
     return out  # empty: the request only loads (or with keep_alive 0 unloads) the model, as Ollama's does

@@ -6,18 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..base.errors import InvalidRequest
+from ..base.errors import MAX_MODEL_NAME, InvalidRequest, ModelNotFound, shown
 from ..engine.adapters import MAX_ADAPTERS, MAX_SCALE, is_scale
 from ..engine.ipc import GenerationRequest, Media
 from ..text.sampling_params import SAMPLING, Param  # noqa: F401 (re-exported to the request parsers)
 from ..text.schemacheck import schema_problem
 from .media import MARKER, MEDIA_PARTS, openai_part
-
-
-def shown(value: object, limit: int = 60) -> str:
-    """A caller's value for an error message, cut to ``limit`` characters."""
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def named(param: str, anthropic: bool = False) -> str:
@@ -72,7 +66,7 @@ def text_parts(content: Any, where: str, kinds: tuple[str, ...] = ("text",), wha
             parts.append(MARKER)
             continue
         if part["type"] not in kinds:
-            raise InvalidRequest(f"`{where}[{j}].type` {part['type']!r} is not supported: {what} only",
+            raise InvalidRequest(f"`{where}[{j}].type` {shown(part['type'])} is not supported: {what} only",
                                  f"{where}[{j}].type")
         if not isinstance(part.get("text"), str):
             raise InvalidRequest(f"`{where}[{j}].text` must be a string", f"{where}[{j}].text")
@@ -81,12 +75,21 @@ def text_parts(content: Any, where: str, kinds: tuple[str, ...] = ("text",), wha
 
 
 def require_model(body: dict[str, Any], *, anthropic: bool = False) -> str:
-    """The request's model name: required on every route that names one."""
+    """The request's model name: required on every route that names one (``model_name``)."""
     model = body.get("model")
     if not isinstance(model, str) or not model.strip():
         where = "model: Field required" if anthropic else "`model` is required"
         raise InvalidRequest(f"{where}: the name of a model on this gateway (see /v1/models)", "model")
-    return model
+    return model_name(model)
+
+
+def model_name(name: str) -> str:
+    """A model's name as a caller gave it, at the wire's edge: one longer than any real name
+    (``MAX_MODEL_NAME``) goes no further than the 404 that names no model by it (quoting it
+    cut), so it reaches no lookup, span, event or log line whole."""
+    if len(name) > MAX_MODEL_NAME:
+        raise ModelNotFound(name)
+    return name
 
 
 MAX_STOPS = 16

@@ -96,7 +96,7 @@ def _checked(tools: list[dict[str, Any]], param: str, anthropic: bool = False) -
         name = tool["function"]["name"]
         if name in seen:
             at = f"{param}.{i}" if anthropic else f"{param}[{i}]"
-            raise InvalidRequest(f"{named(param, anthropic)} names the tool {name!r} twice", at)
+            raise InvalidRequest(f"{named(param, anthropic)} names the tool {shown(name)} twice", at)
         seen.add(name)
     return tools
 
@@ -257,7 +257,7 @@ def anthropic_tool_choice(body: dict[str, Any], tools: list[dict[str, Any]] | No
         raise InvalidRequest("tool_choice.disable_parallel_tool_use: must be true or false",
                              "tool_choice.disable_parallel_tool_use")
     if kind in ("any", "tool") and not tools:
-        raise InvalidRequest(f"tool_choice.type: {kind!r} needs `tools`", "tool_choice.type")
+        raise InvalidRequest(f"tool_choice.type: {shown(kind)} needs `tools`", "tool_choice.type")
     if kind == "tool":
         name = choice.get("name")
         if not isinstance(name, str):
