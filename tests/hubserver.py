@@ -117,6 +117,10 @@ class Faults:
     - ``wrong_size``: names whose *declared* size is one byte too many: ``X-Linked-Size``, the API's sizes and
       the manifest's layer size. ``Content-Length`` always stays true.
     - ``ignore_range``: the CDN answers ``200`` with the whole file to a Range request.
+    - ``undeclared``: HF paths the hub declares neither a size nor a digest for: the listing gives their name
+      alone, and the resolve answer no ``X-Linked-Size`` or ``X-Linked-Etag`` and an opaque ``ETag``.
+    - ``trickle``: seconds between the bytes of a manifest's body, sent one at a time (a registry that holds a
+      pull); ``None`` sends it at once.
     """
 
     def __init__(self) -> None:
@@ -130,6 +134,8 @@ class Faults:
         self.fail_status: dict[str, int] = {}
         self.wrong_size: set[str] = set()
         self.ignore_range = False
+        self.undeclared: set[str] = set()
+        self.trickle: float | None = None
 
     @property
     def drop_after(self) -> int | None:
@@ -405,11 +411,12 @@ class Hub:
             blob.names.add(name)
         return blob
 
-    def add_hf_repo(self, repo: str, files: dict[str, Path | bytes], *, commit: str | None = None) -> str:
+    def add_hf_repo(self, repo: str, files: dict[str, Path | bytes], *, commit: str | None = None,
+                    regular: set[str] | frozenset[str] = frozenset()) -> str:
         """Publish ``files`` (path in repo -> content) as a new commit of ``repo`` and point ``main`` at it;
         returns the commit sha (40 hex, derived from the content unless given). A file is in LFS (ETag its
-        sha256, bytes on the CDN) when it ends ``.gguf`` or is over 1 KiB, else a regular git file (ETag its git
-        blob sha1, served by the hub)."""
+        sha256, bytes on the CDN) when it ends ``.gguf`` or is over 1 KiB, unless named in ``regular``; else a
+        regular git file (ETag its git blob sha1, served by the hub)."""
         if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", repo):
             raise ValueError(f"bad repo id {repo!r}")
         if commit is not None and not _COMMIT.fullmatch(commit):
@@ -419,7 +426,7 @@ class Hub:
             if not name or name.startswith("/") or ".." in name.split("/"):
                 raise ValueError(f"bad file name {name!r}")
             blob = self._blob(_source(value), name)
-            lfs = name.endswith(".gguf") or blob.size > LFS_THRESHOLD
+            lfs = (name.endswith(".gguf") or blob.size > LFS_THRESHOLD) and name not in regular
             oid = git_blob_sha1(_lfs_pointer(blob.sha256, blob.size) if lfs else _read_all(blob))
             tree[name] = _HfFile(name, blob, lfs, oid)
         with self._lock:
@@ -585,6 +592,12 @@ class Hub:
             return web.Response(status=404, text="Entry not found", headers={
                 **headers, "X-Error-Code": "EntryNotFound", "X-Error-Message": "Entry not found"})
         etag = f'"{f.etag}"'
+        if f.path in self.faults.undeclared:  # no size, no digest: an opaque tag, and the bytes on the CDN
+            headers["ETag"] = f'W/"opaque-{f.oid[:12]}"'
+            if self.faults.redirect_blobs and not cached:
+                location = self.cdn_link(f.blob.sha256, f.path)
+                return web.Response(status=302, headers={**headers, "Location": location})
+            return await self._send(request, f.blob, headers, faults=True)
         if f.lfs:
             headers.update({"ETag": etag, "X-Linked-Etag": etag, "X-Linked-Size": str(self._declared(f))})
             if self.faults.redirect_blobs and not cached:
@@ -623,7 +636,7 @@ class Hub:
         siblings = []
         for f in tree.values():
             sibling: dict[str, Any] = {"rfilename": f.path}
-            if flag["blobs"]:
+            if flag["blobs"] and f.path not in self.faults.undeclared:
                 sibling.update({"blobId": f.oid, "size": self._declared(f)})
                 if f.lfs:
                     pointer = len(_lfs_pointer(f.blob.sha256, f.blob.size))
@@ -706,9 +719,11 @@ class Hub:
             if manifest is None:
                 return _docker_error(404, "MANIFEST_UNKNOWN", "manifest unknown")
             body = self._manifest_bytes(manifest)
-            return web.Response(body=body, headers={
-                "Content-Type": MANIFEST_TYPE, "Docker-Content-Digest": f"sha256:{hashlib.sha256(body).hexdigest()}",
-                "Docker-Distribution-Api-Version": "registry/2.0"})
+            headers = {"Content-Type": MANIFEST_TYPE, "Docker-Content-Digest": f"sha256:{hashlib.sha256(body).hexdigest()}",
+                       "Docker-Distribution-Api-Version": "registry/2.0"}
+            if self.faults.trickle is not None and request.method == "GET":
+                return await self._trickle(request, body, headers, self.faults.trickle)
+            return web.Response(body=body, headers=headers)
         blob = self._blobs.get(ref[7:]) if _DIGEST.fullmatch(ref) else None
         if repo is None or ref not in repo.blobs or blob is None:
             return _docker_error(404, "BLOB_UNKNOWN", "blob unknown to registry", {"digest": ref})
@@ -718,6 +733,27 @@ class Hub:
             return web.Response(status=307, text=f'<a href="{location}">Temporary Redirect</a>.',
                                 headers={**headers, "Location": location})
         return await self._send(request, blob, headers, faults=True)
+
+    async def _trickle(self, request: web.Request, body: bytes, headers: dict[str, str],
+                       every: float) -> web.StreamResponse:
+        """``body`` one byte at a time, ``every`` seconds apart, until done, the client leaves or the hub stops."""
+        entry: Request = request[ENTRY]
+        response = web.StreamResponse(status=200, headers=headers)
+        response.content_length = len(body)
+        entry.status = 200
+        await response.prepare(request)
+        try:
+            for i in range(len(body)):
+                if self._closing:
+                    break
+                await response.write(body[i:i + 1])
+                entry.bytes_sent += 1
+                await asyncio.sleep(every)
+        except ConnectionError:
+            return response
+        if entry.bytes_sent < len(body) and request.transport is not None:
+            request.transport.close()
+        return response
 
     # -- CDN --------------------------------------------------------------------------------------------
 

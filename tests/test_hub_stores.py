@@ -511,7 +511,7 @@ def test_removal_by_name_uses_each_stores_rule(tmp_path):
     ("hf.co/acme/Repo-GGUF:Q4_K_M", ("",), True),
     ("acme/Repo-GGUF", ("",), True),
     ("llama3.2", ("",), True),
-    ("127.0.0.1:5000/acme/m:latest", ("",), True),
+    ("127.0.0.1:5000/acme/m:latest", ("",), False),  # a host only the name gives: never (test_pull_bounds.py)
     ("hf.co/acme/Repo-GGUF", (), False),
     ("llama3.2", (), False),
     ("hf.co/acme/Repo-GGUF", ("hf.co/",), True),

@@ -21,7 +21,7 @@ from aiohttp import web
 from hubserver import Hub
 
 from gateway.api.pulls import Narration
-from gateway.hub import huggingface, ollama, transfer
+from gateway.hub import huggingface, ollama, space, transfer
 from gateway.hub.names import HFName, OllamaName
 from gateway.hub.plan import execute
 from gateway.hub.pulls import FileProgress, Pull, PullState
@@ -249,11 +249,13 @@ def test_a_corrupted_byte_is_refused_and_the_partial_deleted(hub, tmp_path):
     assert not partial.exists()
 
 
-def test_without_a_digest_the_size_alone_is_checked(hub, tmp_path):
-    hub.faults.corrupt = {PATH}
+@pytest.mark.parametrize(("size", "sha"), [(SIZE, None), (None, SHA), (None, None)])
+def test_without_a_size_or_a_digest_nothing_is_fetched(hub, tmp_path, size, sha):
     partial = tmp_path / "blob.incomplete"
-    fetch(want(hub, partial, sha=None))
-    assert partial.stat().st_size == SIZE
+    with pytest.raises(transfer.Unverifiable, match="no size" if size is None else "no digest") as caught:
+        fetch(want(hub, partial, size=size, sha=sha))
+    assert caught.value.status == 502 and caught.value.code == "download_unverifiable"
+    assert cdn_gets(hub) == [] and not partial.exists()
 
 
 def test_a_declared_size_larger_than_the_file_is_corrupt(hub, tmp_path):
@@ -516,25 +518,27 @@ async def test_a_redirect_to_a_file_url_is_refused(aiohttp_server, tmp_path):
 
 def test_too_little_space_is_refused_naming_the_folder(tmp_path, monkeypatch):
     folder = tmp_path / "not" / "made" / "yet"
-    monkeypatch.setattr(transfer, "free_bytes", lambda f: 100 << 20)
-    transfer.check_space(folder, 60 << 20, 40 << 20, "acme/m")  # exactly what is free: allowed
-    transfer.check_space(folder, 0, 0, "acme/m")
+    monkeypatch.setattr(space, "free_bytes", lambda f: 100 << 20)
+    with space.SPACE.claim(folder, 60 << 20, 40 << 20, "acme/m"):  # exactly what is free: allowed
+        pass
+    with space.SPACE.claim(folder, 0, 0, "acme/m"):
+        pass
     with pytest.raises(transfer.NoSpace) as caught:
-        transfer.check_space(folder, (60 << 20) + 1, 40 << 20, "acme/m")
+        space.SPACE.claim(folder, (60 << 20) + 1, 40 << 20, "acme/m")
     err = caught.value
     assert err.status == 507 and err.code == "insufficient_storage"
     assert str(folder) in str(err) and "acme/m" in str(err) and "pull_keep_free_bytes" in str(err)
     with pytest.raises(transfer.NoSpace) as caught:
-        transfer.check_space(folder, (100 << 20) + 1, 0, "acme/m")
+        space.SPACE.claim(folder, (100 << 20) + 1, 0, "acme/m")
     assert "pull_keep_free_bytes" not in str(caught.value)
 
 
 def test_free_space_is_measured_on_the_nearest_existing_folder(tmp_path):
     folder = tmp_path / "a" / "b"
-    free = transfer.free_bytes(folder)
+    free = space.free_bytes(folder)
     assert free > 0
     with pytest.raises(transfer.NoSpace, match=str(folder)):
-        transfer.check_space(folder, free + (1 << 40), 0, "acme/m")
+        space.SPACE.claim(folder, free + (1 << 40), 0, "acme/m")
     assert not (tmp_path / "a").exists()  # measuring made nothing
 
 

@@ -53,6 +53,7 @@ class RepoFile:
     path: str  # path in the repo
     size: int | None
     sha256: str | None  # the LFS object's sha256 (hex), None when the file is not in LFS
+    git_sha1: str | None = None  # a file kept in git (not LFS): its git blob id (hex), as the listing gives it
 
 
 @dataclass(frozen=True)

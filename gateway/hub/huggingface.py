@@ -10,7 +10,12 @@ SHA-256, the size, the CDN location). Files land where ``hf_hub_download`` puts 
 ``snapshots/COMMIT/PATH``, and ``refs/main`` names the commit. ``HF_ENDPOINT``, ``HF_TOKEN``
 (through ``build_hf_headers``) and ``HF_HUB_OFFLINE`` mean what they mean to every Hugging Face
 tool. Unlike ``hf_hub_download``, a pull keeps its partial file when cut short, so the next one
-resumes (``transfer``), and checks every LFS file's SHA-256 before it takes its name.
+resumes (``transfer``), and checks every file before it takes its name: an LFS file by its
+SHA-256, a file kept in git (the hub declares no SHA-256 for those) by its git blob id, which the
+listing gives as ``blobId`` and the hub as its ``ETag``. A file whose size or digest neither the
+listing nor the hub's answer declares is refused (``transfer.Unverifiable``) before a byte is
+fetched. The listing and each file's metadata are read within ``transfer.SMALL_DEADLINE``, and a
+message naming the repo's files names a few and counts the rest (``transfer.some``).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from .plan import Blob, Plan
 MAX_LISTING_BYTES = 16 << 20  # a repo's listing with file metadata; the largest real ones are far smaller
 MAX_LISTED_FILES = 100_000
 SHA256 = re.compile(r"[0-9a-f]{64}")
+GIT_SHA1 = re.compile(r"[0-9a-f]{40}")
 COMMIT = re.compile(r"[0-9a-f]{40}")
 _TRUE = {"1", "on", "yes", "true"}
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -78,7 +84,9 @@ def listing(repo: str, revision: str = "main") -> tuple[str, list[choose.RepoFil
         lfs: dict = s["lfs"] if isinstance(s.get("lfs"), dict) else {}
         sha = lfs["sha256"] if isinstance(lfs.get("sha256"), str) and SHA256.fullmatch(lfs["sha256"]) else None
         size = lfs.get("size", s.get("size"))
-        files.append(choose.RepoFile(s["rfilename"], size if type(size) is int and size >= 0 else None, sha))
+        blob_id = s.get("blobId") if not lfs and isinstance(s.get("blobId"), str) else None
+        git = blob_id if blob_id is not None and GIT_SHA1.fullmatch(blob_id) else None
+        files.append(choose.RepoFile(s["rfilename"], size if type(size) is int and size >= 0 else None, sha, git))
     return commit, files
 
 
@@ -86,10 +94,10 @@ def pick(name: HFName, files: list[choose.RepoFile]) -> choose.Choice:
     try:
         return choose.choose(files, name.quant, name.file)
     except choose.Ambiguous as exc:
-        raise transfer.Ambiguous(f"{name.canonical} matches several models: {', '.join(exc.choices)}; "
+        raise transfer.Ambiguous(f"{name.canonical} matches several models: {transfer.some(exc.choices)}; "
                                  "name one by its quantization or file") from None
     except choose.NoMatch as exc:
-        offer = f"; it has: {', '.join(exc.choices)}" if exc.choices else "; it has no GGUF file"
+        offer = f"; it has: {transfer.some(exc.choices)}" if exc.choices else "; it has no GGUF file"
         raise transfer.NotFound(f"no file of {name.repo} matches {name.canonical}{offer}") from None
     except (choose.Incomplete, ValueError) as exc:
         raise transfer.NotFound(f"{name.canonical}: {exc}") from None
@@ -116,7 +124,8 @@ def plan(name: HFName, cache: Path) -> Plan:
         for f in wanted:
             url = hf_hub_url(name.repo, f.path, revision=commit, endpoint=base)
             try:
-                meta = get_hf_file_metadata(url, headers=headers, endpoint=base)
+                with transfer.bounded(f"{f.path} on {base}", transfer.SMALL_DEADLINE):
+                    meta = get_hf_file_metadata(url, headers=headers, endpoint=base)
             except Exception as exc:  # noqa: BLE001 (huggingface_hub's errors: mapped by status below)
                 raise _metadata_error(exc, f.path) from None
             etag = (meta.etag or "").strip('"').removeprefix("W/").strip('"')
@@ -125,6 +134,10 @@ def plan(name: HFName, cache: Path) -> Plan:
             sha = f.sha256 or (etag if SHA256.fullmatch(etag) else None)
             if f.sha256 and SHA256.fullmatch(etag) and etag != f.sha256:
                 raise transfer.Corrupt(f"{f.path}: the hub's etag {etag} is not the listed SHA-256 {f.sha256}")
+            # a file kept in git: its blob id, where the listing and the hub's etag agree on one
+            git = None if sha else f.git_sha1 or (etag if GIT_SHA1.fullmatch(etag) else None)
+            if git and GIT_SHA1.fullmatch(etag) and etag != git:
+                raise transfer.Corrupt(f"{f.path}: the hub's etag {etag} is not the listed blob id {git}")
             size = meta.size if meta.size is not None else f.size
             if f.size is not None and meta.size is not None and f.size != meta.size:
                 raise transfer.Corrupt(f"{f.path}: the hub says {meta.size} bytes and its listing {f.size}")
@@ -132,7 +145,9 @@ def plan(name: HFName, cache: Path) -> Plan:
             # the hub's key goes to the hub alone, never to the CDN its answer points at
             sent = headers if urlsplit(meta.location).netloc == urlsplit(url).netloc else {}
             want = transfer.Want(meta.location, blob.with_name(etag + ".incomplete"), size, sha,
-                                 f"{name.repo}/{f.path}", tuple(sent.items()), origin)
+                                 f"{name.repo}/{f.path}", tuple(sent.items()), origin, git)
+            if why := transfer.unverifiable(want):
+                raise transfer.Unverifiable(why)
             blobs.append(Blob(want, blob, cache / ".locks" / folder.name / f"{etag}.lock", f"sha256:{sha or etag}"))
             links.append((blob, folder / "snapshots" / commit / f.path))
 

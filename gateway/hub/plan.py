@@ -3,20 +3,22 @@
 A source (``huggingface``, ``ollama``) reads the hub's listing or manifest and returns a
 ``Plan``: the files to fetch (each a ``Blob``: where from, its partial and final paths, its size
 and digest, the lock that keeps another process off it) and ``finish``, which makes the model
-visible (the snapshot's links, the manifest) once every file is in place. ``execute`` checks
-the free space for what is still missing before the first byte, fetches each missing file under
+visible (the snapshot's links, the manifest) once every file is in place. ``execute`` claims
+the free space for what is still missing before the first byte (``transfer.SPACE``: beside
+every other pull's claim, checked again as the bytes arrive), fetches each missing file under
 its lock, and calls ``finish`` last: discovery sees all of a model or none of it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import transfer
+from . import space, transfer
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +63,40 @@ def _reporter(report: Report, blob: Blob) -> transfer.Progress:
 
 def execute(plan: Plan, report: Report, cancelled: threading.Event, keep_free: int = 0) -> list[Path]:
     """Carry ``plan`` out (blocking: a pull's thread). Raises ``transfer.PullError``."""
+    for blob in plan.blobs:  # nothing unbounded or unchecked is written, nor any space claimed for it
+        if why := transfer.unverifiable(blob.want):
+            raise transfer.Unverifiable(why)
+    with space.SPACE.claim(plan.store, missing(plan), keep_free, plan.name) as claim:
+        _fetch_all(plan, report, cancelled, claim)
+    report("writing manifest", None, 0)
+    return plan.finish()
+
+
+LOCK_POLL = 0.5  # seconds between looks at the cancel while another pull holds a file's lock
+
+
+@contextlib.contextmanager
+def _locked(path: Path, cancelled: threading.Event, what: str) -> Iterator[None]:
+    """``huggingface_hub``'s lock on a file, waited for as long as it takes, but no longer than the pull's cancel."""
+    from filelock import Timeout
     from huggingface_hub.utils import WeakFileLock
 
-    transfer.check_space(plan.store, missing(plan), keep_free, plan.name)
+    while True:
+        if cancelled.is_set():
+            raise transfer.Cancelled(f"{what}: cancelled")
+        lock = WeakFileLock(path, timeout=LOCK_POLL)
+        try:
+            lock.__enter__()
+        except Timeout:
+            continue
+        break
+    try:
+        yield
+    finally:
+        lock.__exit__(None, None, None)
+
+
+def _fetch_all(plan: Plan, report: Report, cancelled: threading.Event, claim: space.Claim) -> None:
     for blob in plan.blobs:
         blob.final.parent.mkdir(parents=True, exist_ok=True)
         blob.lock.parent.mkdir(parents=True, exist_ok=True)
@@ -71,15 +104,14 @@ def execute(plan: Plan, report: Report, cancelled: threading.Event, keep_free: i
             report("exists", blob, blob.size)
             continue
         report("waiting", blob, 0)
-        with WeakFileLock(blob.lock):  # another pull of this file, in this process or another, goes first
+        # another pull of this file, in this process or another, goes first
+        with _locked(blob.lock, cancelled, blob.want.name):
             if blob.final.exists():
                 report("exists", blob, blob.size)
                 continue
             report("starting", blob, _held(blob))  # what an earlier pull left: resumed, not fetched now
-            transfer.fetch(blob.want, _reporter(report, blob), cancelled)
+            transfer.fetch(blob.want, _reporter(report, blob), cancelled, claim)
             report("verified", blob, blob.size)
             transfer.place(blob.want.partial, blob.final)
         if blob.lock.parent == blob.final.parent:  # a lock beside the blobs (Ollama's store) goes with the partial
             blob.lock.unlink(missing_ok=True)
-    report("writing manifest", None, 0)
-    return plan.finish()

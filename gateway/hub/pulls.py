@@ -5,7 +5,16 @@ the pull of that name already running or starts one: a thread plans it (the hub'
 registry's manifest) and carries the plan out (``plan.execute``), reporting each file's bytes.
 Every caller watches the same ``Pull``: ``watch`` yields its progress as it changes, so two
 callers of one model share one download and its progress, and a caller who leaves does not stop
-it. ``cancel`` stops it (the partial files stay, and the next pull resumes from them).
+it. ``cancel`` stops it at once, whatever read it is in (``transfer.Stop``; the partial files
+stay, and the next pull resumes from them), and ``close`` waits for the pulls it stops no longer
+than ``CLOSE_SECONDS``.
+
+On demand (``on_demand``), a name is pulled only from the registries
+``server.pull_on_demand_hosts`` names, matched whole: a candidate on any other host is
+dropped before anything is asked, so a request never chooses where the gateway connects.
+
+What is kept to show is bounded: ``MAX_FINISHED`` finished pulls, each error's message
+(``transfer.PullError``), and ``MAX_FILES_SHOWN`` files of a pull (``file_count`` counts them all).
 
 A pull's state moves only through ``Pull.move``, along ``MOVES``. Progress is coalesced: the
 thread tells the loop at most every ``REPORT_EVERY`` seconds, and at each step.
@@ -16,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -26,8 +34,9 @@ from typing import Any
 from ..base.errors import ApiError
 from ..models import discovery
 from ..models.config import ServerConfig
+from ..models.discovery import HF_HOSTS
 from . import huggingface, ollama, transfer
-from .names import BadName, HFName, HubName, parse
+from .names import OLLAMA_REGISTRY, BadName, HFName, HubName, parse
 from .plan import Blob, Plan, execute
 
 log = logging.getLogger(__name__)
@@ -35,19 +44,36 @@ log = logging.getLogger(__name__)
 REPORT_EVERY = 0.1  # seconds between progress reports from a pull's thread
 RATE_WINDOW = 5.0  # seconds of progress the speed is measured over
 MAX_FINISHED = 32  # finished pulls kept to show (failed ones with their reason)
+MAX_FILES_SHOWN = 64  # a pull's files listed in /models and the page; a split model may have far more
+MAX_FINISHED_FILES = 8  # ... once it has finished
+CLOSE_SECONDS = 5.0  # at shutdown, how long the stopped pulls' threads are waited for
+ON_DEMAND_HOSTS = ("hf.co", OLLAMA_REGISTRY)  # server.pull_on_demand_hosts' default
+ON_DEMAND_HF = frozenset(HF_HOSTS)  # the name that stands for the Hugging Face hub among the on-demand hosts
 
 
-def on_demand(name: str, prefixes: tuple[str, ...]) -> bool:
-    """Whether ``server.pull_on_demand``'s prefixes (``("",)``: any name) let a request pull
-    ``name``: a name that reads as a hub's, starting with one of them, case-insensitively."""
+def on_demand_candidates(name: str, prefixes: tuple[str, ...],
+                         hosts: tuple[str, ...] = ON_DEMAND_HOSTS) -> tuple[HubName, ...]:
+    """What a request naming ``name`` may pull on demand (pure): nothing unless it reads as a
+    hub's name and starts with one of ``server.pull_on_demand``'s prefixes (``("",)``: any
+    name), case-insensitively; then those of its candidates whose registry is one of ``hosts``
+    (``server.pull_on_demand_hosts``), matched whole: a Hugging Face name where ``hf.co`` (or
+    ``huggingface.co``) is one, the hub being the one ``HF_ENDPOINT`` names, and an Ollama
+    name where its registry's ``HOST[:PORT]`` is one."""
     key = name.strip().lower()
     if not any(key.startswith(p) for p in prefixes):
-        return False
+        return ()
     try:
-        parse(name)
+        candidates = parse(name)
     except BadName:
-        return False
-    return True
+        return ()
+    allowed = {h.lower() for h in hosts}
+    hf = bool(allowed & ON_DEMAND_HF)
+    return tuple(c for c in candidates if (hf if isinstance(c, HFName) else c.host.lower() in allowed))
+
+
+def on_demand(name: str, prefixes: tuple[str, ...], hosts: tuple[str, ...] = ON_DEMAND_HOSTS) -> bool:
+    """Whether a request naming ``name`` may pull it on demand (``on_demand_candidates``)."""
+    return bool(on_demand_candidates(name, prefixes, hosts))
 
 
 class PullState(enum.Enum):
@@ -97,7 +123,7 @@ class Pull:
     error: transfer.PullError | None = None
     paths: list[Path] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
-    cancelled: threading.Event = field(default_factory=threading.Event)
+    cancelled: transfer.Stop = field(default_factory=transfer.Stop)
     _samples: list[tuple[float, int]] = field(default_factory=list)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     version: int = 0
@@ -158,7 +184,9 @@ class Pull:
                "source": self.source, "total": self.total, "completed": self.completed,
                "bytes_per_second": round(rate), "eta_seconds": self.eta(rate),
                "files": [{"digest": f.digest, "name": f.name, "total": f.total, "completed": f.completed}
-                         for f in self.files.values()]}
+                         for f in list(self.files.values())[: MAX_FINISHED_FILES if self.state in FINISHED
+                                                            else MAX_FILES_SHOWN]],
+               "file_count": len(self.files)}
         if self.error is not None:
             out["error"] = {"message": str(self.error), "code": self.error.code, "status": self.error.status}
         return out
@@ -196,10 +224,14 @@ class Pulls:
             candidates = parse(asked)
         except BadName as exc:
             raise transfer.BadPullName(str(exc)) from None
+        return self._start(asked, candidates, insecure)
+
+    def _start(self, asked: str, candidates: tuple[HubName, ...], insecure: bool) -> Pull:
         key = candidates[0].canonical.lower()
         if (pull := self.active.get(key)) is not None:
             return pull
         pull = Pull(key, asked, insecure)
+        pull.cancelled.what = asked
         self.active[key] = pull
         self.finished.pop(key, None)
         task = asyncio.get_running_loop().create_task(self._run(pull, candidates))
@@ -251,11 +283,14 @@ class Pulls:
         """For a request naming a model no store has: where ``server.pull_on_demand`` allows the
         name (``on_demand``), pull it and wait: a streamed request (``on_progress``: told the
         share done, as a load's progress) for as long as it takes, a whole one at most
-        ``server.pull_wait_seconds`` (0: no bound), then a 503 to come back. Else nothing."""
-        if not on_demand(name, server.pull_on_demand):
+        ``server.pull_wait_seconds`` (0: no bound), then a 503 to come back. Else nothing: the
+        caller's own "no such model". Only from ``server.pull_on_demand_hosts``' registries,
+        over https: nothing is asked of a host the name alone gives."""
+        candidates = on_demand_candidates(name, server.pull_on_demand, server.pull_on_demand_hosts)
+        if not candidates:
             return
         wait = server.pull_wait_seconds
-        pull = self.start(name)
+        pull = self._start(name, candidates, False)
         shown = -1
 
         async def follow() -> None:
@@ -274,10 +309,13 @@ class Pulls:
             raise pull.error
 
     async def close(self) -> None:
+        """Stop every pull (their reads end at once) and wait for them, at most ``CLOSE_SECONDS``."""
         for pull in self.active.values():
             pull.cancelled.set()
         if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=15)
+            _, pending = await asyncio.wait(list(self._tasks), timeout=CLOSE_SECONDS)
+            if pending:
+                log.warning("%d pull(s) did not stop within %g s", len(pending), CLOSE_SECONDS)
 
     async def _run(self, pull: Pull, candidates: tuple[HubName, ...]) -> None:
         loop = asyncio.get_running_loop()
@@ -323,6 +361,10 @@ class Pulls:
 
     def _plan(self, pull: Pull, candidates: tuple[HubName, ...]) -> Plan:
         """The first candidate the hubs know (blocking). A name no hub knows is a ``NotFound``."""
+        with transfer.stopping(pull.cancelled):
+            return self._plan_any(pull, candidates)
+
+    def _plan_any(self, pull: Pull, candidates: tuple[HubName, ...]) -> Plan:
         transfer.install_client()
         stores = self._stores()
         missed: list[transfer.PullError] = []
@@ -331,7 +373,7 @@ class Pulls:
                 raise transfer.Cancelled(f"{pull.asked}: cancelled")
             try:
                 return self._plan_one(pull, name, stores)
-            except (transfer.NotFound, transfer.Unreachable, transfer.Offline) as exc:
+            except (transfer.NotFound, transfer.Unreachable, transfer.TimedOut, transfer.Offline) as exc:
                 if len(candidates) == 1:
                     raise
                 missed.append(exc)

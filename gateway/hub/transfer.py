@@ -14,12 +14,27 @@ The rule:
   this machine or the LAN), whatever a redirect says;
 - at most ``MAX_REDIRECTS`` hops; a key sent to the hub is not sent on to another host.
 
-``fetch`` writes to ``partial`` (never the final name, so discovery never sees half a file),
-resuming from what ``partial`` already holds with an HTTP ``Range`` (after a dropped
-connection, within ``RETRIES`` attempts; after a cancel or a restart, at the next pull). Every
-byte is hashed as it is written, on a thread beside the reader (and the kept bytes first, on a
-resume); the size and the SHA-256 are checked at the end, and a mismatch deletes ``partial``.
-Only then does the caller move it into place.
+``fetch`` writes a file only with a known size, which bounds it, and a digest to check it by:
+the SHA-256 a hub or registry declares, or, for a Hugging Face file kept in git rather than LFS
+(the hub declares no SHA-256 for those), its git blob id. A file missing either is refused
+(``Unverifiable``) before a connection is made. It writes to ``partial`` (never the final name,
+so discovery never sees half a file), resuming from what ``partial`` already holds with an HTTP
+``Range`` (after a dropped connection, within ``RETRIES`` attempts; after a cancel or a
+restart, at the next pull). Every byte is hashed as it is written, on a thread beside the
+reader (and the kept bytes first, on a resume); the size and the digest are checked at the
+end, and a mismatch deletes ``partial``. Only then does the caller move it into place.
+
+Free space is claimed (``space``): a file's bytes are counted against the pull's ``Claim`` as
+they are written, and the claim is checked at each chunk.
+
+Every read ends (``stop``): a pull's cancel is a ``Stop``, which shuts down the sockets the pull
+is blocked on at once (a read of the shared client, through ``stop.watch_client``; a file's
+connection, through ``stop.held_connections``), and each step has an overall deadline besides the
+per-read timeout (a listing or manifest ``SMALL_DEADLINE``, a file's answer
+``HEADERS_DEADLINE``, a file's bytes at least ``MIN_WINDOW_BYTES`` every ``READ_TIMEOUT``), so a
+server that trickles holds a pull no longer than a server that is silent. A network failure
+is told as where it failed, never with the socket's own text (which tells an open port from a
+closed one); that goes to the log.
 """
 
 from __future__ import annotations
@@ -29,7 +44,6 @@ import http.client
 import logging
 import os
 import queue
-import shutil
 import socket
 import threading
 import time
@@ -38,10 +52,30 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from ..base.addresses import forbidden_text
-from ..base.errors import ApiError
+from .errors import (  # noqa: F401 (the errors are named transfer.X where a pull is carried out)
+    MAX_MESSAGE,
+    Ambiguous,
+    BadPullName,
+    Cancelled,
+    Corrupt,
+    Gated,
+    NoSpace,
+    NoStore,
+    NotFound,
+    Offline,
+    PullError,
+    Refused,
+    TimedOut,
+    Unreachable,
+    Unverifiable,
+    some,
+)
+from .space import SPACE, Claim  # noqa: F401
+from .stop import HttpHandler, HttpsHandler, Stop, bounded, current_stop, held_connections, stopping, watch_client
 
 log = logging.getLogger(__name__)
 
@@ -52,60 +86,9 @@ RETRIES = 5  # reconnections within one fetch while bytes keep coming
 CONNECT_TIMEOUT = 10.0  # an unreachable hub or no network fails within this, never hangs
 READ_TIMEOUT = 60.0  # a stalled connection is dropped and resumed after this
 MAX_SMALL_BYTES = 1 << 20  # a manifest, a listing or an error body is read within this
-
-
-class PullError(ApiError):
-    """A pull that cannot go on, as an HTTP caller is told it (each kind its status and code;
-    ``param`` is the model's name, which is what the caller got wrong where it is a 4xx)."""
-
-    STATUS, CODE = 502, "pull_failed"
-
-    def __init__(self, message: str):
-        super().__init__(message, status=self.STATUS, code=self.CODE, param="model" if self.STATUS < 500 else None)
-
-
-class NotFound(PullError):
-    STATUS, CODE = 404, "model_not_found"
-
-
-class NoStore(PullError):
-    STATUS, CODE = 501, "no_store_to_pull_into"
-
-
-class BadPullName(PullError):
-    STATUS, CODE = 400, "invalid_model_name"
-
-
-class Ambiguous(PullError):
-    STATUS, CODE = 400, "ambiguous_model_name"
-
-
-class Gated(PullError):
-    STATUS, CODE = 403, "model_gated"
-
-
-class Unreachable(PullError):
-    STATUS, CODE = 502, "hub_unreachable"
-
-
-class Offline(PullError):
-    STATUS, CODE = 503, "hub_offline"
-
-
-class Corrupt(PullError):
-    STATUS, CODE = 502, "download_corrupt"
-
-
-class NoSpace(PullError):
-    STATUS, CODE = 507, "insufficient_storage"
-
-
-class Refused(PullError):
-    STATUS, CODE = 502, "redirect_refused"
-
-
-class Cancelled(PullError):
-    STATUS, CODE = 409, "pull_cancelled"
+SMALL_DEADLINE = 120.0  # a manifest, a listing or a file's metadata arrives whole within this
+HEADERS_DEADLINE = 60.0  # a file's answer (its status and headers) arrives within this
+MIN_WINDOW_BYTES = 64 << 10  # a file's bytes: at least this much every READ_TIMEOUT, else a stall
 
 
 @dataclass(frozen=True)
@@ -150,9 +133,7 @@ def problem(url: str, origin: Origin, resolve: Callable[[str], list[str]] = addr
             return f"refusing a redirect to {host}: it is a loopback or private address"
     return None
 
-
 _CURRENT = threading.local()  # the pull this thread is serving: its Origin
-
 
 class within:
     """``with within(origin):`` every request this thread makes through the shared client is
@@ -178,14 +159,14 @@ def _check_request(request) -> None:  # noqa: ANN001 (httpx2.Request)
     if why:
         raise Refused(why)
 
-
 _INSTALLED = threading.Lock()
 _installed = False
 
 
 def install_client() -> None:
     """Make ``huggingface_hub``'s shared client the gateway's: its own request hook, then the
-    redirect check, a bound on hops, a connect timeout. Idempotent."""
+    redirect check, a bound on hops, a connect timeout, reads a pull's cancel and deadline end
+    (``stop.watch_client``). Idempotent."""
     global _installed
     with _INSTALLED:
         if _installed:
@@ -196,9 +177,11 @@ def install_client() -> None:
         from huggingface_hub.utils._http import hf_request_event_hook
 
         def factory() -> httpx2.Client:
-            return httpx2.Client(event_hooks={"request": [hf_request_event_hook, _check_request]},
-                                 follow_redirects=True, max_redirects=MAX_REDIRECTS,
-                                 timeout=httpx2.Timeout(READ_TIMEOUT, connect=CONNECT_TIMEOUT))
+            client = httpx2.Client(event_hooks={"request": [hf_request_event_hook, _check_request]},
+                                   follow_redirects=True, max_redirects=MAX_REDIRECTS,
+                                   timeout=httpx2.Timeout(READ_TIMEOUT, connect=CONNECT_TIMEOUT))
+            watch_client(client)
+            return client
 
         set_client_factory(factory)
         disable_progress_bars()  # progress is the gateway's own
@@ -213,59 +196,82 @@ def session():  # noqa: ANN201 (httpx2.Client)
 
 
 def network_error(exc: BaseException, where: str) -> PullError:
-    """A transport failure as the caller is told it."""
+    """A transport failure as the caller is told it: where, never the socket's own words (they
+    tell an open port from a closed one); those go to the log."""
     import httpx2
 
     if isinstance(exc, PullError):
         return exc
     cause: BaseException | None = exc
-    while cause is not None:  # httpx2 wraps the hook's own refusal
-        if isinstance(cause, Refused):
+    while cause is not None:  # httpx2 wraps the hook's own refusal, and a stop's
+        if isinstance(cause, PullError):
             return cause
         cause = cause.__cause__ or cause.__context__
+    if (stop := current_stop()) is not None:
+        try:
+            stop.check()
+        except PullError as stopped:
+            return stopped
     if isinstance(exc, httpx2.TooManyRedirects):
         return Refused(f"{where}: more than {MAX_REDIRECTS} redirects")
-    return Unreachable(f"cannot reach {where}: {str(exc) or type(exc).__name__}")
+    log.info("cannot reach %s: %s", where, str(exc) or type(exc).__name__)
+    return Unreachable(f"cannot reach {where}")
 
 
 def read_small(url: str, headers: dict[str, str], what: str, *, limit: int = MAX_SMALL_BYTES) -> tuple[int, bytes]:
     """The status and body of a GET, the body read within ``limit`` bytes (a manifest, a
-    listing, an error): more is refused."""
+    listing, an error): more is refused. All of it within ``SMALL_DEADLINE``, ended by a cancel."""
     import httpx2
 
-    try:
-        with session().stream("GET", url, headers=headers) as resp:
-            body = bytearray()
-            for chunk in resp.iter_bytes(1 << 16):
-                body += chunk
-                if len(body) > limit:
-                    raise Corrupt(f"{what}: more than {limit} bytes")
-            return resp.status_code, bytes(body)
-    except httpx2.HTTPError as exc:
-        raise network_error(exc, what) from None
+    with bounded(what, SMALL_DEADLINE) as stop:
+        try:
+            with session().stream("GET", url, headers=headers) as resp:
+                body = bytearray()
+                for chunk in resp.iter_bytes(1 << 16):
+                    stop.check()
+                    body += chunk
+                    if len(body) > limit:
+                        raise Corrupt(f"{what}: more than {limit} bytes")
+                return resp.status_code, bytes(body)
+        except httpx2.HTTPError as exc:
+            raise network_error(exc, what) from None
 
 
 class Hashing:
-    """A partial file opened for appending, hashing what it holds and what is written."""
+    """A partial file opened for appending, hashing what it holds and what is written: SHA-256,
+    or git's blob id (``git_size``: the size git's header states). ``on_write`` is told each
+    change in the bytes it holds (a restart: less)."""
 
-    def __init__(self, path: Path):
-        self.digest = hashlib.sha256()
+    def __init__(self, path: Path, *, git_size: int | None = None,
+                 on_write: Callable[[int], None] | None = None):
+        self.git_size = git_size
+        self.on_write = on_write or (lambda n: None)
+        self.digest = self._new()
         self.file = open(path, "ab+")  # noqa: SIM115 (closed by close())
         self.file.seek(0)
         while block := self.file.read(CHUNK):
             self.digest.update(block)
         self.size = self.file.tell()
 
+    def _new(self) -> Any:
+        if self.git_size is None:
+            return hashlib.sha256()
+        digest = hashlib.sha1(usedforsecurity=False)
+        digest.update(b"blob %d\0" % self.git_size)
+        return digest
+
     def write(self, data: bytes) -> None:
         self.file.write(data)
         self.digest.update(data)
         self.size += len(data)
+        self.on_write(len(data))
 
     def restart(self) -> None:
         """Drop what is held: the server sent the whole file again rather than the range."""
         self.file.seek(0)
         self.file.truncate()
-        self.digest = hashlib.sha256()
+        self.digest = self._new()
+        self.on_write(-self.size)
         self.size = 0
 
     def close(self) -> None:
@@ -278,56 +284,89 @@ class Want:
 
     url: str
     partial: Path
-    size: int | None
-    sha256: str | None  # hex; None where the source declares none (then the size alone is checked)
+    size: int | None  # None: the source declares none, and the file is refused (``unverifiable``)
+    sha256: str | None  # hex; None where the source declares none (then ``git_sha1`` is the digest, or none)
     name: str  # as shown in progress and errors
     headers: tuple[tuple[str, str], ...] = ()
     origin: Origin | None = None  # where the pull started: what the URL and its redirects may reach
+    git_sha1: str | None = None  # hex: git's blob id, a Hugging Face file kept in git (no SHA-256 declared)
+
+
+def unverifiable(want: Want) -> str | None:
+    """Why ``want`` may not be written, or None: a file is written only with a size that bounds
+    it and a digest to check it by (pure)."""
+    if want.size is None:
+        return f"{want.name}: the hub declares no size for it, so nothing bounds it: not fetched"
+    if want.sha256 is None and want.git_sha1 is None:
+        return f"{want.name}: the hub declares no digest for it, so nothing could check it: not fetched"
+    return None
 
 
 Progress = Callable[[int], None]  # bytes the partial file now holds
 
 
-def fetch(want: Want, progress: Progress, cancelled: threading.Event) -> None:
-    """Fetch ``want`` into ``want.partial``, checked: see the module's docstring. Raises a
+class Stalled(OSError):
+    """A file's bytes came slower than ``MIN_WINDOW_BYTES`` a ``READ_TIMEOUT``: a lost try."""
+
+
+def fetch(want: Want, progress: Progress, cancelled: threading.Event, claim: Claim | None = None) -> None:
+    """Fetch ``want`` into ``want.partial``, checked: see the module's docstring. ``claim``, the
+    pull's claim on the disk, is told each byte written and checked as bytes arrive. Raises a
     ``PullError``; on ``Corrupt`` the partial file is gone, on anything else it is kept to
     resume from."""
-    out = Hashing(want.partial)
+    if why := unverifiable(want):
+        raise Unverifiable(why)
+    assert want.size is not None
+    git = want.sha256 is None
+    out = Hashing(want.partial, git_size=want.size if git else None,
+                  on_write=claim.wrote if claim is not None else None)
     try:
-        progress(out.size)
-        tries = 0
-        while True:
-            if cancelled.is_set():
-                raise Cancelled(f"{want.name}: cancelled")
-            before = out.size
-            try:
-                _get(want, out, progress, cancelled)
-                if want.size is None or out.size >= want.size:
-                    break
-                lost: Exception = ConnectionError("the body ended early")
-            except (OSError, http.client.HTTPException) as exc:  # URLError, a reset, a timeout, a cut body
-                if isinstance(exc, urllib.error.HTTPError):
-                    raise Unreachable(f"{want.name}: HTTP {exc.code} from {urlsplit(exc.url).hostname}") from None
-                if isinstance(exc, urllib.error.URLError) and isinstance(exc.reason, PullError):
-                    raise exc.reason from None
-                lost = exc
-            tries = tries + 1 if out.size == before else 1
-            connect = isinstance(lost, urllib.error.URLError)
-            if tries > RETRIES or (connect and tries > 2):
-                raise Unreachable(f"cannot reach {urlsplit(want.url).hostname} for {want.name}: "
-                                  f"{getattr(lost, 'reason', lost) or type(lost).__name__}") from None
-            log.info("%s: connection lost at %d bytes, resuming (%s)", want.name, out.size, lost)
-            time.sleep(min(0.2 * 2 ** tries, 2.0))
-        if want.size is not None and out.size != want.size:
+        with stopping(cancelled) as stop:
+            _fetch(want, out, progress, stop, claim)
+        if out.size != want.size:
             raise Corrupt(f"{want.name}: {out.size} bytes received, {want.size} declared")
-        if want.sha256 is not None and out.digest.hexdigest() != want.sha256.lower():
-            raise Corrupt(f"{want.name}: SHA-256 {out.digest.hexdigest()} is not the declared {want.sha256.lower()}")
+        got = out.digest.hexdigest()
+        if not git and got != (want.sha256 or "").lower():
+            raise Corrupt(f"{want.name}: SHA-256 {got} is not the declared {(want.sha256 or '').lower()}")
+        if git and got != (want.git_sha1 or "").lower():
+            raise Corrupt(f"{want.name}: git blob id {got} is not the declared {(want.git_sha1 or '').lower()}")
     except Corrupt:
         out.close()
         want.partial.unlink(missing_ok=True)
         raise
     finally:
         out.close()
+
+
+def _fetch(want: Want, out: Hashing, progress: Progress, stop: Stop, claim: Claim | None) -> None:
+    assert want.size is not None
+    progress(out.size)
+    tries = 0
+    while True:
+        stop.check()
+        before = out.size
+        try:
+            _get(want, out, progress, stop, claim)
+            if out.size >= want.size:
+                return
+            lost: Exception = ConnectionError("the body ended early")
+        except (OSError, http.client.HTTPException) as exc:  # URLError, a reset, a timeout, a cut body
+            stop.check()  # a read a cancel ended is a cancel
+            if isinstance(exc, urllib.error.HTTPError):
+                raise Unreachable(f"{want.name}: HTTP {exc.code} from {urlsplit(exc.url).hostname}") from None
+            if isinstance(exc, urllib.error.URLError) and isinstance(exc.reason, PullError):
+                raise exc.reason from None
+            lost = exc
+        stop.check()
+        # a stall counts as a try however many bytes it brought: a trickle is no progress
+        tries = tries + 1 if out.size == before or isinstance(lost, Stalled) else 1
+        connect = isinstance(lost, urllib.error.URLError)
+        if tries > RETRIES or (connect and tries > 2):
+            log.info("%s: giving up after %d tries: %s", want.name, tries, lost)
+            raise Unreachable(f"cannot reach {urlsplit(want.url).hostname} for {want.name}") from None
+        log.info("%s: connection lost at %d bytes, resuming (%s)", want.name, out.size, lost)
+        if stop.wait(min(0.2 * 2 ** tries, 2.0)):
+            stop.check()
 
 
 class _Redirects(urllib.request.HTTPRedirectHandler):
@@ -351,45 +390,52 @@ class _Redirects(urllib.request.HTTPRedirectHandler):
         return new
 
 
-def _get(want: Want, out: Hashing, progress: Progress, cancelled: threading.Event) -> None:
+def _get(want: Want, out: Hashing, progress: Progress, stop: Stop, claim: Claim | None) -> None:
     """One GET from where ``out`` stands, until its body ends or breaks. The standard library's
     client (far less work a byte than an asyncio-free httpx2 stream), reading into a writer
-    thread that hashes and writes while the next bytes arrive."""
+    thread that hashes and writes while the next bytes arrive. Its sockets are ``stop``'s to
+    shut down; its answer comes within ``HEADERS_DEADLINE``."""
     asked = out.size
     headers = {"User-Agent": "gguf-gateway", "Accept-Encoding": "identity", **dict(want.headers)}
     if asked:
         headers["Range"] = f"bytes={asked}-"
     if want.origin is not None and (why := problem(want.url, want.origin)):
         raise Refused(why)
-    opener = urllib.request.build_opener(_Redirects(want.origin))
-    try:
-        resp = opener.open(urllib.request.Request(want.url, headers=headers), timeout=READ_TIMEOUT)
-    except urllib.error.HTTPError as exc:
-        exc.close()
-        if exc.code == 416 and want.size is not None:
-            if asked >= want.size:
-                return  # what is held is already all of it (or more: the size check says so)
-            raise Corrupt(f"{want.name}: the server has {asked} bytes or fewer, {want.size} declared") from None
-        if exc.code == 404:
-            raise NotFound(f"{want.name}: not found") from None
-        if 300 <= exc.code < 400:  # past the hop bound, or to a scheme urllib will not follow
-            scheme = urlsplit(exc.headers.get("Location") or "").scheme
-            raise Refused(f"{want.name}: refusing a {scheme} URL" if scheme not in ("", "http", "https")
-                          else f"{want.name}: more than {MAX_REDIRECTS} redirects") from None
-        raise
-    with resp:
-        status = resp.status
-        if asked and status == 200:
-            out.restart()  # the server ignored the range: take the whole file
-            progress(0)
-        elif asked and status == 206 and not str(resp.headers.get("Content-Range", "")).startswith(f"bytes {asked}-"):
-            raise Corrupt(f"{want.name}: asked for bytes from {asked}, got {resp.headers.get('Content-Range')!r}")
-        _copy(resp, out, want, progress, cancelled)
+    opener = urllib.request.build_opener(_Redirects(want.origin), HttpHandler, HttpsHandler)
+    with held_connections(stop):
+        try:
+            with stop.deadline(HEADERS_DEADLINE, f"{want.name}: the answer of {urlsplit(want.url).hostname}"):
+                resp = opener.open(urllib.request.Request(want.url, headers=headers), timeout=READ_TIMEOUT)
+        except urllib.error.HTTPError as exc:
+            exc.close()
+            if exc.code == 416:
+                if asked >= (want.size or 0):
+                    return  # what is held is already all of it (or more: the size check says so)
+                raise Corrupt(f"{want.name}: the server has {asked} bytes or fewer, {want.size} declared") from None
+            if exc.code == 404:
+                raise NotFound(f"{want.name}: not found") from None
+            if 300 <= exc.code < 400:  # past the hop bound, or to a scheme urllib will not follow
+                scheme = urlsplit(exc.headers.get("Location") or "").scheme
+                raise Refused(f"{want.name}: refusing a {scheme} URL" if scheme not in ("", "http", "https")
+                              else f"{want.name}: more than {MAX_REDIRECTS} redirects") from None
+            raise
+        with resp:
+            status = resp.status
+            if asked and status == 200:
+                out.restart()  # the server ignored the range: take the whole file
+                progress(0)
+            elif asked and status == 206 and not str(resp.headers.get("Content-Range", "")).startswith(
+                    f"bytes {asked}-"):
+                got = resp.headers.get("Content-Range")
+                raise Corrupt(f"{want.name}: asked for bytes from {asked}, got {got!r}")
+            _copy(resp, out, want, progress, stop, claim)
 
 
-def _copy(resp, out: Hashing, want: Want, progress: Progress, cancelled: threading.Event) -> None:  # noqa: ANN001
+def _copy(resp, out: Hashing, want: Want, progress: Progress, stop: Stop, claim: Claim | None) -> None:  # noqa: ANN001
     """The body into ``out``: read here, hashed and written on a second thread (both leave the
-    GIL for the bytes), ``CHUNK`` at a time, at most ``QUEUED`` chunks apart."""
+    GIL for the bytes), ``CHUNK`` at a time, at most ``QUEUED`` chunks apart. At least
+    ``MIN_WINDOW_BYTES`` must come every ``READ_TIMEOUT`` (else ``Stalled``), and the disk's
+    claim is checked at each chunk."""
     chunks: queue.Queue[bytes | None] = queue.Queue(QUEUED)
     failed: list[BaseException] = []
 
@@ -405,43 +451,30 @@ def _copy(resp, out: Hashing, want: Want, progress: Progress, cancelled: threadi
     writer = threading.Thread(target=write, name="pull-writer", daemon=True)
     writer.start()
     got = out.size
+    window, in_window = time.monotonic(), 0
     try:
         while chunk := resp.read1(CHUNK):  # what has come, up to CHUNK: progress on a slow link too
-            if cancelled.is_set():
-                raise Cancelled(f"{want.name}: cancelled")
+            stop.check()
             if failed:
                 break
             got += len(chunk)
             if want.size is not None and got > want.size:
                 raise Corrupt(f"{want.name}: more than the declared {want.size} bytes")
+            if claim is not None:
+                claim.check()
             chunks.put(chunk)
             progress(got)
+            in_window += len(chunk)
+            if (now := time.monotonic()) - window >= READ_TIMEOUT:
+                if in_window < MIN_WINDOW_BYTES:
+                    raise Stalled(f"{in_window} bytes in {now - window:.0f} s")
+                window, in_window = now, 0
     finally:
         chunks.put(None)
         writer.join()
+    stop.check()  # a body a cancel cut short is a cancel
     if failed:
         raise PullError(f"{want.name}: cannot write {want.partial}: {failed[0]}")
-
-
-def free_bytes(folder: Path) -> int:
-    """Free space where ``folder`` is (or would be: its nearest existing parent)."""
-    probe = folder
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    return shutil.disk_usage(probe).free
-
-
-def check_space(folder: Path, needed: int, reserve: int, what: str) -> None:
-    """Refuse before the first byte when ``needed`` more bytes would leave less than ``reserve`` free."""
-    free = free_bytes(folder)
-    if needed + reserve > free:
-        raise NoSpace(f"{what} needs {_mib(needed)} more and {folder} has {_mib(free)} free"
-                      + (f" (keeping {_mib(reserve)} free: server.pull_keep_free_bytes)" if reserve else ""))
-
-
-def _mib(n: int) -> str:
-    return f"{n / (1 << 20):.1f} MiB"
-
 
 def place(partial: Path, final: Path) -> None:
     """Move a verified file into its name (atomic on one filesystem), readable as the stores' files are."""

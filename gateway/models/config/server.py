@@ -3,6 +3,7 @@ API keys gathered from every source (``keys``: the section, the keys file, ``$GG
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ...base import checks
@@ -58,6 +59,28 @@ def _pull_on_demand(r: Report, where: str, v: Any) -> Any:
         return ("",) if v else ()
     prefixes = checks.list_of(checks.string)(r, where, v)
     return tuple(p.strip().lower() for p in prefixes) if isinstance(prefixes, tuple) else prefixes
+
+
+_REGISTRY_HOST = re.compile(r"[a-z0-9](?:[a-z0-9.-]{0,251}[a-z0-9])?(?::[0-9]{1,5})?")
+
+
+@checks.accepts(checks.schema_of(checks.list_of(checks.string)))
+def _pull_hosts(r: Report, where: str, v: Any) -> Any:
+    """The registries a request may pull from on demand, each a host (``HOST[:PORT]``, matched
+    whole, case-insensitively): ``hf.co`` (or ``huggingface.co``) is the Hugging Face hub that
+    ``HF_ENDPOINT`` names, any other an Ollama registry. A host only a request names is never asked."""
+    hosts = checks.list_of(checks.string)(r, where, v)
+    if not isinstance(hosts, tuple):
+        return hosts
+    out = []
+    for i, host in enumerate(hosts):
+        host = host.lower()
+        if not _REGISTRY_HOST.fullmatch(host) or ".." in host:
+            r.error(f"{where}[{i}]", f"must be a registry's host (HOST or HOST:PORT, no scheme or path), "
+                                     f"got {show(host)}")
+            return INVALID
+        out.append(host)
+    return tuple(out)
 
 
 @checks.accepts({"anyOf": [{"const": False}, checks.PATH_SCHEMA]})
@@ -152,6 +175,7 @@ SERVER: dict[str, Check] = {
     "allow_remote_media_private": checks.boolean,
     "remote_media_timeout": checks.positive_seconds,
     "pull_on_demand": _pull_on_demand,
+    "pull_on_demand_hosts": _pull_hosts,
     "pull_wait_seconds": checks.seconds,
     "pull_keep_free_bytes": checks.byte_size,
     "state_dir": checks.path,
@@ -208,6 +232,8 @@ DOCS: dict[str, str] = {
     "allow_remote_media_private": "also from private and loopback addresses",
     "remote_media_timeout": "seconds a remote picture or sound has to arrive",
     "pull_on_demand": "true, or name prefixes: a request naming a model on no disk pulls it first",
+    "pull_on_demand_hosts": "the registries such a pull may use, by host (hf.co: the Hugging Face hub), "
+                            "never one only the request names",
     "pull_wait_seconds": "how long a whole (not streamed) request waits for such a pull",
     "pull_keep_free_bytes": "a pull that would leave less free on its disk is refused (507)",
     "state_dir": "the keys file and the usage database; unset: $XDG_STATE_HOME/gguf-gateway",
@@ -215,7 +241,9 @@ DOCS: dict[str, str] = {
     "usage_days": "days of usage kept",
     "capture": "keep requests that spend tokens and their answers (GET /captures): true, or a mapping",
     "otel": "OpenTelemetry traces: true, or a mapping",
-    "capture.enabled": "capturing is on", "capture.max_bytes": "all captures together (oldest dropped)",
+    "capture.enabled": "capturing is on",
+    "capture.max_bytes": "all captures together, every byte counted (past it: keyless requests' first, then "
+                         "the oldest of the key holding most)",
     "capture.max_body_bytes": "each body and each answer (past it: cut)",
     "capture.keep": "also keep them in the state folder, read again at a start",
     "capture.redact_content": "shapes and counts, not the text",

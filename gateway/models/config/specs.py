@@ -178,7 +178,9 @@ class CaptureConfig:
     (``server/captures``), for the page's Requests tab and ``/captures``; off by default."""
 
     enabled: bool = False
-    max_bytes: int = 64 * 2**20  # all captures together; the oldest go first
+    # all captures together, every byte counted; past it, keyless requests' go first, then the
+    # oldest of the key that holds the most (``server/captures``)
+    max_bytes: int = 64 * 2**20
     # each request's body and each answer's bytes kept at most this long; past it, cut and said so
     max_body_bytes: int = 2**20
     keep: bool = False  # also kept in the state folder (its captures folder), read again at a start
@@ -286,6 +288,9 @@ class ServerConfig:
     # be (``("",)``: any; empty: none), how long a whole (not streamed) request waits for the
     # download, and the bytes a pull leaves free on the disk it writes to
     pull_on_demand: tuple[str, ...] = ()
+    # the registries such a pull may use, by host, matched whole: ``hf.co`` is the Hugging Face
+    # hub (``HF_ENDPOINT``), any other an Ollama registry; never a host only the request names
+    pull_on_demand_hosts: tuple[str, ...] = ("hf.co", "registry.ollama.ai")
     pull_wait_seconds: float = 1800.0
     pull_keep_free_bytes: int = 1 << 30
     capture: CaptureConfig = field(default_factory=CaptureConfig)
