@@ -6,8 +6,12 @@ The contract:
   with its settings and ``created`` into the keys file, and prints the key once: alone on its
   line on stdout, with a line on stderr saying it will not be shown again and where it went. The
   keys file is ``--file``, else the configuration's (``server.api_keys_file``, else
-  ``keys.yaml`` in the state folder). Its role is ``--role``, else ``user``, except while no key
-  of the configuration is an admin: then the new key is one, and stderr says so. A name already
+  ``keys.yaml`` in the state folder). Its role is ``--role``, else ``user``, except a bare key
+  (no scope, no limit) while no key of the configuration is an admin: that one is an admin, and
+  stderr says so. A key that would not be an admin while none is (``--role user``, or a scope or
+  a limit and no ``--role``) is refused with a line saying to add an admin first: the gateway
+  refuses keys and no admin, and a key with a scope or a limit is never an admin by omission
+  (``config.keys``'s rule). A name already
   in the file or given by another source is refused; the new entry is checked as the gateway
   reads it (``config.keys.entry``) before anything is written. A running gateway watches the
   file and picks the change up within seconds.
@@ -69,7 +73,8 @@ def add_commands(sub: argparse._SubParsersAction, add_config: Any) -> None:
     actions = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
     add = actions.add_parser("add", help="make a new key, write its digest to the keys file, print it once")
     add.add_argument("name", help="1-64 letters, digits and ._-@")
-    add.add_argument("--role", choices=ROLES, help="default: user (admin for the first key)")
+    add.add_argument("--role", choices=ROLES, help="default: user (admin for a first key with no scope or "
+                     "limit; a first key with one needs an admin added first)")
     add.add_argument("--models", nargs="+", action="extend", metavar="GLOB",
                      help="the models it may use, names or globs (default: all)")
     for flag in ("rpm", "tpm", "max-parallel", "budget"):
@@ -204,13 +209,10 @@ def cmd_add(args: argparse.Namespace, config: Config, out: TextIO) -> int:
         _err(f"error: a key named {name!r} is already given by {_where(elsewhere[0], config)}: choose another name")
         return 1
     no_admin = not any(k.role == "admin" for k in config.server.api_keys)
-    role = args.role or ("admin" if no_admin else "user")
-    if role != "admin" and no_admin:
-        _err(f"error: no key is an admin yet, and a configuration with keys and no admin is refused: make {name} "
-             "an admin (--role admin), or add an admin first")
-        return 1
     key = keyfile.new_key()
-    settings: dict[str, Any] = {"key": keyfile.DIGEST + keyfile.digest_of(key).hex(), "role": role}
+    settings: dict[str, Any] = {"key": keyfile.DIGEST + keyfile.digest_of(key).hex()}
+    if args.role:
+        settings["role"] = args.role
     if args.models:
         settings["models"] = list(args.models)
     for field in ("rpm", "tpm", "max_parallel", "budget", "budget_period"):
@@ -231,7 +233,18 @@ def cmd_add(args: argparse.Namespace, config: Config, out: TextIO) -> int:
         for line in report.problems or ["the new key's settings are not valid"]:
             _err(f"error: {line}")
         return 2
-    entries[name] = settings
+    # --role, else user; while no key is an admin, the configuration's own rule (``keys.entry``): a bare key is one,
+    # and a key with a scope or a limit is never one by omission
+    role = args.role or ("admin" if no_admin and not checked.limited else "user")
+    if no_admin and role != "admin":
+        if args.role:
+            _err(f"error: no key is an admin yet, and a configuration with keys and no admin is refused: make {name} "
+                 "an admin (--role admin), or add an admin first")
+        else:
+            _err(f"error: no key is an admin yet, and {name} has a scope or a limit, so it would be a user (a limited "
+                 "key is never an admin by omission): add an admin first (gguf-gateway keys add NAME --role admin)")
+        return 1
+    entries[name] = {"key": settings.pop("key"), "role": role, **settings}
     try:
         keyfile.write_file(path, entries)
     except OSError as e:

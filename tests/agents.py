@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import uuid
 from pathlib import Path
 
 import aiohttp
@@ -86,7 +87,9 @@ def pip_program(package: str, version: str, binary: str, folder: str, env_versio
 
 class LoggingProxy:
     """A loopback reverse proxy in its own thread: forwards every request to ``target`` as it
-    comes (streams included) and records its method, path, status and body."""
+    comes (streams included) and records its method, path, status and body, its request id (the
+    agent's ``X-Request-Id``, else one the proxy gives it: the gateway's inference event's
+    ``request_id``) and, for a refusal (4xx, 5xx), the answer's text (``answer``)."""
 
     def __init__(self, target: str):
         self.target, self.port = target, free_port()
@@ -99,19 +102,27 @@ class LoggingProxy:
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
+        rid = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+        headers["X-Request-Id"] = rid
         async with aiohttp.ClientSession(auto_decompress=False) as session, \
                 session.request(request.method, self.target + request.path_qs, data=body, headers=headers,
                                 # forwarded as sent: no Content-Type where the agent wrote none
                                 skip_auto_headers=() if "Content-Type" in request.headers else ("Content-Type",)) as up:
-            self.records.append({"method": request.method, "path": request.path, "status": up.status,
-                                 "body": json.loads(body) if body else None})
+            record = {"method": request.method, "path": request.path, "status": up.status,
+                      "body": json.loads(body) if body else None, "request_id": rid}
+            self.records.append(record)
             skip = ("content-length", "transfer-encoding")
             response = web.StreamResponse(status=up.status,
                                           headers={k: v for k, v in up.headers.items() if k.lower() not in skip})
             await response.prepare(request)
+            refusal = bytearray() if up.status >= 400 else None
             async for chunk in up.content.iter_any():
+                if refusal is not None:
+                    refusal += chunk
                 await response.write(chunk)
             await response.write_eof()
+            if refusal is not None:
+                record["answer"] = refusal.decode(errors="replace")
             return response
 
     def _run(self) -> None:

@@ -174,7 +174,7 @@ class HostileUpstream:
         with urllib.request.urlopen(self.base + "/stats", timeout=10) as r:
             return json.loads(r.read())
 
-    def wait_closed(self, mode: str | None = None, timeout: float = 5.0) -> int:
+    def wait_closed(self, mode: str | None = None, timeout: float = 30.0) -> int:
         """Answers still being written (in ``mode``, or any) once the gateway had ``timeout``
         seconds to close them."""
         deadline = time.monotonic() + timeout

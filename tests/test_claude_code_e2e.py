@@ -1,12 +1,15 @@
 """The real Claude Code (npm ``@anthropic-ai/claude-code``, installed once into the repository's
 ``.cache/claude-code``), headless (``claude -p``):
 
-- against the real gateway on loopback: a text turn; and a scripted model under Qwen 2.5's chat
-  template calls Claude Code's Bash tool, Claude Code runs it and sends its result back, and the
-  model answers. Every request Claude Code made is in the gateway's inference events, and none
-  was refused, except, where the context is too small for its max_tokens, each first try (which
-  Claude Code then makes again with a max_tokens that fits). A second session reads the first
-  one's prompt from the cache;
+- against the real gateway on loopback (through a logging proxy: every request Claude Code made,
+  and each refusal's answer): a text turn; and a scripted model under Qwen 2.5's chat template
+  calls Claude Code's Bash tool, Claude Code runs it and sends its result back, and the model
+  answers. Every request Claude Code made is in the gateway's inference events, and none was
+  refused, except, where the context is too small for its max_tokens, a try whose max_tokens
+  does not fit: refused in the words Claude Code reads, and asked again with a max_tokens that
+  fits, to an answer. How many requests Claude Code makes, and in what order, is its own affair
+  (on a slow machine it sends more): what is asserted is what the gateway answered to each. A
+  second session reads the first one's prompt from the cache;
 - its first request with its whole default prompt (24 tools, ~100k tokens of a scripted model's
   byte vocabulary: too long to run here), caught by a stand-in server, then read by the gateway's
   parser and made into each call format's grammar, which llama.cpp's grammar parser takes.
@@ -15,14 +18,16 @@ Skipped, with the reason, where npm or the package is not to be had."""
 
 import json
 import os
+import re
 import subprocess
 import threading
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from agents import npm_program
+from agents import LoggingProxy, npm_program
 from helpers import ServerProcess, agent_model, vocab_only
+from test_anthropic_claude_code_e2e import CC_MAX_TOKENS
 
 from gateway.models import testmodels as tm
 
@@ -49,10 +54,13 @@ def claude() -> str:
                            env_version="GGUF_GATEWAY_CLAUDE_CODE"))
 
 
-def run_claude(tmp_path, n_ctx: int, prompts: list[str], *args: str, server: str = "") -> tuple[dict, list[dict], str]:
+def run_claude(tmp_path, n_ctx: int, prompts: list[str], *args: str,
+               server: str = "") -> tuple[dict, list[dict], str, list[dict]]:
     """``claude -p`` with ``args``, a session for each of ``prompts``, against the gateway serving
     ``tmp_path/agent.gguf`` in a context of ``n_ctx``, in ``tmp_path/work``: the last JSON result,
-    the inference event of each request, and the gateway's metrics. ``server``: more settings."""
+    the inference event of each request, the gateway's metrics, and the requests to
+    ``/v1/messages`` as the proxy saw them (``LoggingProxy.records``), each checked to be in the
+    events with the status it had. ``server``: more settings."""
     events = tmp_path / "events.jsonl"
     cfg = tmp_path / "models.yaml"
     cfg.write_text(f"server:\n  discover_default_stores: false\n  events_path: {events}\n{server}models:\n"
@@ -60,18 +68,28 @@ def run_claude(tmp_path, n_ctx: int, prompts: list[str], *args: str, server: str
     work, home = tmp_path / "work", tmp_path / "home"
     work.mkdir()
     home.mkdir()
-    with ServerProcess("--config", str(cfg), env={"HOME": str(home)}) as srv:
+    with ServerProcess("--config", str(cfg), env={"HOME": str(home)}) as srv, LoggingProxy(srv.url) as proxy:
         for prompt in prompts:
             done = subprocess.run([claude(), "-p", prompt, *args, "--output-format", "json", "--model", "agent",
-                                   "--max-turns", "3"], cwd=work, env=environment(srv.url, home), capture_output=True,
-                                  text=True, timeout=300, stdin=subprocess.DEVNULL)
+                                   "--max-turns", "3"], cwd=work, env=environment(proxy.url, home),
+                                  capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
             if done.returncode != 0:
                 break
-        with urllib.request.urlopen(srv.url + "/metrics", timeout=10) as r:
+        with urllib.request.urlopen(srv.url + "/metrics", timeout=60) as r:
             metrics = r.read().decode()
         log = srv.output()
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:], log[-3000:])
-    return json.loads(done.stdout), [json.loads(line) for line in events.read_text().splitlines()], metrics
+    inference = [json.loads(line) for line in events.read_text().splitlines()]
+    sent = [r for r in proxy.records if r["path"] == "/v1/messages"]
+    statuses = {e["request_id"]: e["status"] for e in inference if e["endpoint"] == "/v1/messages"}
+    assert {r["request_id"]: r["status"] for r in sent} == statuses, (sent, inference)
+    return json.loads(done.stdout), inference, metrics, sent
+
+
+def main_turns(sent: list[dict], system: str) -> list[dict]:
+    """The requests of the sessions' own turns (under ``system``, the --system-prompt), in order:
+    not the others Claude Code may send beside them (a quota check, a title)."""
+    return [r for r in sent if system in json.dumps(r["body"].get("system"))]
 
 
 @pytest.mark.parametrize("keep", [False, True])
@@ -79,13 +97,17 @@ def test_claude_code_text_turns_and_a_new_session_reads_the_last_ones_prompt_fro
     """Unless ``server.keep_billing_header``: then the header, first in the prompt, differs."""
     tm.plain(tmp_path / "agent.gguf", context_length=32768)
     # two first messages: Claude Code's billing header differs with the first message
-    result, events, _ = run_claude(tmp_path, 65536, ["What is two and two?", "List the files."], "--system-prompt",
-                                   "You are a test agent.", "--tools", "",
-                                   server=f"  keep_billing_header: {str(keep).lower()}\n")
+    prompts = ["What is two and two?", "List the files."]
+    result, events, _, sent = run_claude(tmp_path, 65536, prompts, "--system-prompt", "You are a test agent.",
+                                         "--tools", "", server=f"  keep_billing_header: {str(keep).lower()}\n")
     assert result["result"] == "Hello, world!" and not result["is_error"], result
-    assert [e["status"] for e in events] == [200, 200]
-    first, second = events
-    assert second["prompt_tokens"] > 500 and first["cached_tokens"] == 0
+    assert [e["status"] for e in events] == [200] * len(events)  # nothing refused
+    by_id = {e["request_id"]: e for e in events}
+    # each session's turn, the first time it was asked (Claude Code may ask again, or send others)
+    turns = [next(r for r in main_turns(sent, "You are a test agent.") if prompt in json.dumps(r["body"]["messages"]))
+             for prompt in prompts]
+    first, second = (by_id[r["request_id"]] for r in turns)
+    assert second["prompt_tokens"] > 500 and first["cached_tokens"] < 80  # at most a template's opening in common
     if keep:
         assert second["cached_tokens"] < 80, events  # up to where the headers differ
     else:
@@ -95,19 +117,35 @@ def test_claude_code_text_turns_and_a_new_session_reads_the_last_ones_prompt_fro
 @pytest.mark.parametrize("n_ctx", [65536, 32768])
 def test_claude_code_runs_a_bash_tool_round_trip(tmp_path, n_ctx):
     """With room for Claude Code's max_tokens (32000 for a model it does not know) nothing is
-    refused. Without, each first try is refused in Anthropic's words for a context overflow, and
-    Claude Code asks again with the max_tokens that fits (what a small local context needs)."""
+    refused. Without, each try whose max_tokens does not fit is refused in Anthropic's words for
+    a context overflow (Claude Code's own regex reads the numbers), and Claude Code asks again,
+    the same conversation with a max_tokens that fits (what a small local context needs), and
+    gets its answer."""
     agent_model(tmp_path / "agent.gguf", FINAL, call=CALL, context_length=32768)
-    result, events, metrics = run_claude(tmp_path, n_ctx, ["Write the marker file."], "--system-prompt",
-                                           "You are a test agent.", "--tools", "Bash", "--allowedTools", "Bash")
+    result, events, metrics, sent = run_claude(tmp_path, n_ctx, ["Write the marker file."], "--system-prompt",
+                                               "You are a test agent.", "--tools", "Bash", "--allowedTools", "Bash")
     assert result["result"] == "".join(FINAL) and not result["is_error"], result
     assert (tmp_path / "work" / "marker.txt").read_text().strip() == "claude-code-ran"  # the tool really ran
-    statuses = [e["status"] for e in events]
+    turns = main_turns(sent, "You are a test agent.")
+    # the tool's result went back to the model, and that turn was answered
+    assert any(r["status"] == 200 and "tool_result" in json.dumps(r["body"]["messages"][-1]) for r in turns), turns
+    refused = [r for r in sent if r["status"] != 200]
+    for r in refused:
+        assert r["status"] == 400, r
+        error = json.loads(r["answer"])
+        assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error", error
+        numbers = CC_MAX_TOKENS.search(error["error"]["message"])
+        assert numbers, error
+        prompt, max_tokens, limit = map(int, numbers.groups())
+        assert (max_tokens, limit) == (r["body"]["max_tokens"], n_ctx) and prompt + max_tokens > limit
+        again = [s for s in sent[sent.index(r) + 1:] if s["body"]["messages"] == r["body"]["messages"]]
+        assert again and again[0]["status"] == 200 and again[0]["body"]["max_tokens"] <= limit - prompt, again
+    counted = re.search(r'rejected_requests_total\{reason="context_length_exceeded"\} (\S+)$', metrics, re.M)
+    assert (float(counted.group(1)) if counted else 0) == len(refused)
     if n_ctx == 65536:
-        assert statuses == [200, 200]
+        assert not refused, refused
     else:
-        assert statuses == [400, 200, 400, 200]
-        assert 'rejected_requests_total{reason="context_length_exceeded"} 2.0' in metrics
+        assert refused, sent  # Claude Code's max_tokens does not fit 32768 with its prompt
 
 
 def first_request(exe: str, tmp_path) -> dict:

@@ -119,10 +119,7 @@ def no_connect(monkeypatch):
     "http://[64:ff9b::a00:1]/", "https://user:pw@127.0.0.1/",
 ])
 async def test_private_ip_literals_are_refused_before_any_connection(no_connect, url):
-    start = time.monotonic()
-    message = await refused(url, timeout=0.3)
-    assert "private or loopback" in message
-    assert time.monotonic() - start < 0.2
+    assert "private or loopback" in await refused(url, timeout=0.3)  # not the timeout's refusal
 
 
 @pytest.mark.parametrize("url", ["file:///etc/passwd", "ftp://example.com/a.png", "gopher://x/", "data:,x"])
@@ -144,7 +141,8 @@ async def test_http_error_is_a_400_naming_the_param(server):
 
 
 async def test_a_declared_size_past_the_limit_is_refused_at_once(server):
-    message = await refused(str(server.make_url("/big")), allow_private=True, timeout=0.3)
+    # refused on its headers: a fetch that read on would wait the body's 5 s, past its own 4 s
+    message = await refused(str(server.make_url("/big")), allow_private=True, timeout=4)
     assert "larger than 4096 bytes" in message
 
 
@@ -160,7 +158,7 @@ async def test_a_slow_answer_is_refused_in_time(server):
     start = time.monotonic()
     message = await refused(str(server.make_url("/slow")), allow_private=True, timeout=0.3)
     assert "took longer than 0.3 s" in message
-    assert time.monotonic() - start < 2
+    assert time.monotonic() - start < 5  # before the slow answer would have come
 
 
 async def test_a_redirect_is_followed(server):
@@ -235,3 +233,25 @@ async def test_each_redirect_is_checked_before_it_is_followed(monkeypatch, no_co
     monkeypatch.setattr(aiohttp.ClientSession, "get", get)
     assert reason in await refused("http://93.184.215.14/pic.png")
     assert calls == [("http://93.184.215.14/pic.png", False)]
+
+
+async def test_a_closed_port_and_one_that_hangs_up_read_alike():
+    """A caller who chose the URL learns nothing of which ports are open: a refused connection
+    and one the host cuts at once give the same words (issue 64, the on-demand pull's rule)."""
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    closed_port = closed.getsockname()[1]
+    closed.close()  # nothing listens there now
+
+    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.close()
+
+    server = await asyncio.start_server(hang_up, "127.0.0.1", 0)
+    try:
+        open_port = server.sockets[0].getsockname()[1]
+        shut = await refused(f"http://127.0.0.1:{closed_port}/x", allow_private=True)
+        cut = await refused(f"http://127.0.0.1:{open_port}/x", allow_private=True)
+    finally:
+        server.close()
+    assert shut.replace(str(closed_port), "PORT") == cut.replace(str(open_port), "PORT"), (shut, cut)
+    assert "could not be reached" in shut

@@ -7,6 +7,7 @@ import re
 import pytest
 from helpers import ServerProcess, free_port, run_cli
 from openapi import validate
+from workerevents import under_way, until
 
 from gateway.app import REGISTRY, create_app
 from gateway.models import testmodels as tm
@@ -131,13 +132,11 @@ async def test_a_full_queue_answers_429_with_retry_after(aiohttp_client, files, 
     running = [await client.post("/v1/chat/completions", json={"model": "loop", "messages": HI, "stream": True})
                for _ in range(2)]
     for r in running:
-        await r.content.readline()
+        await under_way(r)
     waiting = asyncio.create_task(client.post("/v1/chat/completions",
                                               json={"model": "loop", "messages": HI, "max_tokens": 2}))
-    for _ in range(200):
-        if client.app[REGISTRY].supervisor(client.app[REGISTRY].resolve("loop")).in_flight == 3:
-            break
-        await asyncio.sleep(0.01)
+    registry = client.app[REGISTRY]
+    await until(lambda: registry.supervisor(registry.resolve("loop")).in_flight == 3, "the third request waiting")
     metrics = await (await client.get("/metrics")).text()
     assert re.search(r'gguf_gateway_requests_queued\{model="loop"\} 1\.0', metrics), metrics
     r = await client.post("/v1/chat/completions", json={"model": "loop", "messages": HI})

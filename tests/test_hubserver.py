@@ -254,22 +254,31 @@ def test_stop_cuts_a_transfer_in_progress(tmp_path):
     hub = Hub().start()
     hub.add_hf_repo(REPO, {"model.gguf": GGUF})
     url = cdn_location(hub)
-    hub.faults.rate = 500
+    hub.faults.rate = 100  # 3080 bytes: about 30 s
     got: list[BaseException | bytes] = []
+    begun = threading.Event()
 
     def read() -> None:
+        parts = urlsplit(url)
+        conn = http.client.HTTPConnection(parts.netloc, timeout=60)
         try:
-            got.append(fetch("GET", url)[2])
+            conn.request("GET", f"{parts.path}?{parts.query}")
+            response = conn.getresponse()
+            first = response.read(1)
+            begun.set()  # the transfer is under way
+            got.append(first + response.read())
         except Exception as exc:
             got.append(exc)
+        finally:
+            begun.set()
+            conn.close()
 
     reader = threading.Thread(target=read)
     reader.start()
-    time.sleep(0.3)
-    began = time.monotonic()
+    assert begun.wait(60) and not got, got  # (a bound only for failing)
     hub.stop()
-    reader.join(5)
-    assert time.monotonic() - began < 3 and isinstance(got[0], http.client.IncompleteRead)
+    reader.join(60)
+    assert isinstance(got[0], http.client.IncompleteRead), got  # cut, not finished
 
 
 def test_fail_status_wrong_size_and_no_redirect(hub, repo):

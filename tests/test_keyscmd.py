@@ -119,11 +119,13 @@ async def test_revoke_removes_the_key_and_a_running_gateway_refuses_it(aiohttp_c
     fresh = await aiohttp_client(create_app(load_config(cfg)))
     assert (await fresh.get("/v1/models", headers=auth(alice))).status == 401
     assert (await fresh.get("/v1/models", headers=auth(root))).status == 200
-    for _ in range(100):  # the running one watches the file (every 2 s)
-        if (await client.get("/v1/models", headers=auth(alice))).status == 401:
-            break
+    async def refused() -> bool:
+        return (await client.get("/v1/models", headers=auth(alice))).status == 401
+
+    deadline = time.monotonic() + 120  # the running one watches the file (every 2 s); 120 s only to fail
+    while not await refused() and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
-    assert (await client.get("/v1/models", headers=auth(alice))).status == 401
+    assert await refused()
     assert run("keys", "revoke", "alice", "--config", cfg)[0] == 1  # not there any more
 
 
@@ -162,6 +164,29 @@ def test_a_duplicate_or_a_bad_argument_writes_nothing(run, cfg):
     at = dt.datetime.fromisoformat(expires.replace("Z", "+00:00")).timestamp()
     assert abs(at - (time.time() + 30 * 86400)) < 60
     assert load_config(cfg).server.api_keys[1].expires == at
+
+
+def test_a_first_key_with_a_scope_or_a_limit_is_never_an_admin_by_omission(run, cfg):
+    """No admin yet: a scoped or limited key without --role is refused with one line saying to add
+    an admin first, writing nothing; once there is an admin it is added as a user, and --role admin
+    still makes a limited key an admin when it says so."""
+    for more in (("--models", "coder*", "--rpm", "3"), ("--models", "coder*"), ("--budget", "100"),
+                 ("--expires", "30d")):
+        code, out, err = run("keys", "add", "laptop", "--config", cfg, *more)
+        assert code == 1 and out == "" and not keys_file().exists(), err
+        (line,) = err.splitlines()
+        assert line.startswith("error: ") and "add an admin first" in line and "--role admin" in line
+    add(run, cfg, "root")
+    add(run, cfg, "laptop", "--models", "coder*", "--rpm", "3")
+    assert yaml.safe_load(keys_file().read_text())["laptop"]["role"] == "user"
+    got = {k.name: (k.role, k.models, k.rpm) for k in load_config(cfg).server.api_keys}
+    assert got == {"root": ("admin", (), None), "laptop": ("user", ("coder*",), 3)}
+
+
+def test_a_limited_key_is_an_admin_when_it_says_so(run, cfg):
+    code, _, err = run("keys", "add", "ops", "--role", "admin", "--rpm", "3", "--config", cfg)
+    assert code == 0 and "no admin key yet" not in err and "(admin)" in err
+    assert {k.name: (k.role, k.rpm) for k in load_config(cfg).server.api_keys} == {"ops": ("admin", 3)}
 
 
 def test_keys_and_no_admin_is_mended_by_adding_an_admin(run, write_config, model_dir):

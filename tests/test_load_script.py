@@ -50,6 +50,16 @@ def test_hostile_load_leaves_normal_traffic_clean(tmp_path):
         assert statuses and set(statuses) <= set(expected), (kind, statuses)
     assert data["hostile_unexpected"] == {} and data["hostile_5xx"] == 0
 
+    # this round's traffic (issue 64): scope names, dropped streams against a budget, header floods
+    # against captures, long model names with traces on, on-demand pulls of a host the caller chose
+    assert {"scope/chat_tag_fallback", "scope/ollama_show", "scope/props", "captures/keyless_header_flood",
+            "traces/long_model_name", "pull/foreign_host_0"} <= set(data["hostile_sent"])
+    budget = data["budget"]
+    assert budget["dropped"] >= 1 and budget["refused_429"] >= 1, budget
+    assert budget["charged"]["tokens"] >= max(budget["frames_read"], budget["budget_tokens"]), budget
+    assert data["foreign_host_connections"] == 0
+    assert data["captures"]["refused_kept"] == 0, data["captures"]
+
     # the strangers' files: hostile headers listed and refused, runaway templates a 500 each, lying
     # pictures and sounds a 400, while /health stayed quick and every worker's peak within its bound
     files = {k for k in data["hostile_expected"] if k.startswith("files/")}

@@ -211,7 +211,8 @@ def test_a_picture_to_a_text_model_is_refused_in_each_wire(server):
 def test_the_inference_event_counts_the_media(server, client):
     ask(client, [{"type": "text", "text": "two"}, picture_part(noise(7)), picture_part(noise(8))])
     ask(client, "none")
-    for _ in range(100):  # each line is written once its answer has gone out
+    deadline = time.monotonic() + 120  # only how long before the test fails
+    while time.monotonic() < deadline:  # each line is written once its answer has gone out
         events = [json.loads(line) for line in server.events.read_text().splitlines()]
         if events and events[-1]["media"] == {}:
             break

@@ -13,6 +13,7 @@ import time
 import pytest
 from helpers import REPO, ServerProcess, run_cli
 from prometheus_client.parser import text_string_to_metric_families
+from workerevents import under_way
 
 from gateway.app import create_app
 from gateway.models import testmodels as tm
@@ -96,7 +97,7 @@ async def test_worker_restarts_and_load_failures_are_counted(aiohttp_client, fil
         f"models:\n  loop: {files}/loop.gguf\n  bad: {tmp_path}/bad.gguf\n"))))
     assert (await client.post("/v1/chat/completions", json={"model": "bad", "messages": HI})).status == 503
     r = await client.post("/v1/chat/completions", json={"model": "loop", "messages": HI, "stream": True})
-    await r.content.readline()
+    await under_way(r)
     from gateway.app import REGISTRY
 
     os.kill(client.app[REGISTRY].loaded()["loop"].proc.pid, signal.SIGKILL)

@@ -5,9 +5,11 @@ import hashlib
 import json
 import os
 import shutil
+import time
 
 import pytest
 from openapi import validate
+from workerevents import BOUND, under_way, until
 
 from gateway.app import REGISTRY, create_app
 from gateway.backends.local import start_local
@@ -284,11 +286,19 @@ async def test_lru_eviction_never_takes_a_busy_model(aiohttp_client, scripted, w
     assert set(reg.loaded()) == {"a", "c"}  # b was the least recently used
     # a long stream keeps "loop" busy: loading two more evicts the idle ones, never loop
     resp = await client.post("/v1/chat/completions", json={"model": "loop", "messages": HI, "stream": True})
-    await resp.content.readline()
+    await under_way(resp)
     assert set(reg.loaded()) == {"loop", "c"} or set(reg.loaded()) == {"loop", "a"}
     status, body, _ = await chat(client, "b")
     assert status == 200 and set(reg.loaded()) == {"loop", "b"}
     resp.close()
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 async def test_idle_models_unload_after_keep_alive(aiohttp_client, scripted, write_config):
@@ -300,15 +310,9 @@ async def test_idle_models_unload_after_keep_alive(aiohttp_client, scripted, wri
     await chat(client, "b")
     await chat(client, "a")
     pid = reg.loaded()["a"].proc.pid
-    for _ in range(300):
-        if "a" not in reg.loaded():
-            break
-        await asyncio.sleep(0.02)
+    await until(lambda: "a" not in reg.loaded(), "a unloaded after its keep_alive")
     assert set(reg.loaded()) == {"b"}
-    with pytest.raises(ProcessLookupError):  # the worker process is really gone
-        for _ in range(100):
-            os.kill(pid, 0)
-            await asyncio.sleep(0.02)
+    await until(lambda: not alive(pid), "a's worker process gone")  # really gone
     status, _, _ = await chat(client, "a")  # and loads again on demand
     assert status == 200
 
@@ -319,12 +323,14 @@ async def test_load_timeout_zero_answers_503_at_once_then_serves(aiohttp_client,
     status, body, headers = await chat(client, "a")
     assert status == 503 and body["error"]["code"] == "model_loading" and headers["Retry-After"] == "5"
     validate(body, "ErrorResponse")
-    for _ in range(500):
+    async def answered() -> dict | None:
         status, body, _ = await chat(client, "a")
-        if status == 200:
-            break
+        return body if status == 200 else None
+
+    deadline = time.monotonic() + BOUND  # the load runs on while each request is answered 503 at once
+    while (body := await answered()) is None and time.monotonic() < deadline:
         await asyncio.sleep(0.02)
-    assert body["choices"][0]["message"]["content"] == "Alpha here"
+    assert body is not None and body["choices"][0]["message"]["content"] == "Alpha here"
 
 
 async def test_a_failed_load_backs_off_before_the_next_attempt(aiohttp_client, tmp_path, write_config):
@@ -367,7 +373,7 @@ async def test_admin_api(aiohttp_client, scripted, write_config):
     assert r.status == 400 and (await r.json())["error"]["param"] == "model"
     resp = await client.post("/v1/chat/completions", json={"model": "loop", "messages": HI, "stream": True},
                              headers=auth)
-    await resp.content.readline()
+    await under_way(resp)
     r = await client.post("/models/unload", json={"model": "loop"}, headers=auth)
     assert r.status == 409 and (await r.json())["error"]["code"] == "model_busy"
     resp.close()
@@ -409,7 +415,7 @@ async def test_reload_keeps_in_flight_requests_and_refuses_a_broken_file(aiohttp
     reg = client.app[REGISTRY]
     resp = await client.post("/v1/chat/completions", json={"model": "loop", "messages": HI, "stream": True,
                                                            "max_tokens": 3000})
-    await resp.content.readline()
+    await under_way(resp)
     path.write_text(f"models:\n  b: {scripted}/beta.gguf\n  loop:\n    path: {scripted}/loop.gguf\n    n_ctx: 512\n")
     assert await reg.reload(path)
     assert [s.name for s in reg.specs()] == ["b", "loop"]
@@ -440,16 +446,12 @@ async def test_busy_workers_share_the_cpus(aiohttp_client, scripted, write_confi
                                   server_kwargs={"handler_cancellation": True})
     reg = client.app[REGISTRY]
     first = await client.post("/v1/chat/completions", json={"model": "loop", "messages": HI, "stream": True})
-    await first.content.readline()
+    await under_way(first)
     assert reg.loaded()["loop"].threads == default_threads()  # alone: every CPU
     second = await client.post("/v1/chat/completions", json={"model": "loop2", "messages": HI, "stream": True})
-    await second.content.readline()
+    await under_way(second)
     both = max(1, default_threads() // 2)
     assert reg.loaded()["loop"].threads == reg.loaded()["loop2"].threads == both
     first.close()
-    for _ in range(200):
-        if reg.loaded()["loop2"].threads == default_threads():
-            break
-        await asyncio.sleep(0.01)
-    assert reg.loaded()["loop2"].threads == default_threads()  # alone again: every CPU
+    await until(lambda: reg.loaded()["loop2"].threads == default_threads(), "loop2 alone again: every CPU")
     second.close()

@@ -3,10 +3,10 @@ to, failing over before the first event, a replica that dies and comes back afte
 and the set going away only with its last replica. Real upstreams and workers behind the same
 calls: test_upstream_e2e.py."""
 
-import asyncio
 from pathlib import Path
 
 import pytest
+from workerevents import until
 
 from gateway.backends.local import CHAT, EMBEDDINGS, StartFailed
 from gateway.backends.replicas import ReplicaSet
@@ -106,11 +106,11 @@ async def test_a_replica_that_died_serves_again_after_its_back_off():
     replicas, started, exits = await start({"m#1": START, "m#2": START}, exits=lambda b, e: exited.append(b))
     exits["m#1"]()
     assert replicas.alive and exited == [] and [m.spec.name for m in replicas.order()] == ["m#2"]
-    for _ in range(100):  # the back-off is 50 ms; the next requests start it again
+    def back() -> bool:  # the back-off is 50 ms; the next requests start it again
         replicas.order()
-        await asyncio.sleep(0.01)
-        if replicas.members[0].backend is not None:
-            break
+        return replicas.members[0].backend is not None
+
+    await until(back, "m#1 started again after its back-off")
     assert [m.spec.name for m in replicas.order()] == ["m#1", "m#2"]
     exits["m#1"]()
     exits["m#2"]()

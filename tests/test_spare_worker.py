@@ -28,7 +28,7 @@ def workers() -> set[int]:
     return out
 
 
-async def until(check, seconds=20.0):
+async def until(check, seconds=120.0):  # how long before the test fails: a loaded machine spawns slowly
     for _ in range(int(seconds / 0.02)):
         if check():
             return

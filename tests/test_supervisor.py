@@ -4,6 +4,7 @@ The real worker behind the same calls is tested in test_registry.py and test_gen
 
 import asyncio
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -75,8 +76,9 @@ async def error_of(awaitable) -> ApiError:
     return e.value
 
 
-async def settle(until, tries=200):
-    for _ in range(tries):
+async def settle(until, seconds=60.0):  # only how long before the test fails
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
         if until():
             return
         await asyncio.sleep(0.005)

@@ -331,13 +331,13 @@ def test_an_upstream_that_does_not_stream_is_read_whole(oai):
 
 
 def test_an_upstream_that_goes_silent_mid_answer_ends_it_after_the_idle_timeout(oai):
-    began = time.monotonic()
+    # ended by the gateway's idle timeout (its message), not by the upstream's close 4 s on
     stream = oai.chat.completions.create(model="stalling", messages=ASK, stream=True)
     texts = []
     with pytest.raises(openai.APIError, match="sent nothing of its answer for 1 s"):
         for c in stream:
             texts.append(c.choices[0].delta.content if c.choices else None)
-    assert "Hi" in texts and time.monotonic() - began < 4
+    assert "Hi" in texts
 
 
 def test_replicas_fail_over_and_count_per_replica(hosts, oai):

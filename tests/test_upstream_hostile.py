@@ -88,7 +88,7 @@ def test_an_endless_embeddings_answer_is_cut_at_its_byte_bound(gw):  # item 5
             status, body, _ = post(server, "/v1/embeddings", {"model": "embed-flood", "input": inputs})
             assert status == 502 and body["error"]["code"] == "upstream_malformed", body
             assert f"more than {wire.embeddings_bound(len(inputs))} bytes" in body["error"]["message"]
-            assert time.monotonic() - began < 5
+            assert time.monotonic() - began < 30  # an endless answer not cut would never end (a failure bound)
     assert up.wait_closed("embed-flood") == 0
     responsive(w)
     assert w.grew_mib < GROWTH_MIB, w.grew_mib
@@ -157,14 +157,14 @@ def test_a_client_that_leaves_stops_the_upstream_read(gw):  # items 7 and 8
         conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
         conn.request("POST", "/v1/chat/completions", json.dumps({"model": mode, "messages": ASK, "stream": streamed}),
                      {"Content-Type": "application/json"})
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 60  # only how long before the test fails
         while not up.stats()["open_by_mode"].get(mode) and time.monotonic() < deadline:
             time.sleep(0.02)
         assert up.stats()["open_by_mode"].get(mode) == 1, mode
         if mode == "chat-flood" and streamed:
             assert conn.getresponse().read(100)
         conn.close()  # gone, mid-answer
-        assert up.wait_closed(mode, timeout=1.0) == 0, (mode, streamed)
+        assert up.wait_closed(mode, timeout=30) == 0, (mode, streamed)  # at once; 30 s only to fail
 
 
 def test_the_sse_reader_holds_against_blank_lines_and_empty_data(gw):  # item 8

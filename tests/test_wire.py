@@ -8,6 +8,7 @@ import jsonschema
 import pytest
 from helpers import REPO, tiny_random_model
 from openapi import validate
+from workerevents import under_way
 
 from gateway.app import create_app
 from gateway.models import testmodels as tm
@@ -283,7 +284,7 @@ async def test_anthropic_stream_ends_with_an_error_event_when_the_worker_dies(ai
     client = await aiohttp_client(create_app(load_config(write_config(f"models:\n  loop: {files}/loop.gguf\n"))))
     r = await client.post("/v1/messages", json={"model": "loop", "max_tokens": 100000 // 30, "messages": HI,
                                                 "stream": True})
-    await r.content.readline()
+    await under_way(r)
     os.kill(client.app[REGISTRY].loaded()["loop"].proc.pid, signal.SIGKILL)
     text = (await r.read()).decode()
     last = [line for line in text.splitlines() if line.startswith("event: ")][-1]
