@@ -42,6 +42,9 @@ MAX_REDIRECTS = 3
 USER_AGENT = "gguf-gateway"
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _PRIVATE_HINT = "(server.allow_remote_media_private allows it)"
+# a refused connection and one cut after it opened read alike: a caller who chose the URL learns
+# nothing of which ports are open on a host
+UNREACHABLE = "the host could not be reached"
 Refuse = Callable[[str], InvalidRequest]  # a reason -> the 400 that names the field and the URL
 
 
@@ -107,11 +110,11 @@ async def fetch_media(url: str, param: str, *, max_bytes: int, timeout: float,
             raise refuse(f"the host resolves to a private or loopback address {_PRIVATE_HINT}") from None
         if isinstance(exc.os_error, socket.gaierror):
             raise refuse("the host name does not resolve") from None
-        raise refuse("could not connect to the host") from None
+        raise refuse(UNREACHABLE) from None
     except (aiohttp.InvalidURL, ValueError):  # yarl's and idna's complaints are ValueErrors
         raise refuse("not a valid URL") from None
     except (aiohttp.ClientError, OSError):
-        raise refuse("the connection failed") from None
+        raise refuse(UNREACHABLE) from None
     finally:
         if own:
             await client.close()
