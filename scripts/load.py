@@ -52,6 +52,15 @@ Meanwhile /health is asked every 100 ms; the checks hold its latency, the gatewa
 growth and every worker's peak memory (VmHWM) within --health-p99-ms / --health-max-ms,
 --gateway-peak-mib and --worker-peak-mib.
 
+--hostile's gateway also holds keys (issue 64): the normal clients go as an admin, the hostile
+bodies as a user. Beside them: a key scoped to one model asks for names that resolve outside its
+scope (the tag fallback, an adapter's name, over every wire and /api/show and /props: each a 404);
+a key with a token budget reads streams part way and drops them (what was made is charged: the key
+is refused once past its budget, and /usage holds at least what its streams read); keyless
+requests with a flood of long headers (a 401, and never kept as a capture); model names of
+megabytes with traces on and the collector down (a 404 of bounded size); and names of a loopback
+host the caller chose for an on-demand pull (refused, the host never connected to).
+
 --hostile-upstream (also only with the gateway it starts; with --hostile or alone) starts a
 loopback server that misbehaves as an upstream in each way we have seen one do harm (tests/hostile_upstream.py:
 endless embeddings, model lists and answers, a trickle, blank lines, empty data lines, keep-alive
@@ -69,6 +78,7 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import itertools
 import json
 import os
@@ -188,6 +198,28 @@ async def client_loop(url, models, stats, deadline, seed, headers=None):
 
 
 # --- hostile mode ---------------------------------------------------------------------------------
+# The gateway started for --hostile holds keys: the normal clients go as an admin, the hostile bodies
+# as a user, the scope names as a key limited to one model, the dropped streams as a key with a
+# budget; each secret made afresh for the run.
+KEYS = {who: f"sk-load-{who}-{os.urandom(12).hex()}" for who in ("admin", "user", "scoped", "budget")}
+SCOPED_TO = "*lain"  # the scoped key's models: `plain` alone
+BUDGET_TOKENS = 50  # the budget key's tokens a day; a dropped stream spends more than that
+
+
+def bearer(who: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {KEYS[who]}"} if who else {}
+
+
+def keys_config() -> str:
+    """``server.api_keys`` for KEYS, as models.yaml lines."""
+    return ("  api_keys:\n"
+            f"    load-admin: {{key: {KEYS['admin']}, role: admin}}\n"
+            f"    load-user: {{key: {KEYS['user']}, role: user}}\n"
+            f"    load-scoped: {{key: {KEYS['scoped']}, models: ['{SCOPED_TO}']}}\n"
+            f"    load-budget: {{key: {KEYS['budget']}, models: [loop], budget: {BUDGET_TOKENS}, "
+            "budget_period: day}\n")
+
+
 # Short server limits, so a short run reaches each of them many times (max_connections is set
 # above every socket the run opens: no normal client is ever refused).
 HOSTILE_LIMITS = {"write_timeout": 2, "header_timeout": 2, "keepalive_timeout": 5, "body_timeout": 5}
@@ -215,6 +247,8 @@ class Hostile:
     expect: frozenset[str]  # statuses that are right
     finishes: bool = False  # a 200 must end cleanly with finish_reason "stop"
     method: str = "POST"  # a GET sends no body
+    key: str | None = "user"  # the key it is sent with (``KEYS``), None: none
+    max_answer: int | None = None  # an answer longer than this many bytes is unexpected ("404_long")
 
 
 def _json(body: dict) -> tuple[bytes, dict]:
@@ -273,6 +307,7 @@ IDLE_MODES = {
     "partial_headers": (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n", b"", "none"),
     "slowloris": (b"GET /health HTTP/1.1\r\nHost: localhost\r\n", b"X-Slow: 1\r\n", "none"),
     "endless_body": (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n"
+                     b"Authorization: Bearer " + KEYS["user"].encode() + b"\r\n"
                      b"Content-Type: application/json\r\n\r\n5\r\n{\"a\":\r\n", b"1\r\n \r\n", "408"),
 }
 # --- hostile files: model files, templates, pictures and sounds from strangers (issue 50) -------------
@@ -343,7 +378,7 @@ def hostile_file_kinds() -> tuple[Hostile, ...]:
     ok, refused, failed, template = frozenset({"200"}), frozenset({"400"}), frozenset({"503"}), frozenset({"500"})
     return (
         Hostile("files/models", "/models", lambda n: (b"", {}), ok, method="GET"),
-        Hostile("files/metrics", "/metrics", lambda n: (b"", {}), ok, method="GET"),
+        Hostile("files/metrics", "/metrics", lambda n: (b"", {}), ok, method="GET", key="admin"),  # an admin's
         Hostile("files/tags", "/api/tags", lambda n: (b"", {}), ok, method="GET"),
         *(Hostile(f"files/show/{m}", "/api/show", lambda n, m=m: _json({"model": m}), ok) for m in STRANGERS),
         *(Hostile(f"files/chat/{m}", CHAT, lambda n, m=m: _json({"model": m, "messages": HI}), failed)
@@ -360,11 +395,136 @@ def hostile_file_kinds() -> tuple[Hostile, ...]:
     )
 
 
+# --- keys, budgets, captures, traces and on-demand pulls (issue 64) ---------------------------------
+LONG_NAME_CHARS = 2 * 2**20  # a model name of 2 MiB: a span or a 404 that keeps it whole grows by that
+FLOOD_HEADERS, FLOOD_HEADER_BYTES = 60, 1024  # a keyless request's header block: kept whole by a capture
+ANSWER_BOUND = 8192  # bytes an error answer quoting a caller's name may take
+DROP_AFTER_FRAMES = 20  # a budget key's stream is read this far, then dropped
+ON_DEMAND_HOSTS = ("hf.co",)  # the registries a name may be pulled from on demand: HF_ENDPOINT is a closed port
+
+
+def round_five_kinds(foreign_port: int) -> tuple[Hostile, ...]:
+    """This round's hostile requests: names a scoped key may not reach (the tag fallback, an
+    adapter's name, every route that takes a name), keyless requests with a flood of headers,
+    model names of megabytes (traces on), and names of a host the caller picked for an on-demand
+    pull (``foreign_port``: a loopback listener that must never see a connection)."""
+    out_of_scope = "loop:x-plain"  # no model has it; the tag fallback would serve `loop`, outside the scope
+    flood = {f"X-Flood-{i}": "f" * FLOOD_HEADER_BYTES for i in range(FLOOD_HEADERS)}
+    long_name = "m" * LONG_NAME_CHARS
+    missing = frozenset({"404"})
+    scoped = [
+        Hostile("scope/chat_tag_fallback", CHAT, lambda n: _json({"model": out_of_scope, "messages": HI}), missing),
+        Hostile("scope/chat_adapter_name", CHAT, lambda n: _json({"model": "thinker:zzz", "messages": HI}), missing),
+        Hostile("scope/messages", "/v1/messages", lambda n: _json({"model": out_of_scope, "max_tokens": 4,
+                                                                   "messages": HI}), missing),
+        Hostile("scope/responses", "/v1/responses", lambda n: _json({"model": out_of_scope, "input": "hi"}), missing),
+        Hostile("scope/ollama_show", "/api/show", lambda n: _json({"model": out_of_scope}), missing),
+        Hostile("scope/ollama_chat", "/api/chat", lambda n: _json({"model": out_of_scope, "messages": HI,
+                                                                   "stream": False}), missing),
+        Hostile("scope/props", "/props?model=" + urllib.parse.quote(out_of_scope), lambda n: (b"", {}), missing,
+                method="GET"),
+    ]
+    return (
+        *(Hostile(k.name, k.path, k.body, k.expect, method=k.method, key="scoped", max_answer=ANSWER_BOUND)
+          for k in scoped),
+        Hostile("captures/keyless_header_flood", CHAT, lambda n: (_PLAIN_CHAT, flood), frozenset({"401"}), key=None),
+        Hostile("traces/long_model_name", CHAT, lambda n: _json({"model": long_name, "messages": HI}),
+                frozenset({"404", "400"}), max_answer=ANSWER_BOUND),
+        *(Hostile(f"pull/foreign_host_{i}", CHAT, lambda n, host=host: _json({
+            "model": f"{host}:{foreign_port}/ns/m:latest", "messages": HI}), frozenset({"404", "400"}),
+            max_answer=ANSWER_BOUND) for i, host in enumerate(("127.0.0.1", "localhost"))),
+    )
+
+
+class ForeignHost:
+    """A loopback port a request may name as a registry: it listens and never accepts, so the
+    kernel completes (and keeps in the backlog) any connection the gateway makes; ``reached``
+    counts them at the end."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(128)
+        self.port = self.sock.getsockname()[1]
+
+    def reached(self) -> int:
+        self.sock.setblocking(False)
+        n = 0
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except (BlockingIOError, OSError):
+                return n
+            conn.close()
+            n += 1
+
+    def __enter__(self) -> ForeignHost:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.sock.close()
+
+
+async def budget_dropper(url: str, hs: HostileStats, deadline: float) -> None:
+    """The budget key's streams, each read DROP_AFTER_FRAMES frames in and dropped: what was made
+    is charged, so the key is refused (429) once past its budget."""
+    body = {"model": "loop", "messages": HI, "max_tokens": 120, "stream": True}
+    counts = hs.budget
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120), headers=bearer("budget")) as session:
+        while time.monotonic() < deadline:
+            counts["sent"] += 1
+            try:
+                async with session.post(url + CHAT, json=body) as r:
+                    if r.status == 429:
+                        counts["refused_429"] += 1
+                        await r.read()
+                        await asyncio.sleep(0.5)
+                        continue
+                    if r.status != 200:
+                        hs.unexpected["budget/dropped_stream"][str(r.status)] += 1
+                        await r.read()
+                        continue
+                    frames = 0
+                    async for raw in r.content:
+                        if raw.startswith(b"data: {"):
+                            frames += 1
+                            if frames >= DROP_AFTER_FRAMES:
+                                break
+                    counts["frames_read"] += frames
+                    counts["dropped"] += 1
+                    r.close()  # the connection goes, mid-answer
+            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                hs.unexpected["budget/dropped_stream"][type(e).__name__] += 1
+
+
+async def budget_usage(url: str) -> dict:
+    """The budget key's recorded tokens, as /usage answers an admin."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30), headers=bearer("admin")) as session:
+        async with session.get(url + "/usage", params={"key": "load-budget", "group": "hour"}) as r:
+            body = await r.json(content_type=None)
+    rows = body.get("data") or ()
+    return {"requests": sum(r["requests"] for r in rows), "tokens": sum(r["total_tokens"] for r in rows)}
+
+
+async def round_five_report(url: str, hs: HostileStats, foreign: ForeignHost | None) -> dict:
+    """What this round's checks read: the budget key's charge beside what its streams read, and
+    whether anything connected to the foreign host."""
+    charged = {}
+    for _ in range(int(USAGE_SETTLE_SECONDS * 2)):  # a dropped stream is charged once the gateway sees it go
+        charged = await budget_usage(url)
+        if charged["tokens"] >= hs.budget["frames_read"]:
+            break
+        await asyncio.sleep(0.5)
+    return {"budget": {**{k: hs.budget[k] for k in ("sent", "dropped", "frames_read", "refused_429")},
+                       "budget_tokens": BUDGET_TOKENS, "charged": charged},
+            "foreign_host_connections": foreign.reached() if foreign is not None else None}
+
+
 def worker_peaks(url: str) -> dict[str, float]:
     """Each loaded local model's worker's peak resident memory (VmHWM), in MiB, by model."""
     import urllib.request
 
-    with urllib.request.urlopen(url + "/models", timeout=30) as r:
+    with urllib.request.urlopen(urllib.request.Request(url + "/models", headers=bearer("admin")), timeout=30) as r:
         rows = json.loads(r.read())["data"]
     out = {}
     for row in rows:
@@ -377,7 +537,7 @@ def worker_peaks(url: str) -> dict[str, float]:
 def reset_worker_peaks(url: str) -> None:
     import urllib.request
 
-    with urllib.request.urlopen(url + "/models", timeout=30) as r:
+    with urllib.request.urlopen(urllib.request.Request(url + "/models", headers=bearer("admin")), timeout=30) as r:
         for row in json.loads(r.read())["data"]:
             if row.get("pid"):
                 with contextlib.suppress(OSError, KeyError):
@@ -424,6 +584,7 @@ class HostileStats:
         self.idle: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
         self.idle_seconds: dict[str, list[float]] = collections.defaultdict(list)
         self.serial = itertools.count()  # numbers each hostile body, for unique field names
+        self.budget: collections.Counter[str] = collections.Counter()  # the budget key's streams (``budget_dropper``)
 
 
 def answer_status(answer: bytes) -> str:
@@ -447,11 +608,14 @@ async def hostile_request(session: aiohttp.ClientSession, url: str, kind: Hostil
     hs.sent[kind.name] += 1
     try:
         async with session.request(kind.method, url + kind.path, data=data if kind.method == "POST" else None,
-                                   headers={"Content-Type": "application/json", **headers}) as r:
-            text = await r.text()
+                                   headers={"Content-Type": "application/json", **bearer(kind.key), **headers}) as r:
+            raw = await r.read()
+            text = raw.decode("utf-8", "replace")
             status = str(r.status)
             if r.status == 200 and kind.finishes and not ended_cleanly(r.content_type, text):
                 status = "200_unclean"
+            if kind.max_answer is not None and len(raw) > kind.max_answer:
+                status += "_long"
     except (aiohttp.ClientError, asyncio.TimeoutError) as e:
         status = type(e).__name__
     hs.statuses[kind.name][status] += 1
@@ -529,7 +693,7 @@ async def drain(reader: asyncio.StreamReader) -> bytes:
 async def stalled_reader(host: str, port: int, opts: HostileOptions, hs: HostileStats, server: ServerSide) -> None:
     body = json.dumps({"model": "loop", "prompt": "go\n", "max_tokens": STALL_MAX_TOKENS, "stream": True}).encode()
     request = (b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-               b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+               b"Authorization: Bearer %s\r\nContent-Length: %d\r\n\r\n%s" % (KEYS["user"].encode(), len(body), body))
     while True:
         try:
             reader, writer = await raw_connection(host, port, STALL_RCVBUF, STALL_MSS)
@@ -646,6 +810,7 @@ def hostile_actors(url: str, opts: HostileOptions, hs: HostileStats, deadline: f
     modes = list(IDLE_MODES)
     return [
         *(hostile_client(url, hs, deadline, i * 5, opts.kinds) for i in range(opts.clients)),
+        budget_dropper(url, hs, deadline),
         *(until(deadline, stalled_reader(host, port, opts, hs, server)) for _ in range(opts.stalled)),
         *(until(deadline, idle_socket(host, port, modes[i % len(modes)], opts, hs, i * 0.005))
           for i in range(opts.idle)),
@@ -800,8 +965,9 @@ async def upstream_request(session: aiohttp.ClientSession, url: str, kind: Upstr
         hs.unexpected[f"upstream/{kind.name}"][outcome] += 1
 
 
-async def upstream_client(url: str, hs: HostileStats, deadline: float, offset: int) -> None:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+async def upstream_client(url: str, hs: HostileStats, deadline: float, offset: int,
+                          headers: dict | None = None) -> None:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120), headers=headers) as session:
         for i in itertools.count(offset):  # each client starts elsewhere in the list
             if time.monotonic() >= deadline:
                 return
@@ -905,6 +1071,7 @@ def hostile_spending_sent(hs: HostileStats, hostile: HostileOptions | None, upst
     n = 0
     if hostile is not None:
         n += sum(hs.sent[k.name] for k in hostile.kinds if k.method == "POST" and k.path in SPENDING_PATHS)
+        n += hs.budget["sent"]  # the budget key's streams
         n += hs.stalled["opened"]  # one streamed completion per connection
         n += sum(hs.idle[mode]["opened"] for mode, (first, _, _) in IDLE_MODES.items() if _names_spending_route(first))
     if upstream is not None:
@@ -929,9 +1096,10 @@ def usage_report(before: dict, after: dict, settle_s: float, stats: Stats, elaps
             "run_seconds": round(elapsed, 2), **out, "settle_seconds": round(settle_s, 2)}
 
 
-async def worker_failures(url: str) -> int | None:
+async def worker_failures(url: str, headers: dict | None = None) -> int | None:
+    """/health's count of worker failures (with keys, told only to a key: ``headers``)."""
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10), headers=headers) as session:
             async with session.get(url + "/health") as r:
                 return (await r.json()).get("worker_failures")
     except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
@@ -941,7 +1109,7 @@ async def worker_failures(url: str) -> int | None:
 async def run(url: str, models: list[str], clients: int, seconds: float, pid: int | None,
               hostile: HostileOptions | None = None, upstream=None,
               upstream_opts: UpstreamOptions | None = None, bounds: UpstreamOptions | None = None,
-              api_key: str | None = None) -> dict:
+              api_key: str | None = None, foreign: ForeignHost | None = None) -> dict:
     stats, hs = Stats(), HostileStats()
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     usage_before = await read_usage(url, headers)
@@ -958,7 +1126,7 @@ async def run(url: str, models: list[str], clients: int, seconds: float, pid: in
 
     actors = hostile_actors(url, hostile, hs, deadline) if hostile else []
     if upstream_opts is not None:
-        actors += [upstream_client(url, hs, deadline, i) for i in range(upstream_opts.clients)]
+        actors += [upstream_client(url, hs, deadline, i, headers) for i in range(upstream_opts.clients)]
     watched = upstream_opts is not None or (hostile is not None and hostile.files)
     watch = Watch(url, pid, every=0.1) if watched and pid else None
     if hostile is not None and hostile.files:
@@ -985,13 +1153,14 @@ async def run(url: str, models: list[str], clients: int, seconds: float, pid: in
         "rss_start_mib": round(rss_start / 2**20, 1) if rss_start else None,
         "rss_samples_mib": [round(s / 2**20, 1) for s in samples if s],
         "rss_end_mib": round(rss_end / 2**20, 1) if rss_end else None,
-        "worker_failures": await worker_failures(url),
+        "worker_failures": await worker_failures(url, headers),
         "usage": usage_report(usage_before, usage_after, settle_s, stats, elapsed,
                               hostile_spending_sent(hs, hostile, upstream_opts), hostile is not None or
                               upstream_opts is not None),
     }
     if hostile:
         report.update(hostile_report(hs, hostile))
+        report.update(await round_five_report(url, hs, foreign))
     report["hostile_upstream"] = upstream_opts is not None and watch is not None
     if watch is not None:
         report.update(watch_report(watch, bounds or upstream_opts or UpstreamOptions()))
@@ -1033,6 +1202,8 @@ def checks(report: dict, rss_bound_mib: float, own_server: bool) -> dict[str, bo
     if "captures" in report:  # the store within its bound, and holding what the run sent
         held = report["captures"]
         out["captures_within_bound"] = 0 < held["count"] and held["bytes"] <= held["max_bytes"]
+        if "refused_kept" in held:  # a refused request (401, keyless) is a line, not a capture
+            out["captures_keep_no_refused_request"] = held["refused_kept"] == 0
     if "worker_peak_mib" in report:
         out["worker_peak_ok"] = bool(report["worker_peak_mib"]) and \
             max(report["worker_peak_mib"].values()) <= report["worker_peak_bound_mib"]
@@ -1046,15 +1217,29 @@ def checks(report: dict, rss_bound_mib: float, own_server: bool) -> dict[str, bo
                 stalled["closed_mid_answer"] > 0 or not stalled["sockets"]),
             "idle_sockets_closed_by_server": idle["overstayed"] == 0 and (
                 idle["closed_by_server"] > 0 or not idle["sockets"]),
+            # streams dropped mid-answer were charged what they read at least, and the key was
+            # refused once past its budget
+            "budget_charges_dropped_streams": (budget := report["budget"])["dropped"] > 0 and
+            budget["refused_429"] > 0 and budget["charged"].get("tokens", 0) >= max(budget["frames_read"],
+                                                                                   budget["budget_tokens"]),
+            # a name of a host the caller chose was never connected to
+            "foreign_host_never_reached": report["foreign_host_connections"] == 0,
         })
     return out
 
 
-def read_captures(url: str) -> dict:
-    """What the gateway's capture store holds at the end: its count and bytes, and its bound."""
-    with urllib.request.urlopen(url + "/captures?limit=1", timeout=30) as r:
-        listing = json.loads(r.read())
-    return {k: listing[k] for k in ("count", "bytes", "max_bytes")}
+def read_captures(url: str, headers: dict[str, str]) -> dict:
+    """What the gateway's capture store holds at the end: its count and bytes, and its bound; with
+    keys, how many of the captures are of requests refused for want of one."""
+    def listing(query: str) -> dict:
+        with urllib.request.urlopen(urllib.request.Request(url + "/captures?" + query, headers=headers),
+                                    timeout=30) as r:
+            return json.loads(r.read())
+    whole = listing("limit=1")
+    out = {k: whole[k] for k in ("count", "bytes", "max_bytes")}
+    if headers:
+        out["refused_kept"] = len(listing("status=401&limit=1")["data"])
+    return out
 
 
 def _usage_ok(usage: dict, own_server: bool) -> bool:
@@ -1081,7 +1266,7 @@ def raise_fd_limit(need: int) -> int:
 
 
 def write_config(d: Path, threads: int | None, hostile: HostileOptions | None, upstream=None,
-                 extra: list[str] = [], capture: int = 0) -> Path:  # noqa: B006 (never changed)
+                 extra: list[str] = [], capture: int = 0, closed_port: int = 0) -> Path:  # noqa: B006 (never changed)
     per_model: dict[str, str] = {m: f"    path: {d}/{m}.gguf\n" for m in ("plain", "thinker", "loop")}
     if threads:
         per_model = {m: t + f"    n_threads: {threads}\n" for m, t in per_model.items()}
@@ -1090,6 +1275,10 @@ def write_config(d: Path, threads: int | None, hostile: HostileOptions | None, u
         server += f"  capture: {{max_bytes: {capture}, max_body_bytes: {max(1024, capture // 16)}}}\n"
     if hostile:
         server += "".join(f"  {k}: {v}\n" for k, v in hostile.limits.items())
+        # keys; traces on to a collector that is down; on-demand pulls from the one registry that
+        # the environment points at a closed loopback port (HF_ENDPOINT)
+        server += keys_config() + f"  otel: {{endpoint: 'http://127.0.0.1:{closed_port}/v1/traces'}}\n"
+        server += f"  pull_on_demand: true\n  pull_on_demand_hosts: [{', '.join(ON_DEMAND_HOSTS)}]\n"
         per_model["plain"] += "    n_ctx: 1024\n"  # a 400 KB prompt is then refused by its size
         per_model["loop"] += f"    n_ctx: {LOOP_N_CTX}\n"  # room for a stalled reader's long answer
         if hostile.files:  # the strangers' files found in their folders, and every model kept loaded
@@ -1171,7 +1360,7 @@ def main(argv: list[str] | None = None) -> int:
         report = asyncio.run(run(args.url, args.models.split(","), args.clients, args.seconds, None,
                                  api_key=args.api_key))
     else:
-        from helpers import ServerProcess
+        from helpers import ServerProcess, free_port
 
         with tempfile.TemporaryDirectory() as tmp, \
                 (HostileUpstream() if args.hostile_upstream else contextlib.nullcontext()) as upstream:
@@ -1180,21 +1369,28 @@ def main(argv: list[str] | None = None) -> int:
             tm.thinking(d / "thinker.gguf", "Let me think about it.", "The answer is 4.")
             tm.endless(d / "loop.gguf", [" tick", " tock"])
             files = hostile is not None and hostile.files
+            closed = free_port()  # nothing listens: the collector down, the hub unreachable
             cfg = write_config(d, args.threads, hostile, upstream, write_hostile_files(d) if files else [],
-                               args.capture)
+                               args.capture, closed)
             loaded = ["plain", "thinker", "loop", *((*TEMPLATE_BOMBS, *MEDIA_MODELS) if files else ())]
             # usage recorded as by default (usage.db in the state folder), the state folder in tmp;
             # no keys from the environment: the gateway is open and records as key `anonymous`
-            env = {"HOME": tmp, "XDG_STATE_HOME": str(d / "state"), "GGUF_GATEWAY_API_KEYS": ""}
-            with ServerProcess("--config", str(cfg), "--log-level", "warning", env=env) as srv:
+            env = {"HOME": tmp, "XDG_STATE_HOME": str(d / "state"), "GGUF_GATEWAY_API_KEYS": "",
+                   "HF_ENDPOINT": f"http://127.0.0.1:{closed}", "HF_HUB_OFFLINE": ""}
+            admin = bearer("admin") if hostile else {}  # with --hostile the gateway holds keys
+            with ServerProcess("--config", str(cfg), "--log-level", "warning", env=env) as srv, \
+                    (ForeignHost() if hostile else contextlib.nullcontext()) as foreign:
                 for m in loaded:  # every model that loads, loaded before memory is measured
                     srv.get("/health")
                     urllib.request.urlopen(urllib.request.Request(
-                        srv.url + "/models/load", data=json.dumps({"model": m}).encode())).read()
+                        srv.url + "/models/load", data=json.dumps({"model": m}).encode(), headers=admin)).read()
+                if hostile is not None and foreign is not None:
+                    hostile = dataclasses.replace(hostile, kinds=hostile.kinds + round_five_kinds(foreign.port))
                 report = asyncio.run(run(srv.url, ["plain", "thinker", "loop"], args.clients, args.seconds,
-                                         srv.proc.pid, hostile, upstream, upstream_opts, bounds))
+                                         srv.proc.pid, hostile, upstream, upstream_opts, bounds,
+                                         api_key=KEYS["admin"] if hostile else None, foreign=foreign))
                 if args.capture:
-                    report["captures"] = read_captures(srv.url)
+                    report["captures"] = read_captures(srv.url, admin)
                 code, log = srv.stop()
                 report["server_exit_code"] = code
                 report["server_tracebacks"] = log.count("Traceback")
