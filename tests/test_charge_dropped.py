@@ -21,12 +21,13 @@ import json
 import os
 import re
 import signal
+import sys
 import time
 
 import pytest
 from aiohttp import web
 from helpers import WEATHER
-from workerevents import record_events
+from workerevents import record_events, until
 
 from gateway.app import REGISTRY, create_app
 from gateway.models import testmodels as tm
@@ -46,6 +47,7 @@ def auth(key: str) -> dict[str, str]:
 def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("charge")
     tm.endless(d / "loop.gguf")
+    tm.plain(d / "emb.gguf", ["x"])
     return d
 
 
@@ -183,6 +185,42 @@ async def test_a_worker_killed_mid_stream_is_charged_what_it_made(aiohttp_client
     assert spent["prompt_tokens"] > 0
     assert read <= spent["completion_tokens"] <= max(seen.made.values())
     await refused_by_budget(client, "killed")
+
+
+def cancelled_handler() -> bool:
+    """Whether aiohttp has cancelled a request's handler (its client went: handler_cancellation)."""
+    return any(t.get_coro().__qualname__ == "RequestHandler.start" and t.cancelling()  # type: ignore[union-attr]
+               for t in asyncio.all_tasks())
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="Task.cancelling() is Python 3.11's")
+@pytest.mark.parametrize("path", ["/v1/embeddings", "/api/embed"])
+async def test_an_embedding_whose_client_leaves_is_charged_its_prompt(aiohttp_client, write_config, files,
+                                                                      monkeypatch, path):
+    """The worker is held still (SIGSTOP) while it has the embedding and the client leaves; once
+    the gateway has seen the client go, it goes on: the inputs it read are charged."""
+    seen = record_events(monkeypatch)
+    client = await aiohttp_client(create_app(load_config(write_config(
+        f"server:\n  discover_default_stores: false\n  api_keys:\n    root: {ROOT}\n"
+        f"    embed: {{key: embed-key, budget: 1, budget_period: day}}\n"
+        f"models:\n  emb:\n    path: {files}/emb.gguf\n    embeddings: true\n"))))
+    assert (await client.post("/models/load", headers=auth(ROOT), json={"model": "emb"})).status == 200
+    pid = client.app[REGISTRY].loaded()["emb"].proc.pid
+    body = {"model": "emb", "input": ["some words for the model to read"] * 4}
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        task = asyncio.create_task(client.post(path, headers=auth("embed-key"), json=body))
+        await seen.until(lambda: seen.embeds, "the embedding never reached its worker")
+        task.cancel()  # the client leaves while the worker holds its inputs
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await until(cancelled_handler, "the gateway never saw its client go")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    spent = await usage(client, "embed", 1)
+    assert spent["prompt_tokens"] > 0 and spent["limits"]["spent"] == spent["total_tokens"]
+    r = await client.post(path, headers=auth("embed-key"), json=body)
+    assert r.status == 429 and r.headers["X-Gateway-Limit"] == "budget", await r.text()
 
 
 SENT = 20  # the chunks of text the breaking upstream sends before it breaks off

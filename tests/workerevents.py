@@ -26,6 +26,7 @@ class Recorder:
         self.done: list[ipc.Done] = []
         self.made: dict[int, int] = {}  # request id -> tokens generated so far, as its latest text event said
         self.cancelled: list[int] = []  # request ids the gateway told their worker to cancel
+        self.embeds: list[int] = []  # request ids of the embeddings the gateway asked a worker for
         self.changed = asyncio.Event()
 
     def seen(self, event: Any) -> None:
@@ -35,6 +36,8 @@ class Recorder:
             self.made[event.id] = max(self.made.get(event.id, 0), event.tokens)
         elif isinstance(event, ipc.Cancel):
             self.cancelled.append(event.id)
+        elif isinstance(event, ipc.Embed):
+            self.embeds.append(event.id)
         self.changed.set()
 
     async def until(self, predicate: Callable[[], Any], what: str, bound: float = BOUND) -> Any:

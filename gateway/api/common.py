@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 
 from aiohttp import web
 
 from ..backends.local import Backend
 from ..base.errors import InvalidRequest
+from ..engine.ipc import Embeddings
 from ..models.config import ModelSpec
 from ..server.captures import CAPTURE
 from ..server.events import OWNER, STREAM, observation
@@ -54,6 +57,32 @@ async def lease(request: web.Request, model: object, **kinds) -> AsyncIterator[t
         if loaded is not None and loaded.ended >= obs.queued:
             obs.load = loaded
         yield spec, backend
+
+
+# How long a request whose client left waits for its embeddings to be made, to charge them
+FINISH_SECONDS = 30.0
+
+
+async def embedded(request: web.Request, work: Awaitable[Embeddings]) -> Embeddings:
+    """An embedding's or a rerank's reply, its prompt tokens counted in the request's
+    observation. Its worker reads the inputs in decodes that a cancel does not undo, and tells
+    the tokens only in the reply; so a client that leaves does not stop the work: it is finished
+    (within ``FINISH_SECONDS``, else cancelled) and charged, as a generation is charged what it
+    made however its request ends. A worker that dies first is charged nothing: it told nothing."""
+    task = asyncio.ensure_future(work)
+    try:
+        reply = await asyncio.shield(task)
+    except asyncio.CancelledError:
+        if not task.done():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(task), FINISH_SECONDS)
+        if task.done() and not task.cancelled() and task.exception() is None:
+            observation(request).prompt_tokens = task.result().prompt_tokens
+        else:
+            task.cancel()  # the worker is told to drop it
+        raise
+    observation(request).prompt_tokens = reply.prompt_tokens
+    return reply
 
 
 def event_stream(request: web.Request) -> EventStream:

@@ -136,8 +136,7 @@ async def _embed(request: web.Request, legacy: bool) -> web.Response:
     obs = observation(request)
     async with common.lease(request, model, embeddings=True) as (spec, backend):  # its wait in obs's clocks
         keep_alive(request.app[REGISTRY], spec, alive, shorten=is_admin(request))
-        reply = await backend.embed(inputs)
-        obs.prompt_tokens = reply.prompt_tokens
+        reply = await common.embedded(request, backend.embed(inputs))
     if legacy:
         return web.json_response({"embedding": reply.data[0]})
     assert obs.queued is not None and obs.leased is not None

@@ -227,8 +227,7 @@ async def props(request: web.Request) -> web.Response:
 async def embeddings(request: web.Request) -> web.Response:
     model, inputs, fmt = oai.parse_embeddings(await read_json_object(request))
     async with common.lease(request, model, embeddings=True) as (spec, backend):
-        reply = await backend.embed(inputs)
-        observation(request).prompt_tokens = reply.prompt_tokens
+        reply = await common.embedded(request, backend.embed(inputs))
     return web.json_response(oai.embeddings_body(spec.name, reply.data, fmt, reply.prompt_tokens))
 
 
@@ -237,8 +236,7 @@ async def rerank(request: web.Request) -> web.Response:
     """llama-server's, Jina's and Cohere's rerank: each document's relevance to the query."""
     model, query, documents, top_n, returned = rerank_wire.parse(await read_json_object(request))
     async with common.lease(request, model, rerank=True) as (spec, backend):
-        reply = await backend.rerank(query, documents)
-        observation(request).prompt_tokens = reply.prompt_tokens
+        reply = await common.embedded(request, backend.rerank(query, documents))
     return web.json_response(rerank_wire.body(spec.name, documents, [v[0] for v in reply.data], top_n, returned,
                                               reply.prompt_tokens))
 
