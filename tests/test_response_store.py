@@ -1,5 +1,5 @@
-"""The Responses store (gateway/response_store.py): bounded by count and by bytes, least
-recently used dropped first."""
+"""The Responses store (gateway/server/response_store.py): bounded by count and by bytes, least
+recently used dropped first, shared out by owner (a key that floods it pushes out its own)."""
 
 import tracemalloc
 
@@ -23,7 +23,7 @@ def test_the_least_recently_used_go_first_past_the_count():
 
 def test_bytes_bound_what_is_kept_and_stay_counted():
     one = stored("x" * 300)
-    size = ResponseStore.size(encode(one))
+    size = ResponseStore.size("0", encode(one))
     store = ResponseStore(100, max_bytes=2000)
     for i in range(10):
         store.put(str(i), stored("x" * 300))
@@ -61,6 +61,29 @@ def test_memory_held_stays_near_the_bound_with_many_tiny_messages():
         held, _ = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert store.bytes <= bound and len(store._items) < 200  # the bound dropped some
+    assert store.bytes <= bound and len(store) < 200  # the bound dropped some
     assert held < 1.5 * bound, f"the store holds {held} bytes of Python memory for a bound of {bound}"
     assert store.get("r199").messages == tiny  # what comes back is what went in
+
+
+def test_an_owner_over_its_share_gives_up_its_own_first():
+    """Past either bound, the owner holding the most loses its least recently used: another
+    owner within its share keeps everything it stored, whichever came first."""
+    store = ResponseStore(4)
+    store.put("alice-1", stored("a"), owner="alice")
+    for i in range(10):
+        store.put(f"bob-{i}", stored("b"), owner="bob")
+    assert store.get("alice-1", "alice") is not None and len(store) == 4
+    assert [i for i in range(10) if store.get(f"bob-{i}", "bob")] == [7, 8, 9]
+    one = ResponseStore.size("alice-1", encode(stored("x" * 300)))
+    store = ResponseStore(100, max_bytes=5 * one)
+    store.put("alice-1", stored("x" * 300), owner="alice")
+    store.put("alice-2", stored("x" * 300), owner="alice")
+    for i in range(10):
+        store.put(f"bob-{i:03d}", stored("x" * 300), owner="bob")  # ids as long as the others
+    assert store.get("alice-1", "alice") and store.get("alice-2", "alice")
+    assert store.bytes <= 5 * one and store.held("bob") == 3 * one and store.held("alice") == 2 * one
+    # an owner holding more than its share is brought down to it by another's stores
+    for i in range(10):
+        store.put(f"carol-{i}", stored("x" * 300), owner="carol")
+    assert store.held("alice") == 2 * one and store.held("bob") <= 2 * one and store.bytes <= 5 * one

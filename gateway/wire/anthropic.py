@@ -13,7 +13,8 @@ What Claude Code sends, served as it means it:
 - a system text block of per-session header lines (``x-anthropic-billing-header: cc_version=...``)
   is left out of the prompt unless ``server.keep_billing_header``: it changes every session, and
   kept, a new session's prompt shares no cached prefix with the last one's;
-- fields and blocks that do not apply to a local model (``metadata``, ``cache_control``,
+- fields and blocks that do not apply to a local model (``metadata``, checked as Anthropic checks it: only
+  ``user_id``, at most 256 characters; ``cache_control``,
   ``context_management``, ``container``, ``mcp_servers``, ``service_tier``, an
   ``anthropic-beta`` header, server tools) are accepted and ignored; ``output_config.format``
   (structured output) is served as OpenAI's ``response_format`` json_schema;
@@ -155,11 +156,32 @@ def parse(body: dict[str, Any], *, keep_billing_header: bool = False, counting: 
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise InvalidRequest("stream: must be true or false", "stream")
-    if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
-        raise InvalidRequest("metadata: must be an object", "metadata")
+    _metadata(body.get("metadata"))
     _thinking(body.get("thinking"), req, None if counting else max_tokens)
     _output_format(body, req)
     return Parsed(model, req, stream, explicit=explicit, reasoning_effort=_effort(body.get("output_config")))
+
+
+MAX_USER_ID = 256  # Anthropic's bound on ``metadata.user_id``
+
+
+def _metadata(value: Any) -> None:
+    """``metadata`` as Anthropic's API checks it: absent or null, or an object whose one field
+    is ``user_id`` (a string of at most ``MAX_USER_ID`` characters, or null). Nothing of it is
+    kept; a 400 naming ``metadata`` otherwise."""
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise InvalidRequest("metadata: must be an object", "metadata")
+    extra = next((k for k in value if k != "user_id"), None)
+    if extra is not None:
+        raise InvalidRequest(f"metadata.{shown(extra)}: Extra inputs are not permitted", "metadata")
+    user = value.get("user_id")
+    if user is not None and not isinstance(user, str):
+        raise InvalidRequest("metadata.user_id: must be a string", "metadata")
+    if user is not None and len(user) > MAX_USER_ID:
+        raise InvalidRequest(f"metadata.user_id: String should have at most {MAX_USER_ID} characters, "
+                             f"got {len(user)}", "metadata")
 
 
 def _messages(raw: Any, system: str, media: list[Media]) -> list[dict[str, Any]]:

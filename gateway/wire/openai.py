@@ -44,7 +44,7 @@ KNOWN_CHAT = {
     "stream_options", "seed", "presence_penalty", "frequency_penalty", "n", "user", "top_k", "min_p",
     "repeat_penalty", "chat_template_kwargs", "ignore_eos", "reasoning_format", "reasoning_effort", "response_format",
     "grammar", "lora",
-    "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
+    "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls", "metadata",
 }
 REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")  # llama-server's values; all but none split
 KNOWN_COMPLETION = KNOWN_CHAT - {"messages", "max_completion_tokens", "chat_template_kwargs", "tools", "tool_choice",
@@ -63,6 +63,44 @@ def _log_unknown(body: dict[str, Any], known: set[str]) -> None:
         if key not in known and key not in _logged_unknown:
             _logged_unknown.add(key)
             log.debug("ignoring unsupported request field %s", shown(key))
+
+
+# OpenAI's bounds on ``metadata`` (Chat Completions and Responses): pairs, a key's characters, a value's
+METADATA_PAIRS, METADATA_KEY, METADATA_VALUE = 16, 64, 512
+
+
+def _kind(value: Any) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", list: "an array", dict: "an object"}.get(
+        type(value), "null" if value is None else "a string")
+
+
+def read_metadata(value: Any) -> dict[str, str]:
+    """``metadata`` as OpenAI's API checks it: absent or null, or an object of at most
+    ``METADATA_PAIRS`` pairs, each key at most ``METADATA_KEY`` characters and each value a
+    string of at most ``METADATA_VALUE``. Anything else is a 400 naming ``metadata`` and the
+    rule it breaks (a caller's key quoted bounded). A Response repeats what passes."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidRequest(f"Invalid type for 'metadata': expected an object, but got {_kind(value)} instead.",
+                             "metadata", "invalid_type")
+    if len(value) > METADATA_PAIRS:
+        raise InvalidRequest(f"Invalid 'metadata': too many properties. Expected an object with at most "
+                             f"{METADATA_PAIRS} properties, but got an object with {len(value)} properties instead.",
+                             "metadata", "object_above_max_properties")
+    for key, item in value.items():
+        if len(key) > METADATA_KEY:
+            raise InvalidRequest(f"Invalid 'metadata': key {shown(key)} too long. Expected a key of at most "
+                                 f"{METADATA_KEY} characters, but got a key of {len(key)} characters instead.",
+                                 "metadata", "string_above_max_length")
+        if not isinstance(item, str):
+            raise InvalidRequest(f"Invalid type for 'metadata.{key}': expected a string, but got {_kind(item)} "
+                                 "instead.", "metadata", "invalid_type")
+        if len(item) > METADATA_VALUE:
+            raise InvalidRequest(f"Invalid 'metadata.{key}': string too long. Expected a string with maximum length "
+                                 f"{METADATA_VALUE}, but got a string with length {len(item)} instead.",
+                                 "metadata", "string_above_max_length")
+    return value
 
 
 def _max_tokens(body: dict[str, Any], names: tuple[str, ...]) -> int | None:
@@ -194,6 +232,7 @@ def parse_chat(body: dict[str, Any]) -> Parsed:
     req = GenerationRequest(messages=_messages(body, media), media=media)
     stream, include_usage, explicit = _common(body, req)
     req.max_tokens = _max_tokens(body, ("max_completion_tokens", "max_tokens"))
+    read_metadata(body.get("metadata"))  # not kept nor repeated, but refused as OpenAI refuses it
     kwargs = body.get("chat_template_kwargs")
     if kwargs is not None:
         if not isinstance(kwargs, dict):

@@ -16,6 +16,7 @@ from ...base import strictjson
 from ...base.errors import InvalidRequest
 from ...engine.ipc import GenerationRequest, Media
 from .. import tools as wire_tools
+from ..openai import read_metadata
 from ..params import EFFORTS, SAMPLING, Parsed, check_schema, read_sampling, require_model, shown, text_parts
 from .sealed import EPHEMERAL, unseal
 from .tools import CUSTOM_INPUT, ToolOrigin, flat_name, read_tool_choice, read_tools
@@ -25,6 +26,7 @@ RESPONSES_SAMPLING = {name: SAMPLING[name] for name in ("temperature", "top_p")}
 EFFORT_ALIASES = {"xhigh": "high"}  # Codex's highest effort; this server's budgets stop at high
 SUMMARIES = ("auto", "concise", "detailed")
 ENCRYPTED = "reasoning.encrypted_content"
+FORMAT_FIELDS = ("type", "name", "description", "schema", "strict")  # a text.format's, as a response repeats it
 # Input items that record a hosted tool's work (done by OpenAI's servers, never by this one):
 # nothing of them reaches the prompt, so a history from another server still reads.
 HOSTED_ITEMS = frozenset({
@@ -178,7 +180,7 @@ def _text_format(body: dict[str, Any], req: GenerationRequest) -> dict[str, Any]
         return {"type": "text"}
     kind = fmt.get("type") if isinstance(fmt, dict) else None
     if kind == "text":
-        return fmt
+        return {"type": "text"}
     if kind == "json_object":
         req.response_format = "json_object"
     elif kind == "json_schema":
@@ -189,7 +191,8 @@ def _text_format(body: dict[str, Any], req: GenerationRequest) -> dict[str, Any]
     else:
         raise InvalidRequest("`text.format.type` must be text, json_object or json_schema", "text.format.type")
     req.format_param = "text.format"
-    return fmt
+    # repeated in every answer and kept with it: the format's own fields, not whatever else came
+    return {k: fmt[k] for k in FORMAT_FIELDS if k in fmt}
 
 
 def parse(body: dict[str, Any], key: bytes = EPHEMERAL) -> ResponsesParsed:
@@ -234,14 +237,12 @@ def parse(body: dict[str, Any], key: bytes = EPHEMERAL) -> ResponsesParsed:
         if not isinstance(value, bool):
             raise InvalidRequest(f"`{name}` must be true or false", name)
         flags[name] = value
-    metadata = body.get("metadata")
-    if metadata is not None and not isinstance(metadata, dict):
-        raise InvalidRequest("`metadata` must be an object", "metadata")
+    metadata = read_metadata(body.get("metadata"))  # repeated in every answer and kept with it: bounded
     echo = {"instructions": instructions, "max_output_tokens": limit, "temperature": body.get("temperature"),
             "top_p": body.get("top_p"),
             "tools": toolset.echo, "tool_choice": body.get("tool_choice") or "auto",
             "parallel_tool_calls": body.get("parallel_tool_calls", True) is not False,
-            "reasoning": {"effort": effort, "summary": summary}, "metadata": metadata or {},
+            "reasoning": {"effort": effort, "summary": summary}, "metadata": metadata,
             "text": {"format": text_format},
             "previous_response_id": previous, "store": flags["store"], "truncation": "disabled"}
     return ResponsesParsed(model, req, flags["stream"], explicit=explicit, reasoning_effort=effort,
