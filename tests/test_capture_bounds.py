@@ -9,7 +9,12 @@ gives it (issue 64: HIGH 3, 4 and 5), against the real app on scripted models.
 - The key a request presented leaves no copy in a streamed capture (a Responses stream repeats
   ``instructions`` and ``metadata``), nor in ``/captures/{id}``, the kept file or a replay, nor
   across two writes of a stream.
-- A model's name of megabytes is answered with a 404 of a bounded message, on every wire."""
+- A model's name of megabytes is answered with a 404 of a bounded message, on every wire.
+- Each finding of the red team's pass after the fix: a key the model spells in pieces, one
+  token a write, is in no capture, read-back, page detail or kept file (the stream's writes are
+  withheld, the answer kept with the key cut); a key escaped in a JSON body (``\\u0073k-...``)
+  and a key sent as a header's name are cut; refusals, however many, never push out a key's
+  captures (their lines are a fixed count apart)."""
 
 from __future__ import annotations
 
@@ -28,7 +33,8 @@ from gateway.models import testmodels as tm
 from gateway.models.config import load_config
 from gateway.models.config.specs import CaptureConfig
 from gateway.server import redaction
-from gateway.server.captures import CaptureStore, Record
+from gateway.server.captures import MAX_REFUSALS, CaptureStore, Record
+from gateway.wire.readback import read_answer
 
 ADMIN = "sk-bounds-admin-key-0123456789abcdef"
 USER = "sk-bounds-user-key-9876543210fedcba"
@@ -36,12 +42,14 @@ LIMITED = "sk-bounds-limited-key-5555555555"
 MSG = [{"role": "user", "content": "hi"}]
 JSON = {"Content-Type": "application/json"}
 FLOOD_HEADERS = {f"X-Flood-{i}": f"{i}-" + "v" * 1000 for i in range(60)}
+SPELLED = [USER[:6], USER[6:13], USER[13:21], USER[21:]]
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     d = tmp_path_factory.mktemp("boundmodels")
     tm.plain(d / "plain.gguf", ["Hello", ",", " world", "!"])
+    tm.plain(d / "keyecho.gguf", ["Your key is ", *SPELLED, " - keep it."])  # a configured key, a token at a time
     return d
 
 
@@ -50,7 +58,7 @@ def app_for(write_config, models, capture: str, keys: bool = False, extra: str =
                  f"    slow: {{key: {LIMITED}, role: user, rpm: 1}}\n") if keys else ""
     return create_app(load_config(write_config(
         f"server:\n  discover_default_stores: false\n  capture: {capture}\n{keys_yaml}{extra}"
-        f"models:\n  chat: {models}/plain.gguf\n")))
+        f"models:\n  chat: {models}/plain.gguf\n  keyecho: {models}/keyecho.gguf\n")))
 
 
 def held(value) -> int:
@@ -68,8 +76,8 @@ def held(value) -> int:
 
 
 def true_size(store: CaptureStore) -> int:
-    entries = [*store.records.values(), *store.refusals.values()]
-    return sum(held(getattr(e, f.name)) for e in entries for f in dataclasses.fields(e))
+    """What the captures hold (the refusals' lines are a fixed count apart: ``MAX_REFUSALS``)."""
+    return sum(held(getattr(e, f.name)) for e in store.records.values() for f in dataclasses.fields(e))
 
 
 def bearer(key: str) -> dict[str, str]:
@@ -137,6 +145,7 @@ async def test_requests_from_nobody_never_push_out_a_keys_captures(aiohttp_clien
     assert r.status == 200 and (await r.json())["key"] == "alice"
     store = app[CAPTURES]
     assert true_size(store) <= store.bytes <= 64 * 1024
+    assert len(store.refusals) <= MAX_REFUSALS
 
 
 _ids = itertools.count(1)
@@ -257,3 +266,130 @@ async def test_a_long_name_in_a_query_is_bounded_too(aiohttp_client, write_confi
     r = await client.get("/props", params={"model": "q" * 6000})
     text = await r.text()
     assert r.status == 404 and len(text) < 2 * MAX_MODEL_NAME + 400, text[:300]
+
+
+# --- after the fix: what the red team's pass still found --------------------------------------------
+
+SPELLING_ROUTES = [
+    ("/v1/chat/completions", {"messages": MSG}),
+    ("/v1/completions", {"prompt": "hi\n"}),  # the scripted model answers after a line's end
+    ("/v1/messages", {"max_tokens": 32, "messages": MSG}),
+    ("/v1/responses", {"input": "hi"}),
+    ("/api/chat", {"messages": MSG}),
+    ("/api/generate", {"prompt": "hi"}),
+]
+
+
+def strings(value) -> list[str]:
+    """Every string in a JSON value, keys too."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in (k, *strings(v))]
+    if isinstance(value, list):
+        return [s for v in value for s in strings(v)]
+    return []
+
+
+def spells_no_key(text: str) -> bool:
+    """Neither the key nor any of the pieces the model spelled it in."""
+    return USER not in text and not any(piece in text for piece in SPELLED)
+
+
+@pytest.mark.parametrize("route, body", SPELLING_ROUTES, ids=[r for r, _ in SPELLING_ROUTES])
+async def test_a_key_the_model_spells_in_pieces_is_in_no_capture_nor_its_file(aiohttp_client, write_config, models,
+                                                                             tmp_path, route, body):
+    state = tmp_path / "state"
+    client = await aiohttp_client(app_for(write_config, models, "{keep: true}", keys=True,
+                                          extra=f"  state_dir: {state}\n"))
+    ask = {**body, "model": "keyecho"}
+    if not route.startswith("/api/"):
+        ask["stream"] = True
+    r = await client.post(route, json=ask, headers=bearer(ADMIN))
+    assert r.status == 200
+    received = await r.read()
+    # what the client read: the key in pieces, one a write, that the read-back joins (a
+    # Responses stream also repeats the whole text at its end: that copy is cut as it is written)
+    assert received.count(SPELLED[1].encode()) > received.count(USER.encode())
+    assert USER in read_answer(route, True, received)["content"]
+    # a stream that spells no key is kept as its writes (the control: nothing withheld needlessly)
+    plain = await client.post(route, json={**ask, "model": "chat"}, headers=bearer(ADMIN))
+    assert plain.status == 200
+    await plain.read()
+    rows = (await (await client.get("/captures", headers=bearer(ADMIN))).json())["data"]
+    assert [(row["model"], row["withheld"]) for row in rows] == [("chat", False), ("keyecho", True)]
+    control = await (await client.get(f"/captures/{rows[0]['id']}", headers=bearer(ADMIN))).json()
+    assert control["response"]["events"] and not control["response"]["withheld"]
+    r = await client.get(f"/captures/{rows[1]['id']}", headers=bearer(ADMIN))
+    detail = await r.json()
+    assert spells_no_key(json.dumps(detail)) and spells_no_key("".join(strings(detail)))
+    assert detail["withheld"] and detail["response"]["withheld"] and detail["response"]["events"] == []
+    assert detail["answer"]["content"] == f"Your key is {redaction.REDACTED} - keep it."
+    await client.close()  # the app's cleanup writes the kept files
+    kept = list((state / "captures").glob("*.json"))
+    assert len(kept) == 2
+    for path in kept:
+        text = path.read_text()
+        decoded = b"".join(redaction_b64_decoded(json.loads(text))).decode("utf-8", errors="replace")
+        assert spells_no_key(text) and spells_no_key(decoded)
+
+
+async def test_a_key_escaped_in_a_json_body_is_cut(aiohttp_client, write_config, models):
+    app = app_for(write_config, models, "true", keys=True)
+    client = await aiohttp_client(app)
+    escapes = ["\\u0073" + USER[1:], USER[:2] + "\\u002D" + USER[3:], "".join(f"\\u{ord(c):04X}" for c in USER)]
+    raw = '{"model": "chat", "max_tokens": 2, "messages": [{"role": "user", "content": "mine: %s"}]}'
+    for escaped in escapes:
+        r = await client.post("/v1/chat/completions", data=raw % escaped, headers={**JSON, **bearer(ADMIN)})
+        assert r.status == 200, await r.text()
+        assert json.loads(raw % escaped)["messages"][0]["content"] == f"mine: {USER}"  # what the gateway read
+    rows = (await (await client.get("/captures", headers=bearer(ADMIN))).json())["data"]
+    assert len(rows) == len(escapes)
+    for row in rows:
+        detail = await (await client.get(f"/captures/{row['id']}", headers=bearer(ADMIN))).json()
+        assert detail["request"]["body"]["messages"][0]["content"] == f"mine: {redaction.REDACTED}"
+        assert USER not in json.dumps(detail, ensure_ascii=False) and USER not in detail["curl"]
+    for record in app[CAPTURES].records.values():
+        assert USER not in json.dumps(json.loads(record.request_body), ensure_ascii=False)
+
+
+async def test_a_key_sent_as_a_headers_name_is_cut(aiohttp_client, write_config, models):
+    client = await aiohttp_client(app_for(write_config, models, "true", keys=True))
+    r = await client.post("/v1/chat/completions", json={"model": "chat", "max_tokens": 2, "messages": MSG},
+                          headers={**bearer(ADMIN), USER: "1", f"X-{ADMIN}-Name": "v"})
+    assert r.status == 200
+    row = (await (await client.get("/captures", headers=bearer(ADMIN))).json())["data"][0]
+    detail = await (await client.get(f"/captures/{row['id']}", headers=bearer(ADMIN))).json()
+    names = list(detail["request"]["headers"])
+    assert not any(USER in n or ADMIN in n for n in names), names
+    assert redaction.REDACTED in names and f"X-{redaction.REDACTED}-Name" in names
+    assert USER not in json.dumps(detail) and ADMIN not in json.dumps(detail)
+
+
+async def test_refusals_however_many_never_push_out_a_keys_captures(aiohttp_client, write_config, models):
+    bound = 64 * 1024
+    app = app_for(write_config, models, "{max_bytes: 64KiB}", keys=True)
+    client = await aiohttp_client(app)
+    store = app[CAPTURES]
+    body = {"model": "chat", "max_tokens": 4, "messages": MSG}
+    for _ in range(200):  # alice fills most of the store, within it
+        r = await client.post("/v1/chat/completions", json=body, headers=bearer(USER))
+        assert r.status == 200
+        await r.read()
+        if store.bytes > bound * 0.6:
+            break
+    mine = {row["id"] for row in (await (await client.get("/captures?limit=1000", headers=bearer(ADMIN))).json())["data"]}
+    assert store.bytes > bound * 0.6 and len(mine) == len(store.records)
+    floods = MAX_REFUSALS + 150
+    statuses = []
+    for _ in range(floods + 1):  # rpm 1: the first is answered, every other refused with 429
+        r = await client.post("/v1/chat/completions", json=body, headers=bearer(LIMITED))
+        await r.read()
+        statuses.append(r.status)
+    assert statuses == [200] + [429] * floods
+    listing = await (await client.get("/captures?limit=1000", headers=bearer(ADMIN))).json()
+    assert mine <= {row["id"] for row in listing["data"]}  # not one of alice's pushed out
+    refused = listing["refused"]
+    assert refused["count"] == floods and refused["kept"] == len(refused["recent"]) == MAX_REFUSALS
+    assert refused["by"] == [{"status": 429, "key": "slow", "count": floods}]
+    assert true_size(store) <= store.bytes <= bound

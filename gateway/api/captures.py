@@ -5,10 +5,13 @@ the operator's routes.
 - ``GET /captures``: their summaries, newest first; filters ``model``, ``key``, ``status``
   (``200`` or a class, ``4xx``), ``route`` (``/v1/chat/completions``), ``since`` and ``until``
   (as ``/usage`` reads them), ``limit``. Says whether capture is on and what the store holds,
-  and ``refused``: how many requests were refused at the door (401, 403, 429) and the newest
-  ``limit`` of the lines kept of them (time, status, route, key, error code, request id).
+  and ``refused``: how many requests were refused at the door (401, 403, 429), how many by
+  status and key, and the newest ``limit`` of the lines kept of them (time, status, route, key,
+  error code, request id), kept apart from the captures (``server/captures.MAX_REFUSALS``).
 - ``GET /captures/{id}``: one capture whole, its answer read back into thinking, content and
-  calls (``wire/readback``), and the ``curl`` command that sends its request again.
+  calls (``wire/readback``; a stream whose text spelled a secret in pieces: the answer kept in
+  place of its writes, ``withheld``), the keys models.yaml gives as themselves cut out of it
+  again, and the ``curl`` command that sends its request again.
 - ``POST /captures/{id}/replay`` ``{"model": ...}``: its request sent again to this gateway as
   it came (its model swapped for the one given: another local model, or one another machine
   serves), with the replaying key's own credentials; the answer is captured like any other
@@ -28,10 +31,11 @@ import aiohttp
 from aiohttp import web
 
 from ..base.errors import ApiError, InvalidRequest
+from ..server import redaction
 from ..server.captures import CaptureStore, Record
 from ..wire.readback import read_answer
 from .access import admin_only
-from .appkeys import CAPTURES
+from .appkeys import CAPTURES, GATE
 from .body import read_json_object
 from .usage import query_time, query_values
 
@@ -72,19 +76,35 @@ async def list_captures(request: web.Request) -> web.Response:
                           since=since, until=until, limit=limit)
     config = store.config
     lines = [r.line() for r in itertools.islice(reversed(store.refusals.values()), limit)]
+    by = [{"status": status, "key": key, "count": n} for (status, key), n in store.refused_by.most_common()]
     return web.json_response({"object": "list", "enabled": config.enabled, "redact_content": config.redact_content,
                               "count": len(store.records), "bytes": store.bytes, "max_bytes": config.max_bytes,
                               "data": [r.summary() for r in records],
-                              "refused": {"count": store.refused, "kept": len(store.refusals), "recent": lines}})
+                              "refused": {"count": store.refused, "kept": len(store.refusals), "by": by,
+                                          "recent": lines}})
 
 
 @admin_only
 async def get_capture(request: web.Request) -> web.Response:
     record = _record(request)
+    await _store(request).checked(record)
     detail = record.detail()
-    detail["answer"] = await asyncio.to_thread(read_answer, record.route, record.stream, record.answer_bytes())
+    detail["answer"] = await answer(request, record)
     detail["curl"] = curl(record, f"{request.scheme}://{request.host}")
     return web.json_response(detail)
+
+
+async def answer(request: web.Request, record: Record) -> dict[str, Any]:
+    """``record``'s answer read back (off the event loop), or the one kept in place of a
+    withheld stream's writes; either with the keys models.yaml gives as themselves cut out
+    again (a kept file from before, an escaping no cut foresaw)."""
+    if record.withheld is not None:
+        return record.withheld
+    read = await asyncio.to_thread(read_answer, record.route, record.stream, record.answer_bytes())
+    configured = tuple(sorted({k.secret.encode("utf-8", errors="replace")
+                               for k in request.app[GATE].keys.specs if k.secret}))
+    secrets = redaction.Secrets.of(configured)
+    return redaction.cut_strings(read, secrets) if secrets else read
 
 
 @admin_only
@@ -112,9 +132,10 @@ async def replay(request: web.Request) -> web.Response:
     if again is None:  # capture turned off by a reload meanwhile, or the store too small for it
         raise ApiError("The replay ran, but its capture was not kept (server.capture)", status=409,
                        code="capture_not_kept")
+    await _store(request).checked(again)
     _store(request).replayed(again, record)
     detail = again.detail()
-    detail["answer"] = await asyncio.to_thread(read_answer, again.route, again.stream, again.answer_bytes())
+    detail["answer"] = await answer(request, again)
     return web.json_response(detail)
 
 
@@ -179,10 +200,17 @@ async def keep(store: CaptureStore) -> None:
             if store.pending:
                 await asyncio.to_thread(store.persist, store.take_pending())
     finally:
-        await asyncio.shield(asyncio.to_thread(store.persist, store.take_pending()))
+        await asyncio.shield(_last_persist(store))
+
+
+async def _last_persist(store: CaptureStore) -> None:
+    """The streams still being checked for secrets, then what is left to write."""
+    await asyncio.gather(*list(store.checking.values()))
+    await asyncio.to_thread(store.persist, store.take_pending())
 
 
 def setup(app: web.Application) -> None:
+    app[CAPTURES].reader = read_answer  # the store checks a finished stream's text for secrets with it
     app.router.add_get("/captures", list_captures)
     app.router.add_get("/captures/{id}", get_capture)
     app.router.add_post("/captures/{id}/replay", replay)

@@ -2,7 +2,8 @@
 JSON for ``/captures`` and its kept file's form), the line kept of a request refused at the
 door (``Refusal``), and the bytes each is counted for (``weight``: every byte it holds, each
 header and stream write with ``ENTRY`` for its place, each entry with ``OVERHEAD`` for its
-fields)."""
+fields). A stream whose text spelled a secret in pieces keeps, in place of its writes, its
+answer read back with the secret cut (``withheld``), in memory and in its kept file alike."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ def weight(value: Any) -> int:
 
 @dataclass(slots=True)
 class Refusal:
-    """What is kept of a request refused at the door (``REFUSED``): one line."""
+    """What is kept of a request refused at the door (``REFUSED``): one line, kept apart from the
+    captures (a fixed count of the newest), so it never takes their room."""
 
     id: str
     time: float
@@ -40,11 +42,6 @@ class Refusal:
     key: str
     code: str | None
     request_id: str
-    owner: str | None = None
-
-    @property
-    def size(self) -> int:
-        return OVERHEAD + sum(weight(getattr(self, name)) for name in self.__slots__)
 
     def line(self) -> dict[str, Any]:
         return {"time": self.time, "status": self.status, "route": self.route, "key": self.key, "code": self.code,
@@ -82,6 +79,9 @@ class Record:
     response_cut: bool
     replay_of: str | None = None
     owner: str | None = None  # the key that asked (``events.OWNER``: a digest), None: nobody
+    # a stream whose text, read back and joined, spelled a secret: its writes are not kept
+    # (``frames`` is empty) and this is kept instead, the answer read back with the secret cut
+    withheld: dict[str, Any] | None = None
 
     @property
     def size(self) -> int:
@@ -94,7 +94,7 @@ class Record:
                 "stream": self.stream, **self.timings, **self.usage, "finish_reason": self.finish_reason,
                 "request_bytes": self.request_bytes, "response_bytes": self.response_bytes,
                 "truncated": self.request_cut or self.response_cut, "redacted": self.redacted,
-                "trace_id": self.trace_id, "replay_of": self.replay_of}
+                "trace_id": self.trace_id, "replay_of": self.replay_of, "withheld": self.withheld is not None}
 
     def request_json(self) -> Any:
         """The request's body as JSON, or None where it is cut, missing or not JSON."""
@@ -113,6 +113,7 @@ class Record:
                                     "bytes": self.response_bytes, "truncated": self.response_cut}
         if self.stream:
             response["events"] = [{"t": round(t, 6), "data": _text(b)} for t, b in self.frames]
+            response["withheld"] = self.withheld is not None
         else:
             response["body"] = _json_or_none(self.response_body)
             response["body_text"] = _text(self.response_body) if self.response_body is not None else None

@@ -14,7 +14,9 @@ past it and said so (``truncated``, with the size it had); a request's headers a
 and it counts every byte it keeps (``weight``): the headers' names and values, the bodies, each
 write of a stream with its place (``ENTRY``), the ids and names, and each entry's own fields
 (``OVERHEAD``). A request refused at the door (401, 403, 429: ``REFUSED``) is kept as a line
-(``Refusal``: its time, status, route, key and error code), not a capture. The store is shared
+(``Refusal``: its time, status, route, key and error code), not a capture, and apart from the
+captures: the newest ``MAX_REFUSALS`` lines and a count by status and key, so refusals, however
+many, never take a capture's room. The store is shared
 out by owner (the key that asked, ``events.OWNER``; nobody where no key was given): past the
 bound, what nobody's requests left goes first, then the oldest of the owner holding the most.
 So a request from nobody never pushes out a key's captures, and a key that floods the store
@@ -26,25 +28,35 @@ is read.
 Secrets never enter a capture: the headers that carry credentials are redacted, and the key the
 request presented (and every key the configuration gives as itself) is cut out of every other
 byte the capture keeps: header values, query, bodies, and a stream's writes as they are told,
-across two writes too (``redaction.Secrets``, ``redaction.StreamCut``). What is made of a
-capture (its kept file, a replay, ``curl``, the page) is made of what it kept. With
+across two writes too (``redaction.Secrets``, ``redaction.StreamCut``), in any JSON escaping.
+A stream may also spell a secret in pieces, each in its own write (a model that repeats a key
+says it a token at a time): when a stream with secrets to cut (the key it presented, the keys
+the configuration gives) ends, its writes are read back off the event loop (``reader``:
+``wire/readback``'s, given by the api layer), where ``redaction.Secrets.may_spell`` says its
+text could spell one; where the joined thinking, content or a call's arguments do, the writes
+are not kept: the answer read back, the secret cut, is kept in their place
+(``Record.withheld``). Until that check ends the capture is listed but not shown (``checked``)
+nor written to its file. What is made of a capture (its kept file, a replay, ``curl``, the
+page) is made of what it kept. With
 ``redact_content`` the text goes too: every string of the JSON, but for the words that give its
 shape (roles, types, names, finish reasons), becomes its length (``redaction``)."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import os
 import time
 import uuid
-from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..models.config.specs import CaptureConfig
-from . import redaction
+from . import redaction, shares
 from .capturerecords import ENTRY, OVERHEAD, Record, Refusal
 from .events import Observation, request_key
 
@@ -57,6 +69,9 @@ MAX_HEADERS = 64  # of a request's headers kept, each name's and value's length,
 MAX_HEADER_VALUE = 1024
 MAX_HEADER_BYTES = 16 * 1024
 REFUSED = frozenset({401, 403, 429})  # refused at the door: kept as a line (``Refusal``), not a capture
+MAX_REFUSALS = 256  # the newest refusals' lines kept, apart from the captures
+# an answer's bytes read back into its parts: ``wire/readback.read_answer``'s (route, stream, body)
+Reader = Callable[[str, bool, bytes], dict[str, Any]]
 # the ``Content-Type``s whose answer is a stream of writes rather than one body
 STREAM_TYPES = ("text/event-stream", "application/x-ndjson")
 
@@ -117,6 +132,51 @@ class Capture:
         self.frames.append((self.last, kept))
 
 
+def _check(store: CaptureStore, record: Record, secrets: redaction.Secrets) -> None:
+    """Read ``record``'s stream back off the event loop (``_spelled_secret``) and tell ``store``
+    what it found; without a running loop (a caller of the store's own), here and now."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        store._checked(record, _spelled_secret(store.reader, record, secrets))
+        return
+    future = loop.run_in_executor(None, _spelled_secret, store.reader, record, secrets)
+    done: asyncio.Future[None] = loop.create_future()
+    store.checking[record.id] = done
+
+    def settle(task: asyncio.Future[dict[str, Any] | None]) -> None:
+        store.checking.pop(record.id, None)
+        try:
+            withheld = task.result()
+        except (Exception, asyncio.CancelledError):  # a check that fails keeps no writes: they may spell one
+            log.exception("a captured stream could not be read back for secrets; its writes are not kept")
+            withheld = {"error": "the stream could not be read back; its writes are not kept"}
+        store._checked(record, withheld)
+        done.set_result(None)
+
+    future.add_done_callback(settle)
+
+
+def _spelled_secret(reader: Reader | None, record: Record, secrets: redaction.Secrets) -> dict[str, Any] | None:
+    """``record``'s stream read back (``reader``), with ``secrets`` cut, where its joined
+    thinking, content or a call's arguments (or its thinking and content joined) spell one;
+    None where they do not (blocking: a thread's). It is read twice: as kept, and without its
+    events that were cut as they were written (a Responses stream's whole text at its end, cut
+    there, would otherwise stand in for the deltas that spell the secret in pieces)."""
+    body = record.answer_bytes()
+    if reader is None or not secrets.may_spell(body):
+        return None
+    answer = reader(record.route, True, body)
+    uncut = b"\n".join(line for line in body.split(b"\n") if redaction.REDACTED.encode() not in line)
+    for read in (answer, reader(record.route, True, uncut) if len(uncut) < len(body) else answer):
+        calls = [c for c in read.get("calls", []) if isinstance(c, dict)]
+        thinking, content = read.get("thinking") or "", read.get("content") or ""
+        if any(secrets.found_in(t) for t in (thinking, content, thinking + content,
+                                            *(str(c.get("arguments", "")) for c in calls))):
+            return redaction.cut_strings(answer, secrets)
+    return None
+
+
 def timings(obs: Observation, ended: float) -> dict[str, float | None]:
     """A request's times, in seconds (None where it did not get that far): waiting in the queue
     (the model's lease, then a sequence to take it, less any load), the load it waited for, to
@@ -150,8 +210,13 @@ class CaptureStore:
         self.config = config
         self.folder = folder if config.keep else None
         self.records: OrderedDict[str, Record] = OrderedDict()
-        self.refusals: OrderedDict[str, Refusal] = OrderedDict()
+        self.refusals: OrderedDict[str, Refusal] = OrderedDict()  # the newest ``MAX_REFUSALS``
         self.refused = 0  # requests refused at the door since the start, their lines kept or not
+        self.refused_by: Counter[tuple[int, str]] = Counter()  # of them, by (status, key's name)
+        # reads a stream's answer back for a secret spelled in pieces; None: not checked (the api
+        # layer sets it: this layer does not know the wires)
+        self.reader: Reader | None = None
+        self.checking: dict[str, asyncio.Future[None]] = {}  # streams being checked, by capture id
         self.bytes = 0
         # each owner's entries (None: nobody's), oldest first, with the bytes each is counted for
         self._owned: dict[str | None, OrderedDict[str, int]] = {}
@@ -184,7 +249,7 @@ class CaptureStore:
         a line (None)."""
         if status in REFUSED:
             self.refuse(Refusal(f"{self._prefix}-r{next(self._ids)}", capture.time, status, obs.endpoint,
-                                obs.principal, code, obs.request_id, obs.owner))
+                                obs.principal, code, obs.request_id))
             return None
         kind = response_headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
         capture.end_stream()
@@ -208,22 +273,46 @@ class CaptureStore:
             {"prompt_tokens": obs.prompt_tokens, "cached_tokens": obs.cached_tokens,
              "completion_tokens": obs.completion_tokens, "reasoning_tokens": obs.reasoning_tokens},
             obs.finish_reason, obs.trace_id, redacted, capture.request_cut, response_cut, owner=obs.owner)
-        self.add(record)
+        check = stream and not redacted and bool(cut) and bool(frames) and self.reader is not None
+        self.add(record, checked=not check)
+        if check and record.id in self.records:
+            _check(self, record, cut)
         return record
 
-    def add(self, record: Record) -> None:
+    def add(self, record: Record, checked: bool = True) -> None:
+        """Keep ``record`` (``checked``: False while its stream is read back for secrets, its
+        file written once that ends)."""
         if not self._hold(record.id, record.owner, record.size):
             return
         self.records[record.id] = record
-        if self.folder is not None:
+        if self.folder is not None and checked:
             self.pending.append((record.id, record))  # made into JSON by ``persist``, off the loop
         self._trim(record.owner)
 
+    def _checked(self, record: Record, withheld: dict[str, Any] | None) -> None:
+        """``record``'s check ended: where its stream spelled a secret, the answer it found is
+        kept in place of the writes (``withheld``); its file is written now."""
+        if withheld is not None:
+            record.frames, record.withheld = [], withheld
+            self._reweigh(record)
+        if record.id in self.records and self.folder is not None:
+            self.pending.append((record.id, record))
+
+    async def checked(self, record: Record) -> None:
+        """Once ``record``'s stream has been checked for secrets (at once where it is not being)."""
+        done = self.checking.get(record.id)
+        if done is not None:
+            await asyncio.shield(done)
+
     def refuse(self, refusal: Refusal) -> None:
+        """A refusal's line, kept apart from the captures: the newest ``MAX_REFUSALS`` of them,
+        and counted by status and key."""
         self.refused += 1
-        if self._hold(refusal.id, refusal.owner, refusal.size):
-            self.refusals[refusal.id] = refusal
-            self._trim(refusal.owner)
+        if len(self.refused_by) < MAX_REFUSALS or (refusal.status, refusal.key) in self.refused_by:
+            self.refused_by[(refusal.status, refusal.key)] += 1
+        self.refusals[refusal.id] = refusal
+        while len(self.refusals) > MAX_REFUSALS:
+            self.refusals.popitem(last=False)
 
     def _hold(self, entry_id: str, owner: str | None, size: int, first: bool = False) -> bool:
         """Count an entry in, as its owner's newest (``first``: oldest); False where it alone is
@@ -243,8 +332,7 @@ class CaptureStore:
         oldest of the owner that holds the most (on a tie, ``newcomer``'s: the owner of the entry
         just added, so that it does not push out another's as large)."""
         while self.bytes > self.config.max_bytes and self._owned:
-            owner = None if None in self._owned else \
-                max(self._owned, key=lambda o: (self._owned_bytes[o], o == newcomer))
+            owner = None if None in self._owned else shares.giver(self._owned_bytes, newcomer)
             owned = self._owned[owner]
             entry_id, size = owned.popitem(last=False)
             if not owned:
@@ -252,25 +340,26 @@ class CaptureStore:
             else:
                 self._owned_bytes[owner] -= size
             self.bytes -= size
-            if self.records.pop(entry_id, None) is not None:
-                if self.folder is not None:
-                    self.pending.append((entry_id, None))
-            else:
-                self.refusals.pop(entry_id, None)
+            if self.records.pop(entry_id, None) is not None and self.folder is not None:
+                self.pending.append((entry_id, None))
 
     def replayed(self, record: Record, of: Record) -> None:
         """``record`` is the replay of ``of``: said in it, and in its kept file."""
         record.replay_of = of.id
+        if self._reweigh(record) and self.folder is not None:
+            self.pending.append((record.id, record))
+
+    def _reweigh(self, record: Record) -> bool:
+        """``record`` counted again as it now is (False where the store no longer holds it)."""
         owned = self._owned.get(record.owner)
         if owned is None or record.id not in owned:
-            return
-        size = record.size  # it holds one more id
+            return False
+        size = record.size
         self.bytes += size - owned[record.id]
         self._owned_bytes[record.owner] += size - owned[record.id]
         owned[record.id] = size
-        if self.folder is not None:
-            self.pending.append((record.id, record))
         self._trim(record.owner)
+        return record.id in self.records  # it alone may have gone, grown past the bound
 
     def get(self, capture_id: str) -> Record | None:
         return self.records.get(capture_id)

@@ -48,14 +48,16 @@ def is_secret(name: str) -> bool:
 def headers(given: Mapping[str, str], max_count: int, max_length: int, *, max_total: int | None = None,
             secrets: Secrets | None = None) -> dict[str, str]:
     """The first ``max_count`` headers, each name and value at most ``max_length`` characters,
-    with every credential's value ``[redacted]`` and ``secrets`` cut out of the others; the
-    names and values together at most ``max_total`` characters (the rest left out)."""
+    with every credential's value ``[redacted]`` and ``secrets`` cut out of the others and out of
+    every name; the names and values together at most ``max_total`` characters (the rest left
+    out)."""
     out: dict[str, str] = {}
     total = 0
     for name, value in given.items():
         if len(out) >= max_count:
             break
-        name = name[:max_length]
+        # a name is the caller's too: a key sent as a header's name is cut like one in a value
+        name = secrets.cut_text(name[:max_length + secrets.longest])[:max_length] if secrets else name[:max_length]
         if is_secret(name):
             kept = REDACTED
         elif secrets:  # a secret across the cut is cut whole
@@ -86,7 +88,8 @@ def cut_secrets(data: bytes | None, secrets: tuple[bytes, ...]) -> bytes | None:
 
 
 def variants(secret: bytes) -> set[bytes]:
-    """A secret as it may appear in a body: as itself, and inside a JSON string (escaped)."""
+    """A secret as itself and as ``json.dumps`` writes it inside a string: the forms a write of
+    a stream may end in the middle of (``Secrets.held``)."""
     out = {secret}
     try:
         text = secret.decode("utf-8")
@@ -98,16 +101,22 @@ def variants(secret: bytes) -> set[bytes]:
 
 
 class Secrets:
-    """Secrets to cut out of bytes and text, found together in one pass: every ``variants`` of
-    each of at least ``MIN_SECRET`` bytes, each replaced by ``[redacted]``. Made by ``of``
-    (cached: a key's requests share one)."""
+    """Secrets to cut out of bytes and text, found together in one pass: each of at least
+    ``MIN_SECRET`` bytes, as itself and as any JSON string may spell it (each character as
+    itself or escaped: ``\\u0073``, ``\\"``, ``\\/``..., so no escaping hides one:
+    ``_spelled``), replaced by ``[redacted]``. Made by ``of`` (cached: a key's requests share
+    one)."""
 
     def __init__(self, secrets: tuple[bytes, ...]):
-        found = sorted({v for s in secrets if len(s) >= MIN_SECRET for v in variants(s)}, key=len, reverse=True)
-        self.pattern = re.compile(b"|".join(re.escape(v) for v in found)) if found else None
-        self.text_pattern = re.compile("|".join(re.escape(v.decode("utf-8", errors="replace")) for v in found)) \
-            if found else None
-        self.longest = len(found[0]) if found else 0
+        texts = sorted({_text(s) for s in secrets if len(s) >= MIN_SECRET}, key=len, reverse=True)
+        self.texts = tuple(texts)
+        self.pattern = re.compile(b"|".join(_spelled(t, bytes_=True) for t in texts)) if texts else None
+        self.text_pattern = re.compile("|".join(_spelled(t, bytes_=False) for t in texts)) if texts else None
+        # the most bytes one can take, each character escaped: what a cut reads past a bound
+        self.longest = max((sum(_escaped_length(c) for c in t) for t in texts), default=0)
+        found = sorted({v for t in texts for v in variants(t.encode("utf-8", errors="surrogateescape"))},
+                       key=len, reverse=True)
+        self._start_longest = len(found[0]) if found else 0
         # every proper beginning of each: what a write may end with and the next one complete
         self._starts = frozenset(v[:k] for v in found for k in range(1, len(v)))
         self._ends = frozenset(b for v in found for b in v[:-1])  # the last byte such a beginning can have
@@ -126,11 +135,36 @@ class Secrets:
     def cut_text(self, text: str) -> str:
         return self.text_pattern.sub(REDACTED, text) if self.text_pattern is not None else text
 
+    def found_in(self, text: str) -> bool:
+        return self.text_pattern is not None and self.text_pattern.search(text) is not None
+
+    def may_spell(self, data: bytes) -> bool:
+        """Whether the strings of ``data`` (JSON, a stream's frames), read and joined, could
+        spell a secret: False only where that cannot be (``data`` has no ``\\u`` escape, and
+        every secret is plain ASCII that JSON writes as itself whose characters are not all in
+        ``data``, in order).
+        Linear, in C: a stream's check needs a read-back (``wire/readback``) only where True."""
+        if self.pattern is None:
+            return False
+        if b"\\u" in data:
+            return True
+        for text in self.texts:
+            if not all(c in _PLAIN for c in text):
+                return True
+            at = -1
+            for c in text.encode("ascii"):
+                at = data.find(c, at + 1)
+                if at < 0:
+                    break
+            else:
+                return True
+        return False
+
     def held(self, data: bytes) -> int:
         """The length of the longest ending of ``data`` that begins a secret (0: none)."""
         if not data or data[-1] not in self._ends:  # a write that ends a line, as most do
             return 0
-        for k in range(min(self.longest - 1, len(data)), 0, -1):
+        for k in range(min(self._start_longest - 1, len(data)), 0, -1):
             if data[-k:] in self._starts:
                 return k
         return 0
@@ -147,6 +181,38 @@ class Secrets:
             if n >= MIN_SECRET:
                 out = out[:len(out) - n] + _REDACTED
         return out[:limit]
+
+
+# printable ASCII that a JSON string writes as itself (others may come escaped in a stream)
+_PLAIN = frozenset(chr(c) for c in range(0x20, 0x7F)) - {'"', "\\", "/"}
+_SHORT = {'"': '\\"', "\\": "\\\\", "/": "\\/", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r",
+          "\t": "\\t"}
+
+
+def _text(secret: bytes) -> str:
+    return secret.decode("utf-8", errors="surrogateescape")
+
+
+def _escaped_length(char: str) -> int:
+    return max(len(char.encode("utf-8", errors="surrogateescape")), 6 if ord(char) < 0x10000 else 12)
+
+
+def _spelled(text: str, *, bytes_: bool) -> Any:
+    """A pattern for ``text`` as a JSON string may spell it: each character as itself, as
+    ``\\uXXXX`` (any case; a surrogate pair past the BMP) or as its short escape."""
+    parts = []
+    for char in text:
+        code = ord(char)
+        units = [code] if code < 0x10000 else \
+            [0xD800 + ((code - 0x10000) >> 10), 0xDC00 + ((code - 0x10000) & 0x3FF)]
+        escaped = "".join("\\\\u" + "".join(f"[{d}{d.upper()}]" if d.isalpha() else d for d in f"{u:04x}")
+                          for u in units)
+        alternatives = [re.escape(char), escaped]
+        if char in _SHORT:
+            alternatives.append(re.escape(_SHORT[char]))
+        parts.append("(?:" + "|".join(alternatives) + ")")
+    pattern = "".join(parts)
+    return pattern.encode("utf-8", errors="surrogateescape") if bytes_ else pattern
 
 
 class StreamCut:
@@ -167,6 +233,27 @@ class StreamCut:
     def flush(self) -> bytes:
         rest, self.held = self.held, b""
         return _REDACTED if len(rest) >= MIN_SECRET else rest
+
+
+def cut_strings(value: Any, secrets: Secrets) -> Any:
+    """A JSON-like value (an answer read back) with ``secrets`` cut out of every string in it,
+    keys too; and where its ``thinking`` and ``content`` spell one only joined, the two cut at
+    it. Pure, recursive."""
+    if isinstance(value, str):
+        return secrets.cut_text(value)
+    if isinstance(value, list):
+        return [cut_strings(v, secrets) for v in value]
+    if not isinstance(value, dict):
+        return value
+    out = {secrets.cut_text(k) if isinstance(k, str) else k: cut_strings(v, secrets) for k, v in value.items()}
+    thinking, text = out.get("thinking"), out.get("content")
+    if isinstance(thinking, str) and isinstance(text, str) and secrets.text_pattern is not None:
+        # each is cut alone: what is left can only be one across the two
+        found = secrets.text_pattern.search(thinking + text)
+        if found is not None:
+            out["thinking"] = thinking[:found.start()] + REDACTED
+            out["content"] = text[max(0, found.end() - len(thinking)):]
+    return out
 
 
 def content(data: bytes | None, *, sse: bool) -> bytes | None:

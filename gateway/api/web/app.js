@@ -2174,6 +2174,8 @@
     if (d.path && d.path !== d.route) flags.push(el("span", "badge", d.path));
     if (d.truncated) flags.push(el("span", "badge state-loading", "cut at the capture's bound"));
     if (d.redacted) flags.push(el("span", "badge state-loading", "text not kept"));
+    // its text spelled a key in pieces: the stream's writes were not kept, only the answer with the key cut
+    if (d.withheld) flags.push(el("span", "badge state-loading", "stream withheld: it spelled a key"));
     if (d.replay_of) {
       const back = el("button", "small-btn", `Replay of ${d.replay_of}`);
       back.type = "button";
