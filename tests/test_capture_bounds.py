@@ -18,6 +18,7 @@ gives it (issue 64: HIGH 3, 4 and 5), against the real app on scripted models.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import io
 import itertools
@@ -296,6 +297,16 @@ def spells_no_key(text: str) -> bool:
     return USER not in text and not any(piece in text for piece in SPELLED)
 
 
+async def listed(client, n: int) -> list[dict]:
+    """``GET /captures``' rows once it lists ``n`` (each request is kept as its handler ends,
+    which may come a moment after its client read the answer's last byte)."""
+    deadline = time.monotonic() + 120
+    while len(rows := (await (await client.get("/captures", headers=bearer(ADMIN))).json())["data"]) < n:
+        assert time.monotonic() < deadline, rows
+        await asyncio.sleep(0.02)
+    return rows
+
+
 @pytest.mark.parametrize("route, body", SPELLING_ROUTES, ids=[r for r, _ in SPELLING_ROUTES])
 async def test_a_key_the_model_spells_in_pieces_is_in_no_capture_nor_its_file(aiohttp_client, write_config, models,
                                                                              tmp_path, route, body):
@@ -316,7 +327,7 @@ async def test_a_key_the_model_spells_in_pieces_is_in_no_capture_nor_its_file(ai
     plain = await client.post(route, json={**ask, "model": "chat"}, headers=bearer(ADMIN))
     assert plain.status == 200
     await plain.read()
-    rows = (await (await client.get("/captures", headers=bearer(ADMIN))).json())["data"]
+    rows = await listed(client, 2)
     assert [(row["model"], row["withheld"]) for row in rows] == [("chat", False), ("keyecho", True)]
     control = await (await client.get(f"/captures/{rows[0]['id']}", headers=bearer(ADMIN))).json()
     assert control["response"]["events"] and not control["response"]["withheld"]

@@ -74,6 +74,8 @@ async def list_captures(request: web.Request) -> web.Response:
     records = store.query(models=query_values(request, "model") or (), keys=query_values(request, "key") or (),
                           statuses=query_values(request, "status") or (), routes=query_values(request, "route") or (),
                           since=since, until=until, limit=limit)
+    for record in records:  # each as it will stay: a stream still being checked for secrets, once checked
+        await store.checked(record)
     config = store.config
     lines = [r.line() for r in itertools.islice(reversed(store.refusals.values()), limit)]
     by = [{"status": status, "key": key, "count": n} for (status, key), n in store.refused_by.most_common()]
