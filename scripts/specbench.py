@@ -9,7 +9,11 @@ tokens):
 - chat: an ordinary question whose answer the prompt does not hold;
 - 4 streams: four ordinary questions streamed at once (every contender has four slots), their
   tokens per second together: every token after each stream's first, over the time from the
-  first stream's first token to the last stream's last.
+  first stream's first token to the last stream's last;
+- 4 answers: the same four questions at once, each answered to its full ``--tokens`` (``ignore_eos``):
+  four different prompts, nothing to copy from them, every step a batch of four from start to end
+  (where speculation must never cost the aggregate); greedy, or sampled with bench.py's
+  ``--sampled`` (a seed per stream), where a tiny model's greedy answers repeat themselves.
 Contenders: the gateway with ``spec_type: none``, with ``spec_type: ngram`` (``--spec-n``,
 ``--spec-m``) and at its own defaults (no ``spec_type`` given), llama-server at its defaults
 and with ``--spec-type ngram-simple`` and the same sizes (``--spec-contenders``: fewer). Each
@@ -67,6 +71,7 @@ WORKLOADS = {
                "`plus` everywhere and nothing else changed:\n```python\n",
     "chat": "Question: Why is the sky blue at noon and red at sunset? Explain it to a child.\nAnswer:\n",
     "4 streams": None,  # STREAMS, at once
+    "4 answers": None,  # STREAMS, at once, each to its full length
 }
 STREAMS = ["Question: Why is the sky blue at noon and red at sunset? Explain it to a child.\nAnswer:\n",
            "Question: How does a bicycle stay upright while it moves? Explain it simply.\nAnswer:\n",
@@ -103,9 +108,9 @@ def llama_server(binary: str, model: Path, args, spec: str) -> Server:
                   "/health", "spec")
 
 
-def once(srv: Server, prompt: str | None, tokens: int) -> dict:
+def once(srv: Server, prompt: str | None, tokens: int, workload: str = "", sampled: bool = False) -> dict:
     if prompt is None:
-        return together(srv, STREAMS, tokens)
+        return together(srv, STREAMS, tokens, full=workload == "4 answers", sampled=sampled)
     got = srv.stream({"prompt": prompt, "max_tokens": tokens, "temperature": 0,
                       "stream_options": {"include_usage": True}})
     n = got.usage.get("completion_tokens") or len(got.stamps)
@@ -116,12 +121,17 @@ def once(srv: Server, prompt: str | None, tokens: int) -> dict:
             "accepted": told.get("accepted", got.timings.get("draft_n_accepted"))}
 
 
-def together(srv: Server, prompts: list[str], tokens: int) -> dict:
-    """``prompts`` streamed at once: their decode tokens per second together."""
+def together(srv: Server, prompts: list[str], tokens: int, full: bool = False, sampled: bool = False) -> dict:
+    """``prompts`` streamed at once (``full``: each to ``tokens``, past its end of text; ``sampled``:
+    bench.py's sampling, a seed per stream): their decode tokens per second together."""
+
+    def sampling(i: int) -> dict:
+        return {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "seed": 1000 + i} if sampled else {"temperature": 0}
+
     got: list = [None] * len(prompts)
 
     def run(i: int) -> None:
-        got[i] = srv.stream({"prompt": prompts[i], "max_tokens": tokens, "temperature": 0,
+        got[i] = srv.stream({"prompt": prompts[i], "max_tokens": tokens, "ignore_eos": full, **sampling(i),
                              "stream_options": {"include_usage": True}})
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
@@ -147,6 +157,7 @@ def measure(model: Path, args, tmp: Path, binary: str | None, wanted: set[str]) 
     """{contender: {workload: [per-round figures]}}."""
     kinds = ["none", "ngram"] + (["draft"] if args.spec_draft else [])
     only = getattr(args, "spec_contenders", None)  # bench.py's --spec-contenders
+    workloads = getattr(args, "spec_workloads", None) or set(WORKLOADS)  # bench.py's --spec-workloads
 
     def chosen(short: str) -> bool:
         return not only or short in only
@@ -168,10 +179,12 @@ def measure(model: Path, args, tmp: Path, binary: str | None, wanted: set[str]) 
             servers = [stack.enter_context(make()) for make in makers[k:] + makers[:k]]
             for srv in servers:
                 once(srv, "warm up: the city by the river", 4)
-                out.setdefault(srv.name, {w: [] for w in WORKLOADS})
+                out.setdefault(srv.name, {w: [] for w in WORKLOADS if w in workloads})
             for name, prompt in WORKLOADS.items():  # a workload on every contender in turn: a slow spell of a
+                if name not in workloads:
+                    continue
                 for srv in servers:  # shared machine lands on neighbours, not on one's round
-                    out[srv.name][name].append(once(srv, prompt, args.tokens))
+                    out[srv.name][name].append(once(srv, prompt, args.tokens, name, getattr(args, "sampled", False)))
     return out  # (the first round starts them in their given order, so the report's is that)
 
 
@@ -185,7 +198,8 @@ def _ratio(results: dict, a: str, b: str, workload: str) -> str:
 def report(results: dict, model: Path, args) -> str:
     med = statistics.median
     lines = [f"speculation (n-gram prompt lookup, n={args.spec_n}, m={args.spec_m}) on {model.name}, "
-             f"{args.threads} threads, {args.tokens} tokens, {args.rounds} rounds, greedy",
+             f"{args.threads} threads, {args.tokens} tokens, {args.rounds} rounds, greedy"
+             + (" (the 4 streams and 4 answers sampled, a seed per stream)" if getattr(args, "sampled", False) else ""),
              "| contender | workload | decode tok/s | vs the same without | vs llama-server (same setting) "
              "| vs llama-server's defaults | kept |",
              "|---|---|---|---|---|---|---|"]
@@ -201,8 +215,8 @@ def report(results: dict, model: Path, args) -> str:
                          f"{_ratio(results, name, rival[name], workload) if name in rival else ''} | "
                          f"{_ratio(results, name, LLAMA, workload) if name.startswith(GATEWAY) else ''} | {kept} |")
     for spec in (GATEWAY_SPEC, GATEWAY_DRAFT, GATEWAY_DEFAULT):
-        same = [a["text"] == b["text"] for w in WORKLOADS for a, b in zip(results.get(GATEWAY, {}).get(w, []),
-                                                                            results.get(spec, {}).get(w, []))]
+        plain_runs, spec_runs = results.get(GATEWAY, {}), results.get(spec, {})
+        same = [a["text"] == b["text"] for w in plain_runs for a, b in zip(plain_runs[w], spec_runs.get(w, []))]
         if same:
             lines.append(f"greedy answers of the {spec} against the gateway without: {sum(same)} of {len(same)} "
                          "the same")

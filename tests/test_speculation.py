@@ -7,7 +7,7 @@ and on a model that repeats itself most drafts are kept."""
 import pytest
 from helpers import InProcessEngine, tiny_random_model
 
-from gateway.engine.speculation import CREDIT, MAX_WAIT, Lookup, Pace, accepted, depth, draft_length, paced
+from gateway.engine.speculation import CREDIT, MAX_WAIT, Lookup, Pace, Watch, accepted, depth, draft_length, paced, paid
 from gateway.models import testmodels as tm
 from gateway.models.ggufwriter import _MARGIN
 
@@ -145,6 +145,59 @@ def test_a_copying_sequence_grows_its_drafts_and_a_missing_one_stops_proposing()
     assert [d for d, _ in batched if d][0] == 12 and all(k == d for d, k in batched)
 
 
+def test_beside_other_rows_a_missing_sequence_adds_no_row_and_a_copy_earns_its_drafts():
+    """The decoder's rule for a step with other sequences' rows (``Generation.drafts``): a
+    proposal is drafted only as far as the credit pays, else watched and settled into the pace
+    as the tokens come. A copy earns credit unread and then drafts whole; an answer that copies
+    stretches from elsewhere (every proposal misses) adds no row, where alone it tries."""
+    text = list(range(100, 160))
+
+    def drive(answer):
+        look, pace, rows, watch = Lookup(text, n=3, m=16), Pace(), [], None
+        at = 0
+        while at < len(answer):
+            proposal = look.propose(len(answer) - at, pace, alone=False) if not pace.wait and watch is None else []
+            if pace.wait and watch is None:
+                pace = paced(pace, 0, 0, 16)
+            k = paid(len(proposal), pace, alone=False)
+            if proposal and not k:
+                watch = Watch(proposal)
+            draft, kept = proposal[:k], 0
+            while kept < len(draft) and answer[at + kept] == draft[kept]:
+                kept += 1
+            for tok in answer[at:at + kept + 1]:
+                look.extend((tok,))
+                if watch is not None and (settled := watch.see(tok)) is not None:
+                    watch, pace = None, paced(pace, *settled, 16)
+            if draft:
+                pace = paced(pace, len(draft), kept, 16)
+            rows.append((len(draft), kept))
+            at += kept + 1
+        return rows
+
+    copy = drive(text + text)
+    assert copy[0] == (0, 0) and sum(d for d, _ in copy) > len(text) and all(k == d for d, k in copy)
+    jumbled = [t for i in range(0, 60, 6) for t in text[(i * 7) % 54:(i * 7) % 54 + 6]]
+    assert all(d == 0 for d, _ in drive(jumbled))
+    look, pace = Lookup(text, n=3, m=16), Pace()  # alone, the same answer's first proposal is read
+    assert look.propose(16, pace, alone=True) == [] and Lookup(text + jumbled[:6], 3, 16).propose(16, pace)
+
+
+def test_beside_other_rows_a_sequence_drafts_only_what_its_credit_pays_for():
+    assert paid(12, Pace(), alone=True) == 12  # alone: the step's rows are its own
+    assert [paid(12, Pace(credit=c), alone=False) for c in (-5, 0, 1, 7, 12, 30)] == [0, 0, 1, 7, 12, 12]
+
+
+def test_a_watched_proposal_settles_at_its_first_miss_or_once_taken_whole():
+    watch = Watch([5, 6, 7])
+    assert [watch.see(t) for t in (5, 6)] == [None, None] and watch.see(7) == (3, 3)
+    assert Watch([5, 6, 7]).see(9) == (3, 0)
+    half = Watch([5, 6, 7, 8])
+    assert half.see(5) is None and half.see(6) is None and half.see(0) == (4, 2)
+    # settled as a read proposal would be: a whole keep earns credit, a miss loses it
+    assert paced(Pace(), *Watch([1, 2]).see(3) or (0, 0), 16).credit == -2
+
+
 # --- the decoder on real llama.cpp ---------------------------------------------------------------
 
 EDIT = ("def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\n"
@@ -250,6 +303,37 @@ def test_scripted_models_answer_the_same_with_either_kind_alone_and_batched(tmp_
         assert got == want and (done.accepted > 0) == kept
         two = InProcessEngine(model, parallel=2, **load).together(["\n", "\n"], max_tokens=40)
         assert [text for text, _ in two] == [want, want] and all((d.accepted > 0) == kept for _, d in two)
+
+
+def _drafted_rows(spec: InProcessEngine) -> list[list[tuple[int, int]]]:
+    """Each decode step of generating sequences, as (its draft rows, its credit before the step)
+    per sequence: recorded where the decoder hands the step to llama.cpp."""
+    steps: list[list[tuple[int, int]]] = []
+    decode = spec.decoder._decode
+
+    def recording(chunks):
+        if all(seq.pending is not None for seq, _, _ in chunks):
+            steps.append([(len(part) - 1, seq.pace.credit) for seq, part, _ in chunks])
+        return decode(chunks)
+
+    spec.decoder._decode = recording
+    return steps
+
+
+@pytest.mark.parametrize("kind", ["ngram", "draft"])
+def test_batched_sequences_draft_only_what_they_proved_and_a_copy_earns_it_unread(tmp_path, kind):
+    """Beside another sequence's rows, a sequence never adds more draft rows than its credit, and
+    one that copies earns credit from its watched proposals (no row read), then drafts and keeps."""
+    loop = tm.endless(tmp_path / "loop.gguf").path
+    load = {"draft": loop, "draft_max": 4} if kind == "draft" else \
+        {"spec_type": "ngram", "spec_ngram_size_n": 2, "spec_ngram_size_m": 8}
+    spec = InProcessEngine(loop, parallel=2, **load)
+    steps = _drafted_rows(spec)
+    two = spec.together(["\n", "\n"], max_tokens=40)
+    batched = [row for step in steps if len(step) > 1 for row in step]
+    assert batched and all(rows <= max(0, credit) for rows, credit in batched)
+    assert batched[0][0] == 0 and sum(rows for rows, _ in batched) > 8  # watched first, then drafted
+    assert all(d.accepted == d.drafted > 0 for _, d in two)
 
 
 # --- a draft model -------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from .refusals import decode_failed
 from .sampling import Sampling
 from .slotmemory import SlotMemory
 from .slots import Sequence, common_prefix
-from .speculation import Lookup, accepted, paced
+from .speculation import Lookup, Watch, accepted, paced, paid
 
 
 class Generation:
@@ -62,6 +62,9 @@ class Generation:
         seq.n_gen += 1
         if seq.lookup is not None:
             seq.lookup.extend((tok,))
+        if seq.watch is not None and (settled := seq.watch.see(tok)) is not None:
+            seq.watch = None  # what it would have kept, drafted, counts as if it had been
+            seq.pace = paced(seq.pace, *settled, self.cap)
         if seq.top_n is not None:
             seq.probs.append(self.sampling.logprobs(tok, seq.top_n, seq.logit_row))
         piece = self._piece(tok)
@@ -85,22 +88,34 @@ class Generation:
     def drafts(self, wants: list[tuple[Sequence, int]]) -> dict[int, list[int]]:
         """By slot, the tokens proposed to follow each generating sequence's pending one, at most
         its ``room``: the draft model's (``drafting``), else prompt lookup's; none while a thinking
-        budget's closing marker is being written or its pace says wait, never a picture's stand-in."""
+        budget's closing marker is being written, its pace says wait or its last proposal is still
+        watched, never a picture's stand-in. Beside other sequences' rows, a sequence drafts what
+        its credit pays for, and a proposal it cannot pay for at all is watched instead
+        (``speculation.paid``)."""
         ready = []
         alone = len(wants) <= 1  # no other generating sequence's rows in the step (``speculation.draft_length``)
         for seq, room in wants:
-            if seq.forced or seq.pending is None:
+            if seq.forced or seq.pending is None or seq.watch is not None:
                 continue
             if seq.pace.wait:  # its proposals kept missing: it waits (``speculation.paced``)
                 seq.pace = paced(seq.pace, 0, 0, self.cap)
             else:
                 ready.append((seq, min(room, seq.pace.cap)))
-        wants = ready
         if self.drafter is not None:
-            return self.drafter.propose([(seq.slot.id, seq.slot.cached, tok, room)
-                                         for seq, room in wants if not seq.runs and (tok := seq.pending) is not None])
-        return {seq.slot.id: list(takewhile(lambda t: t >= 0, seq.lookup.propose(room, seq.pace, alone)))
-                for seq, room in wants if seq.lookup is not None}
+            proposed = self.drafter.propose([(seq.slot.id, seq.slot.cached, tok, room) for seq, room in ready
+                                             if not seq.runs and (tok := seq.pending) is not None])
+        else:
+            proposed = {seq.slot.id: list(takewhile(lambda t: t >= 0, seq.lookup.propose(room, seq.pace, alone)))
+                        for seq, room in ready if seq.lookup is not None}
+        out = {}
+        for seq, _ in ready:
+            proposal = proposed.get(seq.slot.id)
+            if proposal:
+                k = paid(len(proposal), seq.pace, alone)
+                if not k:
+                    seq.watch = Watch(proposal)
+                out[seq.slot.id] = proposal[:k]
+        return out
 
     def _verify(self, seq: Sequence, part: list[int]) -> None:
         """Read the logits of the pending token and its drafts (``part``, just decoded) in order

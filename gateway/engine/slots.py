@@ -20,7 +20,7 @@ from ..text.textstream import StopMatcher, Utf8Stream
 from . import ipc
 from .checkpoints import Checkpoint
 from .outbox import Outbox
-from .speculation import Pace
+from .speculation import Pace, Watch
 
 _STRIDE = 256
 
@@ -226,6 +226,7 @@ class Sequence:
         self.lookup: Any = None  # its tokens' n-grams, where it speculates (``speculation.Lookup``)
         self.drafted = self.kept_drafts = 0  # tokens proposed, and those the model agreed with
         self.pace = Pace()  # how much it proposes, where it speculates
+        self.watch: Watch | None = None  # a proposal it did not draft, being checked (``speculation.paid``)
         self.parked_shift = 0  # how far the parked chunks' cells have moved so far
         self.marks: list[int] = []  # where its prompt's reading stops for a checkpoint (``checkpoints.marks``)
         self.chain = chain  # the native sampler chain (``Sampling.chain``); None: greedy

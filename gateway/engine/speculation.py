@@ -14,6 +14,14 @@ same way). Greedy answers are token for token those of plain decoding wherever a
 logits do not depend on the batch it is read in; llama.cpp's CPU kernels round a row read
 among several otherwise than one read alone, so on a real model an answer can part from the
 plain one where its two likeliest tokens are all but tied (``tests/test_speculation_real``).
+
+A step that decodes several sequences pays for every drafted row in every sequence's time, so
+there a sequence drafts only what it has proven it can pay for (``paid``): at most its credit,
+what its proposals kept on balance. A sequence with none yet does not draft: what it would
+have proposed is watched instead (``Watch``), checked against the tokens the model then
+chooses, and settled into its credit as if it had been read, so a sequence that copies earns
+the right to draft beside others at no row's cost, and one whose proposals miss never costs
+the others a row.
 """
 
 from __future__ import annotations
@@ -55,6 +63,32 @@ class Lookup:
         most = min(self.m, limit)
         agree = depth(seq, start, max(most, evidence(n, pace.credit, alone)))
         return seq[start:start + draft_length(agree, n, pace, most, alone, self.m)]
+
+
+def paid(length: int, pace: Pace, alone: bool) -> int:
+    """How many of a proposal of ``length`` tokens a sequence of ``pace`` drafts: all of them
+    alone in the step; beside other sequences' rows, only as many as its credit pays for (every
+    row it adds slows every sequence in the step, so it risks only what its proposals won)."""
+    return length if alone else min(length, max(0, pace.credit))
+
+
+class Watch:
+    """A proposal not read (``paid`` allowed none of it), checked against the tokens the
+    sequence then takes: ``see`` each one in order, until it settles."""
+
+    __slots__ = ("proposal", "seen")
+
+    def __init__(self, proposal: Sequence[int]):
+        self.proposal, self.seen = list(proposal), 0
+
+    def see(self, tok: int) -> tuple[int, int] | None:
+        """The next token taken; once the proposal is settled (a token it did not propose, or
+        all of it taken), (its length, how many of it the model would have kept), else None."""
+        if tok == self.proposal[self.seen]:
+            self.seen += 1
+            if self.seen < len(self.proposal):
+                return None
+        return len(self.proposal), self.seen
 
 
 def depth(seq: list[int], start: int, most: int) -> int:
