@@ -16,7 +16,7 @@ from typing import Any
 
 from . import __version__
 from .models.adapternames import qualified
-from .models.config import Config, ConfigError, find_config_path, load_config
+from .models.config import EVENT_LOOPS, Config, ConfigError, find_config_path, load_config
 from .models.discovery import INFO_CACHE
 from .models.ggufmeta import ModelFileError
 
@@ -42,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--log-format", default="plain", choices=["plain", "json"],
                        help="plain lines (fit for journald) or one JSON object per line")
+    serve.add_argument("--event-loop", choices=EVENT_LOOPS,
+                       help="the HTTP server's event loop (default: server.event_loop, auto: uvloop where installed)")
 
     check = sub.add_parser("check-config", help="validate models.yaml and the model files it names")
     _add_config_arg(check)
@@ -159,6 +161,10 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     if config is None:
         return 1
     problems = list(config.warnings)  # missing model files
+    try:
+        event_loop(config.server.event_loop)
+    except ConfigError as e:
+        problems += [f"{config.path}: {line}" for line in e.problems]
     for spec in config.models:
         for member in spec.members:
             if member.path is None or not member.path.is_file():
@@ -305,9 +311,36 @@ def cmd_serve(args: argparse.Namespace) -> int:
         server = dataclasses.replace(server, max_connections=allowed)
     config = dataclasses.replace(config, server=server)
     try:
+        loop = event_loop(args.event_loop or config.server.event_loop)
+    except ConfigError as e:
+        for line in e.problems:
+            log.error("%s", line)
+        return 2
+    try:
+        if loop == "uvloop":
+            import uvloop
+
+            return uvloop.run(_serve(config, host, port))
         return asyncio.run(_serve(config, host, port))
     except KeyboardInterrupt:  # a second Ctrl-C while shutting down
         return 0
+
+
+def event_loop(choice: str) -> str:
+    """The event loop ``serve`` runs on, ``uvloop`` or ``asyncio``, for ``server.event_loop`` (or
+    ``--event-loop``): ``auto`` is uvloop where it can be imported. uvloop asked for by name
+    where it cannot be is a ``ConfigError`` saying how to get it."""
+    if choice == "asyncio":
+        return "asyncio"
+    try:
+        import uvloop  # noqa: F401
+    except ImportError as e:
+        if choice == "uvloop":
+            raise ConfigError([f"server.event_loop: uvloop cannot be imported ({e}): install it with "
+                               "pip install 'gguf-gateway[fast]' (or pip install uvloop), or set "
+                               "event_loop: auto or asyncio"]) from None
+        return "asyncio"
+    return "uvloop"
 
 
 async def _serve(config: Config, host: str, port: int) -> int:
@@ -348,8 +381,10 @@ async def _serve(config: Config, host: str, port: int) -> int:
         except (NotImplementedError, RuntimeError):  # not on this platform
             pass
     names = ", ".join(s.name for s in registry.specs()) or "none"
-    log.info("gguf-gateway %s listening on http://%s:%s%s (models: %s)", __version__, host, port,
-             f" and :{config.server.ollama_port} (Ollama's port)" if config.server.ollama_port else "", names)
+    running = "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"
+    log.info("gguf-gateway %s listening on http://%s:%s%s (models: %s; event loop: %s)", __version__, host, port,
+             f" and :{config.server.ollama_port} (Ollama's port)" if config.server.ollama_port else "", names,
+             running)
     notifier.notify("READY=1")
     watchdog = asyncio.ensure_future(notifier.watchdog())
     await stop.wait()

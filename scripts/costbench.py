@@ -6,6 +6,10 @@ as it is, one with probes (`costtrace.py`: timestamps at the seams of a request'
 gateway process and its worker, wrapped around functions from outside, so the plain one runs
 no probe code at all); and llama-server on the same model where it is given or on PATH.
 
+Where uvloop is installed, a third gateway runs on the event loop the default does not take
+(`serve --event-loop`: asyncio's own where the default is uvloop, else uvloop), so that what
+the loop costs is measured in the same rounds: its p50 over the plain gateway's.
+
 Each is sent 1-token `/v1/completions` (`max_tokens: 1`, greedy, prompt "Hi") one at a time over
 a kept-alive connection: WARMUP to warm up, then rounds of N per server, the order rotating each
 round, each round on a new connection (ROUND_WARMUP requests on it first). Per round and
@@ -32,6 +36,9 @@ from pathlib import Path
 import costtrace
 from benchlib import Server, interleaved, tiny_model
 
+from gateway.cli import event_loop
+from gateway.models.config import ConfigError, ServerConfig
+
 WARMUP = 30
 ROUND_WARMUP = 5  # on each round's new connection
 BODY = {"prompt": "Hi", "max_tokens": 1, "temperature": 0}
@@ -55,8 +62,9 @@ PATH: list[tuple[str, str]] = [
     ("body<", "parse: body -> GenerationRequest"),
     ("parse<", "lease: limits, registry, defaults, formats"),
     ("lease=", "generate: renderer, generation, command encoded"),
-    ("encode<", "pipe -> worker: written, its reader thread wakes, reads"),
-    ("w.read<", "worker: the command to the main loop"),
+    ("encode<", "pipe -> worker: written, the worker's loop wakes"),
+    ("w.read>", "worker: the command read and decoded"),
+    ("w.read<", "worker: the command taken (queued)"),
     ("w.prepare>", "worker: prompt read (tokenize)"),
     ("w.prepare<", "worker: admission (slot, sampler)"),
     ("w.admit<", "worker: start event, to the step"),
@@ -101,6 +109,23 @@ def with_probes(srv: Server, probes: Path) -> Server:
     env["PYTHONPATH"] = os.pathsep.join([str(site), here, *filter(None, [env.get("PYTHONPATH")])])
     env[costtrace.ENV] = str(probes)
     srv.env = env
+    return srv
+
+
+def other_loop() -> str | None:
+    """The event loop the default gateway does not run on, where both can run (uvloop installed)."""
+    default = event_loop(ServerConfig().event_loop)
+    if default == "uvloop":
+        return "asyncio"
+    try:
+        return event_loop("uvloop")
+    except ConfigError:
+        return None
+
+
+def on_loop(srv: Server, loop: str) -> Server:
+    """``srv``, a gateway, started on event loop ``loop``."""
+    srv.cmd = [*srv.cmd, "--event-loop", loop]
     return srv
 
 
@@ -175,6 +200,9 @@ def measure(rounds: int, n: int, tmp: Path, gateway: Callable[[Path, str], Serve
     """``gateway(model, label)``: bench.py's gateway on that model, named ``label``."""
     probes = tmp / "probes"
     servers = [gateway(tiny_model(), PLAIN), with_probes(gateway(tiny_model(), PROBED), probes)]
+    other = other_loop()
+    if other is not None:
+        servers.append(on_loop(gateway(tiny_model(), f"{PLAIN} ({other})"), other))
     if llama_server is not None:
         servers.append(llama_server(tiny_model()))
     windows: list[tuple[int, int]] = []
@@ -193,10 +221,14 @@ def measure(rounds: int, n: int, tmp: Path, gateway: Callable[[Path, str], Serve
     base = out["servers"][PLAIN]["rounds"]["p50_ms"]
     probed = out["servers"][PROBED]["rounds"]["p50_ms"]
     out["probes_cost"] = spread([a / b for a, b in zip(probed, base)])
+    out["default_loop"] = event_loop(ServerConfig().event_loop)
+    if other is not None:
+        out["other_loop"] = {"loop": other, "p50_ratio": spread(
+            [a / b for a, b in zip(out["servers"][f"{PLAIN} ({other})"]["rounds"]["p50_ms"], base)])}
     if LLAMA in out["servers"]:
         ls = out["servers"][LLAMA]["rounds"]["p50_ms"]
         out["vs_llama_server"] = {name: spread([a / b for a, b in zip(out["servers"][name]["rounds"]["p50_ms"], ls)])
-                                  for name in (PLAIN, PROBED)}
+                                  for name in out["servers"] if name != LLAMA}
     out["breakdown"] = breakdown(costtrace.read(probes), windows)
     return out
 
@@ -213,6 +245,10 @@ def report(res: dict) -> str:
         lines.append(f"| {name:<18} | {s['p50_ms']:7.3f} | {s['p95_ms']:7.3f} | {ratio:>22} |")
     c = res["probes_cost"]
     lines.append(f"the probes' own cost: probed / plain p50 {c['median']:.3f}x [{c['min']:.3f}..{c['max']:.3f}]")
+    lines.append(f"the plain gateway's event loop (the default): {res['default_loop']}")
+    if "other_loop" in res:
+        o, c = res["other_loop"]["loop"], res["other_loop"]["p50_ratio"]
+        lines.append(f"on {o} instead: p50 / plain p50 {c['median']:.3f}x [{c['min']:.3f}..{c['max']:.3f}]")
     b = res["breakdown"]
     lines.append(f"\nwhere the time goes (the probed gateway, {b['requests']} requests; median microseconds "
                  f"per row; the median total {b['total_us']:.0f} us):")

@@ -58,7 +58,7 @@ PROBES: dict[str, list[tuple[str, str, str]]] = {
     "aiohttp.http_writer": [("StreamWriter._write", "http.write", "call"),
                             ("StreamWriter._writelines", "http.write", "call")],
     # the worker's
-    "gateway.engine.pipes": [("read_command_blocking", "w.read", "call")],
+    "gateway.engine.pipes": [("CommandReader.read", "w.read", "call")],  # called when the loop finds the pipe ready
     "gateway.engine.prompts": [("Prompts.prepare", "w.prepare", "call")],
     "gateway.engine.decoding": [("Decoder.admit", "w.admit", "call"), ("Decoder.step", "w.step", "call"),
                                 ("choose", "w.choose", "call")],

@@ -327,11 +327,9 @@ async def test_unknown_fields_are_accepted(client):
 
 # --- disconnects, dead workers, the event loop ---------------------------------------------
 
-# Tokens a worker may make once a cancel is in its pipe: its loop takes commands between two steps
-# (none, on an idle machine), but on a loaded one its reader thread may wait for a CPU and the
-# interpreter's lock while the decoding thread goes on (this model makes a token in well under a
-# millisecond: tens of tokens were seen with a busy loop on each core). A few beside the 8192 the
-# answer would otherwise run to, and beside what the worker made while the gateway noticed.
+# Tokens a worker may make once a cancel is in its pipe: its loop reads the pipe itself between two
+# steps, so those of the step it was in (with speculation, its drafts too). A few beside the 8192
+# the answer would otherwise run to, and beside what the worker made while the gateway noticed.
 FEW = 128
 
 

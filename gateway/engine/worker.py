@@ -5,9 +5,10 @@ the first command, then serves the commands of ``ipc.py`` until told to exit or 
 command pipe closes. llama.cpp may abort the process on some faults; that takes down this
 model only, and the parent sees the pipe close.
 
-This module is the process's main loop (``Worker``): it takes commands, hands prompts to the
-prep threads, admits requests and steps the batch. The work itself lives in modules with one
-job each, all run in this process only (the gateway never imports llama_cpp):
+This module is the process's main loop (``Worker``): it reads its command pipe itself between
+two steps (``pipes``: no reader thread), hands prompts to the prep threads, admits requests and
+steps the batch. The work itself lives in modules with one job each, all run in this process
+only (the gateway never imports llama_cpp):
 - ``model``: loads the weights and the context (``Model``);
 - ``vocab``: tokens to text and back, end-of-generation tokens;
 - ``prompts``: chat templates, the fits-by-bytes check, tokenizing, the checks before a slot;
@@ -27,7 +28,6 @@ markers such as ``<|channel|>`` reach the text.
 from __future__ import annotations
 
 import os
-import queue
 import sys
 import threading
 import time
@@ -94,17 +94,19 @@ def read_inline(command: ipc.Generate | ipc.Embed) -> bool:
 
 
 class Worker:
-    """The process's main loop: commands arrive on a reader thread; admission, decoding and
-    every event sent happen here, between two steps of the batch. Reading a prompt (chat
-    template, tokenizer) and answering tokenize/detokenize/apply_template happen on prep
-    threads, so a long prompt never stalls the decoding of the others (llama.cpp's tokenizer
-    only reads the vocabulary, and llama-server tokenizes on its HTTP threads too); their
-    results come back through the inbox as ``Prepared`` / ``Reply`` messages."""
+    """The process's main loop: it reads the command pipe itself between two steps of the batch
+    (``pipes.Waiter``: without blocking while anything runs), and admission, decoding and every
+    event sent happen here. Reading a prompt (chat template, tokenizer) and answering
+    tokenize/detokenize/apply_template happen on prep threads, so a long prompt never stalls the
+    decoding of the others (llama.cpp's tokenizer only reads the vocabulary, and llama-server
+    tokenizes on its HTTP threads too); their results come back through the inbox (``Prepared``,
+    ``Reply``), each with a set of the ``Wakeup`` an idle loop waits on. ``_take`` handles them all."""
 
     def __init__(self, cmd_fd: int, ev_fd: int):
-        self.cmd_fd = cmd_fd
         self.out = Outbox(ev_fd)
-        self.inbox: queue.Queue[ipc.Command | Prepared | Reply | None] = queue.Queue()
+        self.wakeup = pipes.Wakeup()  # set by a prep thread once its result is in the inbox
+        self.waiter = pipes.Waiter(pipes.CommandReader(cmd_fd), self.wakeup)
+        self.inbox: deque[Prepared | Reply] = deque()  # the prep threads' results (a deque's append is atomic)
         self.pending: deque[Queued] = deque()  # generate and embed commands in arrival order
         self.prep = ThreadPoolExecutor(PREP_THREADS, thread_name_prefix="prep")
         self.asking: dict[int, bool] = {}  # questions on the prep threads -> whether their asker left
@@ -115,17 +117,11 @@ class Worker:
         self.decoder: Decoder | None = None
         self.embedder: Embedder | None = None  # an embedding model's
         self.told_cache = 0  # the prompt cache's bytes as the gateway was last told (``CacheHeld``)
-        threading.Thread(target=self._read, daemon=True).start()
 
-    def _read(self) -> None:
-        while True:
-            try:
-                msg = pipes.read_command_blocking(self.cmd_fd)
-            except OSError:
-                msg = None
-            self.inbox.put(msg)
-            if msg is None:
-                return
+    def _put(self, msg: Prepared | Reply) -> None:
+        """On a prep thread: a result for the loop, which wakes for it if it waits."""
+        self.inbox.append(msg)
+        self.wakeup.set()
 
     def _take(self, msg: ipc.Command | Prepared | Reply | None) -> None:
         match msg:
@@ -141,7 +137,7 @@ class Worker:
                 job = Queued(msg)
                 self.pending.append(job)
                 if self._quick(msg):
-                    self._prepare(job)  # its result is the next message this loop takes
+                    self._prepare(job)  # its result is taken at once, the next message this loop takes
                 else:
                     self.preparing += 1
                     self.prep.submit(self._prepare, job)
@@ -197,7 +193,7 @@ class Worker:
         if not self.asking.get(question.id) and self.prompts is not None:
             event = self.prompts.answer(question)
             if not self.asking.get(question.id):
-                self.inbox.put(Reply(event))
+                self._put(Reply(event))
         self.asking.pop(question.id, None)
 
     def _quick(self, command: ipc.Generate | ipc.Embed) -> bool:
@@ -208,11 +204,12 @@ class Worker:
 
     def _prepare(self, job: Queued) -> None:
         """Read a generate request's prompt or an embed's inputs (on a prep thread, or in the
-        loop for ``_quick`` ones); the result goes to the inbox."""
+        loop for ``_quick`` ones); the result goes to the inbox, or from the loop straight to
+        ``_take``."""
         threaded = threading.current_thread() is not threading.main_thread()
         if job.cancelled:
             if threaded:
-                self.inbox.put(Prepared(job, None, True))
+                self._put(Prepared(job, None, True))
             return
         command = job.command
         result: PromptTokens | list[list[int]] | ipc.Error
@@ -226,20 +223,21 @@ class Worker:
             result = r.event(command.id)
         except Exception as e:  # a bug here must fail one request, not the worker
             result = failure(command.id, e)
-        self.inbox.put(Prepared(job, result, threaded))
+        if threaded:
+            self._put(Prepared(job, result, True))
+        else:
+            self._take(Prepared(job, result, False))
 
     def _admissible(self) -> bool:
         """A waiting request could start now, or waits only for a slot to free."""
         return any(job.prepared is not None for job in self.pending)
 
     def _poll(self, block: bool) -> None:
-        if block:
-            self._take(self.inbox.get())
-        while True:
-            try:
-                self._take(self.inbox.get_nowait())
-            except queue.Empty:
-                return
+        """Take the commands and the prep threads' results, waiting for one where ``block``."""
+        for msg in self.waiter.take(block):  # (without ``block``: one ``poll`` system call)
+            self._take(msg)
+        while self.inbox:
+            self._take(self.inbox.popleft())
 
     def _admit(self, decoder: Decoder) -> None:
         """Start waiting requests in free slots, in arrival order; one whose prompt is still
@@ -289,7 +287,8 @@ class Worker:
     def run(self) -> None:
         out = self.out
         prepare()  # before the first command: a spare process is ready ahead of its load
-        first = self.inbox.get()
+        came = self.waiter.first()
+        first = came.pop(0)
         if not isinstance(first, ipc.Load):
             os._exit(0)
         told = -1
@@ -321,6 +320,8 @@ class Worker:
         self._tell_cache()  # the states the load restored into the prompt cache
         out.flush()
         interval = model.params.stream_interval
+        for msg in came:  # what came in the same read as the load
+            self._take(msg)
         while True:
             self._poll(block=not decoder.active() and not self._admissible()
                        and not (embedder is not None and embedder.busy))

@@ -32,6 +32,7 @@ from .specs import (
     DEFAULT_LOAD_TIMEOUT,
     DEFAULT_MAX_LOADED,
     DEFAULT_PORT,
+    EVENT_LOOPS,
     MAX_ADAPTER_NAME,
     MAX_ADAPTERS,
     MAX_LORA_SCALE,
@@ -53,11 +54,11 @@ from .specs import (
 )
 
 __all__ = ["DEFAULT_HOST", "DEFAULT_KEEP_ALIVE", "DEFAULT_KV_CACHE_MAX_BYTES", "DEFAULT_LOAD_TIMEOUT",
-           "DEFAULT_MAX_LOADED", "DEFAULT_PORT", "ENV_CONFIG", "ENV_KEYS", "MAX_ADAPTERS", "MAX_ADAPTER_NAME",
-           "MAX_LORA_SCALE", "REASONING_FIELDS", "REASONING_MODES", "MEMORY", "TOOL_FORMATS", "AdapterSpec", "Config",
-           "ConfigError", "KeySpec", "ModelSpec", "ServerConfig", "Upstream", "adapter_name_problem",
-           "default_config_path", "default_kv_cache_dir", "default_state_dir", "find_config_path", "load_config",
-           "normalize_name", "parse_bytes", "parse_duration"]
+           "DEFAULT_MAX_LOADED", "DEFAULT_PORT", "ENV_CONFIG", "ENV_KEYS", "EVENT_LOOPS", "MAX_ADAPTERS",
+           "MAX_ADAPTER_NAME", "MAX_LORA_SCALE", "REASONING_FIELDS", "REASONING_MODES", "MEMORY", "TOOL_FORMATS",
+           "AdapterSpec", "Config", "ConfigError", "KeySpec", "ModelSpec", "ServerConfig", "Upstream",
+           "adapter_name_problem", "default_config_path", "default_kv_cache_dir", "default_state_dir",
+           "find_config_path", "load_config", "normalize_name", "parse_bytes", "parse_duration"]
 
 ENV_CONFIG = "GGUF_GATEWAY_CONFIG"
 

@@ -11,7 +11,7 @@ from ...base.checks import INVALID, Check, Report, show
 from ...hardware.sysmem import RAM
 from .keys import KEYS_FILE, from_section, gather
 from .parsing import Parsing
-from .specs import MEMORY, REASONING_FIELDS, CaptureConfig, OtelConfig, default_state_dir
+from .specs import EVENT_LOOPS, MEMORY, REASONING_FIELDS, CaptureConfig, OtelConfig, default_state_dir
 
 
 @checks.accepts({"anyOf": [{"type": "string", "pattern": r"^\s*0*[0-9]{1,2}([.][0-9]*)?\s*%\s*$"},
@@ -163,6 +163,7 @@ SERVER: dict[str, Check] = {
     "kv_cache_max_bytes": checks.byte_size,
     "prompt_cache_bytes": checks.byte_size,
     "spare_worker": checks.boolean,
+    "event_loop": checks.one_of(EVENT_LOOPS),
     "keep_billing_header": checks.boolean,
     "memory_budget": _per_device(checks.byte_size, RAM),
     "memory_reserve": _per_device(_reserve, "default"),
@@ -220,6 +221,8 @@ DOCS: dict[str, str] = {
     "kv_cache_max_bytes": "all saved caches together (0: save none)",
     "prompt_cache_bytes": "per model: host memory keeping other conversations' caches (0: off)",
     "spare_worker": "keep one worker process started ahead of the next load",
+    "event_loop": "the HTTP server's event loop: uvloop (pip install 'gguf-gateway[fast]'), asyncio, or auto: "
+                  "uvloop where installed",
     "keep_billing_header": "keep Claude Code's per-session billing header in the prompt",
     "memory_budget": "at most this much memory for all models together; or by device: {ram: 16GiB, cuda0: 20GiB}",
     "memory_reserve": "kept free of each device's memory: a size or a share (10%); or by device",

@@ -31,6 +31,7 @@ TOOL_FORMATS = ("auto", "hermes", "qwen3_coder", "llama3", "mistral", "harmony",
                 "command_r", "minimax", "minimax_m3", "kimi", "kimi_k3", "plain", "none")
 REASONING_FIELDS = ("reasoning_content", "reasoning")
 ROLES = ("user", "admin")
+EVENT_LOOPS = ("auto", "uvloop", "asyncio")  # server.event_loop (auto: uvloop where it is installed)
 BUDGET_PERIODS = ("day", "week", "month")
 MEMORY = Path(":memory:")  # server.usage_db: off, the usage store kept in memory only
 DEFAULT_USAGE_DAYS = 400  # a year of daily history, and the month before it to compare against
@@ -281,6 +282,9 @@ class ServerConfig:
     # keep one worker process started ahead of the next load (its interpreter and llama.cpp
     # imported): a model switch skips that part of the start, for the spare's idle memory
     spare_worker: bool = True
+    # the HTTP server's event loop (``cli.event_loop``): uvloop's (the ``fast`` extra), asyncio's
+    # own, or ``auto``: uvloop where it is installed
+    event_loop: str = "auto"
     # keep Claude Code's per-session ``x-anthropic-billing-header:`` system block in the prompt
     # (off: left out, so that a new session's prompt reuses the last one's cache)
     keep_billing_header: bool = False
