@@ -9,7 +9,8 @@
     .venv/bin/python scripts/bench.py --conversations --llama-server PATH   # conversations > slots (convbench.py)
     .venv/bin/python scripts/bench.py --speculation --llama-server PATH     # n-gram speculation (specbench.py)
     .venv/bin/python scripts/bench.py --access                             # keys, limits, usage (accessbench.py)
-    .venv/bin/python scripts/bench.py --embeddings --model M --llama-server PATH   # embeddings, rerank (embedbench.py)
+    .venv/bin/python scripts/bench.py --embeddings --llama-server PATH     # embeddings, rerank (embedbench.py)
+    .venv/bin/python scripts/bench.py --embeddings --embed-models generative --model M --llama-server PATH
     .venv/bin/python scripts/bench.py --cost --llama-server PATH           # a request's cost, cut (costbench.py)
     .venv/bin/python scripts/bench.py --observe                            # captures, traces (observebench.py)
     .venv/bin/python scripts/bench.py --lora                               # LoRA adapters per request (lorabench.py)
@@ -334,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spec-draft", type=Path, help="with --speculation: also a draft model (the model itself shows "
                    "the machinery's cost at full acceptance)")
     p.add_argument("--spec-draft-max", type=int, default=8, help="with --speculation: draft tokens a step")
+    p.add_argument("--spec-workloads", type=lambda v: set(v.split(",")), metavar="NAME[,NAME...]",
+                   help="with --speculation: only these workloads (editing, chat, '4 streams', '4 answers')")
     p.add_argument("--spec-contenders", type=lambda v: set(v.split(",")), metavar="KIND[,KIND...]",
                    help="with --speculation: only these contenders: the gateway's none, ngram, draft, default; "
                    "llama-server's llama, llama-ngram, llama-draft (default: all)")
@@ -354,6 +357,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--embeddings", action="store_true", help="only embeddings and reranking (scripts/embedbench.py): "
                    "one input, 8 clients, 64 inputs in a request, a rerank of 50 documents, against llama-server")
     p.add_argument("--embed-rounds", type=int, default=4, help="with --embeddings: interleaved rounds")
+    p.add_argument("--embed-models", type=lambda v: v.split(","), metavar="NAME[,NAME...]",
+                   help="with --embeddings: the models, of bge (bge-small's shape), qwen3emb (Qwen3-Embedding-0.6B's), "
+                   "generative (--model, mean-pooled) and rerank (default: bge,qwen3emb,rerank; with --model: "
+                   "generative,rerank)")
     p.add_argument("--observe", action="store_true", help="only the cost of captures and OpenTelemetry traces "
                    "(scripts/observebench.py): 1-token chat p50 and the 4-stream aggregate of gateways with "
                    "each, against neither (and an A/A pair of that); needs the otel extra")
@@ -531,9 +538,12 @@ def lora_main(args) -> int:
 def embeddings_main(args) -> int:
     import embedbench
 
-    model, _wanted, binary = _gateway_and_llama_server(args)
+    wanted = set(args.only or ("gateway", "llama-server"))
+    binary = find_llama_server(args.llama_server) if "llama-server" in wanted else None
+    if binary is None and "llama-server" in wanted:
+        print("llama-server: not measured (give --llama-server PATH or put it on PATH)", file=sys.stderr)
     with tempfile.TemporaryDirectory() as tmp:
-        results = embedbench.measure(model, args, Path(tmp), binary)
+        results = embedbench.measure(args, Path(tmp), binary)
     print(embedbench.report(results))
     if args.json:
         args.json.write_text(json.dumps({"embeddings": results}, indent=2))

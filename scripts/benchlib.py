@@ -22,14 +22,16 @@ WORDS = ("river city people market bridge winter summer stone house garden road 
          "music story table window letter morning evening school church harbor forest field mountain").split()
 
 
-def random_model(name: str, seed: int = 0, what: str = "the benchmark model", **shape) -> Path:
-    """A random-weight model over qwen2's vocabulary (``testmodels.write_random_model``, with its
-    ``shape`` arguments), written once into the data directory and kept."""
+def random_model(name: str, seed: int = 0, what: str = "the benchmark model", vocab: str = "qwen2",
+                 **shape) -> Path:
+    """A random-weight model over llama.cpp's ``vocab`` vocabulary (qwen2's unless told;
+    ``testmodels.write_random_model``, with its ``shape`` arguments), written once into the data
+    directory and kept: a file's name stands for its shape, so a new shape takes a new name."""
     path = tm.data_dir() / "bench" / name
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         print(f"writing {what} to {path} ...", file=sys.stderr)
-        tm.write_random_model(path.with_suffix(".part"), tm.find_vocab("qwen2"), seed=seed, **shape)
+        tm.write_random_model(path.with_suffix(".part"), tm.find_vocab(vocab), seed=seed, **shape)
         path.with_suffix(".part").replace(path)
     return path
 

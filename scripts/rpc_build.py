@@ -14,7 +14,8 @@ installed ``libllama`` beside the RPC-enabled ggml libraries (``libllama`` finds
 
 ``server()`` builds llama.cpp's own ``llama-server`` of that version in the same tree, for the
 tests and benchmarks that set the gateway beside it (``tests/test_lora_e2e.py``,
-``scripts/bench.py --lora``):
+``scripts/bench.py --lora``), and ``llama-bench`` beside it (``scripts/bench.py --embeddings``
+reads its pp512 from there):
 
     .venv/bin/python scripts/rpc_build.py --server   # prints the llama-server binary
 """
@@ -65,12 +66,14 @@ def build() -> tuple[Path, Path]:
 def server() -> Path:
     """llama.cpp's ``llama-server`` of the vendored version, built in the same tree as ``build()``
     (what that built is reused; from nothing, everything is done here), for tests and benchmarks
-    that set the gateway's answers beside llama-server's. It runs from the build tree: it finds
-    its own ``libllama`` and ggml there (not the installed ones), built from the same sources.
-    No web UI is embedded (nothing is downloaded); start it with ``--no-webui``."""
+    that set the gateway's answers beside llama-server's, with ``llama-bench`` beside it. It runs
+    from the build tree: it finds its own ``libllama`` and ggml there (not the installed ones),
+    built from the same sources. No web UI is embedded (nothing is downloaded); start it with
+    ``--no-webui``."""
     root = _root()
     binary = root / "build" / "bin" / "llama-server"
-    if binary.exists():
+    bench = binary.with_name("llama-bench")
+    if binary.exists() and bench.exists():
         return binary
     with open(root / ".server-build.lock", "w") as lock:  # two processes at once: one builds, one waits
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -79,6 +82,8 @@ def server() -> Path:
             _configure(root, "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_UI=OFF")
             _target(root, "llama-server")
             print(f"built llama.cpp's llama-server in {time.monotonic() - began:.0f} s", file=sys.stderr)
+        if not bench.exists():  # (a tree that built llama-server before llama-bench was asked for: a link more)
+            _target(root, "llama-bench")
     return binary
 
 

@@ -157,7 +157,11 @@ class Embedder:
         if not group:
             return []
         if model.mem:
-            ll.llama_memory_clear(model.mem, True)
+            # the cells' bookkeeping alone, as llama.cpp's own seq_rm (and the generating path's)
+            # leaves a removed cell's data: a decode writes each cell it uses and masks the rest,
+            # where clearing the data too writes zeros over the whole cache (every layer's n_ctx
+            # cells) before every decode
+            ll.llama_memory_clear(model.mem, False)
         batch, k = self.batch, 0
         for seq, (job, i) in enumerate(group):
             for pos, tok in enumerate(job.inputs[i]):

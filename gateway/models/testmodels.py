@@ -1,8 +1,10 @@
 """Tiny GGUF models that llama.cpp really runs, ready-made for tests, the demo and the
 benchmarks: scripted chat models (``plain``, ``thinking``, ``utf8_split``, ``endless``,
 ``demo``), a reranker whose scores are known in advance, LoRA adapters (one that ends a scripted
-model's answers; random ones for any model: ``random_lora``), a random-weight model over a real
-vocabulary, and llama.cpp's own source files (vocabularies, chat templates).
+model's answers; random ones for any model: ``random_lora``), random-weight models over a real
+vocabulary (``write_random_model``: a llama, a Qwen3, a Gemma 3 or a BERT encoder, in any size,
+with a pooling of its own for the embedding shapes people serve), and llama.cpp's own source
+files (vocabularies, chat templates).
 
 The scripted models are ``ggufwriter.write_scripted_model``'s; its docstring says what a test
 writer must know of them (triggers, one successor per token). Its names (``Script``,
@@ -275,6 +277,9 @@ def _llama_cpp_sdist(where: Path) -> Path:
     return kept
 
 
+POOLINGS = {"mean": 1, "cls": 2, "last": 3}  # gguf's PoolingType (llama.cpp's enum llama_pooling_type)
+
+
 def write_random_model(
     path: str | os.PathLike,
     vocab_path: str | os.PathLike,
@@ -287,6 +292,11 @@ def write_random_model(
     seed: int = 0,
     sliding_window: int = 0,
     reranker: bool = False,
+    arch: str | None = None,
+    n_head_kv: int | None = None,
+    head_dim: int | None = None,
+    pooling: str | None = None,
+    output_head: bool = True,
 ) -> Path:
     """A random-weight F16 llama using a real vocabulary (default: ~81M parameters with qwen2's 152k).
     With ``reranker``, a Qwen3-style reranker instead (rank pooling through a two-label classifier),
@@ -294,11 +304,32 @@ def write_random_model(
     With ``sliding_window``, a Gemma 3 instead whose layers alternate: a sliding-window one
     attending to that many positions, then a full-attention one whose keys and values are zero
     (it attends to nothing), so that what a one-window-layer model caches of a token depends on
-    the token and its position alone (cells moved or missing show in its answers at once)."""
+    the token and its position alone (cells moved or missing show in its answers at once).
+
+    ``arch`` names the family outright: ``llama`` (the default), ``qwen3`` (with its norms of q
+    and k; what ``reranker`` implies), ``gemma3`` (what ``sliding_window`` implies) or ``bert``:
+    an encoder as llama.cpp's ``bert`` reads it (learned positions for ``context_length`` tokens,
+    token types, layer norms with biases, a GELU feed-forward, attention both ways), over a
+    WordPiece vocabulary (``find_vocab("bert-bge")``). ``n_head_kv`` (grouped-query attention)
+    and ``head_dim`` (heads wider than ``n_embd / n_head``, as Qwen3's) shape a decoder's
+    attention. ``pooling`` (``mean``, ``cls`` or ``last``) is the model's own, the one an
+    embedding context uses unless told otherwise. Without ``output_head`` the file has no
+    ``output.weight``: a decoder's head is then its token embeddings (llama.cpp ties them); a
+    BERT never has one. The shapes people embed with: bge-small is ``arch="bert", n_embd=384,
+    n_layer=12, n_head=12, n_ff=1536, context_length=512, pooling="mean"``; Qwen3-Embedding-0.6B
+    is ``arch="qwen3", n_embd=1024, n_layer=28, n_head=16, n_head_kv=8, head_dim=128, n_ff=3072,
+    pooling="last", output_head=False``."""
     import gguf
 
+    arch = arch or ("gemma3" if sliding_window else "qwen3" if reranker else "llama")
+    if arch not in ("llama", "qwen3", "gemma3", "bert"):
+        raise ValueError(f"no random {arch!r}: llama, qwen3, gemma3 or bert")
+    if pooling is not None and pooling not in POOLINGS:
+        raise ValueError(f"pooling is one of {', '.join(POOLINGS)}, got {pooling!r}")
+    if pooling and reranker:
+        raise ValueError("a reranker's pooling is rank pooling")
     reader = gguf.GGUFReader(str(vocab_path))
-    w = gguf.GGUFWriter(str(path), "gemma3" if sliding_window else "qwen3" if reranker else "llama")
+    w = gguf.GGUFWriter(str(path), arch)
     n_vocab = 0
     for key, fld in reader.fields.items():
         if not key.startswith("tokenizer."):
@@ -312,7 +343,7 @@ def write_random_model(
                 n_vocab = len(vals)
         else:
             w.add_key_value(key, fld.contents(), vtype)
-    if "tokenizer.chat_template" not in reader.fields:
+    if "tokenizer.chat_template" not in reader.fields and arch != "bert":  # (an encoder does not chat)
         w.add_chat_template(CHATML_TEMPLATE)
     rng = np.random.default_rng(seed)
     rand = lambda *shape: (rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)).astype(np.float16)  # noqa: E731
@@ -322,8 +353,23 @@ def write_random_model(
     w.add_block_count(n_layer)
     w.add_feed_forward_length(n_ff)
     w.add_head_count(n_head)
-    w.add_head_count_kv(n_head)
-    w.add_rope_dimension_count(n_embd // n_head)
+    if arch == "bert":
+        types = reader.fields.get("tokenizer.ggml.token_type_count")
+        if types is None:
+            w.add_token_type_count(2)  # llama.cpp refuses a BERT without it
+        if pooling:
+            w.add_pooling_type(gguf.PoolingType(POOLINGS[pooling]))
+        w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+        _bert_body(w, rand, n_vocab, int(types.contents()) if types else 2, n_embd, n_layer, n_ff, context_length)
+        finish(w)
+        return Path(path)
+    n_head_kv = n_head_kv or n_head
+    head_dim = head_dim or n_embd // n_head
+    w.add_head_count_kv(n_head_kv)
+    if head_dim != n_embd // n_head:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    w.add_rope_dimension_count(head_dim)
     w.add_layer_norm_rms_eps(1e-5)
     if sliding_window:
         w.add_sliding_window(sliding_window)
@@ -331,29 +377,66 @@ def write_random_model(
     if reranker:
         w.add_pooling_type(gguf.PoolingType.RANK)
         w.add_classifier_output_labels(["yes", "no"])
+    elif pooling:
+        w.add_pooling_type(gguf.PoolingType(POOLINGS[pooling]))
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     w.add_tensor("token_embd.weight", rand(n_vocab, n_embd))
     w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
-    w.add_tensor("cls.output.weight" if reranker else "output.weight", rand(2 if reranker else n_vocab, n_embd))
+    if reranker:
+        w.add_tensor("cls.output.weight", rand(2, n_embd))
+    elif output_head:
+        w.add_tensor("output.weight", rand(n_vocab, n_embd))
+    q, kv = n_head * head_dim, n_head_kv * head_dim  # (numpy's shapes: [out, in])
     for i in range(n_layer):
         w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
-        for t in ("q", "k", "v", "output"):
+        for t, shape in (("q", (q, n_embd)), ("k", (kv, n_embd)), ("v", (kv, n_embd)), ("output", (n_embd, q))):
             blank = sliding_window and i % 2 and t in ("k", "v")
-            weight = np.zeros((n_embd, n_embd), np.float16) if blank else rand(n_embd, n_embd)
+            weight = np.zeros(shape, np.float16) if blank else rand(*shape)
             w.add_tensor(f"blk.{i}.attn_{t}.weight", weight)
         w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
         w.add_tensor(f"blk.{i}.ffn_gate.weight", rand(n_ff, n_embd))
         w.add_tensor(f"blk.{i}.ffn_up.weight", rand(n_ff, n_embd))
         w.add_tensor(f"blk.{i}.ffn_down.weight", rand(n_embd, n_ff))
-        if reranker:  # Qwen3's norms of q and k
+        if arch == "qwen3":  # Qwen3's norms of q and k
             for name in ("attn_q_norm", "attn_k_norm"):
-                w.add_tensor(f"blk.{i}.{name}.weight", np.ones(n_embd // n_head, dtype=np.float32))
+                w.add_tensor(f"blk.{i}.{name}.weight", np.ones(head_dim, dtype=np.float32))
         if sliding_window:  # Gemma 3's norms after attention and the feed-forward, and of q and k
             for name, n in (("post_attention_norm", n_embd), ("post_ffw_norm", n_embd),
-                            ("attn_q_norm", n_embd // n_head), ("attn_k_norm", n_embd // n_head)):
+                            ("attn_q_norm", head_dim), ("attn_k_norm", head_dim)):
                 w.add_tensor(f"blk.{i}.{name}.weight", np.ones(n, dtype=np.float32))
     finish(w)
     return Path(path)
+
+
+def _bert_body(w, rand, n_vocab: int, n_types: int, n_embd: int, n_layer: int, n_ff: int,
+               context_length: int) -> None:
+    """A BERT's header keys past the common ones and its tensors, as llama.cpp's ``bert``
+    (src/models/bert.cpp) loads them: token, token-type and position embeddings and their
+    layer norm, then per layer q, k, v and the attention's output with biases, a layer norm,
+    a GELU up and down with biases, a layer norm. Norms are ones and biases zeros; ``n_types``
+    (the vocabulary's ``tokenizer.ggml.token_type_count``) sizes the token types."""
+    ones = lambda n: np.ones(n, dtype=np.float32)  # noqa: E731
+    zeros = lambda n: np.zeros(n, dtype=np.float32)  # noqa: E731
+    w.add_layer_norm_eps(1e-12)
+    w.add_causal_attention(False)
+    w.add_tensor("token_embd.weight", rand(n_vocab, n_embd))
+    # F32, as llama.cpp's convert_hf_to_gguf.py keeps them (ggml adds no F16 row to an F32 one)
+    w.add_tensor("token_types.weight", rand(n_types, n_embd).astype(np.float32))
+    w.add_tensor("position_embd.weight", rand(context_length, n_embd).astype(np.float32))
+    w.add_tensor("token_embd_norm.weight", ones(n_embd))
+    w.add_tensor("token_embd_norm.bias", zeros(n_embd))
+    for i in range(n_layer):
+        for t in ("q", "k", "v", "output"):
+            w.add_tensor(f"blk.{i}.attn_{t}.weight", rand(n_embd, n_embd))
+            w.add_tensor(f"blk.{i}.attn_{t}.bias", zeros(n_embd))
+        w.add_tensor(f"blk.{i}.attn_output_norm.weight", ones(n_embd))
+        w.add_tensor(f"blk.{i}.attn_output_norm.bias", zeros(n_embd))
+        w.add_tensor(f"blk.{i}.ffn_up.weight", rand(n_ff, n_embd))
+        w.add_tensor(f"blk.{i}.ffn_up.bias", zeros(n_ff))
+        w.add_tensor(f"blk.{i}.ffn_down.weight", rand(n_embd, n_ff))
+        w.add_tensor(f"blk.{i}.ffn_down.bias", zeros(n_embd))
+        w.add_tensor(f"blk.{i}.layer_output_norm.weight", ones(n_embd))
+        w.add_tensor(f"blk.{i}.layer_output_norm.bias", zeros(n_embd))
 
 
 def data_dir() -> Path:
