@@ -336,7 +336,8 @@ def main(argv: list[str] | None = None) -> int:
                    "the machinery's cost at full acceptance)")
     p.add_argument("--spec-draft-max", type=int, default=8, help="with --speculation: draft tokens a step")
     p.add_argument("--spec-workloads", type=lambda v: set(v.split(",")), metavar="NAME[,NAME...]",
-                   help="with --speculation: only these workloads (editing, chat, '4 streams', '4 answers')")
+                   help="with --speculation: only these workloads (editing, chat, '4 streams', '4 answers', "
+                   "'4 continuations')")
     p.add_argument("--spec-contenders", type=lambda v: set(v.split(",")), metavar="KIND[,KIND...]",
                    help="with --speculation: only these contenders: the gateway's none, ngram, draft, default; "
                    "llama-server's llama, llama-ngram, llama-draft (default: all)")

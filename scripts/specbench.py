@@ -13,7 +13,8 @@ tokens):
 - 4 answers: the same four questions at once, each answered to its full ``--tokens`` (``ignore_eos``):
   four different prompts, nothing to copy from them, every step a batch of four from start to end
   (where speculation must never cost the aggregate); greedy, or sampled with bench.py's
-  ``--sampled`` (a seed per stream), where a tiny model's greedy answers repeat themselves.
+  ``--sampled`` (a seed per stream), where a tiny model's greedy answers repeat themselves;
+- 4 continuations: bench.py's own four streams, one opening continued four times, likewise.
 Contenders: the gateway with ``spec_type: none``, with ``spec_type: ngram`` (``--spec-n``,
 ``--spec-m``) and at its own defaults (no ``spec_type`` given), llama-server at its defaults
 and with ``--spec-type ngram-simple`` and the same sizes (``--spec-contenders``: fewer). Each
@@ -72,11 +73,14 @@ WORKLOADS = {
     "chat": "Question: Why is the sky blue at noon and red at sunset? Explain it to a child.\nAnswer:\n",
     "4 streams": None,  # STREAMS, at once
     "4 answers": None,  # STREAMS, at once, each to its full length
+    "4 continuations": None,  # CONTINUATIONS, at once, each to its full length
 }
 STREAMS = ["Question: Why is the sky blue at noon and red at sunset? Explain it to a child.\nAnswer:\n",
            "Question: How does a bicycle stay upright while it moves? Explain it simply.\nAnswer:\n",
            "Question: What should I pack for a week of hiking in the mountains in autumn?\nAnswer:\n",
            "Question: Why do cats purr, and what does it mean when they do?\nAnswer:\n"]
+# bench.py's own four streams: one opening continued four times, each told apart by its number
+CONTINUATIONS = [f"{k} The history of the city begins with a small settlement on the river, where" for k in range(4)]
 SLOTS = len(STREAMS)  # every contender's slots (parallel)
 GATEWAY, GATEWAY_SPEC, LLAMA, LLAMA_SPEC = "gateway", "gateway, ngram", "llama-server", "llama-server, ngram"
 GATEWAY_DEFAULT = "gateway, default"
@@ -110,7 +114,8 @@ def llama_server(binary: str, model: Path, args, spec: str) -> Server:
 
 def once(srv: Server, prompt: str | None, tokens: int, workload: str = "", sampled: bool = False) -> dict:
     if prompt is None:
-        return together(srv, STREAMS, tokens, full=workload == "4 answers", sampled=sampled)
+        prompts = CONTINUATIONS if workload == "4 continuations" else STREAMS
+        return together(srv, prompts, tokens, full=workload != "4 streams", sampled=sampled)
     got = srv.stream({"prompt": prompt, "max_tokens": tokens, "temperature": 0,
                       "stream_options": {"include_usage": True}})
     n = got.usage.get("completion_tokens") or len(got.stamps)
@@ -199,7 +204,7 @@ def report(results: dict, model: Path, args) -> str:
     med = statistics.median
     lines = [f"speculation (n-gram prompt lookup, n={args.spec_n}, m={args.spec_m}) on {model.name}, "
              f"{args.threads} threads, {args.tokens} tokens, {args.rounds} rounds, greedy"
-             + (" (the 4 streams and 4 answers sampled, a seed per stream)" if getattr(args, "sampled", False) else ""),
+             + (" (the four-stream workloads sampled, a seed per stream)" if getattr(args, "sampled", False) else ""),
              "| contender | workload | decode tok/s | vs the same without | vs llama-server (same setting) "
              "| vs llama-server's defaults | kept |",
              "|---|---|---|---|---|---|---|"]
@@ -216,7 +221,8 @@ def report(results: dict, model: Path, args) -> str:
                          f"{_ratio(results, name, LLAMA, workload) if name.startswith(GATEWAY) else ''} | {kept} |")
     for spec in (GATEWAY_SPEC, GATEWAY_DRAFT, GATEWAY_DEFAULT):
         plain_runs, spec_runs = results.get(GATEWAY, {}), results.get(spec, {})
-        same = [a["text"] == b["text"] for w in plain_runs for a, b in zip(plain_runs[w], spec_runs.get(w, []))]
+        greedy = [w for w in plain_runs if not (getattr(args, "sampled", False) and w.startswith("4 "))]
+        same = [a["text"] == b["text"] for w in greedy for a, b in zip(plain_runs[w], spec_runs.get(w, []))]
         if same:
             lines.append(f"greedy answers of the {spec} against the gateway without: {sum(same)} of {len(same)} "
                          "the same")

@@ -73,7 +73,7 @@ def test_the_cost_benchmark_cuts_a_request_into_its_parts(tmp_path):
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     data = json.loads(out.read_text())["cost"]
-    other = [] if importlib.util.find_spec("uvloop") is None else ["gateway (asyncio)"]  # the loop not the default's
+    other = [] if importlib.util.find_spec("uvloop") is None else ["gateway (uvloop)"]  # the loop not the default's
     assert list(data["servers"]) == ["gateway", "gateway (probed)", *other]  # --only gateway: no llama-server
     for s in data["servers"].values():
         assert 0 < s["p50_ms"] <= s["p95_ms"] and len(s["rounds"]["p50_ms"]) == 1
@@ -172,7 +172,7 @@ def test_the_speculation_benchmark_runs_each_workload_with_and_without(tmp_path)
     data = json.loads(out.read_text())["speculation"]
     assert set(data) == {"gateway", "gateway, ngram", "gateway, draft model", "gateway, default"}
     for name, per in data.items():
-        assert set(per) == {"editing", "chat", "4 streams", "4 answers"}
+        assert set(per) == {"editing", "chat", "4 streams", "4 answers", "4 continuations"}
         for workload, rounds in per.items():
             (one,) = rounds
             assert one["tokens"] > 0 and one["tok_s"] > 0
@@ -180,7 +180,7 @@ def test_the_speculation_benchmark_runs_each_workload_with_and_without(tmp_path)
                 assert one["drafted"] is None
             elif name != "gateway, default" and not workload.startswith("4 "):  # four unproven streams do not draft
                 assert (one["drafted"] or 0) > 0
-    assert "greedy answers of the gateway, draft model against the gateway without: 4 of 4 the same" in r.stdout
+    assert "greedy answers of the gateway, draft model against the gateway without: 5 of 5 the same" in r.stdout
 
 
 def test_the_lora_benchmark_measures_switching_and_streams_over_two_adapters(tmp_path):

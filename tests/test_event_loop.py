@@ -39,7 +39,7 @@ def test_auto_falls_back_to_asyncio_and_uvloop_by_name_is_refused_where_missing(
 
 def test_the_key_is_checked(write_config):
     assert load_config(write_config("server:\n  event_loop: asyncio\n")).server.event_loop == "asyncio"
-    assert load_config(write_config("server: {}\n")).server.event_loop == "auto"
+    assert load_config(write_config("server: {}\n")).server.event_loop == "asyncio"  # (uvloop did not pay)
     with pytest.raises(ConfigError, match="event_loop"):
         load_config(write_config("server:\n  event_loop: tokio\n"))
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from aiohttp import web
 
@@ -83,6 +85,13 @@ async def embedded(request: web.Request, work: Awaitable[Embeddings]) -> Embeddi
         raise
     observation(request).prompt_tokens = reply.prompt_tokens
     return reply
+
+
+async def vectors_response(body: dict[str, Any]) -> web.Response:
+    """``web.json_response(body)`` made off the event loop: an embedding reply's vectors are
+    thousands of numbers, whose JSON takes milliseconds to write (the loop meanwhile serves the
+    other requests)."""
+    return web.Response(text=await asyncio.to_thread(json.dumps, body), content_type="application/json")
 
 
 def event_stream(request: web.Request) -> EventStream:

@@ -138,12 +138,12 @@ async def _embed(request: web.Request, legacy: bool) -> web.Response:
         keep_alive(request.app[REGISTRY], spec, alive, shorten=is_admin(request))
         reply = await common.embedded(request, backend.embed(inputs))
     if legacy:
-        return web.json_response({"embedding": reply.data[0]})
+        return await common.vectors_response({"embedding": reply.data[0]})
     assert obs.queued is not None and obs.leased is not None
-    return web.json_response({"model": model, "embeddings": reply.data,
-                              "total_duration": ollama.ns(time.monotonic() - obs.queued),
-                              "load_duration": ollama.ns(obs.leased - obs.queued),
-                              "prompt_eval_count": reply.prompt_tokens})
+    return await common.vectors_response({"model": model, "embeddings": reply.data,
+                                          "total_duration": ollama.ns(time.monotonic() - obs.queued),
+                                          "load_duration": ollama.ns(obs.leased - obs.queued),
+                                          "prompt_eval_count": reply.prompt_tokens})
 
 
 def _modified(spec) -> str:

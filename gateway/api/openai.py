@@ -228,7 +228,7 @@ async def embeddings(request: web.Request) -> web.Response:
     model, inputs, fmt = oai.parse_embeddings(await read_json_object(request))
     async with common.lease(request, model, embeddings=True) as (spec, backend):
         reply = await common.embedded(request, backend.embed(inputs))
-    return web.json_response(oai.embeddings_body(spec.name, reply.data, fmt, reply.prompt_tokens))
+    return await common.vectors_response(oai.embeddings_body(spec.name, reply.data, fmt, reply.prompt_tokens))
 
 
 @spends("rerank")

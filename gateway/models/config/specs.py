@@ -283,8 +283,9 @@ class ServerConfig:
     # imported): a model switch skips that part of the start, for the spare's idle memory
     spare_worker: bool = True
     # the HTTP server's event loop (``cli.event_loop``): uvloop's (the ``fast`` extra), asyncio's
-    # own, or ``auto``: uvloop where it is installed
-    event_loop: str = "auto"
+    # own, or ``auto``: uvloop where it is installed. asyncio's by default: uvloop did not make the
+    # 1-token p50 measurably shorter (docs/performance.md, "Where a request's time goes")
+    event_loop: str = "asyncio"
     # keep Claude Code's per-session ``x-anthropic-billing-header:`` system block in the prompt
     # (off: left out, so that a new session's prompt reuses the last one's cache)
     keep_billing_header: bool = False
