@@ -20,7 +20,7 @@ Running. ``run_case`` drives one case through what a loaded model and a request 
 formats settled from the template and its marker tokens (``Formats.settle``, the settings
 ``auto``), the prompt rendered by the worker's path (``toolhistory.for_template`` and
 ``chat_template.render``) for its tail, then ``answer.prepare`` / ``answer.start`` /
-``answer.pieces`` over the raw output, fed whole and in 1-3 character pieces. The comparison is
+``answer.Reader`` over the raw output, fed whole and in 1-3 character pieces. The comparison is
 llama.cpp's own (``assert_msg_equals`` with whitespace differences ignored): content and
 reasoning stripped, calls by name and arguments as parsed JSON; call ids are not compared (the
 gateway makes its own). A partial case (``is_partial``: llama.cpp's message part way through
@@ -689,9 +689,10 @@ class Gateway:
         if not case.is_partial:
             events.append(ipc.Done(1, "stop", None, 1, len(texts), 0))
         gen = _Events(events)
-        _, parser = await answer.start(gen, req, stream)  # type: ignore[arg-type]
+        _, reader = await answer.start(gen, req, stream)  # type: ignore[arg-type]
         seen = Seen()
-        async for item in answer.pieces(gen, parser):  # type: ignore[arg-type]
+        items = [item async for event in gen for item in reader.read(event)]  # type: ignore[attr-defined]
+        for item in items:
             if isinstance(item, Piece):
                 if item.kind == "thinking":
                     seen.reasoning += item.text

@@ -27,15 +27,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from realmodel import CACHE
 
-from gateway.api import anthropic as api_anthropic
-from gateway.api import openai as api_openai
 from gateway.app import create_app
 from gateway.base.errors import ApiError
+from gateway.engine.ipc import Start
 from gateway.models import testmodels as tm
-from gateway.models.config import load_config
+from gateway.models.config import ServerConfig, load_config
+from gateway.server.events import Observation
 from gateway.server.sse import EventStream, LineStream
+from gateway.wire import anthropic as wire_anthropic
+from gateway.wire import fim as wire_fim
 from gateway.wire import openai as wire_openai
 from gateway.wire.answer import Piece
+from gateway.wire.context import Context
 from gateway.wire.readback import read_answer
 
 S = tm.Special
@@ -499,14 +502,18 @@ def test_more_than_one_choice_reads_choice_zero():
 
 def test_in_band_errors_in_each_wires_words():
     err = ApiError("the model broke", status=500, code="boom")
-    render = wire_openai.Renderer("chat", "m")
-    oai = [(render.delta_chunk(Piece("content", "so far")), None), (render.final_chunk("error"), None),
-           *api_openai._told(err), ("[DONE]", None)]  # as the chat stream's failure writes it
-    read = read_answer("/v1/chat/completions", True, sse(*oai))
+    ctx = Context("r", None, False, ServerConfig(), Observation("r", "/"))
+    chat = wire_openai.Writer(wire_openai.parse_chat({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                                      "stream": True}), ctx, kind="chat")
+    begun = chat.open(Start(0, 1, 0, 0))
+    oai = [*begun, *chat.feed(Piece("content", "so far")), *chat.fail(err), (chat.done, None)]
+    read = read_answer("/v1/chat/completions", True, sse(*oai))  # as the chat stream's failure writes it
     assert (read["content"], read["finish_reason"], read["error"]) == ("so far", "error", "the model broke")
-    read = read_answer("/v1/messages", True, sse(*api_anthropic._told(err)))
+    messages = wire_anthropic.Writer(wire_anthropic.parse({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}), ctx)
+    read = read_answer("/v1/messages", True, sse(*messages.fail(err)))
     assert read["error"] == "the model broke" and read["choices"] == 0
-    read = read_answer("/infill", True, sse(({"content": "x", "stop": False}, None), *api_openai._told(err)))
+    infill = wire_fim.InfillWriter(wire_fim.parse_infill({"input_prefix": "a", "input_suffix": "b"}), ctx)
+    read = read_answer("/infill", True, sse(({"content": "x", "stop": False}, None), *infill.fail(err)))
     assert (read["content"], read["error"]) == ("x", "the model broke")
     read = read_answer("/api/generate", True, lines({"response": "x", "done": False}, {"error": "the model broke"}))
     assert (read["content"], read["error"]) == ("x", "the model broke")

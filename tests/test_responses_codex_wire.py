@@ -35,11 +35,13 @@ def parse(**fields):
 
 def run(parsed, items):
     builder = responses.ResponseBuilder("m", parsed)
-    events = builder.start()
+    frames = builder.open()
     for item in items:
-        events += builder.feed(item)
-    closing, body = builder.finish(FINISH)
-    events += closing
+        frames += builder.feed(item)
+    frames += builder.close(FINISH)
+    body = builder.body()
+    assert all(name == event["type"] for event, name in frames)  # each sent under its type's name
+    events = [event for event, _ in frames]
     for event in events:
         validate_event(event)
     validate(body, "Response")

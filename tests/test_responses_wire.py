@@ -10,8 +10,9 @@ from gateway.wire.answer import Piece
 
 def test_a_broken_answer_ends_with_an_error_event_and_a_failed_response():
     builder = responses.ResponseBuilder("m", responses.parse({"model": "m", "input": "hi"}))
-    events = [*builder.start(), *builder.feed(Piece("content", "Hel"))]
-    events += builder.fail(ApiError("the upstream server broke the stream", status=502, code="upstream_unavailable"))
+    frames = [*builder.open(), *builder.feed(Piece("content", "Hel"))]
+    frames += builder.fail(ApiError("the upstream server broke the stream", status=502, code="upstream_unavailable"))
+    events = [event for event, _ in frames]
     for event in events:
         validate_event(event)
     error, failed = events[-2:]

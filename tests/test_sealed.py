@@ -68,10 +68,11 @@ def test_what_this_gateway_did_not_seal_is_refused(value):
 def test_the_builder_seals_with_the_requests_key_and_the_next_turn_opens_it():
     parsed = responses.parse({"model": "m", "input": "2+2?", "include": ["reasoning.encrypted_content"]}, KEY)
     builder = responses.ResponseBuilder("m", parsed)
-    builder.start()
+    builder.open()
     for item in (Piece("thinking", "Two and two."), Piece("content", "4.")):
         builder.feed(item)
-    _, body = builder.finish(Finish("stop", None, 10, 5, 3))
+    builder.close(Finish("stop", None, 10, 5, 3))
+    body = builder.body()
     item = body["output"][0]
     assert responses.unseal(item["encrypted_content"], WHERE, KEY) == "Two and two."
     turn = [{"role": "user", "content": "2+2?"}, {"type": "reasoning", "summary": [],

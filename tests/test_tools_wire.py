@@ -153,8 +153,7 @@ def test_openai_calls_whole_and_streamed_fit_the_schema():
 def test_anthropic_tool_use_blocks():
     from gateway.wire.answer import Call, Finish
 
-    render = anthropic.Renderer("m")
-    block = render.tool_block(Call(0, "call_abc", "get_weather"), {"city": "Paris"})
+    block = anthropic.tool_block(Call(0, "call_abc", "get_weather"), {"city": "Paris"})
     assert block == {"type": "tool_use", "id": "toolu_abc", "name": "get_weather", "input": {"city": "Paris"}}
     assert anthropic.stop_reason(Finish("tool_calls", None, 1, 1, 0)) == ("tool_use", None)
 

@@ -13,46 +13,26 @@ from typing import Any
 from aiohttp import web
 
 from ..backends.local import Backend
-from ..base.errors import InvalidRequest
 from ..engine.ipc import Embeddings
 from ..models.config import ModelSpec
 from ..server.captures import CAPTURE
-from ..server.events import OWNER, STREAM, observation
+from ..server.events import STREAM, Observation, observation
 from ..server.sse import EventStream
+from ..serving.registry import Registry
 from ..serving.supervisor import LOADED
-from ..wire.params import Parsed
-from .appkeys import CONFIG, REGISTRY
-
-
-def apply_limits(request: web.Request, parsed: Parsed) -> None:
-    """server.max_messages before any work, server.request_timeout as each request's deadline,
-    and the cache scope of server.isolate_cache_by_key: the API key's own (``OWNER``, a digest of
-    the key, never its name: a key renamed, or another key given its old name or place in the
-    list, does not reuse or learn from its saved caches)."""
-    server = request.app[CONFIG].server
-    messages = parsed.request.messages
-    if messages is not None and len(messages) > server.max_messages:
-        raise InvalidRequest(f"`messages` holds {len(messages)} messages; this server takes at most "
-                             f"{server.max_messages} (server.max_messages)", "messages")
-    if server.request_timeout:
-        deadline = time.time() + server.request_timeout
-        for req in parsed.requests:
-            req.deadline = deadline
-    if server.isolate_cache_by_key:
-        for req in parsed.requests:
-            req.cache_scope = request.get(OWNER) or ""
+from .appkeys import CONFIG
 
 
 @asynccontextmanager
-async def lease(request: web.Request, model: object, **kinds) -> AsyncIterator[tuple[ModelSpec, Backend]]:
-    """``Registry.lease`` (``kinds``: its ``embeddings``, ``rerank``, ``on_progress``), its wait
-    noted in the request's observation for traces and captures: when it was asked for, when it
-    was held, and the load it waited for."""
-    obs = observation(request)
+async def hold(registry: Registry, obs: Observation, model: object,
+               **kinds: Any) -> AsyncIterator[tuple[ModelSpec, Backend]]:
+    """The model held for a request: ``Registry.lease`` (``kinds``: its ``embeddings``,
+    ``rerank``, ``on_progress``), its wait noted in the request's observation ``obs`` for traces
+    and captures: when it was asked for, when it was held, and the load it waited for."""
     if obs.asked_model is None and isinstance(model, str):
         obs.asked_model = model
     obs.queued = time.monotonic()
-    async with request.app[REGISTRY].lease(model, **kinds) as (spec, backend):
+    async with registry.lease(model, **kinds) as (spec, backend):
         obs.model = spec.name
         obs.leased = time.monotonic()
         loaded = backend.info.get(LOADED)
@@ -115,9 +95,9 @@ def tapped(request: web.Request, out: EventStream) -> EventStream:
 DROPPED_TOOLS = "X-Gateway-Dropped-Tools"  # the tools a request gave that its prompt left out
 
 
-def dropped_tools(request: web.Request, dropped: list[str]) -> dict[str, str]:
+def dropped_tools(obs: Observation, dropped: list[str]) -> dict[str, str]:
     """Tell the tools a request gave that the gateway cannot run (hosted ones: web search, code
     execution, ...) and so left out of the prompt: in the inference event, and as the headers an
     answer sends (where its stream is not open yet)."""
-    observation(request).dropped_tools = dropped
+    obs.dropped_tools = dropped
     return {DROPPED_TOOLS: ",".join(dropped)} if dropped else {}

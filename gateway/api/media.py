@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import asyncio
 
-from aiohttp import web
-
 from ..base.errors import InvalidRequest
 from ..engine.ipc import Media
 from ..models.config import ServerConfig
-from ..server.events import observation
 from ..server.fetch import fetch_media
 from ..wire import media as wire_media
+from ..wire.context import Context
 from ..wire.params import Parsed
-from .appkeys import CONFIG
 
 
 def limits(server: ServerConfig) -> wire_media.Limits:
@@ -29,11 +26,11 @@ def limits(server: ServerConfig) -> wire_media.Limits:
                              seconds=server.max_media_seconds_per_request)
 
 
-async def ready(request: web.Request, parsed: Parsed) -> None:
+async def ready(ctx: Context, parsed: Parsed) -> None:
     """Each request's media as bytes llama.cpp can decode, or a 400."""
-    server = request.app[CONFIG].server
+    server = ctx.server
     bounds = limits(server)
-    told = observation(request).media
+    told = ctx.observation.media
     for req in parsed.requests:
         spent = wire_media.Spent()
         unread = []

@@ -14,23 +14,22 @@ import hashlib
 import math
 import time
 from datetime import datetime, timedelta, timezone
+from functools import partial
 from typing import Any
 
 from aiohttp import web
 
 from .. import __version__
 from ..access.scope import visible
-from ..backends.local import Backend
 from ..base.errors import ApiError
 from ..models.config import ModelSpec
 from ..server.events import observation
-from ..server.sse import EventStream, LineStream
 from ..serving.registry import keep_alive
 from ..text.formats import reasoning_format, tool_format
-from ..wire import answer, ollama
+from ..wire import ollama
 from . import common, pipeline
 from .access import is_admin, require_admin, spends
-from .appkeys import CONFIG, REGISTRY
+from .appkeys import REGISTRY
 from .body import read_json_object
 
 FOREVER = 3650 * 86400.0  # seconds: how far off a model kept loaded for good (or busy) shows its expiry
@@ -74,51 +73,12 @@ async def _load_only(request: web.Request, parsed: ollama.OllamaParsed, chat: bo
 
 
 async def _answer(request: web.Request, parsed: ollama.OllamaParsed, chat: bool) -> web.StreamResponse:
-    clock = ollama.Clock(time.monotonic())
-    req = parsed.request
-
-    def on_lease(spec: ModelSpec, _backend: Backend) -> None:
-        clock.loaded = time.monotonic()
+    def on_lease(spec: ModelSpec) -> None:
         keep_alive(request.app[REGISTRY], spec, parsed.keep_alive, shorten=is_admin(request))
 
-    # Ollama's streams carry no load progress (its clients read each line as JSON), and give
-    # each call whole
-    async with pipeline.run(request, parsed, thinking=req.suffix is None, on_lease=on_lease,
-                            whole_calls=True) as (_spec, run):
-        clock.first = time.monotonic()
-        if parsed.stream:
-            return await _stream(request, parsed, chat, run, clock)
-        whole = pipeline.Whole()
-        finish = await pipeline.collect(run, whole.feed)
-        body = ollama.chunk(parsed.model, chat, whole.content, whole.thinking, whole.calls)
-        body.update(done=True, done_reason=ollama.done_reason(finish.reason),
-                    **clock.stats(finish.prompt_tokens, finish.completion_tokens))
-        return web.json_response(body)
-
-
-async def _stream(request: web.Request, parsed: ollama.OllamaParsed, chat: bool, run: pipeline.Run,
-                  clock: ollama.Clock) -> web.StreamResponse:
-    held = pipeline.Whole()  # the calls, sent in one line once the answer ends, as Ollama sends them
-
-    async def write(lines: EventStream) -> None:
-        async for item in run.items:
-            if isinstance(item, answer.Piece):
-                content, thinking = (item.text, "") if item.kind == "content" else ("", item.text)
-                await lines.send(ollama.chunk(parsed.model, chat, content, thinking), hold=True)
-            elif isinstance(item, answer.Finish):
-                if held.calls:
-                    await lines.send(ollama.chunk(parsed.model, chat, calls=held.calls))
-                last = ollama.chunk(parsed.model, chat)
-                last.update(done=True, done_reason=ollama.done_reason(item.reason),
-                            **clock.stats(item.prompt_tokens, item.completion_tokens))
-                await lines.send(last)
-            else:
-                held.feed(item)
-
-    # the model failed mid-answer: Ollama's clients read an error line
-    return await pipeline.stream(request, LineStream(request, write_timeout=request.app[CONFIG].server.write_timeout),
-                                 [run.gen], write, lambda err: [({"error": err.message}, None)],
-                                 name=f"for {parsed.model}")
+    # Ollama gives each call whole, in a stream too
+    return await pipeline.answer(request, parsed, partial(ollama.Writer, parsed, chat=chat),
+                                 thinking=parsed.request.suffix is None, on_lease=on_lease, whole_calls=True)
 
 
 @spends("ollama")
@@ -134,7 +94,7 @@ async def embeddings(request: web.Request) -> web.Response:
 async def _embed(request: web.Request, legacy: bool) -> web.Response:
     model, inputs, alive = ollama.parse_embed(await read_json_object(request), legacy)
     obs = observation(request)
-    async with common.lease(request, model, embeddings=True) as (spec, backend):  # its wait in obs's clocks
+    async with common.hold(request.app[REGISTRY], obs, model, embeddings=True) as (spec, backend):
         keep_alive(request.app[REGISTRY], spec, alive, shorten=is_admin(request))
         reply = await common.embedded(request, backend.embed(inputs))
     if legacy:

@@ -4,28 +4,24 @@ the middle), Mistral's /v1/fim/completions; and llama-server's /infill, /props, 
 
 from __future__ import annotations
 
-import time
-from typing import Any
+from functools import partial
 
 from aiohttp import web
 
 from ..access.scope import visible
-from ..backends.local import Backend
-from ..base.errors import ApiError, InvalidRequest
+from ..base.errors import InvalidRequest
 from ..models.adapternames import qualified
 from ..server.events import observation
-from ..server.sse import EventStream
 from ..serving.registry import adapters_of
-from ..wire import answer, fim
+from ..wire import fim
 from ..wire import openai as oai
 from ..wire import props as props_wire
 from ..wire import rerank as rerank_wire
 from ..wire.params import require_model
 from . import common, pipeline
 from .access import spends
-from .appkeys import CONFIG, REGISTRY
+from .appkeys import REGISTRY
 from .body import read_json_object
-from .common import apply_limits, event_stream
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -66,75 +62,9 @@ async def fim_completions(request: web.Request) -> web.StreamResponse:
     return await _complete(request, parsed, "fim")
 
 
-def _told(err: ApiError) -> list[tuple[dict[str, Any], str | None]]:
-    """A failure in an OpenAI-shaped stream (and llama-server's): the error object, in-band."""
-    return [(err.openai_body(), None)]
-
-
 async def _complete(request: web.Request, parsed: oai.Parsed, kind: str) -> web.StreamResponse:
     thinking = kind == "chat" and parsed.reasoning_format != "none"
-    async with pipeline.lease(request, parsed, thinking=thinking, failure=_told) as (spec, backend):
-        render = oai.Renderer(kind, spec.name, fields=request.app[CONFIG].server.reasoning_fields,
-                              id=f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{observation(request).request_id}")
-        if parsed.stream:
-            return await _stream(request, render, parsed, backend)
-        return await _whole(request, render, parsed, backend)
-
-
-async def _whole(request: web.Request, render: oai.Renderer, parsed: oai.Parsed, backend: Backend) -> web.Response:
-    choices, finishes = [], []
-    for index, req in enumerate(parsed.requests):  # a batch of prompts runs one after another
-        async with pipeline.generate(request, backend, req, stream=False) as run:
-            whole = pipeline.Whole(logprobs=[] if req.logprobs is not None else None)
-            finish = await pipeline.collect(run, whole.feed)
-        choices.append(render.choice(index, whole.content, whole.thinking, finish, whole.logprobs,
-                                     run.begun.prompt_text or "", whole.calls))
-        finishes.append(finish)
-    return web.json_response(render.whole(choices, finishes))
-
-
-async def _stream(request: web.Request, render: oai.Renderer, parsed: oai.Parsed,
-                  backend: Backend) -> web.StreamResponse:
-    reqs = parsed.requests
-    gens = [backend.generate(req) for req in reqs]  # queued in order in the worker
-    runs: list[pipeline.Run] = []
-    try:
-        # a refusal is still a plain error response
-        runs.append(await pipeline.start(request, gens[0], reqs[0], stream=True))
-        finishes: list[answer.Finish] = []
-
-        async def write(sse: EventStream) -> None:
-            if (chunk := render.first_chunk()) is not None:
-                await sse.send(chunk)
-            for index, gen in enumerate(gens):
-                if index == len(runs):
-                    runs.append(await pipeline.start(request, gen, reqs[index], stream=True))
-                run = runs[index]
-                offset = 0
-                if run.begun.prompt_text:
-                    echo = run.begun.prompt_text
-                    await sse.send(render.delta_chunk(answer.Piece("content", echo), index))
-                    offset = len(echo)
-                async for item in run.items:
-                    if isinstance(item, answer.Piece):
-                        await sse.send(render.delta_chunk(item, index, offset), hold=True)
-                        offset += len(item.text)
-                    elif isinstance(item, answer.Call | answer.CallArgs):
-                        await sse.send(render.call_chunk(item, index), hold=True)
-                    else:
-                        await sse.send(render.final_chunk(item.reason, index, item))
-                        finishes.append(item)
-            if parsed.include_usage:
-                await sse.send(render.usage_chunk(finishes))
-
-        # the worker failed mid-answer: the choice ends with "error", then the error object
-        return await pipeline.stream(request, event_stream(request), gens, write,
-                                     lambda err: [(render.final_chunk("error"), None), *_told(err)],
-                                     name=render.id, done="[DONE]")
-    finally:
-        for index, gen in enumerate(gens):  # each one's tokens counted, those of a prompt not reached yet too
-            pipeline.left(request, gen, runs[index] if index < len(runs) else None)
-            gen.close()
+    return await pipeline.answer(request, parsed, partial(oai.Writer, parsed, kind=kind), thinking=thinking)
 
 
 def _fim_model(request: web.Request, name: str) -> str:
@@ -166,41 +96,7 @@ async def infill(request: web.Request) -> web.StreamResponse:
     """llama-server's /infill: fill in the middle, answered in the shape of its /completion."""
     parsed = fim.parse_infill(await read_json_object(request))
     parsed.model = _fim_model(request, parsed.model)
-    req, obs = parsed.request, observation(request)
-    async with pipeline.lease(request, parsed, thinking=False, failure=_told) as (spec, backend):
-        # the extra context cut to what this model can keep of it, before the worker tokenizes it
-        if req.infill_extra and (budget := fim.extra_budget(backend.info, req.max_tokens)) is not None:
-            req.infill_extra = fim.trim_extra(req.infill_extra, budget)
-        started = time.monotonic()
-        async with pipeline.generate(request, backend, req, stream=parsed.stream) as run:
-            if parsed.stream:
-                return await _infill_stream(request, spec.name, parsed, run, started)
-            text: list[str] = []  # every piece: an upstream's thinking too, as the completion's text
-            finish = await pipeline.collect(run, lambda item: text.append(item.text)
-                                            if isinstance(item, answer.Piece) else None)
-            timing = fim.timings(finish, started, obs.first_token, obs.last_token)
-            return web.json_response(fim.pick(parsed.response_fields,
-                                              fim.final(spec.name, "".join(text), finish, timing, req)))
-
-
-async def _infill_stream(request: web.Request, model: str, parsed: fim.InfillParsed, run: pipeline.Run,
-                         started: float) -> web.StreamResponse:
-    """llama-server's /completion stream: ``data: {...}`` per piece, the final object last, no
-    ``[DONE]``; a failure mid-answer is an ``error`` object in-band."""
-    obs = observation(request)
-    evaluated = run.begun.prompt_tokens
-
-    async def write(sse: EventStream) -> None:
-        async for item in run.items:
-            if isinstance(item, answer.Piece):
-                predicted = 1 + len(obs.gaps) if obs.first_token is not None else 0
-                await sse.send(fim.partial(item.text, predicted, evaluated), hold=True)
-            elif isinstance(item, answer.Finish):
-                timing = fim.timings(item, started, obs.first_token, obs.last_token)
-                await sse.send(fim.pick(parsed.response_fields, fim.final(model, "", item, timing, parsed.request)))
-
-    return await pipeline.stream(request, event_stream(request), [run.gen], write, _told,
-                                 name=f"for {model} (infill)")
+    return await pipeline.answer(request, parsed, partial(fim.InfillWriter, parsed), thinking=False)
 
 
 async def props(request: web.Request) -> web.Response:
@@ -226,7 +122,7 @@ async def props(request: web.Request) -> web.Response:
 @spends("embeddings")
 async def embeddings(request: web.Request) -> web.Response:
     model, inputs, fmt = oai.parse_embeddings(await read_json_object(request))
-    async with common.lease(request, model, embeddings=True) as (spec, backend):
+    async with common.hold(request.app[REGISTRY], observation(request), model, embeddings=True) as (spec, backend):
         reply = await common.embedded(request, backend.embed(inputs))
     return await common.vectors_response(oai.embeddings_body(spec.name, reply.data, fmt, reply.prompt_tokens))
 
@@ -235,7 +131,7 @@ async def embeddings(request: web.Request) -> web.Response:
 async def rerank(request: web.Request) -> web.Response:
     """llama-server's, Jina's and Cohere's rerank: each document's relevance to the query."""
     model, query, documents, top_n, returned = rerank_wire.parse(await read_json_object(request))
-    async with common.lease(request, model, rerank=True) as (spec, backend):
+    async with common.hold(request.app[REGISTRY], observation(request), model, rerank=True) as (spec, backend):
         reply = await common.embedded(request, backend.rerank(query, documents))
     return web.json_response(rerank_wire.body(spec.name, documents, [v[0] for v in reply.data], top_n, returned,
                                               reply.prompt_tokens))
@@ -274,10 +170,8 @@ async def apply_template(request: web.Request) -> web.Response:
     """llama-server's /apply-template: a chat request's messages through the model's chat
     template, unrun -> {"prompt": text}."""
     parsed = oai.parse_chat(await read_json_object(request))
-    apply_limits(request, parsed)
-    async with request.app[REGISTRY].lease(parsed.model, embeddings=None) as (spec, backend):
-        answer.prepare(parsed.request, spec.name, backend.info)
-        reply = await backend.apply_template(parsed.request.to_dict())
+    reply, _ = await pipeline.unrun(request, parsed, lambda backend, req: backend.apply_template(req),
+                                    embeddings=None)
     return web.json_response({"prompt": reply.text})
 
 

@@ -1,70 +1,63 @@
 """The path of a generating request, whatever its wire shape (ARCHITECTURE.md, "A request's
-path", from step 3's limits to step 6), written once: the server's limits, the lease, the
-model's defaults, each request prepared by the model's formats (settled at its load, read by
-``answer.prepare``) and reasoning budget, the generation, its first event (``answer.start``)
-and its pieces (``answer.pieces``).
+path"), written once: ``answer`` takes a parsed request and the wire's writer
+(``wire.writer.Writer``) and does the rest.
 
-Whole and streamed answers take the same path up to the pieces: ``collect`` folds them into a
-whole answer, ``stream`` writes them as they come and is the one place where a stream ends,
-after an error once it began included. A wire passes in only what is its own: how a failure
-is told in its stream (``Failure``), what it writes, how it folds a whole answer."""
+In order: the request's context for the wire (``context``); the model held and the request
+made ready for it (``prepared``: the server's limits, its media, the lease, one preparation
+step); each generation started (a refusal is still a plain error response, in the wire's own
+words where the handler gives ``refused``) and read (``wire.answer.Reader``), its tokens counted
+into the request's observation here, and its pieces handed to the writer; then the writer's
+whole body, or its frames streamed as they come (``stream``: the one place where a stream ends,
+after an error once it began included). However a generation is left (the answer's end, an
+error, a client gone), what it generated is counted (``_left``)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from aiohttp import web
 
 from ..backends.local import Backend, GenerationEvents
 from ..base.errors import ApiError
-from ..engine.ipc import GenerationRequest, Start
+from ..engine import ipc
 from ..models.config import ModelSpec
-from ..server.events import Tally, observation
-from ..server.sse import EventStream
+from ..server.events import OWNER, Observation, Tally, observation
+from ..server.sse import EventStream, LineStream
 from ..serving.registry import picked_adapter
-from ..serving.supervisor import Progress
-from ..wire import answer, fim
-from ..wire import media as wire_media
-from ..wire.params import Parsed, apply_defaults, apply_effort
+from ..wire import answer as wire_answer
+from ..wire.context import Context
+from ..wire.params import Parsed
+from ..wire.prepare import admit, prepare
+from ..wire.writer import Frame, Writer
 from . import common, media
-from .appkeys import REGISTRY
-from .common import apply_limits, event_stream
+from .access import is_admin
+from .appkeys import CONFIG, REGISTRY
+from .common import event_stream
 
 log = logging.getLogger(__name__)
-
-# how a wire tells a failure in a stream already open: its messages, each with its SSE event
-# name (None: a plain ``data:`` frame), as ``EventStream.failure`` holds it
-Failure = Callable[[ApiError], list[tuple[dict[str, Any], str | None]]]
+R = TypeVar("R")
 
 
-@dataclass
-class Run:
-    """One generation the backend accepted: its events, its start event (prompt tokens, the
-    prompt's text for echo, ...), and its pieces and calls, then its finish, as ``answer.pieces``
-    reads them; ``tally``, its tokens as its request's observation counts them."""
-
-    gen: GenerationEvents
-    begun: Start
-    items: AsyncGenerator[answer.Item | answer.Finish, None]
-    tally: Tally
+def context(request: web.Request) -> Context:
+    """What the wire layer may know of ``request`` (``wire.context.Context``)."""
+    obs = observation(request)
+    return Context(obs.request_id, request.get(OWNER), is_admin(request), request.app[CONFIG].server, obs)
 
 
-def load_progress(request: web.Request, stream: bool, failure: Failure) -> Progress | None:
-    """For a streamed request: what tells its client how the load it waits for goes, as SSE
-    comment lines (``: loading 43%``, which OpenAI's and Anthropic's clients skip). That opens
-    the stream with status 200, so from then on a failure is told in-band, as ``failure`` says
-    (``app.errors_middleware``)."""
-    if not stream:
-        return None
+def _progress(request: web.Request, out: Writer) -> Callable[[float], Awaitable[None]]:
+    """What tells a streamed request's client how the load it waits for goes, as SSE comment
+    lines (``: loading 43%``, which OpenAI's and Anthropic's clients skip). That opens the
+    stream with status 200, so from then on a failure is told in-band, in the writer's words
+    (``app.failed_response``)."""
 
     async def tell(fraction: float) -> None:
         sse = event_stream(request)
         if not sse.opened:
-            sse.failure = failure
+            sse.failure = out.fail
             await sse.open()
         await sse.comment(f"loading {int(fraction * 100)}%")
 
@@ -72,152 +65,196 @@ def load_progress(request: web.Request, stream: bool, failure: Failure) -> Progr
 
 
 @asynccontextmanager
-async def lease(request: web.Request, parsed: Parsed, *, thinking: bool = True, failure: Failure | None = None,
-                on_lease: Callable[[ModelSpec, Backend], None] | None = None
-                ) -> AsyncIterator[tuple[ModelSpec, Backend]]:
-    """The model ``parsed`` names, held for the ``async with``, each of its requests prepared.
+async def prepared(request: web.Request, ctx: Context, parsed: Parsed, *, thinking: bool = True,
+                   out: Writer | None = None, **kinds: bool | None) -> AsyncIterator[tuple[ModelSpec, Backend]]:
+    """The model ``parsed`` names, held for the ``async with``, its requests made ready for it.
 
-    In order: the server's limits (``apply_limits``, before any wait); the request's pictures and
-    sounds made ready (``media.ready``: fetched, decoded, checked); the lease, which tells a
-    streamed request's client how a load goes where its wire gives the ``failure`` to tell in
-    that stream (``load_progress``; without one, the client waits in silence); ``on_lease``, a
-    wire's own note on the model; a suffix (fill in the middle) refused on a model that cannot
-    fill; media of a kind the model does not take refused, or a tool's picture told as its note
-    (``wire.media.require``); the model's defaults; each request's formats (``answer.prepare``,
-    by those the model's load settled: thinking split out where ``thinking``, else not) and
-    reasoning budget."""
-    apply_limits(request, parsed)
-    await media.ready(request, parsed)
-    progress = load_progress(request, parsed.stream, failure) if failure is not None else None
-    observation(request).request = parsed.request
+    In order: the server's limits (``wire.prepare.admit``, before any wait); the request's pictures and
+    sounds made ready (``media.ready``: fetched, decoded, checked); the model's name resolved
+    once (``BASE:ADAPTER``: the base, with that adapter on each request); the lease, which tells a
+    streamed request's client how a load goes where its writer allows (``Writer.progress``;
+    otherwise the client waits in silence); then ``wire.prepare.prepare``, the one step that
+    readies each request for the model it got (``thinking``: whether thinking is split out).
+    ``kinds``: ``Registry.lease``'s (``embeddings=None``: a model of any kind)."""
+    admit(parsed, ctx)
+    await media.ready(ctx, parsed)
+    progress = _progress(request, out) if out is not None and out.progress and parsed.stream else None
+    ctx.observation.request = parsed.request
+    registry = request.app[REGISTRY]
     name = parsed.model
-    if (picked := picked_adapter(request.app[REGISTRY], name)) is not None:  # BASE:ADAPTER: the base, that adapter on
+    if (picked := picked_adapter(registry, name)) is not None:
         name = picked[0].name
         for req in parsed.requests:
             req.adapter = picked[1]
-    async with common.lease(request, name, on_progress=progress) as (spec, backend):
-        if on_lease is not None:
-            on_lease(spec, backend)
-        if parsed.request.suffix is not None:
-            fim.require_fim(backend.info, spec.name, parsed.request.suffix_param)
-        for req in parsed.requests:
-            wire_media.require(req, backend.info, spec.name)
-        apply_defaults(parsed, spec.defaults)
-        for req in parsed.requests:
-            answer.prepare(req, spec.name, backend.info, thinking=thinking)
-            apply_effort(req, parsed.reasoning_effort, spec.reasoning_budgets, req.reasoning)
+    async with common.hold(registry, ctx.observation, name, on_progress=progress, **kinds) as (spec, backend):
+        prepare(parsed, spec, backend.info, thinking=thinking)
         yield spec, backend
 
 
-async def start(request: web.Request, gen: GenerationEvents, req: GenerationRequest, *, stream: bool,
+async def unrun(request: web.Request, parsed: Parsed, job: Callable[[Backend, dict[str, Any]], Awaitable[R]],
+                embeddings: bool | None = False) -> tuple[R, dict[str, str]]:
+    """``job`` on the prompt ``parsed`` makes for its model, prepared as a generation's would be
+    but not run (counting its tokens, showing it), and the headers its answer sends.
+    ``embeddings``: ``Registry.lease``'s (None: a model of any kind)."""
+    headers = common.dropped_tools(observation(request), parsed.dropped)
+    async with prepared(request, context(request), parsed, embeddings=embeddings) as (_spec, backend):
+        return await job(backend, parsed.request.to_dict()), headers
+
+
+@dataclass
+class Run:
+    """One generation the backend accepted: its events, its start event (prompt tokens, the
+    prompt's text for echo, ...), the reader of its answer and its tally (its tokens, as its
+    request's observation counts them)."""
+
+    gen: GenerationEvents
+    begun: ipc.Start
+    reader: wire_answer.Reader
+    tally: Tally
+
+
+async def start(obs: Observation, gen: GenerationEvents, req: ipc.GenerationRequest, *, stream: bool,
                 refused: Callable[[ApiError], ApiError] | None = None) -> Run:
     """``gen`` (the generation of ``req``) once the backend accepted it. A refusal raises its
     error, before anything of the answer is written, so it is still a plain error response;
     ``refused`` puts it in the wire's own words. ``stream=False``: each call is given whole,
     once its arguments parse (``answer.start``)."""
     try:
-        begun, parser = await answer.start(gen, req, stream=stream)
+        begun, reader = await wire_answer.start(gen, req, stream=stream)
     except ApiError as err:
         if refused is None:
             raise
         raise refused(err) from None
-    tally = observation(request).began(begun)  # its prompt counted from here
-    return Run(gen, begun, answer.pieces(gen, parser, tally), tally)
+    return Run(gen, begun, reader, obs.began(begun))  # its prompt counted from here
 
 
-def left(request: web.Request, gen: GenerationEvents, run: Run | None) -> None:
-    """``gen`` (``run``'s, or one never started) is left, at its end or before it: what it
-    generated that was not read is counted in the request's observation too (``answer.left``),
-    so the access middleware charges it however the request ended."""
-    answer.left(gen, observation(request), run.tally if run is not None else None)
-
-
-@asynccontextmanager
-async def generate(request: web.Request, backend: Backend, req: GenerationRequest, *, stream: bool,
-                   refused: Callable[[ApiError], ApiError] | None = None) -> AsyncIterator[Run]:
-    """``req`` generated and started (``start``) for the ``async with``; leaving it before the
-    answer's end (an error, a client gone) cancels the rest, and what it generated is counted
-    (``left``)."""
-    async with backend.generate(req) as gen:
-        run = None
-        try:
-            run = await start(request, gen, req, stream=stream, refused=refused)
-            yield run
-        finally:
-            left(request, gen, run)
-
-
-@asynccontextmanager
-async def run(request: web.Request, parsed: Parsed, *, thinking: bool = True, failure: Failure | None = None,
-              on_lease: Callable[[ModelSpec, Backend], None] | None = None, whole_calls: bool = False,
-              refused: Callable[[ApiError], ApiError] | None = None) -> AsyncIterator[tuple[ModelSpec, Run]]:
-    """``lease`` then ``generate`` for a request of one prompt (every wire's but OpenAI's,
-    whose batches of prompts use the two steps). ``whole_calls``: calls given whole even in a
-    stream (Ollama's way)."""
-    async with lease(request, parsed, thinking=thinking, failure=failure, on_lease=on_lease) as (spec, backend):
-        async with generate(request, backend, parsed.request, stream=parsed.stream and not whole_calls,
-                            refused=refused) as started:
-            yield spec, started
-
-
-async def collect(started: Run, feed: Callable[[answer.Item], object]) -> answer.Finish:
-    """A whole answer: each piece and call given to the wire's ``feed`` in order; returns the
-    finish. An answer that ends without one is the worker's fault (500)."""
-    items = started.items
-    try:
-        async for item in items:
-            if isinstance(item, answer.Finish):
+async def read(obs: Observation, run: Run, out: Writer, sse: EventStream | None) -> wire_answer.Finish:
+    """``run``'s answer handed to ``out``, its frames sent to ``sse`` (None: a whole answer, whose
+    writer makes none) as they come, and its tokens, times and calls counted into ``obs``.
+    Returns its finish; an answer that ends without one is the worker's fault (500)."""
+    tally, reader = run.tally, run.reader
+    await _send(sse, out.open(run.begun))
+    async for event in run.gen:
+        items = reader.read(event)
+        if reader.fresh is not None:
+            tally.generated(reader.tokens)
+            obs.tokens(reader.fresh)
+        for item in items:
+            if isinstance(item, wire_answer.Finish):
+                tally.counts(item.prompt_tokens, item.cached_tokens, item.completion_tokens)
+                obs.finished(item)
+                obs.tool_calls += reader.completed
+                obs.tool_call_failures += reader.failures
                 return item
-            feed(item)
-    finally:
-        # closed here, not when it is collected: a suspended generator left to the garbage
-        # collector is closed by asyncio's finalizer hook, a wake-up of the loop and a task
-        await items.aclose()
+            if sse is not None:
+                for data, name in out.feed(item):
+                    await sse.send(data, event=name, hold=True)
+            else:
+                out.feed(item)
     raise ApiError("the model worker ended the answer without finishing it", status=500)
 
 
-@dataclass
-class Whole:
-    """A whole answer's pieces and calls gathered: its text of each kind, its calls (each
-    ``{"id", "name", "arguments"}``, the arguments as JSON text) and, where ``logprobs`` starts
-    as a list, the log-probabilities its pieces carried. ``feed`` is ``collect``'s."""
+async def _send(sse: EventStream | None, frames: list[Frame]) -> None:
+    if sse is not None:
+        for data, name in frames:
+            await sse.send(data, event=name)
 
-    text: dict[str, list[str]] = field(default_factory=lambda: {"content": [], "thinking": []})
-    calls: list[dict[str, Any]] = field(default_factory=list)
-    logprobs: list[dict[str, Any]] | None = None
 
-    def feed(self, item: answer.Item) -> None:
-        if isinstance(item, answer.Piece):
-            self.text[item.kind].append(item.text)
-            if self.logprobs is not None and item.logprobs:
-                self.logprobs += item.logprobs
-        elif isinstance(item, answer.Call):
-            self.calls.append({"id": item.id, "name": item.name, "arguments": ""})
-        else:  # the open call's arguments go on
-            self.calls[-1]["arguments"] += item.text
+def _left(obs: Observation, gen: GenerationEvents, run: Run | None) -> None:
+    """``gen`` (``run``'s, or one never started) is left, maybe before its end: its client went,
+    it failed, or it was cancelled. What its backend sent and nobody read was generated all the
+    same and is counted too: the prompt of a ``Start``, the tokens the last text event says, or a
+    ``Done``'s own counts; so the access middleware charges it however the request ended. (What
+    a worker generates after the cancel reaches it, a step or so, is not seen here.) Cheap at
+    the end of an answer read whole: nothing is left unread."""
+    unread = gen.unread()
+    if not unread:
+        return
+    tally = run.tally if run is not None else None
+    if tally is None:
+        first = unread[0]
+        if not isinstance(first, ipc.Start):
+            return  # refused or failed before it began: nothing was read of its prompt
+        tally = obs.began(first)
+    for event in reversed(unread):  # the last count a backend sent holds every one before it
+        if isinstance(event, ipc.Done):
+            tally.counts(event.prompt_tokens, event.cached_tokens, event.completion_tokens)
+            return
+        if isinstance(event, ipc.Text | ipc.Thinking | ipc.CallDelta) and event.tokens:
+            tally.generated(event.tokens)
+            return
 
-    @property
-    def content(self) -> str:
-        return "".join(self.text["content"])
 
-    @property
-    def thinking(self) -> str:
-        return "".join(self.text["thinking"])
+async def answer(request: web.Request, parsed: Parsed, make: Callable[[Context], Writer], *,
+                 thinking: bool = True, whole_calls: bool = False,
+                 on_lease: Callable[[ModelSpec], None] | None = None,
+                 refused: Callable[[ApiError], ApiError] | None = None,
+                 kept: Callable[[], None] | None = None) -> web.StreamResponse:
+    """``parsed`` answered, in the shape of the writer ``make`` makes for it.
+
+    ``thinking``: whether thinking is split out of the answer. ``whole_calls``: calls are given
+    whole even in a stream (Ollama's way). ``on_lease``: a wire's own note on the model it got.
+    ``refused``: a refusal put in the wire's own words. ``kept``: called once the answer is whole
+    (before a stream's last frames), to keep it (a stored response)."""
+    ctx = context(request)
+    out = make(ctx)
+    headers = common.dropped_tools(ctx.observation, parsed.dropped)
+    async with prepared(request, ctx, parsed, thinking=thinking, out=out) as (spec, backend):
+        out.leased(spec.name)
+        if on_lease is not None:
+            on_lease(spec)
+        streamed = parsed.stream and not whole_calls
+        if not parsed.stream:
+            for req in parsed.requests:  # a batch of prompts runs one after another
+                async with backend.generate(req) as gen:
+                    run = None
+                    try:
+                        run = await start(ctx.observation, gen, req, stream=False, refused=refused)
+                        out.close(await read(ctx.observation, run, out, None))
+                    finally:
+                        _left(ctx.observation, gen, run)
+            if kept is not None:
+                kept()
+            return web.json_response(out.body(), headers=headers)
+        gens = [backend.generate(req) for req in parsed.requests]  # queued in order in the worker
+        runs: list[Run] = []
+        try:
+            # a refusal is still a plain error response
+            runs.append(await start(ctx.observation, gens[0], parsed.requests[0], stream=streamed, refused=refused))
+
+            async def write(sse: EventStream) -> None:
+                for index, gen in enumerate(gens):
+                    if index == len(runs):
+                        runs.append(await start(ctx.observation, gen, parsed.requests[index], stream=streamed,
+                                                refused=refused))
+                    frames = out.close(await read(ctx.observation, runs[index], out, sse))
+                    if index == len(gens) - 1 and kept is not None:
+                        kept()
+                    await _send(sse, frames)
+                await _send(sse, out.end())
+
+            sse = (LineStream(request, write_timeout=ctx.server.write_timeout) if out.lines
+                   else event_stream(request))
+            return await stream(request, sse, gens, write, out, headers=headers)
+        finally:
+            for index, gen in enumerate(gens):  # each one's tokens counted, those of a prompt not reached yet too
+                _left(ctx.observation, gen, runs[index] if index < len(runs) else None)
+                gen.close()
 
 
 async def stream(request: web.Request, out: EventStream, gens: Sequence[GenerationEvents],
-                 write: Callable[[EventStream], Awaitable[None]], failure: Failure, *, name: str,
-                 headers: dict[str, str] | None = None, done: str | None = None) -> web.StreamResponse:
+                 write: Callable[[EventStream], Awaitable[None]], writer: Writer, *,
+                 headers: dict[str, str] | None = None) -> web.StreamResponse:
     """A streamed answer, from ``out``'s opening (with ``headers``, unless a load's progress
-    opened it already) through the wire's ``write(out)`` to the stream's end: ``done``, a last
+    opened it already) through ``write(out)`` to the stream's end: the writer's ``done``, a last
     data frame every stream ends with where the wire has one (OpenAI's ``[DONE]``), then the
     close. ``gens``: the generations ``write`` reads, whose events that arrive together go out
     in one write.
 
     The one place where a stream's failure is written: an error once the stream began can no
-    longer be a status, so it is told in-band as the wire's ``failure`` says and the stream
+    longer be a status, so it is told in-band as the writer's ``fail`` says and the stream
     ends. A client that went away is noted, and nothing more is written; the caller's leaving
-    its generations cancels the work. ``name``: the stream, in the log."""
+    its generations cancels the work."""
     if not out.opened:
         out.response.headers.update(headers or {})
     common.tapped(request, out)
@@ -227,15 +264,15 @@ async def stream(request: web.Request, out: EventStream, gens: Sequence[Generati
     try:
         await write(out)
     except ApiError as err:
-        log.warning("stream %s ended by an error: %s", name, err.message)
-        for data, event in failure(err):
+        log.warning("stream %s ended by an error: %s", writer.id, err.message)
+        for data, event in writer.fail(err):
             await ignore_gone(out.send(data, event=event))
     except ConnectionResetError:
-        log.info("client disconnected from stream %s", name)
+        log.info("client disconnected from stream %s", writer.id)
         observation(request).disconnected = True
         return out.response
-    if done is not None:
-        await ignore_gone(out.send(done))
+    if writer.done is not None:
+        await ignore_gone(out.send(writer.done))
     await ignore_gone(out.close())
     return out.response
 

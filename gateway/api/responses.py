@@ -7,22 +7,17 @@ event's ``dropped_tools``."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from aiohttp import web
 
 from ..base.errors import ApiError, shown
 from ..server.events import OWNER
 from ..server.response_store import ResponseStore, Stored
-from ..server.sse import EventStream
-from ..wire import answer
 from ..wire import responses as wire
 from ..wire.media import unmarked
 from . import pipeline
 from .access import spends
 from .appkeys import CONFIG, RESPONSES, SEAL_KEY
 from .body import read_json_object
-from .common import dropped_tools, event_stream
 
 
 def owner(request: web.Request) -> str | None:
@@ -48,55 +43,18 @@ async def create(request: web.Request) -> web.StreamResponse:
             raise _unknown(parsed.previous_response_id, "previous_response_id")
         history = previous.messages
         parsed.input_messages = wire.input_messages(parsed.raw_input, history, parsed.request.media, key)
-    req = parsed.request
-    req.messages = wire.conversation(parsed.instructions, history, parsed.input_messages)
-    headers = dropped_tools(request, parsed.dropped)
-    builder = wire.ResponseBuilder(parsed.model, parsed, wire.new_id("resp"))
-    # failing before the answer began, in a stream a load's progress opened: the response's
-    # first events, as OpenAI's clients expect, then its failure
-    async with pipeline.run(request, parsed, failure=lambda err: _events(builder.start() + builder.fail(err))) \
-            as (_spec, run):
-        if parsed.stream:
-            return await _stream(request, builder, run, history, parsed, headers)
-        finish = await pipeline.collect(run, builder.feed)
-        _, body = builder.finish(finish)
-        _keep(request, builder, body, history, parsed)
-        return web.json_response(body, headers=headers)
+    parsed.request.messages = wire.conversation(parsed.instructions, history, parsed.input_messages)
 
+    builder = wire.ResponseBuilder(parsed.model, parsed)
 
-def _events(events: list[dict]) -> list[tuple[dict[str, Any], str | None]]:
-    """Stream events as they are sent: each under its type's event name."""
-    return [(event, event["type"]) for event in events]
+    def kept() -> None:
+        if parsed.store:
+            # a picture is not kept: a later turn reads its place as a note (``media.unmarked``)
+            store.put(builder.id, Stored(builder.body(), unmarked(history + parsed.input_messages)
+                                         + builder.messages()), owner(request))
 
-
-def _keep(request: web.Request, builder: wire.ResponseBuilder, body: dict, history: list[dict],
-          parsed: wire.ResponsesParsed) -> None:
-    if parsed.store:
-        # a picture is not kept: a later turn reads its place as a note (``media.unmarked``)
-        request.app[RESPONSES].put(builder.id, Stored(body, unmarked(history + parsed.input_messages)
-                                                      + builder.messages()),
-                                   owner(request))
-
-
-async def _stream(request: web.Request, builder: wire.ResponseBuilder, run: pipeline.Run, history: list[dict],
-                  parsed: wire.ResponsesParsed, headers: dict[str, str]) -> web.StreamResponse:
-    async def write(sse: EventStream) -> None:
-        async def send(events: list[dict], hold: bool = False) -> None:
-            for data, event in _events(events):
-                await sse.send(data, event=event, hold=hold)
-
-        await send(builder.start())
-        async for item in run.items:
-            if isinstance(item, answer.Finish):
-                events, body = builder.finish(item)
-                _keep(request, builder, body, history, parsed)
-                await send(events)
-            else:
-                await send(builder.feed(item), hold=True)
-
-    # the model failed mid-answer: OpenAI's error event, then the failed response
-    return await pipeline.stream(request, event_stream(request), [run.gen], write,
-                                 lambda err: _events(builder.fail(err)), name=builder.id, headers=headers)
+    return await pipeline.answer(request, parsed, lambda _ctx: builder,
+                                 kept=kept)
 
 
 async def retrieve(request: web.Request) -> web.Response:

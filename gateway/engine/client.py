@@ -385,7 +385,7 @@ class Events:
 
     def unread(self) -> Sequence[Event]:
         """The events that came and were not handed out yet, in order: what a generation left
-        before its end had still generated (``wire.answer.left`` counts it)."""
+        before its end had still generated (``api.pipeline`` counts it)."""
         return ()
 
     def __aiter__(self: _Self) -> _Self:

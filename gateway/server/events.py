@@ -123,8 +123,8 @@ class Observation:
 class Tally:
     """One generation's tokens as its request's observation holds them. Each count moves the
     observation's totals by the difference, so a generation's ``Done`` (or the events it left
-    unread, ``wire.answer.left``) replaces what its ``Start`` and text events put in, and never
-    counts anything twice. Per text event: an int add, nothing made."""
+    unread, which ``api.pipeline`` reads at its end) replaces what its ``Start`` and text events
+    put in, and never counts anything twice. Per text event: an int add, nothing made."""
 
     __slots__ = ("obs", "prompt", "cached", "completion")
 

@@ -37,7 +37,7 @@ class EventStream:
         self.tap: Callable[[bytes], None] | None = None
         # what a failure before the answer ends says, in the stream's own wire shape: (message,
         # event name) pairs; set by whoever opens the stream before its answer can begin
-        self.failure: Callable[[ApiError], list[tuple[dict[str, Any], str | None]]] | None = None
+        self.failure: Callable[[ApiError], list[tuple[dict[str, Any] | str, str | None]]] | None = None
 
     @property
     def opened(self) -> bool:

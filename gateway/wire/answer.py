@@ -9,19 +9,17 @@ is only counted. How an answer is read (``prepare``) was settled once, at the mo
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..backends.local import GenerationEvents
 from ..base import strictjson
 from ..base.errors import ApiError, from_event
 from ..engine import ipc
-from ..server.events import Observation, Tally
 from ..text.formats import FORMATS, NATIVE, Formats
 from ..text.reasoning import CONTENT, THINKING, unsplit
 from ..text.toolformats import TABLE, AnswerParser, CallArgs, CallEnd, CallStart, Piece, frames_answers
-from ..text.toolformats import Item as Parsed
+from ..text.toolformats import Item as ParserItem
 
 Call = CallStart  # a tool call opens: its id and tool are known; its arguments follow as ``CallArgs``
 Item = Piece | Call | CallArgs  # what an answer yields before its Finish
@@ -63,9 +61,9 @@ def prepare(req: ipc.GenerationRequest, model: str, info: dict[str, Any], *, thi
 
 
 async def start(gen: GenerationEvents, req: ipc.GenerationRequest,
-                stream: bool) -> tuple[ipc.Start, AnswerParser]:
+                stream: bool) -> tuple[ipc.Start, Reader]:
     """Wait for the backend to accept ``req`` (a refusal raises its error); returns its start
-    event (prompt_tokens, prompt_text for echo, ...) and the parser that reads the answer by the
+    event (prompt_tokens, prompt_text for echo, ...) and the reader of its answer, by the
     formats ``prepare`` settled. ``stream=False`` (whole answers): a call is given only once its
     arguments parse, so a whole answer never carries a broken call."""
     event = await gen.next()
@@ -75,108 +73,120 @@ async def start(gen: GenerationEvents, req: ipc.GenerationRequest,
         raise ApiError(f"the model worker answered {type(event).__name__} before starting", status=500)
     tools = req.tools if req.tool_format and req.tool_format != NATIVE else None
     fmt = req.tool_format if tools or frames_answers(req.tool_format) else None
-    return event, AnswerParser(fmt, tools, reasoning=req.reasoning,
-                               prompt_tail=event.prompt_tail, stream=stream)
+    return event, Reader(AnswerParser(fmt, tools, reasoning=req.reasoning, prompt_tail=event.prompt_tail,
+                                      stream=stream))
 
 
-async def pieces(gen: GenerationEvents, parser: AnswerParser,
-                 tally: Tally | None = None) -> AsyncGenerator[Item | Finish, None]:
-    """Thinking and content pieces and calls, then the finish. Token log-probabilities ride on
-    the next piece to leave (a marker held back by the parser delays them, never drops them).
-    ``tally`` (its generation's, from ``Observation.began``) counts each text event's tokens as
-    it comes and the ``Done``'s counts at the end, and its observation gets the token times
-    (time to first token, inter-token latency) and the calls that failed to parse. Thinking and
-    calls a backend received already split (an upstream's) pass through; a whole answer holds
-    such calls until their arguments parse."""
-    seen = reasoning = 0
-    probs: list[dict[str, Any]] = []
-    calls = whole = 0  # calls opened; the parser's calls that ended whole (a CallEnd without error)
-    native = _NativeCalls(hold=not parser.stream)
+class Reader:
+    """A generation's events (after its ``Start``) read into thinking and content pieces and
+    calls, then the finish: ``read`` takes one event and returns what it gives. Token
+    log-probabilities ride on the next piece to leave (a marker held back by the parser delays
+    them, never drops them). Thinking and calls a backend received already split (an
+    upstream's) pass through; a whole answer holds such calls until their arguments parse.
 
-    def given(items: list[Parsed]) -> list[Item]:
+    It counts nothing for anyone: ``tokens`` is what the backend says it generated so far,
+    ``fresh`` the tokens the event just read added (None: it was no counted event; 0: a piece
+    of text that carried none), and, at the finish, ``completed`` the calls that ended whole and
+    ``failures`` the ones that did not parse; the caller's observation takes them from there."""
+
+    def __init__(self, parser: AnswerParser):
+        self.parser = parser
+        self.tokens = 0
+        self.fresh: int | None = None
+        self.completed = 0
+        self.failures: list[str] = []
+        self._reasoning = 0
+        self._probs: list[dict[str, Any]] = []
+        self._calls = self._whole = 0  # calls opened; the parser's calls that ended whole (a CallEnd without error)
+        self._native = _NativeCalls(hold=not parser.stream)
+
+    def _given(self, items: list[ParserItem]) -> list[Item]:
         """The parser's items as the answer gives them: each piece carries the log-probabilities
         held till now; a ``CallEnd`` is only counted."""
-        nonlocal probs, calls, whole
         out: list[Item] = []
         for item in items:
             if isinstance(item, CallEnd):
-                whole += item.error is None
+                self._whole += item.error is None
                 continue
             if isinstance(item, Piece):
-                item.logprobs, probs = probs or None, []
+                item.logprobs, self._probs = self._probs or None, []
             elif isinstance(item, Call):
-                calls += 1
+                self._calls += 1
             out.append(item)
         return out
 
-    async for event in gen:
+    def read(self, event: ipc.Event) -> list[Item | Finish]:
         if isinstance(event, ipc.Error):
             raise api_error(event)
+        n = 0
+        self.fresh = None
         # an upstream's call pieces count as its text does (a backend that sends no count: 0)
-        if isinstance(event, ipc.Text | ipc.Thinking) or (isinstance(event, ipc.CallDelta) and event.tokens > seen):
-            n, seen = event.tokens - seen, event.tokens
-            if tally is not None:
-                tally.generated(seen)
-                tally.obs.tokens(n)
+        if isinstance(event, ipc.Text | ipc.Thinking) or (isinstance(event, ipc.CallDelta)
+                                                          and event.tokens > self.tokens):
+            n, self.tokens = event.tokens - self.tokens, event.tokens
+            self.fresh = n
         if isinstance(event, ipc.Text):
             if event.logprobs:
-                probs += event.logprobs
+                self._probs += event.logprobs
+            parser = self.parser
             items = parser.feed(event.text)
             if parser.thinking or any(isinstance(i, Piece) and i.kind == THINKING for i in items):
-                reasoning += n
-            for item in given(items):
-                yield item
-        elif isinstance(event, ipc.Thinking):
-            reasoning += n
-            yield Piece(THINKING, event.text)
-        elif isinstance(event, ipc.CallDelta):
-            for item in native.feed(event):
-                yield item
-        elif isinstance(event, ipc.Done):
-            failures = len(parser.failed)
-            rest = given(parser.flush())
-            if event.finish_reason == "length":
-                rest = _cut(rest, parser, failures)
-            for item in rest + native.flush():
-                yield item
-            calls += native.calls
-            reason = event.finish_reason
-            completed = whole + native.calls
-            if calls and reason == "stop" and completed:
-                reason = "tool_calls"
-            finish = Finish(reason, event.stop, event.prompt_tokens, event.completion_tokens,
-                            reasoning, event.cached_tokens, event.drafted, event.accepted)
-            if tally is not None:
-                tally.counts(event.prompt_tokens, event.cached_tokens, event.completion_tokens)
-                obs = tally.obs
-                obs.finished(finish)
-                obs.tool_calls += completed
-                obs.tool_call_failures += parser.failed + native.failed
-            yield finish
-
-
-def left(gen: GenerationEvents, obs: Observation, tally: Tally | None) -> None:
-    """``gen`` is left (``tally``: its count so far, None where nothing of it was read), maybe
-    before its end: its client went, it failed, or it was cancelled. What its backend sent and
-    nobody read was generated all the same and is counted too: the prompt of a ``Start``, the
-    tokens the last text event says, or a ``Done``'s own counts. (What a worker generates after
-    the cancel reaches it, a step or so, is not seen here.) Cheap at the end of an answer read
-    whole: nothing is left unread."""
-    unread = gen.unread()
-    if not unread:
-        return
-    if tally is None:
-        first = unread[0]
-        if not isinstance(first, ipc.Start):
-            return  # refused or failed before it began: nothing was read of its prompt
-        tally = obs.began(first)
-    for event in reversed(unread):  # the last count a backend sent holds every one before it
+                self._reasoning += n
+            return self._given(items)  # type: ignore[return-value]
+        if isinstance(event, ipc.Thinking):
+            self._reasoning += n
+            return [Piece(THINKING, event.text)]
+        if isinstance(event, ipc.CallDelta):
+            return self._native.feed(event)  # type: ignore[return-value]
         if isinstance(event, ipc.Done):
-            tally.counts(event.prompt_tokens, event.cached_tokens, event.completion_tokens)
-            return
-        if isinstance(event, ipc.Text | ipc.Thinking | ipc.CallDelta) and event.tokens:
-            tally.generated(event.tokens)
-            return
+            return self._done(event)
+        return []
+
+    def _done(self, event: ipc.Done) -> list[Item | Finish]:
+        parser, native = self.parser, self._native
+        failures = len(parser.failed)
+        rest = self._given(parser.flush())
+        if event.finish_reason == "length":
+            rest = _cut(rest, parser, failures)
+        out: list[Item | Finish] = [*rest, *native.flush()]
+        self._calls += native.calls
+        reason = event.finish_reason
+        self.completed = self._whole + native.calls
+        if self._calls and reason == "stop" and self.completed:
+            reason = "tool_calls"
+        self.failures = [*parser.failed, *native.failed]
+        out.append(Finish(reason, event.stop, event.prompt_tokens, event.completion_tokens,
+                          self._reasoning, event.cached_tokens, event.drafted, event.accepted))
+        return out
+
+
+@dataclass
+class Whole:
+    """A whole answer's pieces and calls gathered: its text of each kind, its calls (each
+    ``{"id", "name", "arguments"}``, the arguments as JSON text) and, where ``logprobs`` starts
+    as a list, the log-probabilities its pieces carried."""
+
+    text: dict[str, list[str]] = field(default_factory=lambda: {"content": [], "thinking": []})
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    logprobs: list[dict[str, Any]] | None = None
+
+    def feed(self, item: Item) -> None:
+        if isinstance(item, Piece):
+            self.text[item.kind].append(item.text)
+            if self.logprobs is not None and item.logprobs:
+                self.logprobs += item.logprobs
+        elif isinstance(item, Call):
+            self.calls.append({"id": item.id, "name": item.name, "arguments": ""})
+        else:  # the open call's arguments go on
+            self.calls[-1]["arguments"] += item.text
+
+    @property
+    def content(self) -> str:
+        return "".join(self.text["content"])
+
+    @property
+    def thinking(self) -> str:
+        return "".join(self.text["thinking"])
 
 
 def _cut(items: list[Item], parser: AnswerParser, failures: int) -> list[Item]:

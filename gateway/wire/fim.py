@@ -11,15 +11,19 @@ here a request becomes a ``GenerationRequest`` with ``suffix`` set.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..backends.upstream_wire.fill import FIM_FORWARDED
 from ..base.errors import ApiError, InvalidRequest
 from ..engine import infill
-from ..engine.ipc import GenerationRequest
-from .answer import Finish
+from ..engine.ipc import GenerationRequest, Start
+from . import writer
+from .answer import Finish, Item, Piece
+from .context import Context
 from .params import SAMPLING, Parsed, model_name, read_lora, read_sampling, read_stops, shown
+from .writer import Frame
 
 MAX_EXTRA = 1024  # input_extra chunks (each is tokenized; the body's size bounds their text)
 MAX_FILENAME = 1024  # characters of a chunk's filename
@@ -315,3 +319,52 @@ def generation_settings(req: GenerationRequest) -> dict[str, Any]:
             "presence_penalty": req.presence_penalty, "frequency_penalty": req.frequency_penalty,
             "max_tokens": n_predict, "n_predict": n_predict, "ignore_eos": req.ignore_eos, "stream": False,
             "stop": list(req.stop), "n_probs": 0}
+
+
+class InfillWriter(writer.Writer):
+    """llama-server's /infill answer (its /completion shape): whole, one object with every piece
+    (an upstream's thinking too) as its text; streamed, ``data: {...}`` per piece and the final
+    object last, no ``[DONE]``. Its timings are read from the request's observation, from the
+    lease on."""
+
+    def __init__(self, parsed: InfillParsed, ctx: Context):
+        super().__init__(parsed.model, parsed.stream)
+        self.parsed, self.obs = parsed, ctx.observation
+        self.id = f"for {parsed.model} (infill)"
+        self.started = time.monotonic()
+        self.evaluated = 0
+        self.text: list[str] = []
+        self._whole: dict[str, Any] = {}
+
+    def leased(self, model: str) -> None:
+        super().leased(model)
+        self.id = f"for {model} (infill)"
+        self.started = time.monotonic()
+
+    def open(self, begun: Start) -> list[Frame]:
+        self.evaluated = begun.prompt_tokens
+        return []
+
+    def feed(self, item: Item) -> list[Frame]:
+        if not isinstance(item, Piece):
+            return []
+        if not self.stream:
+            self.text.append(item.text)
+            return []
+        predicted = 1 + len(self.obs.gaps) if self.obs.first_token is not None else 0
+        return [(partial(item.text, predicted, self.evaluated), None)]
+
+    def close(self, finish: Finish) -> list[Frame]:
+        timing = timings(finish, self.started, self.obs.first_token, self.obs.last_token)
+        body = pick(self.parsed.response_fields,
+                    final(self.model, "".join(self.text), finish, timing, self.parsed.request))
+        if not self.stream:
+            self._whole = body
+            return []
+        return [(body, None)]
+
+    def fail(self, err: ApiError) -> list[Frame]:
+        return [(err.openai_body(), None)]
+
+    def body(self) -> dict[str, Any]:
+        return self._whole

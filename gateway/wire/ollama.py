@@ -15,13 +15,17 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..base import strictjson
-from ..base.errors import InvalidRequest
-from ..engine.ipc import GenerationRequest, Media
+from ..base.errors import ApiError, InvalidRequest
+from ..engine.ipc import GenerationRequest, Media, Start
 from ..models.config import parse_duration
+from . import answer, writer
 from . import media as wire_media
 from . import tools as wire_tools
+from .answer import Finish, Item, Piece
+from .context import Context
 from .fim import read_suffix
 from .params import SAMPLING, Parsed, check_schema, model_name, read_stops, shown
+from .writer import Frame
 
 ROLES = ("system", "user", "assistant", "tool")
 # options -> the gateway's sampling fields (Ollama's names where they differ)
@@ -336,3 +340,55 @@ def show_template(template: str, fim: bool) -> str:
 def ollama_name(name: str) -> str:
     """Ollama's clients show ``name:tag``; a name without a tag is ``name:latest``."""
     return name if ":" in name else f"{name}:latest"
+
+
+class Writer(writer.Writer):
+    """An answer as Ollama writes it: JSON lines of ``message`` (``/api/chat``) or ``response``
+    (``/api/generate``) pieces, calls given whole in one line once the answer ends, and a last
+    line with ``done`` and the durations; whole, the same object at once. A failure mid-stream
+    is an ``{"error"}`` line. Its streams carry no load progress (its clients read each line as
+    JSON), and it names the model as asked."""
+
+    lines = True
+    progress = False
+
+    def __init__(self, parsed: Parsed, ctx: Context, chat: bool):
+        super().__init__(parsed.model, parsed.stream)
+        self.chat = chat
+        self.id = f"for {parsed.model}"
+        self.clock = Clock(time.monotonic())
+        self.whole = answer.Whole()  # whole: everything; streamed: the calls held to the end
+
+    def leased(self, model: str) -> None:
+        self.clock.loaded = time.monotonic()
+
+    def open(self, begun: Start) -> list[Frame]:
+        self.clock.first = time.monotonic()
+        return []
+
+    def feed(self, item: Item) -> list[Frame]:
+        if self.stream and isinstance(item, Piece):
+            content, thinking = (item.text, "") if item.kind == "content" else ("", item.text)
+            return [(chunk(self.model, self.chat, content, thinking), None)]
+        self.whole.feed(item)
+        return []
+
+    def close(self, finish: Finish) -> list[Frame]:
+        total = self.usage.total(finish)
+        done = {"done": True, "done_reason": done_reason(finish.reason),
+                **self.clock.stats(total.prompt_tokens, total.completion_tokens)}
+        w = self.whole
+        if not self.stream:
+            self._whole = chunk(self.model, self.chat, w.content, w.thinking, w.calls)
+            self._whole.update(done)
+            return []
+        frames: list[Frame] = [(chunk(self.model, self.chat, calls=w.calls), None)] if w.calls else []
+        last = chunk(self.model, self.chat)
+        last.update(done)
+        return [*frames, (last, None)]
+
+    def fail(self, err: ApiError) -> list[Frame]:
+        return [({"error": err.message}, None)]
+
+    def body(self) -> dict[str, Any]:
+        return self._whole

@@ -15,12 +15,14 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..base.errors import InvalidRequest
-from ..engine.ipc import GenerationRequest, Media
+from ..base.errors import ApiError, InvalidRequest
+from ..engine.ipc import GenerationRequest, Media, Start
 from ..text import chat_template
 from ..text.grammar import grammar_problem
+from . import answer, writer
 from . import tools as wire_tools
-from .answer import Call, CallArgs, Finish, Piece
+from .answer import Call, CallArgs, Finish, Item, Piece
+from .context import Context
 from .fim import read_suffix
 from .params import (  # noqa: F401 (apply_defaults: re-exported)
     EFFORTS,
@@ -35,6 +37,7 @@ from .params import (  # noqa: F401 (apply_defaults: re-exported)
     shown,
     text_parts,
 )
+from .writer import Frame
 
 log = logging.getLogger(__name__)
 
@@ -468,3 +471,74 @@ class Renderer:
         return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
                 "created": self.created, "model": self.model, "choices": choices,
                 "usage": usage(finishes, self.chat)}
+
+
+class Writer(writer.Writer):
+    """An answer in OpenAI's shape: a chat completion (Mistral's fill in the middle too) or a
+    text completion, whole or streamed as chunks ending in ``[DONE]``. A batch of prompts is
+    one choice each, their generations one after another (``open`` again for each)."""
+
+    done = "[DONE]"
+
+    def __init__(self, parsed: Parsed, ctx: Context, kind: str):
+        super().__init__(parsed.model, parsed.stream)
+        self.parsed = parsed
+        self.render = Renderer(kind, parsed.model, fields=ctx.server.reasoning_fields,
+                               id=f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{ctx.request_id}")
+        self.id = self.render.id
+        self.index = -1  # the choice being written
+        self.offset = 0  # a text completion's characters so far (its logprobs' text_offset)
+        self.choices: list[dict[str, Any]] = []
+        self.finishes: list[Finish] = []
+        self.echo = ""
+        self.whole = answer.Whole()
+
+    def leased(self, model: str) -> None:
+        self.model = self.render.model = model
+
+    def open(self, begun: Start) -> list[Frame]:
+        self.index += 1
+        self.echo, self.offset = begun.prompt_text or "", 0
+        if not self.stream:
+            wants = self.parsed.requests[self.index].logprobs is not None
+            self.whole = answer.Whole(logprobs=[] if wants else None)
+            return []
+        frames: list[Frame] = []
+        if self.index == 0 and (chunk := self.render.first_chunk()) is not None:
+            frames.append((chunk, None))
+        if self.echo:
+            frames.append((self.render.delta_chunk(Piece("content", self.echo), self.index), None))
+            self.offset = len(self.echo)
+        return frames
+
+    def feed(self, item: Item) -> list[Frame]:
+        if not self.stream:
+            self.whole.feed(item)
+            return []
+        if isinstance(item, Piece):
+            chunk = self.render.delta_chunk(item, self.index, self.offset)
+            self.offset += len(item.text)
+            return [(chunk, None)]
+        return [(self.render.call_chunk(item, self.index), None)]
+
+    def close(self, finish: Finish) -> list[Frame]:
+        self.finishes.append(finish)
+        if not self.stream:
+            w = self.whole
+            self.choices.append(self.render.choice(self.index, w.content, w.thinking, finish, w.logprobs, self.echo,
+                                                   w.calls))
+            return []
+        return [(self.render.final_chunk(finish.reason, self.index, finish), None)]
+
+    def end(self) -> list[Frame]:
+        if self.stream and self.parsed.include_usage:
+            return [(self.render.usage_chunk(self.finishes), None)]
+        return []
+
+    def fail(self, err: ApiError) -> list[Frame]:
+        """In-band: where a choice began, it ends with ``error``; then the error object."""
+        told: list[Frame] = [(err.openai_body(), None)]
+        return told if self.index < 0 else [(self.render.final_chunk("error"), None), *told]
+
+    def body(self) -> dict[str, Any]:
+        return self.render.whole(self.choices, self.finishes)

@@ -149,6 +149,8 @@ class Parsed:
     reasoning_format: str = "auto"  # "none": thinking stays in the content, markers and all
     reasoning_effort: str | None = None  # OpenAI's: none | minimal | low | medium | high
     more: list[GenerationRequest] = field(default_factory=list)  # further prompts of a batch, one choice each
+    # the tools the request gave that its prompt leaves out (hosted ones this server cannot run), by type
+    dropped: list[str] = field(default_factory=list)
 
     @property
     def requests(self) -> list[GenerationRequest]:

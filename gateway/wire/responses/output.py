@@ -15,29 +15,50 @@ from typing import Any
 
 from ...base import strictjson
 from ...base.errors import ApiError
+from ...engine.ipc import Start
+from .. import writer
 from ..answer import Call, CallArgs, Finish, Piece
+from ..writer import Frame, Hosted, HostedResult
 from .request import ResponsesParsed
 from .sealed import seal
 from .tools import CUSTOM_INPUT, ToolOrigin, custom_input, flat_name
+
+
+def frames(events: list[dict[str, Any]]) -> list[Frame]:
+    """Stream events as they are sent: each under its type's event name."""
+    return [(event, event["type"]) for event in events]
+
+
+def _object(arguments: str) -> dict[str, Any]:
+    try:
+        value = strictjson.loads(arguments or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-class ResponseBuilder:
-    """The answer's pieces in, the response's output items and stream events out. Items open as
-    the answer's kind changes (thinking, text, a call) and close when the next begins."""
+class ResponseBuilder(writer.Writer):
+    """The answer's pieces in, the response's output items and stream events out (each event a
+    frame under its type's name). Items open as the answer's kind changes (thinking, text, a
+    call, a hosted tool's call) and close when the next begins. It names the model as asked."""
 
     def __init__(self, model: str, parsed: ResponsesParsed, response_id: str | None = None):
+        super().__init__(model, parsed.stream)
         self.id = response_id or new_id("resp")
-        self.model, self.parsed = model, parsed
+        self.parsed = parsed
+        self.opened = False
+        self._body: dict[str, Any] = {}
         self.created = int(time.time())
         self.output: list[dict[str, Any]] = []
         self.seq = 0
         self._open: dict[str, Any] | None = None  # the item being written
         self._text: list[str] = []
         self._calls: dict[int, dict[str, Any]] = {}  # the answer's call index -> its item
+        self._hosted: dict[str, dict[str, Any]] = {}  # a hosted tool's call id -> its item, till its result
 
     def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
         event = {"type": kind, "sequence_number": self.seq, **fields}
@@ -54,6 +75,7 @@ class ResponseBuilder:
         if status == "incomplete":
             body["incomplete_details"] = {"reason": "max_output_tokens"}
         if finish is not None:
+            finish = self.usage.total(finish)
             cached = finish.cached_tokens  # read from a slot's cache; the rest were decoded into it
             body["usage"] = {"input_tokens": finish.prompt_tokens,
                              "input_tokens_details": {"cached_tokens": cached,
@@ -63,10 +85,14 @@ class ResponseBuilder:
                              "total_tokens": finish.prompt_tokens + finish.completion_tokens}
         return body
 
-    def start(self) -> list[dict[str, Any]]:
+    def leased(self, model: str) -> None:
+        pass
+
+    def open(self, begun: Start | None = None) -> list[Frame]:
+        self.opened = True
         snapshot = self.response("in_progress")
-        return [self._event("response.created", response=snapshot),
-                self._event("response.in_progress", response=snapshot)]
+        return frames([self._event("response.created", response=snapshot),
+                       self._event("response.in_progress", response=snapshot)])
 
     def _index(self) -> int:
         return len(self.output) - 1
@@ -128,7 +154,10 @@ class ResponseBuilder:
                                       part={"type": "summary_text", "text": ""}))
         return events
 
-    def feed(self, item: Piece | Call | CallArgs) -> list[dict[str, Any]]:
+    def feed(self, item: Piece | Call | CallArgs) -> list[Frame]:
+        return frames(self._feed(item))
+
+    def _feed(self, item: Piece | Call | CallArgs) -> list[dict[str, Any]]:
         if isinstance(item, Piece):
             kind = "reasoning" if item.kind == "thinking" else "message"
             events = []
@@ -171,22 +200,63 @@ class ResponseBuilder:
         return [self._event("response.function_call_arguments.delta", item_id=call["id"],
                             output_index=self.output.index(call), delta=item.text)]
 
-    def finish(self, finish: Finish) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        """The closing events and the whole response."""
+    def hosted(self, call: Hosted) -> list[Frame]:
+        """A tool the gateway runs: a ``web_search_call`` (its ``action``) or an ``mcp_call``
+        (its server, name and arguments) opens, in progress until its result."""
+        item: dict[str, Any]
+        if call.kind == "mcp":
+            item = {"type": "mcp_call", "id": call.id, "server_label": call.server or "", "name": call.name,
+                    "arguments": call.arguments, "output": None, "error": None, "status": "in_progress"}
+        else:
+            item = {"type": f"{call.kind}_call", "id": call.id, "status": "in_progress",
+                    "action": {"type": "search", **_object(call.arguments)}}
+        events = self._begin(item)
+        self._open, self._hosted[call.id] = None, item  # closed by its result, not by what follows
+        if call.kind == "mcp":
+            events += [self._event("response.mcp_call_arguments.done", item_id=call.id, output_index=self._index(),
+                                   arguments=call.arguments),
+                       self._event("response.mcp_call.in_progress", item_id=call.id, output_index=self._index())]
+        else:
+            events += [self._event(f"response.{call.kind}_call.in_progress", item_id=call.id,
+                                   output_index=self._index()),
+                       self._event(f"response.{call.kind}_call.searching", item_id=call.id,
+                                   output_index=self._index())]
+        return frames(events)
+
+    def hosted_result(self, result: HostedResult) -> list[Frame]:
+        item = self._hosted.pop(result.id, None)
+        if item is None:
+            return []
+        i = self.output.index(item)
+        ended = "failed" if result.error is not None else "completed"
+        item["status"] = ended
+        if item["type"] == "mcp_call":
+            item["output"], item["error"] = (None, result.error) if result.error is not None else (result.output, None)
+        events = [self._event(f"response.{item['type']}.{ended}", item_id=item["id"], output_index=i),
+                  self._event("response.output_item.done", output_index=i, item=item)]
+        return frames(events)
+
+    def close(self, finish: Finish) -> list[Frame]:
+        """The closing events; the whole response is ``body()``."""
         events = self._close()
         status = "incomplete" if finish.reason == "length" else "completed"
-        body = self.response(status, finish)
-        events.append(self._event(f"response.{status}", response=body))
-        return events, body
+        self._body = self.response(status, finish)
+        events.append(self._event(f"response.{status}", response=self._body))
+        return frames(events)
 
-    def fail(self, err: ApiError) -> list[dict[str, Any]]:
+    def body(self) -> dict[str, Any]:
+        return self._body
+
+    def fail(self, err: ApiError) -> list[Frame]:
         """An answer that broke mid-way: OpenAI's error event (this gateway's own code), then the
-        failed response, whose error code is one of OpenAI's few."""
+        failed response, whose error code is one of OpenAI's few; where it broke before the
+        response began (a stream a load's progress opened), its first events come first."""
+        begun = [] if self.opened else self.open()
         failed = self.response("failed")
         code = "rate_limit_exceeded" if err.status == 429 else "invalid_prompt" if err.status < 500 else "server_error"
         failed["error"] = {"code": code, "message": err.message}
-        return [self._event("error", code=err.code, message=err.message, param=err.param),
-                self._event("response.failed", response=failed)]
+        return begun + frames([self._event("error", code=err.code, message=err.message, param=err.param),
+                               self._event("response.failed", response=failed)])
 
     def messages(self) -> list[dict[str, Any]]:
         """The output as history messages, for a later request's ``previous_response_id``."""

@@ -47,7 +47,6 @@ class ResponsesParsed(Parsed):
     encrypted: bool = False  # include holds reasoning.encrypted_content: seal the thinking into its item
     seal_key: bytes = EPHEMERAL  # what encrypted_content is signed with (the gateway's kept key)
     origins: dict[str, ToolOrigin] = field(default_factory=dict)  # offered name -> a tool that is not a plain function
-    dropped: list[str] = field(default_factory=list)  # the tools left out of the prompt, by type
 
 
 def _text(content: Any, where: str, kinds: tuple[str, ...], media: list[Media] | None = None,
