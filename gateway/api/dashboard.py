@@ -26,7 +26,7 @@ from .appkeys import GATE, LIFECYCLE, LIVE, REGISTRY
 from .common import event_stream
 
 if TYPE_CHECKING:
-    from importlib.resources.abc import Traversable
+    from importlib.abc import Traversable
 
 WEB = resources.files("gateway.api") / "web"
 TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css"}  # a module must be text/javascript
