@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Screenshots of the gateway's page for the README: the real server on scripted test models,
-some traffic, a playground chat, then the page wide and at a phone's width, in Chromium; and its
+some traffic, a playground chat, then the whole page wide (every card: Models, Downloads, Live,
+Usage, Recent requests, Requests, Playground) and at a phone's width, in Chromium; and its
 Requests section (``server.capture`` on) with a capture opened and replayed on another model.
 
     .venv/bin/python scripts/screenshots.py [--out scripts/screenshots] [--chromium /usr/bin/chromium]
