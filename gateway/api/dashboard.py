@@ -1,6 +1,6 @@
 """The gateway's own page: the dashboard and playground at ``/`` (static files shipped in the
-package, ``gateway/api/web/``: ``index.html`` at ``/``, every other file under ``/ui/``, the
-script as ES modules the browser loads itself), and the live stream it draws from
+package, ``gateway/api/web/``: ``index.html`` at ``/``, every other file at ``/ui`` and its path
+there, the script as ES modules the browser loads itself), and the live stream it draws from
 (``/dashboard/live``).
 
 The page's files are open to all, as they hold no data; everything the page shows comes from
