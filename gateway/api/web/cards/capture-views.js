@@ -278,7 +278,6 @@ export function fmtAt(t) {
   return isNum(t) ? `${fmtNumber(t * 1000, t < 10 ? 1 : 0)} ms` : "—";
 }
 
-
 export function rawBlock(title, text, note) {
   const box = el("div", "cap-raw-part");
   box.append(el("h5", "cap-raw-title", title));

@@ -194,7 +194,6 @@ function renderDetail(d) {
   capReplayStatus.classList.remove("error");
 }
 
-
 /** The stream's writes from opened.shown on, CAP_EVENT_ROWS more of them. */
 function showEvents(events) {
   const start = opened.shown;
@@ -240,7 +239,6 @@ capMore.addEventListener("click", () => {
     if (row) row.scrollIntoView({ block: "nearest" });
   }
 });
-
 
 // the raw bodies only when asked for: they may be long
 capRaw.addEventListener("toggle", () => {

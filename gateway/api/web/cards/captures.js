@@ -34,7 +34,6 @@ const caps = {
   seen: { model: new Set(), key: new Set(), route: new Set() }, // for the filters' suggestions
 };
 
-
 function showCapError(text) {
   setText(capError, text || "");
   capError.hidden = !text;
