@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Screenshots of the gateway's page for the README: the real server on scripted test models,
-some traffic, a playground chat, then the page wide and at a phone's width, in Chromium; and its
-Requests section (``server.capture`` on) with a capture opened and replayed on another model.
+some traffic, a model pulled by name from a Hugging Face hub on loopback (tests/hubserver.py), a
+playground chat, then the whole page wide (every card: Models, Downloads, Live, Usage, Recent
+requests, Requests, Playground) and at a phone's width, in Chromium; and its Requests section
+(``server.capture`` on) with a capture opened and replayed on another model.
 
     .venv/bin/python scripts/screenshots.py [--out scripts/screenshots] [--chromium /usr/bin/chromium]
 
@@ -25,6 +27,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))  # the test suite's server and browser helpers
 
 from helpers import CHROMIUM_ARGS, ServerProcess, chromium  # noqa: E402
+from hubserver import Hub  # noqa: E402
 
 from gateway.models import testmodels as tm  # noqa: E402
 
@@ -46,7 +49,8 @@ def write_models(d: Path) -> Path:
     tm.plain(d / "vectors.bin", ["x"])  # not a .gguf: found only through models.yaml
     (d / "broken.gguf").write_bytes((d / "hello.gguf").read_bytes().replace(b"llama", b"zzzzz"))
     cfg = d / "models.yaml"
-    cfg.write_text(f"server:\n  models_dirs: [{d}]\n  discover_default_stores: false\n  capture: true\n"
+    # the default stores (HOME's alone: see main) take the model the Downloads card pulls
+    cfg.write_text(f"server:\n  models_dirs: [{d}]\n  discover_default_stores: true\n  capture: true\n"
                    f"models:\n  embed:\n    path: {d / 'vectors.bin'}\n    embeddings: true\n")
     return cfg
 
@@ -61,6 +65,28 @@ def traffic(url: str, seconds: float) -> None:
         post(url + "/v1/embeddings", {"model": "embed", "input": "hi"})
         time.sleep(0.7)
     post(url + "/v1/chat/completions", {"model": "broken", "messages": hi})  # a failed load, with its reason
+
+
+def server_env(home: str, hub: Hub) -> dict[str, str]:
+    """The server's stores are HOME's alone, whatever the environment running the script says;
+    its Hugging Face is the loopback hub."""
+    return {"HOME": home, "HF_ENDPOINT": hub.url, "HF_HUB_DISABLE_XET": "1", "HF_HOME": "", "HF_HUB_CACHE": "",
+            "OLLAMA_MODELS": "", "LLAMA_CACHE": "", "HF_TOKEN": "", "HF_HUB_OFFLINE": ""}
+
+
+PULLED = "acme/Tiny-GGUF"  # the hub's one repo, pulled through the Downloads card
+
+
+def pull_on_page(page, hub: Hub, files: Path) -> None:
+    """A model pulled by name through the Downloads card: its finished pull, and its row in Models.
+    files: where the hub's copy is written (not a folder the gateway scans)."""
+    from playwright.sync_api import expect
+
+    tm.plain(files / "tiny-Q4_K_M.gguf", ["Hi"])
+    hub.add_hf_repo(PULLED, {"tiny-Q4_K_M.gguf": files / "tiny-Q4_K_M.gguf", "README.md": b"# Tiny\n"})
+    page.fill("#pull-name", PULLED)
+    page.click("#pull-submit")
+    expect(page.locator("#pull-status")).to_contain_text(f"Pulled hf.co/{PULLED}", timeout=60_000)
 
 
 def requests_shot(browser, url: str, path: Path) -> None:
@@ -96,10 +122,10 @@ def main() -> None:
     from playwright.sync_api import expect, sync_playwright
 
     args.out.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory() as hubfiles:
         d = Path(tmp)
         cfg = write_models(d)
-        with ServerProcess("--config", str(cfg), env={"HOME": tmp}) as server:
+        with Hub() as hub, ServerProcess("--config", str(cfg), env=server_env(tmp, hub)) as server:
             url = server.url
             background = threading.Thread(target=traffic, args=(url, args.traffic))
             background.start()
@@ -107,6 +133,7 @@ def main() -> None:
                 browser = p.chromium.launch(executable_path=args.chromium, args=[*CHROMIUM_ARGS, "--hide-scrollbars"])
                 wide = browser.new_page(viewport={"width": 1280, "height": 900})
                 wide.goto(url + "/")
+                pull_on_page(wide, hub, Path(hubfiles))
                 wide.select_option("#pg-model", "thinker")
                 wide.fill("#pg-system", "Be brief.")
                 wide.fill("#pg-input", "What is two and two?")
@@ -116,7 +143,11 @@ def main() -> None:
                 answer.locator("details.thinking summary").click()
                 wide.fill("#pg-input", "And again?")
                 background.join()
+                # the Usage card asks again when a choice changes: by model, the traffic just sent
+                wide.select_option("#usage-by", "model")
+                expect(wide.locator("#usage-plot rect.seg").first).to_be_visible(timeout=45_000)
                 time.sleep(2)  # a snapshot after the last request
+                wide.mouse.move(0, 0)  # no row under the pointer, lit as hovered
                 wide.evaluate("document.activeElement.blur(); window.scrollTo(0, 0)")
                 wide.screenshot(path=str(args.out / "wide.png"), full_page=True)
                 wide.emulate_media(color_scheme="dark")

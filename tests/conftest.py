@@ -5,6 +5,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import headless_chromium
 
 from gateway.models import testmodels
 
@@ -41,3 +42,11 @@ def write_config(tmp_path):
         return path
     return write
 
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's Chromium driven by Playwright, one per test module, for the page's tests; the test
+    is skipped, saying why, where Playwright or a Chromium is missing (``helpers.headless_chromium``)."""
+    with headless_chromium() as b:
+        yield b

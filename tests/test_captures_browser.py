@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import WEATHER, Console, ServerProcess, agent_model, headless_chromium
+from helpers import WEATHER, Console, ServerProcess, agent_model
 
 from gateway.models import testmodels as tm
 
@@ -26,12 +26,6 @@ expect = sync_api.expect
 
 KEY = "s3cret"
 SHOTS = os.environ.get("GGUF_GATEWAY_SHOTS")  # a folder to keep the screenshots in; else the test's tmp
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with headless_chromium() as b:
-        yield b
 
 
 @pytest.fixture(scope="module")

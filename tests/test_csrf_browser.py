@@ -15,7 +15,7 @@ import time
 import urllib.request
 
 import pytest
-from helpers import ServerProcess, free_port, headless_chromium
+from helpers import ServerProcess, free_port
 
 from gateway.models import testmodels as tm
 
@@ -40,12 +40,6 @@ ATTACK = """<!doctype html><html><body>
                                    headers: {{"Content-Type": "application/x-www-form-urlencoded"}}}}),
   ]).then(() => {{ document.title = "done"; }});
 </script></body></html>"""
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with headless_chromium() as b:
-        yield b
 
 
 @pytest.fixture

@@ -30,6 +30,31 @@ async def test_the_pages_files_are_served_from_the_package_with_a_strict_policy(
         assert (await client.get(path, headers=KEY)).status == 404, path
 
 
+
+async def test_every_module_the_page_imports_is_served_as_a_script(aiohttp_client, write_config, model_dir):
+    """The page is ES modules the browser loads itself: each import, followed from app.js, is one of
+    the package's files, served without a key as text/javascript (a module served as anything else
+    does not run under nosniff); a card imports no other card (lib/panels.js joins them)."""
+    import posixpath
+    import re
+
+    client = await aiohttp_client(app(write_config, model_dir))
+    todo, seen = ["/ui/app.js"], set()
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        r = await client.get(path)
+        assert r.status == 200 and r.content_type == "text/javascript", path
+        for target in re.findall(r'^\s*(?:import|} from|export .* from)[^"\n]*"([^"]+)";', await r.text(), re.M):
+            url = posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
+            if path.startswith("/ui/cards/") and url.startswith("/ui/cards/"):
+                assert "card(" not in await (await client.get(url)).text(), f"{path} imports the card {url}"
+            todo.append(url)
+    cards = {"models", "downloads", "live", "usage", "requests", "captures", "playground"}
+    assert {f"/ui/cards/{c}.js" for c in cards} | {"/ui/lib/panels.js", "/ui/lib/api.js"} <= seen
+
 async def test_the_pages_data_needs_a_key(aiohttp_client, write_config, model_dir):
     client = await aiohttp_client(app(write_config, model_dir))
     for path in ("/dashboard/live", "/models"):

@@ -13,7 +13,7 @@ import time
 import urllib.request
 
 import pytest
-from helpers import Console, ServerProcess, headless_chromium
+from helpers import Console, ServerProcess
 
 from gateway.models import testmodels as tm
 
@@ -23,12 +23,6 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not 
 expect = sync_api.expect
 
 KEY = "s3cret"
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with headless_chromium() as b:
-        yield b
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import Console, ServerProcess, headless_chromium
+from helpers import Console, ServerProcess
 from hubserver import Hub
 
 from gateway.models import testmodels as tm
@@ -33,12 +33,6 @@ REPO = "acme/Tiny-GGUF"
 OTHER = "acme/Other-GGUF"
 PADDING = 5 * 2**20  # a few MiB at RATE: long enough to watch the bar grow and to cancel it midway
 RATE = 500_000  # bytes a second from the CDN while a test watches a pull run: ~10 s for the whole file
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with headless_chromium() as b:
-        yield b
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from helpers import Console, ServerProcess, headless_chromium, request
+from helpers import Console, ServerProcess, request
 
 from gateway.models import testmodels as tm
 
@@ -37,12 +37,6 @@ EVILKEY = "evil-s3cret"
 HOSTILE = "<img src=x onerror=alert(1)>"
 BUDGET = 1_000_000
 USAGE = re.compile(r"/usage(\?|$)")
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with headless_chromium() as b:
-        yield b
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,7 @@
 """The gateway's own page: the dashboard and playground at ``/`` (static files shipped in the
-package, ``gateway/api/web/``), and the live stream it draws from (``/dashboard/live``).
+package, ``gateway/api/web/``: ``index.html`` at ``/``, every other file at ``/ui`` and its path
+there, the script as ES modules the browser loads itself), and the live stream it draws from
+(``/dashboard/live``).
 
 The page's files are open to all, as they hold no data; everything the page shows comes from
 routes behind the API keys (``/models``, ``/dashboard/live``, the admin and chat routes), which
@@ -11,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import time
 from importlib import resources
+from pathlib import PurePosixPath
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -21,8 +25,29 @@ from .admin import describe
 from .appkeys import GATE, LIFECYCLE, LIVE, REGISTRY
 from .common import event_stream
 
-FILES = {"/": ("index.html", "text/html"), "/ui/app.js": ("app.js", "text/javascript"),
-         "/ui/app.css": ("app.css", "text/css")}
+if TYPE_CHECKING:
+    from importlib.abc import Traversable
+
+WEB = resources.files("gateway.api") / "web"
+TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css"}  # a module must be text/javascript
+
+
+def page_files(folder: Traversable = WEB, prefix: str = "") -> dict[str, str]:
+    """URL path -> the file's path under ``web/``: ``index.html`` at ``/``, the rest at ``/ui/...``
+    (``web/cards/models.js`` at ``/ui/cards/models.js``); only the types of ``TYPES``."""
+    files: dict[str, str] = {}
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        name = prefix + entry.name
+        if entry.is_dir():
+            files.update(page_files(entry, name + "/"))
+        elif name == "index.html":
+            files["/"] = name
+        elif PurePosixPath(name).suffix in TYPES:
+            files["/ui/" + name] = name
+    return files
+
+
+FILES = page_files()
 PAGE_PATHS = frozenset(FILES)  # open without a key, and not observed as requests
 LIVE_EVERY = 1.0  # seconds between the live stream's snapshots
 
@@ -70,9 +95,9 @@ async def live_stream(request: web.Request) -> web.StreamResponse:
 
 
 def setup(app: web.Application) -> None:
-    web_dir = resources.files("gateway.api") / "web"
-    for path, (name, content_type) in FILES.items():
-        body = (web_dir / name).read_bytes()  # read once, at start: a handful of small files
+    for path, name in FILES.items():
+        body = WEB.joinpath(*name.split("/")).read_bytes()  # read once, at start: a few small files
+        content_type = TYPES[PurePosixPath(name).suffix]
 
         async def page(request: web.Request, body: bytes = body, content_type: str = content_type) -> web.Response:
             return web.Response(body=body, content_type=content_type, charset="utf-8", headers=HEADERS)
