@@ -1,5 +1,5 @@
 """The path of a generating request, whatever its wire shape (ARCHITECTURE.md, "A request's
-path", from step 3's limits to step 6), written once: the server's limits, the lease, the
+path", from step 4's limits to step 6), written once: the server's limits, the lease, the
 model's defaults, each request prepared by the model's formats (settled at its load, read by
 ``answer.prepare``) and reasoning budget, the generation, its first event (``answer.start``)
 and its pieces (``answer.pieces``).
