@@ -16,7 +16,7 @@ The middlewares, from the outside in:
    its charge when it ends, however it ends (``Gate.done``: the limits, the usage store, the
    per-key metrics); without keys it records usage as ``anonymous``.
 
-``server_settings`` holds the per-connection aiohttp settings ``cli.py`` serves with. Handlers
+``server_settings`` holds the per-connection aiohttp settings the command line serves with. Handlers
 read the application's state through ``api/appkeys.py``, never through this module.
 """
 
