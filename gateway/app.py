@@ -1,4 +1,24 @@
-"""``create_app(config)``: the aiohttp application, its typed state and middlewares."""
+"""``create_app(config)``: the aiohttp application, its typed state and middlewares.
+
+The middlewares, from the outside in:
+1. connection: the connection guard's state (``server/connections``: a handler runs, its
+   header and keep-alive deadlines pause);
+2. observe: the request id, one ``Observation`` (metrics, the inference event), its trace
+   and its capture where those are on;
+3. errors: every failure in the caller's wire shape (``error_response``; in-band once a
+   stream opened: ``failed_response``);
+4. host check, when bound to loopback (DNS rebinding);
+5. browser guard: a request that changes something from a page of another origin is refused
+   unless ``server.cors_origins`` allows it (CSRF; ``cross_site`` is its pure policy);
+6. CORS, when origins are configured;
+7. access (``api/access.py``): the key, its role against ``admin_only``, its models' scope, and
+   for a handler marked ``spends(wire)`` its limits (``Gate.admit``: a 429 naming the limit) and
+   its charge when it ends, however it ends (``Gate.done``: the limits, the usage store, the
+   per-key metrics); without keys it records usage as ``anonymous``.
+
+``server_settings`` holds the per-connection aiohttp settings the command line serves with. Handlers
+read the application's state through ``api/appkeys.py``, never through this module.
+"""
 
 from __future__ import annotations
 

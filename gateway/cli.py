@@ -1,4 +1,6 @@
-"""``gguf-gateway`` command line: serve, check-config, models."""
+"""``gguf-gateway``'s command line: its parser (``parser``, of which ``docs/commands.md`` is
+written) and the commands serve, check-config, models, status, chat, devices and schema; ``pull``
+and ``rm`` are ``pullcmd.py``'s, ``keys`` and ``usage`` ``keyscmd.py``'s."""
 
 from __future__ import annotations
 
@@ -28,7 +30,9 @@ def _add_config_arg(p: argparse.ArgumentParser) -> None:
                    help="models.yaml (default: $GGUF_GATEWAY_CONFIG, else ~/.config/gguf-gateway/models.yaml)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
+    """The whole command line's parser: every command and subcommand (``scripts/gen_docs.py``
+    writes ``docs/commands.md`` from it)."""
     parser = argparse.ArgumentParser(prog="gguf-gateway", description="Serve local GGUF models behind one URL.")
     parser.add_argument("--version", action="version", version=f"gguf-gateway {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -78,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parser().parse_args(argv)
     if args.command == "serve":
         return cmd_serve(args)
     if args.command == "check-config":

@@ -1,4 +1,7 @@
-"""Operator routes: /health (open to all), and the model admin API (behind the API keys)."""
+"""Operator routes: ``/health`` (open to all), ``/metrics`` (an admin's; open with
+``server.metrics_public``), the model list (``/models``, any key) and the admin API
+(``admin_only``): ``/models/load``, ``/models/unload``, ``/config/reload``
+(``reload_configuration``, SIGHUP's too); and the keys file's watch (``watch_keys``)."""
 
 from __future__ import annotations
 

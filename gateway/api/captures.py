@@ -1,6 +1,6 @@
 """``/captures``: the requests ``server/captures`` kept, to list, open and replay. An admin's
-alone where keys have roles (every key is, until they do); open without keys, like the rest of
-the operator's routes.
+alone (``admin_only``: a user key gets 403); open without keys, like the rest of the
+operator's routes.
 
 - ``GET /captures``: their summaries, newest first; filters ``model``, ``key``, ``status``
   (``200`` or a class, ``4xx``), ``route`` (``/v1/chat/completions``), ``since`` and ``until``

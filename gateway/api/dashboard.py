@@ -5,7 +5,18 @@ there, the script as ES modules the browser loads itself), and the live stream i
 
 The page's files are open to all, as they hold no data; everything the page shows comes from
 routes behind the API keys (``/models``, ``/dashboard/live``, the admin and chat routes), which
-the page calls with the key its user gives it. The Host guard and CORS apply as to the API.
+the page calls with the key its user gives it (kept in ``sessionStorage``). The Host guard and
+CORS apply as to the API. The page (``index.html``, ``app.css``, and the ES modules ``app.js``:
+the key form and the start; ``lib/``: requests, DOM, formats, the live stream, ``panels.js``
+with the cards' hooks and their shared head; one module per card in ``cards/``, which imports
+``lib/`` and never another card) has no build step, no library and nothing from another
+origin, and is served under a strict Content-Security-Policy;
+``tests/test_dashboard_browser.py`` and ``tests/test_captures_browser.py`` drive it in Chromium.
+
+``/dashboard/live`` streams snapshots: ``/models``' rows, ``live.Live``'s per-model series and
+recent requests (with keys, each key's own, by ``OWNER``, which the observation carries and
+``Live.record`` keeps beside the event, never in it), and whether the key is an admin's (the
+page asks for ``/captures`` only then).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The path of a generating request, whatever its wire shape (ARCHITECTURE.md, "A request's
-path"), written once: ``answer`` takes a parsed request and the wire's writer
-(``wire.writer.Writer``) and does the rest.
+path", from step 4's limits to step 6), written once: ``answer`` takes a parsed request and
+the wire's writer (``wire.writer.Writer``) and does the rest.
 
 In order: the request's context for the wire (``context``); the model held and the request
 made ready for it (``prepared``: the server's limits, its media, the lease, one preparation

@@ -11,8 +11,9 @@
 - ``POST /models/delete`` ``{"model"}``: unloads and deletes a pulled model (``hub/removal``).
 - Ollama's ``POST /api/pull`` and ``DELETE /api/delete``, as Ollama answers them.
 
-Who may: with API keys set, any key (keys have no roles yet); without keys the gateway listens
-only on loopback unless told otherwise, and then anyone who can reach it may.
+Who may: with API keys set, an admin's key (every handler here is ``admin_only``: a user key
+gets 403); without keys the gateway listens only on loopback unless told otherwise, and then
+anyone who can reach it may.
 """
 
 from __future__ import annotations

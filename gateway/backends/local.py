@@ -10,6 +10,10 @@ A backend that keeps a prompt cache in this machine's memory (the local worker) 
 ``CacheHolder``: its size (``cache_bytes``), which the placement counts in the model's RAM, and
 ``trim_cache``, which the placement calls before it unloads a model for memory. Other backends
 (an upstream, a set of replicas) are not: nothing of theirs is reclaimable here.
+
+``LocalWorkers`` is the factory a serving registry uses (``start_local``, from a spare process
+where configured); ``load_params`` makes a local spec's ``LoadParams`` (its llama.cpp settings
+copied by their fields).
 """
 
 from __future__ import annotations

@@ -17,7 +17,39 @@ only (the gateway never imports llama_cpp):
 - ``decoding``: admission to slots and the decode steps (``Decoder``);
 - ``embedding``: pooled vectors, many inputs to a decode (``Embedder``);
 - ``outbox``: the events queued in a step and written together;
-- ``refusals``: a request refused or failed, as its error event.
+- ``refusals``: a request refused or failed, as its error event;
+and beside them ``infill``, ``schemagrammar``, ``slotmemory``, ``checkpoints``, ``generation``,
+``drafting``, ``speculation``, ``kvcache``, ``media``, ``adapters``, ``rpc`` and ``pipes``,
+each its docstring's job.
+
+- Threads. The main loop reads its command pipe itself, between two steps: the pipe is
+  non-blocking and ``pipes.CommandReader`` keeps a frame's part until its rest comes (the
+  pipe's end: the gateway is gone; a frame's length over ``MAX_COMMAND_BYTES`` is refused);
+  while anything runs, one ``poll`` with no wait looks at the pipe each pass, and an idle loop
+  waits on the pipe and on a wakeup (``pipes.Wakeup``) at once. It takes each command and each
+  result in ``Worker._take``. Two prep threads read prompts (``Prompts.prepare``) and answer
+  tokenize / detokenize / apply_template; their results come back through the inbox, each
+  followed by a set of the wakeup. A short prompt is read in the loop itself while nothing
+  runs.
+- Admission and steps (``decoding``): a prepared request takes the free slot whose cache shares
+  the longest prefix with its prompt, or a state the prompt cache kept (``slots.choose``); the
+  start and done events say how many prompt tokens were reused and from where
+  (``cache_source``: slot, ram, disk). A picture or sound is its own step part
+  (``Projector.decode``), and a chunk of text never runs into one. Sequences under different
+  LoRA adapter sets take turns by decode (``Decoder._turn``), and a cache made under one set is
+  never read under another. With speculation, a sequence's token goes into the decode with the
+  tokens proposed after it, and ``Generation._verify`` keeps those the model agrees with.
+- Sampling: plain greedy is an argmax over the logits in place; anything else a native sampler
+  chain (``Sampling.sample``), which never accepts a token the chain left at -inf. Stop strings
+  are matched incrementally (``textstream.StopMatcher``). Events go out in one write per step
+  (``outbox``), an answer's text after its first held up to ``stream_interval``.
+
+A worker that dies fails its in-flight requests with ``worker_crashed``; the model reloads on
+the next request. A worker imports llama.cpp before it reads its first command
+(``model.prepare``), so a process started ahead of need is ready for any model
+(``spawning.Spare``). On ``Exit`` it saves its slots' caches (``kvcache.save``) before it leaves;
+a ``Load`` restores them (``kvcache.restore``) before ``Ready``, so no request is admitted to a
+slot being restored.
 
 The decode loop uses llama.cpp's low-level API: prompt tokens go through ``llama_decode``
 in ``n_batch`` chunks, each new token is chosen from the logits in place (no copy of the

@@ -297,7 +297,9 @@ def scan(roots: list[Root]) -> list[Found]:
 def pair(projectors: list[Path]) -> Path | None:
     """The projector a model takes from those in its folder (llama-server's router pairs them
     the same way): one named ``mmproj*`` first, then the F16 one of several quantizations, then
-    the first by name."""
+    the first by name. A projector paired so (or by an Ollama manifest's projector layer) is
+    optional at load: one llama.cpp refuses is left out with a warning (``mmproj_optional``);
+    one models.yaml names (``mmproj:``) is not."""
     return min(projectors, key=lambda p: (not p.name.lower().startswith("mmproj"), "f16" not in p.name.lower(),
                                           p.name), default=None)
 

@@ -1,8 +1,8 @@
 """A model's lifecycle: its states and the moves between them, in one place.
 
-    unloaded --request--> loading --worker ready--> ready --idle keep_alive / evicted--> unloaded
+    unloaded --request--> loading --worker ready--> ready --keep_alive idle / evicted / unload--> unloaded
                           loading --load failed--> failed --back-off passed, request--> loading
-                          loading --unloaded or shut down while loading--> unloaded
+                          loading --unloaded or shut down meanwhile--> unloaded (waiters: 503)
                           ready --worker died--> unloaded (the next request reloads it)
 """
 
