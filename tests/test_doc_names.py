@@ -296,7 +296,7 @@ def test_the_checker_finds_what_is_stale():
     ok = ["gguf-gateway keys add --role admin NAME", "gguf-gateway serve / check-config / keys / usage",
           "POST /config/reload", "/v1/messages", "GET /captures/{id}", "/api/*", "/models/load",
           "server.keep_billing_header: true", "capture.keep", "defaults.temperature", "loras.NAME.scale",
-          "api/pipeline.lease", "answer.prepare", "Registry.resolve", "gateway.cli.parser",
+          "api/pipeline.prepared", "answer.prepare", "Registry.resolve", "gateway.cli.parser",
           "access.keys.owner_of", "Gate.admit", "usage.prompt_tokens", "models.yaml", "/etc/gguf-gateway",
           "/completion", "text.format", "gateway/wire/answer.py", "tests/specs/SOURCE", "llama_decode"]
     assert {s: problem(s, False) for s in ok if problem(s, False)} == {}

@@ -35,6 +35,7 @@ from gateway.models.config import ServerConfig, load_config
 from gateway.server.events import Observation
 from gateway.server.sse import EventStream, LineStream
 from gateway.wire import anthropic as wire_anthropic
+from gateway.wire import anthropic_answer, openai_answer
 from gateway.wire import fim as wire_fim
 from gateway.wire import openai as wire_openai
 from gateway.wire.answer import Piece
@@ -503,13 +504,13 @@ def test_more_than_one_choice_reads_choice_zero():
 def test_in_band_errors_in_each_wires_words():
     err = ApiError("the model broke", status=500, code="boom")
     ctx = Context("r", None, False, ServerConfig(), Observation("r", "/"))
-    chat = wire_openai.Writer(wire_openai.parse_chat({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+    chat = openai_answer.Writer(wire_openai.parse_chat({"model": "m", "messages": [{"role": "user", "content": "hi"}],
                                                       "stream": True}), ctx, kind="chat")
     begun = chat.open(Start(0, 1, 0, 0))
     oai = [*begun, *chat.feed(Piece("content", "so far")), *chat.fail(err), (chat.done, None)]
     read = read_answer("/v1/chat/completions", True, sse(*oai))  # as the chat stream's failure writes it
     assert (read["content"], read["finish_reason"], read["error"]) == ("so far", "error", "the model broke")
-    messages = wire_anthropic.Writer(wire_anthropic.parse({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}), ctx)
+    messages = anthropic_answer.Writer(wire_anthropic.parse({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}), ctx)
     read = read_answer("/v1/messages", True, sse(*messages.fail(err)))
     assert read["error"] == "the model broke" and read["choices"] == 0
     infill = wire_fim.InfillWriter(wire_fim.parse_infill({"input_prefix": "a", "input_suffix": "b"}), ctx)

@@ -4,7 +4,7 @@ shape, and every mistake a 400 naming its param."""
 import pytest
 
 from gateway.base.errors import InvalidRequest
-from gateway.wire import anthropic, openai
+from gateway.wire import anthropic, anthropic_answer, openai, openai_answer
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather in a city",
@@ -132,7 +132,7 @@ def test_openai_calls_whole_and_streamed_fit_the_schema():
 
     from gateway.wire.answer import Call, CallArgs, Finish
 
-    render = openai.Renderer("chat", "m")
+    render = openai_answer.Renderer("chat", "m")
     finish = Finish("tool_calls", None, 10, 5, 0)
     calls = [{"id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'}]
     body = render.whole([render.choice(0, "", "", finish, None, calls=calls)], [finish])
@@ -153,9 +153,9 @@ def test_openai_calls_whole_and_streamed_fit_the_schema():
 def test_anthropic_tool_use_blocks():
     from gateway.wire.answer import Call, Finish
 
-    block = anthropic.tool_block(Call(0, "call_abc", "get_weather"), {"city": "Paris"})
+    block = anthropic_answer.tool_block(Call(0, "call_abc", "get_weather"), {"city": "Paris"})
     assert block == {"type": "tool_use", "id": "toolu_abc", "name": "get_weather", "input": {"city": "Paris"}}
-    assert anthropic.stop_reason(Finish("tool_calls", None, 1, 1, 0)) == ("tool_use", None)
+    assert anthropic_answer.stop_reason(Finish("tool_calls", None, 1, 1, 0)) == ("tool_use", None)
 
 
 # --- through the real server: tools are part of the prompt ---------------------------------------

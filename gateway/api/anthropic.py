@@ -1,6 +1,6 @@
 """Anthropic wire shape: /v1/messages and /v1/messages/count_tokens. A context overflow is told
 in Anthropic's words on both (``wire.anthropic.context_error``); the answer is
-``wire.anthropic.Writer``'s."""
+``wire.anthropic_answer.Writer``'s."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from aiohttp import web
 
 from ..base.errors import ApiError
 from ..wire import anthropic as anth
+from ..wire import anthropic_answer
 from . import pipeline
 from .access import spends
 from .appkeys import CONFIG
@@ -24,7 +25,7 @@ async def _parse(request: web.Request, counting: bool = False) -> anth.Parsed:
 @spends("messages")
 async def messages(request: web.Request) -> web.StreamResponse:
     parsed = await _parse(request)
-    return await pipeline.answer(request, parsed, partial(anth.Writer, parsed), refused=anth.context_error)
+    return await pipeline.answer(request, parsed, partial(anthropic_answer.Writer, parsed), refused=anth.context_error)
 
 
 async def count_tokens(request: web.Request) -> web.Response:

@@ -13,7 +13,7 @@ from ..base.errors import InvalidRequest
 from ..models.adapternames import qualified
 from ..server.events import observation
 from ..serving.registry import adapters_of
-from ..wire import fim
+from ..wire import fim, openai_answer
 from ..wire import openai as oai
 from ..wire import props as props_wire
 from ..wire import rerank as rerank_wire
@@ -64,7 +64,7 @@ async def fim_completions(request: web.Request) -> web.StreamResponse:
 
 async def _complete(request: web.Request, parsed: oai.Parsed, kind: str) -> web.StreamResponse:
     thinking = kind == "chat" and parsed.reasoning_format != "none"
-    return await pipeline.answer(request, parsed, partial(oai.Writer, parsed, kind=kind), thinking=thinking)
+    return await pipeline.answer(request, parsed, partial(openai_answer.Writer, parsed, kind=kind), thinking=thinking)
 
 
 def _fim_model(request: web.Request, name: str) -> str:

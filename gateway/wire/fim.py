@@ -1,7 +1,7 @@
 """Fill-in-the-middle wire shapes: llama-server's ``/infill`` (its request, and its answer in
 the shape of its ``/completion``) and Mistral's ``/v1/fim/completions`` (answered in Mistral's
 shape, which is OpenAI's chat completion's: ``choices[0].message.content``, streamed as
-``choices[0].delta.content``, as Continue reads it; ``openai.Renderer``'s "fim" kind).
+``choices[0].delta.content``, as Continue reads it; ``openai_answer.Renderer``'s "fim" kind).
 ``suffix`` on ``/v1/completions`` and Ollama's ``/api/generate`` are read by their own parsers
 with ``read_suffix``.
 
