@@ -24,7 +24,7 @@ from . import tools as wire_tools
 from .answer import Finish, Item, Piece
 from .context import Context
 from .fim import read_suffix
-from .params import SAMPLING, Parsed, check_schema, model_name, read_stops, shown
+from .params import SAMPLING, Parsed, check_schema, message_list, message_role, model_name, read_stops, shown
 from .writer import Frame
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -151,22 +151,17 @@ def _images(value: Any, where: str, media: list[Media]) -> str:
 def _messages(value: Any, media: list[Media]) -> list[dict[str, Any]]:
     if value is None:
         return []
-    if not isinstance(value, list):
-        raise InvalidRequest("messages must be an array of messages", "messages")
+    value = message_list(value, empty=True)
     out: list[dict[str, Any]] = []
     calls: list[tuple[str, str]] = []  # (id, tool name) of the calls made so far, for tool results
     for i, m in enumerate(value):
         where = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise InvalidRequest(f"{where} must be an object", where)
-        role = m.get("role")
-        if role not in ROLES:
-            raise InvalidRequest(f"{where}.role must be one of {', '.join(ROLES)}, got {shown(role)}", f"{where}.role")
+        role = message_role(m, where, ROLES)
         content = m.get("content", "")
         if content is None:
             content = ""
         if not isinstance(content, str):
-            raise InvalidRequest(f"{where}.content must be a string", f"{where}.content")
+            raise InvalidRequest(f"`{where}.content` must be a string", f"{where}.content")
         msg: dict[str, Any] = {"role": role, "content": _images(m.get("images"), f"{where}.images", media) + content}
         thinking = m.get("thinking")
         if isinstance(thinking, str) and thinking and role == "assistant":

@@ -25,6 +25,8 @@ from .params import (  # noqa: F401 (apply_defaults: re-exported)
     Parsed,
     apply_defaults,
     check_schema,
+    message_list,
+    message_role,
     read_lora,
     read_sampling,
     read_stops,
@@ -186,19 +188,12 @@ def _grammar(body: dict[str, Any], req: GenerationRequest) -> None:
 
 def _messages(body: dict[str, Any], media: list[Media]) -> list[dict[str, Any]]:
     """The messages, their pictures and sounds (a user's, a system's) appended to ``media``."""
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise InvalidRequest("`messages` must be a non-empty array of messages", "messages")
+    messages = message_list(body.get("messages"))
     out = []
     ledger = wire_tools.CallLedger()
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise InvalidRequest(f"`{where}` must be an object", where)
-        role = m.get("role")
-        if role not in ROLES:
-            raise InvalidRequest(f"`{where}.role` must be one of {', '.join(ROLES)}, got {shown(role)}",
-                                 f"{where}.role")
+        role = message_role(m, where, ROLES)
         content = m.get("content")
         if content is None and role == "assistant":
             content = ""

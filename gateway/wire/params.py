@@ -157,6 +157,25 @@ class Parsed:
         return [self.request, *self.more]
 
 
+def message_list(value: Any, *, empty: bool = False) -> list[Any]:
+    """``messages``, an array of messages (``empty``: where the wire takes none), in the words
+    every wire of OpenAI's style uses (OpenAI's, Ollama's)."""
+    if not isinstance(value, list) or (not value and not empty):
+        raise InvalidRequest(f"`messages` must be {'an' if empty else 'a non-empty'} array of messages", "messages")
+    return value
+
+
+def message_role(m: Any, where: str, roles: tuple[str, ...]) -> str:
+    """The role of the message at ``where`` (``messages[N]``), checked in the same words by every
+    wire of OpenAI's style: the message an object, its role one of ``roles``."""
+    if not isinstance(m, dict):
+        raise InvalidRequest(f"`{where}` must be an object", where)
+    role = m.get("role")
+    if role not in roles:
+        raise InvalidRequest(f"`{where}.role` must be one of {', '.join(roles)}, got {shown(role)}", f"{where}.role")
+    return role
+
+
 def apply_defaults(parsed: Parsed, defaults: dict[str, Any]) -> None:
     """A model's models.yaml defaults fill the sampling fields the caller did not set."""
     for req in parsed.requests:

@@ -231,7 +231,11 @@ class ResponseBuilder(writer.Writer):
         ended = "failed" if result.error is not None else "completed"
         item["status"] = ended
         if item["type"] == "mcp_call":
-            item["output"], item["error"] = (None, result.error) if result.error is not None else (result.output, None)
+            if result.error is not None:  # the tool's failure, as OpenAI tells a tool's own
+                item["error"] = {"type": "mcp_tool_execution_error",
+                                 "content": [{"type": "text", "text": result.error}]}
+            else:
+                item["output"] = result.output if isinstance(result.output, str) else json.dumps(result.output)
         events = [self._event(f"response.{item['type']}.{ended}", item_id=item["id"], output_index=i),
                   self._event("response.output_item.done", output_index=i, item=item)]
         return frames(events)
