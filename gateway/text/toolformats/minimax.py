@@ -14,7 +14,7 @@ from enum import Enum
 from typing import Any, ClassVar
 
 from ..schemacheck import allows_any
-from .gbnf import WS, Grammar, Rules, lit, repeat, until
+from .gbnf import WS, Grammar, Rules, lit, parameters, repeat, until
 from .interface import history_as_is
 from .jsoncall import JsonCalls
 from .machine import Text
@@ -48,17 +48,10 @@ def named_parameters(rules: Rules, tools: list[dict[str, Any]], text: str, opene
     """Per tool, the GBNF of ``NAME">`` and its parameters, each ``opener P">VALUE closer`` in any
     order: a value whose schema allows a string is ``text`` (raw text up to the closer), any
     other JSON of its schema (MiniMax M2's, muse's and MiniCPM5's calls)."""
-    alts = []
-    for i, tool in enumerate(tools):
-        params = (tool["function"].get("parameters") or {}).get("properties") or {}
-        items = []
-        for j, (pname, schema) in enumerate(params.items()):
-            schema = schema if isinstance(schema, dict | bool) else {}
-            value = text if _raw(schema) else rules.value(schema, f"tool{i}-p{j}")
-            items.append(f'{lit(opener)} {lit(pname)} "\\">" {value} {lit(closer)} {WS}')
-        body = f'({" | ".join(items)})*' if items else ""
-        alts.append(f'{lit(tool["function"]["name"])} "\\">" {WS} {body}')
-    return alts
+    def item(pname: str, value: str, raw: bool) -> str:
+        return f'{lit(opener)} {lit(pname)} "\\">" {value} {lit(closer)} {WS}'
+
+    return [f'{lit(name)} "\\">" {WS} {body}' for name, body in parameters(rules, tools, text, item, raw=_raw)]
 
 
 def grammar(rules: Rules, tools: list[dict[str, Any]], *, required: bool, parallel: bool) -> Grammar:

@@ -7,8 +7,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any
 
-from ..schemacheck import allows_any
-from .gbnf import WS, Grammar, Rules, lit, repeat, until
+from .gbnf import WS, Grammar, Rules, lit, parameters, repeat, until
 from .interface import history_as_is
 from .machine import Text
 from .scan import lead
@@ -33,17 +32,10 @@ def grammar(rules: Rules, tools: list[dict[str, Any]], *, required: bool, parall
     """As qwen3_coder's: a string argument (or one whose schema allows any value) is raw text up
     to ``</parameter>``, any other JSON of its schema."""
     text = rules.rule("param-text", until("</parameter>"))
-    alts = []
-    for i, tool in enumerate(tools):
-        params = (tool["function"].get("parameters") or {}).get("properties") or {}
-        items = []
-        for j, (pname, schema) in enumerate(params.items()):
-            schema = schema if isinstance(schema, dict | bool) else {}
-            raw = allows_any(schema) or (isinstance(schema, dict) and schema.get("type") == "string")
-            value = text if raw else rules.value(schema, f"tool{i}-p{j}")
-            items.append(f'"{PARAMETER}" {lit(pname)} ">" {value} "</parameter>" {WS}')
-        body = f'({" | ".join(items)})*' if items else ""
-        alts.append(f'{lit(tool["function"]["name"])} ">" {WS} {body}')
+    def item(pname: str, value: str, raw: bool) -> str:
+        return f'"{PARAMETER}" {lit(pname)} ">" {value} "</parameter>" {WS}'
+
+    alts = [f'{lit(name)} ">" {WS} {body}' for name, body in parameters(rules, tools, text, item)]
     call = rules.rule("tool-call", f'"{TOOL_CALL}" {WS} "{FUNCTION}" ({" | ".join(alts)}) "</function>" {WS} '
                                    f'"{TOOL_CALL_END}"')
     return repeat(call, parallel), (r"<seed:tool_call>",)
