@@ -18,6 +18,7 @@ ARG_KEYS = ("arguments", "parameters")  # a call object's key for its arguments
 class Json(Enum):
     OBJ = "_s_obj"  # a call as one JSON object
     ARGS_ONLY = "_s_args_only"  # the arguments object alone
+    TO_CLOSER = "_s_to_closer"  # after an arguments object alone: any text up to the call's closer
     JUNK = "_s_junk"  # the rest of a broken call
 
 
@@ -206,7 +207,7 @@ class JsonCalls(Machine):
                    tail: Enum | None = None) -> None:
         """Read a call's arguments object alone, from ``_buf``'s start (after whitespace).
         ``end_at_json``: the call ends with the object; else the state ``tail`` reads on to
-        the call's closing marker."""
+        the call's closing marker (``Json.TO_CLOSER``: to the first of ``closers``)."""
         self._closers, self._after, self._end_at_json, self._tail = closers, after, end_at_json, tail
         self._go(Json.ARGS_ONLY)
 
@@ -236,3 +237,16 @@ class JsonCalls(Machine):
             self._go(self._after)
             return True
         return n > 0
+
+    def _s_to_closer(self, final: bool) -> bool:
+        """Any text after the arguments object (a closing fence) up to one of ``_closers``: the
+        first is the call's own closer, taken with the call; another is left for ``_after``."""
+        text, marker = until(self._buf, self._closers, final)
+        self._take(len(text))
+        if marker is None:
+            return bool(text)
+        if marker == self._closers[0]:
+            self._take(len(marker))
+        self._end_call()
+        self._go(self._after)
+        return True
