@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from enum import Enum
+from typing import Any
 
 from .machine import Call, Machine, Text
 from .scan import CUT, DONE, HEAD_LIMIT, MORE, Status, escape, loads, match_head, until
@@ -163,17 +164,22 @@ class JsonCalls(Machine):
             call.phase = Phase.SKIP
         return True
 
+    def _whole_args(self, call: Call, args: Any) -> None:
+        """Arguments read whole: an object begins the call and is its arguments at once; anything
+        else is the call's error."""
+        if not isinstance(args, dict):
+            call.error = "the arguments are not an object"
+            return
+        self._begin(call)
+        self._args(call, json.dumps(args, ensure_ascii=False))
+
     def _string_args(self, call: Call, text: str) -> None:
         """Arguments written as a JSON string holding the object."""
         try:
             args = loads(loads(text))
         except (ValueError, TypeError):
             args = None
-        if not isinstance(args, dict):
-            call.error = "the arguments are not an object"
-            return
-        self._begin(call)
-        self._args(call, json.dumps(args, ensure_ascii=False))
+        self._whole_args(call, args)
 
     def _whole_object(self, call: Call) -> None:
         """A call object whose keys came in another order: read once it is complete."""
@@ -197,11 +203,7 @@ class JsonCalls(Machine):
                 args = loads(args)
             except ValueError:
                 args = None
-        if not isinstance(args, dict):
-            call.error = "the arguments are not an object"
-            return
-        self._begin(call)
-        self._args(call, json.dumps(args, ensure_ascii=False))
+        self._whole_args(call, args)
 
     def _args_only(self, closers: tuple[str, ...], after: Enum, end_at_json: bool = True,
                    tail: Enum | None = None) -> None:
