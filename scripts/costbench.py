@@ -36,7 +36,7 @@ from pathlib import Path
 import costtrace
 from benchlib import Server, interleaved, tiny_model
 
-from gateway.cli import event_loop
+from gateway.cli.serve import event_loop
 from gateway.models.config import ConfigError, ServerConfig
 
 WARMUP = 30

@@ -1,7 +1,7 @@
-"""``gguf-gateway status`` and ``chat`` (gateway/console.py) against a server that is not a
+"""``gguf-gateway status`` and ``chat`` (gateway/cli/console.py) against a server that is not a
 gguf-gateway, or a hostile one: a tiny loopback HTTP server answers each path as it is told.
 JSON nested far deeper than Python's recursion limit, JSON of another shape and an error body of
-either are each one line on stderr and exit code 1 (``console.BadAnswer``), never a traceback;
+either are each one line on stderr and exit code 1 (``client.BadAnswer``), never a traceback;
 an error the gateway answered inside a chat's stream ends that turn only, as before."""
 
 from __future__ import annotations

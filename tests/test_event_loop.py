@@ -10,7 +10,7 @@ import sys
 import pytest
 from helpers import ServerProcess, run_cli
 
-from gateway import cli
+from gateway.cli import serve
 from gateway.models.config import ConfigError, load_config
 
 HAVE_UVLOOP = importlib.util.find_spec("uvloop") is not None
@@ -24,16 +24,16 @@ def no_uvloop(monkeypatch):
 
 @needs_uvloop
 def test_auto_and_uvloop_take_uvloop_where_installed():
-    assert cli.event_loop("auto") == "uvloop"
-    assert cli.event_loop("uvloop") == "uvloop"
-    assert cli.event_loop("asyncio") == "asyncio"
+    assert serve.event_loop("auto") == "uvloop"
+    assert serve.event_loop("uvloop") == "uvloop"
+    assert serve.event_loop("asyncio") == "asyncio"
 
 
 def test_auto_falls_back_to_asyncio_and_uvloop_by_name_is_refused_where_missing(no_uvloop):
-    assert cli.event_loop("auto") == "asyncio"
-    assert cli.event_loop("asyncio") == "asyncio"
+    assert serve.event_loop("auto") == "asyncio"
+    assert serve.event_loop("asyncio") == "asyncio"
     with pytest.raises(ConfigError) as e:
-        cli.event_loop("uvloop")
+        serve.event_loop("uvloop")
     assert "server.event_loop: uvloop cannot be imported" in str(e.value) and "gguf-gateway[fast]" in str(e.value)
 
 

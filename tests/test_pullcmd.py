@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import io
 
-from gateway.pullcmd import View
+from gateway.cli.pull import View
 
 LINES = [
     {"status": "pulling manifest"},

@@ -5,8 +5,8 @@ import io
 
 import pytest
 
-from gateway import console
 from gateway.backends.untrusted import MAX_NAME, name_problem, shown
+from gateway.cli import client, console
 
 DANGER = ("\x1b", "\x07", "\x9b", "\u202e", "\u2066", "\u200f", "\u2028", "\r")
 
@@ -33,7 +33,7 @@ def test_shown_escapes_what_a_terminal_would_act_on():
     assert prose == "line one\n\tline two \\x1b[31m\\u202e 👩\u200d💻 日本"  # newlines, tabs and a ZWJ emoji stay
 
 
-class _Fake(console.Gateway):
+class _Fake(client.Gateway):
     def __init__(self, answers):
         super().__init__("http://127.0.0.1:1", None)
         self.answers = answers

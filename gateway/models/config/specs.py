@@ -282,7 +282,7 @@ class ServerConfig:
     # keep one worker process started ahead of the next load (its interpreter and llama.cpp
     # imported): a model switch skips that part of the start, for the spare's idle memory
     spare_worker: bool = True
-    # the HTTP server's event loop (``cli.event_loop``): uvloop's (the ``fast`` extra), asyncio's
+    # the HTTP server's event loop (``cli.serve.event_loop``): uvloop's (the ``fast`` extra), asyncio's
     # own, or ``auto``: uvloop where it is installed. asyncio's by default: uvloop did not make the
     # 1-token p50 measurably shorter (docs/performance.md, "Where a request's time goes")
     event_loop: str = "asyncio"

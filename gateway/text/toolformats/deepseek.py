@@ -12,8 +12,8 @@ from typing import Any
 
 from .gbnf import Grammar, Rules, lit, repeat
 from .interface import history_as_is
-from .jsoncall import JsonCalls
-from .scan import BAD, MORE, WS, lead, read_name, until
+from .jsoncall import Json, JsonCalls
+from .scan import BAD, MORE, WS, lead, read_name
 
 CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
 # spellings of the block opener that DeepSeek models are known to write (llama.cpp accepts them too)
@@ -57,7 +57,6 @@ class DeepSeek(Enum):
     SEP = "_s_sep"  # after <｜tool▁sep｜>: V3.1's arguments, or R1's name
     NAME = "_s_name"  # R1: the name
     FENCE = "_s_fence"  # R1: the opening fence
-    TAIL = "_s_tail"  # after the arguments: an optional closing fence, then <｜tool▁call▁end｜>
 
 
 _ENDS = (CALL_END, CALLS_END, CALL_BEGIN)
@@ -78,7 +77,7 @@ class Parser(JsonCalls):
             self._open(DeepSeek.BLOCK)
 
     def _arguments(self) -> None:
-        self._args_only(_ENDS, after=DeepSeek.BLOCK, end_at_json=False, tail=DeepSeek.TAIL)
+        self._args_only(_ENDS, after=DeepSeek.BLOCK, end_at_json=False, tail=Json.TO_CLOSER)
 
     def _broken(self) -> None:
         self._junk(_JUNK, "a malformed call")
@@ -148,15 +147,4 @@ class Parser(JsonCalls):
             return False
         self._junk(_JUNK, "the arguments are not an object")
         self._after = DeepSeek.BLOCK
-        return True
-
-    def _s_tail(self, final: bool) -> bool:
-        text, marker = until(self._buf, _ENDS, final)
-        self._take(len(text))
-        if marker is None:
-            return bool(text)
-        if marker == CALL_END:
-            self._take(len(marker))
-        self._end_call()
-        self._go(DeepSeek.BLOCK)
         return True

@@ -17,8 +17,7 @@ import re
 from enum import Enum
 from typing import Any
 
-from ..schemacheck import allows_any
-from .gbnf import WS, Grammar, Rules, lit, repeat, until
+from .gbnf import WS, Grammar, Rules, lit, parameters, repeat, until
 from .interface import history_as_is
 from .jsoncall import JsonCalls
 from .machine import Text
@@ -53,19 +52,11 @@ def grammar(rules: Rules, tools: list[dict[str, Any]], *, required: bool, parall
     """A string argument (or one whose schema allows any value) is ``string="true"`` and raw text
     up to its closer; any other is ``string="false"`` and JSON of its schema."""
     text = rules.rule("dsml-text", until(PARAMETER_END))
-    alts = []
-    for i, tool in enumerate(tools):
-        params = (tool["function"].get("parameters") or {}).get("properties") or {}
-        items = []
-        for j, (pname, schema) in enumerate(params.items()):
-            schema = schema if isinstance(schema, dict | bool) else {}  # not a schema: one that says nothing
-            raw = allows_any(schema) or (isinstance(schema, dict) and schema.get("type") == "string")
-            value = text if raw else rules.value(schema, f"tool{i}-p{j}")
-            attr = lit(f'" string="{"true" if raw else "false"}">')
-            items.append(f'{lit(PARAMETER)} {lit(pname)} {attr} {value} '
-                         f'{lit(PARAMETER_END)} {WS}')
-        body = f'({" | ".join(items)})*' if items else ""
-        alts.append(f'{lit(tool["function"]["name"])} "\\">" {WS} {body} {lit(INVOKE_END)}')
+    def item(pname: str, value: str, raw: bool) -> str:
+        attr = lit(f'" string="{"true" if raw else "false"}">')
+        return f'{lit(PARAMETER)} {lit(pname)} {attr} {value} {lit(PARAMETER_END)} {WS}'
+
+    alts = [f'{lit(name)} "\\">" {WS} {body} {lit(INVOKE_END)}' for name, body in parameters(rules, tools, text, item)]
     invoke = rules.rule("tool-call", f'{lit(INVOKE)} ({" | ".join(alts)})')
     blocks = " | ".join(f"{lit(o)} {WS} {repeat(invoke, parallel)} {WS} {lit(c)}" for o, c in zip(OPENS, CLOSES))
     return f"({blocks})", tuple(re.escape(o) for o in OPENS)

@@ -6,7 +6,10 @@ come from ``Rules``, which the worker implements with llama-cpp-python's JSON-sc
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, Protocol
+
+from ..schemacheck import allows_any
 
 WS = '[ \\t\\n]{0,4}'  # bounded: an unconstrained model would run away in whitespace
 COMMA, SEMICOLON = f'{WS} "," {WS}', f'{WS} ";" {WS}'
@@ -55,3 +58,26 @@ def json_call(rules: Rules, tools: list[dict[str, Any]], args_key: str) -> str:
 
 def repeat(item: str, parallel: bool, sep: str = WS) -> str:
     return f"{item} ({sep} {item})*" if parallel else item
+
+
+def string_or_any(schema: Any) -> bool:
+    """A value written as raw text: its schema is a string's, or allows any value."""
+    return allows_any(schema) or (isinstance(schema, dict) and schema.get("type") == "string")
+
+
+def parameters(rules: Rules, tools: list[dict[str, Any]], text: str, item: Callable[[str, str, bool], str], *,
+               raw: Callable[[Any], bool] = string_or_any) -> list[tuple[str, str]]:
+    """The formats that write each argument as its own element: per tool, its name and the GBNF of
+    its parameters in any order (``(P | P ...)*``, "" where it has none), each ``item(name, value,
+    is_raw)``: a value whose schema ``raw`` takes is ``text`` (raw text up to its closer), any
+    other JSON of its schema (a rule named ``tool{i}-p{j}``)."""
+    out = []
+    for i, tool in enumerate(tools):
+        params = (tool["function"].get("parameters") or {}).get("properties") or {}
+        items = []
+        for j, (pname, schema) in enumerate(params.items()):
+            schema = schema if isinstance(schema, dict | bool) else {}  # not a schema: one that says nothing
+            is_raw = raw(schema)
+            items.append(item(pname, text if is_raw else rules.value(schema, f"tool{i}-p{j}"), is_raw))
+        out.append((tool["function"]["name"], f'({" | ".join(items)})*' if items else ""))
+    return out

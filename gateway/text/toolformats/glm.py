@@ -10,8 +10,7 @@ import json
 from enum import Enum
 from typing import Any
 
-from ..schemacheck import allows_any
-from .gbnf import WS, Grammar, Rules, lit, repeat, until
+from .gbnf import WS, Grammar, Rules, lit, parameters, repeat, until
 from .interface import history_as_is
 from .jsoncall import JsonCalls
 from .machine import Text
@@ -39,18 +38,10 @@ def grammar(rules: Rules, tools: list[dict[str, Any]], *, required: bool, parall
     """A string argument (or one whose schema allows any value) is raw text up to
     ``</arg_value>``; any other is JSON of its schema."""
     text = rules.rule("arg-text", until(ARG_VALUE_END))
-    alts = []
-    for i, tool in enumerate(tools):
-        params = (tool["function"].get("parameters") or {}).get("properties") or {}
-        items = []
-        for j, (pname, schema) in enumerate(params.items()):
-            schema = schema if isinstance(schema, dict | bool) else {}  # not a schema: one that says nothing
-            raw = allows_any(schema) or (isinstance(schema, dict) and schema.get("type") == "string")
-            value = text if raw else rules.value(schema, f"tool{i}-p{j}")
-            items.append(f'{lit(ARG_KEY)} {lit(pname)} {lit(ARG_KEY_END)} {WS} {lit(ARG_VALUE)} {value} '
-                         f'{lit(ARG_VALUE_END)} {WS}')
-        body = f'({" | ".join(items)})*' if items else ""
-        alts.append(f'{lit(tool["function"]["name"])} {WS} {body}')
+    def item(pname: str, value: str, raw: bool) -> str:
+        return f'{lit(ARG_KEY)} {lit(pname)} {lit(ARG_KEY_END)} {WS} {lit(ARG_VALUE)} {value} {lit(ARG_VALUE_END)} {WS}'
+
+    alts = [f'{lit(name)} {WS} {body}' for name, body in parameters(rules, tools, text, item)]
     call = rules.rule("tool-call", f'{lit(TOOL_CALL)} ({" | ".join(alts)}) {lit(TOOL_CALL_END)}')
     return repeat(call, parallel), (TOOL_CALL,)
 

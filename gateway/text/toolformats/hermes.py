@@ -6,14 +6,11 @@ this JSON object: models of one family write either."""
 from __future__ import annotations
 
 import re
-from enum import Enum
 from typing import Any, ClassVar
 
 from .gbnf import WS, Grammar, Rules, json_call, repeat
 from .interface import history_as_is
-from .machine import Text
-from .scan import lead
-from .xmlcall import FUNCTION, XmlCalls
+from .xmlcall import FUNCTION, Block, Invokes
 
 TOOL_CALL, TOOL_CALL_END = "<tool_call>", "</tool_call>"
 MARKERS = (TOOL_CALL, TOOL_CALL_END)
@@ -41,25 +38,19 @@ def grammar(rules: Rules, tools: list[dict[str, Any]], *, required: bool, parall
 history = history_as_is
 
 
-class Hermes(Enum):
-    BLOCK = "_s_block"  # inside <tool_call>, between calls
-
-
-class Parser(XmlCalls):
+class Parser(Invokes):
     OPENERS: ClassVar[tuple[str, ...]] = (TOOL_CALL,)
     STRAYS = (TOOL_CALL_END,)
-    BLOCKS = frozenset({Hermes.BLOCK})
+    BEGIN, END, OPEN = TOOL_CALL, TOOL_CALL_END, FUNCTION
     FUNCTION_BLOCK = (TOOL_CALL, TOOL_CALL_END)
 
-    def _opened(self, marker: str) -> None:
-        self._open(Hermes.BLOCK)
-
     def _s_block(self, final: bool) -> bool:
+        """A call as a JSON object too, and a closer the answer ended inside of."""
         if self._skip_ws():
             return True
         if self._buf[0] == "{":
             self._new_call()
-            self._json_call((TOOL_CALL_END, TOOL_CALL), after=Hermes.BLOCK)
+            self._json_call((TOOL_CALL_END, TOOL_CALL), after=Block.BLOCK)
             return True
         if final and TOOL_CALL_END.startswith(self._buf):
             # the answer ended inside the closer (max_tokens): the calls before it stand, and the
@@ -67,21 +58,4 @@ class Parser(XmlCalls):
             self._take(len(self._buf))
             self._close_block()
             return True
-        m = lead(self._buf, (TOOL_CALL_END, FUNCTION, TOOL_CALL), final)
-        if m == "":
-            return False
-        if m == TOOL_CALL_END:
-            self._take(len(m))
-            self._close_block()
-            return True
-        if m == TOOL_CALL:  # a new block while this one is open: this one is over
-            self._close_block()
-            return True
-        self._new_call()
-        if m == FUNCTION:
-            self._take(len(m))
-            self._function(bare=False, after=Hermes.BLOCK)
-        else:
-            self._junk(((TOOL_CALL_END, True), (TOOL_CALL, False)), "not a tool call")
-            self._after = Text.TEXT
-        return True
+        return super()._s_block(final)

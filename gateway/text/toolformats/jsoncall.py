@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from enum import Enum
+from typing import Any
 
 from .machine import Call, Machine, Text
 from .scan import CUT, DONE, HEAD_LIMIT, MORE, Status, escape, loads, match_head, until
@@ -18,6 +19,7 @@ ARG_KEYS = ("arguments", "parameters")  # a call object's key for its arguments
 class Json(Enum):
     OBJ = "_s_obj"  # a call as one JSON object
     ARGS_ONLY = "_s_args_only"  # the arguments object alone
+    TO_CLOSER = "_s_to_closer"  # after an arguments object alone: any text up to the call's closer
     JUNK = "_s_junk"  # the rest of a broken call
 
 
@@ -162,17 +164,22 @@ class JsonCalls(Machine):
             call.phase = Phase.SKIP
         return True
 
+    def _whole_args(self, call: Call, args: Any) -> None:
+        """Arguments read whole: an object begins the call and is its arguments at once; anything
+        else is the call's error."""
+        if not isinstance(args, dict):
+            call.error = "the arguments are not an object"
+            return
+        self._begin(call)
+        self._args(call, json.dumps(args, ensure_ascii=False))
+
     def _string_args(self, call: Call, text: str) -> None:
         """Arguments written as a JSON string holding the object."""
         try:
             args = loads(loads(text))
         except (ValueError, TypeError):
             args = None
-        if not isinstance(args, dict):
-            call.error = "the arguments are not an object"
-            return
-        self._begin(call)
-        self._args(call, json.dumps(args, ensure_ascii=False))
+        self._whole_args(call, args)
 
     def _whole_object(self, call: Call) -> None:
         """A call object whose keys came in another order: read once it is complete."""
@@ -196,17 +203,13 @@ class JsonCalls(Machine):
                 args = loads(args)
             except ValueError:
                 args = None
-        if not isinstance(args, dict):
-            call.error = "the arguments are not an object"
-            return
-        self._begin(call)
-        self._args(call, json.dumps(args, ensure_ascii=False))
+        self._whole_args(call, args)
 
     def _args_only(self, closers: tuple[str, ...], after: Enum, end_at_json: bool = True,
                    tail: Enum | None = None) -> None:
         """Read a call's arguments object alone, from ``_buf``'s start (after whitespace).
         ``end_at_json``: the call ends with the object; else the state ``tail`` reads on to
-        the call's closing marker."""
+        the call's closing marker (``Json.TO_CLOSER``: to the first of ``closers``)."""
         self._closers, self._after, self._end_at_json, self._tail = closers, after, end_at_json, tail
         self._go(Json.ARGS_ONLY)
 
@@ -236,3 +239,16 @@ class JsonCalls(Machine):
             self._go(self._after)
             return True
         return n > 0
+
+    def _s_to_closer(self, final: bool) -> bool:
+        """Any text after the arguments object (a closing fence) up to one of ``_closers``: the
+        first is the call's own closer, taken with the call; another is left for ``_after``."""
+        text, marker = until(self._buf, self._closers, final)
+        self._take(len(text))
+        if marker is None:
+            return bool(text)
+        if marker == self._closers[0]:
+            self._take(len(marker))
+        self._end_call()
+        self._go(self._after)
+        return True

@@ -13,8 +13,8 @@ from typing import Any
 
 from .gbnf import WS, Grammar, Rules, lit, repeat
 from .interface import Messages, Tools
-from .jsoncall import JsonCalls
-from .scan import BAD, MORE, lead, read_name, until
+from .jsoncall import Json, JsonCalls
+from .scan import BAD, MORE, lead, read_name
 
 SECTION_BEGIN, SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
 CALL_BEGIN, ARGS_BEGIN, CALL_END = "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"
@@ -65,7 +65,6 @@ def history(messages: Messages, tools: Tools) -> tuple[Messages, Tools]:
 class Kimi(Enum):
     BLOCK = "_s_block"  # inside the section (or after a bare call), between calls
     HEAD = "_s_head"  # after <|tool_call_begin|>: the id up to <|tool_call_argument_begin|>
-    TAIL = "_s_tail"  # after the arguments: up to <|tool_call_end|>
 
 
 _ENDS = (CALL_END, SECTION_END, CALL_BEGIN, SECTION_BEGIN)
@@ -114,16 +113,5 @@ class Parser(JsonCalls):
         self._take(len(r[0]) + len(r[1]))
         m = _ID.fullmatch(r[0])
         self._name(self._current, m.group(1) if m else r[0].strip())
-        self._args_only(_ENDS, after=Kimi.BLOCK, end_at_json=False, tail=Kimi.TAIL)
-        return True
-
-    def _s_tail(self, final: bool) -> bool:
-        text, marker = until(self._buf, _ENDS, final)
-        self._take(len(text))
-        if marker is None:
-            return bool(text)
-        if marker == CALL_END:
-            self._take(len(marker))
-        self._end_call()
-        self._go(Kimi.BLOCK)
+        self._args_only(_ENDS, after=Kimi.BLOCK, end_at_json=False, tail=Json.TO_CLOSER)
         return True

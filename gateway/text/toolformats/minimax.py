@@ -2,7 +2,7 @@
 </invoke>\\n</minimax:tool_call>`` (several invokes per block), each invoke read as it streams,
 each value typed by the tool's schema (``xmlcall``). Its thinking is ``<think>`` (``reasoning``).
 
-``Invokes`` is the block of invokes, shared with the formats that write one; in ``Streamed``
+The block of invokes is ``xmlcall.Invokes``, shared with the formats that write one; in ``Streamed``
 (``minimax``, ``minimax_m3``, ``kimi_k3``, ``muse``) each invoke is read by ``xmlcall`` as it
 streams, its markers those of an XML-style function: a call is whole only at its closer (or at
 what a missing closer is forgiven at), so one the answer cut off ends with an error."""
@@ -10,16 +10,13 @@ what a missing closer is forgiven at), so one the answer cut off ends with an er
 from __future__ import annotations
 
 import re
-from enum import Enum
 from typing import Any, ClassVar
 
 from ..schemacheck import allows_any
-from .gbnf import WS, Grammar, Rules, lit, repeat, until
+from .gbnf import WS, Grammar, Rules, lit, parameters, repeat, until
 from .interface import history_as_is
-from .jsoncall import JsonCalls
-from .machine import Text
-from .scan import lead, schema_types
-from .xmlcall import Function, XmlCalls
+from .scan import schema_types
+from .xmlcall import Function, Invokes
 
 CALLS_BEGIN, CALLS_END = "<minimax:tool_call>", "</minimax:tool_call>"
 INVOKE, INVOKE_END = '<invoke name="', "</invoke>"
@@ -48,17 +45,10 @@ def named_parameters(rules: Rules, tools: list[dict[str, Any]], text: str, opene
     """Per tool, the GBNF of ``NAME">`` and its parameters, each ``opener P">VALUE closer`` in any
     order: a value whose schema allows a string is ``text`` (raw text up to the closer), any
     other JSON of its schema (MiniMax M2's, muse's and MiniCPM5's calls)."""
-    alts = []
-    for i, tool in enumerate(tools):
-        params = (tool["function"].get("parameters") or {}).get("properties") or {}
-        items = []
-        for j, (pname, schema) in enumerate(params.items()):
-            schema = schema if isinstance(schema, dict | bool) else {}
-            value = text if _raw(schema) else rules.value(schema, f"tool{i}-p{j}")
-            items.append(f'{lit(opener)} {lit(pname)} "\\">" {value} {lit(closer)} {WS}')
-        body = f'({" | ".join(items)})*' if items else ""
-        alts.append(f'{lit(tool["function"]["name"])} "\\">" {WS} {body}')
-    return alts
+    def item(pname: str, value: str, raw: bool) -> str:
+        return f'{lit(opener)} {lit(pname)} "\\">" {value} {lit(closer)} {WS}'
+
+    return [f'{lit(name)} "\\">" {WS} {body}' for name, body in parameters(rules, tools, text, item, raw=_raw)]
 
 
 def grammar(rules: Rules, tools: list[dict[str, Any]], *, required: bool, parallel: bool) -> Grammar:
@@ -71,56 +61,12 @@ def grammar(rules: Rules, tools: list[dict[str, Any]], *, required: bool, parall
 history = history_as_is
 
 
-class Block(Enum):
-    BLOCK = "_s_block"  # inside the block, between invokes
-
-
-class Invokes(JsonCalls):
-    """A block of invokes, each read by the format's ``_invoke``."""
-
-    BEGIN: ClassVar[str]
-    END: ClassVar[str]
-    OPEN: ClassVar[str]  # an invoke's opener, up to its name
-    CLOSE: ClassVar[str]
-    BLOCKS = frozenset({Block.BLOCK})
-
-    def _opened(self, marker: str) -> None:
-        self._open(Block.BLOCK)
-
-    def _s_block(self, final: bool) -> bool:
-        if self._skip_ws():
-            return True
-        m = lead(self._buf, (self.OPEN, self.END, self.BEGIN), final)
-        if m == "":
-            return False
-        if m == self.END:
-            self._take(len(m))
-            self._close_block()
-        elif m == self.BEGIN:  # a new block while this one is open: this one is over
-            self._close_block()
-        elif m == self.OPEN:
-            self._take(len(m))
-            self._invoke()
-        else:
-            self._new_call()
-            self._junk(((self.END, True), (self.BEGIN, False)), "not a tool call")
-            self._after = Text.TEXT
-        return True
-
-    def _invoke(self) -> None:
-        """An invoke's opener was just read: read the invoke."""
-        raise NotImplementedError
-
-
-class Streamed(Invokes, XmlCalls):
+class Streamed(Invokes):
     """A block of invokes, each read by ``xmlcall`` as it streams: the block's markers are
     ``FUNCTION_BLOCK``, an invoke's ``FUNCTION_MARKERS`` (as ``BEGIN`` ... ``CLOSE``)."""
 
+    CLOSE: ClassVar[str]
     VALUE_NEWLINES = False  # the value is what lies between the parameter's markers
-
-    def _invoke(self) -> None:
-        self._new_call()
-        self._function(bare=False, after=Block.BLOCK)
 
     def _value_ends(self, fn: Function) -> tuple[str, ...]:
         # a value runs to its closer (a parameter's opener inside it is its text), as llama.cpp reads it

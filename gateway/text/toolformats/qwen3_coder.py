@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..schemacheck import allows_any
-from .gbnf import WS, Grammar, Rules, lit, repeat, until
+from .gbnf import WS, Grammar, Rules, lit, parameters, repeat, until
 from .hermes import TOOL_CALL, TOOL_CALL_END
 from .hermes import Parser as HermesParser
 from .interface import history_as_is
@@ -35,17 +34,10 @@ def grammar(rules: Rules, tools: list[dict[str, Any]], *, required: bool, parall
     any value (the parser reads it as JSON where it parses, a string otherwise); any other is
     JSON of its schema."""
     text = rules.rule("param-text", until("</parameter>"))
-    alts = []
-    for i, tool in enumerate(tools):
-        params = (tool["function"].get("parameters") or {}).get("properties") or {}
-        items = []
-        for j, (pname, schema) in enumerate(params.items()):
-            schema = schema if isinstance(schema, dict | bool) else {}  # not a schema: one that says nothing
-            raw = allows_any(schema) or (isinstance(schema, dict) and schema.get("type") == "string")
-            value = text if raw else rules.value(schema, f"tool{i}-p{j}")
-            items.append(f'"<parameter=" {lit(pname)} ">" "\\n"? {value} "\\n"? "</parameter>" {WS}')
-        body = f'({" | ".join(items)})*' if items else ""
-        alts.append(f'{lit(tool["function"]["name"])} ">" {WS} {body}')
+    def item(pname: str, value: str, raw: bool) -> str:
+        return f'"<parameter=" {lit(pname)} ">" "\\n"? {value} "\\n"? "</parameter>" {WS}'
+
+    alts = [f'{lit(name)} ">" {WS} {body}' for name, body in parameters(rules, tools, text, item)]
     call = rules.rule("tool-call", f'"<tool_call>" {WS} "<function=" ({" | ".join(alts)}) "</function>" {WS} '
                                    '"</tool_call>"')
     return repeat(call, parallel), (r"<tool_call>",)

@@ -4,15 +4,11 @@ typed by the tool's schema, as qwen3_coder's. Its thinking is the ``seed`` reaso
 
 from __future__ import annotations
 
-from enum import Enum
 from typing import Any
 
-from ..schemacheck import allows_any
-from .gbnf import WS, Grammar, Rules, lit, repeat, until
+from .gbnf import WS, Grammar, Rules, lit, parameters, repeat, until
 from .interface import history_as_is
-from .machine import Text
-from .scan import lead
-from .xmlcall import FUNCTION, PARAMETER, XmlCalls
+from .xmlcall import FUNCTION, PARAMETER, Invokes
 
 TOOL_CALL, TOOL_CALL_END = "<seed:tool_call>", "</seed:tool_call>"
 MARKERS = (TOOL_CALL, TOOL_CALL_END)
@@ -33,17 +29,10 @@ def grammar(rules: Rules, tools: list[dict[str, Any]], *, required: bool, parall
     """As qwen3_coder's: a string argument (or one whose schema allows any value) is raw text up
     to ``</parameter>``, any other JSON of its schema."""
     text = rules.rule("param-text", until("</parameter>"))
-    alts = []
-    for i, tool in enumerate(tools):
-        params = (tool["function"].get("parameters") or {}).get("properties") or {}
-        items = []
-        for j, (pname, schema) in enumerate(params.items()):
-            schema = schema if isinstance(schema, dict | bool) else {}
-            raw = allows_any(schema) or (isinstance(schema, dict) and schema.get("type") == "string")
-            value = text if raw else rules.value(schema, f"tool{i}-p{j}")
-            items.append(f'"{PARAMETER}" {lit(pname)} ">" {value} "</parameter>" {WS}')
-        body = f'({" | ".join(items)})*' if items else ""
-        alts.append(f'{lit(tool["function"]["name"])} ">" {WS} {body}')
+    def item(pname: str, value: str, raw: bool) -> str:
+        return f'"{PARAMETER}" {lit(pname)} ">" {value} "</parameter>" {WS}'
+
+    alts = [f'{lit(name)} ">" {WS} {body}' for name, body in parameters(rules, tools, text, item)]
     call = rules.rule("tool-call", f'"{TOOL_CALL}" {WS} "{FUNCTION}" ({" | ".join(alts)}) "</function>" {WS} '
                                    f'"{TOOL_CALL_END}"')
     return repeat(call, parallel), (r"<seed:tool_call>",)
@@ -52,37 +41,9 @@ def grammar(rules: Rules, tools: list[dict[str, Any]], *, required: bool, parall
 history = history_as_is
 
 
-class Seed(Enum):
-    BLOCK = "_s_block"  # inside <seed:tool_call>, between functions
-
-
-class Parser(XmlCalls):
+class Parser(Invokes):
     OPENERS = (TOOL_CALL,)
     STRAYS = (TOOL_CALL_END,)
-    BLOCKS = frozenset({Seed.BLOCK})
+    BEGIN, END, OPEN = TOOL_CALL, TOOL_CALL_END, FUNCTION
     FUNCTION_BLOCK = (TOOL_CALL, TOOL_CALL_END)
     VALUE_NEWLINES = False  # its template writes <parameter=P>VALUE</parameter>: every newline is the value's
-
-    def _opened(self, marker: str) -> None:
-        self._open(Seed.BLOCK)
-
-    def _s_block(self, final: bool) -> bool:
-        if self._skip_ws():
-            return True
-        m = lead(self._buf, (TOOL_CALL_END, FUNCTION, TOOL_CALL), final)
-        if m == "":
-            return False
-        if m == TOOL_CALL_END:
-            self._take(len(m))
-            self._close_block()
-        elif m == TOOL_CALL:  # a new block while this one is open: this one is over
-            self._close_block()
-        elif m == FUNCTION:
-            self._new_call()
-            self._take(len(m))
-            self._function(bare=False, after=Seed.BLOCK)
-        else:
-            self._new_call()
-            self._junk(((TOOL_CALL_END, True), (TOOL_CALL, False)), "not a tool call")
-            self._after = Text.TEXT
-        return True

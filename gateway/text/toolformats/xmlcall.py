@@ -1,6 +1,7 @@
 """Reader of a call written as an XML-style function, shared by the formats that write one: the
 function's opener and name, each argument as a parameter (its opener, name, value and closer),
-then the function's closer, inside a block whose markers the format names (``FUNCTION_BLOCK``).
+then the function's closer, inside a block whose markers the format names (``FUNCTION_BLOCK``;
+``Invokes`` reads such a block, a function after another).
 Qwen3-Coder's markers are the defaults (``<function=N>``, ``<parameter=P>\\nVALUE\\n</parameter>``,
 ``</function>``); a format names its own (``FUNCTION_MARKERS``, ``PARAMETER_MARKERS``, what ends a
 name and the attributes after it: MiniMax's ``<invoke name="N">``, Kimi K3's tags).
@@ -21,7 +22,7 @@ from typing import Any, ClassVar
 
 from .jsoncall import JsonCalls
 from .machine import Text
-from .scan import MORE, Status, escape, read_name, schema_types, typed, until
+from .scan import MORE, Status, escape, lead, read_name, schema_types, typed, until
 
 FUNCTION, FUNCTION_END = "<function=", "</function>"
 PARAMETER, PARAMETER_END = "<parameter=", "</parameter>"
@@ -244,4 +245,44 @@ class XmlCalls(JsonCalls):
         if marker == fn.close:
             self._take(len(marker))
         self._go(Xml.FUNC)
+        return True
+
+
+class Block(Enum):
+    BLOCK = "_s_block"  # inside the block, between its calls
+
+
+class Invokes(XmlCalls):
+    """A block of functions (``BEGIN`` ... ``END``), each opened by ``OPEN`` and read as it
+    streams (its name follows ``OPEN``): hermes', seed_oss', and MiniMax's invokes
+    (``minimax.Streamed``). In the block, another ``BEGIN`` ends it; anything that is not a
+    function is a failed call up to the block's end."""
+
+    BEGIN: ClassVar[str]
+    END: ClassVar[str]
+    OPEN: ClassVar[str]  # a function's opener, up to its name
+    BLOCKS = frozenset({Block.BLOCK})
+
+    def _opened(self, marker: str) -> None:
+        self._open(Block.BLOCK)
+
+    def _s_block(self, final: bool) -> bool:
+        if self._skip_ws():
+            return True
+        m = lead(self._buf, (self.OPEN, self.END, self.BEGIN), final)
+        if m == "":
+            return False
+        if m == self.END:
+            self._take(len(m))
+            self._close_block()
+        elif m == self.BEGIN:  # a new block while this one is open: this one is over
+            self._close_block()
+        elif m == self.OPEN:
+            self._take(len(m))
+            self._new_call()
+            self._function(bare=False, after=Block.BLOCK)
+        else:
+            self._new_call()
+            self._junk(((self.END, True), (self.BEGIN, False)), "not a tool call")
+            self._after = Text.TEXT
         return True

@@ -20,14 +20,15 @@ import sys
 import urllib.error
 from typing import Any, TextIO
 
-from .api.pulls import Narration
-from .backends.untrusted import shown
-from .console import BadAnswer, Gateway, Unreachable
-from .hub import pulls as hub
-from .hub import transfer
-from .hub.removal import remove
-from .models.catalog import ModelCatalog
-from .models.config import Config, ServerConfig
+from ..api.pulls import Narration
+from ..backends.untrusted import shown
+from ..hub import pulls as hub
+from ..hub import transfer
+from ..hub.removal import remove
+from ..models.catalog import ModelCatalog
+from ..models.config import Config, ServerConfig
+from .client import BadAnswer, Gateway, Unreachable
+from .configfile import config_arg, config_if_any
 
 BAR = 24  # characters of a progress bar
 
@@ -92,7 +93,7 @@ class View:
             self.open_bar = False
 
 
-def add_commands(sub: argparse._SubParsersAction, add_config: Any) -> None:
+def add_commands(sub: argparse._SubParsersAction) -> None:
     pull = sub.add_parser("pull", help="download a model by name from Hugging Face or an Ollama registry "
                           "(hf.co/ORG/REPO:QUANT, ORG/REPO, MODEL:TAG, HOST/NS/MODEL:TAG)")
     pull.add_argument("name")
@@ -100,10 +101,15 @@ def add_commands(sub: argparse._SubParsersAction, add_config: Any) -> None:
     rm = sub.add_parser("rm", help="delete a pulled model (from the Hugging Face cache or Ollama's store)")
     rm.add_argument("name")
     for p in (pull, rm):
-        add_config(p)
+        config_arg(p)
         p.add_argument("--url", help="a running gateway to work through (default: $GGUF_GATEWAY_URL, else the "
                        "configured address when a gateway answers there, else none: this process does it)")
         p.add_argument("--api-key", help="default: $GGUF_GATEWAY_API_KEY, else the config's first key")
+        p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    return (cmd_pull if args.command == "pull" else cmd_rm)(args, config_if_any(args))
 
 
 def _gateway(args: argparse.Namespace, config: Config | None) -> Gateway | None:

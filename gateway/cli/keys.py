@@ -20,7 +20,7 @@ The contract:
 * ``keys revoke NAME`` removes NAME from the keys file. A name given elsewhere (models.yaml,
   ``$GGUF_GATEWAY_API_KEYS``) is refused naming where to remove it; so is the last admin while
   other keys remain (the gateway would refuse a configuration of keys and no admin).
-* ``usage`` asks a running gateway's ``GET /usage`` (``console.Gateway``: ``--url`` and
+* ``usage`` asks a running gateway's ``GET /usage`` (``client.Gateway``: ``--url`` and
   ``--api-key`` as ``status`` takes them) and prints a table, a total, each key's limits, and a
   warning where usage is not being written to disk. Every string the server sent is written
   through ``untrusted.shown``.
@@ -45,15 +45,16 @@ import urllib.parse
 from pathlib import Path
 from typing import Any, TextIO
 
-from .access.gate import usage_path
-from .access.limits import iso
-from .access.usage import read_last_used
-from .backends.untrusted import shown
-from .base.checks import parse_time
-from .console import BadAnswer, Gateway, Unreachable
-from .models.config import Config, ConfigError, KeySpec, ServerConfig, find_config_path, load_config
-from .models.config import keys as keyfile
-from .models.config.specs import BUDGET_PERIODS, ROLES
+from ..access.gate import usage_path
+from ..access.limits import iso
+from ..access.usage import read_last_used
+from ..backends.untrusted import shown
+from ..base.checks import parse_time
+from ..models.config import Config, ConfigError, KeySpec, ServerConfig, find_config_path, load_config
+from ..models.config import keys as keyfile
+from ..models.config.specs import BUDGET_PERIODS, ROLES
+from .client import BadAnswer, Gateway, Unreachable
+from .configfile import config_arg
 
 NAME_RE = re.compile(r"[A-Za-z0-9._@-]{1,64}")
 SECTION, ENV = "server.api_keys", f"${keyfile.ENV_KEYS}"
@@ -68,7 +69,7 @@ class BadArgument(ValueError):
     """A command-line value this command cannot take: exit 2."""
 
 
-def add_commands(sub: argparse._SubParsersAction, add_config: Any) -> None:
+def add_commands(sub: argparse._SubParsersAction) -> None:
     keys = sub.add_parser("keys", help="add, list and revoke API keys (the keys file a running gateway watches)")
     actions = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
     add = actions.add_parser("add", help="make a new key, write its digest to the keys file, print it once")
@@ -88,7 +89,7 @@ def add_commands(sub: argparse._SubParsersAction, add_config: Any) -> None:
     revoke = actions.add_parser("revoke", help="remove a key from the keys file")
     revoke.add_argument("name")
     for p in (add, listing, revoke):
-        add_config(p)
+        config_arg(p)
     for p in (add, revoke):
         p.add_argument("--file", metavar="KEYSFILE", help="the keys file (default: server.api_keys_file, else "
                        "keys.yaml in the state folder)")
@@ -99,9 +100,11 @@ def add_commands(sub: argparse._SubParsersAction, add_config: Any) -> None:
     usage.add_argument("--until", metavar="WHEN", help="a date, a time, or a duration ago (exclusive); default: now")
     usage.add_argument("--group", choices=("day", "hour"), default="day")
     usage.add_argument("--json", action="store_true", help="the gateway's JSON as it answered")
-    add_config(usage)
+    config_arg(usage)
     usage.add_argument("--url", help="the gateway (default: $GGUF_GATEWAY_URL, else host and port from the config)")
     usage.add_argument("--api-key", help="default: $GGUF_GATEWAY_API_KEY, else the config's first key")
+    for p in (keys, usage):
+        p.set_defaults(run=main)
 
 
 def main(args: argparse.Namespace, out: TextIO | None = None) -> int:

@@ -1,0 +1,122 @@
+"""``Gateway``: the client of a running gateway that ``status``, ``chat``, ``pull``, ``rm`` and
+``usage`` talk through.
+
+Standard library only (urllib), so the commands work from the same install with nothing
+running but the gateway. The address and key come from ``--url`` / ``--api-key``, else
+``$GGUF_GATEWAY_URL`` / ``$GGUF_GATEWAY_API_KEY``, else the config file (host, port and its
+first API key).
+
+A server's JSON is read by ``base/strictjson`` (bounded: a text nested thousands deep is not a
+``RecursionError``); an answer that is not JSON, or not in the gateway's shape (a server at the
+wrong address), is a ``BadAnswer``. An error the server answered is a ``RuntimeError`` whose
+message is written through ``untrusted.shown``; no server at all is ``Unreachable``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+from ..access.keys import KeyTable
+from ..backends.untrusted import shown
+from ..base import strictjson
+from ..models.config import Config
+
+
+class Unreachable(Exception):
+    pass
+
+
+class BadAnswer(RuntimeError):
+    """The server's answer is not JSON this client reads, or not in the gateway's shape: it ends
+    the command (``chat`` too), where an error the gateway answered ends one turn."""
+
+
+def _error_message(detail: Any) -> str | None:
+    """The message of an error answer in OpenAI's shape (``{"error": {"message": ...}}``), else None."""
+    error = detail.get("error") if isinstance(detail, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    return message if isinstance(message, str) else None
+
+
+class Gateway:
+    def __init__(self, url: str, api_key: str | None):
+        self.url = url.rstrip("/")
+        self.api_key = api_key
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, config: Config | None) -> Gateway:
+        url = args.url or os.environ.get("GGUF_GATEWAY_URL")
+        if not url:
+            host = config.server.host if config else "127.0.0.1"
+            host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+            url = f"http://{'[' + host + ']' if ':' in host else host}:{config.server.port if config else 8080}"
+        key = args.api_key or os.environ.get("GGUF_GATEWAY_API_KEY") or (
+            KeyTable(config.server.api_keys).first_secret() if config else None)
+        return cls(url, key)
+
+    def _request(self, path: str, body: dict[str, Any] | None = None, timeout: float = 10):
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data, headers=headers)
+        try:
+            return urllib.request.urlopen(req, timeout=timeout)
+        except urllib.error.HTTPError as e:
+            try:
+                detail = strictjson.loads(e.read(), "error")
+                message = _error_message(detail) or str(detail)
+            except (ValueError, OSError):  # not JSON, nested too deep, cut off, ...
+                message = str(e.reason)
+            raise RuntimeError(f"{e.code}: {shown(message, 500)}") from None
+        except (urllib.error.URLError, OSError) as e:
+            reason = getattr(e, "reason", e)
+            raise Unreachable(f"cannot reach gguf-gateway at {self.url} ({reason}); is it running? "
+                              "(gguf-gateway serve)") from None
+
+    def _json(self, path: str, text: bytes | str) -> Any:
+        """An answer's JSON, by the bounded parser; ``BadAnswer`` where it is none."""
+        try:
+            return strictjson.loads(text, path)
+        except ValueError as e:  # strictjson.JSONRefused: its message quotes none of the answer
+            raise BadAnswer(f"{self.url} did not answer with JSON this client reads: {e}; "
+                            "is this a gguf-gateway?") from None
+
+    def get(self, path: str) -> Any:
+        with self._request(path) as r:
+            return self._json(path, r.read())
+
+    def post(self, path: str, body: dict[str, Any], limit: int = 1 << 20) -> Any:
+        """A POST's JSON answer, read within ``limit`` bytes."""
+        with self._request(path, body) as r:
+            return self._json(path, r.read(limit))
+
+    def stream_lines(self, path: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """A POST answered with newline-delimited JSON (a pull's progress): each line read
+        within a bound and parsed by the bounded parser."""
+        with self._request(path, body, timeout=3600) as r:
+            while raw := r.readline(1 << 16):
+                line = self._json(path, raw)
+                if not isinstance(line, dict):
+                    raise BadAnswer(f"{self.url}{path} streamed a line that is not a JSON object")
+                yield line
+
+    def stream_chat(self, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        path = "/v1/chat/completions"
+        with self._request(path, {**body, "stream": True}, timeout=600) as r:
+            for raw in r:
+                line = raw.decode("utf-8", "replace").strip()
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = self._json(path, line[6:])
+                if not isinstance(event, dict):
+                    raise BadAnswer(f"{self.url}{path} streamed an event that is not a JSON object")
+                if "error" in event:
+                    raise RuntimeError(shown(_error_message(event) or "the stream ended with an error", 500))
+                yield event
