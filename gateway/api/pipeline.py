@@ -25,7 +25,6 @@ from ..engine.ipc import GenerationRequest, Start
 from ..models.config import ModelSpec
 from ..server.events import Tally, observation
 from ..server.sse import EventStream
-from ..serving.registry import picked_adapter
 from ..serving.supervisor import Progress
 from ..wire import answer, fim
 from ..wire import media as wire_media
@@ -91,7 +90,7 @@ async def lease(request: web.Request, parsed: Parsed, *, thinking: bool = True, 
     progress = load_progress(request, parsed.stream, failure) if failure is not None else None
     observation(request).request = parsed.request
     name = parsed.model
-    if (picked := picked_adapter(request.app[REGISTRY], name)) is not None:  # BASE:ADAPTER: the base, that adapter on
+    if (picked := request.app[REGISTRY].adapters.picked(name)) is not None:  # BASE:ADAPTER: the base, that adapter on
         name = picked[0].name
         for req in parsed.requests:
             req.adapter = picked[1]
