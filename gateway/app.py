@@ -61,7 +61,7 @@ from .server.connections import ConnectionGuard, Limits
 from .server.events import ERROR_CODE, OBSERVATION, OWNER, PRINCIPAL, STREAM, EventSink, Observation, request_id
 from .server.live import Live
 from .server.metrics import Metrics
-from .serving.registry import Registry, replica_rows, upstream_rows
+from .serving.registry import Registry, upstream_rows
 from .wire.answer import api_error
 
 __all__ = ["CONFIG", "CONNECTIONS", "EVENTS", "LIFECYCLE", "METRICS", "REGISTRY", "create_app", "server_settings"]
@@ -369,7 +369,7 @@ def create_app(config: Config, registry: Registry | None = None) -> web.Applicat
     app[REGISTRY].pulls.on_bytes = lambda source, n: app[METRICS].pull_bytes.labels(source).inc(n)
     app[REGISTRY].pulls.on_outcome = lambda source, outcome: app[METRICS].pulls.labels(source, outcome).inc()
     app[METRICS].watch_models(app[REGISTRY].metrics_rows)
-    app[METRICS].watch_upstreams(lambda: upstream_rows(app[REGISTRY]), lambda: replica_rows(app[REGISTRY]))
+    app[METRICS].watch_upstreams(lambda: upstream_rows(app[REGISTRY]), lambda: app[REGISTRY].supervisors.replica_rows())
     app[METRICS].watch_gpus(lambda: [(d.name, d.description, d.free, d.total) for d in app[REGISTRY].devices.gpus])
     app[GATE] = gate = Gate(config.server)
     gate.on_spend = lambda name, named, wire, p, c: app[METRICS].spent(app[METRICS].key_label(name, named), wire, p, c)

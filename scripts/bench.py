@@ -75,14 +75,19 @@ STREAMS = (1, 2, 4, 8)
 
 
 def gateway(model: Path, threads: int, tmp: Path, name: str = "bench", interval: int | None = None,
-            label: str = "gateway", gpu_layers: int | None = None, server_yaml: str = "") -> Server:
-    """``server_yaml``: more of models.yaml's ``server:`` section, each line indented two spaces."""
+            label: str = "gateway", gpu_layers: int | None = None, server_yaml: str = "",
+            checkout: Path | None = None) -> Server:
+    """``server_yaml``: more of models.yaml's ``server:`` section, each line indented two spaces.
+    ``checkout``: another clone of this repository whose gateway runs instead (on this venv,
+    its package first on the path: an A/B against another commit in one interleaved run)."""
     cfg = tmp / f"{name}-{label}.yaml"
     server = ("" if interval is None else f"  stream_interval_ms: {interval}\n") + server_yaml
     layers = "" if gpu_layers is None else f"    n_gpu_layers: {gpu_layers}\n"
     cfg.write_text(f"server:\n  discover_default_stores: false\n{server}models:\n  {name}:\n    path: {model}\n"
                    f"    n_ctx: {N_CTX}\n    n_threads: {threads}\n    parallel: {PARALLEL}\n{layers}")
     env = {**os.environ, "HOME": str(tmp)}  # no models of the user's own are discovered
+    if checkout is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(checkout.resolve()), *filter(None, [env.get("PYTHONPATH")])])
     return Server(label, [sys.executable, "-m", "gateway", "serve", "--config", str(cfg), "--port", "{port}",
                               "--log-level", "warning"], "/health", name, env)
 
@@ -291,6 +296,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--llama-server", help="llama.cpp's llama-server binary (default: llama-server on PATH)")
     p.add_argument("--only", action="append", choices=("gateway", "llama-server", "llama-cpp-python"),
                    help="measure only these contenders (repeatable)")
+    p.add_argument("--baseline", type=Path, metavar="CHECKOUT",
+                   help="another clone of this repository (e.g. `git worktree add /tmp/base BASE`) whose gateway "
+                        "is measured beside this one, in the same rotating rounds, as the base of the ratios: "
+                        "an A/B of two commits")
     p.add_argument("--stream-interval", type=lambda v: [int(x) for x in v.split(",")], metavar="MS[,MS...]",
                    help="the gateway's server.stream_interval_ms (default: its own default); several values "
                    "measure one gateway contender each, side by side")
@@ -410,6 +419,10 @@ def main(argv: list[str] | None = None) -> int:
         makers: list = [("gateway", lambda m, iv=iv: gateway(m, args.threads, tmp, interval=iv, label=labels[iv],
                                                                   gpu_layers=args.gpu_layers))
                         for iv in intervals]
+        if args.baseline is not None:  # the base of each ratio: its name starts with no "gateway"
+            makers.insert(0, (f"baseline {args.baseline.name}", lambda m: gateway(
+                m, args.threads, tmp, label=f"baseline {args.baseline.name}", gpu_layers=args.gpu_layers,
+                checkout=args.baseline)))
         ls = find_llama_server(args.llama_server) if "llama-server" in wanted else None
         if ls:
             makers.append(("llama-server", lambda m: llama_server(ls, m, args.threads, args.gpu_layers)))
@@ -421,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
                 makers.append(("llama-cpp-python", lambda m: llama_cpp_python(m, args.threads)))
             except ImportError:
                 print("llama-cpp-python's server: not measured (pip install -e '.[bench]')", file=sys.stderr)
-        makers = [m for m in makers if m[0] in wanted]
+        makers = [m for m in makers if m[0] in wanted or m[0].startswith("baseline ")]
 
         print(f"measuring {', '.join(m[0] for m in makers)}, interleaved ...", file=sys.stderr)
         with contextlib.ExitStack() as stack:

@@ -116,16 +116,16 @@ def test_a_slot_saved_at_an_exit_keeps_a_checkpoint_each_window_and_a_middle_cha
     save cuts it back to take a checkpoint each window (and near its prompt's end), so after the
     next load a prompt that changed in the middle is read on from the window before the change,
     as a cold read would read it."""
-    from gateway.engine import kvcache
+    from gateway.engine import savedslots
     from gateway.engine.slots import common_prefix
 
     engine = Engine(gemma, swa_full=True)
     engine.run(TALK, max_tokens=1)
     assert not engine.decoder.slots[0].checkpoints  # a slot holding every position takes none as it reads
-    kvcache.save(engine.model, engine.decoder.slots, str(tmp_path), 2**30,
-                 behind=engine.decoder.memory.checkpoints_behind)
+    savedslots.save(engine.model, engine.decoder.slots, str(tmp_path), 2**30,
+                    behind=engine.decoder.memory.checkpoints_behind)
     again = Engine(gemma, swa_full=True)
-    assert kvcache.restore(again.model, again.decoder.slots, str(tmp_path))[0] == 1
+    assert savedslots.restore(again.model, again.decoder.slots, str(tmp_path))[0] == 1
     n, n_swa = len(engine.tokens(TALK)), again.model.n_swa
     assert [c.n_tokens for c in again.decoder.slots[0].checkpoints] == \
         sorted({*checkpoints.marks(0, n, again.decoder.n_ubatch), *range(n_swa, n, n_swa)})

@@ -18,7 +18,7 @@ from gateway.models.config import (
     adapter_name_problem,
     load_config,
 )
-from gateway.serving.registry import Registry, picked_adapter
+from gateway.serving.registry import Registry
 
 
 def configured(spec) -> list[str]:
@@ -207,13 +207,13 @@ def test_a_request_name_picks_a_configured_models_adapter(write_config, tmp_path
     """), check_files=False)
     registry = Registry(cfg)
     qwen3, other = registry.resolve("qwen3"), registry.resolve("other")
-    assert picked_adapter(registry, "qwen3:pirate") == (qwen3, "pirate")
-    assert picked_adapter(registry, "qwen3:latest:pirate") == (qwen3, "pirate")
-    assert picked_adapter(registry, "pirate") == (qwen3, "pirate")
-    assert picked_adapter(registry, "formal") == (other, "formal")
-    assert picked_adapter(registry, "x:pirate") is None  # a model's own name is no adapter
-    assert picked_adapter(registry, "qwen3:latest") is None and picked_adapter(registry, "qwen3") is None
-    assert picked_adapter(registry, None) is None
+    assert registry.adapters.picked("qwen3:pirate") == (qwen3, "pirate")
+    assert registry.adapters.picked("qwen3:latest:pirate") == (qwen3, "pirate")
+    assert registry.adapters.picked("pirate") == (qwen3, "pirate")
+    assert registry.adapters.picked("formal") == (other, "formal")
+    assert registry.adapters.picked("x:pirate") is None  # a model's own name is no adapter
+    assert registry.adapters.picked("qwen3:latest") is None and registry.adapters.picked("qwen3") is None
+    assert registry.adapters.picked(None) is None
     with pytest.raises(ApiError) as err:  # a tag naming no adapter of a base that has some: a typo, likely
-        picked_adapter(registry, "other:pirate")
+        registry.adapters.picked("other:pirate")
     assert err.value.status == 404 and "formal" in err.value.message

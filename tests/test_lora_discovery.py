@@ -19,7 +19,7 @@ from gateway.models.catalog import ModelCatalog
 from gateway.models.config import AdapterSpec, load_config
 from gateway.models.ggufmeta import GGUFInfo, ModelFileError, read_info, tensor_shapes
 from gateway.models.ggufwriter import finish
-from gateway.serving.registry import Registry, picked_adapter
+from gateway.serving.registry import Registry
 
 
 def write_adapter(path: Path, tensors: dict[str, np.ndarray], *, arch: str = "llama", adapter_type: str = "lora",
@@ -58,8 +58,8 @@ def catalog(write_config, *dirs: Path) -> ModelCatalog:
 
 
 def picked(cat: ModelCatalog, name: str):
-    """What a request for ``name`` runs, as the gateway reads it (``registry.picked_adapter``)."""
-    return picked_adapter(Registry(cat.config), name)
+    """What a request for ``name`` runs, as the gateway reads it (``Registry.adapters.picked``)."""
+    return Registry(cat.config).adapters.picked(name)
 
 
 def adapters_of(cat: ModelCatalog, name: str) -> dict[str, Path]:

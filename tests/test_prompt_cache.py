@@ -1,4 +1,4 @@
-"""The prompt cache in host memory (``engine/kvcache.PromptCache``, ``prompt_cache_bytes``): a
+"""The prompt cache in host memory (``engine/promptcache.PromptCache``, ``prompt_cache_bytes``): a
 slot taken for another conversation keeps its KV state in RAM first, and the conversation that
 comes back has it loaded into a slot instead of reading its prompt again.
 
@@ -333,7 +333,7 @@ def test_a_sliding_window_model_restores_from_where_its_prompt_ended_or_reads_it
     as uncached."""
     from realmodel import gemma_path
 
-    from gateway.engine import checkpoints, kvcache
+    from gateway.engine import checkpoints, savedslots
 
     path = gemma_path()
     words = "river city people market bridge winter summer stone house garden road north light".split()
@@ -369,9 +369,9 @@ def test_a_sliding_window_model_restores_from_where_its_prompt_ended_or_reads_it
     assert (answer, done.cache_source, done.cached_tokens) == (want[1], "ram", mark)
 
     # the kept states and the slot saved as at an unload, and loaded by the next worker
-    kvcache.save(engine.model, engine.decoder.slots, str(tmp_path), 2**30, engine.decoder.cache.entries)
+    savedslots.save(engine.model, engine.decoder.slots, str(tmp_path), 2**30, engine.decoder.cache.entries)
     again = Engine(path, keep=256 * 2**20)
-    assert kvcache.restore(again.model, again.decoder.slots, str(tmp_path), again.decoder.cache)[0] == 1
+    assert savedslots.restore(again.model, again.decoder.slots, str(tmp_path), again.decoder.cache)[0] == 1
     # the kept states come back with their checkpoints, byte for byte
     def checkpoints_of(cache):
         return sorted((e.tokens[:8], [(c.n_tokens, bytes(c.data)) for c in e.checkpoints]) for e in cache.entries)

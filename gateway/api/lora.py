@@ -31,7 +31,7 @@ from ..base.errors import ApiError, InvalidRequest, ModelNotFound
 from ..engine.adapters import MAX_ADAPTERS, MAX_SCALE, is_scale
 from ..engine.client import RequestFailed, WorkerProcess, adapt
 from ..models.config import AdapterSpec, ModelSpec
-from ..serving.registry import Registry, adapters_of, kept_adapters
+from ..serving.registry import Registry
 from ..wire.params import read_lora, shown
 from .access import admin_only
 from .appkeys import REGISTRY
@@ -83,7 +83,7 @@ async def _model(request: web.Request) -> ModelSpec:
 async def list_adapters(request: web.Request) -> web.Response:
     spec = await _model(request)
     registry = request.app[REGISTRY]
-    rows = kept_adapters(registry, spec).table(spec)
+    rows = registry.adapters.kept(spec).table(spec)
     if (worker := _worker(registry, spec)) is not None:  # loaded: what llama.cpp read of each (aLoRA's tokens)
         for row, live in zip(rows, await _adapt(worker, "list")):
             if "alora_invocation_tokens" in live:
@@ -98,7 +98,7 @@ async def set_scales(request: web.Request) -> web.Response:
     if not isinstance(body, list):
         raise InvalidRequest("the body must be an array of {\"id\", \"scale\"} objects (llama-server's)", "body")
     registry = request.app[REGISTRY]
-    kept = kept_adapters(registry, spec)
+    kept = registry.adapters.kept(spec)
     n = len(kept.table(spec))
     pairs = read_lora(body) or []
     for i, (aid, _) in enumerate(pairs):
@@ -153,16 +153,16 @@ async def load_adapter(request: web.Request) -> web.Response:
         raise InvalidRequest(f"`scale` must be a number from -{MAX_SCALE:g} to {MAX_SCALE:g}", "scale")
     if not await asyncio.to_thread(os.path.isfile, path):
         raise InvalidRequest(f"no adapter file at {shown(path, 200)} on the gateway's machine", "lora_path")
-    if any(a.name == name for a in adapters_of(registry, spec)):
+    if any(a.name == name for a in registry.adapters.named(spec)):
         raise InvalidRequest(f"{spec.name!r} has a LoRA adapter named {name!r} already; unload it first",
                              "lora_name", "adapter_exists")
-    if len(kept_adapters(registry, spec).table(spec)) >= MAX_ADAPTERS:
+    if len(registry.adapters.kept(spec).table(spec)) >= MAX_ADAPTERS:
         raise InvalidRequest(f"{spec.name!r} has {MAX_ADAPTERS} LoRA adapters already; unload one first", "lora_name")
     async with registry.lease(spec.name) as (_, backend):  # loaded (and kept so) for the worker to check the file
         if not isinstance(backend, WorkerProcess):
             raise InvalidRequest(f"{spec.name!r} takes no LoRA adapters here", "lora_name")
         await _adapt(backend, "load", name=name, path=path, scale=float(scale))
-        kept_adapters(registry, spec).runtime.append(AdapterSpec(name=name, path=Path(path), scale=float(scale),
+        registry.adapters.kept(spec).runtime.append(AdapterSpec(name=name, path=Path(path), scale=float(scale),
                                                            source="runtime"))
     return web.Response(text=f"Success: LoRA adapter '{spec.name}:{name}' added successfully.")
 
@@ -171,7 +171,7 @@ async def load_adapter(request: web.Request) -> web.Response:
 async def unload_adapter(request: web.Request) -> web.Response:
     registry = request.app[REGISTRY]
     spec, name = _base(registry, await read_json_object(request))
-    kept = kept_adapters(registry, spec)
+    kept = registry.adapters.kept(spec)
     gone = next((a for a in kept.runtime if a.name == name), None)
     if gone is None:
         if any(a.name == name for a in spec.loras):

@@ -4,7 +4,7 @@
 (``app.error_response``), and streams are newline-delimited JSON, as Ollama's clients read them.
 
 A request's ``keep_alive`` sets how long its model stays loaded once idle. The model is
-everyone's, so a user key's only ever lengthens that (``serving.registry.keep_alive``):
+everyone's, so a user key's only ever lengthens that (``serving.supervisors.Supervisors.keep_alive``):
 unloading, or unloading sooner than the configuration says, is an admin's.
 """
 
@@ -24,7 +24,6 @@ from ..access.scope import visible
 from ..base.errors import ApiError
 from ..models.config import ModelSpec
 from ..server.events import observation
-from ..serving.registry import keep_alive
 from ..text.formats import reasoning_format, tool_format
 from ..wire import ollama
 from . import common, pipeline
@@ -55,7 +54,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
 async def _load_only(request: web.Request, parsed: ollama.OllamaParsed, chat: bool) -> web.Response:
     """An empty prompt or no messages: load the model (or, with keep_alive 0, unload it), as
     Ollama does. Unloading is an admin's: a user key's keep_alive 0 is refused, and its other
-    keep_alives only ever lengthen the model's stay (``serving.registry.keep_alive``)."""
+    keep_alives only ever lengthen the model's stay (``serving.supervisors.Supervisors.keep_alive``)."""
     registry = request.app[REGISTRY]
     spec = await registry.lookup(parsed.model)
     observation(request).model = spec.name
@@ -65,7 +64,7 @@ async def _load_only(request: web.Request, parsed: ollama.OllamaParsed, chat: bo
         reason = "unload"
     else:
         await registry.load(parsed.model)
-        keep_alive(registry, spec, parsed.keep_alive, shorten=is_admin(request))
+        registry.supervisors.keep_alive(spec, parsed.keep_alive, shorten=is_admin(request))
         reason = "load"
     body = ollama.chunk(parsed.model, chat)
     body.update(done=True, done_reason=reason)
@@ -74,7 +73,7 @@ async def _load_only(request: web.Request, parsed: ollama.OllamaParsed, chat: bo
 
 async def _answer(request: web.Request, parsed: ollama.OllamaParsed, chat: bool) -> web.StreamResponse:
     def on_lease(spec: ModelSpec) -> None:
-        keep_alive(request.app[REGISTRY], spec, parsed.keep_alive, shorten=is_admin(request))
+        request.app[REGISTRY].supervisors.keep_alive(spec, parsed.keep_alive, shorten=is_admin(request))
 
     # Ollama gives each call whole, in a stream too
     return await pipeline.answer(request, parsed, partial(ollama.Writer, parsed, chat=chat),
@@ -95,7 +94,7 @@ async def _embed(request: web.Request, legacy: bool) -> web.Response:
     model, inputs, alive = ollama.parse_embed(await read_json_object(request), legacy)
     obs = observation(request)
     async with common.hold(request.app[REGISTRY], obs, model, embeddings=True) as (spec, backend):
-        keep_alive(request.app[REGISTRY], spec, alive, shorten=is_admin(request))
+        request.app[REGISTRY].supervisors.keep_alive(spec, alive, shorten=is_admin(request))
         reply = await common.embedded(request, backend.embed(inputs))
     if legacy:
         return await common.vectors_response({"embedding": reply.data[0]})

@@ -12,7 +12,6 @@ from ..access.scope import visible
 from ..base.errors import InvalidRequest
 from ..models.adapternames import qualified
 from ..server.events import observation
-from ..serving.registry import adapters_of
 from ..wire import fim, openai_answer
 from ..wire import openai as oai
 from ..wire import props as props_wire
@@ -40,7 +39,7 @@ async def list_models(request: web.Request) -> web.Response:
                      "input_modalities": ["text", *registry.media(spec)]})
         data += [{"id": qualified(spec.name, a.name), "object": "model", "created": created, "owned_by": "local",
                   "parent": spec.name, "root": str(a.path), "input_modalities": data[-1]["input_modalities"]}
-                 for a in adapters_of(registry, spec)]
+                 for a in registry.adapters.named(spec)]
     return web.json_response({"object": "list", "data": data})
 
 

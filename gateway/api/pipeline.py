@@ -27,7 +27,6 @@ from ..engine import ipc
 from ..models.config import ModelSpec
 from ..server.events import OWNER, Observation, Tally, observation
 from ..server.sse import EventStream, LineStream
-from ..serving.registry import picked_adapter
 from ..wire import answer as wire_answer
 from ..wire.context import Context
 from ..wire.params import Parsed
@@ -82,7 +81,7 @@ async def prepared(request: web.Request, ctx: Context, parsed: Parsed, *, thinki
     ctx.observation.request = parsed.request
     registry = request.app[REGISTRY]
     name = parsed.model
-    if (picked := picked_adapter(registry, name)) is not None:
+    if (picked := registry.adapters.picked(name)) is not None:  # BASE:ADAPTER: the base, that adapter on
         name = picked[0].name
         for req in parsed.requests:
             req.adapter = picked[1]

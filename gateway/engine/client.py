@@ -6,7 +6,7 @@ the event loop, so a load or a generation never blocks it. A worker that dies fa
 each of its in-flight requests with an error event; the owner (the registry) then starts
 a new one on the next request.
 
-The worker's prompt cache (``kvcache.PromptCache``) holds host memory beyond what llama.cpp
+The worker's prompt cache (``promptcache.PromptCache``) holds host memory beyond what llama.cpp
 allocated at load: ``WorkerProcess.cache_bytes`` is its size as the worker last told
 (``ipc.CacheHeld``, with a request's start or done where it changed), and ``trim_cache`` drops
 its least recently used states down to a size, which the placement does before it unloads a

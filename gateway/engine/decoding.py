@@ -1,7 +1,7 @@
 """The decode loop's work: continuous batching over the context's sequence slots.
 
 ``Decoder.admit`` gives a prepared request the free slot whose cache shares the longest prefix
-with its prompt, or loads into a slot the state the prompt cache kept (``kvcache.PromptCache``)
+with its prompt, or loads into a slot the state the prompt cache kept (``promptcache.PromptCache``)
 that shares a longer one, keeping the slot's own cache there first; ``Decoder.step`` advances
 every active sequence by one ``llama_decode`` for the tokens they sampled last, then prompt
 chunks while the step's budget lasts; each sequence's next token is chosen (``sampling``), its
@@ -15,12 +15,12 @@ from __future__ import annotations
 import sys
 import time
 
-from . import checkpoints, ipc, kvcache, media
+from . import checkpoints, ipc, media, savedslots
 from .adapters import AdapterSet
 from .generation import Generation
-from .kvcache import PromptCache
 from .model import Model
 from .outbox import Outbox
+from .promptcache import PromptCache
 from .refusals import failure
 from .sampling import Sampling
 from .slots import Batch, Sequence, Slot, choose, chunk_end, reusable
@@ -120,8 +120,8 @@ class Decoder(Generation):
         if not params.kv_cache_dir:
             return
         try:
-            kvcache.save(self.model, self.slots, params.kv_cache_dir, params.kv_cache_max_bytes,
-                         self.cache.entries if self.cache is not None else [], self.memory.checkpoints_behind)
+            savedslots.save(self.model, self.slots, params.kv_cache_dir, params.kv_cache_max_bytes,
+                            self.cache.entries if self.cache is not None else [], self.memory.checkpoints_behind)
         except Exception as e:  # a full disk, a directory we may not write
             sys.stderr.write(f"could not save the KV caches of {params.name}: {e}\n")
 

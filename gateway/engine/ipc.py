@@ -107,7 +107,7 @@ class LoadParams(LlamaSettings):
     path: str
     embeddings: bool = False  # an embedding context (pooled vectors) instead of a generating one
     stream_interval: float = 0.0  # seconds an answer's text may be held to go out with the next tokens'
-    # where the slots' caches are saved at exit and restored at load (``kvcache``); None: neither
+    # where the slots' caches are saved at exit and restored at load (``savedslots``); None: neither
     kv_cache_dir: str | None = None
     kv_cache_max_bytes: int = 0  # the whole directory's bound, least recently used removed first
     # a projector discovery paired by folder: one llama.cpp refuses (made for another model there)

@@ -113,70 +113,104 @@ def existing(path: str | os.PathLike, what: str) -> None:
         raise RuntimeError(f"{what} {path} does not exist")
 
 
+def load_weights(ll, params: ipc.LoadParams, on_progress: Callable[[float], None] | None) -> tuple[Any, list[Any]]:
+    """The weights read from the model's file onto its devices: llama.cpp's model handle, and the
+    arrays its parameters pointed into (``_place_weights``: kept while the model lives)."""
+    mp = ll.llama_model_default_params()
+    mp.n_gpu_layers = 999 if params.n_gpu_layers < 0 else params.n_gpu_layers
+    if not params.use_mmap:  # read the file into memory (llama.cpp's default maps it where it can)
+        mp.load_mode = ll.LLAMA_LOAD_MODE_NONE
+    # Off by default: with repacked weights a matrix kernel takes rows in groups, so a token's
+    # logits change with the batch it shares (a greedy answer then depends on the load).
+    mp.use_extra_bufts = params.repack
+    if params.use_mlock:
+        mp.load_mode = ll.LLAMA_LOAD_MODE_MLOCK if not params.use_mmap else ll.LLAMA_LOAD_MODE_MMAP_MLOCK
+    held = _place_weights(ll, params, mp)
+    if on_progress is not None:
+        @ll.llama_progress_callback
+        def progress(fraction, _user_data):
+            on_progress(float(fraction))
+            return True  # go on loading
+
+        mp.progress_callback = progress  # referenced by ``progress`` until the load returns
+    existing(params.path, "the model file")
+    handle = ll.llama_model_load_from_file(params.path.encode(), mp)
+    if not handle:
+        raise RuntimeError(f"llama.cpp could not load {params.path} (unsupported or damaged file, "
+                           "or not enough memory)")
+    return handle, held
+
+
+def _place_weights(ll, params: ipc.LoadParams, mp: Any) -> list[Any]:
+    """Which devices the weights go to, and how they are split among them; the arrays ``mp`` now
+    points into."""
+    held: list[Any] = []
+    mp.main_gpu = params.main_gpu
+    if params.devices is not None:  # only these (llama-server's --device); the list must outlive the load
+        try:
+            devices = device_probe.offload_list(ll, params.devices)
+        except (ValueError, ggml.Missing) as e:
+            raise RuntimeError(str(e)) from None
+        held.append(devices)
+        mp.devices = ctypes.cast(devices, ctypes.c_void_p)
+    mp.split_mode = {"none": ll.LLAMA_SPLIT_MODE_NONE, "layer": ll.LLAMA_SPLIT_MODE_LAYER,
+                     "row": ll.LLAMA_SPLIT_MODE_ROW}[params.split_mode]
+    if params.tensor_split:
+        # llama.cpp reads one share per device it knows; the array must outlive the load
+        held.append(split := (ctypes.c_float * 128)(*params.tensor_split))
+        mp.tensor_split = split
+    return held
+
+
+def make_context(ll, handle: Any, cp: Any, params: ipc.LoadParams) -> Any:
+    """The context, made from ``cp`` (its pooling settled for a reranker or an embedding model)."""
+    ctx = ll.llama_init_from_model(handle, cp)
+    if params.reranker and ctx and ll.llama_pooling_type(ctx) != ll.LLAMA_POOLING_TYPE_RANK:
+        ll.llama_free(ctx)  # configured as a reranker: llama.cpp's rank pooling, whatever the header says
+        cp.pooling_type = ll.LLAMA_POOLING_TYPE_RANK
+        ctx = ll.llama_init_from_model(handle, cp)
+    elif ctx and params.embeddings and ll.llama_pooling_type(ctx) == ll.LLAMA_POOLING_TYPE_NONE:
+        ll.llama_free(ctx)  # a decoder with no pooling of its own: average its token states
+        cp.pooling_type = ll.LLAMA_POOLING_TYPE_MEAN
+        ctx = ll.llama_init_from_model(handle, cp)
+    if not ctx:
+        raise RuntimeError(f"llama.cpp could not create a context of {cp.n_ctx} tokens for {params.path} "
+                           "(not enough memory?)")
+    return ctx
+
+
 class Model:
     def __init__(self, params: ipc.LoadParams, on_progress: Callable[[float], None] | None = None):
         """Load the model; ``on_progress(fraction)`` is called as the weights are read (on this
-        thread, from inside llama.cpp: it must not raise)."""
+        thread, from inside llama.cpp: it must not raise). Each step reads what those before it set."""
         import llama_cpp
 
         self.ll = ll = llama_cpp
         self.params = params
         prepare()
         self.rpc_devices = rpc.add_servers(ll, params.rpc) if params.rpc else 0
-        mp = ll.llama_model_default_params()
-        mp.n_gpu_layers = 999 if params.n_gpu_layers < 0 else params.n_gpu_layers
-        if not params.use_mmap:  # read the file into memory (llama.cpp's default maps it where it can)
-            mp.load_mode = ll.LLAMA_LOAD_MODE_NONE
-        # Off by default: with repacked weights a matrix kernel takes rows in groups, so a token's
-        # logits change with the batch it shares (a greedy answer then depends on the load).
-        mp.use_extra_bufts = params.repack
-        if params.use_mlock:
-            mp.load_mode = ll.LLAMA_LOAD_MODE_MLOCK if not params.use_mmap else ll.LLAMA_LOAD_MODE_MMAP_MLOCK
-        mp.main_gpu = params.main_gpu
-        if params.devices is not None:  # only these (llama-server's --device); the list must outlive the load
-            try:
-                self._devices = device_probe.offload_list(ll, params.devices)
-            except (ValueError, ggml.Missing) as e:
-                raise RuntimeError(str(e)) from None
-            mp.devices = ctypes.cast(self._devices, ctypes.c_void_p)
-        mp.split_mode = {"none": ll.LLAMA_SPLIT_MODE_NONE, "layer": ll.LLAMA_SPLIT_MODE_LAYER,
-                         "row": ll.LLAMA_SPLIT_MODE_ROW}[params.split_mode]
-        if params.tensor_split:
-            # llama.cpp reads one share per device it knows; the array must outlive the load
-            self._tensor_split = (ctypes.c_float * 128)(*params.tensor_split)
-            mp.tensor_split = self._tensor_split
-        if on_progress is not None:
-            @ll.llama_progress_callback
-            def progress(fraction, _user_data):
-                on_progress(float(fraction))
-                return True  # go on loading
-
-            mp.progress_callback = progress  # referenced by ``progress`` until the load returns
-        existing(params.path, "the model file")
-        self.handle = ll.llama_model_load_from_file(params.path.encode(), mp)
-        if not self.handle:
-            raise RuntimeError(f"llama.cpp could not load {params.path} (unsupported or damaged file, "
-                               "or not enough memory)")
+        self.handle, self._held = load_weights(ll, params, on_progress)  # (what the load was given, kept)
         self.vocab = Vocab(ll, self.handle)
+        self.cp = cp = self._context_params()
+        self.ctx = make_context(ll, self.handle, cp, params)
+        self.adapters = Adapters(ll, self.handle, self.ctx, params, ERRORS)
+        self._read_cache()
+        self._chat_template()
+        self._where_it_runs()
+        # speculative decoding's draft model (``drafting``): a model of its own, a sequence per slot
+        self.drafter = Drafter(self, Model(draft_params(params, self.n_ctx, self.n_slots)), params) \
+            if params.draft and not params.embeddings else None
+        self.projector = self._projector()
+
+    def _context_params(self) -> Any:
+        """llama.cpp's context parameters: its cells and sequences, batches, threads, cache types
+        and attention; sets the slots' layout (``_sequences``), ``embed_seqs``, ``embed_batch``
+        and ``threads``."""
+        ll, params = self.ll, self.params
         n_ctx_train = ll.llama_model_n_ctx_train(self.handle)
         cp = ll.llama_context_default_params()
         n_ctx = params.n_ctx or min(n_ctx_train or DEFAULT_N_CTX, DEFAULT_N_CTX)
-        # One cache stream of n_ctx cells per slot (llama-server's --parallel without --kv-unified):
-        # every request may use the whole context, and a batch attends only to its own cells.
-        self.n_slots = n_slots = 1 if params.embeddings else max(1, min(params.parallel, MAX_SLOTS))
-        # a unified pool that reuses chunks past a change parks them under a second id per slot
-        # while the new tokens before them are read (``Decoder``'s splices)
-        self.splice = bool(params.kv_unified and params.cache_reuse and not params.embeddings and not params.mmproj)
-        # In a unified pool llama.cpp hands a sliding-window cell that the window masks to any
-        # sequence that needs a cell, ``swa_full`` or not (a cell held by one sequence only is
-        # free to take once masked): an idle slot, or one that generated past its prompt, then
-        # lacks the positions a kept state's checkpoints or a chunk past a changed line need.
-        # With ``swa_full`` every slot's cells are also held by a third id of its own
-        # (``SlotMemory.pin``), so none is taken while the slot holds it.
-        self.pin = bool(params.kv_unified and params.swa_full and ll.llama_model_n_swa(self.handle)
-                        and not params.embeddings)
-        cp.n_seq_max = (1 + self.splice + self.pin) * n_slots
-        self.pin_base = (1 + self.splice) * n_slots  # slot i's pin id: pin_base + i
+        n_slots = self._sequences(cp)
         # kv_unified: llama-server's default, one pool of n_ctx cells that the slots share (a slot
         # may use what the others leave); else n_ctx cells each
         cp.kv_unified = params.kv_unified
@@ -186,7 +220,7 @@ class Model:
         cp.n_ctx = n_ctx if params.kv_unified else n_ctx * n_slots
         cp.n_batch = max(min(params.n_batch, n_ctx), n_slots)
         cp.n_ubatch = min(cp.n_batch, max(params.n_ubatch or cp.n_batch, n_slots))
-        threads = params.n_threads or default_threads()
+        self.threads = threads = params.n_threads or default_threads()
         cp.n_threads = threads
         cp.n_threads_batch = params.n_threads_batch or threads
         cp.type_k = CACHE_TYPES[params.cache_type_k].ggml
@@ -212,20 +246,34 @@ class Model:
             cp.kv_unified = True
             cp.n_seq_max = self.embed_seqs
             cp.n_ctx = cp.n_batch = cp.n_ubatch = n_ctx
-        self.cp = cp
-        self.ctx = ll.llama_init_from_model(self.handle, cp)
-        if params.reranker and self.ctx and ll.llama_pooling_type(self.ctx) != ll.LLAMA_POOLING_TYPE_RANK:
-            ll.llama_free(self.ctx)  # configured as a reranker: llama.cpp's rank pooling, whatever the header says
-            cp.pooling_type = ll.LLAMA_POOLING_TYPE_RANK
-            self.ctx = ll.llama_init_from_model(self.handle, cp)
-        elif self.ctx and params.embeddings and ll.llama_pooling_type(self.ctx) == ll.LLAMA_POOLING_TYPE_NONE:
-            ll.llama_free(self.ctx)  # a decoder with no pooling of its own: average its token states
-            cp.pooling_type = ll.LLAMA_POOLING_TYPE_MEAN
-            self.ctx = ll.llama_init_from_model(self.handle, cp)
-        if not self.ctx:
-            raise RuntimeError(f"llama.cpp could not create a context of {cp.n_ctx} tokens for {params.path} "
-                               "(not enough memory?)")
-        self.adapters = Adapters(ll, self.handle, self.ctx, params, ERRORS)
+        return cp
+
+    def _sequences(self, cp: Any) -> int:
+        """The slots and the sequence ids each holds (``n_slots``, ``splice``, ``pin``,
+        ``pin_base``; ``cp.n_seq_max``); the number of slots."""
+        ll, params = self.ll, self.params
+        # One cache stream of n_ctx cells per slot (llama-server's --parallel without --kv-unified):
+        # every request may use the whole context, and a batch attends only to its own cells.
+        self.n_slots = n_slots = 1 if params.embeddings else max(1, min(params.parallel, MAX_SLOTS))
+        # a unified pool that reuses chunks past a change parks them under a second id per slot
+        # while the new tokens before them are read (``Decoder``'s splices)
+        self.splice = bool(params.kv_unified and params.cache_reuse and not params.embeddings and not params.mmproj)
+        # In a unified pool llama.cpp hands a sliding-window cell that the window masks to any
+        # sequence that needs a cell, ``swa_full`` or not (a cell held by one sequence only is
+        # free to take once masked): an idle slot, or one that generated past its prompt, then
+        # lacks the positions a kept state's checkpoints or a chunk past a changed line need.
+        # With ``swa_full`` every slot's cells are also held by a third id of its own
+        # (``SlotMemory.pin``), so none is taken while the slot holds it.
+        self.pin = bool(params.kv_unified and params.swa_full and ll.llama_model_n_swa(self.handle)
+                        and not params.embeddings)
+        cp.n_seq_max = (1 + self.splice + self.pin) * n_slots
+        self.pin_base = (1 + self.splice) * n_slots  # slot i's pin id: pin_base + i
+        return n_slots
+
+    def _read_cache(self) -> None:
+        """What the context's cache holds and allows: ``n_embd``, ``n_swa``, ``mem``,
+        ``cache_reuse`` (and ``splice`` without it), ``n_ctx`` per slot and ``n_batch``."""
+        ll, params = self.ll, self.params
         self.n_embd = ll.llama_model_n_embd(self.handle)
         # the attention window of its sliding-window layers (0: none), whatever ``swa_full`` says: a
         # state loaded back holds only the window, as llama.cpp writes no cell the window masks
@@ -237,28 +285,36 @@ class Model:
         if not self.cache_reuse:
             self.splice = False  # (the gateway logs a cache_reuse it asked for and did not get)
         self.n_ctx = ll.llama_n_ctx_seq(self.ctx)  # per slot
-        self.n_batch = cp.n_batch
-        tmpl = ll.llama_model_chat_template(self.handle, None)
+        self.n_batch = self.cp.n_batch
+
+    def _chat_template(self) -> None:
+        """The model's own chat template (``model_template``) and the one used (``template``)."""
+        tmpl = self.ll.llama_model_chat_template(self.handle, None)
         self.model_template = tmpl.decode("utf-8", "replace") if tmpl else None
-        self.template = params.chat_template or self.model_template or chat_template.CHATML
-        self.threads = threads
+        self.template = self.params.chat_template or self.model_template or chat_template.CHATML
+
+    def _where_it_runs(self) -> None:
+        """``gpu_offload`` and the ``device`` the ready event names."""
+        ll, params = self.ll, self.params
         self.gpu_offload = bool(ll.llama_supports_gpu_offload()) and params.n_gpu_layers != 0 and params.devices != ()
         self.device = _device(ll) if self.gpu_offload else "cpu"
         if self.rpc_devices:
             self.device += f"+rpc:{self.rpc_devices}"
-        # pictures and sounds (``media``): the projector runs where the model's layers do
-        # speculative decoding's draft model (``drafting``): a model of its own, a sequence per slot
-        self.drafter = Drafter(self, Model(draft_params(params, self.n_ctx, self.n_slots)), params) \
-            if params.draft and not params.embeddings else None
-        self.projector = None
-        if params.mmproj and not params.embeddings:
-            try:
-                existing(params.mmproj, "the projector file (mmproj)")
-                self.projector = Projector(ll, self.handle, str(params.mmproj), cp.n_threads_batch, self.gpu_offload)
-            except RuntimeError as e:
-                if not params.mmproj_optional:
-                    raise
-                print(f"gguf-gateway worker: {e}; serving {params.name} without it", file=sys.stderr, flush=True)
+
+    def _projector(self) -> Projector | None:
+        """The model's projector (``mmproj``, for pictures and sounds: ``media``), where it has one,
+        run where the model's layers are; None without one, or where an optional one fails."""
+        params = self.params
+        if not params.mmproj or params.embeddings:
+            return None
+        try:
+            existing(params.mmproj, "the projector file (mmproj)")
+            return Projector(self.ll, self.handle, str(params.mmproj), self.cp.n_threads_batch, self.gpu_offload)
+        except RuntimeError as e:
+            if not params.mmproj_optional:
+                raise
+            print(f"gguf-gateway worker: {e}; serving {params.name} without it", file=sys.stderr, flush=True)
+            return None
 
     def set_threads(self, n: int) -> None:
         """Use ``n`` CPU threads from the next decode on (never more than configured)."""

@@ -225,7 +225,7 @@ class LlamaSettings:
     spm_infill: bool = setting(False, checks.boolean, "fill in the middle suffix first, for models trained that way",
                                flag="--spm-infill")
     # host memory that keeps the caches of slots taken for other conversations, to be restored
-    # when they come back (``engine/kvcache.PromptCache``); 0: none; None: ``server.prompt_cache_bytes``
+    # when they come back (``engine/promptcache.PromptCache``); 0: none; None: ``server.prompt_cache_bytes``
     prompt_cache_bytes: int | None = setting(None, checks.byte_size, (
         "host memory keeping other conversations' caches (a size; 0: off); unset: server.prompt_cache_bytes"),
         flag="--cache-ram")

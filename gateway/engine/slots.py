@@ -81,7 +81,7 @@ def slot_score(slot: Slot, tokens: list[int], scope: str = "") -> tuple[float, f
 
 
 class Kept(Protocol):
-    """A state the prompt cache keeps (``kvcache.Entry``), as ``choose`` sees it."""
+    """A state the prompt cache keeps (``promptcache.Entry``), as ``choose`` sees it."""
 
     tokens: list[int]
     scope: str

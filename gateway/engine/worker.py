@@ -68,7 +68,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from . import embedding, ipc, kvcache, pipes
+from . import embedding, ipc, pipes, savedslots
 from .decoding import Decoder
 from .embedding import Embedder
 from .model import Model, prepare
@@ -345,7 +345,7 @@ class Worker:
         restored = (0, 0)
         if first.model.kv_cache_dir:
             try:  # before the first request: a returning conversation finds its cache
-                restored = kvcache.restore(model, decoder.slots, first.model.kv_cache_dir, decoder.cache)
+                restored = savedslots.restore(model, decoder.slots, first.model.kv_cache_dir, decoder.cache)
             except Exception as e:  # an unreadable cache directory is a miss
                 sys.stderr.write(f"could not restore the KV caches of {first.model.name}: {e}\n")
         out.send(ipc.Ready({**model.info(), "restored_slots": restored[0], "restored_tokens": restored[1]}))

@@ -1,6 +1,6 @@
 """Name -> ModelSpec -> a running backend, for every model the gateway serves.
 
-The registry joins three parts, each with one job:
+The registry joins these parts, each with one job:
 - the catalog (``catalog.py``): names -> specs. Resolution looks at models loaded or loading
   now (by name and alias) first, then the catalog (models.yaml, then discovery; a miss
   rescans the stores, at most every ``rescan_seconds``); a ``name:tag`` that matched nothing
@@ -10,7 +10,9 @@ The registry joins three parts, each with one job:
   others, and a name outside it to nothing (``lookup``: the same ``ModelNotFound`` as a name
   nothing has);
 - one supervisor per model (``supervisor.py``): its lifecycle, single-flight load, back-off,
-  keep-alive and retirement;
+  keep-alive and retirement; the registry's table of them (``supervisors.py``, its
+  ``supervisors``);
+- every model's LoRA adapters and the names that pick them (``adapters.py``, its ``adapters``);
 - placement (``placer.py``, carrying out ``placement.py``'s pure policies): which idle model
   to unload when ``server.max_loaded_models`` or a device's memory is reached, and how busy
   models share the CPUs;
@@ -27,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import math
 from collections.abc import AsyncIterator
@@ -36,22 +37,22 @@ from typing import Any
 
 from ..access import scope
 from ..backends.local import CHAT, EMBEDDINGS, RERANK, TOKENIZE, Backend, BackendFactory, LocalWorkers
-from ..backends.replicas import ReplicaSet
 from ..backends.upstream_table import Upstreams
 from ..base.errors import MAX_MODEL_NAME, ApiError, ModelNotFound
 from ..engine.settings import embed_seqs
 from ..hardware.devices import Inventory
 from ..hub import pulls as hub
-from ..models import adapternames, discovery, memory
+from ..models import discovery, memory
 from ..models.catalog import DEMO_NAME, ModelCatalog, ensure_demo_model  # noqa: F401 (DEMO_NAME, ensure_demo_model: re-exported)
-from ..models.config import AdapterSpec, Config, ConfigError, ModelSpec, load_config, normalize_name
+from ..models.config import Config, ConfigError, ModelSpec, load_config, normalize_name
 from ..models.ggufmeta import GGUFInfo
 from ..models.lifecycle import ModelState
 from ..server.metrics import Metrics
-from .adapters import ModelAdapters
+from .adapters import Adapters
 from .launcher import Launcher
 from .placer import Placer
 from .supervisor import ModelSupervisor, Progress, Timing, refusal
+from .supervisors import Supervisors
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +104,12 @@ class Registry:
         # where configured), an upstream's, a replica set's
         self.launcher = Launcher(backends if backends is not None else LocalWorkers(config.server.spare_worker),
                                  self.upstreams, backoff, lambda: self.config.server,
-                                 on_busy=lambda: self.placer.share_cpus(self._all()), on_crash=self._count_failure)
-        self._models: dict[str, ModelSupervisor] = {}
-        self._retired: list[ModelSupervisor] = []  # replaced by a reload, still holding something
+                                 on_busy=lambda: self.placer.share_cpus(self.supervisors.all()),
+                                 on_crash=self._count_failure)
+        self.supervisors = Supervisors(lambda spec: ModelSupervisor(spec, self, self._timing(spec), _parallel(spec)))
+        # every model's LoRA adapters (each kept on its supervisor), and the names that pick them
+        self.adapters = Adapters(lambda spec: self.supervisors.of(spec).adapters,
+                                 lambda spec: self.supervisors.kept(spec).adapters, self.resolve, self.specs)
         self.worker_failures = 0  # backends that exited without being asked to
         self.metrics: Metrics | None = None  # when an app serves this registry
         # models pulled by name from the hubs, into the stores discovery reads
@@ -138,7 +142,7 @@ class Registry:
         within = scope.allowed if scoped else _anything
         keys = self.catalog.keys(name)[: None if tag_fallback else 1]
         for key in keys:
-            for model in self._models.values() if loaded_first else ():
+            for model in self.supervisors.by_name.values() if loaded_first else ():
                 if model.state in _LIVE and key in map(normalize_name, model.spec.names) and within(model.spec):
                     return model.spec
             for spec in (self.catalog.get(key), self.upstreams.resolve(key)):
@@ -194,23 +198,9 @@ class Registry:
         keep = math.inf if spec.pin else spec.keep_alive if spec.keep_alive is not None else server.keep_alive
         return Timing(load_timeout=server.load_timeout, keep_alive=keep, backoff=self.backoff)
 
-    def _supervise(self, spec: ModelSpec) -> ModelSupervisor:
-        """The model's supervisor, made on first use and kept; a spec that changed retires the old one."""
-        model = self._models.get(spec.name)
-        if model is None or (model.spec is not spec and model.spec != spec):  # the same spec: no field compared
-            if model is not None:
-                self._retire(model)
-            model = self._models[spec.name] = ModelSupervisor(spec, self, self._timing(spec), _parallel(spec))
-        return model
-
     def supervisor(self, spec: ModelSpec) -> ModelSupervisor:
-        """The model's supervisor, to read its state: the one kept, or a fresh (unloaded) one
-        that is not kept (nothing is made for a model only looked at)."""
-        return self._models.get(spec.name) or ModelSupervisor(spec, self, self._timing(spec), _parallel(spec))
-
-    def _all(self) -> list[ModelSupervisor]:
-        self._retired = [m for m in self._retired if m.holds or m.stopping]  # shutdown waits for their stops
-        return [*self._models.values(), *self._retired]
+        """The model's supervisor, to read its state (``Supervisors.of``: nothing is kept for it)."""
+        return self.supervisors.of(spec)
 
     def estimate(self, spec: ModelSpec) -> dict[str, Any] | None:
         """What a local model should take once loaded (``Placer.estimate``)."""
@@ -222,16 +212,17 @@ class Registry:
         return [metrics_row(self.supervisor(spec), sum(self.placer.need(spec).values())) for spec in self.specs()]
 
     def in_flight(self) -> int:
-        return sum(m.in_flight for m in self._all())
+        return sum(m.in_flight for m in self.supervisors.all())
 
     def abort_all(self, message: str) -> None:
         """End every request in flight now with an error (the drain time ran out)."""
-        for model in self._all():
+        for model in self.supervisors.all():
             if model.backend is not None:
                 model.backend.abort_all(message)
 
     def loaded(self) -> dict[str, Backend]:
-        return {m.spec.name: m.backend for m in self._models.values() if m.backend is not None and m.backend.alive}
+        return {m.spec.name: m.backend for m in self.supervisors.by_name.values()
+                if m.backend is not None and m.backend.alive}
 
     @contextlib.asynccontextmanager
     async def lease(self, name: object, *, embeddings: bool | None = False, rerank: bool = False,
@@ -247,7 +238,7 @@ class Registry:
         if (refused := refusal(spec, kind)) is not None:  # before a supervisor is made for it
             raise refused
         try:
-            async with self._supervise(spec).lease(kind, self.config.server.max_queue, on_progress) as backend:
+            async with self.supervisors.kept(spec).lease(kind, self.config.server.max_queue, on_progress) as backend:
                 yield spec, backend
         except ApiError as err:
             err.model = err.model or spec.name
@@ -255,7 +246,7 @@ class Registry:
 
     async def load(self, name: object) -> ModelSupervisor:
         """Load a model without a request (admin API, preload)."""
-        model = self._supervise(await self.lookup(name))
+        model = self.supervisors.kept(await self.lookup(name))
         await model.ready()
         return model
 
@@ -271,14 +262,14 @@ class Registry:
 
     async def make_room(self, model: ModelSupervisor) -> None:
         """Room for one more model, evicting or waiting (``Placer.make_room``)."""
-        await self.placer.make_room(model, self.config.server, self._all)
+        await self.placer.make_room(model, self.config.server, self.supervisors.all)
 
     def went_idle(self, model: ModelSupervisor) -> None:
         self.placer.went_idle()
 
     def load_finished(self, model: ModelSupervisor, seconds: float | None) -> None:
         if seconds is not None:
-            self.placer.loaded(model, self._all)
+            self.placer.loaded(model, self.supervisors.all)
         if self.metrics is None:
             return
         if seconds is None:
@@ -290,11 +281,6 @@ class Registry:
         self.worker_failures += 1
         if self.metrics is not None:
             self.metrics.worker_restarts.labels(model.spec.name).inc()
-
-    def _retire(self, model: ModelSupervisor) -> None:
-        model.retire()
-        if model.holds:
-            self._retired.append(model)
 
     async def reload(self, path: Path | None) -> Config | None:
         """Re-read models.yaml and rescan: the configuration read, or None (broken: told, old one kept)."""
@@ -310,10 +296,9 @@ class Registry:
         await asyncio.to_thread(self.catalog.refresh)
         self.upstreams.check_seconds = config.server.upstream_check_seconds
         self.upstreams.sync(self.catalog.specs())
-        for name, model in list(self._models.items()):
+        for name, model in list(self.supervisors.by_name.items()):
             if self.resolve(name, loaded_first=False, scoped=False) != model.spec:
-                del self._models[name]
-                self._retire(model)
+                self.supervisors.drop(name)
             else:
                 model.timing = self._timing(model.spec)
         log.info("configuration reloaded: %d models", len(self.specs()))
@@ -330,7 +315,7 @@ class Registry:
     async def close(self) -> None:
         """Stop every backend and pull (at shutdown)."""
         await self.pulls.close()
-        models = self._all()
+        models = self.supervisors.all()
         await asyncio.gather(*(m.cancel_load() for m in models), return_exceptions=True)
         await asyncio.gather(*(m.unload() for m in models), return_exceptions=True)
         await self.launcher.close()
@@ -339,50 +324,3 @@ class Registry:
 def upstream_rows(registry: Registry) -> list[tuple[str, str]]:
     """(upstream, health state) for every upstream the configuration names."""
     return [(h.name, h.state.value) for h in registry.upstreams.known()]
-
-
-def replica_rows(registry: Registry) -> list[tuple[str, str, bool, int, int]]:
-    """(model, replica, up, requests, failovers) for every running model with replicas."""
-    return [(m.spec.name, *row) for m in registry._all() if isinstance(m.backend, ReplicaSet)
-            for row in m.backend.rows()]
-
-
-def adapters_of(registry: Registry, spec: ModelSpec) -> list[AdapterSpec]:
-    """The LoRA adapters a model name can pick on ``spec``: its named ones, then those loaded at run time."""
-    return registry.supervisor(spec).adapters.named(spec)
-
-
-def keep_alive(registry: Registry, spec: ModelSpec, seconds: float | None, *, shorten: bool = True) -> None:
-    """A request's keep_alive (Ollama's): how long the model stays loaded once idle, from now on
-    (None: as it is). Without ``shorten`` (a user key's request: the model is everyone's), never
-    less than the configuration's keep_alive: a user may keep a model loaded longer, and only an
-    admin may unload it sooner. A pinned model stays loaded whatever a request asks."""
-    if seconds is None or spec.pin:
-        return
-    model = registry._supervise(spec)
-    model.keep_for(seconds if shorten else max(seconds, model.timing.keep_alive))
-
-
-def kept_adapters(registry: Registry, spec: ModelSpec) -> ModelAdapters:
-    """What is kept of a model's adapters across its loads (its supervisor's, made and kept)."""
-    return registry._supervise(spec).adapters
-
-
-def picked_adapter(registry: Registry, name: object) -> tuple[ModelSpec, str] | None:
-    """The base model and the adapter a name picks (``BASE:ADAPTER``, or an adapter's own name
-    where one model has it); None where the name is a model's own (a ``name:tag`` included).
-    A ``BASE:TAG`` naming no adapter of a base that has some is a 404, ``:latest`` excepted: the
-    tag fallback would run the base for a mistyped adapter. Within the request's scope, as
-    every name is (``Registry.resolve``): a model outside it, its adapters and its name are
-    not there, so nothing here tells a key of them."""
-    if not isinstance(name, str) or registry.resolve(name, tag_fallback=False) is not None:
-        return None
-    exact = functools.partial(registry.resolve, tag_fallback=False)
-    picked = adapternames.resolve(name, exact, lambda spec: [a.name for a in adapters_of(registry, spec)],
-                                  scope.visible(registry.specs()))
-    base, _, tag = name.rpartition(":")
-    if picked is None and base and tag.lower() != "latest" and (spec := exact(base)) is not None:
-        if names := [a.name for a in adapters_of(registry, spec)]:
-            raise ApiError(f"{spec.name!r} has no LoRA adapter {tag!r} (it has {', '.join(names)})",
-                           status=404, param="model", code="model_not_found")
-    return picked
