@@ -1,4 +1,4 @@
-"""Conversations that survive an unload (``engine/kvcache.py``): real llama.cpp workers save
+"""Conversations that survive an unload (``worker/kvcache.py``): real llama.cpp workers save
 their slots' caches when the model is unloaded and restore them when it loads again.
 
 The model here is a random-weight llama with a real tokenizer, so a greedy answer depends on
@@ -12,9 +12,9 @@ import pytest
 from helpers import tiny_random_model
 
 from gateway.app import create_app
-from gateway.engine.kvcache import Saved, evict, model_dir
 from gateway.models import testmodels as tm
 from gateway.models.config import ConfigError, load_config, parse_bytes
+from gateway.worker.kvcache import Saved, evict, model_dir
 
 
 @pytest.mark.parametrize(("sizes_used", "limit", "removed"), [

@@ -14,8 +14,8 @@ from aiohttp import web
 
 from ..backends.local import Backend
 from ..base.errors import InvalidRequest
-from ..engine.ipc import Embeddings
 from ..models.config import ModelSpec
+from ..protocol import Embeddings
 from ..server.captures import CAPTURE
 from ..server.events import OWNER, STREAM, observation
 from ..server.sse import EventStream

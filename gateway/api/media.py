@@ -14,8 +14,8 @@ import asyncio
 from aiohttp import web
 
 from ..base.errors import InvalidRequest
-from ..engine.ipc import Media
 from ..models.config import ServerConfig
+from ..protocol import Media
 from ..server.events import observation
 from ..server.fetch import fetch_media
 from ..wire import media as wire_media

@@ -21,8 +21,8 @@ from aiohttp import web
 
 from ..backends.local import Backend, GenerationEvents
 from ..base.errors import ApiError
-from ..engine.ipc import GenerationRequest, Start
 from ..models.config import ModelSpec
+from ..protocol import GenerationRequest, Start
 from ..server.events import Tally, observation
 from ..server.sse import EventStream
 from ..serving.registry import picked_adapter

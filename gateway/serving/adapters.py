@@ -1,7 +1,7 @@
 """A model's LoRA adapters as the gateway keeps them across its loads (``ModelAdapters``).
 
 A model's adapters are, in this order (an adapter's id is its place, as llama-server's
-``/lora-adapters`` numbers them, and as the worker's ``engine.adapters`` table is built):
+``/lora-adapters`` numbers them, and as the worker's ``worker.adapters`` table is built):
 ``lora:``'s (applied to every request at their scales), ``loras:``' named ones (models.yaml's
 and discovery's, applied where a request names one), then those loaded at run time (vLLM's
 ``load_lora_adapter``). The run-time ones and the default scales an operator set (POST

@@ -13,10 +13,10 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
+from .. import protocol
 from ..backends.local import GenerationEvents
 from ..base import strictjson
 from ..base.errors import ApiError, from_event
-from ..engine import ipc
 from ..server.events import Observation, Tally
 from ..text.formats import FORMATS, NATIVE, Formats
 from ..text.reasoning import CONTENT, THINKING, unsplit
@@ -39,12 +39,12 @@ class Finish:
     accepted: int = 0
 
 
-def api_error(event: ipc.Error) -> ApiError:
+def api_error(event: protocol.Error) -> ApiError:
     """The one translation of a worker's error event into what the caller is told."""
     return from_event(event)
 
 
-def prepare(req: ipc.GenerationRequest, model: str, info: dict[str, Any], *, thinking: bool = True) -> None:
+def prepare(req: protocol.GenerationRequest, model: str, info: dict[str, Any], *, thinking: bool = True) -> None:
     """Settle how ``req``'s answer is read, by the formats its model's load settled (``info``:
     what its backend reported, ``Formats`` included): its thinking format (``thinking`` False:
     thinking is not split out) and, when the request has tools or its chat's every answer is
@@ -62,16 +62,16 @@ def prepare(req: ipc.GenerationRequest, model: str, info: dict[str, Any], *, thi
         req.tool_format = formats.tools
 
 
-async def start(gen: GenerationEvents, req: ipc.GenerationRequest,
-                stream: bool) -> tuple[ipc.Start, AnswerParser]:
+async def start(gen: GenerationEvents, req: protocol.GenerationRequest,
+                stream: bool) -> tuple[protocol.Start, AnswerParser]:
     """Wait for the backend to accept ``req`` (a refusal raises its error); returns its start
     event (prompt_tokens, prompt_text for echo, ...) and the parser that reads the answer by the
     formats ``prepare`` settled. ``stream=False`` (whole answers): a call is given only once its
     arguments parse, so a whole answer never carries a broken call."""
     event = await gen.next()
-    if isinstance(event, ipc.Error):
+    if isinstance(event, protocol.Error):
         raise api_error(event)
-    if not isinstance(event, ipc.Start):
+    if not isinstance(event, protocol.Start):
         raise ApiError(f"the model worker answered {type(event).__name__} before starting", status=500)
     tools = req.tools if req.tool_format and req.tool_format != NATIVE else None
     fmt = req.tool_format if tools or frames_answers(req.tool_format) else None
@@ -110,15 +110,16 @@ async def pieces(gen: GenerationEvents, parser: AnswerParser,
         return out
 
     async for event in gen:
-        if isinstance(event, ipc.Error):
+        if isinstance(event, protocol.Error):
             raise api_error(event)
         # an upstream's call pieces count as its text does (a backend that sends no count: 0)
-        if isinstance(event, ipc.Text | ipc.Thinking) or (isinstance(event, ipc.CallDelta) and event.tokens > seen):
+        if isinstance(event, protocol.Text | protocol.Thinking) \
+                or (isinstance(event, protocol.CallDelta) and event.tokens > seen):
             n, seen = event.tokens - seen, event.tokens
             if tally is not None:
                 tally.generated(seen)
                 tally.obs.tokens(n)
-        if isinstance(event, ipc.Text):
+        if isinstance(event, protocol.Text):
             if event.logprobs:
                 probs += event.logprobs
             items = parser.feed(event.text)
@@ -126,13 +127,13 @@ async def pieces(gen: GenerationEvents, parser: AnswerParser,
                 reasoning += n
             for item in given(items):
                 yield item
-        elif isinstance(event, ipc.Thinking):
+        elif isinstance(event, protocol.Thinking):
             reasoning += n
             yield Piece(THINKING, event.text)
-        elif isinstance(event, ipc.CallDelta):
+        elif isinstance(event, protocol.CallDelta):
             for item in native.feed(event):
                 yield item
-        elif isinstance(event, ipc.Done):
+        elif isinstance(event, protocol.Done):
             failures = len(parser.failed)
             rest = given(parser.flush())
             if event.finish_reason == "length":
@@ -167,14 +168,14 @@ def left(gen: GenerationEvents, obs: Observation, tally: Tally | None) -> None:
         return
     if tally is None:
         first = unread[0]
-        if not isinstance(first, ipc.Start):
+        if not isinstance(first, protocol.Start):
             return  # refused or failed before it began: nothing was read of its prompt
         tally = obs.began(first)
     for event in reversed(unread):  # the last count a backend sent holds every one before it
-        if isinstance(event, ipc.Done):
+        if isinstance(event, protocol.Done):
             tally.counts(event.prompt_tokens, event.cached_tokens, event.completion_tokens)
             return
-        if isinstance(event, ipc.Text | ipc.Thinking | ipc.CallDelta) and event.tokens:
+        if isinstance(event, protocol.Text | protocol.Thinking | protocol.CallDelta) and event.tokens:
             tally.generated(event.tokens)
             return
 
@@ -210,7 +211,7 @@ class _NativeCalls:
         self._open: dict[int, tuple[str, str, list[str]]] = {}  # index -> (id, name, argument pieces)
         self._index: dict[int, int] = {}  # the upstream's index -> the answer's
 
-    def feed(self, delta: ipc.CallDelta) -> list[Item]:
+    def feed(self, delta: protocol.CallDelta) -> list[Item]:
         if delta.name is not None:
             self._index[delta.index] = len(self._index)
             self._open[delta.index] = (delta.call_id or f"call_{delta.id}_{delta.index}", delta.name, [])

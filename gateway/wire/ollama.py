@@ -16,8 +16,8 @@ from typing import Any
 
 from ..base import strictjson
 from ..base.errors import InvalidRequest
-from ..engine.ipc import GenerationRequest, Media
 from ..models.config import parse_duration
+from ..protocol import GenerationRequest, Media
 from . import media as wire_media
 from . import tools as wire_tools
 from .fim import read_suffix

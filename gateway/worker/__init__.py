@@ -1,7 +1,8 @@
-"""The engine: one worker process per loaded model, which owns llama.cpp.
+"""The model worker: one child process per loaded model, which owns llama.cpp.
 
-``client.py`` is the parent's async side, ``ipc.py`` defines the commands and events
-between them, and ``worker.py`` is the child's main loop, whose work lives in the modules it
-lists (``model``, ``vocab``, ``prompts``, ``sampling``, ``slots``, ``decoding``, ...): only
-the worker process imports those, and only they import llama_cpp.
+``worker.py`` is the process's main loop, and the work lives in the modules it lists
+(``model``, ``vocab``, ``prompts``, ``sampling``, ``slots``, ``decoding``, ...). Only the worker
+process imports this package, and only this package imports llama_cpp (``device_probe`` is a
+process of its own too). What the worker shares with the gateway is ``protocol/`` (the commands
+and events, the load settings); the gateway's side of the pipes is ``backends/workerclient.py``.
 """

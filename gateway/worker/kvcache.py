@@ -57,7 +57,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from . import ipc
+from .. import protocol
 from .checkpoints import Checkpoint
 
 # LoadParams fields that do not change what a slot's cache holds
@@ -112,7 +112,7 @@ class Entry:
     check: int  # their CRC-32, taken when they were copied
     used: float  # when it was kept (time.monotonic())
     origin: str = "ram"  # "disk": read back from the on-disk save at load (``restore``)
-    # its slot's checkpoints (``engine/checkpoints``): a sliding-window model's state holds only
+    # its slot's checkpoints (``worker/checkpoints``): a sliding-window model's state holds only
     # the window before its last token; a prompt that differs before its end goes on from one of these
     checkpoints: list[Checkpoint] = dataclasses.field(default_factory=list)
 
@@ -234,7 +234,7 @@ def cut(ll, mem, slot, upto: int) -> None:
         slot.keep(upto)
 
 
-def identity(ll, params: ipc.LoadParams) -> str:
+def identity(ll, params: protocol.LoadParams) -> str:
     """What a saved cache must have been made under to be loaded into this one."""
     st = os.stat(params.path)
     settings = {k: v for k, v in dataclasses.asdict(params).items() if k not in _NOT_IDENTITY}

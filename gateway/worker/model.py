@@ -16,15 +16,16 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from .. import protocol
+from ..protocol.settings import CACHE_TYPES, DEFAULT_N_CTX, embed_seqs
+from ..protocol.topology import default_threads
 from ..text import chat_template
 from ..text.reasoning import MARKER_TOKENS
 from ..text.toolformats import MARKER_TOKENS as CALL_MARKERS
-from . import device_probe, ggml, ipc, rpc
+from . import device_probe, ggml, rpc
 from .adapters import Adapters
 from .drafting import Drafter, draft_params
 from .media import Projector
-from .settings import CACHE_TYPES, DEFAULT_N_CTX, embed_seqs
-from .topology import default_threads
 from .vocab import Vocab
 
 MAX_SLOTS = 64
@@ -114,7 +115,7 @@ def existing(path: str | os.PathLike, what: str) -> None:
 
 
 class Model:
-    def __init__(self, params: ipc.LoadParams, on_progress: Callable[[float], None] | None = None):
+    def __init__(self, params: protocol.LoadParams, on_progress: Callable[[float], None] | None = None):
         """Load the model; ``on_progress(fraction)`` is called as the weights are read (on this
         thread, from inside llama.cpp: it must not raise)."""
         import llama_cpp
