@@ -1,6 +1,7 @@
-"""The worker's side of the pipes to the gateway (``protocol``'s frames): its commands read without
-blocking by its main loop itself (``CommandReader``), which waits on the command pipe and on a
-``Wakeup`` its prep threads set (``Waiter``); its events written blocking, from the main loop.
+"""The worker's side of the pipes to the gateway (``protocol/framing.py``'s frames): its commands
+read without blocking by its main loop itself (``CommandReader``), which waits on the command pipe
+and on a ``Wakeup`` its prep threads set (``Waiter``); its events written blocking, from the main
+loop.
 
 The main loop reads its own pipe, with no reader thread between: a command is taken at the
 first pass of the loop after it arrives, one wake-up (the loop's) rather than two (a reader
