@@ -48,11 +48,11 @@ from .api.appkeys import (
     SEAL_KEY,
     TRACING,
 )
+from .backends.workerclient import RequestFailed
 from .base import tracecontext
 from .base.addresses import is_loopback
 from .base.errors import ApiError, shown
 from .base.secretfile import KeptSecret
-from .engine.client import RequestFailed
 from .models.config import Config, default_kv_cache_dir, default_state_dir
 from .server import tracing
 from .server.captures import CAPTURE, CaptureStore

@@ -52,19 +52,20 @@ PROBES: dict[str, list[tuple[str, str, str]]] = {
     "gateway.api.pipeline": [("lease", "lease", "cm"), ("generate", "generate", "cm"),
                              ("collect", "collect", "call")],
     "gateway.serving.registry": [("Registry.lease", "lease.registry", "cm")],
-    "gateway.engine.client": [("WorkerProcess._send", "send", "call"), ("_Frames.data_received", "events.in", "call"),
-                              ("ipc.encode_command", "encode", "call")],
+    "gateway.backends.workerclient": [("WorkerProcess._send", "send", "call"),
+                                      ("_Frames.data_received", "events.in", "call"),
+                                      ("protocol.encode_command", "encode", "call")],
     "aiohttp.web": [("json_response", "json_response", "call")],
     "aiohttp.http_writer": [("StreamWriter._write", "http.write", "call"),
                             ("StreamWriter._writelines", "http.write", "call")],
     # the worker's
-    "gateway.engine.pipes": [("CommandReader.read", "w.read", "call")],  # called when the loop finds the pipe ready
-    "gateway.engine.prompts": [("Prompts.prepare", "w.prepare", "call")],
-    "gateway.engine.decoding": [("Decoder.admit", "w.admit", "call"), ("Decoder.step", "w.step", "call"),
+    "gateway.worker.pipes": [("CommandReader.read", "w.read", "call")],  # called when the loop finds the pipe ready
+    "gateway.worker.prompts": [("Prompts.prepare", "w.prepare", "call")],
+    "gateway.worker.decoding": [("Decoder.admit", "w.admit", "call"), ("Decoder.step", "w.step", "call"),
                                 ("choose", "w.choose", "call")],
-    "gateway.engine.slotmemory": [("SlotMemory.prepare", "w.memory", "call")],
-    "gateway.engine.sampling": [("Sampling.chain", "w.chain", "call")],
-    "gateway.engine.outbox": [("Outbox.flush", "w.flush", "call")],
+    "gateway.worker.slotmemory": [("SlotMemory.prepare", "w.memory", "call")],
+    "gateway.worker.sampling": [("Sampling.chain", "w.chain", "call")],
+    "gateway.worker.outbox": [("Outbox.flush", "w.flush", "call")],
 }
 
 STAMPS: list[tuple[str, int]] = []

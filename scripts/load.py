@@ -102,8 +102,8 @@ import aiohttp  # noqa: E402
 from hostile_upstream import FLOOD_TEXT, HostileUpstream, Watch, peak_rss, reset_peak  # noqa: E402
 
 from gateway.backends import upstream_wire as wire  # noqa: E402
-from gateway.engine.ipc import GenerationRequest  # noqa: E402
 from gateway.models import testmodels as tm  # noqa: E402
+from gateway.protocol import GenerationRequest  # noqa: E402
 
 
 def rss_tree(pid: int) -> int | None:

@@ -14,11 +14,11 @@ import asyncio
 from pathlib import Path
 
 from gateway.backends.local import start_local
-from gateway.engine.topology import Device
 from gateway.hardware.devices import Inventory
 from gateway.models.config import ModelSpec, ServerConfig
 from gateway.models.ggufmeta import read_info
 from gateway.models.memory import allocated, estimate, gpu_context
+from gateway.protocol.topology import Device
 
 MiB = 2**20
 # the settings each model is loaded with: the defaults, part of the layers on a GPU, more slots

@@ -351,18 +351,17 @@ def vocab_scripted_model(path: Path, vocab: str, chat_template: str, scripts: li
 class InProcessEngine:
     """A worker's model and decoder in this process (real llama.cpp), for the engine tests:
     ``run`` answers one prompt greedily and returns its text and done event; ``load`` is
-    ``ipc.LoadParams``' fields (one slot, 1,024 tokens, no prompt cache unless given)."""
+    ``protocol.LoadParams``' fields (one slot, 1,024 tokens, no prompt cache unless given)."""
 
     def __init__(self, path, **load):
-        from gateway.engine import ipc
-        from gateway.engine.decoding import Decoder
-        from gateway.engine.model import Model
-        from gateway.engine.outbox import Outbox
-        from gateway.engine.sampling import Sampling
+        from gateway import protocol
+        from gateway.worker.decoding import Decoder
+        from gateway.worker.model import Model
+        from gateway.worker.outbox import Outbox
+        from gateway.worker.sampling import Sampling
 
-        self.ipc = ipc
         settings = {"parallel": 1, "n_ctx": 1024, "prompt_cache_bytes": 0, **load}
-        self.model = Model(ipc.LoadParams(name="m", path=str(path), **settings))
+        self.model = Model(protocol.LoadParams(name="m", path=str(path), **settings))
         self.out = Outbox(-1)  # never flushed: the test reads the queued frames
         self.decoder = Decoder(self.model, Sampling(self.model), self.out)
         self.rid = 0
@@ -382,22 +381,23 @@ class InProcessEngine:
                  **fields: Any) -> list[tuple[str, Any]]:
         """Prompts (texts, or their tokens) admitted together (one slot each) and decoded in the
         same steps: each one's text and done event, in order."""
-        ipc = self.ipc
+        from gateway import protocol
+
         seqs = []
         for text in texts:
             self.rid += 1
             tokens = self.tokens(text) if isinstance(text, str) else text
-            req = ipc.GenerationRequest(**{"prompt": text if isinstance(text, str) else "",
-                                           "max_tokens": max_tokens, "temperature": 0, "logprobs": logprobs, **fields})
+            req = protocol.GenerationRequest(**{"prompt": text if isinstance(text, str) else "",
+                                                "max_tokens": max_tokens, "temperature": 0, "logprobs": logprobs, **fields})
             seqs.append((self.rid, self.decoder.admit(self.rid, req, tokens, "")))
         while any(seq.slot.seq is seq for _, seq in seqs):
             self.decoder.step()
-        events = [ipc.decode_event(f[4:]) for f in self.out.frames]
+        events = [protocol.decode_event(f[4:]) for f in self.out.frames]
         self.out.frames.clear()
         out, self.each_logprobs = [], []
         for rid, _ in seqs:
-            got = [e for e in events if isinstance(e, ipc.Text) and e.id == rid]
-            (done,) = [e for e in events if isinstance(e, ipc.Done) and e.id == rid]
+            got = [e for e in events if isinstance(e, protocol.Text) and e.id == rid]
+            (done,) = [e for e in events if isinstance(e, protocol.Done) and e.id == rid]
             self.last_done, self.logprobs = done, [p for e in got for p in e.logprobs or []]
             self.each_logprobs.append(self.logprobs)
             out.append(("".join(e.text for e in got), done))

@@ -645,9 +645,9 @@ class Gateway:
         self.info[FORMATS] = Formats.settle("auto", "auto", self.info)
 
     def prompt_tail(self, case: Case, req: Any) -> str:
-        from gateway.engine.prompts import PROMPT_TAIL
-        from gateway.engine.toolhistory import for_template
         from gateway.text import chat_template
+        from gateway.worker.prompts import PROMPT_TAIL
+        from gateway.worker.toolhistory import for_template
 
         messages = [{"role": "user", "content": "Hey there!"}]
         candidates = for_template(messages, req.tools, req.tool_format, self.template)
@@ -663,14 +663,14 @@ class Gateway:
         return asyncio.run(self._run(case, streamed))
 
     async def _run(self, case: Case, streamed: bool) -> Seen:
-        from gateway.engine import ipc
+        from gateway import protocol
         from gateway.text import chat_template
         from gateway.text.toolformats import CallArgs, CallStart, Piece
         from gateway.wire import answer
 
         tools = [{"type": "function", "function": {"name": t["name"], "description": t["description"],
                                                    "parameters": json.loads(t["parameters"])}} for t in case.tools]
-        req = ipc.GenerationRequest(messages=[{"role": "user", "content": "Hey there!"}],
+        req = protocol.GenerationRequest(messages=[{"role": "user", "content": "Hey there!"}],
                                     chat_template_kwargs={"enable_thinking": case.enable_thinking})
         if tools and case.tool_choice != "NONE":  # tool_choice none: the wire leaves the tools out
             req.tools = tools
@@ -684,10 +684,10 @@ class Gateway:
         # a partial case is a stream part way: no end, and calls as a stream gives them
         stream = streamed or case.is_partial
         texts = pieces_of(case.input) if streamed else [case.input]
-        events: list[Any] = [ipc.Start(1, 1, 0, 0, tail)]
-        events += [ipc.Text(1, t, n + 1) for n, t in enumerate(texts)]
+        events: list[Any] = [protocol.Start(1, 1, 0, 0, tail)]
+        events += [protocol.Text(1, t, n + 1) for n, t in enumerate(texts)]
         if not case.is_partial:
-            events.append(ipc.Done(1, "stop", None, 1, len(texts), 0))
+            events.append(protocol.Done(1, "stop", None, 1, len(texts), 0))
         gen = _Events(events)
         _, reader = await answer.start(gen, req, stream)  # type: ignore[arg-type]
         seen = Seen()

@@ -10,10 +10,10 @@ from realmodel import CACHE
 
 from gateway.app import create_app
 from gateway.base.errors import InvalidRequest
-from gateway.engine import toolgrammar
 from gateway.models import testmodels as tm
 from gateway.models.config import load_config
 from gateway.wire import openai, responses
+from gateway.worker import toolgrammar
 
 S = tm.Special
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {

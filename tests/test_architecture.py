@@ -121,6 +121,97 @@ def test_imports_point_down_the_layers_that_architecture_md_draws():
     assert not wrong_way(graph, table), "\n".join(wrong_way(graph, table))
 
 
+def reached(graph: dict[str, set[str]], start: set[str]) -> dict[str, str]:
+    """Every module the imports of ``start`` lead to, each with the module that imports it."""
+    via: dict[str, str] = {}
+    todo = sorted(start)
+    while todo:
+        here = todo.pop()
+        for there in sorted(graph.get(here, ())):
+            if there not in via and there not in start:
+                via[there] = here
+                todo.append(there)
+    return via
+
+
+def in_worker(module: str) -> bool:
+    return module == "gateway.worker" or module.startswith("gateway.worker.")
+
+
+def outside_imports_of_the_worker(graph: dict[str, set[str]]) -> list[str]:
+    """Imports of the worker's package by a module outside it."""
+    return [f"{a} imports {b}" for a, targets in sorted(graph.items()) if not in_worker(a)
+            for b in sorted(targets) if in_worker(b)]
+
+
+def loads_llama(path: Path) -> bool:
+    """Whether a module imports llama_cpp itself (at its top or inside a function)."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+        if any(n == "llama_cpp" or n.startswith("llama_cpp.") for n in names):
+            return True
+    return False
+
+
+def test_the_walks_find_the_worker_and_what_reaches_it():
+    graph = {"gateway.models.a": {"gateway.protocol.b"}, "gateway.protocol.b": {"gateway.worker.c"},
+             "gateway.worker.c": {"gateway.worker.d"}, "gateway.worker.d": set()}
+    assert reached(graph, {"gateway.models.a"}) == {"gateway.protocol.b": "gateway.models.a",
+                                                    "gateway.worker.c": "gateway.protocol.b",
+                                                    "gateway.worker.d": "gateway.worker.c"}
+    assert outside_imports_of_the_worker(graph) == ["gateway.protocol.b imports gateway.worker.c"]
+    assert not in_worker("gateway.workers") and in_worker("gateway.worker")
+    assert loads_llama(PACKAGE / "worker" / "model.py") and not loads_llama(PACKAGE / "protocol" / "events.py")
+
+
+def test_no_module_outside_the_worker_imports_it():
+    """The worker's modules run in the worker process only: the gateway reaches a worker through
+    ``protocol/`` (what both sides share) and ``backends/workerclient.py`` (its side of the pipes)."""
+    known = modules()
+    graph = {name: imports(name, path, known) for name, path in known.items()}
+    assert any(in_worker(m) for m in graph) and graph["gateway.backends.workerclient"]
+    assert outside_imports_of_the_worker(graph) == []
+
+
+def test_models_import_nothing_that_loads_llama_cpp():
+    """What a model is (models.yaml, the catalog, memory estimates) is known without llama.cpp:
+    no import from ``models/``, followed to its end, reaches the worker or a module that imports
+    llama_cpp."""
+    known = modules()
+    graph = {name: imports(name, path, known) for name, path in known.items()}
+    start = {m for m in known if m.startswith("gateway.models.")}
+    assert len(start) > 5
+    via = reached(graph, start)
+    bad = [f"{m} (through {via[m]})" for m in sorted(via) if in_worker(m) or loads_llama(known[m])]
+    bad += [m for m in sorted(start) if loads_llama(known[m])]
+    assert bad == []
+
+
+def test_the_worker_process_imports_only_the_worker_and_what_lies_below():
+    """Every import the worker's modules lead to (inside functions too), and every gateway module
+    the worker process has loaded once it is ready to read its pipe, lies in ``worker/`` or a layer
+    below it in ARCHITECTURE.md's table."""
+    import subprocess
+    import sys
+
+    known = modules()
+    table = layers((PACKAGE / "ARCHITECTURE.md").read_text())
+    floor = [name for name, _ in table].index("worker")
+    graph = {name: imports(name, path, known) for name, path in known.items()}
+    static = set(reached(graph, {m for m in known if in_worker(m)}))
+    assert "gateway.protocol.events" in static and "gateway.text.chat_template" in static
+    code = ("import sys, gateway.worker.worker, gateway.worker.device_probe\n"
+            "print(' '.join(m for m in sys.modules if m.startswith('gateway.')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    loaded = set(out.stdout.split())
+    assert "gateway.worker.model" in loaded and "gateway.protocol.commands" in loaded
+    rank = {m: layer_of(m, table) for m in (static | loaded) - {"gateway"}}  # (the package's version)
+    above = sorted(m for m, r in rank.items() if r is None or r < floor)
+    assert above == []
+
+
 def stale_paths(text: str, root: Path) -> list[str]:
     """The files and folders (``name.py``, ``folder/``, in backticks) a text names that are not
     there: ``tests/...``, ``scripts/...`` and ``deploy/...`` from the repository's root, anything

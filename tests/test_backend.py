@@ -5,9 +5,9 @@ from types import SimpleNamespace
 import pytest
 
 from gateway.backends.local import CHAT, COMPLETIONS, EMBEDDINGS, TOKENIZE
-from gateway.engine.client import WorkerProcess
-from gateway.engine.ipc import LoadParams
-from gateway.engine.model import _device
+from gateway.backends.workerclient import WorkerProcess
+from gateway.protocol import LoadParams
+from gateway.worker.model import _device
 
 
 def test_a_model_serves_text_or_vectors():

@@ -13,8 +13,8 @@ default, as in llama-server."""
 import pytest
 from helpers import InProcessEngine, bench_conversation, tiny_random_model
 
-from gateway.engine import ipc
-from gateway.engine.slots import Reuse, fit_window, reuse_plan
+from gateway import protocol
+from gateway.worker.slots import Reuse, fit_window, reuse_plan
 
 # --- the plan (pure) ----------------------------------------------------------------------------
 
@@ -125,7 +125,7 @@ def test_a_request_cancelled_before_its_splice_leaves_nothing_parked(model_path)
     engine = Engine(model_path, reuse=16, unified=True)
     engine.run(HEAD + "(Note: one.) " + TAIL)
     text = HEAD + "(Note: two more words here.) " + TAIL + "Go on."
-    req = ipc.GenerationRequest(prompt=text, max_tokens=4, temperature=0)
+    req = protocol.GenerationRequest(prompt=text, max_tokens=4, temperature=0)
     seq = engine.decoder.admit(99, req, engine.tokens(text), "")
     assert seq.splices  # the tail waits under the slot's second id
     seq.cancelled = True
@@ -208,7 +208,7 @@ def test_a_chunk_whose_last_window_the_kept_state_lacks_is_read(swa_path, monkey
     answer, done = returning(engine, before, after)
     assert close(engine.logprobs, want.logprobs)
     assert done.cached_tokens < len(engine.tokens(HEAD))  # the checkpoint before the change, no chunk
-    from gateway.engine import slotmemory
+    from gateway.worker import slotmemory
 
     monkeypatch.setattr(slotmemory, "fit_window", lambda plan, *_: plan)
     careless = kept_engine(swa_path, reuse=16)
@@ -217,7 +217,7 @@ def test_a_chunk_whose_last_window_the_kept_state_lacks_is_read(swa_path, monkey
 
 
 def test_off_by_default_and_reported_where_the_cache_cannot_shift(model_path):
-    assert ipc.LoadParams(name="m", path=str(model_path)).cache_reuse == 0
+    assert protocol.LoadParams(name="m", path=str(model_path)).cache_reuse == 0
     engine = Engine(model_path, reuse=16)
     assert engine.model.info()["cache_reuse"] == 16
 

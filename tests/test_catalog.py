@@ -104,7 +104,7 @@ def test_a_draft_named_by_a_model_name_is_that_models_file(tmp_path, write_confi
     assert str(lost.draft) == "nowhere-to-be-found" and not lost.draft.is_absolute()
 
     from gateway.backends.local import load_params
-    from gateway.engine.drafting import draft_params
+    from gateway.worker.drafting import draft_params
 
     with pytest.raises(RuntimeError, match="neither a file nor a model this gateway serves"):
         draft_params(load_params(lost, config.server), 512, 1)

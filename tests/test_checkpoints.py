@@ -1,4 +1,4 @@
-"""Context checkpoints (``engine/checkpoints``): a sliding-window model's cache cut back inside
+"""Context checkpoints (``worker/checkpoints``): a sliding-window model's cache cut back inside
 its window lacks positions the next token attends to; a checkpoint of the window taken near the
 end of each prompt lets a prompt that returns with its end changed go on from there instead of
 being read whole."""
@@ -6,8 +6,8 @@ being read whole."""
 import pytest
 from helpers import InProcessEngine
 
-from gateway.engine import checkpoints
-from gateway.engine.checkpoints import Checkpoint
+from gateway.worker import checkpoints
+from gateway.worker.checkpoints import Checkpoint
 
 # --- where and which (pure) ---------------------------------------------------------------------
 
@@ -50,7 +50,7 @@ MORE = " And later: " + " ".join(WORDS[(j * 5) % len(WORDS)] for j in range(400)
 
 @pytest.mark.real
 def test_without_swa_full_a_prompt_changed_inside_the_window_goes_on_from_a_checkpoint(gemma):
-    from gateway.engine.slots import common_prefix
+    from gateway.worker.slots import common_prefix
 
     engine = Engine(gemma, swa_full=False)
     assert engine.model.n_swa > 0  # only the window (and a batch: n_batch is small here) is kept
@@ -116,8 +116,8 @@ def test_a_slot_saved_at_an_exit_keeps_a_checkpoint_each_window_and_a_middle_cha
     save cuts it back to take a checkpoint each window (and near its prompt's end), so after the
     next load a prompt that changed in the middle is read on from the window before the change,
     as a cold read would read it."""
-    from gateway.engine import savedslots
-    from gateway.engine.slots import common_prefix
+    from gateway.worker import savedslots
+    from gateway.worker.slots import common_prefix
 
     engine = Engine(gemma, swa_full=True)
     engine.run(TALK, max_tokens=1)

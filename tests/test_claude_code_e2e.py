@@ -183,9 +183,9 @@ def first_request(exe: str, tmp_path) -> dict:
 def test_claude_codes_whole_first_request_is_read_and_its_tools_make_grammars(tmp_path):
     import llama_cpp as L
 
-    from gateway.engine import toolgrammar
     from gateway.text.grammar import MAX_MADE_GRAMMAR_CHARS, grammar_problem
     from gateway.wire import anthropic
+    from gateway.worker import toolgrammar
 
     body = first_request(claude(), tmp_path)
     parsed = anthropic.parse(body)

@@ -1,4 +1,4 @@
-"""GPU memory in placement: llama.cpp's devices as ggml lists them (``gateway/engine/devices``,
+"""GPU memory in placement: llama.cpp's devices as ggml lists them (``gateway/worker/devices``,
 read by a probe process: ``gateway/devices``), the layers llama.cpp gives each device
 (``memory.layer_devices``, checked against llama.cpp's ``load_tensors`` rule), the estimate
 split by device, each device's capacity, and a model refused for a GPU's memory.
@@ -16,12 +16,12 @@ from helpers import tiny_random_model
 
 from gateway.api.appkeys import REGISTRY
 from gateway.app import create_app
-from gateway.engine.topology import Device
 from gateway.hardware import devices, sysmem
 from gateway.models import testmodels as tm
 from gateway.models.config import ModelSpec, load_config
 from gateway.models.ggufmeta import read_info
 from gateway.models.memory import GPU_CONTEXT, RAM, RPC, estimate, layer_devices, model_devices, pool_of
+from gateway.protocol.topology import Device
 
 GiB, MiB = 2**30, 2**20
 HI = [{"role": "user", "content": "hi"}]
@@ -32,7 +32,7 @@ def gpu(name: str, free: int = 8 * GiB, kind: str = "gpu", total: int = 16 * GiB
 
 
 def probe_command(found: list[Device], calls: Path | None = None) -> list[str]:
-    """A stand-in for ``python -m gateway.engine.device_probe`` that prints ``found`` (and counts its runs)."""
+    """A stand-in for ``python -m gateway.worker.device_probe`` that prints ``found`` (and counts its runs)."""
     script = f"import sys; print({json.dumps(json.dumps([d.describe() for d in found]))})"
     if calls is not None:
         script = f"open({str(calls)!r}, 'a').write('x'); " + script
@@ -42,7 +42,7 @@ def probe_command(found: list[Device], calls: Path | None = None) -> list[str]:
 def test_llama_cpp_lists_its_devices_and_the_cpus_memory():
     import subprocess
 
-    out = subprocess.run([sys.executable, "-m", "gateway.engine.device_probe"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "gateway.worker.device_probe"], capture_output=True, text=True,
                          timeout=120, check=True).stdout
     found = [Device.parse(d) for d in json.loads(out)]
     cpu = [d for d in found if d.kind == "cpu"]

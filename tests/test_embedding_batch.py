@@ -1,5 +1,5 @@
 """Embeddings and reranking batched: many inputs to a decode, from one request and from
-concurrent ones (``engine.embedding``). The packing policy alone; then real llama.cpp on a
+concurrent ones (``worker.embedding``). The packing policy alone; then real llama.cpp on a
 random-weight model and on Gemma 3 270M (batched against alone, mixed lengths, an input longer
 than the batch, determinism); then the real server under concurrent clients and hostile sizes.
 
@@ -20,9 +20,10 @@ import urllib.request
 import pytest
 from helpers import ServerProcess, tiny_random_model
 
-from gateway.engine import embedding
-from gateway.engine.embedding import Job, pack
+from gateway import protocol
 from gateway.models import testmodels as tm
+from gateway.worker import embedding
+from gateway.worker.embedding import Job, pack
 
 COSINE = 0.995  # flash attention (llama.cpp's choice on a CPU): its kernel for a short micro-batch sums in half precision
 COSINE_NO_FA = 0.9998
@@ -83,19 +84,17 @@ class Engine:
     """An embedding model's context and embedder in this process."""
 
     def __init__(self, path, **load):
-        from gateway.engine import ipc
-        from gateway.engine.model import Model
-        from gateway.engine.prompts import Prompts
+        from gateway.worker.model import Model
+        from gateway.worker.prompts import Prompts
 
-        self.ipc = ipc
-        self.model = Model(ipc.LoadParams(name="e", path=str(path), embeddings=True,
-                                          **{"n_ctx": 512, "n_threads": 2, **load}))
+        self.model = Model(protocol.LoadParams(name="e", path=str(path), embeddings=True,
+                                               **{"n_ctx": 512, "n_threads": 2, **load}))
         self.prompts = Prompts(self.model)
         self.embedder = embedding.Embedder(self.model)
         self.decodes = 0
 
     def submit(self, rid: int, inputs: list, query: str | None = None) -> None:
-        tokens = embedding.read(self.model, self.prompts, self.ipc.Embed(rid, inputs, query))
+        tokens = embedding.read(self.model, self.prompts, protocol.Embed(rid, inputs, query))
         self.embedder.add(rid, tokens, query is not None)
 
     def drain(self) -> dict[int, list[list[float]]]:
@@ -103,7 +102,7 @@ class Engine:
         while self.embedder.busy:
             self.decodes += 1
             for event in self.embedder.step():
-                assert isinstance(event, self.ipc.Embeddings), event
+                assert isinstance(event, protocol.Embeddings), event
                 out[event.id] = event.data
         return out
 

@@ -62,10 +62,10 @@ def test_the_writer_refuses_what_it_cannot_write(tmp_path):
 
 @pytest.mark.parametrize("name,pooling", [("bge", "MEAN"), ("qwen3emb", "LAST")])
 def test_each_shape_keeps_its_own_pooling_and_width(name, pooling):
-    from gateway.engine import ipc
-    from gateway.engine.model import Model
+    from gateway import protocol
+    from gateway.worker.model import Model
 
-    model = Model(ipc.LoadParams(name=name, path=str(shaped_model(name)), embeddings=True, n_ctx=512, n_threads=2))
+    model = Model(protocol.LoadParams(name=name, path=str(shaped_model(name)), embeddings=True, n_ctx=512, n_threads=2))
     ll = model.ll
     assert ll.llama_pooling_type(model.ctx) == getattr(ll, f"LLAMA_POOLING_TYPE_{pooling}")
     assert model.n_embd == SHAPES[name][1]["n_embd"]

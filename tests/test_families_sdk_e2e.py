@@ -22,10 +22,10 @@ import openai
 import pytest
 from helpers import REPO, WEATHER, ServerProcess, run_cli, vocab_scripted_model
 
-from gateway.engine.toolhistory import for_template
 from gateway.models import testmodels as tm
 from gateway.text import chat_template
 from gateway.text.toolformats.deepseek_dsml import DSML
+from gateway.worker.toolhistory import for_template
 
 pytestmark = pytest.mark.slow
 

@@ -1,15 +1,15 @@
-"""Fill-in-the-middle: the prompt's layout without a model (engine/infill.py, llama-server's
+"""Fill-in-the-middle: the prompt's layout without a model (worker/infill.py, llama-server's
 format_prompt_infill), the wire parsers (wire/fim.py, suffix on the other routes), and the
 worker's own side on scripted models."""
 
 import pytest
 
 from gateway.base.errors import InvalidRequest
-from gateway.engine import infill
-from gateway.engine.infill import Extra, FimTokens
 from gateway.wire import fim, ollama
 from gateway.wire import openai as oai
 from gateway.wire.answer import Finish
+from gateway.worker import infill
+from gateway.worker.infill import Extra, FimTokens
 
 PRE, SUF, MID, REP, SEP, BOS = 1, 2, 3, 4, 5, 9
 PSM = FimTokens(PRE, SUF, MID)  # a vocabulary with no repo-level tokens (starcoder's)
@@ -192,8 +192,8 @@ def test_response_fields_as_llama_vim_asks_for_them():
 # --- the worker itself ---------------------------------------------------------------------
 
 async def _generate(path, req):
+    from gateway import protocol
     from gateway.backends.local import start_local
-    from gateway.engine import ipc
     from gateway.models.config import ModelSpec, ServerConfig
 
     backend = await start_local(ModelSpec("m", path), ServerConfig(), on_exit=lambda b, e: None,
@@ -203,7 +203,7 @@ async def _generate(path, req):
         async with backend.generate(req) as gen:
             async for event in gen:
                 events.append(event)
-                if isinstance(event, ipc.Done | ipc.Error):
+                if isinstance(event, protocol.Done | protocol.Error):
                     break
         return backend.info, events
     finally:
@@ -214,8 +214,8 @@ async def _generate(path, req):
 async def test_the_worker_refuses_a_suffix_on_a_vocabulary_without_fim_tokens(tmp_path):
     """The gateway refuses first (``fim.require_fim``); a request that reaches the worker anyway
     (a replica set's other member) is refused there too, naming the caller's field."""
-    from gateway.engine.ipc import Error, GenerationRequest
     from gateway.models import testmodels as tm
+    from gateway.protocol import Error, GenerationRequest
 
     tm.plain(tmp_path / "p.gguf")
     info, events = await _generate(tmp_path / "p.gguf", GenerationRequest(prompt="a", suffix="b",
@@ -226,8 +226,8 @@ async def test_the_worker_refuses_a_suffix_on_a_vocabulary_without_fim_tokens(tm
 
 @pytest.mark.slow
 async def test_the_worker_lays_out_fim_by_the_tokens_texts(tmp_path):
-    from gateway.engine.ipc import Done, GenerationRequest, Start
     from gateway.models import testmodels as tm
+    from gateway.protocol import Done, GenerationRequest, Start
 
     tm.write_scripted_model(tmp_path / "c.gguf", tm.Script([" ok"], trigger="<|fim_middle|>"),
                             extra_special=("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"))

@@ -15,11 +15,11 @@ import pytest
 from helpers import ServerProcess, request, tiny_random_model
 from hostile_upstream import peak_rss
 
-from gateway.engine import infill
-from gateway.engine.infill import Extra, FimTokens
-from gateway.engine.ipc import GenerationRequest
-from gateway.engine.prompts import Prompts
+from gateway.protocol import GenerationRequest, bounds
 from gateway.wire import fim
+from gateway.worker import infill
+from gateway.worker.infill import Extra, FimTokens
+from gateway.worker.prompts import Prompts
 
 CODE = "def f(x):\n    return x + 1\n"
 
@@ -78,7 +78,7 @@ def test_the_cut_never_changes_the_prompt(seed):
     assert lay(fim.trim_extra(extra, budget)) == lay(extra)
 
 
-# --- the worker's own bound (engine/prompts.Prompts.infill, engine/infill.recent) ------------
+# --- the worker's own bound (worker/prompts.Prompts.infill, worker/infill.recent) ------------
 
 WORD = re.compile(r"\s+|\w+|[^\w\s]")
 PIECE = 8  # characters of a stand-in token at most
@@ -148,7 +148,7 @@ def test_the_worker_hands_the_tokenizer_no_more_than_the_layout_can_keep(fims, m
     than the layout keeps: tokenizing 4 MB here takes seconds)."""
     prompts = worker(fims)
     n_predict = -1 if max_tokens is None else max_tokens
-    bound = (infill.extra_room(4096, 512, n_predict) + infill.MARGIN) * PIECE
+    bound = (bounds.extra_room(4096, 512, n_predict) + bounds.MARGIN) * PIECE
     assert min(2000 * len(CODE), 20 * 4096) > bound
     base = {"prompt": "def f():\n", "suffix": "\n", "max_tokens": max_tokens}
     old = {"filename": "old.py", "text": "x = 0\n"}
@@ -188,8 +188,8 @@ def test_recent_never_changes_the_prompt_and_keeps_to_its_budget(seed):
                              vocab.tokenize("\n", False), [], chunks, n_batch=n_batch, n_predict=n_predict,
                              n_ctx=n_ctx, bos=None)
 
-    room = infill.extra_room(n_ctx, n_batch, n_predict)
-    budget = (room + infill.MARGIN) * 3 * PIECE
+    room = bounds.extra_room(n_ctx, n_batch, n_predict)
+    budget = (room + bounds.MARGIN) * 3 * PIECE
     kept = infill.recent(fims, extra, room, budget)
     assert lay(kept) == lay(extra)
     vocab.given.clear()

@@ -1,4 +1,4 @@
-"""llama.cpp's load settings are declared once (``engine.settings.LlamaSettings``): each field is
+"""llama.cpp's load settings are declared once (``protocol.settings.LlamaSettings``): each field is
 a models.yaml key, a ``ModelSpec`` attribute and a ``LoadParams`` field that crosses the worker's
 pipe as its own type, with no other list of them to keep in step."""
 
@@ -7,10 +7,10 @@ from pathlib import Path
 
 import yaml
 
+from gateway import protocol
 from gateway.backends.local import load_params
-from gateway.engine import ipc
-from gateway.engine.settings import LlamaSettings, settings_of
 from gateway.models.config import ServerConfig, load_config
+from gateway.protocol.settings import LlamaSettings, settings_of
 
 # A value other than the default for every setting, as models.yaml writes it, and as the spec
 # keeps it. A new setting fails the first assertion below until it has its line here.
@@ -72,11 +72,11 @@ def test_every_setting_is_a_models_yaml_key_that_reaches_the_worker_as_its_own_t
     params = load_params(spec, ServerConfig())
     assert settings_of(params) == kept
     assert (params.name, params.path, params.embeddings) == ("m", str(tmp_path / "m.gguf"), True)  # a reranker embeds
-    command = ipc.Load(params)
-    assert ipc.decode_command(ipc.encode_command(command)[4:]) == command  # tuples and paths as they were
+    command = protocol.Load(params)
+    assert protocol.decode_command(protocol.encode_command(command)[4:]) == command  # tuples and paths as they were
 
 
 def test_unset_settings_keep_their_defaults_through_the_pipe():
-    params = ipc.LoadParams("m", "/m.gguf")
-    back = ipc.decode_command(ipc.encode_command(ipc.Load(params))[4:])
-    assert back == ipc.Load(params) and back.model.devices is None and back.model.lora == ()
+    params = protocol.LoadParams("m", "/m.gguf")
+    back = protocol.decode_command(protocol.encode_command(protocol.Load(params))[4:])
+    assert back == protocol.Load(params) and back.model.devices is None and back.model.lora == ()

@@ -10,13 +10,13 @@ import gguf
 import numpy as np
 import pytest
 
-from gateway.engine.topology import Device
 from gateway.models import testmodels as tm
 from gateway.models.catalog import ModelCatalog
 from gateway.models.config import AdapterSpec, ModelSpec
 from gateway.models.ggufmeta import read_info
 from gateway.models.ggufwriter import finish
 from gateway.models.memory import GPU_ALIGNMENT, LORA_ALIGNMENT, allocated, estimate, lora_bytes
+from gateway.protocol.topology import Device
 
 GPU = Device("CUDA0", "a card", "gpu", 80 * 2**30, 80 * 2**30)
 

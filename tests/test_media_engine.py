@@ -1,4 +1,4 @@
-"""Pictures and sounds in the worker (``engine/media``), driven in this process on real
+"""Pictures and sounds in the worker (``worker/media``), driven in this process on real
 llama.cpp and libmtmd: a random-weight model on llama.cpp's Qwen2 vocabulary with a projector of
 random weights (``testprojector``), so an answer depends on every cached value and on the
 picture's pixels. A prompt whose picture comes from a slot's cache or the prompt cache answers as
@@ -11,11 +11,12 @@ import ctypes
 import pytest
 from helpers import InProcessEngine, noise_picture, tiny_projector, tiny_random_model
 
-from gateway.engine import ipc, media
-from gateway.engine.model import Model
-from gateway.engine.prompts import Prompts
-from gateway.engine.refusals import Refused
+from gateway import protocol
 from gateway.models import testprojector
+from gateway.worker import media
+from gateway.worker.model import Model
+from gateway.worker.prompts import Prompts
+from gateway.worker.refusals import Refused
 
 MARKER = "<__media__>"
 
@@ -38,18 +39,18 @@ class Engine(InProcessEngine):
 
     def ask(self, text: str, pictures: list[str], max_tokens: int = 8):
         self.rid += 1
-        req = ipc.GenerationRequest(prompt=text, max_tokens=max_tokens, temperature=0,
-                                    media=[ipc.Media("image", f"p{i}", data) for i, data in enumerate(pictures)])
+        req = protocol.GenerationRequest(prompt=text, max_tokens=max_tokens, temperature=0,
+                                    media=[protocol.Media("image", f"p{i}", data) for i, data in enumerate(pictures)])
         prompt = self.prompts.prepare(req)
         seq = self.decoder.admit(self.rid, req, prompt.tokens, prompt.tail, prompt.runs)
         while seq.slot.seq is seq:
             self.decoder.step()
-        events = [ipc.decode_event(f[4:]) for f in self.out.frames]
+        events = [protocol.decode_event(f[4:]) for f in self.out.frames]
         self.out.frames.clear()
-        (done,) = [e for e in events if isinstance(e, ipc.Done) and e.id == self.rid]
-        errors = [e for e in events if isinstance(e, ipc.Error)]
+        (done,) = [e for e in events if isinstance(e, protocol.Done) and e.id == self.rid]
+        errors = [e for e in events if isinstance(e, protocol.Error)]
         assert not errors, errors
-        return "".join(e.text for e in events if isinstance(e, ipc.Text) and e.id == self.rid), done, prompt
+        return "".join(e.text for e in events if isinstance(e, protocol.Text) and e.id == self.rid), done, prompt
 
 
 def talk(n: int) -> str:
@@ -102,11 +103,11 @@ def test_floor_and_next_start_are_whole_runs():
 def test_a_picture_met_again_is_not_encoded_again(files):
     engine = Engine(files)
     prompts, projector = engine.prompts, engine.model.projector
-    first = prompts.prepare(ipc.GenerationRequest(prompt=f"a {MARKER} b", media=[ipc.Media("image", "p", noise(5))]))
-    again = prompts.prepare(ipc.GenerationRequest(prompt=f"c {MARKER} d", media=[ipc.Media("image", "p", noise(5))]))
+    first = prompts.prepare(protocol.GenerationRequest(prompt=f"a {MARKER} b", media=[protocol.Media("image", "p", noise(5))]))
+    again = prompts.prepare(protocol.GenerationRequest(prompt=f"c {MARKER} d", media=[protocol.Media("image", "p", noise(5))]))
     (one,), (two,) = first.runs.values(), again.runs.values()
     assert one.embd is two.embd and one.key == two.key and one.tokens == two.tokens
-    counted = prompts.tokens(ipc.PromptRequest(prompt=f"c {MARKER} d", media=[ipc.Media("image", "p", noise(5))]))
+    counted = prompts.tokens(protocol.PromptRequest(prompt=f"c {MARKER} d", media=[protocol.Media("image", "p", noise(5))]))
     assert counted.tokens == again.tokens and counted.runs is None  # counted, not kept
     projector.free(first.runs)
     projector.free(again.runs)
@@ -119,7 +120,7 @@ def test_a_picture_met_again_is_not_encoded_again(files):
 ])
 def test_markers_that_do_not_match_the_media_are_refused(files, prompt, pictures, param, says):
     engine = Engine(files)
-    req = ipc.GenerationRequest(prompt=prompt, media=[ipc.Media("image", f"p{i}", noise(i)) for i in range(pictures)])
+    req = protocol.GenerationRequest(prompt=prompt, media=[protocol.Media("image", f"p{i}", noise(i)) for i in range(pictures)])
     with pytest.raises(Refused) as e:
         engine.prompts.prepare(req)
     assert e.value.status == 400 and e.value.param == param and says in e.value.message
@@ -128,12 +129,12 @@ def test_markers_that_do_not_match_the_media_are_refused(files, prompt, pictures
 def test_bytes_llama_cpp_cannot_decode_and_a_sound_as_a_picture_are_refused(files):
     engine = Engine(files)
     for data, says in ((base64.b64decode(noise(1))[:100], "could not be decoded"), (b"garbage" * 10, "could not be")):
-        req = ipc.GenerationRequest(prompt=f"{MARKER}?", media=[ipc.Media("image", "m[0]", base64.b64encode(data).decode())])
+        req = protocol.GenerationRequest(prompt=f"{MARKER}?", media=[protocol.Media("image", "m[0]", base64.b64encode(data).decode())])
         with pytest.raises(Refused) as e:
             engine.prompts.prepare(req)
         assert e.value.param == "m[0]" and says in e.value.message
     with pytest.raises(Refused) as e:
-        engine.prompts.prepare(ipc.GenerationRequest(prompt=f"{MARKER}?", media=[ipc.Media("audio", "a", noise(1))]))
+        engine.prompts.prepare(protocol.GenerationRequest(prompt=f"{MARKER}?", media=[protocol.Media("audio", "a", noise(1))]))
     assert e.value.status == 400 and "does not take audio" in e.value.message
 
 
@@ -141,8 +142,8 @@ def test_a_projector_made_for_another_model_fails_the_load_unless_discovery_pair
     wrong = testprojector.write_random_projector(tmp_path / "mmproj-32.gguf", 32)
     params = dict(name="m", path=str(files[0]), parallel=1, n_ctx=256, prompt_cache_bytes=0, mmproj=wrong)
     with pytest.raises(RuntimeError, match="could not load the projector"):
-        Model(ipc.LoadParams(**params))
-    model = Model(ipc.LoadParams(**params, mmproj_optional=True))
+        Model(protocol.LoadParams(**params))
+    model = Model(protocol.LoadParams(**params, mmproj_optional=True))
     assert model.projector is None and model.info()["vision"] is False
 
 
@@ -152,9 +153,9 @@ def test_the_projector_counts_in_what_the_model_holds(files):
     assert info["buffers"]["projector"]["cpu"] >= files[1].stat().st_size // 2  # its weights, as libmtmd told them
 
 
-def sized(seed: int, size: tuple[int, int] = (48, 40), param: str = "p") -> ipc.Media:
+def sized(seed: int, size: tuple[int, int] = (48, 40), param: str = "p") -> protocol.Media:
     """A picture as the gateway hands it on: with the size its header says."""
-    return ipc.Media("image", param, noise(seed), size=size)
+    return protocol.Media("image", param, noise(seed), size=size)
 
 
 class Bitmaps:
@@ -186,12 +187,12 @@ def test_pictures_are_counted_from_their_size_and_decoded_one_at_a_time(files, m
     engine = Engine(files)
     watch = Bitmaps(engine.model.projector, monkeypatch)
     text = f"one {MARKER} two {MARKER} three {MARKER} and?"
-    counted = engine.prompts.tokens(ipc.PromptRequest(prompt=text, media=[sized(i) for i in range(3)]))
+    counted = engine.prompts.tokens(protocol.PromptRequest(prompt=text, media=[sized(i) for i in range(3)]))
     assert watch.made == 0  # a count decodes nothing
-    prompt = engine.prompts.prepare(ipc.GenerationRequest(prompt=text, media=[sized(i) for i in range(3)]))
+    prompt = engine.prompts.prepare(protocol.GenerationRequest(prompt=text, media=[sized(i) for i in range(3)]))
     assert prompt.tokens == counted.tokens and all(run.embd is not None for run in prompt.runs.values())
     assert watch.made == 3 and watch.most == 1 and not watch.alive
-    unsized = engine.prompts.prepare(ipc.GenerationRequest(prompt=text, media=[sized(i, (0, 0)) for i in range(3)]))
+    unsized = engine.prompts.prepare(protocol.GenerationRequest(prompt=text, media=[sized(i, (0, 0)) for i in range(3)]))
     assert unsized.tokens == prompt.tokens  # (sized by decoding where the gateway gave no size)
     engine.model.projector.free(prompt.runs)
     engine.model.projector.free(unsized.runs)
@@ -201,7 +202,7 @@ def test_a_prompt_too_long_for_the_context_is_refused_before_any_picture_is_deco
     engine = Engine(files, n_ctx=256)
     watch = Bitmaps(engine.model.projector, monkeypatch)
     n = engine.model.n_ctx // 16  # sixteen tokens a picture
-    req = ipc.GenerationRequest(prompt=f"{MARKER} " * n + "describe", max_tokens=8, media=[sized(i) for i in range(n)])
+    req = protocol.GenerationRequest(prompt=f"{MARKER} " * n + "describe", max_tokens=8, media=[sized(i) for i in range(n)])
     with pytest.raises(Refused) as e:
         engine.prompts.prepare(req)
     assert e.value.code == "context_length_exceeded" and watch.made == 0
@@ -209,7 +210,7 @@ def test_a_prompt_too_long_for_the_context_is_refused_before_any_picture_is_deco
 
 def test_a_picture_that_is_not_the_size_its_header_said_is_refused_unencoded(files):
     engine = Engine(files)
-    req = ipc.GenerationRequest(prompt=f"look {MARKER} now", media=[sized(1, (48, 41), "messages[0].content[1]")])
+    req = protocol.GenerationRequest(prompt=f"look {MARKER} now", media=[sized(1, (48, 41), "messages[0].content[1]")])
     with pytest.raises(Refused) as e:
         engine.prompts.prepare(req)
     assert e.value.status == 400 and e.value.param == "messages[0].content[1]"
@@ -222,7 +223,7 @@ def test_a_sound_longer_than_its_header_said_is_refused(files):
 
     engine = Engine((files[0], tiny_projector(64, audio=True)))
     data = base64.b64encode(hostile_media.silent_mp3(2)).decode()
-    req = ipc.GenerationRequest(prompt=f"hear {MARKER} this", media=[ipc.Media("audio", "a", data, size=(576, 8000))])
+    req = protocol.GenerationRequest(prompt=f"hear {MARKER} this", media=[protocol.Media("audio", "a", data, size=(576, 8000))])
     with pytest.raises(Refused) as e:
         engine.prompts.prepare(req)
     assert e.value.param == "a" and "more than its header says" in e.value.message
@@ -233,7 +234,7 @@ def test_the_encoded_pictures_are_kept_per_cache_scope_and_bounded_by_bytes(file
     prompts = engine.prompts
 
     def encoded(scope: str):
-        prompt = prompts.prepare(ipc.GenerationRequest(prompt=f"a {MARKER} b", media=[sized(5)], cache_scope=scope))
+        prompt = prompts.prepare(protocol.GenerationRequest(prompt=f"a {MARKER} b", media=[sized(5)], cache_scope=scope))
         (run,) = prompt.runs.values()
         engine.model.projector.free(prompt.runs)
         return run.embd
@@ -263,8 +264,8 @@ def test_a_sound_too_long_for_the_context_is_refused_before_it_is_encoded(files,
     monkeypatch.setattr(projector.mt, "mtmd_encode_chunk", lambda ctx, chunk: encoded.append(chunk) or encode(ctx, chunk))
     sound = hostile_media.silent_mp3(2)
     header = sniff(sound)
-    req = ipc.GenerationRequest(prompt=f"hear {MARKER} this", max_tokens=8, media=[
-        ipc.Media("audio", "a", base64.b64encode(sound).decode(), size=(header.frames, header.rate))])
+    req = protocol.GenerationRequest(prompt=f"hear {MARKER} this", max_tokens=8, media=[
+        protocol.Media("audio", "a", base64.b64encode(sound).decode(), size=(header.frames, header.rate))])
     with pytest.raises(Refused) as e:  # one window of 750 tokens in a context of 512
         engine.prompts.prepare(req)
     assert e.value.code == "context_length_exceeded" and encoded == []

@@ -23,11 +23,11 @@ from helpers import REPO, noise_picture, tiny_projector, tiny_random_model
 from PIL import Image
 
 from gateway.base.errors import InvalidRequest
-from gateway.engine import media as engine_media
-from gateway.engine.ipc import Media
 from gateway.models import testmodels as tm
+from gateway.protocol import Media
 from gateway.wire import media as wm
 from gateway.wire.mediasize import sniff
+from gateway.worker import media as engine_media
 
 LIMITS = wm.Limits(pixels=10**6, count=3, total_pixels=2 * 10**6, seconds=60)
 

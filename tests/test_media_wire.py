@@ -1,5 +1,5 @@
 """Pictures and sounds as each wire carries them (``wire.media``, the four parsers): the parts
-read into ``ipc.Media`` in prompt order with their markers, the bytes checked (format, size,
+read into ``protocol.Media`` in prompt order with their markers, the bytes checked (format, size,
 pixels) with a 400 naming the part. Pure: the engine's side is ``test_media_engine.py``."""
 
 import base64
@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from gateway.base.errors import InvalidRequest
-from gateway.engine.ipc import GenerationRequest, Media
+from gateway.protocol import GenerationRequest, Media
 from gateway.wire import anthropic, ollama, openai, responses
 from gateway.wire import media as wm
 

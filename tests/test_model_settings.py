@@ -8,9 +8,9 @@ import pytest
 
 from gateway.app import create_app
 from gateway.backends.local import start_local
-from gateway.engine.topology import physical_cores
 from gateway.models import testmodels as tm
 from gateway.models.config import ConfigError, ServerConfig, load_config
+from gateway.protocol.topology import physical_cores
 
 HI = [{"role": "user", "content": "hi"}]
 

@@ -1,4 +1,4 @@
-"""The prompt cache in host memory (``engine/promptcache.PromptCache``, ``prompt_cache_bytes``): a
+"""The prompt cache in host memory (``worker/promptcache.PromptCache``, ``prompt_cache_bytes``): a
 slot taken for another conversation keeps its KV state in RAM first, and the conversation that
 comes back has it loaded into a slot instead of reading its prompt again.
 
@@ -12,8 +12,8 @@ import pytest
 from helpers import InProcessEngine, bench_conversation, tiny_random_model
 
 from gateway.app import create_app
-from gateway.engine.slots import Slot, choose, common_prefix
 from gateway.models.config import load_config
+from gateway.worker.slots import Slot, choose, common_prefix
 
 # --- slot choice (pure) -------------------------------------------------------------------------
 
@@ -333,7 +333,7 @@ def test_a_sliding_window_model_restores_from_where_its_prompt_ended_or_reads_it
     as uncached."""
     from realmodel import gemma_path
 
-    from gateway.engine import checkpoints, savedslots
+    from gateway.worker import checkpoints, savedslots
 
     path = gemma_path()
     words = "river city people market bridge winter summer stone house garden road north light".split()
@@ -433,7 +433,7 @@ async def test_a_full_prompt_cache_is_trimmed_to_make_room_not_its_model_unloade
 
 
 def test_a_prompt_chunk_ends_where_a_cold_read_of_the_whole_prompt_splits_it():
-    from gateway.engine.slots import chunk_end
+    from gateway.worker.slots import chunk_end
 
     assert chunk_end(0, 512, 512) == 512
     assert chunk_end(13, 512, 512) == 512  # read on from a cached prefix: up to the cold read's boundary

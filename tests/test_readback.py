@@ -29,9 +29,9 @@ from realmodel import CACHE
 
 from gateway.app import create_app
 from gateway.base.errors import ApiError
-from gateway.engine.ipc import Start
 from gateway.models import testmodels as tm
 from gateway.models.config import ServerConfig, load_config
+from gateway.protocol import Start
 from gateway.server.events import Observation
 from gateway.server.sse import EventStream, LineStream
 from gateway.wire import anthropic as wire_anthropic

@@ -16,8 +16,8 @@ import yaml
 from helpers import REPO
 from test_llama_settings import SAMPLES
 
-from gateway.engine import settings
 from gateway.models.config import ConfigError, keys, load_config, models, reference, server
+from gateway.protocol import settings
 from gateway.text.sampling_params import SAMPLING
 
 sys.path.insert(0, str(REPO / "scripts"))

@@ -439,7 +439,7 @@ async def test_a_worker_that_cannot_start_is_a_503_not_a_500(aiohttp_client, scr
 
 
 async def test_busy_workers_share_the_cpus(aiohttp_client, scripted, write_config):
-    from gateway.engine.topology import default_threads
+    from gateway.protocol.topology import default_threads
 
     client = await aiohttp_client(create_app(config_for(write_config, f"models:\n  loop: {scripted}/loop.gguf\n"
                                                                       f"  loop2: {scripted}/loop.gguf\n")),

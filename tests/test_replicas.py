@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from workerevents import until
 
+from gateway import protocol
 from gateway.backends.local import CHAT, EMBEDDINGS, StartFailed
 from gateway.backends.replicas import ReplicaSet
+from gateway.backends.workerclient import RequestFailed
 from gateway.base.errors import ApiError
-from gateway.engine import ipc
-from gateway.engine.client import RequestFailed
 from gateway.models.config import ModelSpec
 
 
@@ -57,9 +57,9 @@ class StandIn:
         pass
 
 
-START = ipc.Start(0, 1, 0, 0)
-CRASHED = ipc.Error(0, 500, "gone", None, "worker_crashed")
-REFUSED = ipc.Error(0, 400, "too long", "messages", "context_length_exceeded")
+START = protocol.Start(0, 1, 0, 0)
+CRASHED = protocol.Error(0, 500, "gone", None, "worker_crashed")
+REFUSED = protocol.Error(0, 400, "too long", "messages", "context_length_exceeded")
 
 
 def spec(n=2, parallel=1):
@@ -83,9 +83,9 @@ async def start(firsts, fail=(), exits=None, backoff=(0.05, 0.05)):
 
 async def test_the_replica_with_most_free_capacity_answers():
     replicas, started, _ = await start({"m#1": START, "m#2": START})
-    first = replicas.generate(ipc.GenerationRequest())
+    first = replicas.generate(protocol.GenerationRequest())
     assert await first.next() == START and started["m#1"].live == 1  # equals: the listed order
-    second = replicas.generate(ipc.GenerationRequest())
+    second = replicas.generate(protocol.GenerationRequest())
     assert await second.next() == START and started["m#2"].live == 1  # m#1 is full now
     first.close()
     assert [m.spec.name for m in replicas.order()] == ["m#1", "m#2"]
@@ -93,12 +93,12 @@ async def test_the_replica_with_most_free_capacity_answers():
 
 async def test_a_failure_before_the_first_event_moves_the_request_and_a_refusal_does_not():
     replicas, started, _ = await start({"m#1": CRASHED, "m#2": START})
-    gen = replicas.generate(ipc.GenerationRequest())
+    gen = replicas.generate(protocol.GenerationRequest())
     assert await gen.next() == START
     assert [(m.requests, m.failovers) for m in replicas.members] == [(1, 1), (1, 0)]
     assert started["m#1"].live == 0  # the failed generation was closed
     refused, _, _ = await start({"m#1": REFUSED, "m#2": START})
-    assert await refused.generate(ipc.GenerationRequest()).next() == REFUSED  # the caller's mistake stays
+    assert await refused.generate(protocol.GenerationRequest()).next() == REFUSED  # the caller's mistake stays
 
 
 async def test_a_replica_that_died_serves_again_after_its_back_off():
@@ -124,7 +124,7 @@ async def test_the_set_starts_with_some_replicas_and_fails_with_none():
         await start({"m#1": START, "m#2": START}, fail={"m#1", "m#2"})
     none_ready = await start({"m#1": START}, fail=())
     none_ready[2]["m#1"]()
-    event = await none_ready[0].generate(ipc.GenerationRequest()).next()
+    event = await none_ready[0].generate(protocol.GenerationRequest()).next()
     assert event.status == 503 and event.code == "upstream_unavailable"
 
 
@@ -132,10 +132,10 @@ async def test_a_question_fails_over_when_a_local_replica_refuses_it_as_unavaila
     replicas, started, _ = await start({"m#1": START, "m#2": START})
 
     async def gone(inputs):
-        raise RequestFailed(ipc.Error(0, 503, "not running", None, "model_unavailable"))
+        raise RequestFailed(protocol.Error(0, 503, "not running", None, "model_unavailable"))
 
     async def answers(inputs):
-        return ipc.Embeddings(0, [[1.0]], 1)
+        return protocol.Embeddings(0, [[1.0]], 1)
 
     started["m#1"].embed, started["m#2"].embed = gone, answers
     started["m#1"].serves = started["m#2"].serves = frozenset({EMBEDDINGS})
@@ -143,7 +143,7 @@ async def test_a_question_fails_over_when_a_local_replica_refuses_it_as_unavaila
     assert [(m.requests, m.failovers) for m in replicas.members] == [(1, 1), (1, 0)]
 
     async def refuses(inputs):
-        raise RequestFailed(ipc.Error(0, 400, "too long", "input", "context_length_exceeded"))
+        raise RequestFailed(protocol.Error(0, 400, "too long", "input", "context_length_exceeded"))
 
     started["m#1"].embed = refuses
     with pytest.raises(ApiError) as e:  # the caller's mistake is not passed on

@@ -9,7 +9,7 @@ import pytest
 from openapi import validate, validate_event
 
 from gateway.base.errors import InvalidRequest
-from gateway.engine.ipc import GenerationRequest
+from gateway.protocol import GenerationRequest
 from gateway.wire import media as wire_media
 from gateway.wire import responses
 from gateway.wire.answer import Call, CallArgs, Finish, Piece

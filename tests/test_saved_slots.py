@@ -1,4 +1,4 @@
-"""Conversations that survive an unload (``engine/savedslots.py``): real llama.cpp workers save
+"""Conversations that survive an unload (``worker/savedslots.py``): real llama.cpp workers save
 their slots' caches when the model is unloaded and restore them when it loads again.
 
 The model here is a random-weight llama with a real tokenizer, so a greedy answer depends on
@@ -12,10 +12,10 @@ import pytest
 from helpers import tiny_random_model
 
 from gateway.app import create_app
-from gateway.engine.promptcache import evict
-from gateway.engine.savedslots import Saved, model_dir
 from gateway.models import testmodels as tm
 from gateway.models.config import ConfigError, load_config, parse_bytes
+from gateway.worker.promptcache import evict
+from gateway.worker.savedslots import Saved, model_dir
 
 
 @pytest.mark.parametrize(("sizes_used", "limit", "removed"), [

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.engine.schemagrammar import int_range, repetition, schema_grammar
 from gateway.text.grammar import MAX_GRAMMAR_DEPTH, MAX_REPEAT, grammar_problem
 from gateway.text.schemacheck import LARGEST_INT
+from gateway.worker.schemagrammar import int_range, repetition, schema_grammar
 
 
 def as_regex(expr: str) -> re.Pattern:

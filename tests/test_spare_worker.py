@@ -1,4 +1,4 @@
-"""The spare worker (``engine.spawning.Spare``): a worker process started after each load, its
+"""The spare worker (``backends.spawning.Spare``): a worker process started after each load, its
 interpreter up and llama.cpp imported, that the next load takes instead of starting one."""
 
 import asyncio
@@ -21,7 +21,7 @@ def workers() -> set[int]:
     out = set()
     for pid in map(int, Path(f"/proc/{me}/task/{me}/children").read_text().split()):
         try:
-            if b"gateway.engine.worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if b"gateway.worker.worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 out.add(pid)
         except OSError:
             pass

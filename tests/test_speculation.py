@@ -1,4 +1,4 @@
-"""Speculative decoding by prompt lookup (``engine/speculation``, ``spec_type: ngram``): the
+"""Speculative decoding by prompt lookup (``worker/speculation``, ``spec_type: ngram``): the
 proposals and the verification (pure), then the worker's decoder on real llama.cpp: answers
 with speculation are token for token those without it, greedy and sampled with a seed (each
 kept token is the target's own choice at its position), alone and batched with other slots,
@@ -7,9 +7,9 @@ and on a model that repeats itself most drafts are kept."""
 import pytest
 from helpers import InProcessEngine, tiny_random_model
 
-from gateway.engine.speculation import CREDIT, MAX_WAIT, Lookup, Pace, Watch, accepted, depth, draft_length, paced, paid
 from gateway.models import testmodels as tm
 from gateway.models.ggufwriter import _MARGIN
+from gateway.worker.speculation import CREDIT, MAX_WAIT, Lookup, Pace, Watch, accepted, depth, draft_length, paced, paid
 
 # --- proposals and verification (pure) ----------------------------------------------------------
 

@@ -4,7 +4,7 @@ The templates are every ``models/templates/*.jinja`` of the llama.cpp that llama
 vendors (read from its source distribution, so a new llama.cpp brings its new templates). Each
 renders as a loaded model's worker renders a request: an OpenAI chat body read by the wire
 (`wire/openai.parse_chat`), the formats its model would settle (`text/formats.Formats`, as
-`tests/llamachat.py` settles them), `answer.prepare`, then `engine/prompts.Prompts.render`
+`tests/llamachat.py` settles them), `answer.prepare`, then `worker/prompts.Prompts.render`
 (`toolhistory.for_template` and `chat_template.render`, the system-message fallback included).
 The request carries tools and a history with an assistant's call, its result and a final user
 turn; a template with a thinking switch renders with it on and off. A failure names the template
@@ -21,8 +21,6 @@ from types import SimpleNamespace
 import pytest
 from realmodel import CACHE
 
-from gateway.engine.prompts import Prompts
-from gateway.engine.refusals import Refused
 from gateway.models import testmodels as tm
 from gateway.text import chat_template
 from gateway.text.formats import FORMATS, Formats
@@ -30,6 +28,8 @@ from gateway.text.reasoning import MARKER_TOKENS
 from gateway.text.toolformats import MARKER_TOKENS as CALL_MARKERS
 from gateway.wire import answer
 from gateway.wire.openai import parse_chat
+from gateway.worker.prompts import Prompts
+from gateway.worker.refusals import Refused
 
 FLOOR = 70  # templates in llama-cpp-python 0.3.36's sdist
 SWITCHES = ("enable_thinking", "thinking")  # chat_template_kwargs that turn a template's thinking on and off

@@ -12,11 +12,11 @@ from formatcheck import template
 from test_toolgrammar import run
 from test_toolgrammar import vocab as vocab  # noqa: F401 (the fixture)
 
-from gateway.engine import toolgrammar
-from gateway.engine.toolhistory import for_template
 from gateway.text import chat_template
 from gateway.text.reasoning import detect as detect_reasoning
 from gateway.text.toolformats import AnswerParser, CallArgs, CallStart, detect
+from gateway.worker import toolgrammar
+from gateway.worker.toolhistory import for_template
 
 TEMPLATES = ("CohereForAI-c4ai-command-r7b-12-2024-tool_use", "Cohere2MoE")
 TOOLS = [

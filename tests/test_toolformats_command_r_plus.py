@@ -14,10 +14,10 @@ from formatcheck import template
 from test_toolgrammar import run
 from test_toolgrammar import vocab as vocab  # noqa: F401 (the fixture)
 
-from gateway.engine import toolgrammar
-from gateway.engine.toolhistory import for_template
 from gateway.text import chat_template
 from gateway.text.toolformats import AnswerParser, CallArgs, CallStart, detect, frames_answers
+from gateway.worker import toolgrammar
+from gateway.worker.toolhistory import for_template
 
 PLUS = "CohereForAI-c4ai-command-r-plus-tool_use"
 TOOLS = formatcheck.WEATHER_TOOLS

@@ -11,12 +11,12 @@ from formatcheck import template
 from test_toolgrammar import run
 from test_toolgrammar import vocab as vocab  # noqa: F401 (the fixture)
 
-from gateway.engine import toolgrammar
-from gateway.engine.toolhistory import for_template
 from gateway.text import chat_template
 from gateway.text.reasoning import detect as detect_reasoning
 from gateway.text.toolformats import detect
 from gateway.text.toolformats.deepseek_dsml import DSML, example
+from gateway.worker import toolgrammar
+from gateway.worker.toolhistory import for_template
 
 TEMPLATES = ("deepseek-ai-DeepSeek-V3.2", "deepseek-ai-DeepSeek-V4", "deepseek-ai-DeepSeek-V4-Flash-0731")
 TOOLS = [

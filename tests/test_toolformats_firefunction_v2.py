@@ -14,10 +14,10 @@ from formatcheck import template
 from test_toolgrammar import run
 from test_toolgrammar import vocab as vocab  # noqa: F401 (the fixture)
 
-from gateway.engine import toolgrammar
-from gateway.engine.toolhistory import for_template
 from gateway.text import chat_template
 from gateway.text.toolformats import CallArgs, CallStart, ToolCallParser, describes_tools, detect
+from gateway.worker import toolgrammar
+from gateway.worker.toolhistory import for_template
 
 FIRE = "fireworks-ai-llama-3-firefunction-v2"
 TOOLS = formatcheck.WEATHER_TOOLS

@@ -11,10 +11,10 @@ from formatcheck import template
 from test_toolgrammar import run
 from test_toolgrammar import vocab as vocab  # noqa: F401 (the fixture)
 
-from gateway.engine import toolgrammar
-from gateway.engine.toolhistory import for_template
 from gateway.text import chat_template
 from gateway.text.toolformats import detect
+from gateway.worker import toolgrammar
+from gateway.worker.toolhistory import for_template
 
 TOOLS = formatcheck.WEATHER_TOOLS
 V31 = "meetkai-functionary-medium-v3.1"
@@ -139,7 +139,7 @@ def test_v32_an_answer_without_tools_is_read_by_its_recipients_too():
     """Text goes to a recipient too (``>>>all``), tools or not: a chat's answer is read by the
     format's parser without tools, as llama.cpp's parser of the family reads it; a completion's
     text is its own."""
-    from gateway.engine import ipc
+    from gateway import protocol
     from gateway.text.formats import FORMATS, Formats
     from gateway.text.toolformats import frames_answers
     from gateway.wire import answer
@@ -150,7 +150,7 @@ def test_v32_an_answer_without_tools_is_read_by_its_recipients_too():
         for stream in (True, False):
             assert read("functionary_v32", list(text), stream=stream, tools=None, tail=tail) == ("", content, [], [])
     info = {FORMATS: Formats("think_leading", "functionary_v32")}
-    chat, completion = ipc.GenerationRequest(messages=[{"role": "user", "content": "hi"}]), ipc.GenerationRequest(prompt="x")
+    chat, completion = protocol.GenerationRequest(messages=[{"role": "user", "content": "hi"}]), protocol.GenerationRequest(prompt="x")
     answer.prepare(chat, "m", info)
     answer.prepare(completion, "m", info)
     assert (chat.tool_format, chat.tools, completion.tool_format) == ("functionary_v32", None, None)

@@ -9,12 +9,12 @@ import pytest
 from test_toolgrammar import run
 from test_toolgrammar import vocab as vocab  # noqa: F401 (the fixture)
 
-from gateway.engine import toolgrammar
-from gateway.engine.toolhistory import for_template
 from gateway.text import chat_template
 from gateway.text.reasoning import detect as detect_reasoning
 from gateway.text.toolformats import detect
 from gateway.text.toolformats.gemma4 import QUOTE, TOOL_CALL, TOOL_CALL_END, args_json
+from gateway.worker import toolgrammar
+from gateway.worker.toolhistory import for_template
 
 NAME = "google-gemma-4-31B-it"
 TOOLS = [

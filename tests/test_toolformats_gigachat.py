@@ -9,10 +9,10 @@ import formatcheck
 import pytest
 from formatcheck import template
 
-from gateway.engine import toolgrammar
 from gateway.text import chat_template
 from gateway.text.toolformats import detect
 from gateway.text.toolformats.gigachat import V3_OPEN, V31_OPEN
+from gateway.worker import toolgrammar
 
 TEMPLATES = ("GigaChat3-10B-A1.8B", "GigaChat3.1-10B-A1.8B")
 TOOLS = [

@@ -11,11 +11,11 @@ from formatcheck import template
 from test_toolgrammar import run
 from test_toolgrammar import vocab as vocab  # noqa: F401 (the fixture)
 
-from gateway.engine import toolgrammar
-from gateway.engine.toolhistory import for_template
 from gateway.text import chat_template
 from gateway.text.reasoning import detect as detect_reasoning
 from gateway.text.toolformats import detect
+from gateway.worker import toolgrammar
+from gateway.worker.toolhistory import for_template
 
 TEMPLATES = ("GLM-4.6", "GLM-4.7-Flash", "Spark2.5")
 TOOLS = [

@@ -11,12 +11,12 @@ from formatcheck import template
 from test_toolgrammar import run
 from test_toolgrammar import vocab as vocab  # noqa: F401 (the fixture)
 
-from gateway.engine import toolgrammar
-from gateway.engine.toolhistory import for_template
 from gateway.text import chat_template
 from gateway.text.reasoning import detect as detect_reasoning
 from gateway.text.toolformats import detect
 from gateway.text.toolformats.lfm2 import TOOL_CALL_END, TOOL_CALL_START, history, value_json
+from gateway.worker import toolgrammar
+from gateway.worker.toolhistory import for_template
 
 TEMPLATES = ("LFM2-8B-A1B", "LFM2.5-8B-A1B", "LFM2.5-Instruct")
 TOOLS = [

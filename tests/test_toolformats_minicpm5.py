@@ -11,10 +11,10 @@ import re
 import formatcheck
 import pytest
 
-from gateway.engine import toolgrammar
 from gateway.text import chat_template
 from gateway.text.reasoning import detect as detect_reasoning
 from gateway.text.toolformats import detect
+from gateway.worker import toolgrammar
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {

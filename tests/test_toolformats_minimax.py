@@ -151,7 +151,7 @@ def test_m3_grammar_takes_nested_values():
     from helpers import vocab_only
     from test_toolgrammar import run
 
-    from gateway.engine import toolgrammar
+    from gateway.worker import toolgrammar
 
     body = (el("point", el("x", "1.5") + el("y", "-2")) + el("tags", el("item", "a b")) + el("rows", el("item", el("id", "1")))
             + el("limit", el("max", "10")) + el("label", el("text", "hi")) + el("any", "[1]"))

@@ -10,9 +10,9 @@ import json
 import formatcheck
 import pytest
 
-from gateway.engine import toolgrammar
 from gateway.text.reasoning import detect as detect_reasoning
 from gateway.text.toolformats import detect
+from gateway.worker import toolgrammar
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {

@@ -13,10 +13,10 @@ from formatcheck import template
 from test_toolgrammar import run
 from test_toolgrammar import vocab as vocab  # noqa: F401 (the fixture)
 
-from gateway.engine import toolgrammar
-from gateway.engine.toolhistory import for_template
 from gateway.text import chat_template
 from gateway.text.toolformats import detect
+from gateway.worker import toolgrammar
+from gateway.worker.toolhistory import for_template
 
 TEMPLATES = {"NVIDIA-Nemotron-Nano-v2": "nemotron_v2", "unsloth-Apriel-1.5": "apriel",
              "Apriel-1.6-15b-Thinker-fixed": "apriel"}

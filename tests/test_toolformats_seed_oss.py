@@ -11,11 +11,11 @@ import pytest
 from test_toolgrammar import run
 from test_toolgrammar import vocab as vocab  # noqa: F401 (the fixture)
 
-from gateway.engine import toolgrammar
-from gateway.engine.toolhistory import for_template
 from gateway.text import chat_template
 from gateway.text.reasoning import detect as detect_reasoning
 from gateway.text.toolformats import detect
+from gateway.worker import toolgrammar
+from gateway.worker.toolhistory import for_template
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {

@@ -10,8 +10,8 @@ import llama_cpp as L
 import pytest
 from helpers import vocab_only
 
-from gateway.engine import toolgrammar
 from gateway.text.grammar import MAX_GRAMMAR_CHARS, MAX_MADE_GRAMMAR_CHARS, grammar_problem
+from gateway.worker import toolgrammar
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}}
@@ -246,7 +246,7 @@ def test_an_any_value_parameter_in_qwen3_coders_xml_is_raw_text(vocab):
 @pytest.mark.parametrize("schema", [{}, True, {"description": "anything"}, {"title": "t", "minLength": 3}])
 def test_a_structured_output_schema_without_a_type_takes_any_json_value(vocab, schema):
     """``response_format``'s and Ollama's ``format``'s grammar (``{}`` was an object only)."""
-    from gateway.engine.schemagrammar import schema_grammar
+    from gateway.worker.schemagrammar import schema_grammar
 
     grammar = toolgrammar.ToolGrammar(schema_grammar(schema), (), False)
     for value in ANY_VALUES:
@@ -255,7 +255,7 @@ def test_a_structured_output_schema_without_a_type_takes_any_json_value(vocab, s
 
 
 def test_the_schema_false_allows_nothing():
-    from gateway.engine.schemagrammar import schema_grammar
+    from gateway.worker.schemagrammar import schema_grammar
 
     with pytest.raises(ValueError, match="allows no value"):
         schema_grammar({"type": "object", "properties": {"x": False}})

@@ -88,7 +88,7 @@ def test_the_service_name_sampler_and_endpoint(monkeypatch):
 # --- the span tree, from an observation made by hand ----------------------------------------------
 
 def full_observation(now: float) -> Observation:
-    from gateway.engine.ipc import GenerationRequest
+    from gateway.protocol import GenerationRequest
 
     obs = Observation("rid-1", "/v1/chat/completions", started=now)
     obs.asked_model, obs.model, obs.principal = "Chat:Latest", "chat", "alice"
@@ -421,7 +421,7 @@ def _strings(value):
 
 def test_a_long_model_name_and_long_attributes_are_cut_in_every_span():
     from gateway.base.errors import MAX_MODEL_NAME
-    from gateway.engine.ipc import GenerationRequest
+    from gateway.protocol import GenerationRequest
 
     with OtlpReceiver() as rx:
         t = tracing.Tracing(OtelConfig(enabled=True, endpoint=rx.url))

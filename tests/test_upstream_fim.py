@@ -17,8 +17,8 @@ from helpers import ServerProcess, request
 
 from gateway.backends import upstream_wire as wire
 from gateway.base.errors import ApiError
-from gateway.engine.ipc import Done, GenerationRequest, Text
 from gateway.models import testmodels as tm
+from gateway.protocol import Done, GenerationRequest, Text
 from gateway.wire import fim
 
 FIM_SPECIAL = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")

@@ -19,7 +19,7 @@ from helpers import ServerProcess, run_cli
 from hostile_upstream import BAD_NAMES, FLOOD_TEXT, GOOD_NAMES, HostileUpstream, Watch
 
 from gateway.backends import upstream_wire as wire
-from gateway.engine.ipc import GenerationRequest
+from gateway.protocol import GenerationRequest
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from gateway.backends import upstream_wire as wire
 from gateway.base.errors import ApiError
-from gateway.engine.ipc import CallDelta, Done, GenerationRequest, Start, Text, Thinking
+from gateway.protocol import CallDelta, Done, GenerationRequest, Start, Text, Thinking
 from gateway.text.toolformats import AnswerParser
 from gateway.wire import anthropic as anth
 from gateway.wire import openai as oai

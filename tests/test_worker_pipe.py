@@ -1,4 +1,4 @@
-"""The worker's command pipe, read by its main loop itself (``engine.pipes``): frames put back
+"""The worker's command pipe, read by its main loop itself (``worker.pipes``): frames put back
 together however the pipe cuts them, the pipe's end, a length over the bound; the wakeup its
 prep threads set; and a real worker process served through it."""
 
@@ -13,19 +13,20 @@ from pathlib import Path
 
 import pytest
 
-from gateway.engine import ipc, pipes
-from gateway.engine import worker as worker_
+from gateway import protocol
 from gateway.models import testmodels as tm
+from gateway.worker import pipes
+from gateway.worker import worker as worker_
 
 BOUND = 120.0  # seconds before a wait fails: far past anything a loaded machine takes
 
-COMMANDS: list[ipc.Command] = [
-    ipc.Generate(7, ipc.GenerationRequest(prompt="naïve ✓ " * 20, max_tokens=3)),
-    ipc.Cancel(7),
-    ipc.Tokenize(8, ipc.PromptRequest(prompt="hi"), with_pieces=True),
-    ipc.Exit(),
+COMMANDS: list[protocol.Command] = [
+    protocol.Generate(7, protocol.GenerationRequest(prompt="naïve ✓ " * 20, max_tokens=3)),
+    protocol.Cancel(7),
+    protocol.Tokenize(8, protocol.PromptRequest(prompt="hi"), with_pieces=True),
+    protocol.Exit(),
 ]
-STREAM = b"".join(ipc.encode_command(c) for c in COMMANDS)
+STREAM = b"".join(protocol.encode_command(c) for c in COMMANDS)
 
 
 @pytest.fixture
@@ -80,8 +81,8 @@ def test_several_frames_in_one_write_are_read_at_once(pipe):
 def test_a_frame_longer_than_a_pipe_buffer(pipe):
     r, w = pipe
     reader = pipes.CommandReader(r)
-    big = ipc.Generate(1, ipc.GenerationRequest(prompt="x" * (3 * pipes.READ_BYTES)))
-    frame = ipc.encode_command(big)
+    big = protocol.Generate(1, protocol.GenerationRequest(prompt="x" * (3 * pipes.READ_BYTES)))
+    frame = protocol.encode_command(big)
     got: list = []
     writer = threading.Thread(target=pipes.write_all_blocking, args=(w, frame))  # blocks while the pipe is full
     writer.start()
@@ -116,7 +117,7 @@ def test_the_pipes_end_after_whole_frames_is_none_after_them(pipe):
 def test_the_pipes_end_in_the_middle_of_a_frame_drops_it(pipe):
     r, w = pipe
     reader = pipes.CommandReader(r)
-    first = ipc.encode_command(COMMANDS[0])
+    first = protocol.encode_command(COMMANDS[0])
     os.write(w, first + STREAM[len(first):len(first) + 6])  # a whole frame, then a header and part of a body
     assert reader.read() == [COMMANDS[0]]
     os.close(w)
@@ -127,7 +128,7 @@ def test_the_pipes_end_in_the_middle_of_a_frame_drops_it(pipe):
 def test_the_pipes_end_in_a_header(pipe, cut):
     r, w = pipe
     reader = pipes.CommandReader(r)
-    os.write(w, ipc.encode_command(ipc.Cancel(1))[:cut])
+    os.write(w, protocol.encode_command(protocol.Cancel(1))[:cut])
     os.close(w)
     assert read_to_the_end(reader) == [None]
 
@@ -135,10 +136,10 @@ def test_the_pipes_end_in_a_header(pipe, cut):
 def test_a_frame_over_the_bound_is_refused_before_its_body(pipe):
     r, w = pipe
     reader = pipes.CommandReader(r, max_bytes=64)
-    ok = ipc.encode_command(ipc.Cancel(123))
+    ok = protocol.encode_command(protocol.Cancel(123))
     assert len(ok) - 4 <= 64
     os.write(w, ok)
-    assert reader.read() == [ipc.Cancel(123)]
+    assert reader.read() == [protocol.Cancel(123)]
     os.write(w, (65).to_bytes(4, "big"))  # its header alone: refused without waiting for the rest
     with pytest.raises(pipes.FrameTooLarge, match="65 bytes"):
         reader.read()
@@ -158,7 +159,7 @@ def test_a_frame_that_is_no_command_fails_as_decode_command_does(pipe):
     body = b'{"op": "no such op"}'
     os.write(w, len(body).to_bytes(4, "big") + body)
     with pytest.raises(KeyError):
-        ipc.decode_command(body)
+        protocol.decode_command(body)
     with pytest.raises(KeyError):
         reader.read()
 
@@ -179,13 +180,13 @@ def test_the_wakeup_wakes_one_wait_on_both(pipe, monkeypatch, eventfd):
     wakeup.clear()
     while waiter.wait(block=False)[1]:  # (a pipe's bytes may take more than one read)
         wakeup.clear()
-    os.write(w, ipc.encode_command(ipc.Cancel(1)))
+    os.write(w, protocol.encode_command(protocol.Cancel(1)))
     assert waiter.wait(block=False) == (True, False)
-    assert waiter.commands.read() == [ipc.Cancel(1)]
+    assert waiter.commands.read() == [protocol.Cancel(1)]
     # the loop's call: the commands there are, the wakeup cleared for the inbox to be read after
-    os.write(w, ipc.encode_command(ipc.Cancel(2)))
+    os.write(w, protocol.encode_command(protocol.Cancel(2)))
     wakeup.set()
-    assert waiter.take(block=False) == [ipc.Cancel(2)]
+    assert waiter.take(block=False) == [protocol.Cancel(2)]
     assert waiter.wait(block=False) == (False, False)
     assert waiter.take(block=False) == []
     setter = threading.Thread(target=wakeup.set)
@@ -200,7 +201,7 @@ def test_the_wakeup_wakes_one_wait_on_both(pipe, monkeypatch, eventfd):
 # --- a real worker process -----------------------------------------------------------------
 
 class RawWorker:
-    """``python -m gateway.engine.worker`` on two pipes, as ``spawning.spawn`` starts it, driven
+    """``python -m gateway.worker.worker`` on two pipes, as ``spawning.spawn`` starts it, driven
     frame by frame."""
 
     def __init__(self, model: Path, stderr: Path):
@@ -208,53 +209,53 @@ class RawWorker:
         self.ev_r, ev_w = os.pipe()
         self.stderr = stderr
         with open(stderr, "wb") as err:
-            self.proc = subprocess.Popen([sys.executable, "-m", "gateway.engine.worker", str(cmd_r), str(ev_w)],
+            self.proc = subprocess.Popen([sys.executable, "-m", "gateway.worker.worker", str(cmd_r), str(ev_w)],
                                          pass_fds=(cmd_r, ev_w), stdin=subprocess.DEVNULL, stderr=err)
         os.close(cmd_r)
         os.close(ev_w)
         self.buf = b""
         try:
-            self.send(ipc.Load(ipc.LoadParams(name="loop", path=str(model), n_ctx=8192, parallel=2)))
-            while not isinstance(event := self.event(), ipc.Ready):
-                assert isinstance(event, ipc.LoadProgress), event
+            self.send(protocol.Load(protocol.LoadParams(name="loop", path=str(model), n_ctx=8192, parallel=2)))
+            while not isinstance(event := self.event(), protocol.Ready):
+                assert isinstance(event, protocol.LoadProgress), event
         except BaseException:
             self.close()
             raise
 
-    def send(self, command: ipc.Command, by: int = 0) -> None:
-        frame = ipc.encode_command(command)
+    def send(self, command: protocol.Command, by: int = 0) -> None:
+        frame = protocol.encode_command(command)
         step = by or len(frame)
         for i in range(0, len(frame), step):
             pipes.write_all_blocking(self.cmd_w, frame[i:i + step])
 
-    def event(self) -> ipc.Event:
+    def event(self) -> protocol.Event:
         while True:
             if len(self.buf) >= 4:
                 n = int.from_bytes(self.buf[:4], "big")
                 if len(self.buf) >= 4 + n:
                     body, self.buf = self.buf[4:4 + n], self.buf[4 + n:]
-                    return ipc.decode_event(body)
+                    return protocol.decode_event(body)
             ready, _, _ = select.select([self.ev_r], [], [], BOUND)
             assert ready, f"no event from the worker in {BOUND:.0f} s"
             chunk = os.read(self.ev_r, 1 << 16)
             assert chunk, "the worker closed its event pipe"
             self.buf += chunk
 
-    def until(self, kind: type[ipc.TEvent], rid: int) -> ipc.TEvent:
+    def until(self, kind: type[protocol.TEvent], rid: int) -> protocol.TEvent:
         """The next ``kind`` event of request ``rid`` (those before it passed over)."""
         while True:
             event = self.event()
             if isinstance(event, kind) and getattr(event, "id", None) == rid:
                 return event
-            assert not (isinstance(event, ipc.Error) and event.id == rid), event
+            assert not (isinstance(event, protocol.Error) and event.id == rid), event
 
-    def done(self, *rids: int) -> dict[int, ipc.Done]:
+    def done(self, *rids: int) -> dict[int, protocol.Done]:
         """The done events of requests ``rids``, in whatever order they end."""
-        out: dict[int, ipc.Done] = {}
+        out: dict[int, protocol.Done] = {}
         while len(out) < len(rids):
             event = self.event()
-            assert not (isinstance(event, ipc.Error) and event.id in rids), event
-            if isinstance(event, ipc.Done) and event.id in rids:
+            assert not (isinstance(event, protocol.Error) and event.id in rids), event
+            if isinstance(event, protocol.Done) and event.id in rids:
                 out[event.id] = event
         return out
 
@@ -285,18 +286,18 @@ def worker(tmp_path):
 
 def test_a_cancel_ends_a_running_generation_and_the_loop_serves_on(worker):
     # its frame a byte at a time: the loop waits on the pipe between the pieces
-    worker.send(ipc.Generate(1, ipc.GenerationRequest(messages=said("Hi"), temperature=0)), by=1)
-    worker.until(ipc.Start, 1)
-    worker.until(ipc.Text, 1)  # endless: it runs until cancelled (or its context is full)
-    worker.send(ipc.Cancel(1))
-    done = worker.until(ipc.Done, 1)
+    worker.send(protocol.Generate(1, protocol.GenerationRequest(messages=said("Hi"), temperature=0)), by=1)
+    worker.until(protocol.Start, 1)
+    worker.until(protocol.Text, 1)  # endless: it runs until cancelled (or its context is full)
+    worker.send(protocol.Cancel(1))
+    done = worker.until(protocol.Done, 1)
     assert done.finish_reason == "cancelled"
     # a question goes to a prep thread while the loop waits on its pipe: its answer wakes the loop
-    worker.send(ipc.Tokenize(2, ipc.PromptRequest(prompt=" tick tock")))
-    assert len(worker.until(ipc.Tokens, 2).tokens) >= 2
+    worker.send(protocol.Tokenize(2, protocol.PromptRequest(prompt=" tick tock")))
+    assert len(worker.until(protocol.Tokens, 2).tokens) >= 2
     # a long prompt too (read on a prep thread, its result through the wakeup), then a short one
-    worker.send(ipc.Generate(3, ipc.GenerationRequest(messages=said(" tick" * 850), max_tokens=2, temperature=0)))
-    worker.send(ipc.Generate(4, ipc.GenerationRequest(messages=said("Hi"), max_tokens=2, temperature=0)))
+    worker.send(protocol.Generate(3, protocol.GenerationRequest(messages=said(" tick" * 850), max_tokens=2, temperature=0)))
+    worker.send(protocol.Generate(4, protocol.GenerationRequest(messages=said("Hi"), max_tokens=2, temperature=0)))
     done = worker.done(3, 4)
     assert [(d.finish_reason, d.completion_tokens) for d in (done[3], done[4])] == [("length", 2)] * 2
     assert len(" tick" * 850) > worker_.INLINE_PREP_CHARS and done[3].prompt_tokens > 850 > done[4].prompt_tokens

@@ -14,8 +14,8 @@ import pytest
 from openapi import validate, validate_event
 
 from gateway.base.errors import ApiError, InvalidRequest
-from gateway.engine.ipc import Start
 from gateway.models.config import ServerConfig
+from gateway.protocol import Start
 from gateway.server.events import Observation
 from gateway.server.sse import EventStream, LineStream
 from gateway.wire import anthropic as wire_anthropic

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gateway.engine import ipc
+from gateway import protocol
 
 BOUND = 120.0  # seconds before a wait fails: far past anything a loaded machine takes
 
@@ -23,20 +23,20 @@ class Recorder:
     ``record_events`` on (until the test ends), in the order the gateway reads and writes them."""
 
     def __init__(self) -> None:
-        self.done: list[ipc.Done] = []
+        self.done: list[protocol.Done] = []
         self.made: dict[int, int] = {}  # request id -> tokens generated so far, as its latest text event said
         self.cancelled: list[int] = []  # request ids the gateway told their worker to cancel
         self.embeds: list[int] = []  # request ids of the embeddings the gateway asked a worker for
         self.changed = asyncio.Event()
 
     def seen(self, event: Any) -> None:
-        if isinstance(event, ipc.Done):
+        if isinstance(event, protocol.Done):
             self.done.append(event)
-        elif isinstance(event, ipc.Text):
+        elif isinstance(event, protocol.Text):
             self.made[event.id] = max(self.made.get(event.id, 0), event.tokens)
-        elif isinstance(event, ipc.Cancel):
+        elif isinstance(event, protocol.Cancel):
             self.cancelled.append(event.id)
-        elif isinstance(event, ipc.Embed):
+        elif isinstance(event, protocol.Embed):
             self.embeds.append(event.id)
         self.changed.set()
 
@@ -51,7 +51,7 @@ class Recorder:
                 raise AssertionError(f"{what}: not after {bound:.0f} s") from None
         return got
 
-    async def finished(self, n: int = 1) -> ipc.Done:
+    async def finished(self, n: int = 1) -> protocol.Done:
         """The ``n``-th done event."""
         await self.until(lambda: len(self.done) >= n, "the worker never finished the request")
         return self.done[n - 1]
@@ -59,23 +59,23 @@ class Recorder:
 
 def record_events(monkeypatch) -> Recorder:
     recorder = Recorder()
-    decode, encode = ipc.decode_event, ipc.encode_command
+    decode, encode = protocol.decode_event, protocol.encode_command
 
-    def decode_and_record(data: bytes | bytearray) -> ipc.Event:
+    def decode_and_record(data: bytes | bytearray) -> protocol.Event:
         event = decode(data)
         recorder.seen(event)
         return event
 
-    def record_and_encode(command: ipc.Command) -> bytes:
+    def record_and_encode(command: protocol.Command) -> bytes:
         recorder.seen(command)
         return encode(command)
 
-    monkeypatch.setattr(ipc, "decode_event", decode_and_record)
-    monkeypatch.setattr(ipc, "encode_command", record_and_encode)
+    monkeypatch.setattr(protocol, "decode_event", decode_and_record)
+    monkeypatch.setattr(protocol, "encode_command", record_and_encode)
     return recorder
 
 
-def record_done(monkeypatch) -> list[ipc.Done]:
+def record_done(monkeypatch) -> list[protocol.Done]:
     """Every done event that any worker of this process sends from now on (until the test ends),
     in the order the gateway reads them."""
     return record_events(monkeypatch).done

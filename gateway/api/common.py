@@ -19,8 +19,8 @@ from typing import Any
 from aiohttp import web
 
 from ..backends.local import Backend
-from ..engine.ipc import Embeddings
 from ..models.config import ModelSpec
+from ..protocol import Embeddings
 from ..server.captures import CAPTURE
 from ..server.events import STREAM, Observation, observation
 from ..server.sse import EventStream

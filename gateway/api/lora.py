@@ -27,10 +27,10 @@ from typing import Any
 from aiohttp import web
 
 from ..access.scope import visible
+from ..backends.workerclient import RequestFailed, WorkerProcess
 from ..base.errors import ApiError, InvalidRequest, ModelNotFound
-from ..engine.adapters import MAX_ADAPTERS, MAX_SCALE, is_scale
-from ..engine.client import RequestFailed, WorkerProcess, adapt
 from ..models.config import AdapterSpec, ModelSpec
+from ..protocol.bounds import MAX_ADAPTERS, MAX_SCALE, is_scale
 from ..serving.registry import Registry
 from ..wire.params import read_lora, shown
 from .access import admin_only
@@ -48,7 +48,7 @@ def _worker(registry: Registry, spec: ModelSpec) -> WorkerProcess | None:
 
 async def _adapt(worker: WorkerProcess, action: str, **fields: Any) -> list[dict[str, Any]]:
     try:
-        return await adapt(worker, action, **fields)
+        return await worker.adapt(action, **fields)
     except RequestFailed as e:
         raise ApiError(e.event.message, status=e.event.status, param=e.event.param, code=e.event.code) from None
 

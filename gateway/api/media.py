@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 
 from ..base.errors import InvalidRequest
-from ..engine.ipc import Media
 from ..models.config import ServerConfig
+from ..protocol import Media
 from ..server.fetch import fetch_media
 from ..wire import media as wire_media
 from ..wire.context import Context

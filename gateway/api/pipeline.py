@@ -21,9 +21,9 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from .. import protocol
 from ..backends.local import Backend, GenerationEvents
 from ..base.errors import ApiError
-from ..engine import ipc
 from ..models.config import ModelSpec
 from ..server.events import OWNER, Observation, Tally, observation
 from ..server.sse import EventStream, LineStream
@@ -107,12 +107,12 @@ class Run:
     request's observation counts them)."""
 
     gen: GenerationEvents
-    begun: ipc.Start
+    begun: protocol.Start
     reader: wire_answer.Reader
     tally: Tally
 
 
-async def start(obs: Observation, gen: GenerationEvents, req: ipc.GenerationRequest, *, stream: bool,
+async def start(obs: Observation, gen: GenerationEvents, req: protocol.GenerationRequest, *, stream: bool,
                 refused: Callable[[ApiError], ApiError] | None = None) -> Run:
     """``gen`` (the generation of ``req``) once the backend accepted it. A refusal raises its
     error, before anything of the answer is written, so it is still a plain error response;
@@ -172,14 +172,14 @@ def _left(obs: Observation, gen: GenerationEvents, run: Run | None) -> None:
     tally = run.tally if run is not None else None
     if tally is None:
         first = unread[0]
-        if not isinstance(first, ipc.Start):
+        if not isinstance(first, protocol.Start):
             return  # refused or failed before it began: nothing was read of its prompt
         tally = obs.began(first)
     for event in reversed(unread):  # the last count a backend sent holds every one before it
-        if isinstance(event, ipc.Done):
+        if isinstance(event, protocol.Done):
             tally.counts(event.prompt_tokens, event.cached_tokens, event.completion_tokens)
             return
-        if isinstance(event, ipc.Text | ipc.Thinking | ipc.CallDelta) and event.tokens:
+        if isinstance(event, protocol.Text | protocol.Thinking | protocol.CallDelta) and event.tokens:
             tally.generated(event.tokens)
             return
 

@@ -1,8 +1,8 @@
 """What the registry and the handlers know of a loaded model: the ``Backend`` protocol.
 
 A backend serves some kinds of request (``serves``), runs on a device (``device``: cpu,
-cuda, metal, ...), and answers with typed events (``engine/ipc.py``). The local llama.cpp
-worker (``engine.client.WorkerProcess``, started by ``start_local``) is the first
+cuda, metal, ...), and answers with typed events (``protocol/``). The local llama.cpp
+worker (``backends.workerclient.WorkerProcess``, started by ``start_local``) is the first
 implementation; one that forwards to another machine's server implements the same calls and
 its own ``BackendFactory``, and no handler changes.
 
@@ -23,8 +23,11 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from ..engine.client import LoadFailed, Spare, WorkerProcess
-from ..engine.ipc import (  # noqa: F401 (the kinds: re-exported)
+from ..hardware import sysmem
+from ..models import discovery
+from ..models.config import ModelSpec, ServerConfig, default_kv_cache_dir
+from ..models.ggufmeta import ModelFileError
+from ..protocol import (  # noqa: F401 (the kinds: re-exported)
     CHAT,
     COMPLETIONS,
     EMBEDDINGS,
@@ -38,11 +41,8 @@ from ..engine.ipc import (  # noqa: F401 (the kinds: re-exported)
     Prompt,
     Tokens,
 )
-from ..engine.settings import settings_of
-from ..hardware import sysmem
-from ..models import discovery
-from ..models.config import ModelSpec, ServerConfig, default_kv_cache_dir
-from ..models.ggufmeta import ModelFileError
+from ..protocol.settings import settings_of
+from .workerclient import LoadFailed, Spare, WorkerProcess
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ class Backend(Protocol):
 @runtime_checkable
 class CacheHolder(Protocol):
     """A backend whose prompt cache holds this machine's memory beyond what it allocated at load
-    (``engine.client.WorkerProcess``)."""
+    (``backends.workerclient.WorkerProcess``)."""
 
     @property
     def cache_bytes(self) -> int: ...  # what the cache holds, as last reported
@@ -167,7 +167,7 @@ def load_params(spec: ModelSpec, server: ServerConfig) -> LoadParams:
 
 class LocalWorkers:
     """The ``BackendFactory`` of a serving gateway: ``start_local``, each worker started from a
-    spare process made ready after the last load (``engine.spawning.Spare``), so that a model
+    spare process made ready after the last load (``backends.spawning.Spare``), so that a model
     switch does not wait for an interpreter and llama.cpp's import. ``close`` ends the spare."""
 
     def __init__(self, spare: bool = True):

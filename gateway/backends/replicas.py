@@ -20,15 +20,15 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .. import protocol
 from ..base.errors import ApiError, from_event
-from ..engine import ipc
-from ..engine.client import Events, RequestFailed
-from ..engine.ipc import Event, GenerationRequest
 from ..models import placement
 from ..models.config import ModelSpec
+from ..protocol import Event, GenerationRequest
 from .local import Backend, StartFailed
 from .upstream import RETRYABLE, RemoteBackend
 from .upstream_health import Health
+from .workerclient import Events, RequestFailed
 
 log = logging.getLogger(__name__)
 
@@ -142,10 +142,10 @@ class ReplicaSet:
                  for m in self.members]
         return [by_name[name] for name in placement.replica_order(views)]
 
-    def _none_ready(self) -> ipc.Error:
+    def _none_ready(self) -> protocol.Error:
         waits = [b.health.wait for m in self.members if isinstance(b := m.backend, RemoteBackend) and b.health.wait]
         errors = "; ".join(f"{m.spec.name}: {m.why}" for m in self.members)
-        return ipc.Error(0, 503, f"no replica of {self.spec.name!r} is available ({errors})", "model",
+        return protocol.Error(0, 503, f"no replica of {self.spec.name!r} is available ({errors})", "model",
                               "upstream_unavailable", max(1.0, min(waits, default=5.0)))
 
     # --- Backend -------------------------------------------------------------------------------
@@ -206,20 +206,20 @@ class ReplicaSet:
                 last = e
         raise last or from_event(self._none_ready())
 
-    async def tokenize(self, request: dict[str, Any], with_pieces: bool = False) -> ipc.Tokens:
-        return await self._ask(lambda b: b.tokenize(request, with_pieces), ipc.TOKENIZE)
+    async def tokenize(self, request: dict[str, Any], with_pieces: bool = False) -> protocol.Tokens:
+        return await self._ask(lambda b: b.tokenize(request, with_pieces), protocol.TOKENIZE)
 
-    async def detokenize(self, tokens: list[int]) -> ipc.Detokenized:
-        return await self._ask(lambda b: b.detokenize(tokens), ipc.TOKENIZE)
+    async def detokenize(self, tokens: list[int]) -> protocol.Detokenized:
+        return await self._ask(lambda b: b.detokenize(tokens), protocol.TOKENIZE)
 
-    async def apply_template(self, request: dict[str, Any]) -> ipc.Prompt:
-        return await self._ask(lambda b: b.apply_template(request), ipc.TOKENIZE)
+    async def apply_template(self, request: dict[str, Any]) -> protocol.Prompt:
+        return await self._ask(lambda b: b.apply_template(request), protocol.TOKENIZE)
 
-    async def embed(self, inputs: list[Any]) -> ipc.Embeddings:
-        return await self._ask(lambda b: b.embed(inputs), ipc.EMBEDDINGS)
+    async def embed(self, inputs: list[Any]) -> protocol.Embeddings:
+        return await self._ask(lambda b: b.embed(inputs), protocol.EMBEDDINGS)
 
-    async def rerank(self, query: str, documents: list[str]) -> ipc.Embeddings:
-        return await self._ask(lambda b: b.rerank(query, documents), ipc.RERANK)
+    async def rerank(self, query: str, documents: list[str]) -> protocol.Embeddings:
+        return await self._ask(lambda b: b.rerank(query, documents), protocol.RERANK)
 
     async def stop(self, timeout: float = 5.0) -> None:
         self._stopping = True
@@ -268,12 +268,12 @@ class FailoverGeneration(Events):
 
     async def next(self) -> Event:
         event = await (self._gen.next() if self._gen is not None else self._open())
-        if isinstance(event, ipc.TERMINAL):
+        if isinstance(event, protocol.TERMINAL):
             self.finished = True
         return event
 
     async def _open(self) -> Event:
-        last: ipc.Error | None = None
+        last: protocol.Error | None = None
         for m in self.replicas.order():
             assert m.backend is not None
             gen = m.backend.generate(self.request)
@@ -283,7 +283,7 @@ class FailoverGeneration(Events):
             except BaseException:  # the client left (cancelled) while this replica was asked: it stops too
                 gen.close()
                 raise
-            if isinstance(event, ipc.Error) and event.code in RETRYABLE:
+            if isinstance(event, protocol.Error) and event.code in RETRYABLE:
                 gen.close()
                 m.failovers += 1
                 last = event

@@ -35,16 +35,16 @@ from typing import Any, TypeVar
 
 import aiohttp
 
+from .. import protocol
 from ..base.errors import ApiError, from_event
 from ..base.tracecontext import forward_headers
-from ..engine import ipc
-from ..engine.client import Events, RequestFailed
-from ..engine.ipc import CHAT, COMPLETIONS, EMBEDDINGS, Event, GenerationRequest
 from ..models.config import ModelSpec, Upstream
+from ..protocol import CHAT, COMPLETIONS, EMBEDDINGS, Event, GenerationRequest
 from ..text.formats import NATIVE  # this backend's tool_calls info: calls arrive parsed (CallDelta)
 from . import upstream_wire as wire
 from .untrusted import shown
 from .upstream_health import UpstreamHealth
+from .workerclient import Events, RequestFailed
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -163,7 +163,7 @@ class RemoteBackend:
 
     def abort_all(self, message: str) -> None:
         for gen in list(self._live.values()):
-            gen.abort(ipc.Error(gen.id, 503, message, None, "shutting_down"))
+            gen.abort(protocol.Error(gen.id, 503, message, None, "shutting_down"))
 
     def generate(self, request: GenerationRequest) -> RemoteGeneration:
         rid = next(self._ids)
@@ -220,16 +220,16 @@ class RemoteBackend:
                                           wire.retry_after(resp.headers.get("Retry-After"))))
 
     def _refused(self, status: int, message: str, code: str | None, param: str | None = None,
-                 retry_after: float | None = None) -> ipc.Error:
+                 retry_after: float | None = None) -> protocol.Error:
         """An answer that is the request's failure, not the upstream's: it is up."""
         self.health.succeeded()
-        return ipc.Error(0, status, message, param, code, retry_after)
+        return protocol.Error(0, status, message, param, code, retry_after)
 
-    def _failing(self, why: str) -> ipc.Error:
+    def _failing(self, why: str) -> protocol.Error:
         self.health.failed(why)
         return self.health.unavailable()  # its error: ``why`` as it is shown
 
-    async def embed(self, inputs: list[Any]) -> ipc.Embeddings:
+    async def embed(self, inputs: list[Any]) -> protocol.Embeddings:
         """The upstream's vectors: its answer must come whole within ``first_byte_timeout`` and
         hold at most ``wire.embeddings_bound`` bytes."""
         seconds = self.upstream.first_byte_timeout
@@ -243,7 +243,7 @@ class RemoteBackend:
             raise ApiError(f"the upstream server for {self.spec.name!r} broke its embeddings answer ({reason(e)})",
                            status=502, code="upstream_malformed") from None
         vectors, prompt_tokens = wire.embeddings_answer(body, len(inputs))
-        return ipc.Embeddings(0, vectors, prompt_tokens)
+        return protocol.Embeddings(0, vectors, prompt_tokens)
 
     async def _embeddings(self, inputs: list[Any]) -> bytes:
         resp = await self.post("/embeddings", {"model": self.model, "input": inputs})
@@ -254,16 +254,16 @@ class RemoteBackend:
         raise ApiError(f"model {self.spec.name!r} is answered by an upstream server; {what} is not available for it",
                        status=501, param="model", code="unsupported_model")
 
-    async def tokenize(self, request: dict[str, Any], with_pieces: bool = False) -> ipc.Tokens:
+    async def tokenize(self, request: dict[str, Any], with_pieces: bool = False) -> protocol.Tokens:
         return await self._unsupported("counting or listing its tokens")
 
-    async def rerank(self, query: str, documents: list[str]) -> ipc.Embeddings:
+    async def rerank(self, query: str, documents: list[str]) -> protocol.Embeddings:
         return await self._unsupported("reranking")
 
-    async def detokenize(self, tokens: list[int]) -> ipc.Detokenized:
+    async def detokenize(self, tokens: list[int]) -> protocol.Detokenized:
         return await self._unsupported("detokenizing")
 
-    async def apply_template(self, request: dict[str, Any]) -> ipc.Prompt:
+    async def apply_template(self, request: dict[str, Any]) -> protocol.Prompt:
         return await self._unsupported("its chat template")
 
     async def stop(self, timeout: float = 5.0) -> None:
@@ -312,7 +312,7 @@ class RemoteGeneration(Events):
                 await self.on_idle()
             await self._fill()
         event = self._events.popleft()
-        if isinstance(event, ipc.TERMINAL):
+        if isinstance(event, protocol.TERMINAL):
             self.finished = True
             self.close()
         return event
@@ -326,15 +326,15 @@ class RemoteGeneration(Events):
         except RequestFailed as e:
             self._fail(replace(e.event, id=self.id))
         except ApiError as e:
-            self._fail(ipc.Error(self.id, e.status, e.message, e.param, e.code))
+            self._fail(protocol.Error(self.id, e.status, e.message, e.param, e.code))
         except _Late as late:
             self._late(late.request_deadline)
         except (aiohttp.ClientError, OSError) as e:
             self.backend.health.failed(reason(e))
-            self._fail(ipc.Error(self.id, 502, f"the upstream server for {self.backend.spec.name!r} broke "
+            self._fail(protocol.Error(self.id, 502, f"the upstream server for {self.backend.spec.name!r} broke "
                                                     f"its answer: {reason(e)}", None, "upstream_unavailable"))
-        if first and self._events and not isinstance(self._events[0], ipc.Error):  # an answer has begun
-            self._events.appendleft(ipc.Start(self.id, 0, 0, 0))
+        if first and self._events and not isinstance(self._events[0], protocol.Error):  # an answer has begun
+            self._events.appendleft(protocol.Start(self.id, 0, 0, 0))
             self._answering = True
 
     async def _open(self) -> None:
@@ -418,17 +418,17 @@ class RemoteGeneration(Events):
             self._events.append(self._reader.cut("length"))
             self._drop()
         elif request_deadline:
-            self._fail(ipc.Error(self.id, 504, f"the upstream server for {name!r} did not answer within the "
+            self._fail(protocol.Error(self.id, 504, f"the upstream server for {name!r} did not answer within the "
                                                     "request's time (server.request_timeout)", None,
                                       "upstream_timeout"))
         else:
             seconds = up.idle_timeout if self._answering else up.first_byte_timeout
             if not self._answering:
                 self.backend.health.failed(f"no event within {seconds:g} s")
-            self._fail(ipc.Error(self.id, 504, f"the upstream server for {name!r} sent nothing of its answer "
+            self._fail(protocol.Error(self.id, 504, f"the upstream server for {name!r} sent nothing of its answer "
                                                     f"for {seconds:g} s", None, "upstream_timeout"))
 
-    def _fail(self, event: ipc.Error) -> None:
+    def _fail(self, event: protocol.Error) -> None:
         """The answer ends with ``event``, after what was read before it."""
         self._events.append(event)
         self._drop()
@@ -436,7 +436,7 @@ class RemoteGeneration(Events):
     def unread(self) -> collections.deque[Event]:
         return self._events
 
-    def abort(self, event: ipc.Error) -> None:
+    def abort(self, event: protocol.Error) -> None:
         """End the answer now (shutdown, unload): what was not handed out yet is dropped."""
         self._events.clear()
         self._fail(event)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from ..engine import ipc
+from .. import protocol
 from ..models import placement
 from ..models.config import ModelSpec, Upstream
 from .untrusted import shown
@@ -67,8 +67,8 @@ class UpstreamHealth:
         """Seconds until a down upstream may be tried again (0: now)."""
         return max(0.0, self.retry_at - time.monotonic()) if self.state is Health.DOWN else 0.0
 
-    def unavailable(self, why: str | None = None) -> ipc.Error:
-        return ipc.Error(0, 503, f"the upstream server for {self.name!r} is unavailable: "
+    def unavailable(self, why: str | None = None) -> protocol.Error:
+        return protocol.Error(0, 503, f"the upstream server for {self.name!r} is unavailable: "
                                       f"{why or self.error or 'not reachable'}", "model", "upstream_unavailable",
                               max(self.wait, 1.0))
 

@@ -8,7 +8,7 @@ Each check also carries the JSON Schema fragment of what it accepts (``schema_of
 ``models/config/reference.py`` builds models.yaml's schema and reference.
 
 Pure and small: the models.yaml reader (``config``) uses them, and so does the declaration of
-llama.cpp's load settings (``engine.settings``), which both processes import.
+llama.cpp's load settings (``protocol.settings``), which both processes import.
 """
 
 from __future__ import annotations

@@ -84,7 +84,7 @@ class ApiError(Exception):
 
 
 def from_event(event: Any) -> ApiError:
-    """A backend's error event (``engine.ipc.Error``: status, message, param, code,
+    """A backend's error event (``protocol.Error``: status, message, param, code,
     retry_after) as what the caller is told."""
     retry = getattr(event, "retry_after", None)
     headers = {"Retry-After": str(max(1, math.ceil(retry)))} if retry is not None else None

@@ -1,6 +1,6 @@
 """The GPUs llama.cpp sees and their free memory, as the gateway's placement counts them.
 
-They are read by a short-lived process (``python -m gateway.engine.device_probe``): initialising a
+They are read by a short-lived process (``python -m gateway.worker.device_probe``): initialising a
 GPU backend in the gateway's own process would hold GPU memory for as long as it runs. The
 first reading tells whether there are GPUs at all; where there are none (a CPU build, or no
 device), it is never read again, since a GPU does not appear while the gateway runs. Where
@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine.topology import Device
+from ..protocol.topology import Device
 from . import sysmem
 from .sysmem import RAM
 
@@ -97,7 +97,7 @@ class Inventory:
     """The last reading of llama.cpp's GPUs, and the means to take another."""
 
     def __init__(self, command: Sequence[str] | None = None):
-        self.command = list(command or [sys.executable, "-m", "gateway.engine.device_probe"])
+        self.command = list(command or [sys.executable, "-m", "gateway.worker.device_probe"])
         self.last: Reading | None = None  # None: never read
         self._lock = asyncio.Lock()
 

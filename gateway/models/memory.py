@@ -49,9 +49,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..engine.settings import CACHE_TYPES, DEFAULT_N_CTX
-from ..engine.topology import HOST_KINDS, Device
 from ..hardware.sysmem import RAM
+from ..protocol.settings import CACHE_TYPES, DEFAULT_N_CTX
+from ..protocol.topology import HOST_KINDS, Device
 from . import tensorplaces
 from .config import ModelSpec
 from .ggufmeta import GGUFInfo, shape_problem

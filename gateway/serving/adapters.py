@@ -2,7 +2,7 @@
 every model's, with the model names that pick one (``Adapters``, the registry's ``adapters``).
 
 A model's adapters are, in this order (an adapter's id is its place, as llama-server's
-``/lora-adapters`` numbers them, and as the worker's ``engine.adapters`` table is built):
+``/lora-adapters`` numbers them, and as the worker's ``worker.adapters`` table is built):
 ``lora:``'s (applied to every request at their scales), ``loras:``' named ones (models.yaml's
 and discovery's, applied where a request names one), then those loaded at run time (vLLM's
 ``load_lora_adapter``). The run-time ones and the default scales an operator set (POST

@@ -28,12 +28,12 @@ from typing import Any
 
 from ..backends.local import CacheHolder
 from ..base.errors import ApiError
-from ..engine import topology
 from ..hardware import devices, sysmem
 from ..models import memory, placement
 from ..models.config import ModelSpec, ServerConfig
 from ..models.ggufmeta import GGUFInfo
 from ..models.lifecycle import ModelState
+from ..protocol import topology
 from .supervisor import ModelSupervisor
 
 log = logging.getLogger(__name__)

@@ -39,7 +39,6 @@ from ..access import scope
 from ..backends.local import CHAT, EMBEDDINGS, RERANK, TOKENIZE, Backend, BackendFactory, LocalWorkers
 from ..backends.upstream_table import Upstreams
 from ..base.errors import MAX_MODEL_NAME, ApiError, ModelNotFound
-from ..engine.settings import embed_seqs
 from ..hardware.devices import Inventory
 from ..hub import pulls as hub
 from ..models import discovery, memory
@@ -47,6 +46,7 @@ from ..models.catalog import DEMO_NAME, ModelCatalog, ensure_demo_model  # noqa:
 from ..models.config import Config, ConfigError, ModelSpec, load_config, normalize_name
 from ..models.ggufmeta import GGUFInfo
 from ..models.lifecycle import ModelState
+from ..protocol.settings import embed_seqs
 from ..server.metrics import Metrics
 from .adapters import Adapters
 from .launcher import Launcher

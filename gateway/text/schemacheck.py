@@ -1,6 +1,6 @@
 """What a JSON schema may ask of a grammar: checked where a request is parsed, before the worker
 builds anything from it. Pure (no llama_cpp): the HTTP process runs it on each structured-output
-field and each tool's parameters, and the worker's converter (``engine/schemagrammar.py``) shares
+field and each tool's parameters, and the worker's converter (``worker/schemagrammar.py``) shares
 its rules for integer bounds and references.
 
 The numbers in a schema size what is built from it. A count (``maxLength``, ``minItems``, ...)
@@ -45,7 +45,7 @@ _MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSc
 
 Path = tuple[str | int, ...]
 
-# what the converter builds a value from when a schema names no ``type`` (``engine/schemagrammar``)
+# what the converter builds a value from when a schema names no ``type`` (``worker/schemagrammar``)
 _SHAPING = ("$ref", "oneOf", "anyOf", "allOf", "const", "enum", "properties", "items", "prefixItems", "pattern")
 
 

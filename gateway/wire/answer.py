@@ -12,10 +12,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import protocol
 from ..backends.local import GenerationEvents
 from ..base import strictjson
 from ..base.errors import ApiError, from_event
-from ..engine import ipc
 from ..text.formats import FORMATS, NATIVE, Formats
 from ..text.reasoning import CONTENT, THINKING, unsplit
 from ..text.toolformats import TABLE, AnswerParser, CallArgs, CallEnd, CallStart, Piece, frames_answers
@@ -37,12 +37,12 @@ class Finish:
     accepted: int = 0
 
 
-def api_error(event: ipc.Error) -> ApiError:
+def api_error(event: protocol.Error) -> ApiError:
     """The one translation of a worker's error event into what the caller is told."""
     return from_event(event)
 
 
-def prepare(req: ipc.GenerationRequest, model: str, info: dict[str, Any], *, thinking: bool = True) -> None:
+def prepare(req: protocol.GenerationRequest, model: str, info: dict[str, Any], *, thinking: bool = True) -> None:
     """Settle how ``req``'s answer is read, by the formats its model's load settled (``info``:
     what its backend reported, ``Formats`` included): its thinking format (``thinking`` False:
     thinking is not split out) and, when the request has tools or its chat's every answer is
@@ -60,16 +60,16 @@ def prepare(req: ipc.GenerationRequest, model: str, info: dict[str, Any], *, thi
         req.tool_format = formats.tools
 
 
-async def start(gen: GenerationEvents, req: ipc.GenerationRequest,
-                stream: bool) -> tuple[ipc.Start, Reader]:
+async def start(gen: GenerationEvents, req: protocol.GenerationRequest,
+                stream: bool) -> tuple[protocol.Start, Reader]:
     """Wait for the backend to accept ``req`` (a refusal raises its error); returns its start
     event (prompt_tokens, prompt_text for echo, ...) and the reader of its answer, by the
     formats ``prepare`` settled. ``stream=False`` (whole answers): a call is given only once its
     arguments parse, so a whole answer never carries a broken call."""
     event = await gen.next()
-    if isinstance(event, ipc.Error):
+    if isinstance(event, protocol.Error):
         raise api_error(event)
-    if not isinstance(event, ipc.Start):
+    if not isinstance(event, protocol.Start):
         raise ApiError(f"the model worker answered {type(event).__name__} before starting", status=500)
     tools = req.tools if req.tool_format and req.tool_format != NATIVE else None
     fmt = req.tool_format if tools or frames_answers(req.tool_format) else None
@@ -115,17 +115,17 @@ class Reader:
             out.append(item)
         return out
 
-    def read(self, event: ipc.Event) -> list[Item | Finish]:
-        if isinstance(event, ipc.Error):
+    def read(self, event: protocol.Event) -> list[Item | Finish]:
+        if isinstance(event, protocol.Error):
             raise api_error(event)
         n = 0
         self.fresh = None
         # an upstream's call pieces count as its text does (a backend that sends no count: 0)
-        if isinstance(event, ipc.Text | ipc.Thinking) or (isinstance(event, ipc.CallDelta)
+        if isinstance(event, protocol.Text | protocol.Thinking) or (isinstance(event, protocol.CallDelta)
                                                           and event.tokens > self.tokens):
             n, self.tokens = event.tokens - self.tokens, event.tokens
             self.fresh = n
-        if isinstance(event, ipc.Text):
+        if isinstance(event, protocol.Text):
             if event.logprobs:
                 self._probs += event.logprobs
             parser = self.parser
@@ -133,16 +133,16 @@ class Reader:
             if parser.thinking or any(isinstance(i, Piece) and i.kind == THINKING for i in items):
                 self._reasoning += n
             return self._given(items)  # type: ignore[return-value]
-        if isinstance(event, ipc.Thinking):
+        if isinstance(event, protocol.Thinking):
             self._reasoning += n
             return [Piece(THINKING, event.text)]
-        if isinstance(event, ipc.CallDelta):
+        if isinstance(event, protocol.CallDelta):
             return self._native.feed(event)  # type: ignore[return-value]
-        if isinstance(event, ipc.Done):
+        if isinstance(event, protocol.Done):
             return self._done(event)
         return []
 
-    def _done(self, event: ipc.Done) -> list[Item | Finish]:
+    def _done(self, event: protocol.Done) -> list[Item | Finish]:
         parser, native = self.parser, self._native
         failures = len(parser.failed)
         rest = self._given(parser.flush())
@@ -220,7 +220,7 @@ class _NativeCalls:
         self._open: dict[int, tuple[str, str, list[str]]] = {}  # index -> (id, name, argument pieces)
         self._index: dict[int, int] = {}  # the upstream's index -> the answer's
 
-    def feed(self, delta: ipc.CallDelta) -> list[Item]:
+    def feed(self, delta: protocol.CallDelta) -> list[Item]:
         if delta.name is not None:
             self._index[delta.index] = len(self._index)
             self._open[delta.index] = (delta.call_id or f"call_{delta.id}_{delta.index}", delta.name, [])

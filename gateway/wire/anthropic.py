@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..base.errors import ApiError, InvalidRequest
-from ..engine.ipc import GenerationRequest, Media
+from ..protocol import GenerationRequest, Media
 from . import media as wire_media
 from . import tools as wire_tools
 from .params import SAMPLING, Param, Parsed, check_schema, read_sampling, read_stops, require_model, shown
@@ -298,7 +298,7 @@ def _output_format(body: dict[str, Any], req: GenerationRequest) -> None:
     req.response_format, req.json_schema, req.format_param = "json_schema", schema, f"{param}.schema"
 
 
-# The worker's context refusals (``engine/prompts``, code ``context_length_exceeded``, in OpenAI's
+# The worker's context refusals (``worker/prompts``, code ``context_length_exceeded``, in OpenAI's
 # words), read back for their numbers: the prompt and max_tokens past the context, or the prompt
 # alone past it (``at least`` N tokens: refused by its bytes before it was tokenized).
 _REQUESTED = re.compile(r"maximum context length is (\d+) tokens\. However, you requested \d+ tokens "

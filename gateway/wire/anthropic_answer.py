@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from ..base.errors import ApiError
-from ..engine.ipc import Start
+from ..protocol import Start
 from . import writer
 from .answer import Call, Finish, Item, Piece
 from .context import Context

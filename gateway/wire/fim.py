@@ -5,7 +5,7 @@ shape, which is OpenAI's chat completion's: ``choices[0].message.content``, stre
 ``suffix`` on ``/v1/completions`` and Ollama's ``/api/generate`` are read by their own parsers
 with ``read_suffix``.
 
-The prompt itself is laid out in the model's worker from its FIM tokens (engine/infill.py);
+The prompt itself is laid out in the model's worker from its FIM tokens (worker/infill.py);
 here a request becomes a ``GenerationRequest`` with ``suffix`` set.
 """
 
@@ -17,8 +17,7 @@ from typing import Any
 
 from ..backends.upstream_wire.fill import FIM_FORWARDED
 from ..base.errors import ApiError, InvalidRequest
-from ..engine import infill
-from ..engine.ipc import GenerationRequest, Start
+from ..protocol import GenerationRequest, Start, bounds
 from . import writer
 from .answer import Finish, Item, Piece
 from .context import Context
@@ -151,14 +150,14 @@ def extra_budget(info: dict[str, Any], max_tokens: int | None) -> int | None:
     """The bytes of ``input_extra`` (file names and texts together) that can reach a model's
     prompt, from what its backend reported (``info``: ``n_ctx``, ``n_batch``): the layout keeps at
     most the last ``n_ctx - n_batch - 2 * n_predict`` tokens of the extra context (llama-server's
-    rule, ``engine/infill.layout``), so no more than ``MAX_TOKEN_BYTES`` for each of them, and a
+    rule, ``worker/infill.layout``), so no more than ``MAX_TOKEN_BYTES`` for each of them, and a
     few more for the token a cut splits. None where the backend does not say (an upstream's
     server lays its prompt out itself). Pure."""
     n_ctx, n_batch = info.get("n_ctx"), info.get("n_batch")
     if type(n_ctx) is not int or type(n_batch) is not int:
         return None
     n_predict = -1 if max_tokens is None else max_tokens
-    return (infill.extra_room(n_ctx, n_batch, n_predict) + infill.MARGIN) * MAX_TOKEN_BYTES
+    return (bounds.extra_room(n_ctx, n_batch, n_predict) + bounds.MARGIN) * MAX_TOKEN_BYTES
 
 
 def trim_extra(extra: list[dict[str, str]], budget: int) -> list[dict[str, str]]:

@@ -1,4 +1,4 @@
-"""Pictures and sounds in a request: each wire's part read into an ``ipc.Media`` (its bytes in
+"""Pictures and sounds in a request: each wire's part read into a ``protocol.Media`` (its bytes in
 base64, or an http(s) address the gateway fetches), its place in the prompt's text marked with
 ``MARKER`` (llama.cpp's ``mtmd_default_marker``, where libmtmd puts the media's tokens, as
 llama-server builds its prompts); the bytes checked before a model sees them (``checked``: a
@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..base.errors import InvalidRequest, shown
-from ..engine.ipc import GenerationRequest, Media
+from ..protocol import GenerationRequest, Media
 from .mediasize import AUDIO, IMAGE, sniff
 
 MARKER = "<__media__>"

@@ -16,8 +16,8 @@ from typing import Any
 
 from ..base import strictjson
 from ..base.errors import ApiError, InvalidRequest
-from ..engine.ipc import GenerationRequest, Media, Start
 from ..models.config import parse_duration
+from ..protocol import GenerationRequest, Media, Start
 from . import answer, writer
 from . import media as wire_media
 from . import tools as wire_tools

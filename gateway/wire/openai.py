@@ -14,7 +14,7 @@ import struct
 from typing import Any
 
 from ..base.errors import InvalidRequest
-from ..engine.ipc import GenerationRequest, Media
+from ..protocol import GenerationRequest, Media
 from ..text import chat_template
 from ..text.grammar import grammar_problem
 from . import tools as wire_tools

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..base.errors import ApiError
-from ..engine.ipc import Start
+from ..protocol import Start
 from . import answer, writer
 from .answer import Call, CallArgs, Finish, Item, Piece
 from .context import Context

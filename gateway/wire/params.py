@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..base.errors import MAX_MODEL_NAME, InvalidRequest, ModelNotFound, shown
-from ..engine.adapters import MAX_ADAPTERS, MAX_SCALE, is_scale
-from ..engine.ipc import GenerationRequest, Media
+from ..protocol import GenerationRequest, Media
+from ..protocol.bounds import MAX_ADAPTERS, MAX_SCALE, is_scale
 from ..text.sampling_params import SAMPLING, Param  # noqa: F401 (re-exported to the request parsers)
 from ..text.schemacheck import schema_problem
 from .media import MARKER, MEDIA_PARTS, openai_part
@@ -99,7 +99,7 @@ MAX_STOP_CHARS = 4096  # all stop strings together: each is matched against ever
 def read_lora(value: Any) -> list[tuple[int, float]] | None:
     """llama-server's per-request ``lora``: ``[{"id": N, "scale": S}, ...]``, each listed adapter at
     its scale (0 where none is given, as llama-server reads it) and the model's others at 0; the
-    worker refuses an id its model lacks (``engine.adapters``)."""
+    worker refuses an id its model lacks (``worker.adapters``)."""
     if value is None:
         return None
     if not isinstance(value, list) or len(value) > MAX_ADAPTERS:

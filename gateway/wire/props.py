@@ -17,10 +17,10 @@ import functools
 from importlib import metadata
 from typing import Any
 
-from ..engine.ipc import GenerationRequest
-from ..engine.settings import DEFAULT_N_CTX
 from ..models.config import ModelSpec
 from ..models.ggufmeta import GGUFInfo
+from ..protocol import GenerationRequest
+from ..protocol.settings import DEFAULT_N_CTX
 from .fim import generation_settings
 from .media import MARKER
 from .params import Parsed, apply_defaults
@@ -79,7 +79,7 @@ def expected(spec: ModelSpec, header: GGUFInfo | None, media: list[str]) -> dict
 
 @functools.cache
 def _build_info() -> str:
-    """What a local worker reports as its build (``engine/model.info``), read from the installed
+    """What a local worker reports as its build (``worker/model.info``), read from the installed
     package's metadata: this process does not import llama.cpp."""
     try:
         return f"llama-cpp-python {metadata.version('llama-cpp-python')}"

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..base.errors import ApiError
-from ..engine.ipc import Start
+from ..protocol import Start
 from .answer import Finish, Item
 
 Frame = tuple[dict[str, Any] | str, str | None]

@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from ...base.errors import ApiError
-from ...engine.ipc import GenerationRequest
+from ...protocol import GenerationRequest
 
 # Sampling fields OpenAI defines, then those llama.cpp's server (and vLLM, LM Studio) add: only
 # the ones a caller or the model's defaults set are sent (GenerationRequest.given).

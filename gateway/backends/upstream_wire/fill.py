@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...engine.ipc import Done, Event, GenerationRequest, Text
+from ...protocol import Done, Event, GenerationRequest, Text
 from .bodies import add_sampling
 from .failures import MalformedStream, check_chunk, count_of, json_of
 from .stream import Bounds

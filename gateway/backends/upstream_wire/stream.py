@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ...engine.ipc import CallDelta, Done, Event, GenerationRequest, Text, Thinking
+from ...protocol import CallDelta, Done, Event, GenerationRequest, Text, Thinking
 from .failures import MalformedStream, check_chunk, count_of, json_of
 
 MAX_EVENT_BYTES = 8 * 2**20  # one server-sent event, or a whole answer where a stream was asked for

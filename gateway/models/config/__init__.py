@@ -9,7 +9,7 @@ must never be silently ignored. A model file that does not exist is not fatal to
 One module per job: ``specs`` (what the file describes, as dataclasses), ``server`` and
 ``models`` (each section's keys and checks, declared), ``parsing`` (where problems are
 collected); the value checks themselves are ``gateway.base.checks``, and llama.cpp's settings
-are declared once in ``engine.settings``.
+are declared once in ``protocol.settings``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """models.yaml's models: each entry's keys and their checks, declared by the kind of backend
-(``LOCAL``: a GGUF run here, its llama.cpp keys being ``engine.settings.LlamaSettings``'s;
+(``LOCAL``: a GGUF run here, its llama.cpp keys being ``protocol.settings.LlamaSettings``'s;
 ``UPSTREAM``: another server; ``COMMON`` to both), and the entries made into ``ModelSpec``s,
 replicas and upstreams included."""
 
@@ -12,7 +12,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from ...base import checks
 from ...base.checks import INVALID, Check, Report, schema_of, show
-from ...engine import settings
+from ...protocol import settings
 from ...text.sampling_params import FLOAT_MAX, INT32_MAX, SAMPLING
 from .parsing import Parsing
 from .specs import (
@@ -93,7 +93,7 @@ def _url(r: Report, where: str, v: Any) -> Any:
 
 @checks.accepts({"type": "number", "minimum": -MAX_LORA_SCALE, "maximum": MAX_LORA_SCALE})
 def _lora_scale(r: Report, where: str, v: Any) -> Any:
-    """A finite number within MAX_LORA_SCALE either way (``engine.adapters.MAX_SCALE``: why the bound)."""
+    """A finite number within MAX_LORA_SCALE either way (``protocol.bounds.MAX_SCALE``: why the bound)."""
     if checks.number(r, where, v) is INVALID:
         return INVALID
     if not -MAX_LORA_SCALE <= v <= MAX_LORA_SCALE:

@@ -18,7 +18,7 @@ from typing import Any
 
 from ...base import checks
 from ...base.checks import Check, schema_of
-from ...engine import settings
+from ...protocol import settings
 from . import keys, models, server
 from .specs import CaptureConfig, KeySpec, ModelSpec, OtelConfig, ServerConfig, Upstream
 

@@ -10,11 +10,12 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# the worker's bounds on a model's adapters and their scales, which the configuration is held to
-from ...engine.adapters import MAX_ADAPTERS  # noqa: F401 (re-exported)
-from ...engine.adapters import MAX_SCALE as MAX_LORA_SCALE  # noqa: F401 (re-exported)
-from ...engine.settings import DEFAULT_PROMPT_CACHE_BYTES, LlamaSettings
 from ...hardware.sysmem import DEFAULT_RESERVE
+
+# the worker's bounds on a model's adapters and their scales, which the configuration is held to
+from ...protocol.bounds import MAX_ADAPTERS  # noqa: F401 (re-exported)
+from ...protocol.bounds import MAX_SCALE as MAX_LORA_SCALE  # noqa: F401 (re-exported)
+from ...protocol.settings import DEFAULT_PROMPT_CACHE_BYTES, LlamaSettings
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080

@@ -8,8 +8,8 @@ tests/test_toolcalls.py): ``hermes``, ``qwen3_coder``, ``llama3``, ``mistral``, 
 ``apertus``, ``seed_oss``, ``functionary_v31``, ``functionary_v32``, ``firefunction_v2``, and
 ``plain`` (the fallback: the tools described in a system message, hermes'
 syntax asked for). Each says what detects it, its markers, its parser, its call grammar (GBNF
-text; ``engine/toolgrammar.py`` adds llama.cpp's argument rules) and its history shape
-(``engine/toolhistory.py``), as ``interface.Format`` lists; ``TABLE`` below holds them, in the
+text; ``worker/toolgrammar.py`` adds llama.cpp's argument rules) and its history shape
+(``worker/toolhistory.py``), as ``interface.Format`` lists; ``TABLE`` below holds them, in the
 order detection tries them. Adding a format is adding its module and its line there.
 Shared: ``items`` (what an answer is read into, up to the wires), ``machine`` (the call being
 read, the driving loop), ``jsoncall`` and ``xmlcall`` (call bodies several formats write),

@@ -1,7 +1,7 @@
 """GBNF text shared by the formats' call grammars (llama.cpp's grammar syntax). A format's
 ``grammar`` writes the call's syntax around each tool's arguments; the rules for the arguments
 come from ``Rules``, which the worker implements with llama-cpp-python's JSON-schema converter
-(``engine/toolgrammar.py``), so nothing here loads llama.cpp."""
+(``worker/toolgrammar.py``), so nothing here loads llama.cpp."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from ...base import strictjson
 from ...base.errors import ApiError
-from ...engine.ipc import Start
+from ...protocol import Start
 from .. import writer
 from ..answer import Call, CallArgs, Finish, Piece
 from ..writer import Frame, Hosted, HostedResult

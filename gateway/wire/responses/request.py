@@ -14,7 +14,7 @@ from typing import Any
 
 from ...base import strictjson
 from ...base.errors import InvalidRequest
-from ...engine.ipc import GenerationRequest, Media
+from ...protocol import GenerationRequest, Media
 from .. import tools as wire_tools
 from ..openai import read_metadata
 from ..params import EFFORTS, SAMPLING, Parsed, check_schema, read_sampling, require_model, shown, text_parts

@@ -12,14 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..protocol.bounds import extra_room
+
 # llama-server's separator between extra chunks for a vocabulary without fim_sep, which it
 # writes in binary "to avoid confusing the AI": "\n\n--- snippet ---\n\n"
 SNIPPET = "\n\n--- snippet ---\n\n"
 REPO = "myproject\n"  # llama-server's project name after fim_rep ("TODO: make project name an input")
 CURRENT_FILE = "filename\n"  # and its name of the file being edited ("TODO: current filename")
-# Tokens read past what the layout keeps of a text cut by bytes: the cut may split a token, and
-# the tokens right after it may differ from the whole text's
-MARGIN = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,17 +103,11 @@ def layout(fim: FimTokens, tokenize: Callable[[str], list[int]], prefix: list[in
     return [*context, *head, *tail, fim.mid]
 
 
-def extra_room(n_ctx: int, n_batch: int, n_predict: int) -> int:
-    """The most tokens of the extra context ``layout`` keeps: llama-server's
-    ``n_ctx - n_batch - 2 * n_predict``, never more than the context."""
-    return min(max(0, n_ctx - n_batch - 2 * n_predict), n_ctx)
-
-
 def recent(fim: FimTokens, extra: list[Extra], room: int, budget: int) -> list[Extra]:
     """What ``layout`` needs of ``extra`` to keep the extra context's last ``room`` tokens
     (``extra_room``), the texts it hands the tokenizer for the extra context holding at most
     ``budget`` bytes together: the project's and the current file's lines, each chunk's file
-    name line (or the snippet separator) and text. A budget of ``room + MARGIN`` times the
+    name line (or the snippet separator) and text. A budget of ``room + bounds.MARGIN`` times the
     vocabulary's longest piece holds more than those tokens stand for, so what is left out lies
     before what the layout keeps and the prompt is the same.
 

@@ -3,7 +3,7 @@ bug stopped (``failure``). Either becomes the request's error event, and ends th
 
 from __future__ import annotations
 
-from . import ipc
+from .. import protocol
 
 
 class Refused(Exception):
@@ -13,19 +13,19 @@ class Refused(Exception):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
 
-    def event(self, rid: int) -> ipc.Error:
-        return ipc.Error(rid, self.status, self.message, self.param, self.code)
+    def event(self, rid: int) -> protocol.Error:
+        return protocol.Error(rid, self.status, self.message, self.param, self.code)
 
 
-def failure(rid: int, e: Exception) -> ipc.Error:
+def failure(rid: int, e: Exception) -> protocol.Error:
     """A bug met while serving request ``rid``: it fails that request alone."""
-    return ipc.Error(rid, 500, f"{type(e).__name__}: {e}", None, "worker_error")
+    return protocol.Error(rid, 500, f"{type(e).__name__}: {e}", None, "worker_error")
 
 
-def decode_failed(rid: int, rc: int) -> ipc.Error:
+def decode_failed(rid: int, rc: int) -> protocol.Error:
     """llama_decode's status ``rc`` for a request it failed: 1 is no room in the cache, which
     only a shared pool (kv_unified) runs out of while requests fit (a 503 to retry)."""
     if rc == 1:
-        return ipc.Error(rid, 503, "the model's shared context (kv_unified) is full with other requests; retry "
+        return protocol.Error(rid, 503, "the model's shared context (kv_unified) is full with other requests; retry "
                                    "shortly, or give it a larger n_ctx", None, "context_full", 2.0)
-    return ipc.Error(rid, 500, f"llama_decode failed with status {rc}", None, "decode_failed")
+    return protocol.Error(rid, 500, f"llama_decode failed with status {rc}", None, "decode_failed")

@@ -25,7 +25,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import ipc
+from .. import protocol
 from .model import Model
 from .prompts import Prompts
 from .refusals import Refused, decode_failed, failure
@@ -52,7 +52,7 @@ def rerank_tokens(model: Model, prompts: Prompts, query: str, document: str) -> 
     return tokens + ([eos] if add_eos else [])
 
 
-def read(model: Model, prompts: Prompts, command: ipc.Embed) -> list[list[int]]:
+def read(model: Model, prompts: Prompts, command: protocol.Embed) -> list[list[int]]:
     """Each input of ``command`` as tokens (for a reranker, the query with each document), on a
     prep thread. Raises ``Refused`` for an empty input or one past the model's context."""
     out = []
@@ -61,8 +61,8 @@ def read(model: Model, prompts: Prompts, command: ipc.Embed) -> list[list[int]]:
         if command.query is not None:
             tokens = rerank_tokens(model, prompts, command.query, item)
         else:
-            source = ipc.PromptRequest(prompt=item) if isinstance(item, str) else \
-                ipc.PromptRequest(prompt_tokens=item)
+            source = protocol.PromptRequest(prompt=item) if isinstance(item, str) else \
+                protocol.PromptRequest(prompt_tokens=item)
             tokens = prompts.tokens(source, param="input").tokens
         if not tokens:
             raise Refused(400, f"{param} {i} is empty", param)
@@ -88,8 +88,8 @@ class Job:
         self.vectors = [None] * len(self.inputs)
         self.left = len(self.inputs)
 
-    def event(self) -> ipc.Embeddings:
-        return ipc.Embeddings(self.rid, [v for v in self.vectors if v is not None],
+    def event(self) -> protocol.Embeddings:
+        return protocol.Embeddings(self.rid, [v for v in self.vectors if v is not None],
                               sum(len(t) for t in self.inputs))
 
 
@@ -141,17 +141,17 @@ class Embedder:
     def cancel(self, rid: int) -> None:
         self.jobs = deque(job for job in self.jobs if job.rid != rid)
 
-    def step(self) -> list[ipc.Embeddings | ipc.Error]:
+    def step(self) -> list[protocol.Embeddings | protocol.Error]:
         """Decode the next group of inputs; the events of the jobs it finished (or failed). A bug
         fails the jobs waiting here, not the worker."""
         try:
             return self._step()
         except Exception as e:
-            failed: list[ipc.Embeddings | ipc.Error] = [failure(job.rid, e) for job in self.jobs]
+            failed: list[protocol.Embeddings | protocol.Error] = [failure(job.rid, e) for job in self.jobs]
             self.jobs.clear()
             return failed
 
-    def _step(self) -> list[ipc.Embeddings | ipc.Error]:
+    def _step(self) -> list[protocol.Embeddings | protocol.Error]:
         model, ll = self.model, self.model.ll
         group = pack(list(self.jobs), model.embed_batch, model.embed_seqs)
         if not group:
@@ -171,7 +171,7 @@ class Embedder:
             job.taken = i + 1
         batch.n_tokens = k
         rc = ll.llama_decode(model.ctx, batch)
-        out: list[ipc.Embeddings | ipc.Error] = []
+        out: list[protocol.Embeddings | protocol.Error] = []
         if rc != 0:
             failed = {id(job): job for job, _ in group}
             for job in failed.values():

@@ -6,7 +6,7 @@ its devices (``RPC0``, ``RPC1``, ...) join the ones llama.cpp spreads layers ove
 the servers' first, then any local GPU; the layers past ``n_gpu_layers`` stay on the local CPU.
 
 llama-cpp-python binds none of ggml's backend registry: the few calls are bound with ctypes
-(``engine.ggml``). Two failures are caught before llama.cpp sees them, because
+(``worker.ggml``). Two failures are caught before llama.cpp sees them, because
 there they abort the whole process: a llama-cpp-python built without ``-DGGML_RPC=on`` (no
 "RPC" registry), and a server that does not accept a connection.
 """

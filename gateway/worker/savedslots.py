@@ -41,7 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import ipc
+from .. import protocol
 from .checkpoints import Checkpoint
 from .promptcache import TOKEN_BYTES, Entry, PromptCache, cut, evict
 
@@ -61,7 +61,7 @@ class Saved:
     used: float  # last saved or restored (epoch seconds)
 
 
-def identity(ll, params: ipc.LoadParams) -> str:
+def identity(ll, params: protocol.LoadParams) -> str:
     """What a saved cache must have been made under to be loaded into this one."""
     st = os.stat(params.path)
     settings = {k: v for k, v in dataclasses.asdict(params).items() if k not in _NOT_IDENTITY}

@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 import time
 
-from . import ipc, pipes
+from .. import protocol
+from . import pipes
 
 
 class Outbox:
@@ -23,9 +24,9 @@ class Outbox:
         self.held_since = 0.0  # when the oldest held text event was queued
         self.holding = False  # a held text event is queued
 
-    def send(self, event: ipc.Event, hold: bool = False) -> None:
+    def send(self, event: protocol.Event, hold: bool = False) -> None:
         """Queue an event; ``flush`` writes the queued events in one write."""
-        self.put(ipc.encode_event(event), hold)
+        self.put(protocol.encode_event(event), hold)
 
     def put(self, frame: bytes, hold: bool = False) -> None:
         """``send`` for an event already framed."""

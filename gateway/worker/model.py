@@ -16,15 +16,16 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from .. import protocol
+from ..protocol.settings import CACHE_TYPES, DEFAULT_N_CTX, embed_seqs
+from ..protocol.topology import default_threads
 from ..text import chat_template
 from ..text.reasoning import MARKER_TOKENS
 from ..text.toolformats import MARKER_TOKENS as CALL_MARKERS
-from . import device_probe, ggml, ipc, rpc
+from . import device_probe, ggml, rpc
 from .adapters import Adapters
 from .drafting import Drafter, draft_params
 from .media import Projector
-from .settings import CACHE_TYPES, DEFAULT_N_CTX, embed_seqs
-from .topology import default_threads
 from .vocab import Vocab
 
 MAX_SLOTS = 64
@@ -113,7 +114,7 @@ def existing(path: str | os.PathLike, what: str) -> None:
         raise RuntimeError(f"{what} {path} does not exist")
 
 
-def load_weights(ll, params: ipc.LoadParams, on_progress: Callable[[float], None] | None) -> tuple[Any, list[Any]]:
+def load_weights(ll, params: protocol.LoadParams, on_progress: Callable[[float], None] | None) -> tuple[Any, list[Any]]:
     """The weights read from the model's file onto its devices: llama.cpp's model handle, and the
     arrays its parameters pointed into (``_place_weights``: kept while the model lives)."""
     mp = ll.llama_model_default_params()
@@ -141,7 +142,7 @@ def load_weights(ll, params: ipc.LoadParams, on_progress: Callable[[float], None
     return handle, held
 
 
-def _place_weights(ll, params: ipc.LoadParams, mp: Any) -> list[Any]:
+def _place_weights(ll, params: protocol.LoadParams, mp: Any) -> list[Any]:
     """Which devices the weights go to, and how they are split among them; the arrays ``mp`` now
     points into."""
     held: list[Any] = []
@@ -162,7 +163,7 @@ def _place_weights(ll, params: ipc.LoadParams, mp: Any) -> list[Any]:
     return held
 
 
-def make_context(ll, handle: Any, cp: Any, params: ipc.LoadParams) -> Any:
+def make_context(ll, handle: Any, cp: Any, params: protocol.LoadParams) -> Any:
     """The context, made from ``cp`` (its pooling settled for a reranker or an embedding model)."""
     ctx = ll.llama_init_from_model(handle, cp)
     if params.reranker and ctx and ll.llama_pooling_type(ctx) != ll.LLAMA_POOLING_TYPE_RANK:
@@ -180,7 +181,7 @@ def make_context(ll, handle: Any, cp: Any, params: ipc.LoadParams) -> Any:
 
 
 class Model:
-    def __init__(self, params: ipc.LoadParams, on_progress: Callable[[float], None] | None = None):
+    def __init__(self, params: protocol.LoadParams, on_progress: Callable[[float], None] | None = None):
         """Load the model; ``on_progress(fraction)`` is called as the weights are read (on this
         thread, from inside llama.cpp: it must not raise). Each step reads what those before it set."""
         import llama_cpp

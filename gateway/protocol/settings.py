@@ -3,9 +3,9 @@
 Each field is one setting: its name is its models.yaml key, its annotation its type, its default
 the default, and its metadata the check models.yaml's value must pass (``gateway.base.checks``).
 ``config.ModelSpec`` derives from it (models.yaml's local keys are its fields), and so does the
-worker's ``LoadParams`` (``engine.ipc``), built from a spec by the fields
+worker's ``LoadParams`` (``protocol.commands``), built from a spec by the fields
 (``settings_of``) and decoded from JSON by their types. A new setting is one field here; the
-worker then reads it from ``LoadParams`` (``engine.model``).
+worker then reads it from ``LoadParams`` (``worker.model``).
 
 Also here, the values some settings name: KV cache types, split modes, a slot's default context.
 """
@@ -225,7 +225,7 @@ class LlamaSettings:
     spm_infill: bool = setting(False, checks.boolean, "fill in the middle suffix first, for models trained that way",
                                flag="--spm-infill")
     # host memory that keeps the caches of slots taken for other conversations, to be restored
-    # when they come back (``engine/promptcache.PromptCache``); 0: none; None: ``server.prompt_cache_bytes``
+    # when they come back (``worker/promptcache.PromptCache``); 0: none; None: ``server.prompt_cache_bytes``
     prompt_cache_bytes: int | None = setting(None, checks.byte_size, (
         "host memory keeping other conversations' caches (a size; 0: off); unset: server.prompt_cache_bytes"),
         flag="--cache-ram")
@@ -236,15 +236,15 @@ class LlamaSettings:
     cache_reuse: int = setting(0, checks.integer(minimum=0, what="a number of tokens >= 0 (0: off)"), (
         "reuse cached chunks of at least this many tokens past the first difference; 0: off"),
         flag="--cache-reuse")
-    # context checkpoints kept per slot of a sliding-window model (``engine/checkpoints``): each a
+    # context checkpoints kept per slot of a sliding-window model (``worker/checkpoints``): each a
     # copy of the window, taken near the end of each prompt; 0: none
     ctx_checkpoints: int = setting(2, _upto(0, 64), "context checkpoints kept per slot of a sliding-window model",
                                    flag="--ctx-checkpoints")
     # the model's multimodal projector: pictures and sounds are encoded by it (llama.cpp's
-    # libmtmd, ``engine/media``) into the prompt; None: text alone
+    # libmtmd, ``worker/media``) into the prompt; None: text alone
     mmproj: Path | None = setting(None, checks.path, "the multimodal projector that reads pictures and sounds",
                                   flag="--mmproj")
-    # speculative decoding (``engine/speculation``): "ngram" (llama-server's --spec-type
+    # speculative decoding (``worker/speculation``): "ngram" (llama-server's --spec-type
     # ngram-simple) proposes the tokens that followed the latest earlier occurrence of the last
     # spec_ngram_size_n tokens, at most spec_ngram_size_m a step, and keeps those the model agrees with;
     # each sequence risks only what its proposals earned (``speculation.draft_length``), so one whose
@@ -257,7 +257,7 @@ class LlamaSettings:
                                      flag="--spec-ngram-size-n")
     spec_ngram_size_m: int = setting(16, _upto(1, 1024), "at most this many tokens proposed a step by ngram",
                                      flag="--spec-ngram-size-m")
-    # a draft model (``engine/drafting``): a smaller model of the same vocabulary proposes up to
+    # a draft model (``worker/drafting``): a smaller model of the same vocabulary proposes up to
     # draft_max tokens a step, greedily, stopping where its own top probability is under
     # draft_p_min, nothing where under draft_min came
     draft: Path | None = setting(None, _file_or_model, (

@@ -67,7 +67,7 @@ class Entry:
     check: int  # their CRC-32, taken when they were copied
     used: float  # when it was kept (time.monotonic())
     origin: str = "ram"  # "disk": read back from the on-disk save at load (``restore``)
-    # its slot's checkpoints (``engine/checkpoints``): a sliding-window model's state holds only
+    # its slot's checkpoints (``worker/checkpoints``): a sliding-window model's state holds only
     # the window before its last token; a prompt that differs before its end goes on from one of these
     checkpoints: list[Checkpoint] = dataclasses.field(default_factory=list)
 

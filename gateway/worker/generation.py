@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from itertools import takewhile
 
-from . import ipc
+from .. import protocol
 from .model import Model
 from .outbox import Outbox
 from .refusals import decode_failed
@@ -148,7 +148,7 @@ class Generation:
             if matched is not None:
                 seq.matched, finish = matched, "stop"
         self.drop(seq)
-        self.out.send(ipc.Done(seq.rid, finish, seq.matched, len(seq.tokens), seq.n_gen, seq.common, seq.source,
+        self.out.send(protocol.Done(seq.rid, finish, seq.matched, len(seq.tokens), seq.n_gen, seq.common, seq.source,
                                seq.drafted, seq.kept_drafts))
 
     def drop(self, seq: Sequence) -> None:

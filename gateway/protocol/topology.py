@@ -1,6 +1,6 @@
 """What the machine offers a model: its CPUs (``physical_cores``, ``default_threads``) and
 llama.cpp's devices as ggml reports them (``Device``, read by the probe process
-``engine.devices`` and sent to the gateway as JSON)."""
+``worker/device_probe`` and sent to the gateway as JSON)."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ HOST_KINDS = ("cpu", "accel")
 
 @dataclass(frozen=True)
 class Device:
-    """One of llama.cpp's devices as ggml reports it (``engine.devices``): what the gateway's
+    """One of llama.cpp's devices as ggml reports it (``worker/device_probe``): what the gateway's
     placement counts a GPU's memory by. Crosses from the probe process as a JSON object."""
 
     name: str  # ggml's: CPU, CUDA0, MTL0, Vulkan0, ...

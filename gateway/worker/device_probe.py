@@ -1,6 +1,6 @@
 """The devices llama.cpp can place a model on, with their memory, as ggml reports them.
 
-``python -m gateway.engine.device_probe`` prints them as a JSON list (``hardware.Device.describe``)
+``python -m gateway.worker.device_probe`` prints them as a JSON list (``hardware.Device.describe``)
 and exits: the gateway asks this way (``gateway.hardware.devices``), because initialising a GPU backend
 in the gateway's own process would hold its memory for as long as the gateway runs. The CPU
 device reports system memory; a CUDA device's free memory is ``cudaMemGetInfo``'s, a Metal
@@ -14,8 +14,8 @@ import json
 import sys
 from typing import Any
 
+from ..protocol.topology import HOST_KINDS, Device
 from . import ggml
-from .topology import HOST_KINDS, Device
 
 # enum ggml_backend_dev_type, in order
 KINDS = ("cpu", "gpu", "igpu", "accel", "meta")

@@ -15,7 +15,8 @@ from __future__ import annotations
 import sys
 import time
 
-from . import checkpoints, ipc, media, savedslots
+from .. import protocol
+from . import checkpoints, media, savedslots
 from .adapters import AdapterSet
 from .generation import Generation
 from .model import Model
@@ -49,7 +50,7 @@ class Decoder(Generation):
         self.turn: tuple[tuple[int, float], ...] | None = None
         self.turn_began = 0.0
 
-    def admit(self, rid: int, req: ipc.GenerationRequest, tokens: list[int], prompt_tail: str,
+    def admit(self, rid: int, req: protocol.GenerationRequest, tokens: list[int], prompt_tail: str,
               runs: dict[int, media.Run] | None = None) -> Sequence:
         """Give a prepared request (``Prompts.prepare``) the free slot whose cache shares the
         longest prefix with its prompt, or the one a kept state that shares a longer one is loaded

@@ -4,7 +4,7 @@
 A model loaded with a projector (``mmproj``) has a ``Projector``. ``Projector.tokenize`` (on a
 prep thread) reads a prompt's text, where each picture or sound stands as the marker, into the
 prompt's tokens: text as the vocabulary's tokens, each medium as a ``Run`` of positions. A
-picture is counted from the size the gateway read in its header (``ipc.Media.size``): libmtmd
+picture is counted from the size the gateway read in its header (``protocol.Media.size``): libmtmd
 tokenizes a placeholder of that size, nothing decoded; a sound is decoded there (its tokens
 depend on its samples), within the length its header gave. So a prompt too long for the
 context is refused before any picture is decoded or any medium encoded.
@@ -36,7 +36,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import ipc
+from .. import protocol
 from .refusals import Refused
 
 # The encoded media kept for prompts that come back with them, all cache scopes together; the
@@ -158,7 +158,7 @@ class Projector:
         self.lock = threading.RLock()
         self.kept = EmbeddingCache()
 
-    def tokenize(self, text: str, media: list[ipc.Media], add_special: bool) -> tuple[list[int], dict[int, Run]]:
+    def tokenize(self, text: str, media: list[protocol.Media], add_special: bool) -> tuple[list[int], dict[int, Run]]:
         """The prompt's tokens (stand-ins for each medium's positions) and its runs by start,
         not yet encoded (``encode``). Raises ``Refused``: a 400 naming the part llama.cpp cannot
         decode, or a prompt whose markers do not match its media."""
@@ -177,7 +177,7 @@ class Projector:
                 for bitmap in bitmaps:
                     self.mt.mtmd_bitmap_free(bitmap)
 
-    def _counted(self, m: ipc.Media, index: int) -> Any:
+    def _counted(self, m: protocol.Media, index: int) -> Any:
         """What libmtmd counts the ``index``-th medium's tokens from: a placeholder of a
         picture's size (decoded only where the gateway gave none), a sound's samples."""
         mt = self.mt
@@ -190,7 +190,7 @@ class Projector:
         mt.mtmd_bitmap_set_id(bitmap, str(index).encode())
         return bitmap
 
-    def _decoded(self, m: ipc.Media, data: bytes, placeholder: bool = False) -> Any:
+    def _decoded(self, m: protocol.Media, data: bytes, placeholder: bool = False) -> Any:
         """``m``'s bitmap, decoded by stb_image or miniaudio alone (a placeholder keeps only its
         size); a sound no longer than its header said. Raises ``Refused``."""
         mt = self.mt
@@ -217,7 +217,7 @@ class Projector:
                                    f"({m.size[0]} frames at {m.size[1]} Hz)", m.param, "invalid_media")
         return bitmap
 
-    def _chunks(self, text: str, media: list[ipc.Media], bitmaps: list[Any],
+    def _chunks(self, text: str, media: list[protocol.Media], bitmaps: list[Any],
                 add_special: bool) -> tuple[list[int], dict[int, Run]]:
         mt = self.mt
         data = text.encode("utf-8")
@@ -254,7 +254,7 @@ class Projector:
         finally:
             mt.mtmd_input_chunks_free(chunks)
 
-    def encode(self, runs: dict[int, Run], media: list[ipc.Media], scope: str = "") -> None:
+    def encode(self, runs: dict[int, Run], media: list[protocol.Media], scope: str = "") -> None:
         """Each run's embeddings: kept ones where the same medium was encoded lately in
         ``scope``, else the projector's, one medium at a time. Raises ``Refused`` (a 400 for a
         picture that does not decode to the size it was counted at, a 500 where the projector
@@ -278,7 +278,7 @@ class Projector:
         run.embd = self.kept.get(scope, run.key, run.n_tokens * self.n_embd)
         return run.embd is not None
 
-    def _encode_picture(self, m: ipc.Media, parts: list[Run], missing: list[Run], scope: str) -> None:
+    def _encode_picture(self, m: protocol.Media, parts: list[Run], missing: list[Run], scope: str) -> None:
         """A picture decoded, checked, tokenized alone and encoded, its bitmap freed first."""
         mt = self.mt
         bitmap = self._decoded(m, base64.b64decode(m.data))

@@ -1,6 +1,7 @@
-"""The worker's side of the pipes to the gateway (``ipc``'s frames): its commands read without
-blocking by its main loop itself (``CommandReader``), which waits on the command pipe and on a
-``Wakeup`` its prep threads set (``Waiter``); its events written blocking, from the main loop.
+"""The worker's side of the pipes to the gateway (``protocol/framing.py``'s frames): its commands
+read without blocking by its main loop itself (``CommandReader``), which waits on the command pipe
+and on a ``Wakeup`` its prep threads set (``Waiter``); its events written blocking, from the main
+loop.
 
 The main loop reads its own pipe, with no reader thread between: a command is taken at the
 first pass of the loop after it arrives, one wake-up (the loop's) rather than two (a reader
@@ -11,7 +12,8 @@ from __future__ import annotations
 import os
 import select
 
-from .ipc import _HEADER, Command, decode_command
+from ..protocol import Command, decode_command
+from ..protocol.framing import HEADER
 
 # A command frame's length past this is refused: no command the gateway makes comes near it (a
 # request's body is bounded by ``server.max_body_bytes``), so such a length is a broken pipe's,
@@ -31,7 +33,7 @@ class CommandReader:
     gone) ``read`` returns None after the commands before it (in that read or an earlier one:
     a read that got less than it asked for does not ask again, and the pipe stays ready to a
     poll); a frame cut short there is dropped. A frame's length past ``max_bytes`` raises
-    ``FrameTooLarge``, and a frame that is not a command raises what ``ipc.decode_command``
+    ``FrameTooLarge``, and a frame that is not a command raises what ``protocol.decode_command``
     raises."""
 
     def __init__(self, fd: int, max_bytes: int = MAX_COMMAND_BYTES):
@@ -56,9 +58,9 @@ class CommandReader:
             if len(chunk) < READ_BYTES:
                 break  # (what is left came after this read: the next poll says so)
         out: list[Command | None] = []
-        at, size = 0, _HEADER.size
+        at, size = 0, HEADER.size
         while len(buf) - at >= size:
-            (n,) = _HEADER.unpack_from(buf, at)
+            (n,) = HEADER.unpack_from(buf, at)
             if n > self.max_bytes:
                 raise FrameTooLarge(f"a command frame of {n} bytes, over the bound of {self.max_bytes}")
             if len(buf) - at - size < n:

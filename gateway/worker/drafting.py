@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from . import ipc
+from .. import protocol
 from .slots import Batch, common_prefix
 from .vocab import Vocab
 
@@ -43,7 +43,7 @@ def compatible(target: Vocab, draft: Vocab) -> str | None:
     return None
 
 
-def draft_params(params: ipc.LoadParams, n_ctx: int, n_slots: int) -> ipc.LoadParams:
+def draft_params(params: protocol.LoadParams, n_ctx: int, n_slots: int) -> protocol.LoadParams:
     """How a model's draft model loads: its own file, GPU layers and context (the model's by
     default), a sequence per slot of the model, the model's threads and devices."""
     assert params.draft is not None
@@ -51,7 +51,7 @@ def draft_params(params: ipc.LoadParams, n_ctx: int, n_slots: int) -> ipc.LoadPa
         raise RuntimeError(f"the draft model {str(params.draft)!r} is neither a file nor a model this gateway serves")
     if not params.draft.is_file():
         raise RuntimeError(f"the draft model file {params.draft} does not exist")
-    return ipc.LoadParams(name=f"{params.name} (draft)", path=str(params.draft), n_ctx=params.draft_n_ctx or n_ctx,
+    return protocol.LoadParams(name=f"{params.name} (draft)", path=str(params.draft), n_ctx=params.draft_n_ctx or n_ctx,
                           n_gpu_layers=params.draft_n_gpu_layers, parallel=n_slots, n_threads=params.n_threads,
                           n_threads_batch=params.n_threads_batch, devices=params.devices, prompt_cache_bytes=0)
 
@@ -59,7 +59,7 @@ def draft_params(params: ipc.LoadParams, n_ctx: int, n_slots: int) -> ipc.LoadPa
 class Drafter:
     """The draft model of a worker's model, a sequence per slot."""
 
-    def __init__(self, model: Any, draft: Any, params: ipc.LoadParams):
+    def __init__(self, model: Any, draft: Any, params: protocol.LoadParams):
         """``model`` the target, ``draft`` the draft model loaded (``Model``s: ``draft_params``)."""
         self.params, self.model = params, draft
         why = compatible(model.vocab, self.model.vocab)

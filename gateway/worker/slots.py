@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from .. import protocol
 from ..text.reasoning import ReasoningSplitter, closing
 from ..text.textstream import StopMatcher, Utf8Stream
-from . import ipc
 from .checkpoints import Checkpoint
 from .outbox import Outbox
 from .speculation import Pace, Watch
@@ -214,7 +214,7 @@ class Sequence:
 
     _order = 0
 
-    def __init__(self, rid: int, req: ipc.GenerationRequest, tokens: list[int], slot: Slot, common: int,
+    def __init__(self, rid: int, req: protocol.GenerationRequest, tokens: list[int], slot: Slot, common: int,
                  prompt_tail: str, chain, limit: int):
         Sequence._order += 1
         self.order = Sequence._order  # admission order: the oldest prompt is prefilled first
@@ -268,8 +268,8 @@ class Sequence:
             if not (self.req.grammar and not self.req.grammar_triggers):
                 self.forced = tokenize(closing(self.req.reasoning or "think"), add_special=False)
 
-    def text_event(self, text: str) -> ipc.Text:
-        event = ipc.Text(self.rid, text, self.n_gen, self.probs or None)
+    def text_event(self, text: str) -> protocol.Text:
+        event = protocol.Text(self.rid, text, self.n_gen, self.probs or None)
         self.probs = []
         return event
 
@@ -279,7 +279,7 @@ class Sequence:
         if self.probs:
             out.send(self.text_event(text), hold=self.shown)
         else:
-            out.put(ipc.text_frame(self.rid, text, self.n_gen), hold=self.shown)
+            out.put(protocol.text_frame(self.rid, text, self.n_gen), hold=self.shown)
         self.shown = True
 
 

@@ -1,7 +1,7 @@
 """The model worker: a child process that owns one llama.cpp model and context.
 
-Run as ``python -m gateway.engine.worker CMD_FD EVENT_FD``. It loads the model named by
-the first command, then serves the commands of ``ipc.py`` until told to exit or its
+Run as ``python -m gateway.worker.worker CMD_FD EVENT_FD``. It loads the model named by
+the first command, then serves the commands of ``protocol/`` until told to exit or its
 command pipe closes. llama.cpp may abort the process on some faults; that takes down this
 model only, and the parent sees the pipe close.
 
@@ -19,7 +19,7 @@ only (the gateway never imports llama_cpp):
 - ``outbox``: the events queued in a step and written together;
 - ``refusals``: a request refused or failed, as its error event;
 and beside them ``infill``, ``schemagrammar``, ``slotmemory``, ``checkpoints``, ``generation``,
-``drafting``, ``speculation``, ``kvcache``, ``media``, ``adapters``, ``rpc`` and ``pipes``,
+``drafting``, ``speculation``, ``promptcache``, ``savedslots``, ``media``, ``adapters``, ``rpc`` and ``pipes``,
 each its docstring's job.
 
 - Threads. The main loop reads its command pipe itself, between two steps: the pipe is
@@ -47,8 +47,8 @@ each its docstring's job.
 A worker that dies fails its in-flight requests with ``worker_crashed``; the model reloads on
 the next request. A worker imports llama.cpp before it reads its first command
 (``model.prepare``), so a process started ahead of need is ready for any model
-(``spawning.Spare``). On ``Exit`` it saves its slots' caches (``kvcache.save``) before it leaves;
-a ``Load`` restores them (``kvcache.restore``) before ``Ready``, so no request is admitted to a
+(``backends.spawning.Spare``). On ``Exit`` it saves its slots' caches (``savedslots.save``) before it
+leaves; a ``Load`` restores them (``savedslots.restore``) before ``Ready``, so no request is admitted to a
 slot being restored.
 
 The decode loop uses llama.cpp's low-level API: prompt tokens go through ``llama_decode``
@@ -68,7 +68,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from . import embedding, ipc, pipes, savedslots
+from .. import protocol
+from . import embedding, pipes, savedslots
 from .decoding import Decoder
 from .embedding import Embedder
 from .model import Model, prepare
@@ -85,7 +86,7 @@ INLINE_PREP_CHARS = 4096  # a prompt this short is read in the loop itself when 
 class Queued:
     """A generate or embed command waiting for a slot (``Worker.pending``, in arrival order)."""
 
-    command: ipc.Generate | ipc.Embed
+    command: protocol.Generate | protocol.Embed
     prepared: PromptTokens | list[list[int]] | None = None  # a generate's prompt, an embed's inputs, once read
     cancelled: bool = False  # dropped from the queue by a cancel
 
@@ -96,7 +97,7 @@ class Prepared:
     tail, or its refusal; None for a request cancelled before it was read)."""
 
     job: Queued
-    result: PromptTokens | list[list[int]] | ipc.Error | None
+    result: PromptTokens | list[list[int]] | protocol.Error | None
     threaded: bool  # read on a prep thread (not in the loop)
 
 
@@ -104,14 +105,14 @@ class Prepared:
 class Reply:
     """Inbox message: the answer to a question, worked out on a prep thread."""
 
-    event: ipc.Event
+    event: protocol.Event
 
 
-def read_inline(command: ipc.Generate | ipc.Embed) -> bool:
+def read_inline(command: protocol.Generate | protocol.Embed) -> bool:
     """Whether an idle worker reads this prompt (or these inputs) in its loop: only a short one
     (the hand-off to a prep thread and back costs about a tenth of a millisecond, a short prompt
     less). A busy one reads every prompt on a prep thread, during the decodes."""
-    if isinstance(command, ipc.Embed):
+    if isinstance(command, protocol.Embed):
         return len(command.inputs) <= 64 and sum(len(x) for x in command.inputs) <= INLINE_PREP_CHARS and \
             (command.query is None or len(command.query) <= INLINE_PREP_CHARS)
     req = command.request
@@ -155,9 +156,9 @@ class Worker:
         self.inbox.append(msg)
         self.wakeup.set()
 
-    def _take(self, msg: ipc.Command | Prepared | Reply | None) -> None:
+    def _take(self, msg: protocol.Command | Prepared | Reply | None) -> None:
         match msg:
-            case ipc.Exit():
+            case protocol.Exit():
                 if self.decoder is not None:  # at an asked-for exit (an unload, a shutdown)
                     self.decoder.save_caches()
                 self.out.flush()
@@ -165,7 +166,7 @@ class Worker:
             case None:  # the gateway is gone
                 self.out.flush()
                 os._exit(0)
-            case ipc.Generate() | ipc.Embed():
+            case protocol.Generate() | protocol.Embed():
                 job = Queued(msg)
                 self.pending.append(job)
                 if self._quick(msg):
@@ -178,14 +179,14 @@ class Worker:
                     self.preparing -= 1
                 if job.cancelled:
                     pass  # dropped from pending by its cancel; nothing is sent for it
-                elif isinstance(result, ipc.Error):
+                elif isinstance(result, protocol.Error):
                     self.pending.remove(job)
                     self.out.send(result)
                 else:
                     job.prepared = result
             case Reply(event=event):
                 self.out.send(event)
-            case ipc.Cancel(id=rid):
+            case protocol.Cancel(id=rid):
                 if rid in self.asking:
                     self.asking[rid] = True  # not started yet: skipped; started: its answer is dropped
                 for job in self.pending:
@@ -197,18 +198,18 @@ class Worker:
                         seq.cancelled = True
                 if self.embedder is not None:
                     self.embedder.cancel(rid)
-            case ipc.Threads(n=n) if self.model is not None:
+            case protocol.Threads(n=n) if self.model is not None:
                 self.model.set_threads(n)
-            case ipc.TrimCache(id=rid, max_bytes=n):
+            case protocol.TrimCache(id=rid, max_bytes=n):
                 if self.decoder is not None and self.decoder.cache is not None:
                     self.decoder.cache.trim(n)
                 self._tell_cache(rid)
-            case ipc.Adapt() if self.model is not None:  # between two steps: no decode sees it half done
+            case protocol.Adapt() if self.model is not None:  # between two steps: no decode sees it half done
                 try:
-                    self.out.send(ipc.Adapted(msg.id, self.model.adapters.change(msg)))
+                    self.out.send(protocol.Adapted(msg.id, self.model.adapters.change(msg)))
                 except Refused as r:
                     self.out.send(r.event(msg.id))
-            case ipc.Tokenize() | ipc.Detokenize() | ipc.ApplyTemplate() if self.model is not None:
+            case protocol.Tokenize() | protocol.Detokenize() | protocol.ApplyTemplate() if self.model is not None:
                 self.asking[msg.id] = False
                 self.prep.submit(self._answer, msg)
 
@@ -218,7 +219,7 @@ class Worker:
         held = cache.held if cache is not None else 0
         if rid or held != self.told_cache:
             self.told_cache = held
-            self.out.send(ipc.CacheHeld(held, rid))
+            self.out.send(protocol.CacheHeld(held, rid))
 
     def _answer(self, question: PromptQuestion) -> None:
         """On a prep thread: a question's answer, unless its asker left before it began."""
@@ -228,7 +229,7 @@ class Worker:
                 self._put(Reply(event))
         self.asking.pop(question.id, None)
 
-    def _quick(self, command: ipc.Generate | ipc.Embed) -> bool:
+    def _quick(self, command: protocol.Generate | protocol.Embed) -> bool:
         """``read_inline``, for the loop's state now."""
         idle = self.decoder is not None and not self.preparing and not self.decoder.active() \
             and (self.embedder is None or not self.embedder.busy)
@@ -244,10 +245,10 @@ class Worker:
                 self._put(Prepared(job, None, True))
             return
         command = job.command
-        result: PromptTokens | list[list[int]] | ipc.Error
+        result: PromptTokens | list[list[int]] | protocol.Error
         try:
             assert self.prompts is not None and self.model is not None  # taken only once it is loaded
-            if isinstance(command, ipc.Embed):
+            if isinstance(command, protocol.Embed):
                 result = embedding.read(self.model, self.prompts, command)
             else:
                 result = self.prompts.prepare(command.request)
@@ -279,25 +280,25 @@ class Worker:
             command, prepared = job.command, job.prepared
             if prepared is None:
                 continue
-            if isinstance(command, ipc.Embed):
+            if isinstance(command, protocol.Embed):
                 assert isinstance(prepared, list) and self.embedder is not None
                 self.pending.remove(job)
                 self.embedder.add(command.id, prepared, command.query is not None)
                 continue
             if not decoder.free_slots():
                 return
-            assert isinstance(command, ipc.Generate) and isinstance(prepared, PromptTokens)
+            assert isinstance(command, protocol.Generate) and isinstance(prepared, PromptTokens)
             self.pending.remove(job)
             self._guard(command.id, self._start, decoder, command, prepared)
 
-    def _start(self, decoder: Decoder, command: ipc.Generate, prompt: PromptTokens) -> None:
+    def _start(self, decoder: Decoder, command: protocol.Generate, prompt: PromptTokens) -> None:
         req = command.request
         seq = decoder.admit(command.id, req, prompt.tokens, prompt.tail, prompt.runs)
         echo = None
         if req.echo:
             assert self.model is not None
             echo = req.prompt if req.prompt is not None else self.model.vocab.detokenize(seq.tokens)
-        self.out.send(ipc.Start(command.id, len(seq.tokens), seq.common, seq.slot.id, seq.prompt_tail, echo,
+        self.out.send(protocol.Start(command.id, len(seq.tokens), seq.common, seq.slot.id, seq.prompt_tail, echo,
                                seq.source))
 
     def _embed(self, embedder: Embedder) -> None:
@@ -321,7 +322,7 @@ class Worker:
         prepare()  # before the first command: a spare process is ready ahead of its load
         came = self.waiter.first()
         first = came.pop(0)
-        if not isinstance(first, ipc.Load):
+        if not isinstance(first, protocol.Load):
             os._exit(0)
         told = -1
 
@@ -330,7 +331,7 @@ class Worker:
             percent = int(fraction * 100)
             if percent != told:
                 told = percent
-                out.send(ipc.LoadProgress(round(fraction, 4)))
+                out.send(protocol.LoadProgress(round(fraction, 4)))
                 out.flush()
 
         try:
@@ -339,7 +340,7 @@ class Worker:
             decoder = self.decoder = Decoder(model, Sampling(model), out)
             embedder = self.embedder = Embedder(model) if model.embed_seqs else None
         except Exception as e:  # report, then leave: a failed load has nothing to serve
-            out.send(ipc.LoadFailed(str(e)))
+            out.send(protocol.LoadFailed(str(e)))
             out.flush()
             os._exit(0)
         restored = (0, 0)
@@ -348,7 +349,7 @@ class Worker:
                 restored = savedslots.restore(model, decoder.slots, first.model.kv_cache_dir, decoder.cache)
             except Exception as e:  # an unreadable cache directory is a miss
                 sys.stderr.write(f"could not restore the KV caches of {first.model.name}: {e}\n")
-        out.send(ipc.Ready({**model.info(), "restored_slots": restored[0], "restored_tokens": restored[1]}))
+        out.send(protocol.Ready({**model.info(), "restored_slots": restored[0], "restored_tokens": restored[1]}))
         self._tell_cache()  # the states the load restored into the prompt cache
         out.flush()
         interval = model.params.stream_interval

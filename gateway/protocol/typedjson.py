@@ -1,6 +1,6 @@
 """Values read back from JSON as the types their dataclass fields name, where JSON has no such
 type: a tuple, a path, a dataclass (an object), a list of either. The typed messages
-between the gateway and a worker (``ipc``) are read through it."""
+between the gateway and a worker (``protocol``) are read through it."""
 
 from __future__ import annotations
 

@@ -18,21 +18,15 @@ time leaves the table at once and is freed once no sequence uses it (``collect``
 from __future__ import annotations
 
 import ctypes
-import math
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import ipc
+from .. import protocol
+from ..protocol.bounds import MAX_ADAPTERS, MAX_SCALE, is_scale
 from .refusals import Refused
-
-MAX_ADAPTERS = 64  # a model's table, run-time ones included: each holds memory and a name
-# An adapter's scale, as llama.cpp multiplies its product by it: real ones are about 0 to 2 (below 0
-# takes a style away). Past 100 the adapter's product drowns the model's own weights, and in
-# half-precision activations it runs to infinity: a typo, not a setting.
-MAX_SCALE = 100.0
 
 
 @dataclass(eq=False)
@@ -55,12 +49,6 @@ def _ident(path: str) -> str:
     return f"{os.path.realpath(path)}:{st.st_size}:{st.st_mtime_ns}"
 
 
-def is_scale(value: Any) -> bool:
-    """Whether a request or an operator gave a scale: a finite number within ``MAX_SCALE`` (pure)."""
-    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value) \
-        and abs(value) <= MAX_SCALE
-
-
 def scale_of(value: Any, param: str) -> float:
     """A scale a request or an operator gave (``is_scale``); else ``Refused``."""
     if not is_scale(value):
@@ -69,7 +57,7 @@ def scale_of(value: Any, param: str) -> float:
 
 
 class Adapters:
-    def __init__(self, ll, model: Any, ctx: Any, params: ipc.LoadParams, errors: list[str]):
+    def __init__(self, ll, model: Any, ctx: Any, params: protocol.LoadParams, errors: list[str]):
         """Load ``params.lora`` and ``params.loras`` (raises ``RuntimeError`` with llama.cpp's reason
         on one it refuses) and apply the defaults. ``errors``: llama.cpp's error lines, as its log
         callback appends them (its reason for a refused adapter is only logged)."""
@@ -162,8 +150,8 @@ class Adapters:
             raise RuntimeError("llama.cpp could not set the LoRA adapters on the context")
         self.current = chosen
 
-    # --- run-time changes (``ipc.Adapt``) -----------------------------------------------------------
-    def change(self, command: ipc.Adapt) -> list[dict[str, Any]]:
+    # --- run-time changes (``protocol.Adapt``) -----------------------------------------------------------
+    def change(self, command: protocol.Adapt) -> list[dict[str, Any]]:
         """Carry out ``command``; the table as it now is (``describe``). Raises ``Refused``."""
         if command.action == "load":
             if any(a.name == command.name for a in self.table):

@@ -13,8 +13,8 @@ import ctypes
 import json
 from typing import Any
 
+from .. import protocol
 from ..text.grammar import MAX_MADE_GRAMMAR_CHARS, grammar_problem
-from . import ipc
 from .model import Model
 from .refusals import Refused
 
@@ -38,7 +38,7 @@ def structured_grammar(kind: str, schema: dict[str, Any] | None, param: str) -> 
     return grammar
 
 
-def grammar_param(req: ipc.GenerationRequest) -> str:
+def grammar_param(req: protocol.GenerationRequest) -> str:
     """The caller's field a request's grammar came from: its tools, its structured-output field,
     or its own ``grammar``."""
     if req.tools and req.tool_format:
@@ -75,7 +75,7 @@ class Sampling:
         self._cand_arr: Any = None
         self._cand_ptr: Any = None
 
-    def chain(self, req: ipc.GenerationRequest):
+    def chain(self, req: protocol.GenerationRequest):
         """The request's native sampler chain; None for plain greedy decoding, which the decode
         loop does as an argmax over the logits in place (llama.cpp's chain first copies all
         n_vocab candidates: ~0.2 ms a token with a 152k vocabulary). Raises ``Refused`` for a

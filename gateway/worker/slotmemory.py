@@ -6,7 +6,7 @@ shared prefix, moves the chunks that ``slots.reuse_plan`` finds past the first d
 sequence id until the tokens before them are read (``splice``: a unified pool only, where cells
 can belong to two ids), and where the cache cannot be cut there (a recurrent or hybrid model, a
 sliding-window cache that has dropped positions the next token attends to) goes on from the
-latest context checkpoint before it (``engine/checkpoints``), else empties it. The decoder calls
+latest context checkpoint before it (``worker/checkpoints``), else empties it. The decoder calls
 ``splice`` when a prefilling sequence reaches a parked chunk and ``checkpoint`` at a mark.
 Only the worker's main loop calls this.
 """

@@ -38,7 +38,7 @@ async def spawn() -> Spawned:
     ev_r, ev_w = os.pipe()
     try:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gateway.engine.worker", str(cmd_r), str(ev_w),
+            sys.executable, "-m", "gateway.worker.worker", str(cmd_r), str(ev_w),
             pass_fds=(cmd_r, ev_w), stdin=asyncio.subprocess.DEVNULL, stdout=2,
             start_new_session=True,  # Ctrl-C in a terminal reaches the gateway, which stops workers
         )

@@ -8,9 +8,11 @@ a new one on the next request.
 
 The worker's prompt cache (``promptcache.PromptCache``) holds host memory beyond what llama.cpp
 allocated at load: ``WorkerProcess.cache_bytes`` is its size as the worker last told
-(``ipc.CacheHeld``, with a request's start or done where it changed), and ``trim_cache`` drops
+(``protocol.CacheHeld``, with a request's start or done where it changed), and ``trim_cache`` drops
 its least recently used states down to a size, which the placement does before it unloads a
-model for memory (``serving/placer.py``).
+model for memory (``serving/placer.py``); ``CacheHeld`` keeps both.
+
+``spawning.py`` starts the process; the commands and events are ``protocol``'s.
 """
 
 from __future__ import annotations
@@ -21,21 +23,20 @@ import itertools
 import logging
 import os
 import signal
-import struct
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from . import ipc
-from .ipc import Command, Error, Event
+from .. import protocol
+from ..protocol import Command, Error, Event
+from ..protocol.framing import HEADER
 from .spawning import LoadFailed, Spare, Spawned, spawn
 
 log = logging.getLogger(__name__)
 
-_LEN = struct.Struct(">I")
 SAVE_TIMEOUT = 120.0  # seconds a worker saving its KV caches at exit may take before it is killed
 # what ``ask`` sends: a command the worker answers with one event (embed included, unlike
 # ``prompts.PromptQuestion``, which the worker's prep threads answer without decoding)
-WorkerQuestion = ipc.Tokenize | ipc.Detokenize | ipc.ApplyTemplate | ipc.Embed | ipc.Adapt
+WorkerQuestion = protocol.Tokenize | protocol.Detokenize | protocol.ApplyTemplate | protocol.Embed | protocol.Adapt
 
 
 class RequestFailed(Exception):
@@ -48,20 +49,17 @@ class RequestFailed(Exception):
 
 
 class WorkerProcess:
-    def __init__(self, params: ipc.LoadParams, *, on_exit: Callable[[WorkerProcess, bool], None] | None = None,
+    def __init__(self, params: protocol.LoadParams, *, on_exit: Callable[[WorkerProcess, bool], None] | None = None,
                  on_busy: Callable[[WorkerProcess], None] | None = None,
                  on_progress: Callable[[float], None] | None = None):
         self.params = params
         self._on_progress = on_progress  # how far the load has read the weights, 0 to 1
-        self._on_busy = on_busy  # called when the worker goes from idle to busy or back
         self.threads: int | None = None  # what the worker was last told to use
         self.info: dict[str, Any] = {}
-        self.cache_bytes = 0  # what the worker's prompt cache holds in host memory, as it last told
-        self._trims: dict[int, asyncio.Future[int]] = {}  # trim_cache's waiting for their answer, by id
+        self.cache = CacheHeld()
         self.proc: asyncio.subprocess.Process | None = None
         self._on_exit = on_exit
-        self._ids = itertools.count(1)
-        self._queues: dict[int, _Inbox] = {}
+        self.requests = InFlight(None if on_busy is None else lambda: on_busy(self))
         self._ready: asyncio.Future[dict[str, Any]] | None = None
         self._transport: asyncio.WriteTransport | None = None
         self._reader_task: asyncio.Task | None = None
@@ -71,9 +69,14 @@ class WorkerProcess:
     @property
     def serves(self) -> frozenset[str]:
         """The kinds of request this model answers."""
-        kind = {ipc.RERANK} if self.params.reranker else {ipc.EMBEDDINGS} if self.params.embeddings \
-            else {ipc.CHAT, ipc.COMPLETIONS}
-        return frozenset({*kind, ipc.TOKENIZE})
+        kind = {protocol.RERANK} if self.params.reranker else {protocol.EMBEDDINGS} if self.params.embeddings \
+            else {protocol.CHAT, protocol.COMPLETIONS}
+        return frozenset({*kind, protocol.TOKENIZE})
+
+    @property
+    def cache_bytes(self) -> int:
+        """What the worker's prompt cache holds in host memory, as it last told."""
+        return self.cache.bytes
 
     @property
     def device(self) -> str:
@@ -89,7 +92,7 @@ class WorkerProcess:
 
     @property
     def in_flight(self) -> int:
-        return len(self._queues)
+        return len(self.requests.inboxes)
 
     async def start(self, spare: Spare | None = None) -> dict[str, Any]:
         """Start the worker (``spare``'s waiting process, where there is one) and load the
@@ -119,7 +122,7 @@ class WorkerProcess:
         self._transport, _ = await loop.connect_write_pipe(asyncio.Protocol, os.fdopen(spawned.cmd_w, "wb", 0))
         self._ready = loop.create_future()
         self._reader_task = asyncio.create_task(self._wait_exit(closed), name=f"worker-{self.params.name}")
-        self._send(ipc.Load(self.params))
+        self._send(protocol.Load(self.params))
         try:
             self.info = await self._ready
         except BaseException:
@@ -128,25 +131,23 @@ class WorkerProcess:
 
     def _send(self, command: Command) -> None:
         if self._transport is not None and not self._transport.is_closing():
-            self._transport.write(ipc.encode_command(command))
+            self._transport.write(protocol.encode_command(command))
 
     def _dispatch(self, event: Event) -> None:
         self._heard = True
-        if isinstance(event, ipc.Ready):
+        if isinstance(event, protocol.Ready):
             if self._ready and not self._ready.done():
                 self._ready.set_result(event.info)
-        elif isinstance(event, ipc.LoadProgress):
+        elif isinstance(event, protocol.LoadProgress):
             if self._on_progress is not None:
                 self._on_progress(event.fraction)
-        elif isinstance(event, ipc.LoadFailed):
+        elif isinstance(event, protocol.LoadFailed):
             if self._ready and not self._ready.done():
                 self._ready.set_exception(LoadFailed(event.error))
-        elif isinstance(event, ipc.CacheHeld):
-            self.cache_bytes = event.bytes
-            if (trim := self._trims.pop(event.id, None)) is not None and not trim.done():
-                trim.set_result(event.bytes)
-        elif (q := self._queues.get(event.id)) is not None:
-            q.put_nowait(event)  # (the events of a request already released are dropped)
+        elif isinstance(event, protocol.CacheHeld):
+            self.cache.told(event)
+        else:
+            self.requests.put(event)
 
     async def _wait_exit(self, closed: asyncio.Future) -> None:
         await closed  # the worker's end of the event pipe closed: it exited or is exiting
@@ -162,15 +163,11 @@ class WorkerProcess:
             self._ready.set_exception(LoadFailed(f"the model worker exited during load ({how})"))
         elif not expected:
             log.error("model %r worker (pid %s) exited unexpectedly: %s", self.params.name, self.pid, how)
-        for rid, q in self._queues.items():
+        for rid, q in self.requests.inboxes.items():
             q.put_nowait(Error(rid, 500, f"the worker for model {self.params.name!r} exited unexpectedly ({how}"
                                          f"{'; an rpc-server it uses may have gone' if self.params.rpc else ''}); "
                                          "the model reloads on the next request", None, "worker_crashed"))
-        self.cache_bytes = 0  # a worker gone holds nothing
-        for trim in self._trims.values():
-            if not trim.done():
-                trim.set_result(0)
-        self._trims.clear()
+        self.cache.gone()
         if self._transport is not None:
             self._transport.close()
         if self._on_exit is not None:
@@ -178,36 +175,25 @@ class WorkerProcess:
 
     def abort_all(self, message: str) -> None:
         """Fail every request of this worker at once with ``message`` (503), cancelling its work."""
-        for rid, q in list(self._queues.items()):
+        for rid, q in list(self.requests.inboxes.items()):
             q.put_nowait(Error(rid, 503, message, None, "shutting_down"))
-            self._send(ipc.Cancel(rid))
+            self._send(protocol.Cancel(rid))
 
     @property
     def busy(self) -> bool:
-        return bool(self._queues)
+        return bool(self.requests.inboxes)
 
     def set_threads(self, n: int) -> None:
         if n != self.threads and self.alive:
             self.threads = n
-            self._send(ipc.Threads(n))
+            self._send(protocol.Threads(n))
 
-    def _track(self, rid: int, q: _Inbox | None) -> None:
-        was = self.busy
-        if q is None:
-            self._queues.pop(rid, None)
-        else:
-            self._queues[rid] = q
-        if was != self.busy and self._on_busy is not None:
-            self._on_busy(self)
-
-    def generate(self, request: ipc.GenerationRequest) -> Generation:
-        rid = next(self._ids)
-        q: _Inbox = _Inbox()
-        self._track(rid, q)
+    def generate(self, request: protocol.GenerationRequest) -> Generation:
+        rid, q = self.requests.open()
         if not self.alive:
             q.put_nowait(self._unavailable(rid))
         else:
-            self._send(ipc.Generate(rid, request))
+            self._send(protocol.Generate(rid, request))
         return Generation(self, rid, q)
 
     def _unavailable(self, rid: int) -> Error:
@@ -216,9 +202,7 @@ class WorkerProcess:
     async def ask(self, question: Callable[[int], WorkerQuestion]) -> Event:
         """One question (made with its request id) with one answer; an error event raises
         ``RequestFailed``."""
-        rid = next(self._ids)
-        q: _Inbox = _Inbox()
-        self._track(rid, q)
+        rid, q = self.requests.open()
         try:
             if not self.alive:
                 raise RequestFailed(self._unavailable(rid))
@@ -226,59 +210,63 @@ class WorkerProcess:
             try:
                 answer = await q.get()
             except asyncio.CancelledError:  # the caller left: a question not begun is skipped
-                self._send(ipc.Cancel(rid))
+                self._send(protocol.Cancel(rid))
                 raise
         finally:
-            self._track(rid, None)
+            self.requests.close(rid)
         if isinstance(answer, Error):
             raise RequestFailed(answer)
         return answer
 
-    async def tokenize(self, request: dict[str, Any], with_pieces: bool = False) -> ipc.Tokens:
+    async def tokenize(self, request: dict[str, Any], with_pieces: bool = False) -> protocol.Tokens:
         """A prompt (``{"prompt"|"messages", "add_special"?, "param"?}``) as the model's tokens."""
-        prompt = ipc.PromptRequest.of(request)
-        return _expect(await self.ask(lambda rid: ipc.Tokenize(rid, prompt, with_pieces)), ipc.Tokens)
+        prompt = protocol.PromptRequest.of(request)
+        return _expect(await self.ask(lambda rid: protocol.Tokenize(rid, prompt, with_pieces)), protocol.Tokens)
 
-    async def detokenize(self, tokens: list[int]) -> ipc.Detokenized:
-        return _expect(await self.ask(lambda rid: ipc.Detokenize(rid, tokens)), ipc.Detokenized)
+    async def detokenize(self, tokens: list[int]) -> protocol.Detokenized:
+        return _expect(await self.ask(lambda rid: protocol.Detokenize(rid, tokens)), protocol.Detokenized)
 
-    async def apply_template(self, request: dict[str, Any]) -> ipc.Prompt:
+    async def apply_template(self, request: dict[str, Any]) -> protocol.Prompt:
         """A chat request's messages through the model's template, as the prompt's text."""
-        prompt = ipc.PromptRequest.of(request)
-        return _expect(await self.ask(lambda rid: ipc.ApplyTemplate(rid, prompt)), ipc.Prompt)
+        prompt = protocol.PromptRequest.of(request)
+        return _expect(await self.ask(lambda rid: protocol.ApplyTemplate(rid, prompt)), protocol.Prompt)
 
-    async def embed(self, inputs: list[Any]) -> ipc.Embeddings:
-        return _expect(await self.ask(lambda rid: ipc.Embed(rid, inputs)), ipc.Embeddings)
+    async def embed(self, inputs: list[Any]) -> protocol.Embeddings:
+        return _expect(await self.ask(lambda rid: protocol.Embed(rid, inputs)), protocol.Embeddings)
 
-    async def rerank(self, query: str, documents: list[str]) -> ipc.Embeddings:
+    async def rerank(self, query: str, documents: list[str]) -> protocol.Embeddings:
         """Each document's relevance to ``query``, as one-number vectors in document order."""
-        return _expect(await self.ask(lambda rid: ipc.Embed(rid, documents, query)), ipc.Embeddings)
+        return _expect(await self.ask(lambda rid: protocol.Embed(rid, documents, query)), protocol.Embeddings)
+
+    async def adapt(self, action: str, **fields: Any) -> list[dict[str, Any]]:
+        """Read or change the worker's LoRA adapters (``protocol.Adapt``): the table as it now is; a
+        refusal raises ``RequestFailed``."""
+        return _expect(await self.ask(lambda rid: protocol.Adapt(rid, action, **fields)), protocol.Adapted).adapters
 
     async def trim_cache(self, max_bytes: int) -> int:
         """Have the worker drop its prompt cache's least recently used states down to ``max_bytes``
         (its bound stays); the bytes it holds then (0: not running). Not a request: not busy."""
         if not self.alive:
             return 0
-        rid = next(self._ids)
-        answer: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._trims[rid] = answer
+        rid = self.requests.new_id()
+        answer = self.cache.waiting(rid)
         try:
-            self._send(ipc.TrimCache(rid, max_bytes))
+            self._send(protocol.TrimCache(rid, max_bytes))
             return await answer
         finally:
-            self._trims.pop(rid, None)
+            self.cache.done(rid)
 
     def _release(self, rid: int, finished: bool) -> None:
-        self._track(rid, None)
+        self.requests.close(rid)
         if not finished and self.alive:
-            self._send(ipc.Cancel(rid))
+            self._send(protocol.Cancel(rid))
 
     async def stop(self, timeout: float = 5.0) -> None:
         """Ask the worker to exit; kill it if it does not within ``timeout``."""
         self._stopping = True
         if self.proc is None or self.proc.returncode is not None:
             return
-        self._send(ipc.Exit())
+        self._send(protocol.Exit())
         if self.params.kv_cache_dir:
             timeout = max(timeout, SAVE_TIMEOUT)  # it writes its slots' caches first
         try:
@@ -297,13 +285,72 @@ class WorkerProcess:
             self.proc.send_signal(sig)
 
 
+class InFlight:
+    """A worker's requests in flight, by id: each one's inbox, from ``open`` until ``close``.
+    ``on_busy`` is called when the worker goes from idle to busy or back."""
+
+    def __init__(self, on_busy: Callable[[], None] | None):
+        self._ids = itertools.count(1)
+        self.inboxes: dict[int, _Inbox] = {}
+        self._on_busy = on_busy
+
+    def new_id(self) -> int:
+        return next(self._ids)
+
+    def open(self) -> tuple[int, _Inbox]:
+        rid, inbox = next(self._ids), _Inbox()
+        self.inboxes[rid] = inbox
+        if len(self.inboxes) == 1 and self._on_busy is not None:
+            self._on_busy()
+        return rid, inbox
+
+    def close(self, rid: int) -> None:
+        if self.inboxes.pop(rid, None) is not None and not self.inboxes and self._on_busy is not None:
+            self._on_busy()
+
+    def put(self, event: Event) -> None:
+        if (inbox := self.inboxes.get(event.id)) is not None:  # type: ignore[union-attr]
+            inbox.put_nowait(event)  # (the events of a request already released are dropped)
+
+
+class CacheHeld:
+    """A worker's prompt cache in host memory, as the gateway knows it: its size as the worker
+    last told (``bytes``; 0 once the worker is gone), and the trims waiting for their answer."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+        self._trims: dict[int, asyncio.Future[int]] = {}  # by the TrimCache's id
+
+    def waiting(self, rid: int) -> asyncio.Future[int]:
+        """The answer to TrimCache ``rid``, once it comes: the bytes held then."""
+        answer: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._trims[rid] = answer
+        return answer
+
+    def done(self, rid: int) -> None:
+        self._trims.pop(rid, None)
+
+    def told(self, event: protocol.CacheHeld) -> None:
+        self.bytes = event.bytes
+        if (trim := self._trims.pop(event.id, None)) is not None and not trim.done():
+            trim.set_result(event.bytes)
+
+    def gone(self) -> None:
+        """The worker exited: it holds nothing, and every trim waiting has its answer."""
+        self.bytes = 0
+        for trim in self._trims.values():
+            if not trim.done():
+                trim.set_result(0)
+        self._trims.clear()
+
+
 def _restored(info: dict[str, Any]) -> str:
     if not info.get("restored_slots"):
         return ""
     return f"; restored {info['restored_tokens']} cached tokens in {info['restored_slots']} slot(s)"
 
 
-def _expect(event: Event, kind: type[ipc.TEvent]) -> ipc.TEvent:
+def _expect(event: Event, kind: type[protocol.TEvent]) -> protocol.TEvent:
     if not isinstance(event, kind):
         raise TypeError(f"the worker answered {type(event).__name__} where {kind.__name__} was due")
     return event
@@ -355,10 +402,10 @@ class _Frames(asyncio.Protocol):
         buf += data
         at = 0
         while len(buf) - at >= 4:
-            (n,) = _LEN.unpack_from(buf, at)
+            (n,) = HEADER.unpack_from(buf, at)
             if len(buf) - at - 4 < n:
                 break
-            self._dispatch(ipc.decode_event(buf[at + 4:at + 4 + n]))
+            self._dispatch(protocol.decode_event(buf[at + 4:at + 4 + n]))
             at += 4 + n
         del buf[:at]
 
@@ -417,7 +464,7 @@ class Generation(Events):
         if self.on_idle is not None and not self._q:
             await self.on_idle()
         event = await self._q.get()
-        if isinstance(event, ipc.TERMINAL):
+        if isinstance(event, protocol.TERMINAL):
             self.finished = True
         return event
 
@@ -427,8 +474,3 @@ class Generation(Events):
     def close(self) -> None:
         self.worker._release(self.id, self.finished)
 
-
-async def adapt(worker: WorkerProcess, action: str, **fields: Any) -> list[dict[str, Any]]:
-    """Read or change a worker's LoRA adapters (``ipc.Adapt``): the table as it now is; a refusal
-    raises ``RequestFailed``."""
-    return _expect(await worker.ask(lambda rid: ipc.Adapt(rid, action, **fields)), ipc.Adapted).adapters

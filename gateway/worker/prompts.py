@@ -12,10 +12,12 @@ import functools
 import json
 from typing import Any, NamedTuple
 
+from .. import protocol
+from ..protocol import bounds
 from ..text import chat_template
 from ..text.grammar import MAX_MADE_GRAMMAR_CHARS, grammar_problem
 from ..text.reasoning import ReasoningSplitter
-from . import infill, ipc
+from . import infill
 from .media import Run
 from .model import Model
 from .refusals import Refused, failure
@@ -24,8 +26,8 @@ from .toolhistory import for_template
 
 PROMPT_TAIL = 256  # characters of a prompt's text kept for the start event
 
-PromptQuestion = ipc.Tokenize | ipc.Detokenize | ipc.ApplyTemplate  # answered without decoding
-Source = ipc.GenerationRequest | ipc.PromptRequest  # what a prompt is read from
+PromptQuestion = protocol.Tokenize | protocol.Detokenize | protocol.ApplyTemplate  # answered without decoding
+Source = protocol.GenerationRequest | protocol.PromptRequest  # what a prompt is read from
 
 
 class PromptTokens(NamedTuple):
@@ -42,7 +44,7 @@ class Prompts:
     def tokens(self, req: Source, add_special: bool = True, param: str | None = None) -> PromptTokens:
         """The prompt as tokens, and the end of its text. A text that cannot fit is refused
         untokenized; ``param`` names the field in the refusal."""
-        if isinstance(req, ipc.GenerationRequest) and req.suffix is not None:
+        if isinstance(req, protocol.GenerationRequest) and req.suffix is not None:
             return self.infill(req)
         param = param or ("messages" if req.messages is not None else "prompt")
         if req.prompt_tokens is not None:
@@ -62,7 +64,7 @@ class Prompts:
             raise Refused(400, f"model {self.model.params.name!r} does not take "
                                f"{'images' if first.kind == 'image' else 'audio'}", first.param,
                           f"{first.kind}_not_supported")
-        generating = isinstance(req, ipc.GenerationRequest)
+        generating = isinstance(req, protocol.GenerationRequest)
         tokens, runs = projector.tokenize(text, req.media, add_special)
         if not generating:
             projector.free(runs)
@@ -72,13 +74,13 @@ class Prompts:
             raise Refused(400, "a prompt cannot end with a picture or a sound: put text after it", first.param)
         return PromptTokens(tokens, text[-PROMPT_TAIL:], runs)
 
-    def infill(self, req: ipc.GenerationRequest) -> PromptTokens:
+    def infill(self, req: protocol.GenerationRequest) -> PromptTokens:
         """A fill-in-the-middle prompt: ``prompt`` before the cursor, ``suffix`` after it, the
         extra files before both, in the model's FIM tokens (``infill.layout``, llama-server's
         layout). A vocabulary without them is a 400 naming the suffix's field. What the layout
         cannot keep is cut (by bytes) before tokenizing: the prefix, the suffix, and the extra
         files (``infill.recent``: names and texts together), each to (the tokens the layout keeps
-        of it + ``infill.MARGIN``) times the vocabulary's longest piece in bytes."""
+        of it + ``bounds.MARGIN``) times the vocabulary's longest piece in bytes."""
         vocab, fim = self.vocab, self.vocab.fim
         if missing := fim.missing():
             raise Refused(400, f"model {self.model.params.name!r} cannot fill in the middle: its vocabulary has no "
@@ -86,7 +88,7 @@ class Prompts:
                                f"`{req.suffix_param}` for a plain completion", req.suffix_param, "fim_not_supported")
         self.check_fits(req.infill_prompt, "prompt")
         n_batch, n_predict = self.model.cp.n_batch, -1 if req.max_tokens is None else req.max_tokens
-        room = infill.extra_room(self.n_ctx, n_batch, n_predict)  # tokens of the extra context kept at most
+        room = bounds.extra_room(self.n_ctx, n_batch, n_predict)  # tokens of the extra context kept at most
         extra = [infill.Extra(e.get("filename", "tmp"), e["text"]) for e in req.infill_extra]
         # Cut at more bytes than the kept tokens can stand for (MARGIN: a cut may split a token),
         # so the model reads the same prompt. Texts of at most the kept tokens' count in bytes
@@ -100,8 +102,8 @@ class Prompts:
         def plain(text: str) -> list[int]:  # a caller's code: special tokens written in it stay text
             return vocab.tokenize(text, add_special=False, parse_special=False)
 
-        keep = (n_batch + infill.MARGIN) * longest  # more bytes than the layout's share of a batch can hold
-        extra = infill.recent(fim, extra, room, (room + infill.MARGIN) * longest)
+        keep = (n_batch + bounds.MARGIN) * longest  # more bytes than the layout's share of a batch can hold
+        extra = infill.recent(fim, extra, room, (room + bounds.MARGIN) * longest)
         prefix, suffix = infill.tail_bytes(req.prompt or "", keep), infill.head_bytes(req.suffix or "", keep)
         tokens = infill.layout(
             fim, plain, plain(prefix), plain(suffix), vocab.tokenize(req.infill_prompt, add_special=False), extra,
@@ -123,7 +125,7 @@ class Prompts:
                                f"stands for more than {longest} bytes). Please reduce the {param}.",
                           param, "context_length_exceeded")
 
-    def prepare(self, req: ipc.GenerationRequest) -> PromptTokens:
+    def prepare(self, req: protocol.GenerationRequest) -> PromptTokens:
         """What admission needs, worked out off the decode loop (in a prep thread): the grammar
         of a ``response_format``, and the prompt's tokens and text tail, checked against the
         context. Raises ``Refused``."""
@@ -140,7 +142,7 @@ class Prompts:
             raise
         return prompt
 
-    def _check(self, req: ipc.GenerationRequest, prompt: PromptTokens) -> None:
+    def _check(self, req: protocol.GenerationRequest, prompt: PromptTokens) -> None:
         """The tool grammar of ``req``, and room in the context for its prompt and answer."""
         if req.tools and req.tool_format:
             think = None
@@ -199,19 +201,19 @@ class Prompts:
                                   "chat_template_kwargs") from None
             raise Refused(500, f"model {self.model.params.name!r}: {e}", None, "chat_template_error") from None
 
-    def answer(self, question: PromptQuestion) -> ipc.Event:
+    def answer(self, question: PromptQuestion) -> protocol.Event:
         """A question that needs no decoding: tokenize, detokenize or apply a chat template."""
         rid = question.id
         try:
             match question:
-                case ipc.ApplyTemplate(request=req):
-                    return ipc.Prompt(rid, self.render(req))
-                case ipc.Tokenize(request=req, with_pieces=with_pieces):
+                case protocol.ApplyTemplate(request=req):
+                    return protocol.Prompt(rid, self.render(req))
+                case protocol.Tokenize(request=req, with_pieces=with_pieces):
                     tokens = self.tokens(req, req.add_special, req.param).tokens
                     pieces = [self.vocab.piece(t).decode("utf-8", "replace") for t in tokens] if with_pieces else None
-                    return ipc.Tokens(rid, tokens, pieces)
-                case ipc.Detokenize(tokens=tokens):
-                    return ipc.Detokenized(rid, self.vocab.detokenize(self.vocab.known_ids(tokens, "tokens")))
+                    return protocol.Tokens(rid, tokens, pieces)
+                case protocol.Detokenize(tokens=tokens):
+                    return protocol.Detokenized(rid, self.vocab.detokenize(self.vocab.known_ids(tokens, "tokens")))
         except Refused as r:
             return r.event(rid)
         except Exception as e:  # a bug here must fail one question, not leave it unanswered
