@@ -14,7 +14,7 @@ from gateway.protocol import CallDelta, Done, GenerationRequest, Start, Text, Th
 from gateway.text.toolformats import AnswerParser
 from gateway.wire import anthropic as anth
 from gateway.wire import openai as oai
-from gateway.wire.answer import Call, CallArgs, Finish, Piece, pieces
+from gateway.wire.answer import Call, CallArgs, Finish, Piece, Reader
 
 
 def chunk(delta=None, finish=None, text=None, usage=None):
@@ -164,7 +164,8 @@ class Events:
 
 async def collect(events, stream, reasoning=None):
     parser = AnswerParser(None, None, reasoning=reasoning, stream=stream)
-    return [item async for item in pieces(Events(events), parser)]
+    reader = Reader(parser)
+    return [item async for event in Events(events) for item in reader.read(event)]
 
 
 async def test_native_calls_and_thinking_pass_through_the_answer():

@@ -14,6 +14,7 @@ error, a client gone), what it generated is counted (``_left``)."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -70,7 +71,7 @@ async def prepared(request: web.Request, ctx: Context, parsed: Parsed, *, thinki
 
     In order: the server's limits (``wire.prepare.admit``, before any wait); the request's pictures and
     sounds made ready (``media.ready``: fetched, decoded, checked); the model's name resolved
-    once (``BASE:ADAPTER``: the base, with that adapter on each request); the lease, which tells a
+    once (``Registry.find``; ``BASE:ADAPTER``: the base, with that adapter on each request); the lease, which tells a
     streamed request's client how a load goes where its writer allows (``Writer.progress``;
     otherwise the client waits in silence); then ``wire.prepare.prepare``, the one step that
     readies each request for the model it got (``thinking``: whether thinking is split out).
@@ -80,12 +81,14 @@ async def prepared(request: web.Request, ctx: Context, parsed: Parsed, *, thinki
     progress = _progress(request, out) if out is not None and out.progress and parsed.stream else None
     ctx.observation.request = parsed.request
     registry = request.app[REGISTRY]
-    name = parsed.model
-    if (picked := registry.adapters.picked(name)) is not None:  # BASE:ADAPTER: the base, that adapter on
-        name = picked[0].name
+    obs = ctx.observation
+    obs.queued = time.monotonic()  # asked for: its wait counts a lookup's pull on demand too
+    obs.asked_model = obs.asked_model or parsed.model  # the name, told in a refusal's trace too
+    model, adapter = await registry.find(parsed.model, progress)  # BASE:ADAPTER: the base, that adapter on
+    if adapter is not None:
         for req in parsed.requests:
-            req.adapter = picked[1]
-    async with common.hold(registry, ctx.observation, name, on_progress=progress, **kinds) as (spec, backend):
+            req.adapter = adapter
+    async with common.hold(registry, obs, model, parsed.model, on_progress=progress, **kinds) as (spec, backend):
         prepare(parsed, spec, backend.info, thinking=thinking)
         yield spec, backend
 

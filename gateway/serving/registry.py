@@ -169,6 +169,14 @@ class Registry:
             raise ModelNotFound(shown)
         return spec
 
+    async def find(self, name: object, on_progress: Progress | None = None) -> tuple[ModelSpec, str | None]:
+        """The model a request's name reaches, and the LoRA adapter it picks (``BASE:ADAPTER``, or
+        an adapter's own name: ``Adapters.picked``; None where the name is a model's own), the
+        name resolved once for the whole request: ``lease`` then takes the model itself."""
+        if (picked := self.adapters.picked(name)) is not None:
+            return picked
+        return await self.lookup(name, on_progress), None
+
     def specs(self) -> list[ModelSpec]:
         specs = self.catalog.specs()
         taken = {normalize_name(n) for s in specs for n in s.names}
@@ -225,15 +233,16 @@ class Registry:
                 if m.backend is not None and m.backend.alive}
 
     @contextlib.asynccontextmanager
-    async def lease(self, name: object, *, embeddings: bool | None = False, rerank: bool = False,
+    async def lease(self, name: object | ModelSpec, *, embeddings: bool | None = False, rerank: bool = False,
                     on_progress: Progress | None = None) -> AsyncIterator[tuple[ModelSpec, Backend]]:
         """The model's running backend for one request; the model stays loaded meanwhile.
         ``on_progress``: told how a load the request waits for goes (``ModelSupervisor.ready``).
         ``embeddings``: the request wants vectors (True) or text (False); ``rerank``: scores. A
         model serves one of these, the wrong one is a 501 (``supervisor.refusal``: known from a
         local model's spec before any load, and checked against what the backend says it serves).
-        ``embeddings=None``: any (tokenize)."""
-        spec = await self.lookup(name, on_progress)
+        ``embeddings=None``: any (tokenize). ``name``: a request's name, or the model ``find`` gave
+        for it."""
+        spec = name if isinstance(name, ModelSpec) else await self.lookup(name, on_progress)
         kind = RERANK if rerank else {True: EMBEDDINGS, False: CHAT, None: TOKENIZE}[embeddings]
         if (refused := refusal(spec, kind)) is not None:  # before a supervisor is made for it
             raise refused
