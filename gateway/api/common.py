@@ -1,10 +1,10 @@
-"""What every route's handler shares beyond reading its body (``body.py``): the server's
-limits (``apply_limits``: ``max_messages``, the deadline), ``lease`` (``Registry.lease`` with
-its wait and the load it waited for noted in the observation), ``embedded`` (an embedding's
-reply, charged however the request ends), ``vectors_response`` (its JSON written off the event
-loop), the request's event stream and its capture's tap, and ``dropped_tools`` (the hosted tools
-a request gave that its prompt left out: told in the inference event and the
-``X-Gateway-Dropped-Tools`` header)."""
+"""What every route's handler shares beyond reading its body (``body.py``): ``hold``
+(``Registry.lease`` with its wait and the load it waited for noted in the observation),
+``embedded`` (an embedding's reply, charged however the request ends), ``vectors_response``
+(its JSON written off the event loop), the request's event stream and its capture's tap, and
+``dropped_tools`` (the hosted tools a request gave that its prompt left out: told in the
+inference event and the ``X-Gateway-Dropped-Tools`` header). The server's limits on a
+generating request are ``wire.prepare.admit``'s."""
 
 from __future__ import annotations
 

@@ -66,9 +66,7 @@ async def _load_only(request: web.Request, parsed: ollama.OllamaParsed, chat: bo
         await registry.load(parsed.model)
         registry.supervisors.keep_alive(spec, parsed.keep_alive, shorten=is_admin(request))
         reason = "load"
-    body = ollama.chunk(parsed.model, chat)
-    body.update(done=True, done_reason=reason)
-    return web.json_response(body)
+    return web.json_response(ollama.load_answer(parsed.model, chat, reason))
 
 
 async def _answer(request: web.Request, parsed: ollama.OllamaParsed, chat: bool) -> web.StreamResponse:

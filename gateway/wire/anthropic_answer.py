@@ -95,7 +95,6 @@ class Writer(writer.Writer):
         self.blocks: list[dict[str, Any]] = []  # the whole answer's
         self._text: list[str] = []  # the open block's text, or a tool_use block's arguments
         self.kind: str | None = None  # the open block's: thinking | content | tool_use | hosted
-        self.begun: Start | None = None
 
     def _start(self, new: dict[str, Any], kind: str) -> list[Frame]:
         frames = self._stop()
@@ -122,7 +121,6 @@ class Writer(writer.Writer):
         return [({"type": "content_block_stop", "index": len(self.blocks) - 1}, "content_block_stop")]
 
     def open(self, begun: Start) -> list[Frame]:
-        self.begun = begun
         if not self.stream:
             return []
         return [({"type": "message_start",

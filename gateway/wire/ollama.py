@@ -287,6 +287,14 @@ class Clock:
                 "eval_count": completion_tokens, "eval_duration": ns(end - first)}
 
 
+def load_answer(model: str, chat: bool, reason: str) -> dict[str, Any]:
+    """The answer to a request that only loads (``reason`` "load") or unloads ("unload") its
+    model: an empty, finished answer, as Ollama's."""
+    body = chunk(model, chat)
+    body.update(done=True, done_reason=reason)
+    return body
+
+
 def done_reason(reason: str) -> str:
     return "length" if reason == "length" else "stop"
 
