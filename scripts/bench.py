@@ -14,6 +14,7 @@
     .venv/bin/python scripts/bench.py --cost --llama-server PATH           # a request's cost, cut (costbench.py)
     .venv/bin/python scripts/bench.py --observe                            # captures, traces (observebench.py)
     .venv/bin/python scripts/bench.py --lora                               # LoRA adapters per request (lorabench.py)
+    .venv/bin/python scripts/bench.py --only gateway --baseline /tmp/base  # an A/B against another commit's clone
 
 Contenders, each a real server process driven over HTTP through the same OpenAI
 `/v1/completions` requests. All are started, then measured in turns: each figure is taken
@@ -86,10 +87,11 @@ def gateway(model: Path, threads: int, tmp: Path, name: str = "bench", interval:
     cfg.write_text(f"server:\n  discover_default_stores: false\n{server}models:\n  {name}:\n    path: {model}\n"
                    f"    n_ctx: {N_CTX}\n    n_threads: {threads}\n    parallel: {PARALLEL}\n{layers}")
     env = {**os.environ, "HOME": str(tmp)}  # no models of the user's own are discovered
-    if checkout is not None:
+    if checkout is not None:  # its package first for the gateway (run in it) and for its workers
         env["PYTHONPATH"] = os.pathsep.join([str(checkout.resolve()), *filter(None, [env.get("PYTHONPATH")])])
     return Server(label, [sys.executable, "-m", "gateway", "serve", "--config", str(cfg), "--port", "{port}",
-                              "--log-level", "warning"], "/health", name, env)
+                              "--log-level", "warning"], "/health", name, env,
+                  cwd=checkout.resolve() if checkout is not None else None)
 
 
 def front(inner: Server, tmp: Path) -> Server:

@@ -97,17 +97,17 @@ class Server:
     """A contender: a server process on a free port, stopped on exit."""
 
     def __init__(self, name: str, cmd: list[str], health: str, model_name: str, env: dict | None = None,
-                 headers: dict | None = None):
+                 headers: dict | None = None, cwd: Path | None = None):
         self.name, self.cmd, self.health, self.model_name = name, cmd, health, model_name
         self.headers = headers or {}  # sent with every request (an API key's Authorization)
         self.port = free_port()
         self.cmd = [c.replace("{port}", str(self.port)) for c in cmd]
-        self.env = env
+        self.env, self.cwd = env, cwd  # cwd: where ``python -m`` finds its package first
         self.log = tempfile.NamedTemporaryFile("w+", prefix=f"bench-{name}-", suffix=".log", delete=False)
 
     def __enter__(self) -> Server:
         self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT, env=self.env,
-                                     start_new_session=True)
+                                     cwd=self.cwd, start_new_session=True)
         deadline = time.time() + 300
         while time.time() < deadline:
             if self.proc.poll() is not None:
