@@ -30,16 +30,16 @@ from .appkeys import CONFIG
 
 
 @asynccontextmanager
-async def hold(registry: Registry, obs: Observation, model: object, asked: str | None = None,
+async def hold(registry: Registry, obs: Observation, model: object,
                **kinds: Any) -> AsyncIterator[tuple[ModelSpec, Backend]]:
     """The model held for a request: ``Registry.lease`` (``kinds``: its ``embeddings``,
     ``rerank``, ``on_progress``), its wait noted in the request's observation ``obs`` for traces
     and captures: when it was asked for, when it was held, and the load it waited for. ``model``:
-    a name, or the model ``Registry.find`` gave for the name ``asked``."""
-    asked = asked if asked is not None else model if isinstance(model, str) else None
-    if obs.asked_model is None and asked is not None:
-        obs.asked_model = asked
-    if obs.queued is None:  # where the caller did not note it as it asked for the model
+    a name, or the model ``Registry.find`` gave (its caller then noted the name and the time it
+    asked)."""
+    if obs.asked_model is None and isinstance(model, str):
+        obs.asked_model = model
+    if obs.queued is None:
         obs.queued = time.monotonic()
     async with registry.lease(model, **kinds) as (spec, backend):
         obs.model = spec.name

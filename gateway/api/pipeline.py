@@ -79,16 +79,16 @@ async def prepared(request: web.Request, ctx: Context, parsed: Parsed, *, thinki
     admit(parsed, ctx)
     await media.ready(ctx, parsed)
     progress = _progress(request, out) if out is not None and out.progress and parsed.stream else None
-    ctx.observation.request = parsed.request
-    registry = request.app[REGISTRY]
     obs = ctx.observation
+    obs.request = parsed.request
+    registry = request.app[REGISTRY]
     obs.queued = time.monotonic()  # asked for: its wait counts a lookup's pull on demand too
     obs.asked_model = obs.asked_model or parsed.model  # the name, told in a refusal's trace too
     model, adapter = await registry.find(parsed.model, progress)  # BASE:ADAPTER: the base, that adapter on
     if adapter is not None:
         for req in parsed.requests:
             req.adapter = adapter
-    async with common.hold(registry, obs, model, parsed.model, on_progress=progress, **kinds) as (spec, backend):
+    async with common.hold(registry, obs, model, on_progress=progress, **kinds) as (spec, backend):
         prepare(parsed, spec, backend.info, thinking=thinking)
         yield spec, backend
 

@@ -9,6 +9,7 @@ is only counted. How an answer is read (``prepare``) was settled once, at the mo
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,7 +116,7 @@ class Reader:
             out.append(item)
         return out
 
-    def read(self, event: protocol.Event) -> list[Item | Finish]:
+    def read(self, event: protocol.Event) -> Sequence[Item | Finish]:
         if isinstance(event, protocol.Error):
             raise api_error(event)
         n = 0
@@ -132,12 +133,12 @@ class Reader:
             items = parser.feed(event.text)
             if parser.thinking or any(isinstance(i, Piece) and i.kind == THINKING for i in items):
                 self._reasoning += n
-            return self._given(items)  # type: ignore[return-value]
+            return self._given(items)
         if isinstance(event, protocol.Thinking):
             self._reasoning += n
             return [Piece(THINKING, event.text)]
         if isinstance(event, protocol.CallDelta):
-            return self._native.feed(event)  # type: ignore[return-value]
+            return self._native.feed(event)
         if isinstance(event, protocol.Done):
             return self._done(event)
         return []
