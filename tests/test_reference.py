@@ -16,7 +16,7 @@ import yaml
 from helpers import REPO
 from test_llama_settings import SAMPLES
 
-from gateway.models.config import ConfigError, keys, load_config, models, reference, server
+from gateway.models.config import ConfigError, hostedtools, keys, load_config, models, reference, server
 from gateway.protocol import settings
 from gateway.text.sampling_params import SAMPLING
 
@@ -158,6 +158,8 @@ def test_every_declared_key_is_in_the_reference_once():
     assert len(rows) == len(set(rows))
     declared = ({("server", k) for k in server.SERVER} | {("server", f"capture.{k}") for k in server._CAPTURE}
                 | {("server", f"otel.{k}") for k in server._OTEL} | {("keys", k) for k in keys.SETTINGS}
+                | {("server", f"mcp_servers.NAME.{k}") for k in hostedtools._SERVER}
+                | {("server", f"web_search.{k}") for k in hostedtools._SEARCH}
                 | {("model: any kind", k) for k in models.COMMON}
                 | {("model: any kind", f"defaults.{k}") for k in SAMPLING}
                 | {("model: local", k) for k in models.LOCAL if k not in models.COMMON and k != "loras"}

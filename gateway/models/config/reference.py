@@ -19,8 +19,17 @@ from typing import Any
 from ...base import checks
 from ...base.checks import Check, schema_of
 from ...protocol import settings
-from . import keys, models, server
-from .specs import CaptureConfig, KeySpec, ModelSpec, OtelConfig, ServerConfig, Upstream
+from . import hostedtools, keys, models, server
+from .specs import (
+    CaptureConfig,
+    KeySpec,
+    McpServerConfig,
+    ModelSpec,
+    OtelConfig,
+    ServerConfig,
+    Upstream,
+    WebSearchConfig,
+)
 
 SCHEMA_ID = "https://github.com/gguf-gateway/gguf-gateway/docs/models.yaml.schema.json"
 
@@ -174,7 +183,8 @@ def sections() -> list[tuple[str, str, list[_Row]]]:
     local = [k for k in models.LOCAL if k not in models.COMMON and k != "loras"]
     upstream = [k for k in models.UPSTREAM if k not in models.COMMON]
     upstream[upstream.index("timeouts") + 1:upstream.index("timeouts") + 1] = [f"timeouts.{k}" for k in _TIMEOUTS]
-    srv = list(server.SERVER) + [f"capture.{k}" for k in server._CAPTURE] + [f"otel.{k}" for k in server._OTEL]
+    srv = list(server.SERVER) + [f"capture.{k}" for k in server._CAPTURE] + [f"otel.{k}" for k in server._OTEL] + [
+        f"mcp_servers.NAME.{k}" for k in hostedtools._SERVER] + [f"web_search.{k}" for k in hostedtools._SEARCH]
     llama = {k: (f.metadata["flag"], f.metadata["ollama"]) for k, f in _LLAMA.items()}
     llama_docs = {k: f.metadata["doc"] for k, f in _LLAMA.items()}
     unset = {"keep_alive": "`server.keep_alive`", "defaults": "`{}`"}
@@ -213,9 +223,12 @@ _NESTED_TABLES: dict[str, tuple[Mapping[str, Check], type]] = {
                   "idle": checks.positive_seconds}, Upstream),
     "capture": (server._CAPTURE, CaptureConfig),
     "otel": (server._OTEL, OtelConfig),
+    "mcp_servers": ({f"NAME.{k}": c for k, c in hostedtools._SERVER.items()}, McpServerConfig),
+    "web_search": (hostedtools._SEARCH, WebSearchConfig),
     "loras": ({f"NAME.{k}": c for k, c in _LORA.items()}, ModelSpec),
 }
-_NESTED_FIELDS = {f"timeouts.{k}": f"{k}_timeout" for k in _TIMEOUTS}
+_NESTED_FIELDS = {f"timeouts.{k}": f"{k}_timeout" for k in _TIMEOUTS} | {
+    f"mcp_servers.NAME.{k}": k for k in hostedtools._SERVER}
 
 
 def reference() -> str:

@@ -9,6 +9,7 @@ from typing import Any
 from ...base import checks
 from ...base.checks import INVALID, Check, Report, show
 from ...hardware.sysmem import RAM
+from .hostedtools import SEARCH_DOCS, SERVER_DOCS, allowed_urls, check_references, mcp_servers, web_search
 from .keys import KEYS_FILE, from_section, gather
 from .parsing import Parsing
 from .specs import EVENT_LOOPS, MEMORY, REASONING_FIELDS, CaptureConfig, OtelConfig, default_state_dir
@@ -184,6 +185,14 @@ SERVER: dict[str, Check] = {
     "usage_days": checks.integer(minimum=1, maximum=36500, what="a number of days from 1 to 36500"),
     "capture": _switch(CaptureConfig, _CAPTURE),
     "otel": _switch(OtelConfig, _OTEL),
+    "mcp_servers": mcp_servers,
+    "web_search": web_search,
+    "web_fetch": checks.boolean,
+    "mcp_allowed_urls": allowed_urls,
+    "max_tool_rounds": checks.integer(minimum=0, maximum=64, what="an integer from 0 to 64"),
+    "tool_timeout": checks.positive_seconds,
+    "max_tool_result_bytes": checks.byte_size,
+    "max_tool_result_tokens": checks.integer(minimum=16, maximum=1 << 20, what="an integer from 16 to 1048576"),
 }
 
 
@@ -252,6 +261,16 @@ DOCS: dict[str, str] = {
     "capture.redact_content": "shapes and counts, not the text",
     "otel.enabled": "tracing is on", "otel.endpoint": "the OTLP/HTTP collector",
     "otel.service_name": "the service's name in traces", "otel.sampler": "which traces are kept",
+    "mcp_servers": "MCP servers the gateway may connect to (its tools for every wire, and /mcp): NAME: a mapping",
+    **{f"mcp_servers.NAME.{k}": line for k, line in SERVER_DOCS.items()},
+    "web_search": "the backend of the web_search tool: {searxng: URL} or {mcp: SERVER/TOOL}; unset: dropped",
+    **{f"web_search.{k}": line for k, line in SEARCH_DOCS.items()},
+    "web_fetch": "the web_fetch tool (pages fetched as text, never from private addresses); unset: on with web_search",
+    "mcp_allowed_urls": "URL prefixes a request may name as an MCP server (server_url) beyond the configured ones",
+    "max_tool_rounds": "hosted tool calls one answer may make before it must end",
+    "tool_timeout": "seconds one hosted tool call may take",
+    "max_tool_result_bytes": "a hosted tool's result is cut to this many bytes",
+    "max_tool_result_tokens": "and to this many of the model's tokens",
     "otel.sampler_arg": "the share of traces a ratio sampler keeps", "otel.headers": "headers sent to the collector",
 }
 MIRRORS: dict[str, tuple[str, str]] = {  # key: (llama-server flag, Ollama variable)
@@ -269,4 +288,5 @@ def parse_server(r: Parsing, raw: Any, *, editing: bool = False) -> dict[str, An
     state = server.get("state_dir") or default_state_dir()
     server["api_keys"], server["keys_file"] = gather(
         r, server.pop("api_keys", []), server.pop("api_keys_file", None), state / KEYS_FILE, editing=editing)
+    check_references(r, server)
     return server

@@ -159,6 +159,7 @@ class KeySpec:
     named: bool = True  # named by the operator; a bare key is named by its place (key1, key2, ...)
     role: str = "admin"
     models: tuple[str, ...] = ()
+    mcp: tuple[str, ...] | None = None  # the MCP servers it may use, by name or glob (None: every one)
     rpm: int | None = None
     tpm: int | None = None
     max_parallel: int | None = None
@@ -172,6 +173,46 @@ class KeySpec:
         """Whether anything but the key itself was said of it: a scope or a limit."""
         return bool(self.models) or any(v is not None for v in (self.rpm, self.tpm, self.max_parallel,
                                                                  self.budget, self.expires))
+
+
+@dataclass(frozen=True)
+class SecretRef:
+    """A secret in models.yaml: given inline (``value``), or read when used from the environment
+    (``env``) or from a file in the state folder's ``secrets`` folder (``file``)."""
+
+    value: str | None = field(default=None, repr=False)
+    env: str | None = None
+    file: str | None = None
+
+
+@dataclass(frozen=True)
+class McpServerConfig:
+    """One of ``server.mcp_servers``: an MCP server the gateway may connect to, over stdio (a
+    program it starts: ``command``) or streamable HTTP (``url``)."""
+
+    name: str
+    command: str | None = None
+    args: tuple[str, ...] = ()
+    env: dict[str, SecretRef] = field(default_factory=dict)
+    cwd: Path | None = None
+    url: str | None = None
+    headers: dict[str, SecretRef] = field(default_factory=dict)
+    timeout: float | None = None  # one call's seconds; None: server.tool_timeout
+    max_tools: int = 256  # the most tools taken from its list; past it, the rest are left out and said so
+
+    @property
+    def transport(self) -> str:
+        return "stdio" if self.command is not None else "http"
+
+
+@dataclass(frozen=True)
+class WebSearchConfig:
+    """``server.web_search``: what answers the ``web_search`` tool: a SearXNG server's JSON API
+    (``searxng``) or a tool of a configured MCP server (``mcp``: ``SERVER/TOOL``)."""
+
+    searxng: str | None = None
+    mcp: str | None = None
+    max_results: int = 5
 
 
 @dataclass(frozen=True)
@@ -299,6 +340,17 @@ class ServerConfig:
     pull_on_demand_hosts: tuple[str, ...] = ("hf.co", "registry.ollama.ai")
     pull_wait_seconds: float = 1800.0
     pull_keep_free_bytes: int = 1 << 30
+    # Tools the gateway runs itself (``gateway/tools``): the MCP servers it may connect to, the
+    # backend of web search, web fetch (None: on where web_search is set), the request URLs an
+    # MCP server may be named by beyond the configured ones (prefixes), and the loop's bounds
+    mcp_servers: dict[str, McpServerConfig] = field(default_factory=dict)
+    web_search: WebSearchConfig | None = None
+    web_fetch: bool | None = None
+    mcp_allowed_urls: tuple[str, ...] = ()
+    max_tool_rounds: int = 8
+    tool_timeout: float = 30.0
+    max_tool_result_bytes: int = 64 * 1024
+    max_tool_result_tokens: int = 4096
     capture: CaptureConfig = field(default_factory=CaptureConfig)
     otel: OtelConfig = field(default_factory=OtelConfig)
 

@@ -1,0 +1,121 @@
+"""What every part of the hosted tools shares: the kinds (``Kind``), what a request asks for
+(``Ask``, read by each wire's parser from its own shape), what the backends give back
+(``ToolInfo``, ``SearchResult``, ``Page``, ``CallOutcome``), the one failure a model reads
+(``ToolError``), and which servers a key may use (``may_use``). Pure; no I/O.
+
+A hosted tool is offered to the model as a function in its own tool format: ``web_search``
+(``{query}``), ``web_fetch`` (``{url}``), and an MCP server's tool as ``<server>_<tool>`` with
+the server's own input schema (``function_name``)."""
+
+from __future__ import annotations
+
+import enum
+import fnmatch
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Kind(str, enum.Enum):
+    WEB_SEARCH = "web_search"
+    WEB_FETCH = "web_fetch"
+    MCP = "mcp"
+
+
+@dataclass
+class Ask:
+    """One hosted tool a request asks for, in its wire's words.
+
+    ``type``: the wire's own (``web_search_20250305``, ``web_fetch_20250910``,
+    ``web_search``, ``web_search_preview``, ``mcp``, ``mcp_toolset``, ``web_search_options``);
+    ``name``: the name the wire gives the tool (Anthropic's ``name``); ``param``: where it came,
+    for an error. For MCP: ``server`` is the server's label (Responses' ``server_label``,
+    Anthropic's ``mcp_servers[].name``), ``url`` the URL the request gave (None: a configured
+    server named by its label), ``headers`` what the request sends it (an authorization),
+    ``allowed_tools`` the tools of it offered (None: all), ``approval`` the tools whose call
+    waits for the caller's approval (Responses' ``require_approval``; ``("*",)``: every one)."""
+
+    kind: Kind
+    type: str
+    param: str = "tools"
+    name: str | None = None
+    max_uses: int | None = None
+    allowed_domains: tuple[str, ...] = ()
+    blocked_domains: tuple[str, ...] = ()
+    server: str | None = None
+    url: str | None = None
+    headers: dict[str, str] = field(default_factory=dict, repr=False)
+    allowed_tools: tuple[str, ...] | None = None
+    approval: tuple[str, ...] = ()
+
+
+@dataclass
+class Approval:
+    """A caller's answer to an approval request (Responses' ``mcp_approval_response``): the
+    request's id, and whether the call may run."""
+
+    request_id: str
+    approve: bool
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class ToolInfo:
+    """One tool an MCP server lists."""
+
+    name: str
+    description: str = ""
+    input_schema: dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    title: str
+    url: str
+    content: str = ""  # the snippet the backend gave
+    page_age: str | None = None
+
+
+@dataclass(frozen=True)
+class Page:
+    """A fetched page, as text (HTML turned into text by a library made for it)."""
+
+    url: str  # where it was read, after redirects
+    title: str
+    text: str
+    content_type: str = "text/plain"
+    retrieved_at: str = ""  # ISO 8601, UTC
+
+
+@dataclass(frozen=True)
+class CallOutcome:
+    """What an MCP tool's call gave: its text (the content's text parts joined; a picture or
+    other part named, not carried), whether the server said it failed, its size as received,
+    and whether the text was cut to the bounds."""
+
+    text: str
+    is_error: bool = False
+    bytes: int = 0
+    truncated: bool = False
+
+
+class ToolError(Exception):
+    """A hosted tool could not give a result: the reason, which the model reads as the call's
+    result (``is_error``) and the caller sees in the result block; never a 500. ``outcome``:
+    the metric's label (``error``, ``timeout``, ``refused``, ``too_large``)."""
+
+    def __init__(self, reason: str, outcome: str = "error"):
+        super().__init__(reason)
+        self.reason = reason
+        self.outcome = outcome
+
+
+def function_name(server: str, tool: str) -> str:
+    """An MCP tool's name as the model sees it (and as ``/mcp`` lists it): ``<server>_<tool>``,
+    llama-server's naming."""
+    return f"{server}_{tool}"
+
+
+def may_use(patterns: tuple[str, ...] | None, server: str) -> bool:
+    """Whether a key whose ``mcp`` setting is ``patterns`` (None: unset, every server) may use
+    the configured MCP server ``server``."""
+    return patterns is None or any(fnmatch.fnmatchcase(server, p) for p in patterns)
