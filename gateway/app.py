@@ -191,6 +191,8 @@ def _record(app: web.Application, obs: Observation, status: int, request: web.Re
             m.series(counter, obs.model).inc(n)
     if obs.disconnected:
         m.series(m.disconnects, *labels).inc()
+    for call in obs.hosted_tool_calls:
+        m.tool_call(call)
     if status >= 400 and obs.first_token is None and not obs.disconnected:
         m.rejection(request.get(ERROR_CODE) or f"http_{status}")
     obs.principal, obs.owner = request.get(PRINCIPAL, obs.principal), request.get(OWNER)

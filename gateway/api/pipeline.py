@@ -9,7 +9,8 @@ words where the handler gives ``refused``) and read (``wire.answer.Reader``), it
 into the request's observation here, and its pieces handed to the writer; then the writer's
 whole body, or its frames streamed as they come (``stream``: the one place where a stream ends,
 after an error once it began included). However a generation is left (the answer's end, an
-error, a client gone), what it generated is counted (``_left``)."""
+error, a client gone), what it generated is counted (``generation.left``). A request that asked for
+tools the gateway runs itself is answered in rounds (``toolloop``)."""
 
 from __future__ import annotations
 
@@ -17,26 +18,25 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from aiohttp import web
 
-from .. import protocol
 from ..backends.local import Backend, GenerationEvents
 from ..base.errors import ApiError
 from ..models.config import ModelSpec
-from ..server.events import OWNER, Observation, Tally, observation
+from ..server.events import OWNER, observation
 from ..server.sse import EventStream, LineStream
-from ..wire import answer as wire_answer
+from ..tools.toolbox import Toolbox
 from ..wire.context import Context
 from ..wire.params import Parsed
 from ..wire.prepare import admit, prepare
-from ..wire.writer import Frame, Writer
-from . import common, media
-from .access import is_admin
-from .appkeys import CONFIG, REGISTRY
+from ..wire.writer import Writer
+from . import common, media, toolloop
+from .access import KEY, is_admin
+from .appkeys import CONFIG, REGISTRY, TOOLS
 from .common import event_stream
+from .generation import Run, left, read, send, start
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -103,90 +103,6 @@ async def unrun(request: web.Request, parsed: Parsed, job: Callable[[Backend, di
         return await job(backend, parsed.request.to_dict()), headers
 
 
-@dataclass
-class Run:
-    """One generation the backend accepted: its events, its start event (prompt tokens, the
-    prompt's text for echo, ...), the reader of its answer and its tally (its tokens, as its
-    request's observation counts them)."""
-
-    gen: GenerationEvents
-    begun: protocol.Start
-    reader: wire_answer.Reader
-    tally: Tally
-
-
-async def start(obs: Observation, gen: GenerationEvents, req: protocol.GenerationRequest, *, stream: bool,
-                refused: Callable[[ApiError], ApiError] | None = None) -> Run:
-    """``gen`` (the generation of ``req``) once the backend accepted it. A refusal raises its
-    error, before anything of the answer is written, so it is still a plain error response;
-    ``refused`` puts it in the wire's own words. ``stream=False``: each call is given whole,
-    once its arguments parse (``answer.start``)."""
-    try:
-        begun, reader = await wire_answer.start(gen, req, stream=stream)
-    except ApiError as err:
-        if refused is None:
-            raise
-        raise refused(err) from None
-    return Run(gen, begun, reader, obs.began(begun))  # its prompt counted from here
-
-
-async def read(obs: Observation, run: Run, out: Writer, sse: EventStream | None) -> wire_answer.Finish:
-    """``run``'s answer handed to ``out``, its frames sent to ``sse`` (None: a whole answer, whose
-    writer makes none) as they come, and its tokens, times and calls counted into ``obs``.
-    Returns its finish; an answer that ends without one is the worker's fault (500)."""
-    tally, reader = run.tally, run.reader
-    await _send(sse, out.open(run.begun))
-    async for event in run.gen:
-        items = reader.read(event)
-        if reader.fresh is not None:
-            tally.generated(reader.tokens)
-            obs.tokens(reader.fresh)
-        for item in items:
-            if isinstance(item, wire_answer.Finish):
-                tally.counts(item.prompt_tokens, item.cached_tokens, item.completion_tokens)
-                obs.finished(item)
-                obs.tool_calls += reader.completed
-                obs.tool_call_failures += reader.failures
-                return item
-            if sse is not None:
-                for data, name in out.feed(item):
-                    await sse.send(data, event=name, hold=True)
-            else:
-                out.feed(item)
-    raise ApiError("the model worker ended the answer without finishing it", status=500)
-
-
-async def _send(sse: EventStream | None, frames: list[Frame]) -> None:
-    if sse is not None:
-        for data, name in frames:
-            await sse.send(data, event=name)
-
-
-def _left(obs: Observation, gen: GenerationEvents, run: Run | None) -> None:
-    """``gen`` (``run``'s, or one never started) is left, maybe before its end: its client went,
-    it failed, or it was cancelled. What its backend sent and nobody read was generated all the
-    same and is counted too: the prompt of a ``Start``, the tokens the last text event says, or a
-    ``Done``'s own counts; so the access middleware charges it however the request ended. (What
-    a worker generates after the cancel reaches it, a step or so, is not seen here.) Cheap at
-    the end of an answer read whole: nothing is left unread."""
-    unread = gen.unread()
-    if not unread:
-        return
-    tally = run.tally if run is not None else None
-    if tally is None:
-        first = unread[0]
-        if not isinstance(first, protocol.Start):
-            return  # refused or failed before it began: nothing was read of its prompt
-        tally = obs.began(first)
-    for event in reversed(unread):  # the last count a backend sent holds every one before it
-        if isinstance(event, protocol.Done):
-            tally.counts(event.prompt_tokens, event.cached_tokens, event.completion_tokens)
-            return
-        if isinstance(event, protocol.Text | protocol.Thinking | protocol.CallDelta) and event.tokens:
-            tally.generated(event.tokens)
-            return
-
-
 async def answer(request: web.Request, parsed: Parsed, make: Callable[[Context], Writer], *,
                  thinking: bool = True, whole_calls: bool = False,
                  on_lease: Callable[[ModelSpec], None] | None = None,
@@ -197,51 +113,121 @@ async def answer(request: web.Request, parsed: Parsed, make: Callable[[Context],
     ``thinking``: whether thinking is split out of the answer. ``whole_calls``: calls are given
     whole even in a stream (Ollama's way). ``on_lease``: a wire's own note on the model it got.
     ``refused``: a refusal put in the wire's own words. ``kept``: called once the answer is whole
-    (before a stream's last frames), to keep it (a stored response)."""
+    (before a stream's last frames), to keep it (a stored response). Where the request asked
+    for tools the gateway runs itself, its answer is ``toolloop.rounds``'."""
     ctx = context(request)
     out = make(ctx)
-    headers = common.dropped_tools(ctx.observation, parsed.dropped)
-    async with prepared(request, ctx, parsed, thinking=thinking, out=out) as (spec, backend):
-        out.leased(spec.name)
-        if on_lease is not None:
-            on_lease(spec)
-        streamed = parsed.stream and not whole_calls
+    async with tools(request, ctx, parsed) as toolbox:
+        headers = common.dropped_tools(ctx.observation, parsed.dropped)
+        async with prepared(request, ctx, parsed, thinking=thinking, out=out) as (spec, backend):
+            out.leased(spec.name)
+            if on_lease is not None:
+                on_lease(spec)
+            for listing in toolbox.listings if toolbox is not None else ():
+                out.listed(listing.server, listing.tools, listing.error)
+            if toolbox:
+                return await _with_tools(request, ctx, parsed, out, backend, toolbox, headers, refused, kept)
+            return await _answer(request, ctx, parsed, out, backend, headers, whole_calls, refused, kept)
+
+
+@asynccontextmanager
+async def tools(request: web.Request, ctx: Context, parsed: Parsed) -> AsyncIterator[Toolbox | None]:
+    """The hosted tools ``parsed`` asked for (``Toolbox.open``, before the model is held: an MCP
+    server's tools are listed first), offered to the model as functions; those this server
+    cannot run are added to ``parsed.dropped``. None where it asked for none."""
+    if not parsed.hosted:
+        yield None
+        return
+    key = request.get(KEY)
+    toolbox = await Toolbox.open(parsed.hosted, request.app.get(TOOLS), key.mcp if key is not None else None)
+    try:
+        parsed.dropped.extend(t for t in toolbox.dropped if t not in parsed.dropped)
+        functions = toolbox.functions()
+        if functions:
+            req = parsed.request
+            req.tools = [*(req.tools or ()), *functions]
+            if req.tool_names is not None:
+                req.tool_names = (*req.tool_names, *(f["function"]["name"] for f in functions))
+        yield toolbox
+    finally:
+        await toolbox.aclose()
+
+
+async def _with_tools(request: web.Request, ctx: Context, parsed: Parsed, out: Writer, backend: Backend,
+                      toolbox: Toolbox, headers: dict[str, str], refused: Callable[[ApiError], ApiError] | None,
+                      kept: Callable[[], None] | None) -> web.StreamResponse:
+    """One prompt's answer through ``toolloop.rounds``; its calls given whole, streamed or not
+    (a hosted call is known by its name before anything of it is written)."""
+    req = parsed.request
+    first = toolloop.approved(toolbox, parsed.approvals)
+    gen = backend.generate(req)
+    run = None
+    try:
+        run = await start(ctx.observation, gen, req, stream=False, refused=refused)
         if not parsed.stream:
-            for req in parsed.requests:  # a batch of prompts runs one after another
-                async with backend.generate(req) as gen:
-                    run = None
-                    try:
-                        run = await start(ctx.observation, gen, req, stream=False, refused=refused)
-                        out.close(await read(ctx.observation, run, out, None))
-                    finally:
-                        _left(ctx.observation, gen, run)
+            out.close(await toolloop.rounds(ctx, backend, req, out, None, toolbox, run, first))
             if kept is not None:
                 kept()
             return web.json_response(out.body(), headers=headers)
-        gens = [backend.generate(req) for req in parsed.requests]  # queued in order in the worker
-        runs: list[Run] = []
-        try:
-            # a refusal is still a plain error response
-            runs.append(await start(ctx.observation, gens[0], parsed.requests[0], stream=streamed, refused=refused))
+        started = run
 
-            async def write(sse: EventStream) -> None:
-                for index, gen in enumerate(gens):
-                    if index == len(runs):
-                        runs.append(await start(ctx.observation, gen, parsed.requests[index], stream=streamed,
-                                                refused=refused))
-                    frames = out.close(await read(ctx.observation, runs[index], out, sse))
-                    if index == len(gens) - 1 and kept is not None:
-                        kept()
-                    await _send(sse, frames)
-                await _send(sse, out.end())
+        async def write(sse: EventStream) -> None:
+            frames = out.close(await toolloop.rounds(ctx, backend, req, out, sse, toolbox, started, first))
+            if kept is not None:
+                kept()
+            await send(sse, frames)
+            await send(sse, out.end())
 
-            sse = (LineStream(request, write_timeout=ctx.server.write_timeout) if out.lines
-                   else event_stream(request))
-            return await stream(request, sse, gens, write, out, headers=headers)
-        finally:
-            for index, gen in enumerate(gens):  # each one's tokens counted, those of a prompt not reached yet too
-                _left(ctx.observation, gen, runs[index] if index < len(runs) else None)
-                gen.close()
+        sse = LineStream(request, write_timeout=ctx.server.write_timeout) if out.lines else event_stream(request)
+        return await stream(request, sse, [gen], write, out, headers=headers)
+    finally:
+        left(ctx.observation, gen, run)
+        gen.close()
+
+
+async def _answer(request: web.Request, ctx: Context, parsed: Parsed, out: Writer, backend: Backend,
+                  headers: dict[str, str], whole_calls: bool, refused: Callable[[ApiError], ApiError] | None,
+                  kept: Callable[[], None] | None) -> web.StreamResponse:
+    """``parsed``'s prompts answered one generation each (a batch: one choice each)."""
+    streamed = parsed.stream and not whole_calls
+    if not parsed.stream:
+        for req in parsed.requests:  # a batch of prompts runs one after another
+            async with backend.generate(req) as gen:
+                run = None
+                try:
+                    run = await start(ctx.observation, gen, req, stream=False, refused=refused)
+                    await send(None, out.open(run.begun))
+                    out.close(await read(ctx.observation, run, out, None))
+                finally:
+                    left(ctx.observation, gen, run)
+        if kept is not None:
+            kept()
+        return web.json_response(out.body(), headers=headers)
+    gens = [backend.generate(req) for req in parsed.requests]  # queued in order in the worker
+    runs: list[Run] = []
+    try:
+        # a refusal is still a plain error response
+        runs.append(await start(ctx.observation, gens[0], parsed.requests[0], stream=streamed, refused=refused))
+
+        async def write(sse: EventStream) -> None:
+            for index, gen in enumerate(gens):
+                if index == len(runs):
+                    runs.append(await start(ctx.observation, gen, parsed.requests[index], stream=streamed,
+                                            refused=refused))
+                await send(sse, out.open(runs[index].begun))
+                frames = out.close(await read(ctx.observation, runs[index], out, sse))
+                if index == len(gens) - 1 and kept is not None:
+                    kept()
+                await send(sse, frames)
+            await send(sse, out.end())
+
+        sse = (LineStream(request, write_timeout=ctx.server.write_timeout) if out.lines
+               else event_stream(request))
+        return await stream(request, sse, gens, write, out, headers=headers)
+    finally:
+        for index, gen in enumerate(gens):  # each one's tokens counted, those of a prompt not reached yet too
+            left(ctx.observation, gen, runs[index] if index < len(runs) else None)
+            gen.close()
 
 
 async def stream(request: web.Request, out: EventStream, gens: Sequence[GenerationEvents],

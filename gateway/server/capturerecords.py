@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 OVERHEAD = 512  # bytes an entry counts for beyond what ``weight`` finds in it: its fields and their places
@@ -82,6 +82,8 @@ class Record:
     # a stream whose text, read back and joined, spelled a secret: its writes are not kept
     # (``frames`` is empty) and this is kept instead, the answer read back with the secret cut
     withheld: dict[str, Any] | None = None
+    # the tools the gateway ran itself in the answer, a row each (``Observation.hosted_tool_calls``)
+    tools: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def size(self) -> int:
@@ -122,7 +124,7 @@ class Record:
                             "body_text": None if request_json is not None or self.request_body is None
                             else _text(self.request_body),
                             "bytes": self.request_bytes, "truncated": self.request_cut},
-                "response": response}
+                "response": response, "tools": self.tools}
 
     def answer_bytes(self) -> bytes:
         """The answer as the client read it (a stream's writes joined), as far as it was kept."""

@@ -272,7 +272,8 @@ class CaptureStore:
             stream, answer, frames, answer_bytes, timings(obs, time.monotonic()),
             {"prompt_tokens": obs.prompt_tokens, "cached_tokens": obs.cached_tokens,
              "completion_tokens": obs.completion_tokens, "reasoning_tokens": obs.reasoning_tokens},
-            obs.finish_reason, obs.trace_id, redacted, capture.request_cut, response_cut, owner=obs.owner)
+            obs.finish_reason, obs.trace_id, redacted, capture.request_cut, response_cut, owner=obs.owner,
+            tools=[{k: v for k, v in c.items() if k != "started"} for c in obs.hosted_tool_calls])
         check = stream and not redacted and bool(cut) and bool(frames) and self.reader is not None
         self.add(record, checked=not check)
         if check and record.id in self.records:

@@ -65,6 +65,9 @@ class Observation:
     tool_calls: int = 0  # calls the answer made that parsed
     tool_call_failures: list[str] = field(default_factory=list)  # why each call that did not parse failed
     dropped_tools: list[str] = field(default_factory=list)  # tools the request gave that the prompt left out, by type
+    # the tools the gateway ran itself in the answer (``tools/toolbox.Ran.record``: name, server,
+    # kind, seconds, bytes, error, outcome; ``started`` a monotonic mark, for the trace)
+    hosted_tool_calls: list[dict[str, Any]] = field(default_factory=list)
     media: dict[str, int] = field(default_factory=dict)  # the pictures and sounds its prompts held, by kind
     # What traces and captures read (``server/tracing``, ``server/captures``); the clocks are
     # ``time.monotonic()``, like ``started``, each None until the request got that far.
@@ -116,6 +119,7 @@ class Observation:
             "duration_s": round(duration, 6), "finish_reason": self.finish_reason,
             "client_disconnected": self.disconnected, "tool_calls": self.tool_calls,
             "tool_call_failures": self.tool_call_failures, "dropped_tools": self.dropped_tools,
+            "hosted_tool_calls": [{k: v for k, v in c.items() if k != "started"} for c in self.hosted_tool_calls],
             "media": self.media, "trace_id": self.trace_id, "time": time.time(),
         }
 

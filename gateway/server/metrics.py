@@ -77,6 +77,9 @@ class Metrics:
                                   ["key", "kind"], registry=r)
         self.key_limited = Counter(p + "key_limited", "Requests refused by a key's limit (rpm, tpm, max_parallel, "
                                    "budget)", ["key", "limit"], registry=r)
+        self.tool_calls = Counter(p + "tool_calls", "Calls of tools the gateway ran itself, by MCP server (web: web "
+                                  "search and fetch; request: a server a request named), tool and outcome",
+                                  ["server", "tool", "outcome"], registry=r)
         self._keys: set[str] = set()
         self._series: dict[tuple[object, tuple[str, ...]], Any] = {}  # ``series``'s
         self.connections_open = Gauge(p + "connections_open", "Client connections open now", registry=r)
@@ -85,6 +88,19 @@ class Metrics:
         info.labels(__version__, platform.python_version(), _llama_cpp_version()).set(1)
         self._model_collector: _ModelCollector | None = None
         self._reasons: set[str] = set()
+
+    def tool_call(self, call: dict[str, Any]) -> None:
+        """A hosted tool's call (``Observation.hosted_tool_calls``' line): a server a request
+        named, not a configured one, is counted as ``request`` with its tool as ``other``, so a
+        stranger's names never become series."""
+        server = call.get("server")
+        if server is None:
+            server, tool = "web", call["kind"]
+        elif call.get("configured"):
+            tool = call["name"]
+        else:
+            server, tool = "request", "other"
+        self.series(self.tool_calls, server, tool, call["outcome"]).inc()
 
     def series(self, metric: Any, *labels: str) -> Any:
         """``metric.labels(*labels)``, kept: prometheus_client's lookup (a lock, each label

@@ -27,6 +27,8 @@ span                     kind      from -> to                                  a
 ``prompt``               INTERNAL  admitted -> first token, else end           ``gguf_gateway.prompt.*``
 ``generation``           INTERNAL  first token -> last token, else end         ``gen_ai.usage.*``,
                                                                                ``gguf_gateway.speculation.*``
+``execute_tool {tool}``  INTERNAL  a hosted tool's call, its start -> its end  ``gen_ai.tool.*``,
+                                                                               ``gguf_gateway.tool.*``
 =======================  ========  ==========================================  =========================
 
 ``{op}`` is ``gen_ai.operation.name`` (``ROUTE_OPERATIONS``); a route with none is named by
@@ -68,7 +70,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..base.errors import MAX_MODEL_NAME
@@ -282,7 +284,23 @@ class Tracing:
                 generated[PREFIX + "speculation.drafted"] = obs.drafted_tokens
                 generated[PREFIX + "speculation.accepted"] = obs.accepted_tokens
             self._child("generation", ctx, ns(obs.first_token), generated).end(ns(obs.last_token or finish))
+        for call in obs.hosted_tool_calls:
+            self._tool(ctx, call, ns)
         span.end(ns(finish))
+
+    def _tool(self, ctx: Any, call: dict[str, Any], ns: Callable[[float], int]) -> None:
+        """A tool the gateway ran in the answer: GenAI's ``execute_tool {name}`` span."""
+        name = _cut(call["name"])
+        attributes: dict[str, Any] = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name,
+                                      "gen_ai.tool.type": "extension" if call.get("server") else "function",
+                                      PREFIX + "tool.bytes": call["bytes"]}
+        if call.get("server"):
+            attributes[PREFIX + "tool.server"] = _cut(call["server"])
+        span = self._child(f"execute_tool {name}", ctx, ns(call["started"]), attributes)
+        if call.get("error") is not None:
+            span.set_attribute("error.type", call["outcome"])
+            span.set_status(self._status(self._error_code, call["outcome"]))
+        span.end(ns(call["started"] + call["seconds"]))
 
     def _child(self, name: str, ctx: Any, start: int, attributes: dict[str, Any] | None = None) -> Any:
         return self.tracer.start_span(name, context=ctx, kind=self._internal, start_time=start, attributes=attributes)

@@ -56,6 +56,9 @@ class Approval:
     request_id: str
     approve: bool
     reason: str | None = None
+    server: str | None = None
+    name: str | None = None
+    arguments: str | None = None
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from typing import Any
 
 from ..base.errors import ApiError
 from ..protocol import Start
+from ..tools.hosted import ToolInfo
 from .answer import Finish, Item
 
 Frame = tuple[dict[str, Any] | str, str | None]
@@ -114,6 +115,16 @@ class Writer:
         return []
 
     def hosted_result(self, result: HostedResult) -> list[Frame]:
+        return []
+
+    def listed(self, server: str, tools: list[ToolInfo], error: str | None) -> list[Frame]:
+        """The tools an MCP server offered this answer (or why it could not), told once the
+        model is held, before the answer opens (Responses' ``mcp_list_tools``)."""
+        return []
+
+    def approval(self, call: Hosted, request_id: str) -> list[Frame]:
+        """A hosted call that waits for the caller's approval (Responses'
+        ``mcp_approval_request``): the answer then closes, and a later request answers it."""
         return []
 
     def go_on(self, finish: Finish, begun: Start) -> list[Frame]:

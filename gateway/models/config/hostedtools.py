@@ -170,4 +170,5 @@ def check_references(r: Report, server: dict[str, Any]) -> None:
     if isinstance(search, WebSearchConfig) and search.mcp is not None:
         name = search.mcp.split("/", 1)[0]
         if name not in server.get("mcp_servers", {}):
-            r.error("server.web_search.mcp", f"names the MCP server {show(name)}, which server.mcp_servers does not have")
+            r.error("server.web_search.mcp",
+                    f"names the MCP server {show(name)}, which server.mcp_servers does not have")

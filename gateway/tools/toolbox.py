@@ -1,0 +1,320 @@
+"""The hosted tools of one request: which of what it asks for run here (``Toolbox.open``), the
+functions the model is offered for them, and the running of a call (``Toolbox.run``).
+
+``Services`` is the app's: the configured MCP servers (``mcpservers.McpServers``), the HTTP
+sessions of web search (the operator's backend, which may be on loopback) and web fetch (a URL
+the model or the caller chose: the guarded session of ``server/fetch``, which reaches no private
+address), and the bounds of ``server:``.
+
+What a request asks for (``Ask``, read by its wire) becomes offers:
+- web search and fetch run where ``server.web_search`` (and ``server.web_fetch``) say so;
+  without a backend the tool is dropped, as before this existed, and named in ``dropped``;
+- an MCP server named by its label is a configured one; one named by URL is the configured
+  server of that URL, or, where the URL starts with one of ``server.mcp_allowed_urls``, a
+  connection made for this request alone (``McpServers.adhoc``, through the address rules of
+  ``base/addresses``). Any other URL is refused (400), as is a configured server the caller's
+  key may not use (403); a stdio server never comes from a request. Its tools are listed
+  (``listings``: what Responses shows as ``mcp_list_tools``), each offered as
+  ``<server>_<tool>`` with the server's own input schema, less those the request leaves out.
+
+A call runs under ``server.tool_timeout`` (or the server's own), its result bounded by
+``server.max_tool_result_bytes`` here and by tokens in the pipeline, which has the model's
+tokenizer. A failure is a result the model reads (``HostedResult.error``), never an exception:
+``ToolError`` from a backend, a timeout, arguments that do not parse, a use past ``max_uses``.
+Cancelling the task that runs a call (a client gone) cancels the call."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from ..base.errors import ApiError, InvalidRequest
+from ..models.config.specs import ServerConfig
+from ..server.fetch import media_session
+from . import webfetch, websearch
+from .hosted import Ask, CallOutcome, Kind, ToolError, ToolInfo, function_name, may_use
+from .mcpservers import McpServers
+from .resulttext import cut_bytes, defang, for_model
+
+log = logging.getLogger(__name__)
+
+# what the model is told each tool does (the gateway's functions, in every model's tool format)
+_SEARCH: dict[str, Any] = {"name": "web_search", "description": "Search the web. Returns the top results: title, URL and snippet.",
+           "parameters": {"type": "object", "properties": {"query": {"type": "string",
+                                                                     "description": "what to search for"}},
+                          "required": ["query"]}}
+_FETCH: dict[str, Any] = {"name": "web_fetch", "description": "Fetch a web page by its URL and read it as text.",
+          "parameters": {"type": "object", "properties": {"url": {"type": "string",
+                                                                  "description": "the page's http(s) URL"}},
+                         "required": ["url"]}}
+MAX_ARGUMENTS = 64 * 1024  # characters of a call's arguments the gateway reads
+
+
+class Services:
+    """What the hosted tools need, made once for the app: the MCP servers, and the HTTP
+    sessions of search and fetch, made on first use (a session needs a running loop);
+    ``close`` at the app's end."""
+
+    def __init__(self, server: ServerConfig, mcp: McpServers):
+        self.server = server
+        self.mcp = mcp
+        self._fetch: aiohttp.ClientSession | None = None  # a URL someone else chose: the guarded session
+        self._search: aiohttp.ClientSession | None = None  # the operator's search backend (may be loopback)
+
+    @property
+    def web_search(self) -> bool:
+        return self.server.web_search is not None
+
+    @property
+    def web_fetch(self) -> bool:
+        on = self.server.web_fetch
+        return self.web_search if on is None else on
+
+    @property
+    def fetch_session(self) -> aiohttp.ClientSession:
+        if self._fetch is None:
+            self._fetch = media_session(allow_private=False)
+        return self._fetch
+
+    @property
+    def search_session(self) -> aiohttp.ClientSession:
+        if self._search is None:
+            self._search = media_session(allow_private=True)
+        return self._search
+
+    async def search(self, query: str, ask: Ask) -> list[Any]:
+        config = self.server.web_search
+        assert config is not None
+        return await websearch.search(config, query, session=self.search_session, timeout=self.server.tool_timeout,
+                                      allowed_domains=ask.allowed_domains, blocked_domains=ask.blocked_domains,
+                                      mcp_call=self._mcp_call)
+
+    async def fetch(self, url: str, ask: Ask) -> Any:
+        return await webfetch.fetch(url, session=self.fetch_session, max_bytes=self.server.max_media_bytes,
+                                    timeout=self.server.tool_timeout, allowed_domains=ask.allowed_domains,
+                                    blocked_domains=ask.blocked_domains)
+
+    async def _mcp_call(self, server: str, tool: str, arguments: dict[str, Any]) -> CallOutcome:
+        return await self.mcp.call(server, tool, arguments)
+
+    async def close(self) -> None:
+        await self.mcp.close()
+        for session in (self._fetch, self._search):
+            if session is not None:
+                await session.close()
+
+
+@dataclass
+class Offer:
+    """One function the model is offered for a hosted tool: ``name`` as the model sees it."""
+
+    name: str
+    kind: Kind
+    ask: Ask
+    description: str = ""
+    parameters: dict[str, Any] = field(default_factory=dict)
+    server: str | None = None  # MCP: the server's label, as the request named it
+    tool: str | None = None  # MCP: the tool's own name
+    target: str | None = None  # MCP: the configured server it is (None: ``connection``'s)
+    connection: Any = None  # MCP: a request's own connection (a server named by an allowed URL)
+    uses: int = 0
+
+    def function(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "parameters": self.parameters}
+        if self.description:
+            out["description"] = self.description
+        return {"type": "function", "function": out}
+
+    @property
+    def needs_approval(self) -> bool:
+        return bool(self.ask.approval) and ("*" in self.ask.approval or self.tool in self.ask.approval)
+
+
+@dataclass
+class Listing:
+    """An MCP server's tools as this request got them (or why not)."""
+
+    server: str
+    tools: list[ToolInfo]
+    error: str | None = None
+
+
+@dataclass
+class Ran:
+    """A hosted call done: what the writer tells (``hosted``'s kind, name, server; the result's
+    output or error), the text the model reads (bounded by bytes and defanged; the pipeline
+    cuts it by tokens), and its line in the inference event."""
+
+    offer: Offer
+    output: Any
+    error: str | None
+    text: str
+    record: dict[str, Any]
+
+
+class Toolbox:
+    """One request's hosted tools (see the module)."""
+
+    def __init__(self, services: Services | None, offers: list[Offer], dropped: list[str],
+                 listings: list[Listing], stack: AsyncExitStack):
+        self.services = services
+        self.offers = {o.name: o for o in offers}
+        self.dropped = dropped
+        self.listings = listings
+        self._stack = stack
+
+    def __bool__(self) -> bool:
+        return bool(self.offers)
+
+    def functions(self) -> list[dict[str, Any]]:
+        return [o.function() for o in self.offers.values()]
+
+    def owns(self, name: str) -> bool:
+        return name in self.offers
+
+    @classmethod
+    async def open(cls, asks: list[Ask], services: Services | None, key_mcp: tuple[str, ...] | None) -> Toolbox:
+        """The offers for ``asks`` (``key_mcp``: the caller's key's ``mcp`` setting; None: any)."""
+        stack = AsyncExitStack()
+        offers: list[Offer] = []
+        dropped: list[str] = []
+        listings: list[Listing] = []
+        try:
+            for ask in asks:
+                if ask.kind is Kind.MCP:
+                    if services is None:
+                        dropped.append(ask.type)
+                        continue
+                    await _mcp_offers(ask, services, key_mcp, stack, offers, listings)
+                elif services is not None and (services.web_search if ask.kind is Kind.WEB_SEARCH
+                                               else services.web_fetch):
+                    base = _SEARCH if ask.kind is Kind.WEB_SEARCH else _FETCH
+                    name = base["name"]
+                    if name not in {o.name for o in offers}:
+                        offers.append(Offer(name, ask.kind, ask, base["description"], base["parameters"]))
+                elif ask.type not in dropped:
+                    dropped.append(ask.type)
+        except BaseException:
+            await stack.aclose()
+            raise
+        return cls(services, offers, dropped, listings, stack)
+
+    async def run(self, name: str, arguments: str) -> Ran:
+        """The call of ``name`` with ``arguments`` (JSON text) run; every failure is its result."""
+        offer = self.offers[name]
+        services = self.services
+        assert services is not None
+        started, wall = time.monotonic(), time.time()
+        output: Any = None
+        error: str | None = None
+        outcome = "ok"
+        size = 0
+        try:
+            args = _arguments(arguments)
+            limit = offer.ask.max_uses
+            if limit is not None and offer.uses >= limit:
+                raise ToolError(f"this tool may be used at most {limit} times in one answer", "max_uses_exceeded")
+            offer.uses += 1
+            output = await asyncio.wait_for(self._call(offer, args, services), services.server.tool_timeout + 1)
+            if isinstance(output, CallOutcome):
+                size = output.bytes
+                if output.is_error:
+                    outcome = "error"
+        except ToolError as err:
+            error, outcome = err.reason, err.outcome
+        except (TimeoutError, asyncio.TimeoutError):
+            error, outcome = f"the tool took longer than {services.server.tool_timeout:g} s", "timeout"
+        text, cut = cut_bytes(for_model(output, error), services.server.max_tool_result_bytes)
+        seconds = time.monotonic() - started
+        record = {"name": offer.tool or offer.name, "server": offer.target or offer.server,
+                  "configured": offer.target is not None, "kind": offer.kind.value,
+                  "seconds": round(seconds, 6), "bytes": size or len(text.encode()), "error": error,
+                  "outcome": outcome, "cut": cut, "started": started, "time": wall}
+        return Ran(offer, output, error, defang(text), record)
+
+    async def _call(self, offer: Offer, args: dict[str, Any], services: Services) -> Any:
+        if offer.kind is Kind.WEB_SEARCH:
+            query = args.get("query")
+            if not isinstance(query, str) or not query.strip():
+                raise ToolError("web_search needs a non-empty string `query`", "invalid_tool_input")
+            return await services.search(query.strip(), offer.ask)
+        if offer.kind is Kind.WEB_FETCH:
+            url = args.get("url")
+            if not isinstance(url, str) or not url.strip():
+                raise ToolError("web_fetch needs a string `url`", "invalid_tool_input")
+            return await services.fetch(url.strip(), offer.ask)
+        assert offer.tool is not None and offer.server is not None
+        if offer.connection is not None:
+            return await offer.connection.call(offer.tool, args)
+        assert offer.target is not None
+        return await services.mcp.call(offer.target, offer.tool, args)
+
+    async def aclose(self) -> None:
+        await self._stack.aclose()
+
+
+def _arguments(text: str) -> dict[str, Any]:
+    if len(text) > MAX_ARGUMENTS:
+        raise ToolError(f"the call's arguments are longer than {MAX_ARGUMENTS} characters", "invalid_tool_input")
+    try:
+        args = json.loads(text or "{}")
+    except ValueError:
+        raise ToolError("the call's arguments are not JSON", "invalid_tool_input") from None
+    if not isinstance(args, dict):
+        raise ToolError("the call's arguments must be a JSON object", "invalid_tool_input")
+    return args
+
+
+def _same_url(a: str, b: str) -> bool:
+    return a.rstrip("/").lower() == b.rstrip("/").lower()
+
+
+async def _mcp_offers(ask: Ask, services: Services, key_mcp: tuple[str, ...] | None, stack: AsyncExitStack,
+                      offers: list[Offer], listings: list[Listing]) -> None:
+    configured = services.server.mcp_servers
+    label = ask.server or ""
+    name: str | None = None
+    connection: Any = None
+    if ask.url is None:
+        if label not in configured:
+            raise InvalidRequest(f"the MCP server {label!r} is not one this server has (server.mcp_servers)",
+                                 ask.param)
+        name = label
+    else:
+        name = next((n for n, c in configured.items() if c.url is not None and _same_url(c.url, ask.url)), None)
+        if name is None:
+            if not any(ask.url.startswith(prefix) for prefix in services.server.mcp_allowed_urls):
+                raise InvalidRequest("the MCP server's URL is neither a configured server's nor on this server's "
+                                     "server.mcp_allowed_urls", ask.param)
+            try:
+                connection = await stack.enter_async_context(services.mcp.adhoc(ask.url, ask.headers))
+            except ToolError as err:
+                listings.append(Listing(label, [], err.reason))
+                return
+    if name is not None and not may_use(key_mcp, name):
+        raise ApiError(f"this API key may not use the MCP server {name!r}", status=403, param=ask.param,
+                       code="permission_error")
+    try:
+        tools = await (connection.tools() if connection is not None else services.mcp.tools(name or label))
+        label = label or (name or "")
+    except ToolError as err:
+        listings.append(Listing(label, [], err.reason))
+        return
+    if ask.allowed_tools is not None:
+        tools = [t for t in tools if t.name in ask.allowed_tools]
+    listings.append(Listing(label, tools))
+    taken = {o.name for o in offers}
+    for tool in tools:
+        fname = function_name(label, tool.name)
+        if fname in taken:
+            continue
+        taken.add(fname)
+        offers.append(Offer(fname, Kind.MCP, ask, tool.description, tool.input_schema, server=label, tool=tool.name,
+                            target=name, connection=connection))
