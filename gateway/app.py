@@ -47,6 +47,7 @@ from .api.appkeys import (
     REGISTRY,
     SEAL_KEY,
     TRACING,
+    WEB_SESSION,
 )
 from .backends.workerclient import RequestFailed
 from .base import tracecontext
@@ -59,6 +60,7 @@ from .server.captures import CAPTURE, CaptureStore
 from .server.captures import FOLDER as CAPTURE_FOLDER
 from .server.connections import ConnectionGuard, Limits
 from .server.events import ERROR_CODE, OBSERVATION, OWNER, PRINCIPAL, STREAM, EventSink, Observation, request_id
+from .server.fetch import WebSessions
 from .server.live import Live
 from .server.metrics import Metrics
 from .serving.registry import Registry, upstream_rows
@@ -381,6 +383,7 @@ def create_app(config: Config, registry: Registry | None = None) -> web.Applicat
     app[CAPTURES] = CaptureStore(config.server.capture, state / CAPTURE_FOLDER)
     app[TRACING] = tracing.make(config.server.otel, os.environ)
     app[LIFECYCLE] = {"draining": False}
+    app[WEB_SESSION] = WebSessions()  # its sessions made at the start (_workers_ctx)
     app[SEAL_KEY] = KeptSecret((config.server.kv_cache_dir or default_kv_cache_dir()) / SEAL_FILE)
     server = config.server
     app[CONNECTIONS] = ConnectionGuard(Limits(server.header_timeout, server.keepalive_timeout, server.max_connections),
@@ -402,6 +405,7 @@ def create_app(config: Config, registry: Registry | None = None) -> web.Applicat
 
 async def _workers_ctx(app: web.Application):
     await app[GATE].start()
+    app[WEB_SESSION].create()
     watch = asyncio.ensure_future(app[REGISTRY].upstreams.watch())  # upstreams' health, and the models they list
     keys = asyncio.ensure_future(admin.watch_keys(app))  # the keys file, read again when it changes
     kept = asyncio.ensure_future(captures.keep(app[CAPTURES]))  # captures kept in the state folder
@@ -411,6 +415,7 @@ async def _workers_ctx(app: web.Application):
         task.cancel()
     await asyncio.gather(watch, keys, kept, return_exceptions=True)
     await app[REGISTRY].close()
+    await app[WEB_SESSION].close()
     await app[GATE].close()
     app[EVENTS].close()
     tracer = app[TRACING]

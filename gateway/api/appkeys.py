@@ -11,6 +11,7 @@ from ..models.config import Config
 from ..server.captures import CaptureStore
 from ..server.connections import ConnectionGuard
 from ..server.events import EventSink
+from ..server.fetch import WebSessions
 from ..server.live import Live
 from ..server.metrics import Metrics
 from ..server.response_store import ResponseStore
@@ -30,3 +31,5 @@ GATE = web.AppKey("gate", Gate)  # the keys in force, their limits, and the usag
 CAPTURES = web.AppKey("captures", CaptureStore)  # requests and answers kept (server.capture)
 # OpenTelemetry's traces (``server/tracing``), or None: off, and nothing of OpenTelemetry imported
 TRACING: web.AppKey[Tracing | None] = web.AppKey("tracing")
+# the hosted tools' HTTP sessions (web search and fetch), made at the start, closed at the end
+WEB_SESSION = web.AppKey("web_session", WebSessions)

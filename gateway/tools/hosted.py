@@ -84,6 +84,7 @@ class Page:
     text: str
     content_type: str = "text/plain"
     retrieved_at: str = ""  # ISO 8601, UTC
+    links: tuple[str, ...] = ()  # its links, absolute http(s) URLs (Ollama's web_fetch answers them)
 
 
 @dataclass(frozen=True)
