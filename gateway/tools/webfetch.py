@@ -169,8 +169,10 @@ class _Converter(MarkdownConverter):
         return alt if isinstance(alt, str) else ""
 
 
-# one converter per page: markdownify's keeps a cache as it converts, and pages convert in threads
-_OPTIONS = {"heading_style": "atx", "bullets": "-", "escape_asterisks": False, "escape_underscores": False}
+def _converter() -> _Converter:
+    """One converter per page: markdownify's keeps a cache as it converts, and pages convert in
+    threads."""
+    return _Converter(heading_style="atx", bullets="-", escape_asterisks=False, escape_underscores=False)
 
 
 def html_to_text(body: bytes, charset: str | None, base: str) -> tuple[str, str, tuple[str, ...]]:
@@ -187,7 +189,7 @@ def html_to_text(body: bytes, charset: str | None, base: str) -> tuple[str, str,
     for tag in soup.find_all(_DROPPED):
         tag.decompose()
     try:
-        text = _Converter(**_OPTIONS).convert_soup(soup)
+        text = _converter().convert_soup(soup)
     except RecursionError:  # hostile nesting: BeautifulSoup's text, made without recursion
         text = soup.get_text("\n")
     text = _BLANKS.sub("\n\n", text).strip()
