@@ -40,7 +40,7 @@ MAX_PAGE_BYTES = 5 * 2**20  # a page's bytes where its caller names no other bou
 MAX_TITLE_CHARS = 300
 MAX_LINKS = 200
 MAX_LINK_CHARS = 2048
-_DROPPED = ["script", "style", "noscript", "iframe", "svg", "template", "head", "object", "embed"]
+_DROPPED = ["script", "style", "noscript", "iframe", "svg", "template", "head", "title", "object", "embed"]
 _HTML = frozenset({"text/html", "application/xhtml+xml"})
 _TEXT_APPLICATIONS = frozenset({"application/json", "application/xml", "application/ld+json",
                                 "application/x-ndjson", "application/javascript", "application/yaml",
