@@ -47,6 +47,7 @@ from .api.appkeys import (
     REGISTRY,
     SEAL_KEY,
     TRACING,
+    TOOLS,
 )
 from .backends.workerclient import RequestFailed
 from .base import tracecontext
@@ -59,6 +60,9 @@ from .server.captures import CAPTURE, CaptureStore
 from .server.captures import FOLDER as CAPTURE_FOLDER
 from .server.connections import ConnectionGuard, Limits
 from .server.events import ERROR_CODE, OBSERVATION, OWNER, PRINCIPAL, STREAM, EventSink, Observation, request_id
+from .server.fetch import WebSessions
+from .tools.mcpservers import McpServers
+from .tools.toolbox import Services
 from .server.live import Live
 from .server.metrics import Metrics
 from .serving.registry import Registry, upstream_rows
@@ -383,6 +387,9 @@ def create_app(config: Config, registry: Registry | None = None) -> web.Applicat
     app[CAPTURES] = CaptureStore(config.server.capture, state / CAPTURE_FOLDER)
     app[TRACING] = tracing.make(config.server.otel, os.environ)
     app[LIFECYCLE] = {"draining": False}
+    app[TOOLS] = Services(config.server, McpServers(config.server.mcp_servers, state, tool_timeout=config.server.tool_timeout,
+                                                    max_result_bytes=config.server.max_tool_result_bytes),
+                          WebSessions())  # its sessions made at the start (_workers_ctx)
     app[SEAL_KEY] = KeptSecret((config.server.kv_cache_dir or default_kv_cache_dir()) / SEAL_FILE)
     server = config.server
     app[CONNECTIONS] = ConnectionGuard(Limits(server.header_timeout, server.keepalive_timeout, server.max_connections),
@@ -404,6 +411,7 @@ def create_app(config: Config, registry: Registry | None = None) -> web.Applicat
 
 async def _workers_ctx(app: web.Application):
     await app[GATE].start()
+    app[TOOLS].web.create()
     watch = asyncio.ensure_future(app[REGISTRY].upstreams.watch())  # upstreams' health, and the models they list
     keys = asyncio.ensure_future(admin.watch_keys(app))  # the keys file, read again when it changes
     kept = asyncio.ensure_future(captures.keep(app[CAPTURES]))  # captures kept in the state folder
@@ -413,6 +421,7 @@ async def _workers_ctx(app: web.Application):
         task.cancel()
     await asyncio.gather(watch, keys, kept, return_exceptions=True)
     await app[REGISTRY].close()
+    await app[TOOLS].close()
     await app[GATE].close()
     app[EVENTS].close()
     tracer = app[TRACING]

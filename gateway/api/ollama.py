@@ -3,6 +3,14 @@
 /api/create and /api/copy answer 501. Errors are Ollama's ``{"error": "..."}``
 (``app.error_response``), and streams are newline-delimited JSON, as Ollama's clients read them.
 
+``/api/experimental/web_search`` (``{query, max_results}``: default 5, at most 10 ->
+``{results: [{title, url, content}]}``) and ``/api/experimental/web_fetch`` (``{url}`` ->
+``{title, content, links}``) answer as Ollama's own do (which pass them to ollama.com), from the
+gateway's hosted tools (``tools/websearch``, ``tools/webfetch``): a 501 where
+``server.web_search`` (or ``server.web_fetch``) leaves them off, a 400 for a URL refused, a 502
+for a backend that failed and a 504 for one that took longer than ``server.tool_timeout``. Each
+counts as a request of its key (its rate limits), spending no tokens.
+
 A request's ``keep_alive`` sets how long its model stays loaded once idle. The model is
 everyone's, so a user key's only ever lengthens that (``serving.supervisors.Supervisors.keep_alive``):
 unloading, or unloading sooner than the configuration says, is an admin's.
@@ -10,6 +18,7 @@ unloading, or unloading sooner than the configuration says, is an admin's.
 
 from __future__ import annotations
 
+import json
 import hashlib
 import math
 import time
@@ -21,17 +30,20 @@ from aiohttp import web
 
 from .. import __version__
 from ..access.scope import visible
-from ..base.errors import ApiError
+from ..base.errors import ApiError, InvalidRequest
 from ..models.config import ModelSpec
 from ..server.events import observation
 from ..text.formats import reasoning_format, tool_format
+from ..tools.hosted import Ask, Kind
+from ..tools.toolbox import Toolbox
 from ..wire import ollama
-from . import common, pipeline
+from . import common, pipeline, toolloop
 from .access import is_admin, require_admin, spends
-from .appkeys import REGISTRY
+from .appkeys import REGISTRY, TOOLS
 from .body import read_json_object
 
 FOREVER = 3650 * 86400.0  # seconds: how far off a model kept loaded for good (or busy) shows its expiry
+SEARCH_RESULTS, MAX_SEARCH_RESULTS = 5, 10  # Ollama's web_search: its default and its most
 
 
 @spends("ollama")
@@ -185,6 +197,53 @@ async def not_here(request: web.Request) -> web.Response:
                    "(/api/pull), but does not make or push them", status=501, code="not_implemented")
 
 
+async def _hosted(request: web.Request, kind: Kind, arguments: dict[str, Any], max_results: int | None = None) -> Any:
+    """One hosted tool's call, made for Ollama's experimental routes: through the request's own
+    ``Toolbox`` (the same bounds, and the call counted in the event, the trace and the metric as
+    an answer's would be). 501 where the server runs no such tool; a failure in Ollama's words,
+    with its status: 400 for what the caller gave, 504 for a timeout, else 502."""
+    what = "web search" if kind is Kind.WEB_SEARCH else "web fetch"
+    toolbox = await Toolbox.open([Ask(kind, "ollama", param="query", max_results=max_results)],
+                                 request.app[TOOLS], None)
+    try:
+        if not toolbox:
+            setting = "server.web_search" if kind is Kind.WEB_SEARCH else "server.web_fetch (on where web_search is)"
+            raise ApiError(f"{what} is not configured on this gateway ({setting})", status=501, code="not_configured")
+        ran = await toolbox.run(kind.value, json.dumps(arguments))
+    finally:
+        await toolbox.aclose()
+    toolloop.record(observation(request), ran)
+    if ran.error is not None:
+        outcome = ran.record["outcome"]
+        status = 400 if outcome in ("refused", "invalid_tool_input") else 504 if outcome == "timeout" else 502
+        raise ApiError(ran.error, status=status, code=f"tool_{outcome}")
+    return ran.output
+
+
+@spends("ollama")
+async def web_search(request: web.Request) -> web.Response:
+    body = await read_json_object(request)
+    query, count = body.get("query"), body.get("max_results")
+    if not isinstance(query, str) or not query.strip():
+        raise InvalidRequest("query is required: a non-empty string", "query")
+    if count is None:
+        count = SEARCH_RESULTS
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise InvalidRequest("max_results must be a positive integer", "max_results")
+    found = await _hosted(request, Kind.WEB_SEARCH, {"query": query}, min(count, MAX_SEARCH_RESULTS))
+    return web.json_response({"results": [{"title": r.title, "url": r.url, "content": r.content} for r in found]})
+
+
+@spends("ollama")
+async def web_fetch(request: web.Request) -> web.Response:
+    body = await read_json_object(request)
+    url = body.get("url")
+    if not isinstance(url, str) or not url.strip():
+        raise InvalidRequest("url is required: a non-empty string", "url")
+    page = await _hosted(request, Kind.WEB_FETCH, {"url": url})
+    return web.json_response({"title": page.title, "content": page.text, "links": list(page.links)})
+
+
 def setup(app: web.Application) -> None:
     app.router.add_post("/api/chat", chat)
     app.router.add_post("/api/generate", generate)
@@ -194,5 +253,7 @@ def setup(app: web.Application) -> None:
     app.router.add_get("/api/ps", ps)
     app.router.add_post("/api/show", show)
     app.router.add_get("/api/version", version)
+    app.router.add_post("/api/experimental/web_search", web_search)
+    app.router.add_post("/api/experimental/web_fetch", web_fetch)
     for path in ("/api/push", "/api/create", "/api/copy"):
         app.router.add_route("*", path, not_here)

@@ -39,6 +39,7 @@ class Ask:
     param: str = "tools"
     name: str | None = None
     max_uses: int | None = None
+    max_results: int | None = None  # web search: results asked for (None: ``web_search.max_results``)
     allowed_domains: tuple[str, ...] = ()
     blocked_domains: tuple[str, ...] = ()
     server: str | None = None
@@ -87,6 +88,7 @@ class Page:
     text: str
     content_type: str = "text/plain"
     retrieved_at: str = ""  # ISO 8601, UTC
+    links: tuple[str, ...] = ()  # its links, absolute http(s) URLs (Ollama's web_fetch answers them)
 
 
 @dataclass(frozen=True)

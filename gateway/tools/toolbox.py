@@ -37,9 +37,9 @@ import aiohttp
 
 from ..base.errors import ApiError, InvalidRequest
 from ..models.config.specs import ServerConfig
-from ..server.fetch import media_session
+from ..server.fetch import WebSessions
 from . import webfetch, websearch
-from .hosted import Ask, CallOutcome, Kind, ToolError, ToolInfo, function_name, may_use
+from .hosted import Ask, CallOutcome, Kind, Page, SearchResult, ToolError, ToolInfo, function_name, may_use
 from .mcpservers import McpServers
 from .resulttext import cut_bytes, defang, for_model
 
@@ -58,15 +58,14 @@ MAX_ARGUMENTS = 64 * 1024  # characters of a call's arguments the gateway reads
 
 
 class Services:
-    """What the hosted tools need, made once for the app: the MCP servers, and the HTTP
-    sessions of search and fetch, made on first use (a session needs a running loop);
-    ``close`` at the app's end."""
+    """What the hosted tools need, made once for the app: the configured MCP servers and the
+    HTTP sessions of web search and fetch (``server.fetch.WebSessions``: made at the app's start,
+    ``close`` at its end)."""
 
-    def __init__(self, server: ServerConfig, mcp: McpServers):
+    def __init__(self, server: ServerConfig, mcp: McpServers, web: WebSessions):
         self.server = server
         self.mcp = mcp
-        self._fetch: aiohttp.ClientSession | None = None  # a URL someone else chose: the guarded session
-        self._search: aiohttp.ClientSession | None = None  # the operator's search backend (may be loopback)
+        self.web = web
 
     @property
     def web_search(self) -> bool:
@@ -77,38 +76,27 @@ class Services:
         on = self.server.web_fetch
         return self.web_search if on is None else on
 
-    @property
-    def fetch_session(self) -> aiohttp.ClientSession:
-        if self._fetch is None:
-            self._fetch = media_session(allow_private=False)
-        return self._fetch
-
-    @property
-    def search_session(self) -> aiohttp.ClientSession:
-        if self._search is None:
-            self._search = media_session(allow_private=True)
-        return self._search
-
-    async def search(self, query: str, ask: Ask) -> list[Any]:
+    async def search(self, query: str, ask: Ask) -> list[SearchResult]:
+        """``query`` asked of ``server.web_search`` (the operator's backend: its session may
+        reach loopback), within the ask's domains."""
         config = self.server.web_search
         assert config is not None
-        return await websearch.search(config, query, session=self.search_session, timeout=self.server.tool_timeout,
-                                      allowed_domains=ask.allowed_domains, blocked_domains=ask.blocked_domains,
-                                      mcp_call=self._mcp_call)
+        return await websearch.search(config, query, session=self.web.operator, timeout=self.server.tool_timeout,
+                                      max_results=ask.max_results, allowed_domains=ask.allowed_domains,
+                                      blocked_domains=ask.blocked_domains, mcp_call=self._mcp_call)
 
-    async def fetch(self, url: str, ask: Ask) -> Any:
-        return await webfetch.fetch(url, session=self.fetch_session, max_bytes=self.server.max_media_bytes,
+    async def fetch(self, url: str, ask: Ask) -> Page:
+        """The page at ``url`` (a model's or a caller's word: the guarded session), as text."""
+        return await webfetch.fetch(url, session=self.web.guarded, max_bytes=webfetch.MAX_PAGE_BYTES,
                                     timeout=self.server.tool_timeout, allowed_domains=ask.allowed_domains,
-                                    blocked_domains=ask.blocked_domains)
+                                    blocked_domains=ask.blocked_domains, allow_private=self.web.allow_private)
 
     async def _mcp_call(self, server: str, tool: str, arguments: dict[str, Any]) -> CallOutcome:
         return await self.mcp.call(server, tool, arguments)
 
     async def close(self) -> None:
         await self.mcp.close()
-        for session in (self._fetch, self._search):
-            if session is not None:
-                await session.close()
+        await self.web.close()
 
 
 @dataclass
