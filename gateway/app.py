@@ -46,8 +46,8 @@ from .api.appkeys import (
     METRICS,
     REGISTRY,
     SEAL_KEY,
-    TRACING,
     TOOLS,
+    TRACING,
 )
 from .backends.workerclient import RequestFailed
 from .base import tracecontext
@@ -61,11 +61,11 @@ from .server.captures import FOLDER as CAPTURE_FOLDER
 from .server.connections import ConnectionGuard, Limits
 from .server.events import ERROR_CODE, OBSERVATION, OWNER, PRINCIPAL, STREAM, EventSink, Observation, request_id
 from .server.fetch import WebSessions
-from .tools.mcpservers import McpServers
-from .tools.toolbox import Services
 from .server.live import Live
 from .server.metrics import Metrics
 from .serving.registry import Registry, upstream_rows
+from .tools.mcpservers import McpServers
+from .tools.toolbox import Services
 from .wire.answer import api_error
 
 __all__ = ["CONFIG", "CONNECTIONS", "EVENTS", "LIFECYCLE", "METRICS", "REGISTRY", "create_app", "server_settings"]
@@ -387,9 +387,9 @@ def create_app(config: Config, registry: Registry | None = None) -> web.Applicat
     app[CAPTURES] = CaptureStore(config.server.capture, state / CAPTURE_FOLDER)
     app[TRACING] = tracing.make(config.server.otel, os.environ)
     app[LIFECYCLE] = {"draining": False}
-    app[TOOLS] = Services(config.server, McpServers(config.server.mcp_servers, state, tool_timeout=config.server.tool_timeout,
-                                                    max_result_bytes=config.server.max_tool_result_bytes),
-                          WebSessions())  # its sessions made at the start (_workers_ctx)
+    mcp = McpServers(config.server.mcp_servers, state, tool_timeout=config.server.tool_timeout,
+                     max_result_bytes=config.server.max_tool_result_bytes)
+    app[TOOLS] = Services(config.server, mcp, WebSessions())  # its sessions made at the start (_workers_ctx)
     app[SEAL_KEY] = KeptSecret((config.server.kv_cache_dir or default_kv_cache_dir()) / SEAL_FILE)
     server = config.server
     app[CONNECTIONS] = ConnectionGuard(Limits(server.header_timeout, server.keepalive_timeout, server.max_connections),

@@ -6,10 +6,7 @@ stand-in (its JSON API), MCP tools by a real MCP server written with the SDK
 
 from __future__ import annotations
 
-import json
-
 import anthropic
-import openai
 import pytest
 from agents import call_model
 from aiohttp import web

@@ -20,7 +20,7 @@ import ollama
 import pytest
 from aiohttp import web
 
-from gateway.api.appkeys import WEB_SESSION
+from gateway.api.appkeys import TOOLS
 from gateway.app import create_app
 from gateway.models.config import load_config
 from gateway.models.config.specs import WebSearchConfig
@@ -477,7 +477,7 @@ def official(client, key: str | None = USER) -> ollama.AsyncClient:
 async def test_the_official_client_searches_and_fetches_through_the_gateway(aiohttp_client, write_config, searxng,
                                                                             pages):
     app = create_app(gateway_config(write_config, f"  web_search:\n    searxng: {searxng.make_url('/')}\n"))
-    app[WEB_SESSION].allow_private = True  # these pages are on loopback; the gateway's own never reach it
+    app[TOOLS].web.allow_private = True  # these pages are on loopback; the gateway's own never reach it
     client = await aiohttp_client(app)
     async with official(client) as ol:
         found = await ol.web_search("python asyncio", max_results=2)

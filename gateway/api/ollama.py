@@ -18,8 +18,8 @@ unloading, or unloading sooner than the configuration says, is an admin's.
 
 from __future__ import annotations
 
-import json
 import hashlib
+import json
 import math
 import time
 from datetime import datetime, timedelta, timezone

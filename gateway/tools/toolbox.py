@@ -33,8 +33,6 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
-
 from ..base.errors import ApiError, InvalidRequest
 from ..models.config.specs import ServerConfig
 from ..server.fetch import WebSessions
@@ -46,8 +44,9 @@ from .resulttext import cut_bytes, defang, for_model
 log = logging.getLogger(__name__)
 
 # what the model is told each tool does (the gateway's functions, in every model's tool format)
-_SEARCH: dict[str, Any] = {"name": "web_search", "description": "Search the web. Returns the top results: title, URL and snippet.",
-           "parameters": {"type": "object", "properties": {"query": {"type": "string",
+_SEARCH: dict[str, Any] = {"name": "web_search",
+                           "description": "Search the web. Returns the top results: title, URL and snippet.",
+                           "parameters": {"type": "object", "properties": {"query": {"type": "string",
                                                                      "description": "what to search for"}},
                           "required": ["query"]}}
 _FETCH: dict[str, Any] = {"name": "web_fetch", "description": "Fetch a web page by its URL and read it as text.",
