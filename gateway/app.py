@@ -33,7 +33,7 @@ from aiohttp import web
 
 from .access.gate import Gate
 from .access.keys import owner_of  # noqa: F401 (re-exported: what a key's requests leave behind is its own)
-from .api import admin, anthropic, captures, dashboard, lora, ollama, openai, pulls, responses, usage
+from .api import admin, anthropic, captures, dashboard, lora, mcp, ollama, openai, pulls, responses, usage
 from .api.access import access_middleware, wire_of
 from .api.appkeys import (
     CAPTURES,
@@ -397,6 +397,7 @@ def create_app(config: Config, registry: Registry | None = None) -> web.Applicat
     captures.setup(app)
     lora.setup(app)
     dashboard.setup(app)
+    mcp.setup(app)
     return app
 
 

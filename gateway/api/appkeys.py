@@ -16,6 +16,7 @@ from ..server.metrics import Metrics
 from ..server.response_store import ResponseStore
 from ..server.tracing import Tracing
 from ..serving.registry import Registry
+from ..tools.hosted import McpTools
 
 CONFIG = web.AppKey("config", Config)
 REGISTRY = web.AppKey("registry", Registry)
@@ -30,3 +31,6 @@ GATE = web.AppKey("gate", Gate)  # the keys in force, their limits, and the usag
 CAPTURES = web.AppKey("captures", CaptureStore)  # requests and answers kept (server.capture)
 # OpenTelemetry's traces (``server/tracing``), or None: off, and nothing of OpenTelemetry imported
 TRACING: web.AppKey[Tracing | None] = web.AppKey("tracing")
+# the configured MCP servers (``tools/mcpservers.McpServers``): their tools for every wire and ``/mcp``,
+# their state for the page; absent where none is set (``/mcp`` then lists no tool)
+MCP_SERVERS: web.AppKey[McpTools] = web.AppKey("mcp_servers")
