@@ -226,3 +226,16 @@ async def test_without_servers_the_list_is_empty(aiohttp_client, write_config):
     gateway = await aiohttp_client(app)
     async with connected(gateway, None) as client:
         assert (await client.list_tools()).tools == []
+
+
+async def test_the_pages_list_of_servers_is_the_keys_own(gateway):
+    r = await gateway.get("/dashboard/mcp")
+    assert r.status == 401
+    r = await gateway.get("/dashboard/mcp", headers={"Authorization": f"Bearer {ADMIN}"})
+    body = await r.json()
+    assert body["endpoint"] == "/mcp"
+    assert [(s["name"], s["transport"], s["state"]) for s in body["servers"]] == [
+        ("math", "stdio", "ready"), ("files-ro", "http", "idle"), ("down", "stdio", "failed")]
+    assert body["servers"][2]["error"] == "the program exited with 1"
+    r = await gateway.get("/dashboard/mcp", headers={"Authorization": f"Bearer {ALICE}"})
+    assert [s["name"] for s in (await r.json())["servers"]] == ["math"]
