@@ -239,3 +239,30 @@ async def test_the_pages_list_of_servers_is_the_keys_own(gateway):
     assert body["servers"][2]["error"] == "the program exited with 1"
     r = await gateway.get("/dashboard/mcp", headers={"Authorization": f"Bearer {ALICE}"})
     assert [s["name"] for s in (await r.json())["servers"]] == ["math"]
+
+
+async def test_an_answer_past_its_bound_is_a_clear_error(gateway, monkeypatch):
+    from gateway.api import mcp
+    monkeypatch.setattr(mcp, "MAX_ANSWER_BYTES", 300)
+    auth = {**ACCEPT, "Authorization": f"Bearer {ADMIN}", "MCP-Protocol-Version": "2025-06-18"}
+    r = await gateway.post("/mcp", json=rpc("tools/list"), headers=auth)
+    assert r.status == 502 and (await r.json())["error"]["code"] == "answer_too_large"
+    r = await gateway.post("/mcp", json=rpc("tools/call", {"name": "math_add", "arguments": {"a": 1, "b": 1}}),
+                           headers=auth)
+    assert r.status == 200 and (await r.json())["result"]["content"][0]["text"] == "2"
+
+
+async def test_a_page_the_operator_allows_may_use_it(aiohttp_client, write_config, servers):
+    """With ``server.cors_origins``, a browser's MCP client on that origin gets its answers, with
+    the CORS headers the middleware adds to a whole answer."""
+    app = create_app(load_config(write_config(
+        "server:\n  models_dirs: []\n  discover_default_stores: false\n  cors_origins: [http://tool.example]\n")))
+    app[MCP_SERVERS] = servers
+    gateway = await aiohttp_client(app)
+    headers = {**ACCEPT, "Origin": "http://tool.example"}
+    pre = await gateway.options("/mcp", headers={"Origin": "http://tool.example", "Access-Control-Request-Method": "POST",
+                                                 "Access-Control-Request-Headers": "content-type, mcp-protocol-version"})
+    assert pre.status == 204 and "mcp-protocol-version" in pre.headers["Access-Control-Allow-Headers"]
+    r = await gateway.post("/mcp", json=INIT, headers=headers)
+    assert r.status == 200 and r.headers["Access-Control-Allow-Origin"] == "http://tool.example"
+    assert "X-Request-Id" in r.headers

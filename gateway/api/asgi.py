@@ -6,7 +6,9 @@ and JSON) and handed over whole, in one ``http.request`` message; after it, ``re
 until the request ends and then says ``http.disconnect`` (a client that leaves cancels the
 handler, and with it the application's call, by aiohttp's handler cancellation). What the
 application sends is counted: past ``max_bytes`` the rest is dropped and the answer is a 502
-where nothing was sent yet, or a stream cut and its connection closed where it was. Hop-by-hop
+where nothing was sent yet, or a stream cut and its connection closed where it was. A body sent in
+one message (the SDK's JSON answers) is answered as a whole ``web.Response``, which the
+middlewares (CORS, the request id) still add their headers to. Hop-by-hop
 headers the application names (``Connection``, ``Transfer-Encoding``, ``Keep-Alive``) are aiohttp's
 to write, and are left out.
 """
@@ -50,12 +52,15 @@ def scope_of(request: web.Request, headers: Iterable[tuple[bytes, bytes]], extra
 async def serve(app: Asgi, request: web.Request, body: bytes, *, headers: Iterable[tuple[bytes, bytes]],
                 extra: dict[str, Any], max_bytes: int) -> web.StreamResponse:
     """Run ``app`` on ``request`` whose body is ``body`` (read already), as the module says; its
-    answer, written. Raises ``ApiError`` (502) where the application answered nothing or too much
-    before its answer began."""
+    answer: a whole ``web.Response`` where the application sent its body in one message (the
+    middlewares still add their headers), else a stream written as it comes. Raises ``ApiError``
+    (502) where the application answered nothing or too much before its answer began."""
     scope = scope_of(request, headers, extra)
     ended = asyncio.Event()
     given = False
-    response: web.StreamResponse | None = None
+    status, out = 0, CIMultiDict[str]()
+    whole: bytes | None = None
+    stream: web.StreamResponse | None = None
     sent = 0
     overflow = False
 
@@ -68,42 +73,44 @@ async def serve(app: Asgi, request: web.Request, body: bytes, *, headers: Iterab
         return {"type": "http.disconnect"}
 
     async def send(message: Message) -> None:
-        nonlocal response, sent, overflow
+        nonlocal status, whole, stream, sent, overflow
         kind = message.get("type")
         if kind == "http.response.start":
-            if response is None:
-                out: CIMultiDict[str] = CIMultiDict()
+            if not status:
+                status = int(message["status"])
                 for name, value in message.get("headers", ()):
                     if name.lower() not in HOP_BY_HOP:
                         out.add(name.decode("latin-1"), value.decode("latin-1"))
-                response = web.StreamResponse(status=int(message["status"]), headers=out)
             return
-        if kind != "http.response.body" or response is None or overflow:
+        if kind != "http.response.body" or not status or whole is not None or overflow:
             return
-        chunk = bytes(message.get("body", b""))
+        chunk, more = bytes(message.get("body", b"")), bool(message.get("more_body", False))
         sent += len(chunk)
         if sent > max_bytes:
             overflow = True
-            if response.prepared:
-                response.force_close()  # the stream is cut: the client must not wait for its end
+            if stream is not None:
+                stream.force_close()  # the stream is cut: the client must not wait for its end
             return
-        if not response.prepared:
-            await response.prepare(request)
+        if stream is None and not more:
+            whole = chunk
+            return
+        if stream is None:
+            stream = web.StreamResponse(status=status, headers=out)
+            await stream.prepare(request)
         if chunk:
-            await response.write(chunk)
-        if not message.get("more_body", False):
-            await response.write_eof()
+            await stream.write(chunk)
+        if not more:
+            await stream.write_eof()
 
     try:
         await app(scope, receive, send)
     finally:
         ended.set()
-    if response is None:
-        raise ApiError("The MCP endpoint gave no answer", status=502, code="bad_gateway")
-    if overflow and not response.prepared:
-        raise ApiError(f"The MCP endpoint's answer is larger than {max_bytes} bytes", status=502,
-                       code="answer_too_large")
-    if not response.prepared:
-        await response.prepare(request)
-        await response.write_eof()
-    return response
+    if stream is not None:
+        return stream
+    if overflow:
+        raise ApiError(f"The answer is larger than {max_bytes} bytes", status=502, code="answer_too_large")
+    if not status:
+        raise ApiError("No answer was given", status=502, code="bad_gateway")
+    out.popall("Content-Length", None)  # aiohttp writes the body's own
+    return web.Response(status=status, headers=out, body=whole or b"")

@@ -94,7 +94,8 @@ class Endpoint:
             self.server, json_response=True, stateless=True,
             # the gateway's own middlewares check the Host (on loopback) and the Origin (CSRF)
             security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
-            max_request_body_size=app[CONFIG].server.max_body_bytes)
+            # a backstop: ``api/body`` bounds the body, and the JSON written again may differ in length
+            max_request_body_size=2 * app[CONFIG].server.max_body_bytes)
         self._task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
         self._stop = asyncio.Event()
@@ -162,6 +163,10 @@ class Endpoint:
             log.info("/mcp: %s's call of %s/%s failed (%s): %s", caller.name, server, tool, e.outcome,
                      shown(e.reason, 200))
             return types.CallToolResult(content=[types.TextContent(text=e.reason)], is_error=True)
+        except Exception:  # McpTools raises ToolError alone: anything else is the gateway's fault, logged
+            log.exception("/mcp: the call of %s/%s failed", server, tool)
+            return types.CallToolResult(content=[types.TextContent(text=f"The gateway failed to call {tool!r}")],
+                                        is_error=True)
         return types.CallToolResult(content=[types.TextContent(text=outcome.text)], is_error=outcome.is_error)
 
 
