@@ -33,7 +33,7 @@ from aiohttp import web
 
 from .access.gate import Gate
 from .access.keys import owner_of  # noqa: F401 (re-exported: what a key's requests leave behind is its own)
-from .api import admin, anthropic, captures, dashboard, lora, ollama, openai, pulls, responses, usage
+from .api import admin, anthropic, captures, dashboard, lora, mcp, ollama, openai, pulls, responses, usage
 from .api.access import access_middleware, wire_of
 from .api.appkeys import (
     CAPTURES,
@@ -43,6 +43,7 @@ from .api.appkeys import (
     GATE,
     LIFECYCLE,
     LIVE,
+    MCP_SERVERS,
     METRICS,
     REGISTRY,
     SEAL_KEY,
@@ -387,9 +388,10 @@ def create_app(config: Config, registry: Registry | None = None) -> web.Applicat
     app[CAPTURES] = CaptureStore(config.server.capture, state / CAPTURE_FOLDER)
     app[TRACING] = tracing.make(config.server.otel, os.environ)
     app[LIFECYCLE] = {"draining": False}
-    mcp = McpServers(config.server.mcp_servers, state, tool_timeout=config.server.tool_timeout,
-                     max_result_bytes=config.server.max_tool_result_bytes)
-    app[TOOLS] = Services(config.server, mcp, WebSessions())  # its sessions made at the start (_workers_ctx)
+    servers = McpServers(config.server.mcp_servers, state, tool_timeout=config.server.tool_timeout,
+                         max_result_bytes=config.server.max_tool_result_bytes)
+    app[TOOLS] = Services(config.server, servers, WebSessions())  # its sessions made at the start (_workers_ctx)
+    app[MCP_SERVERS] = servers
     app[SEAL_KEY] = KeptSecret((config.server.kv_cache_dir or default_kv_cache_dir()) / SEAL_FILE)
     server = config.server
     app[CONNECTIONS] = ConnectionGuard(Limits(server.header_timeout, server.keepalive_timeout, server.max_connections),
@@ -406,6 +408,7 @@ def create_app(config: Config, registry: Registry | None = None) -> web.Applicat
     captures.setup(app)
     lora.setup(app)
     dashboard.setup(app)
+    mcp.setup(app)
     return app
 
 

@@ -52,7 +52,7 @@ async def test_every_module_the_page_imports_is_served_as_a_script(aiohttp_clien
             if path.startswith("/ui/cards/") and url.startswith("/ui/cards/"):
                 assert "card(" not in await (await client.get(url)).text(), f"{path} imports the card {url}"
             todo.append(url)
-    cards = {"models", "downloads", "live", "usage", "requests", "captures", "playground"}
+    cards = {"models", "downloads", "mcp", "live", "usage", "requests", "captures", "playground"}
     assert {f"/ui/cards/{c}.js" for c in cards} | {"/ui/lib/panels.js", "/ui/lib/api.js"} <= seen
 
 async def test_the_pages_data_needs_a_key(aiohttp_client, write_config, model_dir):

@@ -16,6 +16,7 @@ from ..server.metrics import Metrics
 from ..server.response_store import ResponseStore
 from ..server.tracing import Tracing
 from ..serving.registry import Registry
+from ..tools.hosted import McpTools
 from ..tools.toolbox import Services
 
 CONFIG = web.AppKey("config", Config)
@@ -33,3 +34,7 @@ CAPTURES = web.AppKey("captures", CaptureStore)  # requests and answers kept (se
 TRACING: web.AppKey[Tracing | None] = web.AppKey("tracing")
 # the hosted tools' services (``tools/toolbox.Services``: MCP servers, web search and fetch)
 TOOLS = web.AppKey("tools", Services)
+# the configured MCP servers (``tools/mcpservers.McpServers``): their tools for every wire and ``/mcp``,
+# their state for the page (the same object as ``TOOLS``' ``mcp``: this key types it by the seam ``/mcp``
+# and the page use, ``tools/hosted.McpTools``); absent where none is set (``/mcp`` then lists no tool)
+MCP_SERVERS: web.AppKey[McpTools] = web.AppKey("mcp_servers")

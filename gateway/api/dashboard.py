@@ -13,6 +13,10 @@ with the cards' hooks and their shared head; one module per card in ``cards/``, 
 origin, and is served under a strict Content-Security-Policy;
 ``tests/test_dashboard_browser.py`` and ``tests/test_captures_browser.py`` drive it in Chromium.
 
+``/dashboard/mcp`` lists the configured MCP servers the key may use (``tools/hosted.may_use``):
+each one's transport, state, tools, calls and last error (``McpTools.status``), for the page's MCP
+card, with the path of the gateway's own MCP endpoint (``api/mcp``).
+
 ``/dashboard/live`` streams snapshots: ``/models``' rows, ``live.Live``'s per-model series and
 recent requests (with keys, each key's own, by ``OWNER``, which the observation carries and
 ``Live.record`` keeps beside the event, never in it), and whether the key is an admin's (the
@@ -31,10 +35,12 @@ from aiohttp import web
 
 from ..access.scope import SCOPE, visible
 from ..server.events import OWNER
-from .access import is_admin
+from ..tools.hosted import may_use
+from .access import KEY, is_admin
 from .admin import describe
-from .appkeys import GATE, LIFECYCLE, LIVE, REGISTRY
+from .appkeys import GATE, LIFECYCLE, LIVE, MCP_SERVERS, REGISTRY
 from .common import event_stream
+from .mcp import PATH as MCP_PATH
 
 if TYPE_CHECKING:
     from importlib.abc import Traversable
@@ -105,6 +111,15 @@ async def live_stream(request: web.Request) -> web.StreamResponse:
     return sse.response
 
 
+async def mcp_servers(request: web.Request) -> web.Response:
+    """``GET /dashboard/mcp``: ``{"endpoint": "/mcp", "servers": [status rows]}``, the rows of the
+    servers the key may use (none where no MCP server is set)."""
+    servers, key = request.app.get(MCP_SERVERS), request.get(KEY)
+    patterns = key.mcp if key is not None else None
+    rows = [r for r in servers.status() if may_use(patterns, str(r.get("name")))] if servers is not None else []
+    return web.json_response({"endpoint": MCP_PATH, "servers": rows})
+
+
 def setup(app: web.Application) -> None:
     for path, name in FILES.items():
         body = WEB.joinpath(*name.split("/")).read_bytes()  # read once, at start: a few small files
@@ -115,3 +130,4 @@ def setup(app: web.Application) -> None:
 
         app.router.add_get(path, page)
     app.router.add_get("/dashboard/live", live_stream)
+    app.router.add_get("/dashboard/mcp", mcp_servers)

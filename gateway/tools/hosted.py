@@ -1,7 +1,9 @@
 """What every part of the hosted tools shares: the kinds (``Kind``), what a request asks for
 (``Ask``, read by each wire's parser from its own shape), what the backends give back
 (``ToolInfo``, ``SearchResult``, ``Page``, ``CallOutcome``), the one failure a model reads
-(``ToolError``), and which servers a key may use (``may_use``). Pure; no I/O.
+(``ToolError``), which servers a key may use (``may_use``), and what the configured MCP servers
+offer those who run their tools (``McpTools``: ``tools/mcpservers.McpServers`` has it; the
+answer's loop and ``/mcp`` read it). Pure; no I/O.
 
 A hosted tool is offered to the model as a function in its own tool format: ``web_search``
 (``{query}``), ``web_fetch`` (``{url}``), and an MCP server's tool as ``<server>_<tool>`` with
@@ -12,7 +14,7 @@ from __future__ import annotations
 import enum
 import fnmatch
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 
 class Kind(str, enum.Enum):
@@ -124,3 +126,24 @@ def may_use(patterns: tuple[str, ...] | None, server: str) -> bool:
     """Whether a key whose ``mcp`` setting is ``patterns`` (None: unset, every server) may use
     the configured MCP server ``server``."""
     return patterns is None or any(fnmatch.fnmatchcase(server, p) for p in patterns)
+
+
+class McpTools(Protocol):
+    """The configured MCP servers, as those who run their tools see them (``McpServers``).
+
+    ``names``: the configured servers' names. ``status()``: one row per server, for the page:
+    ``{"name", "transport": "stdio"|"http", "state": "idle"|"connecting"|"ready"|"failed",
+    "tools": [names], "error": str|None, "calls": int}``. ``tools(server)``: its tools (listed
+    once connected, bounded by its ``max_tools``). ``call(server, tool, arguments)``: one call,
+    within ``timeout`` (None: the server's own or ``server.tool_timeout``), its text bounded.
+    ``tools`` and ``call`` raise ``ToolError``, never anything else, for a server that fails."""
+
+    @property
+    def names(self) -> list[str]: ...
+
+    def status(self) -> list[dict[str, Any]]: ...
+
+    async def tools(self, server: str) -> list[ToolInfo]: ...
+
+    async def call(self, server: str, tool: str, arguments: dict[str, Any], *,
+                   timeout: float | None = None) -> CallOutcome: ...

@@ -97,6 +97,7 @@ class McpServers:
     def __contains__(self, server: str) -> bool:
         return server in self._servers
 
+    @property
     def names(self) -> list[str]:
         return list(self._servers)
 

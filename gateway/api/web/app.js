@@ -16,6 +16,7 @@ import { setAction, setConn } from "./lib/status.js";
 // the cards, in the page's order: each registers itself when imported
 import "./cards/models.js";
 import "./cards/downloads.js";
+import "./cards/mcp.js";
 import "./cards/live.js";
 import "./cards/usage.js";
 import "./cards/requests.js";
