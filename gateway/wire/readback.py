@@ -7,8 +7,9 @@ Each wire is read as its own clients read it: OpenAI's chat ``reasoning_content`
 ``reasoning``), ``content`` and ``tool_calls`` (streamed by index, the arguments in pieces), its
 text completions' ``text``, choice 0 only (``choices`` says how many were seen); Anthropic's
 ``thinking``, ``text`` and ``tool_use`` blocks (an ``input`` object as JSON text; streamed, the
-``input_json_delta`` pieces; a hosted tool's blocks are no call); the Responses API's ``reasoning``, ``message``, ``function_call``
-and ``custom_tool_call`` items (streamed, their deltas, each item replaced by its whole form once
+``input_json_delta`` pieces; a hosted tool's blocks are no call); the Responses API's
+``reasoning``, ``message``, ``function_call`` and ``custom_tool_call`` items (streamed, their
+deltas, each item replaced by its whole form once
 ``response.output_item.done`` or the final response gives it); Ollama's ``message`` (or
 generate's ``response`` and ``thinking``), its calls' argument objects as JSON text;
 llama-server's ``content`` (``/infill``). ``finish_reason`` is in the wire's own words
