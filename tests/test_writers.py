@@ -18,6 +18,7 @@ from gateway.models.config import ServerConfig
 from gateway.protocol import Start
 from gateway.server.events import Observation
 from gateway.server.sse import EventStream, LineStream
+from gateway.tools.hosted import CallOutcome, SearchResult
 from gateway.wire import anthropic as wire_anthropic
 from gateway.wire import anthropic_answer, fim, ollama, openai_answer, responses
 from gateway.wire import openai as wire_openai
@@ -99,11 +100,9 @@ def test_a_writer_that_failed_in_a_stream_says_so_in_its_wires_words():
 
 
 SEARCH = Hosted("srvtoolu_1", "web_search", "web_search", '{"query": "weather in Paris"}')
-FOUND = HostedResult("srvtoolu_1", "web_search", output=[{"type": "web_search_result", "url": "https://example.com/",
-                                                          "title": "Paris", "encrypted_content": "x",
-                                                          "page_age": None}])
+FOUND = HostedResult("srvtoolu_1", "web_search", output=[SearchResult("Paris", "https://example.com/", "Rain.")])
 TOOL = Hosted("mcp_1", "mcp", "search_docs", '{"q": "lease"}', server="docs")
-TOLD = HostedResult("mcp_1", "mcp", output="Registry.lease holds a model.")
+TOLD = HostedResult("mcp_1", "mcp", output=CallOutcome("Registry.lease holds a model."))
 
 
 def hosted_answer(out: Writer) -> list:

@@ -10,11 +10,13 @@ from typing import Any
 
 from ..base.errors import ApiError
 from ..protocol import Start
+from ..tools import citations
+from ..tools.hosted import Page, SearchResult
 from . import answer, writer
 from .answer import Call, CallArgs, Finish, Item, Piece
 from .context import Context
 from .params import Parsed
-from .writer import Frame
+from .writer import Frame, HostedResult
 
 
 def new_id(prefix: str) -> str:
@@ -112,6 +114,11 @@ class Renderer:
             return self._chunk({"index": index, "delta": {}, "logprobs": None, "finish_reason": finish_reason})
         return self._chunk({"index": index, "text": "", "logprobs": None, "finish_reason": finish_reason})
 
+    def annotations_chunk(self, notes: list[dict[str, Any]], index: int = 0) -> dict[str, Any]:
+        """A streamed answer's citations, as OpenAI's search models send them: a delta of
+        ``annotations`` alone, after the content's last piece."""
+        return self._chunk({"index": index, "delta": {"annotations": notes}, "logprobs": None, "finish_reason": None})
+
     def usage_chunk(self, finishes: list[Finish]) -> dict[str, Any]:
         return self._chunk({}, usage(finishes, self.chat), choices=False)
 
@@ -140,10 +147,19 @@ class Renderer:
                 "usage": usage(finishes, self.chat)}
 
 
+def annotation(found: citations.Citation) -> dict[str, Any]:
+    return {"type": "url_citation", "url_citation": {"start_index": found.start, "end_index": found.end,
+                                                     "url": found.url, "title": found.title}}
+
+
 class Writer(writer.Writer):
     """An answer in OpenAI's shape: a chat completion (Mistral's fill in the middle too) or a
     text completion, whole or streamed as chunks ending in ``[DONE]``. A batch of prompts is
-    one choice each, their generations one after another (``open`` again for each)."""
+    one choice each, their generations one after another (``open`` again for each).
+
+    A hosted tool's call has no form here; what it found is cited: a chat message whose
+    content (written after the result) cites a search result or page carries ``annotations``
+    (``url_citation``), streamed as one delta of them before the finish."""
 
     done = "[DONE]"
 
@@ -159,6 +175,8 @@ class Writer(writer.Writer):
         self.finishes: list[Finish] = []
         self.echo = ""
         self.whole = answer.Whole()
+        self.content: list[str] = []  # a streamed choice's content, for its citations
+        self.sources: list[tuple[SearchResult | Page, int]] = []  # a source, and the content's length as it came
 
     def leased(self, model: str) -> None:
         self.model = self.render.model = model
@@ -166,6 +184,7 @@ class Writer(writer.Writer):
     def open(self, begun: Start) -> list[Frame]:
         self.index += 1
         self.echo, self.offset = begun.prompt_text or "", 0
+        self.content, self.sources = [], []
         if not self.stream:
             wants = self.parsed.requests[self.index].logprobs is not None
             self.whole = answer.Whole(logprobs=[] if wants else None)
@@ -185,17 +204,36 @@ class Writer(writer.Writer):
         if isinstance(item, Piece):
             chunk = self.render.delta_chunk(item, self.index, self.offset)
             self.offset += len(item.text)
+            if item.kind == "content":
+                self.content.append(item.text)
             return [(chunk, None)]
         return [(self.render.call_chunk(item, self.index), None)]
+
+    def hosted_result(self, result: HostedResult) -> list[Frame]:
+        """Nothing is told; what it found may be cited by the content that follows."""
+        if self.render.chat:
+            written = len(self.whole.content if not self.stream else "".join(self.content))
+            self.sources += [(source, written) for source in result.sources()]
+        return []
+
+    def _annotations(self, content: str) -> list[dict[str, Any]]:
+        """The content's citations of each source, in what was written after it came."""
+        found = citations.find(content, [source for source, _ in self.sources])
+        return [annotation(c) for c in found if c.start >= self.sources[c.source][1]]
 
     def close(self, finish: Finish) -> list[Frame]:
         self.finishes.append(finish)
         if not self.stream:
             w = self.whole
-            self.choices.append(self.render.choice(self.index, w.content, w.thinking, finish, w.logprobs, self.echo,
-                                                   w.calls))
+            choice = self.render.choice(self.index, w.content, w.thinking, finish, w.logprobs, self.echo, w.calls)
+            if self.sources and (notes := self._annotations(w.content)):
+                choice["message"]["annotations"] = notes
+            self.choices.append(choice)
             return []
-        return [(self.render.final_chunk(finish.reason, self.index, finish), None)]
+        frames: list[Frame] = []
+        if self.sources and (notes := self._annotations("".join(self.content))):
+            frames.append((self.render.annotations_chunk(notes, self.index), None))
+        return frames + [(self.render.final_chunk(finish.reason, self.index, finish), None)]
 
     def end(self) -> list[Frame]:
         if self.stream and self.parsed.include_usage:

@@ -7,8 +7,9 @@ Each wire is read as its own clients read it: OpenAI's chat ``reasoning_content`
 ``reasoning``), ``content`` and ``tool_calls`` (streamed by index, the arguments in pieces), its
 text completions' ``text``, choice 0 only (``choices`` says how many were seen); Anthropic's
 ``thinking``, ``text`` and ``tool_use`` blocks (an ``input`` object as JSON text; streamed, the
-``input_json_delta`` pieces); the Responses API's ``reasoning``, ``message``, ``function_call``
-and ``custom_tool_call`` items (streamed, their deltas, each item replaced by its whole form once
+``input_json_delta`` pieces; a hosted tool's blocks are no call); the Responses API's
+``reasoning``, ``message``, ``function_call`` and ``custom_tool_call`` items (streamed, their
+deltas, each item replaced by its whole form once
 ``response.output_item.done`` or the final response gives it); Ollama's ``message`` (or
 generate's ``response`` and ``thinking``), its calls' argument objects as JSON text;
 llama-server's ``content`` (``/infill``). ``finish_reason`` is in the wire's own words
@@ -308,7 +309,9 @@ def _anthropic(obj: dict[str, Any], ans: _Answer) -> None:
         elif dtype == "thinking_delta":
             ans.text(ans.thinking, delta.get("thinking"))
         elif dtype == "input_json_delta" and isinstance(delta.get("partial_json"), str):
-            ans.call(("block", index)).parts.append(delta["partial_json"])
+            call = ans.calls.get(("block", index))  # none: a hosted tool's input (server_tool_use), no call
+            if call is not None:
+                call.parts.append(delta["partial_json"])
     elif kind == "content_block_stop":  # a call that got no pieces: the input it started with
         call = ans.calls.get(("block", index))
         if call is not None and index in ans.opened:

@@ -11,12 +11,31 @@ then ``body()``. So the fold of a whole answer is never written apart from its s
 - ``open(begun)`` as the answer's first generation starts (and, in OpenAI's batch of prompts,
   as each further choice starts);
 - ``feed(item)`` for each piece of thinking or content, call, call arguments;
+- ``listed(server, tools, error)`` after ``open``, before the first ``feed``, once for each MCP
+  server whose tools the request offers (Responses' ``mcp_list_tools`` item; a writer given it
+  before ``open`` keeps it till then);
 - ``hosted(call)`` then ``hosted_result(result)`` for a tool the gateway runs itself in the
   middle of an answer (web search, an MCP server's tool), and ``go_on(finish, begun)`` where a
   further generation continues the same answer after it: its tokens are added, nothing closes;
+- ``approval(call, request_id)`` in place of ``hosted`` for an MCP call that waits for the
+  caller's approval (Responses' ``mcp_approval_request``); the answer then closes as usual;
 - ``close(finish)`` as the answer (or a batch's choice) ends, ``end()`` after the last;
 - ``fail(err)`` where the answer breaks after its stream began (a failure before that is a
   plain error response), before ``open`` too where a load's progress opened the stream.
+
+What the hosted tools' calls carry (the types are ``tools/hosted``'s):
+- ``Hosted.kind`` is ``web_search``, ``web_fetch`` or ``mcp``; ``arguments`` JSON text
+  (``{"query"}``, ``{"url"}``, an MCP tool's own); ``name`` the tool's own name (an MCP tool's
+  without its server's prefix, ``web_search`` or ``web_fetch`` otherwise); ``id`` the model's call
+  id, which each writer spells in its wire's way (``srvtoolu_``, ``ws_``, ...), the same for the
+  call and its result; ``approval_request_id`` the approval an MCP call ran on, where it did.
+- ``HostedResult.output``: for ``web_search`` a list of ``SearchResult``, for ``web_fetch`` a
+  ``Page``, for ``mcp`` a ``CallOutcome`` (``is_error``: a failure the tool reported, told as
+  one). ``error``: why it gave nothing (``output`` None), with ``outcome`` the ``ToolError``'s
+  (``timeout``, ``refused``, ``too_large``, ``error``) or ``max_uses`` where a request's
+  ``max_uses`` refused the call; each writer turns it into its wire's error code.
+- Text written after a result may cite it: search results and pages become the wire's citations
+  (``tools/citations.find``), counted in the text that follows them only.
 
 A ``Frame`` is one message of the stream: its JSON (or a bare string, OpenAI's ``[DONE]``) and
 its SSE event name, None for a plain ``data:`` frame. Where ``stream`` is False a writer may
@@ -29,7 +48,7 @@ from typing import Any
 
 from ..base.errors import ApiError
 from ..protocol import Start
-from ..tools.hosted import ToolInfo
+from ..tools.hosted import Page, SearchResult, ToolInfo
 from .answer import Finish, Item
 
 Frame = tuple[dict[str, Any] | str, str | None]
@@ -38,25 +57,42 @@ Frame = tuple[dict[str, Any] | str, str | None]
 @dataclass
 class Hosted:
     """A tool the gateway runs itself, called by the model in the middle of an answer:
-    ``kind`` is the wire's name for it (``web_search``, ``web_fetch``, ``mcp``), ``server`` the
-    MCP server's label where it is one, ``arguments`` JSON text."""
+    ``kind`` is ``web_search``, ``web_fetch`` or ``mcp``, ``server`` the MCP server's label
+    where it is one, ``arguments`` JSON text (see the module's docstring)."""
 
     id: str
     kind: str
     name: str
     arguments: str
     server: str | None = None
+    approval_request_id: str | None = None
 
 
 @dataclass
 class HostedResult:
-    """What a hosted tool gave back (``output``: the wire's content for it: text, or a list of
-    results), or why it could not (``error``)."""
+    """What a hosted tool gave back (``output``: a list of ``SearchResult``, a ``Page``, a
+    ``CallOutcome``), or why it could not (``error``, and ``outcome`` its kind)."""
 
     id: str
     kind: str
     output: Any = None
     error: str | None = None
+    outcome: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        """Whether the call failed: an error, or an MCP tool's own ``is_error``."""
+        return self.error is not None or bool(getattr(self.output, "is_error", False))
+
+    def sources(self) -> list[SearchResult | Page]:
+        """What text after it may cite: its search results, or its page."""
+        if self.error is not None:
+            return []
+        if isinstance(self.output, Page):
+            return [self.output]
+        if isinstance(self.output, list):
+            return [r for r in self.output if isinstance(r, SearchResult)]
+        return []
 
 
 @dataclass
@@ -117,14 +153,14 @@ class Writer:
     def hosted_result(self, result: HostedResult) -> list[Frame]:
         return []
 
-    def listed(self, server: str, tools: list[ToolInfo], error: str | None) -> list[Frame]:
-        """The tools an MCP server offered this answer (or why it could not), told once the
-        model is held, before the answer opens (Responses' ``mcp_list_tools``)."""
+    def listed(self, server: str, tools: list[ToolInfo], error: str | None = None) -> list[Frame]:
+        """The tools an MCP server offered the answer (``error``: why it could not list them); a
+        wire with no form for it tells nothing."""
         return []
 
     def approval(self, call: Hosted, request_id: str) -> list[Frame]:
-        """A hosted call that waits for the caller's approval (Responses'
-        ``mcp_approval_request``): the answer then closes, and a later request answers it."""
+        """An MCP call that waits for the caller's approval, asked under ``request_id`` (the id
+        the caller's answer names); a wire with no form for it tells nothing."""
         return []
 
     def go_on(self, finish: Finish, begun: Start) -> list[Frame]:

@@ -16,6 +16,8 @@ from typing import Any
 from ...base import strictjson
 from ...base.errors import ApiError
 from ...protocol import Start
+from ...tools import citations
+from ...tools.hosted import Page, SearchResult, ToolInfo
 from .. import writer
 from ..answer import Call, CallArgs, Finish, Piece
 from ..writer import Frame, Hosted, HostedResult
@@ -41,6 +43,66 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
+def hosted_id(kind: str, call_id: str) -> str:
+    """The Responses API's spelling of a hosted call's item id: ``ws_...``, an MCP call's ``mcp_...``."""
+    prefix = "mcp_" if kind == "mcp" else "ws_"
+    return call_id if call_id.startswith(prefix) else prefix + call_id.removeprefix("call_")
+
+
+def hosted_item(call: Hosted) -> dict[str, Any]:
+    """A hosted call's item, in progress: an ``mcp_call``, or a ``web_search_call`` whose action
+    is a search (its query) or, for a fetch, ``open_page`` (its URL)."""
+    if call.kind == "mcp":
+        return {"type": "mcp_call", "id": hosted_id(call.kind, call.id), "server_label": call.server or "",
+                "name": call.name, "arguments": call.arguments, "output": None, "error": None,
+                "status": "in_progress", "approval_request_id": call.approval_request_id}
+    given = _object(call.arguments)
+    action: dict[str, Any]
+    if call.kind == "web_fetch":
+        action = {"type": "open_page", "url": str(given.get("url", ""))}
+    else:
+        action = {"type": "search", "query": str(given.get("query", ""))}
+    return {"type": "web_search_call", "id": hosted_id(call.kind, call.id), "status": "in_progress",
+            "action": action}
+
+
+def hosted_done(item: dict[str, Any], result: HostedResult) -> None:
+    """A hosted call's item as its result leaves it: an MCP call's output, or its error (the
+    tool's own failure and the gateway's alike, told as a tool's execution error); a search's
+    sources."""
+    item["status"] = "failed" if result.failed else "completed"
+    if item["type"] == "mcp_call":
+        told = result.error if result.error is not None else getattr(result.output, "text", "")
+        if result.failed:
+            item["error"] = {"type": "mcp_tool_execution_error", "content": [{"type": "text", "text": told}]}
+        else:
+            item["output"] = told
+    elif item["action"]["type"] == "search" and not result.failed:
+        item["action"]["sources"] = [{"type": "url", "url": r.url} for r in result.sources()]
+
+
+def tool_list(tools: list[ToolInfo]) -> list[dict[str, Any]]:
+    """An MCP server's tools as ``mcp_list_tools`` lists them."""
+    return [{"name": t.name, "description": t.description, "input_schema": t.input_schema, "annotations": None}
+            for t in tools]
+
+
+def usage(finish: Finish) -> dict[str, Any]:
+    """A response's ``usage``: the prompt tokens read from a slot's cache are its cached ones,
+    the rest were decoded into it."""
+    cached = finish.cached_tokens
+    return {"input_tokens": finish.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": finish.prompt_tokens - cached},
+            "output_tokens": finish.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": finish.reasoning_tokens},
+            "total_tokens": finish.prompt_tokens + finish.completion_tokens}
+
+
+def annotation(found: citations.Citation) -> dict[str, Any]:
+    return {"type": "url_citation", "start_index": found.start, "end_index": found.end, "url": found.url,
+            "title": found.title}
+
+
 class ResponseBuilder(writer.Writer):
     """The answer's pieces in, the response's output items and stream events out (each event a
     frame under its type's name). Items open as the answer's kind changes (thinking, text, a
@@ -58,7 +120,9 @@ class ResponseBuilder(writer.Writer):
         self._open: dict[str, Any] | None = None  # the item being written
         self._text: list[str] = []
         self._calls: dict[int, dict[str, Any]] = {}  # the answer's call index -> its item
-        self._hosted: dict[str, dict[str, Any]] = {}  # a hosted tool's call id -> its item, till its result
+        self._hosted: dict[str, dict[str, Any]] = {}  # a hosted tool's item id -> its item, till its result
+        self._listed: list[tuple[str, list[ToolInfo], str | None]] = []  # MCP listings told before ``open``
+        self.sources: list[SearchResult | Page] = []  # what text written from now on may cite
 
     def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
         event = {"type": kind, "sequence_number": self.seq, **fields}
@@ -75,14 +139,7 @@ class ResponseBuilder(writer.Writer):
         if status == "incomplete":
             body["incomplete_details"] = {"reason": "max_output_tokens"}
         if finish is not None:
-            finish = self.usage.total(finish)
-            cached = finish.cached_tokens  # read from a slot's cache; the rest were decoded into it
-            body["usage"] = {"input_tokens": finish.prompt_tokens,
-                             "input_tokens_details": {"cached_tokens": cached,
-                                                      "cache_write_tokens": finish.prompt_tokens - cached},
-                             "output_tokens": finish.completion_tokens,
-                             "output_tokens_details": {"reasoning_tokens": finish.reasoning_tokens},
-                             "total_tokens": finish.prompt_tokens + finish.completion_tokens}
+            body["usage"] = usage(self.usage.total(finish))
         return body
 
     def leased(self, model: str) -> None:
@@ -91,8 +148,11 @@ class ResponseBuilder(writer.Writer):
     def open(self, begun: Start | None = None) -> list[Frame]:
         self.opened = True
         snapshot = self.response("in_progress")
-        return frames([self._event("response.created", response=snapshot),
-                       self._event("response.in_progress", response=snapshot)])
+        events = [self._event("response.created", response=snapshot),
+                  self._event("response.in_progress", response=snapshot)]
+        told = [frame for listed in self._listed for frame in self.listed(*listed)]
+        self._listed = []
+        return frames(events) + told
 
     def _index(self) -> int:
         return len(self.output) - 1
@@ -118,8 +178,12 @@ class ResponseBuilder(writer.Writer):
                 item["encrypted_content"] = seal(text, self.parsed.seal_key)
         elif item["type"] == "message":
             text = "".join(self._text)
-            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+            notes = [annotation(c) for c in citations.find(text, self.sources)]
+            part = {"type": "output_text", "text": text, "annotations": notes, "logprobs": []}
             item["content"] = [part]
+            events += [self._event("response.output_text.annotation.added", item_id=item["id"], output_index=i,
+                                   content_index=0, annotation_index=n, annotation=note)
+                       for n, note in enumerate(notes)]
             events += [self._event("response.output_text.done", item_id=item["id"], output_index=i, content_index=0,
                                    text=text, logprobs=[]),
                        self._event("response.content_part.done", item_id=item["id"], output_index=i,
@@ -201,44 +265,65 @@ class ResponseBuilder(writer.Writer):
                             output_index=self.output.index(call), delta=item.text)]
 
     def hosted(self, call: Hosted) -> list[Frame]:
-        """A tool the gateway runs: a ``web_search_call`` (its ``action``) or an ``mcp_call``
-        (its server, name and arguments) opens, in progress until its result."""
-        item: dict[str, Any]
-        if call.kind == "mcp":
-            item = {"type": "mcp_call", "id": call.id, "server_label": call.server or "", "name": call.name,
-                    "arguments": call.arguments, "output": None, "error": None, "status": "in_progress"}
-        else:
-            item = {"type": f"{call.kind}_call", "id": call.id, "status": "in_progress",
-                    "action": {"type": "search", **_object(call.arguments)}}
-        events = self._begin(item)
-        self._open, self._hosted[call.id] = None, item  # closed by its result, not by what follows
-        if call.kind == "mcp":
-            events += [self._event("response.mcp_call_arguments.done", item_id=call.id, output_index=self._index(),
+        """A tool the gateway runs: a ``web_search_call`` (its ``action``: a search, or a fetch's
+        ``open_page``) or an ``mcp_call`` (its server, name and arguments) opens, in progress
+        until its result."""
+        item = hosted_item(call)
+        events = self._begin({**item, "arguments": ""} if item["type"] == "mcp_call" else item)  # told in pieces
+        item, i = self._open or item, self._index()
+        self._open, self._hosted[item["id"]] = None, item  # closed by its result, not by what follows
+        if item["type"] == "mcp_call":
+            item["arguments"] = call.arguments
+            events += [self._event("response.mcp_call_arguments.delta", item_id=item["id"], output_index=i,
+                                   delta=call.arguments),
+                       self._event("response.mcp_call_arguments.done", item_id=item["id"], output_index=i,
                                    arguments=call.arguments),
-                       self._event("response.mcp_call.in_progress", item_id=call.id, output_index=self._index())]
+                       self._event("response.mcp_call.in_progress", item_id=item["id"], output_index=i)]
         else:
-            events += [self._event(f"response.{call.kind}_call.in_progress", item_id=call.id,
-                                   output_index=self._index()),
-                       self._event(f"response.{call.kind}_call.searching", item_id=call.id,
-                                   output_index=self._index())]
+            events += [self._event("response.web_search_call.in_progress", item_id=item["id"], output_index=i),
+                       self._event("response.web_search_call.searching", item_id=item["id"], output_index=i)]
         return frames(events)
 
     def hosted_result(self, result: HostedResult) -> list[Frame]:
-        item = self._hosted.pop(result.id, None)
+        item = self._hosted.pop(hosted_id(result.kind, result.id), None)
         if item is None:
             return []
         i = self.output.index(item)
-        ended = "failed" if result.error is not None else "completed"
-        item["status"] = ended
+        ended = "failed" if result.failed else "completed"
+        hosted_done(item, result)
+        self.sources += result.sources()
         if item["type"] == "mcp_call":
-            if result.error is not None:  # the tool's failure, as OpenAI tells a tool's own
-                item["error"] = {"type": "mcp_tool_execution_error",
-                                 "content": [{"type": "text", "text": result.error}]}
-            else:
-                item["output"] = result.output if isinstance(result.output, str) else json.dumps(result.output)
-        events = [self._event(f"response.{item['type']}.{ended}", item_id=item["id"], output_index=i),
-                  self._event("response.output_item.done", output_index=i, item=item)]
+            events = [self._event(f"response.mcp_call.{ended}", item_id=item["id"], output_index=i)]
+        else:  # a search that failed has no event of its own: its item's status tells it
+            events = [] if result.failed else [self._event("response.web_search_call.completed", item_id=item["id"],
+                                                           output_index=i)]
+        events.append(self._event("response.output_item.done", output_index=i, item=item))
         return frames(events)
+
+    def listed(self, server: str, tools: list[ToolInfo], error: str | None = None) -> list[Frame]:
+        """An ``mcp_list_tools`` item: the tools ``server`` offers, or why it could not list them;
+        given before the response opened, it waits for ``open``."""
+        if not self.opened:
+            self._listed.append((server, tools, error))
+            return []
+        item: dict[str, Any] = {"type": "mcp_list_tools", "id": new_id("mcpl"), "server_label": server, "tools": [],
+                                "error": None}
+        events = self._begin(item)
+        self._open, i = None, self._index()
+        item["tools"], item["error"] = ([] if error is not None else tool_list(tools)), error
+        ended = "failed" if error is not None else "completed"
+        return frames(events + [self._event("response.mcp_list_tools.in_progress", item_id=item["id"], output_index=i),
+                                self._event(f"response.mcp_list_tools.{ended}", item_id=item["id"], output_index=i),
+                                self._event("response.output_item.done", output_index=i, item=item)])
+
+    def approval(self, call: Hosted, request_id: str) -> list[Frame]:
+        """An ``mcp_approval_request`` item under ``request_id``, the id the caller's
+        ``mcp_approval_response`` names."""
+        item = {"type": "mcp_approval_request", "id": request_id, "server_label": call.server or "",
+                "name": call.name, "arguments": call.arguments}
+        events = self._begin(item)
+        self._open = None
+        return frames(events + [self._event("response.output_item.done", output_index=self._index(), item=item)])
 
     def close(self, finish: Finish) -> list[Frame]:
         """The closing events; the whole response is ``body()``."""
@@ -264,30 +349,38 @@ class ResponseBuilder(writer.Writer):
 
     def messages(self) -> list[dict[str, Any]]:
         """The output as history messages, for a later request's ``previous_response_id``."""
-        out: list[dict[str, Any]] = []
-        thinking = None
-        for item in self.output:
-            if item["type"] == "reasoning":
-                thinking = "".join(c["text"] for c in item["content"])
-                continue
-            if item["type"] == "message":
-                msg: dict[str, Any] = {"role": "assistant", "content": item["content"][0]["text"]}
+        return history(self.output)
+
+
+def history(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A response's output as history messages (a hosted tool's items left out: the gateway ran
+    them within the answer)."""
+    out: list[dict[str, Any]] = []
+    thinking = None
+    for item in output:
+        if item["type"] == "reasoning":
+            thinking = "".join(c["text"] for c in item["content"])
+            continue
+        if item["type"] not in ("message", "function_call", "custom_tool_call"):
+            continue  # a hosted tool's item: the gateway ran it within this answer
+        if item["type"] == "message":
+            msg: dict[str, Any] = {"role": "assistant", "content": item["content"][0]["text"]}
+        else:
+            if item["type"] == "custom_tool_call":
+                args: Any = {CUSTOM_INPUT: item["input"]}
             else:
-                if item["type"] == "custom_tool_call":
-                    args: Any = {CUSTOM_INPUT: item["input"]}
-                else:
-                    try:
-                        args = strictjson.loads(item["arguments"] or "{}")
-                    except ValueError:  # a streamed call that broke: its history is kept as an empty call
-                        args = {}
-                call = {"id": item["call_id"], "type": "function",
-                        "function": {"name": flat_name(item.get("namespace"), item["name"]), "arguments": args}}
-                if out and out[-1]["role"] == "assistant":
-                    out[-1].setdefault("tool_calls", []).append(call)
-                    continue
-                msg = {"role": "assistant", "content": "", "tool_calls": [call]}
-            if thinking is not None:
-                msg["reasoning_content"] = msg["thinking"] = thinking
-                thinking = None
-            out.append(msg)
-        return out
+                try:
+                    args = strictjson.loads(item["arguments"] or "{}")
+                except ValueError:  # a streamed call that broke: its history is kept as an empty call
+                    args = {}
+            call = {"id": item["call_id"], "type": "function",
+                    "function": {"name": flat_name(item.get("namespace"), item["name"]), "arguments": args}}
+            if out and out[-1]["role"] == "assistant":
+                out[-1].setdefault("tool_calls", []).append(call)
+                continue
+            msg = {"role": "assistant", "content": "", "tool_calls": [call]}
+        if thinking is not None:
+            msg["reasoning_content"] = msg["thinking"] = thinking
+            thinking = None
+        out.append(msg)
+    return out
