@@ -23,6 +23,7 @@ class HeldCall:
     id: str
     name: str
     arguments: str = ""
+    approval: str | None = None  # the approval request it answers (a call the caller approved)
 
 
 @dataclass

@@ -61,7 +61,8 @@ def record(obs: Observation, ran: Ran) -> None:
 
 def _hosted(call: HeldCall, toolbox: Toolbox) -> Hosted:
     offer = toolbox.offers[call.name]
-    return Hosted(call.id, offer.kind.value, offer.tool or offer.name, call.arguments or "{}", offer.server)
+    return Hosted(call.id, offer.kind.value, offer.tool or offer.name, call.arguments or "{}", offer.server,
+                  approval_request_id=call.approval)
 
 
 def _assistant(text: str, calls: list[HeldCall]) -> dict[str, Any]:
@@ -85,7 +86,8 @@ async def _run(ctx: Context, backend: Backend, toolbox: Toolbox, call: HeldCall,
     await send(sse, out.hosted(hosted))
     ran = await toolbox.run(call.name, call.arguments)
     record(ctx.observation, ran)
-    await send(sse, out.hosted_result(HostedResult(call.id, hosted.kind, ran.output, ran.error)))
+    outcome = ran.record["outcome"] if ran.error is not None else None
+    await send(sse, out.hosted_result(HostedResult(call.id, hosted.kind, ran.output, ran.error, outcome)))
     return await cut(backend, ran.text, ctx.server.max_tool_result_tokens)
 
 
@@ -98,7 +100,8 @@ def approved(toolbox: Toolbox, approvals: list[Approval]) -> list[tuple[HeldCall
         if a.name is None or a.server is None:
             continue
         name = function_name(a.server, a.name)
-        out.append((HeldCall(a.request_id, name, a.arguments or "{}"), a.approve and toolbox.owns(name)))
+        call = HeldCall(f"call_{secrets.token_hex(12)}", name, a.arguments or "{}", a.request_id)
+        out.append((call, a.approve and toolbox.owns(name)))
     return out
 
 
