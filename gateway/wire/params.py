@@ -11,6 +11,7 @@ from ..protocol import GenerationRequest, Media
 from ..protocol.bounds import MAX_ADAPTERS, MAX_SCALE, is_scale
 from ..text.sampling_params import SAMPLING, Param  # noqa: F401 (re-exported to the request parsers)
 from ..text.schemacheck import schema_problem
+from ..tools.hosted import Approval, Ask
 from .media import MARKER, MEDIA_PARTS, openai_part
 
 
@@ -151,6 +152,10 @@ class Parsed:
     more: list[GenerationRequest] = field(default_factory=list)  # further prompts of a batch, one choice each
     # the tools the request gave that its prompt leaves out (hosted ones this server cannot run), by type
     dropped: list[str] = field(default_factory=list)
+    # the hosted tools the request asks for that the gateway can run (``wire.asks``); the pipeline
+    # runs those the server's configuration serves, and adds the others' types to ``dropped``
+    hosted: list[Ask] = field(default_factory=list)
+    approvals: list[Approval] = field(default_factory=list)  # Responses' mcp_approval_response items
 
     @property
     def requests(self) -> list[GenerationRequest]:
