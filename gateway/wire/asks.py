@@ -155,10 +155,11 @@ def _location(value: Any, param: str, anthropic: bool, nested: bool = False) -> 
         return
     if loc.get("type", None if anthropic else "approximate") != "approximate":
         raise _fail(f"type must be \"approximate\", got {shown(loc.get('type'))}", f"{param}.type", anthropic)
-    fields = _object(loc.get("approximate"), f"{param}.approximate", anthropic, optional=False) if nested else loc
+    at = f"{param}.approximate" if nested else param
+    fields = _object(loc.get("approximate"), at, anthropic, optional=False) if nested else loc
     assert fields is not None
     for name in LOCATION_FIELDS:
-        _string(fields.get(name), f"{param}.{name}", anthropic, 256)
+        _string(fields.get(name), f"{at}.{name}", anthropic, 256)
 
 
 def _context_size(value: Any, param: str) -> None:
