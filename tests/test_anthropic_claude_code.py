@@ -135,11 +135,12 @@ def test_count_tokens_needs_no_max_tokens_even_with_thinking():
 
 def test_fields_that_do_not_apply_are_accepted_and_ignored():
     p = parse(context_management={"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
-              metadata={"user_id": "u"}, container="c1", mcp_servers=[{"type": "url", "url": "http://x"}],
+              metadata={"user_id": "u"}, container="c1", mcp_servers=[{"type": "url", "url": "http://x", "name": "x"}],
               service_tier="auto", betas=["x"], output_config={"format": None, "task_budget": 1},
               system=[{"type": "text", "text": "s", "cache_control": {"type": "ephemeral"}}],
               messages=[{"role": "user", "content": [{"type": "text", "text": "q", "cache_control": {}}]}])
     assert p.request.messages == [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]
+    assert [(a.kind.value, a.server) for a in p.hosted] == [("mcp", "x")]  # the pipeline runs it, or drops it
 
 
 def test_anthropics_own_tools_are_left_out():
@@ -148,8 +149,10 @@ def test_anthropics_own_tools_are_left_out():
     p = parse(tools=[{"type": "web_search_20250305", "name": "web_search", "max_uses": 8}, custom,
                      {"type": "text_editor_20250728", "name": "str_replace_based_edit_tool"}])
     assert [t["function"]["name"] for t in p.request.tools] == ["Bash"]
+    # issue 67: web search is a hosted tool the gateway can run: asked for, not left out
+    assert p.dropped == ["text_editor_20250728"] and [a.type for a in p.hosted] == ["web_search_20250305"]
     assert anthropic_left_out({"tools": [*[{"type": "web_search_20250305"}] * 2, custom, {"type": "custom"},
-                                         {"type": "bash_20250124"}]}) == ["web_search_20250305", "bash_20250124"]
+                                         {"type": "bash_20250124"}]}) == ["bash_20250124"]
     assert parse(tools=[{"type": "web_search_20250305", "name": "web_search"}]).request.tools is None
 
 

@@ -59,14 +59,16 @@ def test_namespaces_are_flattened_custom_tools_take_text_and_hosted_tools_are_dr
     parsed = parse(tools=[EXEC, DOCS, PATCH, *HOSTED])
     names = [t["function"]["name"] for t in parsed.request.tools]
     assert names == ["exec_command", "mcp__docs__search", "apply_patch"]
-    assert parsed.dropped == ["web_search", "image_generation", "web_search_preview", "local_shell"]
+    # issue 67: the web searches the gateway can run are asked for; Codex's cached one (no live access) stays dropped
+    assert parsed.dropped == ["web_search", "image_generation", "local_shell"]
+    assert [(a.type, a.param) for a in parsed.hosted] == [("web_search_preview", "tools[5]"), ("web_search", "tools[7]")]
     patch = parsed.request.tools[2]["function"]
     assert patch["parameters"]["properties"] == {"input": {"type": "string"}}
     assert "Apply a patch" in patch["description"] and "*** Begin Patch" in patch["description"]
     assert parsed.origins == {"mcp__docs__search": responses.ToolOrigin("search", "mcp__docs__"),
                               "apply_patch": responses.ToolOrigin("apply_patch", None, custom=True)}
     echo = parsed.echo["tools"]
-    assert [t["type"] for t in echo] == ["function", "namespace", "custom"]
+    assert [t["type"] for t in echo] == ["function", "namespace", "custom", "web_search_preview", "web_search"]
 
 
 def test_only_hosted_tools_leave_no_tools_at_all():
@@ -131,7 +133,10 @@ def test_history_of_namespaced_and_custom_calls_reads_back():
         {"type": "custom_tool_call_output", "call_id": "c2", "output": "Done!"},
         {"type": "web_search_call", "id": "ws_1", "status": "completed", "action": {"type": "search", "query": "x"}},
     ])
-    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "assistant", "tool"]
+    # issue 67: a web search's call is a call of web_search and its result, as a function's would be
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "assistant", "tool", "assistant",
+                                             "tool"]
+    assert messages[6]["tool_calls"][0]["function"] == {"name": "web_search", "arguments": {"query": "x"}}
     assert messages[2]["tool_calls"][0]["function"] == {"name": "mcp__docs__search", "arguments": {"q": "x"}}
     assert messages[3]["name"] == "mcp__docs__search" and messages[5]["name"] == "apply_patch"
     assert messages[4]["tool_calls"][0]["function"]["arguments"] == {"input": "*** Begin Patch"}

@@ -43,6 +43,8 @@ async def create(request: web.Request) -> web.StreamResponse:
             raise _unknown(parsed.previous_response_id, "previous_response_id")
         history = previous.messages
         parsed.input_messages = wire.input_messages(parsed.raw_input, history, parsed.request.media, key)
+        # an approval answers a request the previous response made: its server, tool and arguments
+        parsed.approvals = wire.approvals(parsed.raw_input, previous.body.get("output"))
     parsed.request.messages = wire.conversation(parsed.instructions, history, parsed.input_messages)
 
     builder = wire.ResponseBuilder(parsed.model, parsed)

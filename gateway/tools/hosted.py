@@ -33,8 +33,11 @@ class Ask:
     for an error. For MCP: ``server`` is the server's label (Responses' ``server_label``,
     Anthropic's ``mcp_servers[].name``), ``url`` the URL the request gave (None: a configured
     server named by its label), ``headers`` what the request sends it (an authorization),
-    ``allowed_tools`` the tools of it offered (None: all), ``approval`` the tools whose call
-    waits for the caller's approval (Responses' ``require_approval``; ``("*",)``: every one)."""
+    ``allowed_tools`` the tools of it offered (None: all), ``denied_tools`` those of them not
+    offered (Anthropic's ``mcp_toolset`` with tools disabled by name), ``approval`` the tools
+    whose call waits for the caller's approval (Responses' ``require_approval``; ``("*",)``:
+    every one), ``approval_exempt`` those of ``("*",)`` that do not wait (``require_approval``'s
+    ``never`` list with no ``always`` list)."""
 
     kind: Kind
     type: str
@@ -49,12 +52,16 @@ class Ask:
     headers: dict[str, str] = field(default_factory=dict, repr=False)
     allowed_tools: tuple[str, ...] | None = None
     approval: tuple[str, ...] = ()
+    denied_tools: tuple[str, ...] = ()
+    approval_exempt: tuple[str, ...] = ()
 
 
 @dataclass
 class Approval:
     """A caller's answer to an approval request (Responses' ``mcp_approval_response``): the
-    request's id, and whether the call may run."""
+    request's id, and whether the call may run; ``server``, ``name`` and ``arguments`` (a JSON
+    string) those of the ``mcp_approval_request`` it answers, where the request carries that
+    item (in its input, or in its previous response's output); None where it does not."""
 
     request_id: str
     approve: bool

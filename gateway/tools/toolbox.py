@@ -121,7 +121,10 @@ class Offer:
 
     @property
     def needs_approval(self) -> bool:
-        return bool(self.ask.approval) and ("*" in self.ask.approval or self.tool in self.ask.approval)
+        approval = self.ask.approval
+        if "*" in approval:
+            return self.tool not in self.ask.approval_exempt
+        return self.tool in approval
 
 
 @dataclass
@@ -296,6 +299,7 @@ async def _mcp_offers(ask: Ask, services: Services, key_mcp: tuple[str, ...] | N
         return
     if ask.allowed_tools is not None:
         tools = [t for t in tools if t.name in ask.allowed_tools]
+    tools = [t for t in tools if t.name not in ask.denied_tools]
     listings.append(Listing(label, tools))
     taken = {o.name for o in offers}
     for tool in tools:

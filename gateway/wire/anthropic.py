@@ -15,9 +15,13 @@ What Claude Code sends, served as it means it:
   kept, a new session's prompt shares no cached prefix with the last one's;
 - fields and blocks that do not apply to a local model (``metadata``, checked as Anthropic checks it: only
   ``user_id``, at most 256 characters; ``cache_control``,
-  ``context_management``, ``container``, ``mcp_servers``, ``service_tier``, an
-  ``anthropic-beta`` header, server tools) are accepted and ignored; ``output_config.format``
+  ``context_management``, ``container``, ``service_tier``, an ``anthropic-beta`` header,
+  server tools the gateway cannot run) are accepted and ignored; ``output_config.format``
   (structured output) is served as OpenAI's ``response_format`` json_schema;
+- the hosted tools the gateway can run (web search and fetch tools, ``mcp_servers`` and their
+  ``mcp_toolset`` tools) are read into ``Parsed.hosted`` (``wire.asks``), and their earlier
+  calls and results in an assistant turn (``server_tool_use``, ``mcp_tool_use`` and their
+  result blocks) become a call and a tool message each (``wire.hostedhistory``);
 - a context overflow is told in Anthropic's words (``context_error``), which Claude Code parses
   to shrink ``max_tokens`` or compact the conversation.
 """
@@ -30,6 +34,8 @@ from typing import Any
 
 from ..base.errors import ApiError, InvalidRequest
 from ..protocol import GenerationRequest, Media
+from . import asks as wire_asks
+from . import hostedhistory
 from . import media as wire_media
 from . import tools as wire_tools
 from .params import SAMPLING, Param, Parsed, check_schema, read_sampling, read_stops, require_model, shown
@@ -71,18 +77,25 @@ class _Blocks:
     results: list[dict[str, Any]] = field(default_factory=list)  # tool_result blocks (user), as tool messages
     media: list[Media] = field(default_factory=list)  # the text's pictures, in order (``wire.media``)
     result_media: list[Media] = field(default_factory=list)  # the tool results' pictures
+    # an assistant turn's hosted calls with their results (``hostedhistory``): the assistant messages
+    # and tool messages that come before the rest of the turn
+    before: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _blocks(value: Any, where: str, *, role: str, ledger: wire_tools.CallLedger | None = None,
             media: bool = False) -> _Blocks:
     """A string or a list of content blocks, read by kind. With ``media``, ``image`` blocks are
     taken (their places marked in the text); a tool result's picture (Claude Code's Read of
-    one) is told as a note to a model that takes none (``Media.note``), not a 400 every turn."""
+    one) is told as a note to a model that takes none (``Media.note``), not a 400 every turn.
+    An assistant's hosted call and its result, met in the same turn, end an assistant message
+    there (its text, thinking and calls so far, the hosted call last) and a tool message
+    follows (``_Blocks.before``); a hosted call whose result is not in the turn is left out."""
     if isinstance(value, str):
         return _Blocks(value)
     if not isinstance(value, list):
         raise InvalidRequest(f"{where}: must be a string or a list of content blocks", where)
     out, text, thinking = _Blocks(), [], []
+    hosted: dict[str, dict[str, Any]] = {}  # hosted calls waiting for their result block, by id
     for j, block in enumerate(value):
         at = f"{where}.{j}"
         kind = block.get("type") if isinstance(block, dict) else None
@@ -107,6 +120,21 @@ def _blocks(value: Any, where: str, *, role: str, ledger: wire_tools.CallLedger 
                 raise InvalidRequest(f"{at}.input: must be an object", f"{at}.input")
             out.calls.append({"id": block["id"], "type": "function",
                               "function": {"name": block["name"], "arguments": block.get("input", {})}})
+        elif kind in hostedhistory.ANTHROPIC_USES and role == "assistant" and ledger is not None:
+            use = hostedhistory.anthropic_use(block, at)
+            hosted[use["id"]] = use
+        elif kind in hostedhistory.ANTHROPIC_RESULTS and role == "assistant" and ledger is not None:
+            use_id = block.get("tool_use_id")
+            call = hosted.pop(use_id) if isinstance(use_id, str) and use_id in hosted else None
+            if call is None:
+                raise InvalidRequest(f"{at}.tool_use_id: {shown(use_id)} matches no server_tool_use or mcp_tool_use "
+                                     "block before it in this message", f"{at}.tool_use_id")
+            msg: dict[str, Any] = {"role": "assistant", "content": "".join(text), "tool_calls": [*out.calls, call]}
+            if thinking:
+                msg["reasoning_content"] = msg["thinking"] = "".join(thinking)
+            out.before += [msg, {"role": "tool", "tool_call_id": call["id"], "name": call["function"]["name"],
+                                 "content": hostedhistory.anthropic_result(block, at)}]
+            text, thinking, out.calls = [], [], []
         elif kind == "tool_result" and role == "user" and ledger is not None:
             name = ledger.name_of(block.get("tool_use_id"), f"{at}.tool_use_id")
             result = _blocks(block.get("content", ""), f"{at}.content", role="tool", media=True)
@@ -136,6 +164,7 @@ def parse(body: dict[str, Any], *, keep_billing_header: bool = False, counting: 
         raise InvalidRequest(f"max_tokens: {problem}, got {shown(max_tokens)}", "max_tokens")
     tools = wire_tools.anthropic_tools(body)
     choice = wire_tools.anthropic_tool_choice(body, tools)
+    hosted = wire_asks.anthropic_asks(body)
 
     system = body.get("system")
     if system is not None and not keep_billing_header:
@@ -157,7 +186,7 @@ def parse(body: dict[str, Any], *, keep_billing_header: bool = False, counting: 
     _thinking(body.get("thinking"), req, None if counting else max_tokens)
     _output_format(body, req)
     return Parsed(model, req, stream, explicit=explicit, reasoning_effort=_effort(body.get("output_config")),
-                  dropped=wire_tools.anthropic_left_out(body))
+                  dropped=wire_tools.anthropic_left_out(body), hosted=hosted)
 
 
 MAX_USER_ID = 256  # Anthropic's bound on ``metadata.user_id``
@@ -229,7 +258,11 @@ def _messages(raw: Any, system: str, media: list[Media]) -> list[dict[str, Any]]
             reminders.clear()
         fold_back()
         messages += blocks.results  # a user turn's tool results come before its text
-        if blocks.results and not blocks.text:
+        messages += blocks.before  # an assistant turn's hosted calls and results, before the rest of it
+        for earlier in blocks.before:
+            ledger.add(earlier.get("tool_calls") or [])
+        if (blocks.results and not blocks.text) or (blocks.before and not (blocks.text or blocks.calls
+                                                                            or blocks.thinking)):
             continue
         msg: dict[str, Any] = {"role": role, "content": blocks.text}
         if blocks.thinking:

@@ -2,7 +2,9 @@
 ``GenerationRequest`` (the answers are ``openai_answer``'s).
 
 Fields are mapped one by one into a ``GenerationRequest``; unknown fields are accepted
-(clients send many) and wrong types or ranges are a 400 naming ``param``.
+(clients send many) and wrong types or ranges are a 400 naming ``param``. The hosted tools a
+chat request asks for (``web_search_options``, and ``tools`` of a type the gateway runs, in the
+Responses shape) are read into ``Parsed.hosted`` (``wire.asks``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from ..base.errors import InvalidRequest
 from ..protocol import GenerationRequest, Media
 from ..text import chat_template
 from ..text.grammar import grammar_problem
+from . import asks as wire_asks
 from . import tools as wire_tools
 from .fim import read_suffix
 from .params import (  # noqa: F401 (apply_defaults: re-exported)
@@ -43,11 +46,11 @@ KNOWN_CHAT = {
     "stream_options", "seed", "presence_penalty", "frequency_penalty", "n", "user", "top_k", "min_p",
     "repeat_penalty", "chat_template_kwargs", "ignore_eos", "reasoning_format", "reasoning_effort", "response_format",
     "grammar", "lora",
-    "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls", "metadata",
+    "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls", "metadata", "web_search_options",
 }
 REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")  # llama-server's values; all but none split
 KNOWN_COMPLETION = KNOWN_CHAT - {"messages", "max_completion_tokens", "chat_template_kwargs", "tools", "tool_choice",
-                                 "parallel_tool_calls",
+                                 "parallel_tool_calls", "web_search_options",
                                  "reasoning_format", "top_logprobs"} | {"prompt"}
 MAX_LOGGED_UNKNOWN = 256
 _logged_unknown: set[str] = set()  # bounded: names come from callers
@@ -242,6 +245,8 @@ def parse_chat(body: dict[str, Any]) -> Parsed:
             raise InvalidRequest("give `tools` or a `grammar` / `response_format`, not both", "tools")
         req.tools, req.tool_choice, req.tool_names, req.parallel_tool_calls = (tools, choice.mode, choice.names,
                                                                              choice.parallel)
+    hosted, dropped = wire_asks.responses_asks(body.get("tools"))
+    search = wire_asks.web_search_options(body)
     req.logprobs = _chat_logprobs(body)
     fmt = body.get("reasoning_format")
     if fmt is not None and fmt not in REASONING_FORMATS:
@@ -252,7 +257,8 @@ def parse_chat(body: dict[str, Any]) -> Parsed:
         raise InvalidRequest(f"`reasoning_effort` must be one of {', '.join(EFFORTS)}, got {shown(effort)}",
                              "reasoning_effort")
     _log_unknown(body, KNOWN_CHAT)
-    return Parsed(model, req, stream, include_usage, explicit, fmt or "auto", effort)
+    return Parsed(model, req, stream, include_usage, explicit, fmt or "auto", effort, dropped=dropped,
+                  hosted=([search] if search is not None else []) + hosted)
 
 
 MAX_PROMPTS = 64

@@ -152,10 +152,10 @@ class Parsed:
     more: list[GenerationRequest] = field(default_factory=list)  # further prompts of a batch, one choice each
     # the tools the request gave that its prompt leaves out (hosted ones this server cannot run), by type
     dropped: list[str] = field(default_factory=list)
-    # the tools the request asks the gateway to run itself (``tools/hosted.Ask``), and a caller's
-    # answers to the approvals an earlier answer asked for
+    # the hosted tools the request asks for that the gateway can run (``wire.asks``); the pipeline
+    # runs those the server's configuration serves, and adds the others' types to ``dropped``
     hosted: list[Ask] = field(default_factory=list)
-    approvals: list[Approval] = field(default_factory=list)
+    approvals: list[Approval] = field(default_factory=list)  # Responses' mcp_approval_response items
 
     @property
     def requests(self) -> list[GenerationRequest]:

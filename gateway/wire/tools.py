@@ -23,6 +23,7 @@ from typing import Any
 
 from ..base import strictjson
 from ..base.errors import InvalidRequest
+from .asks import RESPONSES_RUNS, anthropic_runs
 from .params import check_schema, named, shown
 
 MAX_TOOLS = 128  # OpenAI's own limit
@@ -112,12 +113,17 @@ def _list(value: Any, param: str, anthropic: bool = False) -> list[Any]:
 # --- OpenAI ------------------------------------------------------------------------------------
 
 def openai_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """Chat's function tools. A hosted tool the gateway runs (``asks.RESPONSES_RUNS``, in the
+    Responses shape) is passed over here and read by ``asks.responses_asks``; any other type is
+    a 400."""
     value = body.get("tools")
     if value is None:
         return None
     tools = []
     for i, t in enumerate(_list(value, "tools")):
         where = f"tools[{i}]"
+        if isinstance(t, dict) and t.get("type") in RESPONSES_RUNS:
+            continue
         if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("function"), dict):
             raise InvalidRequest(f"`{where}` must be {{\"type\": \"function\", \"function\": {{...}}}}",
                                  f"{where}.type")
@@ -217,8 +223,10 @@ class CallLedger:
 
 def anthropic_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
     """Anthropic's custom tools. A tool of another ``type`` (Anthropic's own: ``web_search_...``,
-    ``bash_...``, ``text_editor_...``, ...) comes without a schema and is run by Anthropic or
-    known to its models only: it is left out, as on a server that does not offer it."""
+    ``bash_...``, ``text_editor_...``, ...) comes without a schema: one the gateway runs (web
+    search and fetch, ``mcp_toolset``) is read by ``asks.anthropic_asks``; the others are run by
+    Anthropic or known to its models only, and are left out, as on a server that does not offer
+    them."""
     value = body.get("tools")
     if value is None:
         return None
@@ -239,10 +247,11 @@ def anthropic_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
 
 
 def anthropic_left_out(body: dict[str, Any]) -> list[str]:
-    """The types of the tools ``anthropic_tools`` leaves out, each once, in order."""
+    """The types of the tools ``anthropic_tools`` leaves out and the gateway cannot run (not
+    ``asks.anthropic_runs``), each once, in order."""
     value = body.get("tools")
     types = [t.get("type") for t in value if isinstance(t, dict)] if isinstance(value, list) else []
-    return list(dict.fromkeys(t for t in types if isinstance(t, str) and t != "custom"))
+    return list(dict.fromkeys(t for t in types if isinstance(t, str) and t != "custom" and not anthropic_runs(t)))
 
 
 def anthropic_tool_choice(body: dict[str, Any], tools: list[dict[str, Any]] | None) -> ToolChoice:

@@ -8,9 +8,9 @@ Its users import the names below from here.
 """
 
 from .output import ResponseBuilder, new_id
-from .request import ResponsesParsed, conversation, input_messages, parse
+from .request import ResponsesParsed, approvals, conversation, input_messages, parse
 from .sealed import SEAL_VERSION, seal, unseal
 from .tools import ToolOrigin, ToolSet, custom_input, flat_name, read_tools
 
-__all__ = ["SEAL_VERSION", "ResponseBuilder", "ResponsesParsed", "ToolOrigin", "ToolSet", "conversation",
+__all__ = ["SEAL_VERSION", "ResponseBuilder", "ResponsesParsed", "ToolOrigin", "ToolSet", "approvals", "conversation",
            "custom_input", "flat_name", "input_messages", "new_id", "parse", "read_tools", "seal", "unseal"]

@@ -3,8 +3,14 @@
 ``include``) into a ``GenerationRequest``, and the prompt's conversation.
 
 Codex's shapes: ``reasoning.effort`` ``xhigh`` is read as ``high``; a reasoning item's thinking
-comes back sealed (``sealed.unseal``) or as its content or summary; hosted tools' items in the
-input are passed over; a tool output's images are told as a note.
+comes back sealed (``sealed.unseal``) or as its content or summary; a tool output's images are
+told as a note.
+
+Hosted tools: those the gateway can run are read into ``Parsed.hosted`` (``wire.asks``); a
+``web_search_call`` or ``mcp_call`` item in the input is a call and its result
+(``wire.hostedhistory``); ``mcp_approval_response`` items are read into ``Parsed.approvals``
+(``approvals``); the other hosted tools' items (``mcp_list_tools``, ``mcp_approval_request``,
+``file_search_call``, ...) are passed over.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ from typing import Any
 from ...base import strictjson
 from ...base.errors import InvalidRequest
 from ...protocol import GenerationRequest, Media
+from ...tools.hosted import Approval
+from .. import hostedhistory
 from .. import tools as wire_tools
 from ..openai import read_metadata
 from ..params import EFFORTS, SAMPLING, Parsed, check_schema, read_sampling, require_model, shown, text_parts
@@ -27,12 +35,14 @@ EFFORT_ALIASES = {"xhigh": "high"}  # Codex's highest effort; this server's budg
 SUMMARIES = ("auto", "concise", "detailed")
 ENCRYPTED = "reasoning.encrypted_content"
 FORMAT_FIELDS = ("type", "name", "description", "schema", "strict")  # a text.format's, as a response repeats it
-# Input items that record a hosted tool's work (done by OpenAI's servers, never by this one):
-# nothing of them reaches the prompt, so a history from another server still reads.
+# Input items that record a hosted tool's work that the model does not read again (a tool this
+# server does not run, a listing, an approval's request and answer): nothing of them reaches the
+# prompt, so a history from another server still reads.
 HOSTED_ITEMS = frozenset({
-    "web_search_call", "file_search_call", "image_generation_call", "code_interpreter_call", "computer_call",
-    "computer_call_output", "local_shell_call", "local_shell_call_output", "mcp_list_tools", "mcp_call",
+    "file_search_call", "image_generation_call", "code_interpreter_call", "computer_call",
+    "computer_call_output", "local_shell_call", "local_shell_call_output", "mcp_list_tools",
     "mcp_approval_request", "mcp_approval_response", "tool_search_call", "tool_search_output"})
+HOSTED_CALLS = ("web_search_call", "mcp_call")  # read as a call and its result (``hostedhistory``)
 
 
 @dataclass
@@ -103,19 +113,17 @@ def input_messages(value: Any, history: list[dict[str, Any]] | None = None,
                 if not isinstance(args, dict):
                     raise InvalidRequest(f"`{where}.arguments` must be a JSON object in a string",
                                          f"{where}.arguments")
-            call = {"id": call_id, "type": "function",
-                    "function": {"name": flat_name(namespace, name), "arguments": args}}
+            call: dict[str, Any] = {"id": call_id, "type": "function",
+                                    "function": {"name": flat_name(namespace, name), "arguments": args}}
             ledger.add([call])
-            if out and out[-1]["role"] == "assistant" and "tool_calls" in out[-1]:
-                out[-1]["tool_calls"].append(call)
-            elif out and out[-1]["role"] == "assistant" and thinking is None:
-                out[-1]["tool_calls"] = [call]
-            else:
-                msg = {"role": "assistant", "content": "", "tool_calls": [call]}
-                if thinking is not None:
-                    msg["reasoning_content"] = msg["thinking"] = thinking
-                    thinking = None
-                out.append(msg)
+            thinking = _add_call(out, call, thinking)
+        elif kind in HOSTED_CALLS:
+            pair = hostedhistory.responses_call(item, where)
+            if pair is not None:
+                hosted_call, result = pair
+                thinking = _add_call(out, hosted_call, thinking)
+                out.append({"role": "tool", "tool_call_id": hosted_call["id"],
+                            "name": hosted_call["function"]["name"], "content": result})
         elif kind in ("function_call_output", "custom_tool_call_output"):
             text = _text(_unseen_files(item.get("output")), f"{where}.output", ("input_text", "output_text", "text"),
                          media, wire_tools.IMAGE_NOTE)
@@ -128,6 +136,28 @@ def input_messages(value: Any, history: list[dict[str, Any]] | None = None,
                                  "function_call, custom_tool_call, their outputs, and reasoning items only",
                                  f"{where}.type")
     return out
+
+
+def _add_call(out: list[dict[str, Any]], call: dict[str, Any], thinking: str | None) -> str | None:
+    """``call`` into the assistant turn that ends ``out``, or a new one (which takes the
+    reasoning item's ``thinking`` before it); returns the thinking still waiting."""
+    if out and out[-1]["role"] == "assistant" and "tool_calls" in out[-1]:
+        out[-1]["tool_calls"].append(call)
+    elif out and out[-1]["role"] == "assistant" and thinking is None:
+        out[-1]["tool_calls"] = [call]
+    else:
+        msg = {"role": "assistant", "content": "", "tool_calls": [call]}
+        if thinking is not None:
+            msg["reasoning_content"] = msg["thinking"] = thinking
+            thinking = None
+        out.append(msg)
+    return thinking
+
+
+def approvals(value: Any, earlier: Any = None) -> list[Approval]:
+    """``input``'s ``mcp_approval_response`` items (``hostedhistory.approvals``), each filled
+    from its request in ``input`` or in ``earlier``, the previous response's ``output``."""
+    return hostedhistory.approvals(value, earlier)
 
 
 def _unseen_files(output: Any) -> Any:
@@ -207,6 +237,7 @@ def parse(body: dict[str, Any], key: bytes = EPHEMERAL) -> ResponsesParsed:
     # with a previous response, a result may answer one of its calls: read once it is known
     media: list[Media] = []
     messages = input_messages(body.get("input"), media=media, key=key) if previous is None else []
+    approved = approvals(body.get("input")) if previous is None else []
     req = GenerationRequest(messages=messages, media=media)
     explicit = read_sampling(body, req, RESPONSES_SAMPLING)
     limit = body.get("max_output_tokens")
@@ -248,7 +279,7 @@ def parse(body: dict[str, Any], key: bytes = EPHEMERAL) -> ResponsesParsed:
                            instructions=instructions, previous_response_id=previous, store=flags["store"], echo=echo,
                            input_messages=messages, raw_input=body.get("input"), summary=summary,
                            encrypted=ENCRYPTED in (include or ()), seal_key=key, origins=toolset.origins,
-                           dropped=toolset.dropped)
+                           dropped=toolset.dropped, hosted=toolset.hosted, approvals=approved)
 
 
 def _reasoning(value: Any) -> tuple[str | None, str | None]:

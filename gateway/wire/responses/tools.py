@@ -4,8 +4,9 @@ wrote.
 
 A ``namespace`` tool's tools are offered under Codex's flat names (``namespace__name``) and their
 calls are named back as ``name`` plus ``namespace`` (``ToolOrigin``); a ``custom`` tool (free
-text, such as ``apply_patch``) is offered as a function of one string argument, ``input``; hosted
-tools this server cannot run (``web_search``, ``file_search``, ``mcp``, ...) are left out of the
+text, such as ``apply_patch``) is offered as a function of one string argument, ``input``; the
+hosted tools the gateway can run (web search, ``mcp``) are read into ``ToolSet.hosted``
+(``wire.asks``), and the others (``file_search``, ``image_generation``, ...) are left out of the
 prompt, and the response says which (``ToolSet.dropped``).
 """
 
@@ -13,11 +14,13 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ...base import strictjson
 from ...base.errors import InvalidRequest
+from ...tools.hosted import Ask
+from .. import asks as wire_asks
 from .. import tools as wire_tools
 from ..params import shown
 
@@ -40,6 +43,7 @@ class ToolSet:
     origins: dict[str, ToolOrigin]
     dropped: list[str]  # the types of the tools left out, each once, in order
     echo: list[dict[str, Any]]  # the tools as the response repeats them
+    hosted: list[Ask] = field(default_factory=list)  # the hosted tools the gateway may run
 
 
 def flat_name(namespace: str | None, name: str) -> str:
@@ -81,8 +85,10 @@ def _function(tool: dict[str, Any], where: str, namespace: str | None, out: Tool
 
 
 def read_tools(value: Any) -> ToolSet:
-    """``tools``: function, custom and namespace tools for the model; any other (hosted) tool
-    left out and named in ``dropped``. Flattened, at most ``MAX_TOOLS``, each name once."""
+    """``tools``: function, custom and namespace tools for the model; the hosted tools the
+    gateway can run as ``hosted`` (repeated in the response without their ``headers`` and
+    ``authorization``); any other (hosted) tool left out and named in ``dropped``. Flattened,
+    at most ``MAX_TOOLS``, each name once."""
     out = ToolSet([], {}, [], [])
     if value is None:
         return out
@@ -113,8 +119,16 @@ def read_tools(value: Any) -> ToolSet:
                     raise InvalidRequest(f"`{at}.type` must be function or custom", f"{at}.type")
                 _function(member, at, ns, out)
             out.echo.append(t)
+        elif kind in wire_asks.RESPONSES_RUNS:
+            ask = wire_asks.responses_ask(t, where)
+            if ask is None:
+                out.dropped += [] if kind in out.dropped else [kind]
+            else:
+                out.hosted.append(ask)
+                out.echo.append({k: v for k, v in t.items() if k not in ("headers", "authorization")})
         elif kind not in out.dropped:
             out.dropped.append(kind)
+    wire_asks.unique(out.hosted)
     if len(out.tools) > wire_tools.MAX_TOOLS:
         raise InvalidRequest(f"`tools` may hold at most {wire_tools.MAX_TOOLS} functions, namespaces' included, "
                              f"got {len(out.tools)}", "tools")
