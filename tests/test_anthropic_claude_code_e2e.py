@@ -70,7 +70,6 @@ def client(server):
 
 # issue 67: dropped decided by the pipeline (web_search_20250305 is now an Ask in Parsed.hosted; the
 # pipeline adds it to the dropped tools where no search backend is configured)
-@pytest.mark.skip(reason="issue 67: dropped decided by the pipeline")
 def test_a_tool_round_trip_as_claude_code_sends_it(client, server):
     raw = client.messages.with_raw_response.create(model="agent", max_tokens=200, system=session(1),
                                                    messages=[*ASK, REMINDER], tools=TOOLS, extra_body=EXTRA)

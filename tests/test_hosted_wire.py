@@ -14,7 +14,7 @@ from gateway.base.errors import InvalidRequest
 from gateway.models.config import ServerConfig
 from gateway.protocol import Start
 from gateway.server.events import Observation
-from gateway.tools.hosted import Approval, Ask, Kind
+from gateway.tools.hosted import Approval, Ask, CallOutcome, Kind, SearchResult
 from gateway.wire import anthropic as anth
 from gateway.wire import anthropic_answer, asks, responses
 from gateway.wire import openai as oai
@@ -178,11 +178,9 @@ def test_anthropic_reads_back_what_its_writer_wrote():
     out.open(Start(1, 10, 0, 0))
     out.feed(Piece("content", "Searching. "))
     out.hosted(Hosted("srvtoolu_1", "web_search", "web_search", '{"query": "weather in Paris"}'))
-    out.hosted_result(HostedResult("srvtoolu_1", "web_search", output=[
-        {"type": "web_search_result", "url": "https://example.com/", "title": "Paris", "encrypted_content": "x",
-         "page_age": None}]))
+    out.hosted_result(HostedResult("srvtoolu_1", "web_search", output=[SearchResult("Paris", "https://example.com/")]))
     out.hosted(Hosted("mcp_1", "mcp", "search_docs", '{"q": "lease"}', server="docs"))
-    out.hosted_result(HostedResult("mcp_1", "mcp", output="Registry.lease holds a model."))
+    out.hosted_result(HostedResult("mcp_1", "mcp", output=CallOutcome("Registry.lease holds a model.")))
     out.feed(Piece("content", "Done."))
     out.close(Finish("stop", None, 10, 3, 0))
     answer = out.body()["content"]

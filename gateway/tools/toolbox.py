@@ -9,7 +9,8 @@ address), and the bounds of ``server:``.
 What a request asks for (``Ask``, read by its wire) becomes offers:
 - web search and fetch run where ``server.web_search`` (and ``server.web_fetch``) say so;
   without a backend the tool is dropped, as before this existed, and named in ``dropped``;
-- an MCP server named by its label is a configured one; one named by URL is the configured
+- MCP runs where ``server.mcp_servers`` or ``server.mcp_allowed_urls`` is set (else it is
+  dropped). A server named by its label is a configured one; one named by URL is the configured
   server of that URL, or, where the URL starts with one of ``server.mcp_allowed_urls``, a
   connection made for this request alone (``McpServers.adhoc``, through the address rules of
   ``base/addresses``). Any other URL is refused (400), as is a configured server the caller's
@@ -179,8 +180,9 @@ class Toolbox:
         try:
             for ask in asks:
                 if ask.kind is Kind.MCP:
-                    if services is None:
-                        dropped.append(ask.type)
+                    if services is None or not (services.server.mcp_servers or services.server.mcp_allowed_urls):
+                        if ask.type not in dropped:  # no MCP here at all: dropped, as ever
+                            dropped.append(ask.type)
                         continue
                     await _mcp_offers(ask, services, key_mcp, stack, offers, listings)
                 elif services is not None and (services.web_search if ask.kind is Kind.WEB_SEARCH
