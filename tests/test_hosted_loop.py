@@ -19,6 +19,9 @@ import pytest
 from agents import call_model
 from aiohttp import web
 from helpers import REPO, free_port
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
 
 from gateway.app import create_app
 from gateway.models import testmodels as tm
@@ -302,3 +305,67 @@ async def test_a_result_cannot_speak_the_models_markers(aiohttp_client, models, 
     r = await client.post("/detokenize", json={"model": "echoer", "tokens": ids[1]})
     read = (await r.json())["content"].replace(JOINER, "").replace("\u2581", " ")  # the scripted vocabulary's space
     assert read == hostile  # the model still reads every character
+
+
+async def test_the_gateways_mcp_endpoint_runs_a_real_servers_tools_and_counts_them(aiohttp_client, models, tmp_path):
+    """``/mcp`` over the real McpServers and the SDK's test server (stdio): the official client
+    lists ``docs_*`` and calls one; each call is a line of its request's event and the metric."""
+    client = await gateway(aiohttp_client, models, tmp_path, None, stdio_server())
+    async with create_mcp_http_client() as http:
+        async with Client(streamable_http_client(str(client.make_url("/mcp")), http_client=http),
+                          mode="legacy") as mcp:
+            names = {t.name for t in (await mcp.list_tools()).tools}
+            assert {"docs_echo", "docs_fail", "docs_hang", "docs_big", "docs_search"} <= names
+            result = await mcp.call_tool("docs_echo", {"text": "through the gateway"})
+            assert not result.is_error and result.content[0].text == "through the gateway"
+            failed = await mcp.call_tool("docs_fail", {"message": "nope"})
+            assert failed.is_error and "nope" in failed.content[0].text
+    calls = [c for line in client.events.read_text().splitlines() for c in json.loads(line)["hosted_tool_calls"]]
+    assert [(c["server"], c["name"], c["outcome"]) for c in calls] == [("docs", "echo", "ok"),
+                                                                        ("docs", "fail", "error")]
+    metrics = await (await client.get("/metrics")).text()
+    assert 'gguf_gateway_tool_calls_total{outcome="ok",server="docs",tool="echo"} 1.0' in metrics
+
+
+async def test_a_call_that_needs_approval_waits_for_the_callers_answer(aiohttp_client, models, tmp_path):
+    client = await gateway(aiohttp_client, models, tmp_path, None, stdio_server())
+    tools = [{"type": "mcp", "server_label": "docs", "require_approval": "always"}]
+    async with openai.AsyncOpenAI(base_url=str(client.make_url("/v1")), api_key="x", max_retries=0) as sdk:
+        asked = await sdk.responses.create(model="echoer", input="say hello", tools=tools, max_output_tokens=60)
+        kinds = [o.type for o in asked.output]
+        assert kinds == ["mcp_list_tools", "mcp_approval_request"], kinds
+        request = asked.output[1]
+        assert request.name == "echo" and request.server_label == "docs"
+        assert json.loads(request.arguments) == {"text": "hello"}
+        for approve, output in ((True, "hello"), (False, None)):
+            answered = await sdk.responses.create(
+                model="echoer", previous_response_id=asked.id, tools=tools, max_output_tokens=60,
+                input=[{"type": "mcp_approval_response", "approval_request_id": request.id, "approve": approve}])
+            kinds = [o.type for o in answered.output]
+            if approve:  # the call runs, then the model answers with its result in the conversation
+                assert kinds == ["mcp_list_tools", "mcp_call", "message"], kinds
+                call = answered.output[1]
+                assert call.output == output and call.approval_request_id == request.id
+                assert answered.output[2].content[0].text == "The tool said hello."
+            else:  # declined: nothing runs, and the model is told so
+                assert "mcp_call" not in kinds, kinds
+    calls = [c for line in client.events.read_text().splitlines() for c in json.loads(line)["hosted_tool_calls"]]
+    assert [(c["name"], c["outcome"]) for c in calls] == [("echo", "ok")]  # once: the approved call
+
+
+async def test_a_key_uses_only_its_mcp_servers_and_its_budget_pays_every_round(aiohttp_client, models, tmp_path):
+    keys = ("  api_keys:\n    boss: {key: boss-key}\n    alice: {key: alice-key, mcp: [other]}\n"
+            "    bob: {key: bob-key, mcp: [docs]}\n")
+    client = await gateway(aiohttp_client, models, tmp_path, None, stdio_server() + keys)
+    body = {"model": "echoer", "input": "say hello", "max_output_tokens": 60,
+            "tools": [{"type": "mcp", "server_label": "docs", "require_approval": "never"}]}
+    r = await client.post("/v1/responses", json=body, headers={"Authorization": "Bearer alice-key"})
+    refused = await r.json()
+    assert r.status == 403 and refused["error"]["param"] == "tools[0]", refused
+    r = await client.post("/v1/responses", json=body, headers={"Authorization": "Bearer bob-key"})
+    answer = await r.json()
+    assert r.status == 200 and answer["output"][-1]["content"][0]["text"] == "The tool said hello."
+    usage = await (await client.get("/usage?key=bob", headers={"Authorization": "Bearer boss-key"})).json()
+    bob = [row for row in usage["data"] if row.get("key") == "bob"]
+    spent = sum(row["completion_tokens"] for row in bob)
+    assert spent == answer["usage"]["output_tokens"] >= 8, usage  # both generations charged to bob

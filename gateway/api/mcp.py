@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +43,8 @@ from mcp.shared.exceptions import MCPError
 
 from .. import __version__
 from ..base.errors import shown
-from ..tools.hosted import McpTools, ToolError, function_name, may_use
+from ..server.events import Observation, observation
+from ..tools.hosted import Kind, McpTools, ToolError, call_record, function_name, may_use
 from .access import KEY
 from .appkeys import CONFIG, MCP_SERVERS
 from .asgi import serve
@@ -63,6 +65,7 @@ class Caller:
 
     name: str
     patterns: tuple[str, ...] | None
+    observation: Observation | None = None  # the request's: each call is a line of it (``record``)
 
 
 NOBODY = Caller("-", ())  # a request the scope names no caller for: no server
@@ -157,17 +160,33 @@ class Endpoint:
         if servers is None or found is None:
             raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {shown(params.name, 200)}")
         server, tool = found
+        started, wall = time.monotonic(), time.time()
         try:
             outcome = await servers.call(server, tool, dict(params.arguments or {}))
         except ToolError as e:
             log.info("/mcp: %s's call of %s/%s failed (%s): %s", caller.name, server, tool, e.outcome,
                      shown(e.reason, 200))
+            record(caller, server, tool, started, wall, 0, e.reason, e.outcome)
             return types.CallToolResult(content=[types.TextContent(text=e.reason)], is_error=True)
         except Exception:  # McpTools raises ToolError alone: anything else is the gateway's fault, logged
             log.exception("/mcp: the call of %s/%s failed", server, tool)
+            record(caller, server, tool, started, wall, 0, "the gateway failed", "error")
             return types.CallToolResult(content=[types.TextContent(text=f"The gateway failed to call {tool!r}")],
                                         is_error=True)
+        record(caller, server, tool, started, wall, outcome.bytes, outcome.text if outcome.is_error else None,
+               "error" if outcome.is_error else "ok")
         return types.CallToolResult(content=[types.TextContent(text=outcome.text)], is_error=outcome.is_error)
+
+
+def record(caller: Caller, server: str, tool: str, started: float, wall: float, size: int, error: str | None,
+           outcome: str) -> None:
+    """A call through ``/mcp`` as a line of its request's observation, as an answer's hosted call is
+    (``toolbox.Ran.record``): the inference event's ``hosted_tool_calls``, the trace's
+    ``execute_tool`` span, the metric, the capture's row."""
+    if caller.observation is None:
+        return
+    caller.observation.hosted_tool_calls.append(call_record(
+        tool, server, Kind.MCP, started, wall, size, None if error is None else shown(error, 300), outcome))
 
 
 def caller_of(ctx: Any) -> Caller:
@@ -186,7 +205,8 @@ async def handle(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)  # one message: JSON-RPC batches left the protocol in 2025
     raw = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
     key = request.get(KEY)
-    caller = Caller(key.name, key.mcp) if key is not None else Caller("anonymous", None)
+    obs = observation(request)
+    caller = Caller(key.name, key.mcp, obs) if key is not None else Caller("anonymous", None, obs)
     # the body as parsed and written again: decoded, so its length is said anew and no encoding
     headers = [(k, v) for k, v in request.raw_headers if k.lower() not in (b"content-length", b"content-encoding")]
     headers.append((b"content-length", str(len(raw)).encode()))

@@ -159,7 +159,7 @@ async def _with_tools(request: web.Request, ctx: Context, parsed: Parsed, out: W
     """One prompt's answer through ``toolloop.rounds``; its calls given whole, streamed or not
     (a hosted call is known by its name before anything of it is written)."""
     req = parsed.request
-    first = toolloop.approved(toolbox, parsed.approvals)
+    first = await toolloop.approved(ctx, backend, toolbox, parsed.approvals, req)
     gen = backend.generate(req)
     run = None
     try:

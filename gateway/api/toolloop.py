@@ -36,6 +36,7 @@ from ..wire.writer import Hosted, HostedResult, Writer
 from .generation import Held, HeldCall, Run, left, read, send, start
 
 log = logging.getLogger(__name__)
+Told = tuple[Hosted, HostedResult]  # a hosted call and its result, as the writer is told them
 
 
 async def cut(backend: Backend, text: str, limit: int) -> str:
@@ -65,6 +66,11 @@ def _hosted(call: HeldCall, toolbox: Toolbox) -> Hosted:
                   approval_request_id=call.approval)
 
 
+def _result(call: HeldCall, hosted: Hosted, ran: Ran) -> HostedResult:
+    return HostedResult(call.id, hosted.kind, ran.output, ran.error,
+                        ran.record["outcome"] if ran.error is not None else None)
+
+
 def _assistant(text: str, calls: list[HeldCall]) -> dict[str, Any]:
     return {"role": "assistant", "content": text,
             "tool_calls": [{"id": c.id, "type": "function",
@@ -86,37 +92,55 @@ async def _run(ctx: Context, backend: Backend, toolbox: Toolbox, call: HeldCall,
     await send(sse, out.hosted(hosted))
     ran = await toolbox.run(call.name, call.arguments)
     record(ctx.observation, ran)
-    outcome = ran.record["outcome"] if ran.error is not None else None
-    await send(sse, out.hosted_result(HostedResult(call.id, hosted.kind, ran.output, ran.error, outcome)))
+    await send(sse, out.hosted_result(_result(call, hosted, ran)))
     return await cut(backend, ran.text, ctx.server.max_tool_result_tokens)
 
 
-def approved(toolbox: Toolbox, approvals: list[Approval]) -> list[tuple[HeldCall, bool]]:
-    """The calls the caller approved (or declined) since the answer that asked for it, each as
-    (call, approved): an approved one runs before this answer's first generation is read. A call
-    of a tool this request no longer offers counts as declined."""
-    out = []
+DECLINED = "The user declined this call: it was not run."
+
+
+async def approved(ctx: Context, backend: Backend, toolbox: Toolbox, approvals: list[Approval],
+                   req: protocol.GenerationRequest) -> list[Told]:
+    """The calls the caller approved (or declined) since the answer that asked for it (Responses'
+    ``mcp_approval_response``), settled before this answer's first generation: an approved one
+    is run, a declined one (or one of a tool this request no longer offers) is not; each goes
+    into the conversation with its result, or with the word that it was declined. Returns what
+    the writer is told of those that ran, once the answer opens."""
+    told: list[Told] = []
+    calls: list[HeldCall] = []
+    results: list[str] = []
     for a in approvals:
         if a.name is None or a.server is None:
             continue
         name = function_name(a.server, a.name)
         call = HeldCall(f"call_{secrets.token_hex(12)}", name, a.arguments or "{}", a.request_id)
-        out.append((call, a.approve and toolbox.owns(name)))
-    return out
+        calls.append(call)
+        if not (a.approve and toolbox.owns(name)):
+            results.append(DECLINED)
+            continue
+        hosted = _hosted(call, toolbox)
+        ran = await toolbox.run(call.name, call.arguments)
+        record(ctx.observation, ran)
+        told.append((hosted, _result(call, hosted, ran)))
+        results.append(await cut(backend, ran.text, ctx.server.max_tool_result_tokens))
+    if calls:
+        _converse(req, "", calls, results)
+    return told
 
 
 async def rounds(ctx: Context, backend: Backend, req: protocol.GenerationRequest, out: Writer,
                  sse: EventStream | None, toolbox: Toolbox, run: Run,
-                 first: list[tuple[HeldCall, bool]] | None = None) -> wire_answer.Finish:
+                 first: list[Told] | None = None) -> wire_answer.Finish:
     """The answer of ``req`` from its first generation, ``run`` (started by the caller, so a
     refusal is a plain error response; its events are the caller's to leave), through every
-    round of hosted calls (see the module); ``first``: approved calls, run before it is read.
+    round of hosted calls (see the module); ``first``: approved calls run before it (``approved``),
+    told once it opens.
     Returns the last generation's finish (the writer's ``go_on`` kept the ones before)."""
     obs = ctx.observation
     await send(sse, out.open(run.begun))
-    for call, allowed in first or ():
-        if allowed:
-            await _run(ctx, backend, toolbox, call, out, sse)
+    for hosted, result in first or ():
+        await send(sse, out.hosted(hosted))
+        await send(sse, out.hosted_result(result))
     done = 0
     mine: tuple[Any, Run | None] | None = None  # a further generation, this loop's to leave
     try:
@@ -134,7 +158,7 @@ async def rounds(ctx: Context, backend: Backend, req: protocol.GenerationRequest
             results = [await _run(ctx, backend, toolbox, call, out, sse) for call in calls]
             if held.callers:  # a tool of the caller's too: the answer goes back to the caller now
                 return finish
-            _converse(req, held, calls, results)
+            _converse(req, "".join(held.text), calls, results)
             done += 1
             if done >= ctx.server.max_tool_rounds:
                 _without_hosted(req, toolbox)  # the last generation: no hosted tool left to call
@@ -154,11 +178,11 @@ async def rounds(ctx: Context, backend: Backend, req: protocol.GenerationRequest
             mine[0].close()
 
 
-def _converse(req: protocol.GenerationRequest, held: Held, calls: list[HeldCall], results: list[str]) -> None:
+def _converse(req: protocol.GenerationRequest, text: str, calls: list[HeldCall], results: list[str]) -> None:
     """The round's calls and their results put into the conversation, as the model's template
-    has a function's: the assistant's message with its calls, then a tool message each."""
+    has a function's: the assistant's message (``text``) with its calls, then a tool message each."""
     messages = req.messages if req.messages is not None else []
-    messages.append(_assistant("".join(held.text), calls))
+    messages.append(_assistant(text, calls))
     messages.extend({"role": "tool", "tool_call_id": c.id, "name": c.name, "content": text}
                     for c, text in zip(calls, results, strict=True))
     req.messages = messages

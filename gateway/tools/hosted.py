@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import fnmatch
+import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -154,3 +155,14 @@ class McpTools(Protocol):
 
     async def call(self, server: str, tool: str, arguments: dict[str, Any], *,
                    timeout: float | None = None) -> CallOutcome: ...
+
+
+def call_record(name: str, server: str | None, kind: Kind, started: float, wall: float, size: int,
+                error: str | None, outcome: str, *, configured: bool = True, cut: bool = False) -> dict[str, Any]:
+    """A hosted call's line in its request's observation (``Observation.hosted_tool_calls``: the
+    inference event, the trace's ``execute_tool`` span, the metric, the capture's row).
+    ``started``: its monotonic start, ``wall``: its time; ``configured``: its server is one of
+    ``server.mcp_servers`` (else its names never become a metric's series)."""
+    return {"name": name, "server": server, "configured": configured, "kind": kind.value,
+            "seconds": round(time.monotonic() - started, 6), "bytes": size, "error": error, "outcome": outcome,
+            "cut": cut, "started": started, "time": wall}

@@ -38,7 +38,7 @@ from ..base.errors import ApiError, InvalidRequest
 from ..models.config.specs import ServerConfig
 from ..server.fetch import WebSessions
 from . import webfetch, websearch
-from .hosted import Ask, CallOutcome, Kind, Page, SearchResult, ToolError, ToolInfo, function_name, may_use
+from .hosted import Ask, CallOutcome, Kind, Page, SearchResult, ToolError, ToolInfo, call_record, function_name, may_use
 from .mcpservers import McpServers
 from .resulttext import cut_bytes, defang, for_model
 
@@ -224,11 +224,8 @@ class Toolbox:
         except (TimeoutError, asyncio.TimeoutError):
             error, outcome = f"the tool took longer than {services.server.tool_timeout:g} s", "timeout"
         text, cut = cut_bytes(for_model(output, error), services.server.max_tool_result_bytes)
-        seconds = time.monotonic() - started
-        record = {"name": offer.tool or offer.name, "server": offer.target or offer.server,
-                  "configured": offer.target is not None, "kind": offer.kind.value,
-                  "seconds": round(seconds, 6), "bytes": size or len(text.encode()), "error": error,
-                  "outcome": outcome, "cut": cut, "started": started, "time": wall}
+        record = call_record(offer.tool or offer.name, offer.target or offer.server, offer.kind, started, wall,
+                             size or len(text.encode()), error, outcome, configured=offer.target is not None, cut=cut)
         return Ran(offer, output, error, defang(text), record)
 
     async def _call(self, offer: Offer, args: dict[str, Any], services: Services) -> Any:
