@@ -369,3 +369,24 @@ async def test_a_key_uses_only_its_mcp_servers_and_its_budget_pays_every_round(a
     bob = [row for row in usage["data"] if row.get("key") == "bob"]
     spent = sum(row["completion_tokens"] for row in bob)
     assert spent == answer["usage"]["output_tokens"] >= 8, usage  # both generations charged to bob
+
+
+async def test_a_choice_may_name_a_hosted_tool(aiohttp_client, models, tmp_path, searx):
+    client = await gateway(aiohttp_client, models, tmp_path, str(searx.make_url("")).rstrip("/"))
+    r = await client.post("/v1/messages", json={
+        "model": "searcher", "max_tokens": 60, "messages": [{"role": "user", "content": "llamas?"}],
+        "tools": [SEARCH_TOOL], "tool_choice": {"type": "tool", "name": "web_search"}})
+    body = await r.json()
+    assert r.status == 200 and body["content"][0]["type"] == "server_tool_use", body
+    r = await client.post("/v1/responses", json={"model": "searcher", "input": "llamas?", "max_output_tokens": 60,
+                                                 "tools": [{"type": "web_search"}],
+                                                 "tool_choice": {"type": "web_search"}})
+    body = await r.json()
+    assert r.status == 200 and body["output"][0]["type"] == "web_search_call", body
+    # tool_choice none: no tool at all, the hosted ones neither
+    r = await client.post("/v1/messages", json={
+        "model": "searcher", "max_tokens": 60, "messages": [{"role": "user", "content": "llamas?"}],
+        "tools": [SEARCH_TOOL], "tool_choice": {"type": "none"}})
+    body = await r.json()
+    assert r.status == 200 and all(b["type"] == "text" for b in body["content"]), body
+    assert len(searx.seen) == 2

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from .. import protocol
 from ..backends.local import Backend, GenerationEvents
 from ..base.errors import ApiError
 from ..models.config import ModelSpec
@@ -142,15 +143,28 @@ async def tools(request: web.Request, ctx: Context, parsed: Parsed) -> AsyncIter
     toolbox = await Toolbox.open(parsed.hosted, request.app.get(TOOLS), key.mcp if key is not None else None)
     try:
         parsed.dropped.extend(t for t in toolbox.dropped if t not in parsed.dropped)
-        functions = toolbox.functions()
-        if functions:
-            req = parsed.request
-            req.tools = [*(req.tools or ()), *functions]
-            if req.tool_names is not None:
-                req.tool_names = (*req.tool_names, *(f["function"]["name"] for f in functions))
+        offer(parsed.request, toolbox.functions())
         yield toolbox
     finally:
         await toolbox.aclose()
+
+
+def offer(req: protocol.GenerationRequest, functions: list[dict[str, Any]]) -> None:
+    """The hosted tools' ``functions`` added to ``req``'s tools. A choice of some tools (OpenAI's
+    ``allowed_tools`` in auto) allows the hosted ones too; a choice that named a tool the gateway
+    does not offer after all (a hosted tool with no backend here) names those it does, or none."""
+    req.tools = [*(req.tools or ()), *functions] or None
+    names = req.tool_names
+    if names is not None and req.tool_choice == "auto":
+        names = (*names, *(f["function"]["name"] for f in functions))
+    if names is not None:
+        offered = {t["function"]["name"] for t in req.tools or ()}
+        names = tuple(n for n in names if n in offered) or None
+        if names is None and req.tool_choice == "required" and len(req.tool_names or ()) == 1:
+            req.tool_choice = "auto"  # the one tool it named is not here
+    req.tool_names = names
+    if not req.tools:
+        req.tool_choice, req.tool_names = "auto", None
 
 
 async def _with_tools(request: web.Request, ctx: Context, parsed: Parsed, out: Writer, backend: Backend,

@@ -34,6 +34,7 @@ from typing import Any
 
 from ..base.errors import ApiError, InvalidRequest
 from ..protocol import GenerationRequest, Media
+from ..tools.hosted import Kind
 from . import asks as wire_asks
 from . import hostedhistory
 from . import media as wire_media
@@ -163,8 +164,11 @@ def parse(body: dict[str, Any], *, keep_billing_header: bool = False, counting: 
     if problem:
         raise InvalidRequest(f"max_tokens: {problem}, got {shown(max_tokens)}", "max_tokens")
     tools = wire_tools.anthropic_tools(body)
-    choice = wire_tools.anthropic_tool_choice(body, tools)
     hosted = wire_asks.anthropic_asks(body)
+    choice = wire_tools.anthropic_tool_choice(body, tools, {a.name or a.kind.value: a.kind.value for a in hosted
+                                                            if a.kind is not Kind.MCP})
+    if choice.mode == "none":
+        hosted = []  # no tool at all: the hosted ones are not offered either
 
     system = body.get("system")
     if system is not None and not keep_billing_header:
@@ -177,6 +181,8 @@ def parse(body: dict[str, Any], *, keep_billing_header: bool = False, counting: 
     if tools and choice.mode != "none":
         req.tools, req.tool_choice, req.tool_names, req.parallel_tool_calls = (tools, choice.mode, choice.names,
                                                                              choice.parallel)
+    elif hosted:  # hosted tools only: the pipeline offers them, under this choice
+        req.tool_choice, req.tool_names, req.parallel_tool_calls = choice.mode, choice.names, choice.parallel
     explicit = read_sampling(body, req, ANTHROPIC_SAMPLING, anthropic=True)
     req.stop = read_stops(body.get("stop_sequences"), "stop_sequences", anthropic=True)
     stream = body.get("stream", False)

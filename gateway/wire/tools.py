@@ -254,7 +254,11 @@ def anthropic_left_out(body: dict[str, Any]) -> list[str]:
     return list(dict.fromkeys(t for t in types if isinstance(t, str) and t != "custom" and not anthropic_runs(t)))
 
 
-def anthropic_tool_choice(body: dict[str, Any], tools: list[dict[str, Any]] | None) -> ToolChoice:
+def anthropic_tool_choice(body: dict[str, Any], tools: list[dict[str, Any]] | None,
+                          hosted: dict[str, str] | None = None) -> ToolChoice:
+    """``tool_choice`` in Anthropic's shape; ``hosted``: the request's hosted tools' names (its
+    ``web_search``...) -> the functions the pipeline offers for them, which a choice may name too."""
+    hosted = hosted or {}
     choice = body.get("tool_choice")
     if choice is None:
         return ToolChoice("auto")
@@ -265,11 +269,13 @@ def anthropic_tool_choice(body: dict[str, Any], tools: list[dict[str, Any]] | No
     if not isinstance(parallel, bool):
         raise InvalidRequest("tool_choice.disable_parallel_tool_use: must be true or false",
                              "tool_choice.disable_parallel_tool_use")
-    if kind in ("any", "tool") and not tools:
+    if kind in ("any", "tool") and not tools and not hosted:
         raise InvalidRequest(f"tool_choice.type: {shown(kind)} needs `tools`", "tool_choice.type")
     if kind == "tool":
         name = choice.get("name")
         if not isinstance(name, str):
             raise InvalidRequest("tool_choice.name: Field required", "tool_choice.name")
+        if name in hosted:
+            return ToolChoice("required", (hosted[name],), not parallel)
         return ToolChoice("required", (_known(name, tools, "tool_choice.name", anthropic=True),), not parallel)
     return ToolChoice("required" if kind == "any" else str(kind), None, not parallel)

@@ -249,7 +249,11 @@ def parse(body: dict[str, Any], key: bytes = EPHEMERAL) -> ResponsesParsed:
     text_format = _text_format(body, req)
     toolset = read_tools(body.get("tools"))
     tools = toolset.tools or None
-    choice = read_tool_choice(body, tools)
+    choice = read_tool_choice(body, tools, toolset.hosted)
+    if choice.mode == "none":
+        toolset.hosted = []  # no tool at all: the hosted ones are not offered either
+    elif toolset.hosted and not tools:  # hosted tools only: the pipeline offers them, under this choice
+        req.tool_choice, req.tool_names = choice.mode, choice.names
     if tools and choice.mode != "none":
         if req.response_format is not None:
             raise InvalidRequest("give `tools` or `text.format`, not both", "tools")

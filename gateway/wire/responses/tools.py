@@ -19,7 +19,7 @@ from typing import Any
 
 from ...base import strictjson
 from ...base.errors import InvalidRequest
-from ...tools.hosted import Ask
+from ...tools.hosted import Ask, Kind, function_name
 from .. import asks as wire_asks
 from .. import tools as wire_tools
 from ..params import shown
@@ -136,11 +136,13 @@ def read_tools(value: Any) -> ToolSet:
     return out
 
 
-def read_tool_choice(body: dict[str, Any], tools: list[dict[str, Any]] | None) -> wire_tools.ToolChoice:
+def read_tool_choice(body: dict[str, Any], tools: list[dict[str, Any]] | None,
+                     hosted: list[Ask] | None = None) -> wire_tools.ToolChoice:
     """``tool_choice`` in the Responses shapes: a mode, a named function or custom tool (in a
     namespace, by its flat name), ``allowed_tools`` (its mode over the functions and custom
-    tools it names; hosted tools in it are left out, as from ``tools``), or a hosted tool (left
-    out of the prompt, so ``auto``)."""
+    tools it names; hosted tools in it are left out, as from ``tools``), or a hosted tool: web
+    search, or an MCP server's tool by ``server_label`` and ``name``, required (where the gateway
+    runs it: the pipeline keeps the names it offers), any other ``auto``."""
     choice = body.get("tool_choice")
     if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
         entries, picks = choice.get("tools"), []
@@ -168,6 +170,13 @@ def read_tool_choice(body: dict[str, Any], tools: list[dict[str, Any]] | None) -
             if isinstance(name, str) and isinstance(namespace, str):
                 name = flat_name(namespace, name)
             choice = {"type": "function", "function": {"name": name}}
+        elif kind in wire_asks.RESPONSES_SEARCH and any(a.kind is Kind.WEB_SEARCH for a in hosted or ()):
+            # a hosted tool the request asks for: that one, where it runs
+            return wire_tools.ToolChoice("required", ("web_search",), body.get("parallel_tool_calls") is not False)
+        elif (kind == "mcp" and isinstance(choice.get("server_label"), str) and isinstance(choice.get("name"), str)
+              and any(a.server == choice["server_label"] for a in hosted or ())):
+            return wire_tools.ToolChoice("required", (function_name(choice["server_label"], choice["name"]),),
+                                         body.get("parallel_tool_calls") is not False)
         elif isinstance(kind, str) and TOOL_TYPE.fullmatch(kind):
             choice = "auto"
     return wire_tools.openai_tool_choice({"tool_choice": choice,
