@@ -1,9 +1,10 @@
 """The page's MCP card in a real browser (Debian's Chromium driven by Playwright): the MCP servers
 the key may use, their transport, state (and the error of a failed one), their tools as
 ``SERVER_TOOL`` and their calls, from ``GET /dashboard/mcp``, and the line that adds the gateway's
-``/mcp`` to Claude Code. The gateway runs in-process on a loopback port (its MCP servers are the
-seam ``tools/hosted.McpTools``: ``test_mcp_endpoint.Servers``, whose tools really run), since
-``gguf-gateway serve`` has no place for a test's servers.
+``/mcp`` to Claude Code. The gateway runs in-process on a loopback port, so that the test can
+have its real MCP servers connect (or fail) before the page is read: the SDK's test server over
+stdio (``tests/mcp_server.py``), a streamable HTTP server nobody has asked yet, and a program
+that exits at once.
 
 Skipped, with the reason, where Playwright or a Chromium is missing. The card's picture is kept
 in ``$GGUF_GATEWAY_SHOTS`` where that is set, else in the test's tmp."""
@@ -13,17 +14,18 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 import threading
 from pathlib import Path
 
 import pytest
 from aiohttp import web
 from helpers import Console, free_port
-from test_mcp_endpoint import ADMIN, ALICE, Servers
 
-from gateway.api.appkeys import MCP_SERVERS
+from gateway.api.appkeys import TOOLS
 from gateway.app import create_app
 from gateway.models.config import load_config
+from gateway.tools.hosted import ToolError
 
 pytestmark = pytest.mark.slow
 
@@ -31,6 +33,8 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not 
 expect = sync_api.expect
 
 SHOTS = os.environ.get("GGUF_GATEWAY_SHOTS")
+ADMIN, ALICE = "admin-key", "alice-key"
+MCP_SERVER = Path(__file__).with_name("mcp_server.py")
 
 
 class InProcess:
@@ -63,10 +67,21 @@ def gateway(tmp_path_factory):
     cfg.write_text("server:\n  models_dirs: []\n  discover_default_stores: false\n"
                    f"  state_dir: {d / 'state'}\n  kv_cache_dir: {d / 'kv'}\n"
                    f"  api_keys:\n    root: {{key: {ADMIN}, role: admin}}\n"
-                   f"    alice: {{key: {ALICE}, role: user, mcp: [math]}}\n")
+                   f"    alice: {{key: {ALICE}, role: user, mcp: [docs]}}\n"
+                   f"  mcp_servers:\n    docs: {{command: {sys.executable}, args: ['{MCP_SERVER}', stdio]}}\n"
+                   f"    files-ro: {{url: 'http://127.0.0.1:{free_port()}/mcp'}}\n"
+                   f"    down: {{command: {sys.executable}, args: [-c, 'raise SystemExit(1)']}}\n")
     app = create_app(load_config(cfg))
-    app[MCP_SERVERS] = Servers()
     served = InProcess(app)
+    servers = app[TOOLS].mcp
+
+    async def connect() -> None:  # docs lists its tools; down fails; files-ro is not asked
+        await servers.tools("docs")
+        try:
+            await servers.tools("down")
+        except ToolError:
+            pass
+    asyncio.run_coroutine_threadsafe(connect(), served.loop).result(60)
     yield served
     served.close()
 
@@ -86,20 +101,21 @@ def test_the_card_lists_the_servers_their_state_and_their_tools(browser, gateway
     card = page.locator("#mcp")
     rows = card.locator("#mcp-servers tbody tr")
     expect(rows).to_have_count(3)
-    math = card.locator('tr[data-server="math"]')
-    expect(math.locator(".mcp-transport")).to_have_text("stdio")
-    expect(math.locator(".badge")).to_have_text("ready")
-    expect(math.locator(".mcp-tool")).to_have_text(["math_add", "math_fail", "math_slow"])
-    expect(math.locator(".mcp-calls")).to_have_text("0")
+    docs = card.locator('tr[data-server="docs"]')
+    expect(docs.locator(".mcp-transport")).to_have_text("stdio")
+    expect(docs.locator(".badge")).to_have_text("ready")
+    expect(docs.locator(".mcp-tool")).to_have_text(["docs_echo", "docs_fail", "docs_hang", "docs_big",
+                                                     "docs_search"])
+    expect(docs.locator(".mcp-calls")).to_have_text("0")
     files = card.locator('tr[data-server="files-ro"]')
     expect(files.locator(".mcp-transport")).to_have_text("http")
     expect(files.locator(".badge")).to_have_text("idle")
     expect(files.locator(".mcp-more")).to_have_text("listed once connected")
     down = card.locator('tr[data-server="down"]')
     expect(down.locator(".badge")).to_have_class("badge state-failed")
-    expect(down.locator(".mcp-error")).to_have_text("the program exited with 1")
+    expect(down.locator(".mcp-error")).to_contain_text("exit")
     expect(down.locator(".mcp-more")).to_have_text("not listed")
-    expect(card.locator("#mcp-summary")).to_have_text("3 servers, 1 ready, 3 tools")
+    expect(card.locator("#mcp-summary")).to_have_text("3 servers, 1 ready, 5 tools")
     expect(card.locator("#mcp-add")).to_have_text(f"claude mcp add --transport http gateway {gateway.url}/mcp")
     expect(card.locator("#mcp-empty")).to_be_hidden()
     page.locator('#nav a[href="#mcp"]').click()
@@ -114,6 +130,6 @@ def test_a_user_key_sees_only_the_servers_it_may_use(browser, gateway):
     context, page, console = open_page(browser, gateway, ALICE)
     rows = page.locator("#mcp-servers tbody tr")
     expect(rows).to_have_count(1)
-    expect(rows.first).to_have_attribute("data-server", "math")
+    expect(rows.first).to_have_attribute("data-server", "docs")
     context.close()
     assert console.errors == []
