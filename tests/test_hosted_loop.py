@@ -6,6 +6,7 @@ stand-in (its JSON API), MCP tools by a real MCP server written with the SDK
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import subprocess
@@ -390,3 +391,29 @@ async def test_a_choice_may_name_a_hosted_tool(aiohttp_client, models, tmp_path,
     body = await r.json()
     assert r.status == 200 and all(b["type"] == "text" for b in body["content"]), body
     assert len(searx.seen) == 2
+
+
+async def test_a_client_that_leaves_cancels_the_call_in_flight(aiohttp_client, models, tmp_path):
+    """The hanging tool would hold the answer for tool_timeout (60 s); the client leaves once the
+    call is under way, and the request ends then: its event is written long before the timeout."""
+    client = await gateway(aiohttp_client, models, tmp_path, None, stdio_server().replace("tool_timeout: 3",
+                                                                                           "tool_timeout: 60"))
+    r = await client.post("/v1/responses", json={
+        "model": "hanger", "input": "go", "stream": True, "max_output_tokens": 40,
+        "tools": [{"type": "mcp", "server_label": "docs", "require_approval": "never"}]})
+    async for line in r.content:
+        if b"response.mcp_call.in_progress" in line:
+            break
+    r.close()  # gone, mid-call
+    left = time.monotonic()
+    deadline = left + 20
+    while time.monotonic() < deadline and not (client.events.exists() and client.events.read_text()):
+        await asyncio.sleep(0.1)
+    assert time.monotonic() - left < 20  # not held for the tool's 60 s
+    [event] = [json.loads(line) for line in client.events.read_text().splitlines()]
+    assert event["client_disconnected"] and event["hosted_tool_calls"] == []
+    # the server is still there for the next call
+    r = await client.post("/v1/responses", json={"model": "echoer", "input": "hi", "max_output_tokens": 40,
+                                                 "tools": [{"type": "mcp", "server_label": "docs",
+                                                            "require_approval": "never"}]})
+    assert (await r.json())["output"][1]["output"] == "hello"
