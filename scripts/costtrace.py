@@ -58,6 +58,13 @@ PROBES: dict[str, list[tuple[str, str, str]]] = {
     "aiohttp.web": [("json_response", "json_response", "call")],
     "aiohttp.http_writer": [("StreamWriter._write", "http.write", "call"),
                             ("StreamWriter._writelines", "http.write", "call")],
+    # a round of a tool the gateway runs itself (toolbench.py; never reached by a plain completion)
+    "gateway.api.toolloop": [("_run", "loop.run", "call"), ("cut", "loop.cut", "call"),
+                             ("_converse", "loop.converse", "call")],
+    "gateway.tools.toolbox": [("Toolbox.run", "toolbox.run", "call")],
+    "gateway.tools.websearch": [("_searxng", "search.http", "call")],
+    "gateway.wire.anthropic_answer": [("Writer.hosted", "writer.hosted", "call"),
+                                      ("Writer.hosted_result", "writer.result", "call")],
     # the worker's
     "gateway.worker.pipes": [("CommandReader.read", "w.read", "call")],  # called when the loop finds the pipe ready
     "gateway.worker.prompts": [("Prompts.prepare", "w.prepare", "call")],

@@ -197,3 +197,23 @@ def test_the_lora_benchmark_measures_switching_and_streams_over_two_adapters(tmp
     assert g["one_set_tok_s"] > 0 and g["two_sets_tok_s"] > 0 and len(g["rounds"]["two_over_one"]) == 1
     assert g["per_switch_ms"] == g["alternating_p50_ms"] - g["same_p50_ms"]
     assert "| gateway |" in r.stdout and "2 sets / 1 set" in r.stdout
+
+
+@pytest.mark.slow
+def test_the_tools_benchmark_sets_the_loop_against_a_client_and_cuts_a_round(tmp_path):
+    out = tmp_path / "tools.json"
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "bench.py"), "--tools", "--tools-rounds", "2",
+                        "--tools-real-rounds", "0", "--threads", "1", "--json", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads(out.read_text())["tools"]["scripted"]
+    assert s["rounds"] == 2
+    for k in ("loop_ms", "by_hand_ms", "by_hand_requests_ms", "client_search_ms"):
+        assert 0 < s[k]["min"] <= s[k]["median"] <= s[k]["max"], k
+    b = s["breakdown"]  # every looped answer cut at the loop's seams, the worker's and the stand-in's
+    assert b["answers"] == 2 and b["round_less_tool_us"]["median"] > 0
+    for row in ("1st generation's end: pipe, read, call held and parsed", "writer: the server_tool_use frame",
+                "web_search: HTTP to the stand-in and back", "writer's result frame, the token cut",
+                "worker: prompt rendered and tokenized", "  of which the stand-in's own handler"):
+        assert b["rows_us"][row] > 0, row
+    assert "loop / by hand:" in r.stdout and "the gateway's part of a round" in r.stdout
