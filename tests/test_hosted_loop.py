@@ -417,3 +417,13 @@ async def test_a_client_that_leaves_cancels_the_call_in_flight(aiohttp_client, m
                                                  "tools": [{"type": "mcp", "server_label": "docs",
                                                             "require_approval": "never"}]})
     assert (await r.json())["output"][1]["output"] == "hello"
+
+
+async def test_a_function_of_the_callers_may_not_take_a_hosted_tools_name(aiohttp_client, models, tmp_path, searx):
+    client = await gateway(aiohttp_client, models, tmp_path, str(searx.make_url("")).rstrip("/"))
+    r = await client.post("/v1/responses", json={
+        "model": "searcher", "input": "llamas?", "tools": [
+            {"type": "function", "name": "web_search", "parameters": {"type": "object", "properties": {}}},
+            {"type": "web_search"}]})
+    body = await r.json()
+    assert r.status == 400 and body["error"]["param"] == "tools" and searx.seen == [], body

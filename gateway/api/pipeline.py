@@ -24,7 +24,7 @@ from aiohttp import web
 
 from .. import protocol
 from ..backends.local import Backend, GenerationEvents
-from ..base.errors import ApiError
+from ..base.errors import ApiError, InvalidRequest
 from ..models.config import ModelSpec
 from ..server.events import OWNER, observation
 from ..server.sse import EventStream, LineStream
@@ -150,9 +150,16 @@ async def tools(request: web.Request, ctx: Context, parsed: Parsed) -> AsyncIter
 
 
 def offer(req: protocol.GenerationRequest, functions: list[dict[str, Any]]) -> None:
-    """The hosted tools' ``functions`` added to ``req``'s tools. A choice of some tools (OpenAI's
-    ``allowed_tools`` in auto) allows the hosted ones too; a choice that named a tool the gateway
-    does not offer after all (a hosted tool with no backend here) names those it does, or none."""
+    """The hosted tools' ``functions`` added to ``req``'s tools; a function of the caller's under
+    the same name is a 400 (the model could not tell them apart, nor the gateway whose call it
+    is). A choice of some tools (OpenAI's ``allowed_tools`` in auto) allows the hosted ones too;
+    a choice that named a tool the gateway does not offer after all (a hosted tool with no
+    backend here) names those it does, or none."""
+    own = {t["function"]["name"] for t in req.tools or ()}
+    for f in functions:
+        if f["function"]["name"] in own:
+            raise InvalidRequest(f"`tools` has a function named {f['function']['name']!r}, the name this server "
+                                 "offers one of the request's hosted tools under", "tools")
     req.tools = [*(req.tools or ()), *functions] or None
     names = req.tool_names
     if names is not None and req.tool_choice == "auto":
