@@ -16,7 +16,7 @@ from . import answer, writer
 from .answer import Call, CallArgs, Finish, Item, Piece
 from .context import Context
 from .params import Parsed
-from .writer import Frame, HostedResult
+from .writer import Frame, HostedResult, Usage
 
 
 def new_id(prefix: str) -> str:
@@ -222,6 +222,8 @@ class Writer(writer.Writer):
         return [annotation(c) for c in found if c.start >= self.sources[c.source][1]]
 
     def close(self, finish: Finish) -> list[Frame]:
+        finish = self.usage.total(finish)  # a choice's generations before this one (``go_on``) count too
+        self.usage = Usage()
         self.finishes.append(finish)
         if not self.stream:
             w = self.whole
