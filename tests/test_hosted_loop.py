@@ -28,6 +28,7 @@ from gateway.app import create_app
 from gateway.models import testmodels as tm
 from gateway.models.config import load_config
 from gateway.tools.resulttext import JOINER, defang
+from gateway.wire.responses.output import history
 
 S = tm.Special
 URL = "https://llamas.example.org/andes"
@@ -213,6 +214,11 @@ async def test_mcp_tools_of_a_configured_server_run_in_every_wire(aiohttp_client
         assert call.name == "echo" and call.server_label == "docs" and json.loads(call.arguments) == {"text": "hello"}
         assert call.output == "hello" and call.error is None
         assert response.output[2].content[0].text == "The tool said hello."
+        # a later turn (previous_response_id) reads the call and its result as the model did
+        later = history(json.loads(response.model_dump_json())["output"])
+        assert [m["role"] for m in later] == ["assistant", "tool", "assistant"]
+        assert later[0]["tool_calls"][0]["function"] == {"name": "docs_echo", "arguments": {"text": "hello"}}
+        assert later[1]["content"] == "hello"
         # a server named by a URL that is neither a configured server's nor allowed: refused
         r = await client.post("/v1/messages", headers={"anthropic-beta": "mcp-client-2025-04-04"}, json={
             "model": "echoer", "max_tokens": 60, "messages": [{"role": "user", "content": "say hello"}],

@@ -18,10 +18,10 @@ from ...base.errors import ApiError
 from ...protocol import Start
 from ...tools import citations
 from ...tools.hosted import Page, SearchResult, ToolInfo
-from .. import writer
+from .. import hostedhistory, writer
 from ..answer import Call, CallArgs, Finish, Piece
 from ..writer import Frame, Hosted, HostedResult
-from .request import ResponsesParsed
+from .request import HOSTED_CALLS, ResponsesParsed, add_call
 from .sealed import seal
 from .tools import CUSTOM_INPUT, ToolOrigin, custom_input, flat_name
 
@@ -353,34 +353,37 @@ class ResponseBuilder(writer.Writer):
 
 
 def history(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A response's output as history messages (a hosted tool's items left out: the gateway ran
-    them within the answer)."""
+    """A response's output as history messages: a hosted tool's call (``web_search_call``,
+    ``mcp_call``) as the call and its result, as the model read them within the answer
+    (``hostedhistory``); its other items (``mcp_list_tools``, an approval's request) left out."""
     out: list[dict[str, Any]] = []
     thinking = None
-    for item in output:
-        if item["type"] == "reasoning":
+    for index, item in enumerate(output):
+        kind = item["type"]
+        if kind == "reasoning":
             thinking = "".join(c["text"] for c in item["content"])
             continue
-        if item["type"] not in ("message", "function_call", "custom_tool_call"):
-            continue  # a hosted tool's item: the gateway ran it within this answer
-        if item["type"] == "message":
+        if kind == "message":
             msg: dict[str, Any] = {"role": "assistant", "content": item["content"][0]["text"]}
-        else:
-            if item["type"] == "custom_tool_call":
+            if thinking is not None:
+                msg["reasoning_content"] = msg["thinking"] = thinking
+                thinking = None
+            out.append(msg)
+        elif kind in HOSTED_CALLS:
+            pair = hostedhistory.responses_call(item, f"output[{index}]")
+            if pair is not None:
+                call, result = pair
+                thinking = add_call(out, call, thinking)
+                out.append({"role": "tool", "tool_call_id": call["id"], "name": call["function"]["name"],
+                            "content": result})
+        elif kind in ("function_call", "custom_tool_call"):
+            if kind == "custom_tool_call":
                 args: Any = {CUSTOM_INPUT: item["input"]}
             else:
                 try:
                     args = strictjson.loads(item["arguments"] or "{}")
                 except ValueError:  # a streamed call that broke: its history is kept as an empty call
                     args = {}
-            call = {"id": item["call_id"], "type": "function",
-                    "function": {"name": flat_name(item.get("namespace"), item["name"]), "arguments": args}}
-            if out and out[-1]["role"] == "assistant":
-                out[-1].setdefault("tool_calls", []).append(call)
-                continue
-            msg = {"role": "assistant", "content": "", "tool_calls": [call]}
-        if thinking is not None:
-            msg["reasoning_content"] = msg["thinking"] = thinking
-            thinking = None
-        out.append(msg)
+            thinking = add_call(out, {"id": item["call_id"], "type": "function", "function": {
+                "name": flat_name(item.get("namespace"), item["name"]), "arguments": args}}, thinking)
     return out

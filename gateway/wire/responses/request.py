@@ -116,12 +116,12 @@ def input_messages(value: Any, history: list[dict[str, Any]] | None = None,
             call: dict[str, Any] = {"id": call_id, "type": "function",
                                     "function": {"name": flat_name(namespace, name), "arguments": args}}
             ledger.add([call])
-            thinking = _add_call(out, call, thinking)
+            thinking = add_call(out, call, thinking)
         elif kind in HOSTED_CALLS:
             pair = hostedhistory.responses_call(item, where)
             if pair is not None:
                 hosted_call, result = pair
-                thinking = _add_call(out, hosted_call, thinking)
+                thinking = add_call(out, hosted_call, thinking)
                 out.append({"role": "tool", "tool_call_id": hosted_call["id"],
                             "name": hosted_call["function"]["name"], "content": result})
         elif kind in ("function_call_output", "custom_tool_call_output"):
@@ -138,7 +138,7 @@ def input_messages(value: Any, history: list[dict[str, Any]] | None = None,
     return out
 
 
-def _add_call(out: list[dict[str, Any]], call: dict[str, Any], thinking: str | None) -> str | None:
+def add_call(out: list[dict[str, Any]], call: dict[str, Any], thinking: str | None) -> str | None:
     """``call`` into the assistant turn that ends ``out``, or a new one (which takes the
     reasoning item's ``thinking`` before it); returns the thinking still waiting."""
     if out and out[-1]["role"] == "assistant" and "tool_calls" in out[-1]:
