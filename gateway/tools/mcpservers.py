@@ -13,8 +13,8 @@ Secrets (``SecretRef``: inline, ``{env: NAME}``, ``{file: NAME}`` in the state f
 ``secrets``) are read when a connection is made, bounded, and never logged: a missing one fails
 the connect with its name, and a reason a server fails for (its stderr, its error message) is
 told without them (``hosted.redact``), on the page, to the caller and in the log. A stdio server
-is started with a minimal environment plus its configured ``env``, and never on a request's word. The bounds of one connection are
-``mcpclient``'s; of a transport, ``mcpstdio``'s and ``mcphttp``'s."""
+is started with a minimal environment plus its configured ``env``, and never on a request's word.
+The bounds of one connection are ``mcpclient``'s; of a transport, ``mcpstdio``'s and ``mcphttp``'s."""
 
 from __future__ import annotations
 
