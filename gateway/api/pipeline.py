@@ -159,20 +159,20 @@ async def _with_tools(request: web.Request, ctx: Context, parsed: Parsed, out: W
     """One prompt's answer through ``toolloop.rounds``; its calls given whole, streamed or not
     (a hosted call is known by its name before anything of it is written)."""
     req = parsed.request
-    first = toolloop.approved(toolbox, parsed.approvals)
+    told = await toolloop.before(ctx, backend, req, toolbox, toolloop.approved(toolbox, parsed.approvals))
     gen = backend.generate(req)
     run = None
     try:
         run = await start(ctx.observation, gen, req, stream=False, refused=refused)
         if not parsed.stream:
-            out.close(await toolloop.rounds(ctx, backend, req, out, None, toolbox, run, first))
+            out.close(await toolloop.rounds(ctx, backend, req, out, None, toolbox, run, told))
             if kept is not None:
                 kept()
             return web.json_response(out.body(), headers=headers)
         started = run
 
         async def write(sse: EventStream) -> None:
-            frames = out.close(await toolloop.rounds(ctx, backend, req, out, sse, toolbox, started, first))
+            frames = out.close(await toolloop.rounds(ctx, backend, req, out, sse, toolbox, started, told))
             if kept is not None:
                 kept()
             await send(sse, frames)

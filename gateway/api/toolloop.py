@@ -93,30 +93,57 @@ async def _run(ctx: Context, backend: Backend, toolbox: Toolbox, call: HeldCall,
 
 def approved(toolbox: Toolbox, approvals: list[Approval]) -> list[tuple[HeldCall, bool]]:
     """The calls the caller approved (or declined) since the answer that asked for it, each as
-    (call, approved): an approved one runs before this answer's first generation is read. A call
-    of a tool this request no longer offers counts as declined."""
+    (call, approved): an approved one runs before this answer's first generation (``before``). A
+    call of a tool this request no longer offers, or of one whose calls wait for no approval (an
+    approval the caller made up, to run a tool without the model), counts as declined."""
     out = []
     for a in approvals:
         if a.name is None or a.server is None:
             continue
         name = function_name(a.server, a.name)
         call = HeldCall(f"call_{secrets.token_hex(12)}", name, a.arguments or "{}", a.request_id)
-        out.append((call, a.approve and toolbox.owns(name)))
+        out.append((call, a.approve and toolbox.owns(name) and toolbox.offers[name].needs_approval))
     return out
+
+
+Told = tuple[Hosted, HostedResult]  # an approved call's request and result, for the writer once it opens
+
+
+async def before(ctx: Context, backend: Backend, req: protocol.GenerationRequest, toolbox: Toolbox,
+                 first: list[tuple[HeldCall, bool]]) -> list[Told]:
+    """The approved calls of ``first`` run before the answer's first generation starts, and put
+    into its conversation (as a round's calls are), so the model reads what they gave; returns
+    what the writer is told of them (``rounds``' ``told``)."""
+    told: list[Told] = []
+    calls: list[HeldCall] = []
+    results: list[str] = []
+    for call, allowed in first:
+        if not allowed:
+            continue
+        hosted = _hosted(call, toolbox)
+        ran = await toolbox.run(call.name, call.arguments)
+        record(ctx.observation, ran)
+        outcome = ran.record["outcome"] if ran.error is not None else None
+        told.append((hosted, HostedResult(call.id, hosted.kind, ran.output, ran.error, outcome)))
+        calls.append(call)
+        results.append(await cut(backend, ran.text, ctx.server.max_tool_result_tokens))
+    if calls:
+        _converse(req, Held(toolbox.owns), calls, results)
+    return told
 
 
 async def rounds(ctx: Context, backend: Backend, req: protocol.GenerationRequest, out: Writer,
                  sse: EventStream | None, toolbox: Toolbox, run: Run,
-                 first: list[tuple[HeldCall, bool]] | None = None) -> wire_answer.Finish:
+                 told: list[Told] | None = None) -> wire_answer.Finish:
     """The answer of ``req`` from its first generation, ``run`` (started by the caller, so a
     refusal is a plain error response; its events are the caller's to leave), through every
-    round of hosted calls (see the module); ``first``: approved calls, run before it is read.
+    round of hosted calls (see the module); ``told``: the approved calls run ``before`` it.
     Returns the last generation's finish (the writer's ``go_on`` kept the ones before)."""
     obs = ctx.observation
     await send(sse, out.open(run.begun))
-    for call, allowed in first or ():
-        if allowed:
-            await _run(ctx, backend, toolbox, call, out, sse)
+    for hosted, result in told or ():
+        await send(sse, out.hosted(hosted))
+        await send(sse, out.hosted_result(result))
     done = 0
     mine: tuple[Any, Run | None] | None = None  # a further generation, this loop's to leave
     try:

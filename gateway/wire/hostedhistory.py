@@ -164,11 +164,15 @@ def responses_call(item: dict[str, Any], where: str) -> tuple[dict[str, Any], st
 def approvals(items: Any, earlier: Any = None) -> list[Approval]:
     """The ``mcp_approval_response`` items of ``items`` (a Responses ``input``), each filled from
     the ``mcp_approval_request`` it answers, met in ``items`` or ``earlier`` (the previous
-    response's ``output``)."""
+    response's ``output``). One whose call ran already (an ``mcp_call`` item naming it as its
+    ``approval_request_id``: a client that sends its whole history again) is left out, so its
+    call does not run again."""
     if not isinstance(items, list):
         return []
-    requests = {r["id"]: r for r in [*(earlier if isinstance(earlier, list) else ()), *items]
+    seen = [*(earlier if isinstance(earlier, list) else ()), *items]
+    requests = {r["id"]: r for r in seen
                 if isinstance(r, dict) and r.get("type") == "mcp_approval_request" and isinstance(r.get("id"), str)}
+    ran = {r.get("approval_request_id") for r in seen if isinstance(r, dict) and r.get("type") == "mcp_call"}
     out: list[Approval] = []
     for i, item in enumerate(items):
         if not isinstance(item, dict) or item.get("type") != "mcp_approval_response":
@@ -183,6 +187,8 @@ def approvals(items: Any, earlier: Any = None) -> list[Approval]:
             raise InvalidRequest(f"`{where}.approve` must be true or false", f"{where}.approve")
         if reason is not None and not isinstance(reason, str):
             raise InvalidRequest(f"`{where}.reason` must be a string", f"{where}.reason")
+        if request_id in ran:
+            continue
         request = requests.get(request_id, {})
         fields = [request.get(k) if isinstance(request.get(k), str) else None
                   for k in ("server_label", "name", "arguments")]
