@@ -354,3 +354,15 @@ async def test_mcp_refuses_a_cross_site_page_and_a_rebinding_host(aiohttp_client
     assert r.status in (400, 403, 421), await r.text()
     r = await client.post("/mcp", json=INITIALIZE, headers=MCP_HEADERS)
     assert r.status == 200, await r.text()
+
+
+async def test_mcp_exchanges_are_captured_whole_where_captures_are_on(aiohttp_client, models, tmp_path):
+    client = await gateway(aiohttp_client, models, tmp_path, stdio_server() + "  capture: true\n", keys=True)
+    headers = {**MCP_HEADERS, "Authorization": f"Bearer {USER}"}
+    r = await client.post("/mcp", json=INITIALIZE, headers=headers)
+    assert r.status == 200 and (await r.json())["result"]["serverInfo"]["name"] == "gguf-gateway"
+    r = await client.get("/captures", headers={"Authorization": f"Bearer {ADMIN}"})
+    listed = await r.json()
+    assert r.status == 200, listed
+    text = json.dumps(listed)
+    assert "/mcp" in text and USER not in text  # the key itself is never kept
