@@ -16,7 +16,9 @@ stand-in on loopback), or on the module that owns the concern where nothing outs
 - a stdio server's secrets are not in the reason it failed (the page, the listing, the log);
 - an approval the caller's history carries again does not run its call again, and a made-up
   approval runs nothing that needed none;
-- ``/mcp`` is held to the key's rate limits; a cross-site page and a rebinding Host cannot use it.
+- ``/mcp`` is held to the key's rate limits; a cross-site page and a rebinding Host cannot use it;
+- (held already, kept as tests) web_fetch reaches no private address however it is spelled, and an
+  allowed MCP URL at a private address is still refused.
 """
 
 from __future__ import annotations
@@ -366,3 +368,32 @@ async def test_mcp_exchanges_are_captured_whole_where_captures_are_on(aiohttp_cl
     assert r.status == 200, listed
     text = json.dumps(listed)
     assert "/mcp" in text and USER not in text  # the key itself is never kept
+
+
+# --- where web_fetch and a request's MCP URL may reach (held already: tried, kept as tests) ------
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:{port}/", "http://[::ffff:127.0.0.1]:{port}/",
+                                 "http://2130706433:{port}/", "http://0x7f.1:{port}/", "http://localhost:{port}/",
+                                 "http://[::1]:{port}/", "http://user@127.0.0.1:{port}/", "file:///etc/passwd",
+                                 "http://169.254.169.254/latest/meta-data/"])
+async def test_web_fetch_reaches_no_private_address_in_any_spelling(aiohttp_client, tmp_path, aiohttp_server, url):
+    seen: list[str] = []
+    searx = await aiohttp_server(searxng_app(seen))
+    (tmp_path / "models.yaml").write_text(
+        f"server:\n  discover_default_stores: false\n  state_dir: {tmp_path}/state\n"
+        f"  web_search: {{searxng: '{searx.make_url('/')}'}}\nmodels: {{}}\n")
+    client = await aiohttp_client(create_app(load_config(tmp_path / "models.yaml")))
+    r = await client.post("/api/experimental/web_fetch", json={"url": url.format(port=searx.port)})
+    body = await r.json()
+    assert r.status == 400, body
+
+
+async def test_an_allowed_url_at_a_private_address_is_still_refused(aiohttp_client, models, tmp_path, http_mcp):
+    base = http_mcp.rsplit("/", 1)[0]
+    client = await gateway(aiohttp_client, models, tmp_path, f"  mcp_allowed_urls: ['{base}']\n")
+    r = await client.post("/v1/responses", json={"model": "echoer", "input": "hi", "max_output_tokens": 20, "tools": [
+        {"type": "mcp", "server_label": "x", "server_url": http_mcp, "require_approval": "never"}]})
+    body = await r.json()
+    assert r.status == 200, body
+    [listing] = [o for o in body["output"] if o["type"] == "mcp_list_tools"]
+    assert listing["tools"] == [] and "private" in listing["error"], listing
