@@ -37,7 +37,7 @@ _ADMIN = "_gateway_admin_only"
 
 def spends(wire: str) -> Callable[[Any], Any]:
     """Mark a handler as one that spends tokens on ``wire`` (chat, completions, embeddings,
-    messages, responses, ollama, fim, rerank)."""
+    messages, responses, ollama, fim, rerank; mcp: no tokens, but its limits and captures)."""
     def mark(handler: Any) -> Any:
         setattr(handler, _WIRE, wire)
         return handler

@@ -45,7 +45,7 @@ from .. import __version__
 from ..base.errors import shown
 from ..server.events import Observation, observation
 from ..tools.hosted import Kind, McpTools, ToolError, call_record, function_name, may_use
-from .access import KEY
+from .access import KEY, spends
 from .appkeys import CONFIG, MCP_SERVERS
 from .asgi import serve
 from .body import read_json
@@ -200,6 +200,7 @@ def caller_of(ctx: Any) -> Caller:
 ENDPOINT = web.AppKey("mcp_endpoint", Endpoint)
 
 
+@spends("mcp")  # held to the key's rpm, max_parallel and budget, as every route that works for it
 async def handle(request: web.Request) -> web.StreamResponse:
     """``POST /mcp``: one MCP exchange (as the module says)."""
     body = await read_json(request)  # one message: JSON-RPC batches left the protocol in 2025

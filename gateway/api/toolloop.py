@@ -115,7 +115,8 @@ async def approved(ctx: Context, backend: Backend, toolbox: Toolbox, approvals: 
         name = function_name(a.server, a.name)
         call = HeldCall(f"call_{secrets.token_hex(12)}", name, a.arguments or "{}", a.request_id)
         calls.append(call)
-        if not (a.approve and toolbox.owns(name)):
+        # an approval the caller made up, of a tool whose calls wait for none, runs nothing either
+        if not (a.approve and toolbox.owns(name) and toolbox.offers[name].needs_approval):
             results.append(DECLINED)
             continue
         hosted = _hosted(call, toolbox)
@@ -126,6 +127,7 @@ async def approved(ctx: Context, backend: Backend, toolbox: Toolbox, approvals: 
     if calls:
         _converse(req, "", calls, results)
     return told
+
 
 
 async def rounds(ctx: Context, backend: Backend, req: protocol.GenerationRequest, out: Writer,

@@ -1,7 +1,8 @@
 """What every part of the hosted tools shares: the kinds (``Kind``), what a request asks for
 (``Ask``, read by each wire's parser from its own shape), what the backends give back
 (``ToolInfo``, ``SearchResult``, ``Page``, ``CallOutcome``), the one failure a model reads
-(``ToolError``), which servers a key may use (``may_use``), and what the configured MCP servers
+(``ToolError``), which servers a key may use (``may_use``), a reason told without a server's
+secrets (``redact``), and what the configured MCP servers
 offer those who run their tools (``McpTools``: ``tools/mcpservers.McpServers`` has it; the
 answer's loop and ``/mcp`` read it). Pure; no I/O.
 
@@ -122,6 +123,20 @@ class ToolError(Exception):
         super().__init__(reason)
         self.reason = reason
         self.outcome = outcome
+
+
+REDACTED = "[secret]"
+MIN_REDACTED = 6  # characters of the shortest value redacted: a shorter one ("1", "true") is no secret
+
+
+def redact(text: str, secrets: tuple[str, ...] | list[str]) -> str:
+    """``text`` with every one of ``secrets`` (an MCP server's configured ``env`` and ``headers``
+    values) said as ``[secret]``: a reason a server failed for, which its own output may spell
+    (a stdio server's stderr, an HTTP server's error message), reaches the page, the caller and
+    the log."""
+    for secret in sorted((s for s in secrets if len(s) >= MIN_REDACTED), key=len, reverse=True):
+        text = text.replace(secret, REDACTED)
+    return text
 
 
 def function_name(server: str, tool: str) -> str:

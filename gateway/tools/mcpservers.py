@@ -11,9 +11,10 @@ good call (``BACKOFF``), so a server that crashes on start is not restarted in a
 
 Secrets (``SecretRef``: inline, ``{env: NAME}``, ``{file: NAME}`` in the state folder's
 ``secrets``) are read when a connection is made, bounded, and never logged: a missing one fails
-the connect with its name. A stdio server is started with a minimal environment plus its
-configured ``env``, and never on a request's word. The bounds of one connection are
-``mcpclient``'s; of a transport, ``mcpstdio``'s and ``mcphttp``'s."""
+the connect with its name, and a reason a server fails for (its stderr, its error message) is
+told without them (``hosted.redact``), on the page, to the caller and in the log. A stdio server
+is started with a minimal environment plus its configured ``env``, and never on a request's word.
+The bounds of one connection are ``mcpclient``'s; of a transport, ``mcpstdio``'s and ``mcphttp``'s."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..models.config.specs import McpServerConfig, SecretRef
-from .hosted import CallOutcome, ToolError, ToolInfo
+from .hosted import CallOutcome, ToolError, ToolInfo, redact
 from .mcpclient import MAX_MESSAGE, Connection, Lost
 from .mcphttp import http_transport
 from .mcpstdio import stdio_transport
@@ -71,6 +72,12 @@ class _Server:
         self.connects = 0
         self.failures = 0  # since the last good call
         self.retry_at = 0.0
+        self.secrets: tuple[str, ...] = ()  # its env's and headers' values, as last read: never in a reason
+
+    def redacted(self, err: ToolError) -> ToolError:
+        """``err`` without the server's secrets in its reason (``hosted.redact``)."""
+        reason = redact(err.reason, self.secrets)
+        return err if reason == err.reason else ToolError(reason, err.outcome)
 
     def move(self, to: State, error: str | None = None) -> None:
         """The one place a server's state changes; refuses a move the table does not have."""
@@ -125,7 +132,7 @@ class McpServers:
         except ToolError as exc:
             if not connection.alive and entry.connection is connection:
                 self._drop(entry, connection.lost.reason or exc.reason)
-            raise
+            raise entry.redacted(exc) from None
         entry.failures = 0
         return result
 
@@ -152,7 +159,7 @@ class McpServers:
         entry.connects += 1
         connection: Connection | None = None
         try:
-            opener = await self._opener(config)
+            opener = await self._opener(entry)
             connection = Connection(config.name, opener, max_tools=config.max_tools,
                                     max_result_bytes=self.max_result_bytes, timeout=CONNECT_TIMEOUT)
             await connection.start(CONNECT_TIMEOUT)
@@ -160,8 +167,9 @@ class McpServers:
         except ToolError as exc:
             if connection is not None:
                 await connection.close()
+            exc = entry.redacted(exc)
             entry.move(State.FAILED, exc.reason)
-            raise
+            raise exc from None
         except BaseException:
             if connection is not None:
                 await connection.close()
@@ -178,17 +186,20 @@ class McpServers:
         """A connection that ended: the server fails with its reason, and the connection is closed aside."""
         connection, entry.connection = entry.connection, None
         if entry.state is State.READY:
-            entry.move(State.FAILED, reason)
+            entry.move(State.FAILED, redact(reason, entry.secrets))
         if connection is not None:
             task = asyncio.create_task(connection.close(), name=f"mcp close {entry.config.name}")
             task.add_done_callback(_retrieved)
 
-    async def _opener(self, config: McpServerConfig):  # noqa: ANN202 (an Opener)
+    async def _opener(self, entry: _Server):  # noqa: ANN202 (an Opener)
+        config = entry.config
         if config.command is not None:
             env = {k: await self._secret(config.name, f"env.{k}", ref) for k, ref in config.env.items()}
+            entry.secrets = tuple(env.values())
             command, args, cwd = config.command, config.args, config.cwd
             return lambda lost: stdio_transport(command, args, env, cwd, lost, max_message=MAX_MESSAGE)
         headers = {k: await self._secret(config.name, f"headers.{k}", ref) for k, ref in config.headers.items()}
+        entry.secrets = tuple(headers.values())
         url = config.url or ""
         return lambda lost: http_transport(url, headers, lost, allow_private=True, max_message=MAX_MESSAGE)
 

@@ -6,7 +6,8 @@ The SDK's own ``stdio_client`` joins a line's chunks in one growing string, so a
 writes a gigabyte with no newline would be held whole; here a line past ``max_message`` ends the
 connection (``Lost.set(..., "too_large")``): its parts are never parsed, and no call can be told
 which message it was. A line that is not JSON-RPC is dropped (logged at debug, never a traceback
-per line). The server's stderr is read into a bounded tail, named in the reason when it exits.
+per line). The server's stderr is read into a bounded tail, named in the reason when it exits,
+less the values of its configured ``env`` (``hosted.redact``: its secrets).
 
 Shutdown follows the MCP lifecycle: stdin closed, a grace period, then the process group
 terminated (``terminate_posix_process_tree``), each wait bounded and shielded from the caller's
@@ -28,6 +29,7 @@ from mcp.client.stdio import get_default_environment
 from mcp.os.posix.utilities import terminate_posix_process_tree
 from mcp.shared.message import SessionMessage
 
+from .hosted import redact
 from .mcpclient import Lost
 
 log = logging.getLogger(__name__)
@@ -49,6 +51,7 @@ async def stdio_transport(command: str, args: tuple[str, ...], env: Mapping[str,
     read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
     tail = bytearray()
+    secrets = tuple(env.values())  # its configured environment: its stderr may spell a token of it
 
     async def stdout_reader() -> None:
         assert process.stdout is not None
@@ -72,9 +75,9 @@ async def stdio_transport(command: str, args: tuple[str, ...], env: Mapping[str,
                         if message is not None:
                             await read_writer.send(message)
                 await _exits(process, 0.5)  # its status, where it exited
-                lost.set(_exited(process, tail))
+                lost.set(_exited(process, tail, secrets))
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream, OSError):
-            lost.set(_exited(process, tail))
+            lost.set(_exited(process, tail, secrets))
 
     async def stderr_reader() -> None:
         assert process.stderr is not None
@@ -118,8 +121,8 @@ def _parse(line: bytes) -> SessionMessage | None:
         return None
 
 
-def _exited(process: Process, tail: bytearray) -> str:
-    said = bytes(tail).decode("utf-8", "replace").strip().splitlines()
+def _exited(process: Process, tail: bytearray, secrets: tuple[str, ...]) -> str:
+    said = redact(bytes(tail).decode("utf-8", "replace"), secrets).strip().splitlines()
     last = f": {said[-1][:300]}" if said else ""
     code = process.returncode
     return (f"the server exited (status {code}){last}" if code is not None

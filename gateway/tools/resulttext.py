@@ -11,7 +11,9 @@ still reads it, and none of it can close the tool message, open a call or end a 
 
 from __future__ import annotations
 
+import json
 import re
+from typing import Any
 
 from .hosted import CallOutcome, Page, SearchResult
 
@@ -24,6 +26,15 @@ _MARKER = re.compile(r"<(?=[|｜])|<(?=/?[A-Za-z_][A-Za-z0-9_:.-]{0,40}>)|\[(?=/
 def defang(text: str) -> str:
     """``text`` with a word joiner after the opening of every marker-like run (see the module)."""
     return _MARKER.sub(lambda m: m.group(0) + JOINER, text)
+
+
+def defang_json(value: Any) -> Any:
+    """A JSON value (an MCP tool's input schema) with ``defang`` applied to every string in it:
+    defanged as its JSON text, where a marker can only stand inside a string (JSON's own ``[``
+    is never followed by a capital letter, nor ``<`` met outside a string)."""
+    text = json.dumps(value, ensure_ascii=False)
+    fanged = defang(text)
+    return value if fanged == text else json.loads(fanged)
 
 
 def cut_bytes(text: str, limit: int) -> tuple[str, bool]:

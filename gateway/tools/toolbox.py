@@ -27,12 +27,14 @@ Cancelling the task that runs a call (a client gone) cancels the call."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from ..base.errors import ApiError, InvalidRequest
 from ..models.config.specs import ServerConfig
@@ -40,7 +42,7 @@ from ..server.fetch import WebSessions
 from . import webfetch, websearch
 from .hosted import Ask, CallOutcome, Kind, Page, SearchResult, ToolError, ToolInfo, call_record, function_name, may_use
 from .mcpservers import McpServers
-from .resulttext import cut_bytes, defang, for_model
+from .resulttext import cut_bytes, defang, defang_json, for_model
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +57,7 @@ _FETCH: dict[str, Any] = {"name": "web_fetch", "description": "Fetch a web page 
                                                                   "description": "the page's http(s) URL"}},
                          "required": ["url"]}}
 MAX_ARGUMENTS = 64 * 1024  # characters of a call's arguments the gateway reads
+CALLS_PER_ROUND = 8  # hosted calls of one answer, per round of server.max_tool_rounds: past them, an error result
 
 
 class Services:
@@ -160,6 +163,7 @@ class Toolbox:
         self.dropped = dropped
         self.listings = listings
         self._stack = stack
+        self.calls = 0  # calls run (or refused) in this answer
 
     def __bool__(self) -> bool:
         return bool(self.offers)
@@ -177,6 +181,7 @@ class Toolbox:
         offers: list[Offer] = []
         dropped: list[str] = []
         listings: list[Listing] = []
+        asked: set[str] = set()  # the MCP servers asked for: a configured one's name, another's URL
         try:
             for ask in asks:
                 if ask.kind is Kind.MCP:
@@ -184,7 +189,7 @@ class Toolbox:
                         if ask.type not in dropped:  # no MCP here at all: dropped, as ever
                             dropped.append(ask.type)
                         continue
-                    await _mcp_offers(ask, services, key_mcp, stack, offers, listings)
+                    await _mcp_offers(ask, services, key_mcp, stack, offers, listings, asked)
                 elif services is not None and (services.web_search if ask.kind is Kind.WEB_SEARCH
                                                else services.web_fetch):
                     base = _SEARCH if ask.kind is Kind.WEB_SEARCH else _FETCH
@@ -209,6 +214,11 @@ class Toolbox:
         outcome = "ok"
         size = 0
         try:
+            self.calls += 1
+            most = CALLS_PER_ROUND * services.server.max_tool_rounds
+            if self.calls > most:
+                raise ToolError(f"this answer has made the {most} calls of the server's tools it may make",
+                                "max_uses_exceeded")
             args = _arguments(arguments)
             limit = offer.ask.max_uses
             if limit is not None and offer.uses >= limit:
@@ -219,6 +229,10 @@ class Toolbox:
                 size = output.bytes
                 if output.is_error:
                     outcome = "error"
+            elif isinstance(output, Page):  # the caller reads no more of it than the model does
+                size = len(output.text.encode("utf-8", "replace"))
+                kept, _ = cut_bytes(output.text, services.server.max_tool_result_bytes)
+                output = dataclasses.replace(output, text=kept)
         except ToolError as err:
             error, outcome = err.reason, err.outcome
         except (TimeoutError, asyncio.TimeoutError):
@@ -265,8 +279,46 @@ def _same_url(a: str, b: str) -> bool:
     return a.rstrip("/").lower() == b.rstrip("/").lower()
 
 
+def _origin(url: str) -> tuple[str, str, int, str] | None:
+    """``url``'s (scheme, host, port, path), or None where it is not a plain http(s) URL: one
+    with userinfo (``https://good.example@evil``), a dot-segment in its path (spelled or
+    percent-encoded), or a port out of range."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return None
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https") or not parts.hostname or "@" in parts.netloc:
+        return None
+    segments = unquote(parts.path).split("/")
+    if "." in segments or ".." in segments or "\\" in parts.path:
+        return None
+    host = parts.hostname.rstrip(".").lower()
+    return scheme, host, port or (443 if scheme == "https" else 80), parts.path.rstrip("/")
+
+
+def shown_name(name: str | None, url: str | None) -> str:
+    return repr(name) if name is not None else repr((url or "")[:100])
+
+
+def url_allowed(url: str, prefixes: tuple[str, ...]) -> bool:
+    """Whether ``url`` is one ``server.mcp_allowed_urls`` allows: the same scheme, host and port
+    as one of ``prefixes``, and a path at or under its path (by whole segments). Never a string's
+    prefix: ``https://good.example`` does not allow ``https://good.example.evil`` nor
+    ``https://good.example@evil``, nor ``https://good.example/mcp`` ``https://good.example/mcpx``."""
+    got = _origin(url)
+    if got is None:
+        return False
+    for prefix in prefixes:
+        want = _origin(prefix)
+        if want is not None and got[:3] == want[:3] and (got[3] == want[3] or got[3].startswith(want[3] + "/")):
+            return True
+    return False
+
+
 async def _mcp_offers(ask: Ask, services: Services, key_mcp: tuple[str, ...] | None, stack: AsyncExitStack,
-                      offers: list[Offer], listings: list[Listing]) -> None:
+                      offers: list[Offer], listings: list[Listing], asked: set[str]) -> None:
     configured = services.server.mcp_servers
     label = ask.server or ""
     name: str | None = None
@@ -279,14 +331,20 @@ async def _mcp_offers(ask: Ask, services: Services, key_mcp: tuple[str, ...] | N
     else:
         name = next((n for n, c in configured.items() if c.url is not None and _same_url(c.url, ask.url)), None)
         if name is None:
-            if not any(ask.url.startswith(prefix) for prefix in services.server.mcp_allowed_urls):
+            if not url_allowed(ask.url, services.server.mcp_allowed_urls):
                 raise InvalidRequest("the MCP server's URL is neither a configured server's nor on this server's "
                                      "server.mcp_allowed_urls", ask.param)
-            try:
-                connection = await stack.enter_async_context(services.mcp.adhoc(ask.url, ask.headers))
-            except ToolError as err:
-                listings.append(Listing(label, [], err.reason))
-                return
+    # one server asked for under two labels: its tools offered twice over, each round's prompt the longer
+    target = name if name is not None else f"url {_origin(ask.url or '')}"
+    if target in asked:
+        raise InvalidRequest(f"names the MCP server {shown_name(name, ask.url)} twice (under another label)", ask.param)
+    asked.add(target)
+    if name is None:
+        try:
+            connection = await stack.enter_async_context(services.mcp.adhoc(ask.url or "", ask.headers))
+        except ToolError as err:
+            listings.append(Listing(label, [], err.reason))
+            return
     if name is not None and not may_use(key_mcp, name):
         raise ApiError(f"this API key may not use the MCP server {name!r}", status=403, param=ask.param,
                        code="permission_error")
@@ -306,5 +364,6 @@ async def _mcp_offers(ask: Ask, services: Services, key_mcp: tuple[str, ...] | N
         if fname in taken:
             continue
         taken.add(fname)
-        offers.append(Offer(fname, Kind.MCP, ask, tool.description, tool.input_schema, server=label, tool=tool.name,
-                            target=name, connection=connection))
+        # what the server says of a tool reaches the prompt as a result's text does: defanged
+        offers.append(Offer(fname, Kind.MCP, ask, defang(tool.description), defang_json(tool.input_schema),
+                            server=label, tool=tool.name, target=name, connection=connection))

@@ -13,7 +13,9 @@ every earlier block again) so reads as it was written, whoever ran the tool.
   the ``mcp_approval_response`` items, each filled from the ``mcp_approval_request`` it answers.
 
 Every field is checked, a 400 naming it otherwise; a result's list is bounded in count (the
-text itself is the body's, which its reader bounds).
+text itself is the body's, which its reader bounds). A result's text is what a web page or an MCP
+server said, carried back by the client: it is defanged as it was when the model first read it
+(``tools/resulttext.defang``), so a page cannot speak the model's markers on a later turn.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 from ..base import strictjson
 from ..base.errors import InvalidRequest
 from ..tools.hosted import Approval, function_name
+from ..tools.resulttext import defang
 from .params import shown
 
 MAX_RESULTS = 50  # search results listed in one tool message
@@ -69,7 +72,11 @@ def anthropic_use(block: dict[str, Any], at: str) -> dict[str, Any]:
 
 
 def anthropic_result(block: dict[str, Any], at: str) -> str:
-    """A hosted tool's result block as the text of its tool message."""
+    """A hosted tool's result block as the text of its tool message (defanged)."""
+    return defang(_anthropic_result(block, at))
+
+
+def _anthropic_result(block: dict[str, Any], at: str) -> str:
     kind, content = block["type"], block.get("content")
     if kind == "mcp_tool_result":
         text = _mcp_content(content, f"{at}.content")
@@ -138,7 +145,7 @@ def responses_call(item: dict[str, Any], where: str) -> tuple[dict[str, Any], st
         else:
             message = error.get("message") if isinstance(error, dict) else error
             text = f"Error: {message if isinstance(message, str) else 'the call failed'}"
-        return _call(call_id, function_name(server, name), arguments), text
+        return _call(call_id, function_name(server, name), arguments), defang(text)
     action = item.get("action")
     if not isinstance(action, dict):
         return None
@@ -151,17 +158,21 @@ def responses_call(item: dict[str, Any], where: str) -> tuple[dict[str, Any], st
     sources = action.get("sources")
     urls = [s["url"] for s in sources if isinstance(s, dict) and isinstance(s.get("url"), str)] \
         if isinstance(sources, list) else []
-    return _call(call_id, "web_search", {"query": query}), search_list([(url, url) for url in urls])
+    return _call(call_id, "web_search", {"query": query}), defang(search_list([(url, url) for url in urls]))
 
 
 def approvals(items: Any, earlier: Any = None) -> list[Approval]:
     """The ``mcp_approval_response`` items of ``items`` (a Responses ``input``), each filled from
     the ``mcp_approval_request`` it answers, met in ``items`` or ``earlier`` (the previous
-    response's ``output``)."""
+    response's ``output``). One whose call ran already (an ``mcp_call`` item naming it as its
+    ``approval_request_id``: a client that sends its whole history again) is left out, so its
+    call does not run again."""
     if not isinstance(items, list):
         return []
-    requests = {r["id"]: r for r in [*(earlier if isinstance(earlier, list) else ()), *items]
+    seen = [*(earlier if isinstance(earlier, list) else ()), *items]
+    requests = {r["id"]: r for r in seen
                 if isinstance(r, dict) and r.get("type") == "mcp_approval_request" and isinstance(r.get("id"), str)}
+    ran = {r.get("approval_request_id") for r in seen if isinstance(r, dict) and r.get("type") == "mcp_call"}
     out: list[Approval] = []
     for i, item in enumerate(items):
         if not isinstance(item, dict) or item.get("type") != "mcp_approval_response":
@@ -176,6 +187,8 @@ def approvals(items: Any, earlier: Any = None) -> list[Approval]:
             raise InvalidRequest(f"`{where}.approve` must be true or false", f"{where}.approve")
         if reason is not None and not isinstance(reason, str):
             raise InvalidRequest(f"`{where}.reason` must be a string", f"{where}.reason")
+        if request_id in ran:
+            continue
         request = requests.get(request_id, {})
         fields = [request.get(k) if isinstance(request.get(k), str) else None
                   for k in ("server_label", "name", "arguments")]
