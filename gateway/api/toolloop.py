@@ -103,8 +103,9 @@ async def approved(ctx: Context, backend: Backend, toolbox: Toolbox, approvals: 
                    req: protocol.GenerationRequest) -> list[Told]:
     """The calls the caller approved (or declined) since the answer that asked for it (Responses'
     ``mcp_approval_response``), settled before this answer's first generation: an approved one
-    is run, a declined one (or one of a tool this request no longer offers) is not; each goes
-    into the conversation with its result, or with the word that it was declined. Returns what
+    is run, a declined one is not; each goes into the conversation with its result, or with the
+    word that it was declined. One of a tool this request does not offer, or whose calls wait for
+    no approval (made up, to run a tool without the model), is no approval at all. Returns what
     the writer is told of those that ran, once the answer opens."""
     told: list[Told] = []
     calls: list[HeldCall] = []
@@ -114,9 +115,10 @@ async def approved(ctx: Context, backend: Backend, toolbox: Toolbox, approvals: 
             continue
         name = function_name(a.server, a.name)
         call = HeldCall(f"call_{secrets.token_hex(12)}", name, a.arguments or "{}", a.request_id)
+        if not (toolbox.owns(name) and toolbox.offers[name].needs_approval):
+            continue  # made up (its tool waits for no approval) or no longer offered: nothing to settle
         calls.append(call)
-        # an approval the caller made up, of a tool whose calls wait for none, runs nothing either
-        if not (a.approve and toolbox.owns(name) and toolbox.offers[name].needs_approval):
+        if not a.approve:
             results.append(DECLINED)
             continue
         hosted = _hosted(call, toolbox)
