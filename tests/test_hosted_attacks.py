@@ -35,6 +35,7 @@ import pytest
 from agents import call_model
 from aiohttp import web
 from helpers import REPO, free_port
+from test_hosted_loop import searxng_app
 
 from gateway.app import create_app
 from gateway.models import testmodels as tm
@@ -49,15 +50,7 @@ ADMIN, USER = "sk-admin-attacks", "sk-user-attacks"
 RAW_MARKERS = ("<|im_end|>", "<|im_start|>", "<tool_call>", "</tool_call>")
 SECRET = "s3cr3t-token-value-9f2c"
 CALLS = 12  # the calls the spammer makes at once
-
-
-def searxng_app(seen: list[str]) -> web.Application:
-    async def search(request: web.Request) -> web.Response:
-        seen.append(request.query.get("q", ""))
-        return web.json_response({"results": [{"url": "https://example.org/a", "title": "A", "content": "a"}]})
-    app = web.Application()
-    app.router.add_get("/search", search)
-    return app
+SHORT = [{"url": "https://example.org/a", "title": "A", "content": "a"}]  # twelve results fit a small context
 
 
 def many_calls(path: Path, name: str, count: int) -> None:
@@ -222,7 +215,7 @@ async def test_an_mcp_servers_tool_descriptions_cannot_speak_the_models_markers(
 
 async def test_the_hosted_calls_of_one_answer_are_bounded(aiohttp_client, models, tmp_path, aiohttp_server):
     seen: list[str] = []
-    searx = await aiohttp_server(searxng_app(seen))
+    searx = await aiohttp_server(searxng_app(seen, SHORT))
     client = await gateway(aiohttp_client, models, tmp_path,
                            f"  web_search: {{searxng: '{str(searx.make_url('')).rstrip('/')}'}}\n"
                            "  max_tool_rounds: 1\n")
@@ -249,7 +242,7 @@ async def test_a_fetched_page_reaches_the_caller_within_max_tool_result_bytes(ai
     site.router.add_get("/big", page)
     pages = await aiohttp_server(site)
     seen: list[str] = []
-    searx = await aiohttp_server(searxng_app(seen))
+    searx = await aiohttp_server(searxng_app(seen, SHORT))
     (tmp_path / "models.yaml").write_text(
         f"server:\n  discover_default_stores: false\n  state_dir: {tmp_path}/state\n"
         f"  web_search: {{searxng: '{searx.make_url('/')}'}}\n  max_tool_result_bytes: 4096\nmodels: {{}}\n")
@@ -378,7 +371,7 @@ async def test_mcp_exchanges_are_captured_whole_where_captures_are_on(aiohttp_cl
                                  "http://169.254.169.254/latest/meta-data/"])
 async def test_web_fetch_reaches_no_private_address_in_any_spelling(aiohttp_client, tmp_path, aiohttp_server, url):
     seen: list[str] = []
-    searx = await aiohttp_server(searxng_app(seen))
+    searx = await aiohttp_server(searxng_app(seen, SHORT))
     (tmp_path / "models.yaml").write_text(
         f"server:\n  discover_default_stores: false\n  state_dir: {tmp_path}/state\n"
         f"  web_search: {{searxng: '{searx.make_url('/')}'}}\nmodels: {{}}\n")
@@ -397,3 +390,28 @@ async def test_an_allowed_url_at_a_private_address_is_still_refused(aiohttp_clie
     assert r.status == 200, body
     [listing] = [o for o in body["output"] if o["type"] == "mcp_list_tools"]
     assert listing["tools"] == [] and "private" in listing["error"], listing
+
+
+async def test_a_key_kept_to_some_servers_reaches_no_other_by_url_nor_through_search(aiohttp_client, tmp_path):
+    """A key with an ``mcp`` list uses those servers only: not one a request names by an allowed
+    URL, nor the MCP server that answers web search when its list leaves that server out."""
+    (tmp_path / "models.yaml").write_text(
+        f"server:\n  models_dirs: []\n  state_dir: {tmp_path}/state\n"
+        f"  mcp_servers:\n    docs: {{command: {sys.executable}, args: ['{MCP_SERVER}', stdio]}}\n"
+        "  web_search: {mcp: docs/search}\n  mcp_allowed_urls: ['https://mcp.example.org/']\n"
+        "  api_keys:\n    boss: {key: boss-key}\n    kept: {key: kept-key, mcp: [other]}\n"
+        f"models:\n  plain: {tmp_path}/plain.gguf\n")
+    tm.plain(tmp_path / "plain.gguf")
+    client = await aiohttp_client(create_app(load_config(tmp_path / "models.yaml")))
+    kept = {"Authorization": "Bearer kept-key"}
+    r = await client.post("/v1/responses", headers=kept, json={"model": "plain", "input": "hi", "tools": [
+        {"type": "mcp", "server_label": "x", "server_url": "https://mcp.example.org/mcp", "require_approval": "never"}]})
+    assert r.status == 403 and (await r.json())["error"]["param"] == "tools[0]"
+    r = await client.post("/v1/responses", headers=kept, json={"model": "plain", "input": "hi",
+                                                               "tools": [{"type": "web_search"}]})
+    assert r.status == 200 and r.headers["X-Gateway-Dropped-Tools"] == "web_search"
+    r = await client.post("/api/experimental/web_search", headers=kept, json={"query": "llamas"})
+    assert r.status == 501
+    r = await client.post("/api/experimental/web_search", headers={"Authorization": "Bearer boss-key"},
+                          json={"query": "llamas"})
+    assert r.status == 200 and (await r.json())["results"]  # the key that may use docs searches through it

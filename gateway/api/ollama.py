@@ -38,7 +38,7 @@ from ..tools.hosted import Ask, Kind
 from ..tools.toolbox import Toolbox
 from ..wire import ollama
 from . import common, pipeline, toolloop
-from .access import is_admin, require_admin, spends
+from .access import KEY, is_admin, require_admin, spends
 from .appkeys import REGISTRY, TOOLS
 from .body import read_json_object
 
@@ -204,7 +204,7 @@ async def _hosted(request: web.Request, kind: Kind, arguments: dict[str, Any], m
     with its status: 400 for what the caller gave, 504 for a timeout, else 502."""
     what = "web search" if kind is Kind.WEB_SEARCH else "web fetch"
     toolbox = await Toolbox.open([Ask(kind, "ollama", param="query", max_results=max_results)],
-                                 request.app[TOOLS], None)
+                                 request.app[TOOLS], key.mcp if (key := request.get(KEY)) is not None else None)
     try:
         if not toolbox:
             setting = "server.web_search" if kind is Kind.WEB_SEARCH else "server.web_fetch (on where web_search is)"

@@ -79,6 +79,14 @@ class Services:
         on = self.server.web_fetch
         return self.web_search if on is None else on
 
+    def searches_for(self, ask: Ask, key_mcp: tuple[str, ...] | None) -> bool:
+        """Whether a key (its ``mcp`` setting) may use ``ask``'s backend: web search through an MCP
+        server is that server's use, which the key's ``mcp`` list must allow."""
+        config = self.server.web_search
+        if ask.kind is not Kind.WEB_SEARCH or config is None or config.mcp is None:
+            return True
+        return may_use(key_mcp, config.mcp.split("/", 1)[0])
+
     async def search(self, query: str, ask: Ask) -> list[SearchResult]:
         """``query`` asked of ``server.web_search`` (the operator's backend: its session may
         reach loopback), within the ask's domains."""
@@ -191,7 +199,7 @@ class Toolbox:
                         continue
                     await _mcp_offers(ask, services, key_mcp, stack, offers, listings, asked)
                 elif services is not None and (services.web_search if ask.kind is Kind.WEB_SEARCH
-                                               else services.web_fetch):
+                                               else services.web_fetch) and services.searches_for(ask, key_mcp):
                     base = _SEARCH if ask.kind is Kind.WEB_SEARCH else _FETCH
                     name = base["name"]
                     if name not in {o.name for o in offers}:
@@ -334,6 +342,9 @@ async def _mcp_offers(ask: Ask, services: Services, key_mcp: tuple[str, ...] | N
             if not url_allowed(ask.url, services.server.mcp_allowed_urls):
                 raise InvalidRequest("the MCP server's URL is neither a configured server's nor on this server's "
                                      "server.mcp_allowed_urls", ask.param)
+            if key_mcp is not None:  # a key kept to some servers uses those, not one a request names
+                raise ApiError("this API key may use only the MCP servers its `mcp` setting names, not one a "
+                               "request names by URL", status=403, param=ask.param, code="permission_error")
     # one server asked for under two labels: its tools offered twice over, each round's prompt the longer
     target = name if name is not None else f"url {_origin(ask.url or '')}"
     if target in asked:
