@@ -22,7 +22,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 
 from gateway.api.appkeys import MCP_SERVERS
-from gateway.api.mcp import resolve
+from gateway.api.mcpserver import resolve
 from gateway.app import create_app
 from gateway.models.config import load_config
 from gateway.tools.hosted import CallOutcome, ToolError, ToolInfo

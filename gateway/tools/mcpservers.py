@@ -26,14 +26,14 @@ import os
 import time
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from ..models.config.specs import McpServerConfig, SecretRef
 from .hosted import CallOutcome, ToolError, ToolInfo, redact
-from .mcpclient import MAX_MESSAGE, Connection, Lost
-from .mcphttp import http_transport
-from .mcpstdio import stdio_transport
+
+if TYPE_CHECKING:  # the SDK is imported at a first connection (``sdk``): it brings OpenTelemetry's API with it
+    from .mcpclient import Connection
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ class McpServers:
         connection: Connection | None = None
         try:
             opener = await self._opener(entry)
-            connection = Connection(config.name, opener, max_tools=config.max_tools,
+            connection = sdk().Connection(config.name, opener, max_tools=config.max_tools,
                                     max_result_bytes=self.max_result_bytes, timeout=CONNECT_TIMEOUT)
             await connection.start(CONNECT_TIMEOUT)
             entry.tools = await connection.tools()
@@ -197,11 +197,12 @@ class McpServers:
             env = {k: await self._secret(config.name, f"env.{k}", ref) for k, ref in config.env.items()}
             entry.secrets = tuple(env.values())
             command, args, cwd = config.command, config.args, config.cwd
-            return lambda lost: stdio_transport(command, args, env, cwd, lost, max_message=MAX_MESSAGE)
+            stdio = sdk()
+            return lambda lost: stdio.stdio_transport(command, args, env, cwd, lost, max_message=stdio.MAX_MESSAGE)
         headers = {k: await self._secret(config.name, f"headers.{k}", ref) for k, ref in config.headers.items()}
         entry.secrets = tuple(headers.values())
-        url = config.url or ""
-        return lambda lost: http_transport(url, headers, lost, allow_private=True, max_message=MAX_MESSAGE)
+        url, http = config.url or "", sdk()
+        return lambda lost: http.http_transport(url, headers, lost, allow_private=True, max_message=http.MAX_MESSAGE)
 
     async def _secret(self, server: str, where: str, ref: SecretRef) -> str:
         """A secret's value (see the module); ``ToolError`` naming where it was wanted, never its value."""
@@ -251,9 +252,10 @@ class McpServers:
             raise ToolError(f"{url[:100]!r} is not an http:// or https:// URL", "refused")
         label = parts.hostname
         fixed = dict(headers)
-        connection = Connection(label, lambda lost: http_transport(url, fixed, lost, allow_private=False,
-                                                                   max_message=MAX_MESSAGE),
-                                max_tools=256, max_result_bytes=self.max_result_bytes, timeout=self.tool_timeout)
+        client = sdk()
+        connection = client.Connection(label, lambda lost: client.http_transport(url, fixed, lost, allow_private=False,
+                                                                                 max_message=client.MAX_MESSAGE),
+                                       max_tools=256, max_result_bytes=self.max_result_bytes, timeout=self.tool_timeout)
         await connection.start(CONNECT_TIMEOUT)
         try:
             yield connection
@@ -275,4 +277,27 @@ def _retrieved(task: asyncio.Task[Any]) -> None:
         task.exception()
 
 
-__all__ = ["Connection", "Lost", "McpServers", "State"]
+class _Sdk:
+    """The MCP client's modules, imported at a first connection (``sdk``)."""
+
+    def __init__(self) -> None:
+        from .mcpclient import MAX_MESSAGE, Connection
+        from .mcphttp import http_transport
+        from .mcpstdio import stdio_transport
+        self.MAX_MESSAGE, self.Connection = MAX_MESSAGE, Connection
+        self.http_transport, self.stdio_transport = http_transport, stdio_transport
+
+
+_SDK: list[_Sdk] = []
+
+
+def sdk() -> _Sdk:
+    """The MCP client (``mcpclient``, ``mcphttp``, ``mcpstdio``), imported on first use: the
+    ``mcp`` SDK they use brings OpenTelemetry's API, which a gateway with no MCP server (and no
+    tracing) never loads."""
+    if not _SDK:
+        _SDK.append(_Sdk())
+    return _SDK[0]
+
+
+__all__ = ["McpServers", "State"]
