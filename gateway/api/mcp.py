@@ -7,10 +7,11 @@ server.
 The protocol is the official ``mcp`` SDK's (``api/mcpserver``, imported at the first request):
 its low-level ``Server`` (``tools/list``, ``tools/call``) behind its
 ``StreamableHTTPSessionManager`` in stateless JSON mode: each POST is one self-contained
-exchange answered with one JSON body, and no session is kept between them, so none can pile up. ``GET /mcp`` (a stream the server would push on) and ``DELETE /mcp`` (a
-session's end) are 405, as the transport allows a server without them. The manager runs in a
-task of its own from the first request to the application's cleanup (its task group must be
-entered and left in one task); ``api/asgi.serve`` hands it each request.
+exchange answered with one JSON body, and no session is kept between them, so none can pile up.
+``GET /mcp`` (a stream the server would push on) and ``DELETE /mcp`` (a session's end) are 405,
+as the transport allows a server without them. The manager runs in a task of its own from the
+first request to the application's cleanup (its task group must be entered and left in one
+task); ``api/asgi.serve`` hands it each request.
 
 Access is the API's (``api/access``): with keys, a key is needed (401 without), a user key may
 use it, and its ``mcp`` list (``tools/hosted.may_use``) says which servers it sees and calls;
