@@ -24,11 +24,12 @@ round, median [min..max].
    loop's seams, ``costtrace.PROBES``' tool rows) into the stages of ``ROUND``: from the first
    generation's last events to the second's admission by the worker, less the stand-in's own
    time; then the second prompt's read (``PREFILL``), the model's, with its cached tokens.
-2. **Gemma 3 270M** (the real tier's), which does not call a tool by itself: the call is forced
-   on both sides the same way, by Anthropic's ``tool_choice`` naming ``web_search`` (the hosted
-   tool in the loop, the client's function by hand), under the call grammar.
-   ``server.max_tool_rounds: 1``: the second generation has no tool left (by hand: no tools in
-   the second request), so both are the same two generations.
+2. **Gemma 3 270M** (the real tier's): the wires cannot force a call of a hosted tool
+   (``tool_choice`` names only the caller's functions, and the hosted functions come after
+   them), and the model does not call it by itself; but greedy Gemma 3 270M repeats its
+   prompt, so a prompt that is the call in the syntax the gateway asks of its template makes it
+   call ``web_search`` every time. ``server.max_tool_rounds: 1``: the second generation has no
+   tool left (by hand: no tools in the second request), so both are the same two generations.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ HOSTED = {"type": "web_search_20250305", "name": "web_search"}
 FUNCTION = {"name": _SEARCH["name"], "description": _SEARCH["description"], "input_schema": _SEARCH["parameters"]}
 SCRIPTED_FINAL = ["Llamas", " live", " in", " the", " Andes", "."]
 # what greedy Gemma 3 270M repeats: a call in hermes' syntax, the gateway's for a template without tools
+GEMMA_CALL = '<tool_call>\n{"name": "web_search", "arguments": {"query": "llamas"}}\n</tool_call>'
 
 PREFILL = "the model: prompt read (its uncached part), 1st token"
 # The gateway's part of a round, as the stamps cut it (costbench.PATH's form): from the first
@@ -159,15 +161,11 @@ def messages(srv: Server, body: dict) -> tuple[dict, float]:
     return json.loads(data), took
 
 
-FORCE = {"type": "tool", "name": "web_search"}
-
-
-def loop(srv: Server, prompt: str, max_tokens: int, force: bool = False) -> dict:
-    """One answer with one round of the hosted web search in it (``force``: by the tool choice)."""
+def loop(srv: Server, prompt: str, max_tokens: int) -> dict:
+    """One answer with one round of the hosted web search in it."""
     t0 = time.perf_counter_ns()
     got, took = messages(srv, {"max_tokens": max_tokens, "temperature": 0, "tools": [HOSTED],
-                               "messages": [{"role": "user", "content": prompt}],
-                               **({"tool_choice": FORCE} if force else {})})
+                               "messages": [{"role": "user", "content": prompt}]})
     kinds = [b["type"] for b in got["content"]]
     if "web_search_tool_result" not in kinds:
         raise SystemExit(f"{srv.name}: the model did not call web_search: {kinds}")
@@ -178,13 +176,12 @@ def loop(srv: Server, prompt: str, max_tokens: int, force: bool = False) -> dict
             "cached_tokens": usage.get("cache_read_input_tokens", 0)}
 
 
-def by_hand(srv: Server, searx: Searx, prompt: str, max_tokens: int, tools_after: bool, force: bool = False) -> dict:
+def by_hand(srv: Server, searx: Searx, prompt: str, max_tokens: int, tools_after: bool) -> dict:
     """The same conversation driven by the client: the call, its own search, the second request
     (``tools_after``: with the function still offered, as the loop's second generation is)."""
     t0 = time.perf_counter()
     first, a = messages(srv, {"max_tokens": max_tokens, "temperature": 0, "tools": [FUNCTION],
-                              "messages": [{"role": "user", "content": prompt}],
-                              **({"tool_choice": FORCE} if force else {})})
+                              "messages": [{"role": "user", "content": prompt}]})
     call = next((b for b in first["content"] if b["type"] == "tool_use"), None)
     if call is None:
         raise SystemExit(f"{srv.name}: the model did not call web_search by hand: {first['content']}")
@@ -210,21 +207,21 @@ def spread(values: list[float]) -> dict:
 
 
 def compare(srv: Server, searx: Searx, rounds: int, prompt: Callable[[int], str], max_tokens: int,
-            tools_after: bool, windows: list | None = None, force: bool = False) -> dict:
+            tools_after: bool, windows: list | None = None) -> dict:
     """``rounds`` rounds of the loop and by hand, the order alternating, after one of each to warm up."""
-    loop(srv, prompt(-1), max_tokens, force)
-    by_hand(srv, searx, prompt(-1), max_tokens, tools_after, force)
+    loop(srv, prompt(-1), max_tokens)
+    by_hand(srv, searx, prompt(-1), max_tokens, tools_after)
     runs: dict[str, list[dict]] = {"loop": [], "by hand": []}
     for r in range(rounds):
         order = ["loop", "by hand"] if r % 2 == 0 else ["by hand", "loop"]
         for which in order:
             if which == "loop":
-                got = loop(srv, prompt(r), max_tokens, force)
+                got = loop(srv, prompt(r), max_tokens)
                 if windows is not None:
                     windows.append(got["window"])
                 runs["loop"].append(got)
             else:
-                runs["by hand"].append(by_hand(srv, searx, prompt(r), max_tokens, tools_after, force))
+                runs["by hand"].append(by_hand(srv, searx, prompt(r), max_tokens, tools_after))
     lp, bh = runs["loop"], runs["by hand"]
     out = {"rounds": rounds, "loop_ms": spread([x["s"] * 1e3 for x in lp]),
            "by_hand_ms": spread([x["s"] * 1e3 for x in bh]),
@@ -292,8 +289,7 @@ def main(args, tmp: Path, gateway: Callable[[Path, str, str], Server], gemma: Pa
             print(f"  {gemma.name}: {args.tools_real_rounds} rounds, loop and by hand ...", file=sys.stderr)
             with gateway(gemma, "gateway", extra + "  max_tool_rounds: 1\n") as real:
                 out["real"] = {"model": gemma.name, **compare(real, searx, args.tools_real_rounds,
-                                                              lambda r: f"Where do llamas live? ({r})",
-                                                              args.tools_real_tokens, False, force=True)}
+                                                              lambda r: GEMMA_CALL, args.tools_real_tokens, False)}
     return out
 
 
