@@ -285,6 +285,8 @@ def test_rows_the_page_does_not_know_neither_break_it_nor_run_as_markup(browser,
     p.route(re.compile(r"/usage(\?|$)"), lambda route: route.fulfill(  # the page was given no key to ask with
         status=200, content_type="application/json", body=json.dumps({"object": "usage", "data": [], "limits": {},
                                                                       "recording": True, "group": "day"})))
+    p.route(re.compile(r"/dashboard/mcp$"), lambda route: route.fulfill(  # the MCP card's, likewise
+        status=200, content_type="application/json", body=json.dumps({"endpoint": "/mcp", "servers": []})))
     p.route(re.compile(r"/dashboard/live$"), lambda route: route.fulfill(
         status=503, content_type="application/json", body=json.dumps({"error": {"message": "not yet"}})))
     p.goto(server.url + "/")
