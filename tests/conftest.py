@@ -1,11 +1,15 @@
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
-from helpers import headless_chromium
+from helpers import free_port, headless_chromium
 
 from gateway.models import testmodels
 
@@ -50,3 +54,21 @@ def browser():
     is skipped, saying why, where Playwright or a Chromium is missing (``helpers.headless_chromium``)."""
     with headless_chromium() as b:
         yield b
+
+
+@pytest.fixture(scope="module")
+def http_mcp():
+    """The SDK's test server (``tests/mcp_server.py``) over streamable HTTP, on loopback: its URL."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("mcp_server.py")), "http", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    yield f"http://127.0.0.1:{port}/mcp"
+    proc.terminate()
+    proc.wait(10)

@@ -25,16 +25,13 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from agents import call_model
 from aiohttp import web
-from helpers import REPO, free_port
+from helpers import REPO
 from test_hosted_loop import searxng_app
 
 from gateway.app import create_app
@@ -91,23 +88,6 @@ def events(client) -> list[dict]:
 def stdio_server(name: str = "docs", hostile: str | None = None) -> str:
     args = f"['{MCP_SERVER}', stdio" + (f", --hostile, {hostile}]" if hostile else "]")
     return f"  mcp_servers:\n    {name}: {{command: {sys.executable}, args: {args}}}\n  tool_timeout: 5\n"
-
-
-@pytest.fixture(scope="module")
-def http_mcp():
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, str(MCP_SERVER), "http", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            time.sleep(0.1)
-    yield f"http://127.0.0.1:{port}/mcp"
-    proc.terminate()
-    proc.wait(10)
 
 
 # --- where a request's MCP URL may reach -------------------------------------------------------

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -19,7 +17,7 @@ import openai
 import pytest
 from agents import call_model
 from aiohttp import web
-from helpers import REPO, free_port
+from helpers import REPO
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
@@ -225,24 +223,6 @@ async def test_mcp_tools_of_a_configured_server_run_in_every_wire(aiohttp_client
             "mcp_servers": [{"type": "url", "url": "http://10.0.0.1/mcp", "name": "docs"}]})
         body = await r.json()
         assert r.status == 400 and body["error"]["type"] == "invalid_request_error", body
-
-
-@pytest.fixture(scope="module")
-def http_mcp():
-    """The SDK's test server over streamable HTTP, on loopback."""
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, str(MCP_SERVER), "http", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            time.sleep(0.1)
-    yield f"http://127.0.0.1:{port}/mcp"
-    proc.terminate()
-    proc.wait(10)
 
 
 async def test_anthropic_mcp_connector_runs_a_configured_servers_tools(aiohttp_client, models, tmp_path, http_mcp):
