@@ -199,8 +199,7 @@ async def _with_tools(request: web.Request, ctx: Context, parsed: Parsed, out: W
             await send(sse, frames)
             await send(sse, out.end())
 
-        sse = LineStream(request, write_timeout=ctx.server.write_timeout) if out.lines else event_stream(request)
-        return await stream(request, sse, [gen], write, out, headers=headers)
+        return await stream(request, _stream_of(request, ctx, out), [gen], write, out, headers=headers)
     finally:
         left(ctx.observation, gen, run)
         gen.close()
@@ -242,13 +241,16 @@ async def _answer(request: web.Request, ctx: Context, parsed: Parsed, out: Write
                 await send(sse, frames)
             await send(sse, out.end())
 
-        sse = (LineStream(request, write_timeout=ctx.server.write_timeout) if out.lines
-               else event_stream(request))
-        return await stream(request, sse, gens, write, out, headers=headers)
+        return await stream(request, _stream_of(request, ctx, out), gens, write, out, headers=headers)
     finally:
         for index, gen in enumerate(gens):  # each one's tokens counted, those of a prompt not reached yet too
             left(ctx.observation, gen, runs[index] if index < len(runs) else None)
             gen.close()
+
+
+def _stream_of(request: web.Request, ctx: Context, out: Writer) -> EventStream:
+    """The stream ``out``'s frames go down: JSON lines (Ollama's) or server-sent events."""
+    return LineStream(request, write_timeout=ctx.server.write_timeout) if out.lines else event_stream(request)
 
 
 async def stream(request: web.Request, out: EventStream, gens: Sequence[GenerationEvents],
