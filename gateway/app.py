@@ -33,7 +33,7 @@ from aiohttp import web
 
 from .access.gate import Gate
 from .access.keys import owner_of  # noqa: F401 (re-exported: what a key's requests leave behind is its own)
-from .api import admin, anthropic, captures, dashboard, lora, mcp, ollama, openai, pulls, responses, usage
+from .api import admin, anthropic, captures, compaction, dashboard, lora, mcp, ollama, openai, pulls, responses, usage
 from .api.access import access_middleware, wire_of
 from .api.appkeys import (
     CAPTURES,
@@ -403,6 +403,7 @@ def create_app(config: Config, registry: Registry | None = None) -> web.Applicat
     anthropic.setup(app)
     ollama.setup(app)
     pulls.setup(app)
+    compaction.setup(app)  # its plain paths before /v1/responses/{response_id}
     responses.setup(app)
     usage.setup(app)
     captures.setup(app)

@@ -11,6 +11,9 @@ Hosted tools: those the gateway can run are read into ``Parsed.hosted`` (``wire.
 (``wire.hostedhistory``); ``mcp_approval_response`` items are read into ``Parsed.approvals``
 (``approvals``); the other hosted tools' items (``mcp_list_tools``, ``mcp_approval_request``,
 ``file_search_call``, ...) are passed over.
+
+A ``compaction`` item (``/v1/responses/compact``'s) is read back into its summary
+(``compaction.as_message``), joined with the user messages around it into one user turn.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from .. import hostedhistory
 from .. import tools as wire_tools
 from ..openai import read_metadata
 from ..params import EFFORTS, SAMPLING, Parsed, check_schema, read_sampling, require_model, shown, text_parts
+from . import compaction
 from .sealed import EPHEMERAL, unseal
 from .tools import CUSTOM_INPUT, ToolOrigin, flat_name, read_tool_choice, read_tools
 
@@ -131,11 +135,13 @@ def input_messages(value: Any, history: list[dict[str, Any]] | None = None,
                         "name": ledger.name_of(item.get("call_id"), f"{where}.call_id"), "content": text})
         elif kind == "reasoning":
             thinking = _thinking(item, where, key)
+        elif kind == "compaction":
+            out.append(compaction.as_message(item, where, key))
         elif kind not in HOSTED_ITEMS:
             raise InvalidRequest(f"`{where}.type` {shown(kind)} is not supported by this server: message, "
-                                 "function_call, custom_tool_call, their outputs, and reasoning items only",
-                                 f"{where}.type")
-    return out
+                                 "function_call, custom_tool_call, their outputs, reasoning and compaction items "
+                                 "only", f"{where}.type")
+    return compaction.joined(out)
 
 
 def add_call(out: list[dict[str, Any]], call: dict[str, Any], thinking: str | None) -> str | None:

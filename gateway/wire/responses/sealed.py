@@ -8,6 +8,10 @@ another server (OpenAI's own, another gateway's) does not open: a 400 naming the
 thinking the model did not write put into its history. The signature is checked before any of
 the content is parsed.
 
+A compaction item's summary (``/v1/responses/compact``) is sealed the same way under another
+field (``field="summary"``): a reasoning item's seal does not open as a compaction, nor one as
+the other.
+
 Pure, given the key; ``EPHEMERAL`` is the key of a caller that has none (a test, a wire-level
 use): what it seals opens in this process alone.
 """
@@ -34,17 +38,19 @@ def _mac(key: bytes, body: str) -> str:
     return _b64(hmac.new(key, b"encrypted_content\0" + body.encode("ascii"), hashlib.sha256).digest())
 
 
-def seal(thinking: str, key: bytes = EPHEMERAL) -> str:
-    """A reasoning item's ``encrypted_content``: its thinking, signed with ``key``. Opaque, so
-    clients carry it back unchanged."""
-    body = _b64(json.dumps({"v": SEAL_VERSION, "thinking": thinking}, ensure_ascii=False).encode())
+def seal(thinking: str, key: bytes = EPHEMERAL, field: str = "thinking") -> str:
+    """A reasoning item's ``encrypted_content``: its thinking, signed with ``key`` (``field``:
+    what the text is, ``summary`` for a compaction item's). Opaque, so clients carry it back
+    unchanged."""
+    body = _b64(json.dumps({"v": SEAL_VERSION, field: thinking}, ensure_ascii=False).encode())
     return f"{body}.{_mac(key, body)}"
 
 
-def unseal(value: Any, where: str, key: bytes = EPHEMERAL) -> str:
-    """The thinking ``seal`` made with ``key``, or a 400 naming ``where``: the value came back
-    from a client."""
-    problem = InvalidRequest(f"`{where}` is not reasoning this server sealed (a response's own `encrypted_content`, "
+def unseal(value: Any, where: str, key: bytes = EPHEMERAL, field: str = "thinking") -> str:
+    """The thinking (or other ``field``) ``seal`` made with ``key``, or a 400 naming ``where``:
+    the value came back from a client."""
+    what = "reasoning" if field == "thinking" else f"a {field}"
+    problem = InvalidRequest(f"`{where}` is not {what} this server sealed (a response's own `encrypted_content`, "
                              "unchanged)", where)
     if not isinstance(value, str) or not value.isascii() or value.count(".") != 1:
         raise problem
@@ -56,9 +62,9 @@ def unseal(value: Any, where: str, key: bytes = EPHEMERAL) -> str:
     except (ValueError, binascii.Error):
         raise problem from None
     data = strictjson.loads(payload, where)  # signed by this server's key: its own JSON
-    if not isinstance(data, dict) or data.get("v") != SEAL_VERSION or not isinstance(data.get("thinking"), str):
+    if not isinstance(data, dict) or data.get("v") != SEAL_VERSION or not isinstance(data.get(field), str):
         raise problem
-    return data["thinking"]
+    return data[field]
 
 
 def _b64(data: bytes) -> str:

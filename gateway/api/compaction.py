@@ -1,0 +1,180 @@
+"""OpenAI's Responses API's two calls that answer about a conversation rather than continue it:
+``POST /v1/responses/compact`` (``client.responses.compact``) and ``POST
+/v1/responses/input_tokens`` (``client.responses.input_tokens.count``). Both read a request as
+``/v1/responses`` does (``wire.responses.parse``: ``input`` or ``previous_response_id``,
+``instructions``, tools), a stored conversation under the caller's key alone.
+
+``input_tokens`` is the twin of Anthropic's ``count_tokens``: the prompt prepared for its model
+as a generation's would be, tokenized in the model's worker (``pipeline.unrun``), nothing
+generated; so it equals a response's ``usage.input_tokens`` for the same request.
+
+``compact`` is a request like any other (``spends("responses")``: keys, limits, captures,
+events; the model held through ``pipeline.prepared``): the model writes the summary. The
+conversation (``wire.responses.compaction.transcript``) is cut into parts that fit the model's
+context with room for the summary, each summarised, then their summaries summarised, at most
+``MAX_ROUNDS`` rounds and ``MAX_PARTS`` summaries in all (a history that needs more is a 400
+naming ``input``). A part the model refuses as too long after all is cut in two once more."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from ..backends.local import Backend
+from ..base.errors import ApiError, InvalidRequest
+from ..models.config import ModelSpec
+from ..server.response_store import Stored
+from ..wire import responses as wire
+from ..wire.context import Context
+from ..wire.media import unmarked
+from ..wire.params import Parsed
+from ..wire.prepare import prepare
+from ..wire.responses import compaction
+from . import pipeline
+from .access import spends
+from .appkeys import RESPONSES, SEAL_KEY
+from .body import read_json_object
+from .generation import left, read, start
+from .responses import owner
+
+MAX_ROUNDS = 3  # summaries of summaries: a part's summary is at most a quarter of the context
+MAX_PARTS = 32  # summaries written for one compact, all rounds together
+MAX_SUMMARY_TOKENS = 1024
+MARGIN = 16  # tokens left over for a part whose estimate was low
+
+
+async def _conversation(request: web.Request, key: bytes, *, needs_input: bool) -> tuple[wire.ResponsesParsed, list]:
+    """The request read as ``/v1/responses`` reads it, and the stored conversation its
+    ``previous_response_id`` continues (its key's own: another key's is a 404)."""
+    body = await read_json_object(request)
+    parsed = wire.parse(body, key)
+    history: list[dict[str, Any]] = []
+    if parsed.previous_response_id is not None:
+        previous: Stored | None = request.app[RESPONSES].get(parsed.previous_response_id, owner(request))
+        if previous is None:
+            raise ApiError(f"Response with id {parsed.previous_response_id[:100]!r} not found.", status=404,
+                           param="previous_response_id", code="not_found")
+        history = previous.messages
+        if parsed.raw_input is not None or needs_input:
+            parsed.input_messages = wire.input_messages(parsed.raw_input, history, parsed.request.media, key)
+    parsed.request.messages = wire.conversation(parsed.instructions, history, parsed.input_messages)
+    return parsed, history
+
+
+async def input_tokens(request: web.Request) -> web.Response:
+    parsed, _ = await _conversation(request, request.app[SEAL_KEY].get(), needs_input=True)
+    reply, headers = await pipeline.unrun(request, parsed, lambda backend, req: backend.tokenize(req))
+    return web.json_response({"object": "response.input_tokens", "input_tokens": len(reply.tokens)}, headers=headers)
+
+
+@dataclass
+class _Summariser:
+    """The summaries of one compact, on the model ``pipeline.prepared`` holds for it."""
+
+    ctx: Context
+    spec: ModelSpec
+    backend: Backend
+    first: Any  # the lease's request: its deadline and cache scope go to each summary's
+    written: int = 0
+    usage: dict[str, int] = field(default_factory=lambda: {"input": 0, "cached": 0, "output": 0})
+
+    def _ready(self, text: str, max_tokens: int) -> Parsed:
+        parsed = Parsed(self.spec.name, compaction.summary_request(text, max_tokens))
+        parsed.request.deadline, parsed.request.cache_scope = self.first.deadline, self.first.cache_scope
+        prepare(parsed, self.spec, self.backend.info)
+        return parsed
+
+    async def room(self, max_tokens: int) -> int:
+        """The tokens a part may take: the context less the summary and the summariser's prompt."""
+        empty = self._ready("", max_tokens)
+        overhead = len((await self.backend.tokenize(empty.request.to_dict())).tokens)
+        return int(self.backend.info.get("n_ctx") or 0) - max_tokens - overhead - MARGIN
+
+    async def bytes_per_token(self, text: str, room: int) -> float:
+        """How many bytes of ``text`` a token holds, measured on its start (a sample no longer
+        than the context in bytes, which the worker tokenizes without a scan)."""
+        sample = text.encode()[:max(room, 1)].decode("utf-8", "ignore")
+        reply = await self.backend.tokenize({**self._ready("", 1).request.to_dict(), "messages": None,
+                                             "prompt": sample})
+        return max(0.25, len(sample.encode()) / max(1, len(reply.tokens)))
+
+    async def one(self, text: str, max_tokens: int, splits: int = 1) -> str:
+        """``text``'s summary; a part the model refuses as past its context, cut in two (once)."""
+        if self.written >= MAX_PARTS:
+            raise InvalidRequest(f"this history needs more than {MAX_PARTS} summaries to compact on this model; "
+                                 "compact it in steps, or with a model of a longer context", "input",
+                                 "context_length_exceeded")
+        self.written += 1
+        req = self._ready(text, max_tokens).request
+        obs = self.ctx.observation
+        out = compaction.Collector(self.spec.name)
+        async with self.backend.generate(req) as gen:
+            run = None
+            try:
+                run = await start(obs, gen, req, stream=False)
+                finish = await read(obs, run, out, None)
+            except ApiError as err:
+                if err.code != "context_length_exceeded" or not splits:
+                    raise
+                halves = compaction.parts(text, len(text.encode()) // 2 + 1)
+                return "\n".join([await self.one(h, max_tokens, 0) for h in halves])
+            finally:
+                left(obs, gen, run)
+        self.usage["input"] += finish.prompt_tokens
+        self.usage["cached"] += finish.cached_tokens
+        self.usage["output"] += finish.completion_tokens
+        return out.text()
+
+    async def summary(self, text: str) -> str:
+        n_ctx = int(self.backend.info.get("n_ctx") or 0)
+        max_tokens = max(16, min(MAX_SUMMARY_TOKENS, n_ctx // 4))
+        room = await self.room(max_tokens)
+        if room < 32:
+            raise InvalidRequest(f"model {self.spec.name!r}'s context ({n_ctx} tokens) leaves no room to summarise "
+                                 "a conversation", "model")
+        size = int(room * await self.bytes_per_token(text, room) * 0.9)
+        for round_ in range(MAX_ROUNDS):
+            pieces = compaction.parts(text, size)
+            if round_ == MAX_ROUNDS - 1 and len(pieces) > 1:
+                pieces = pieces[-1:]  # the last round: the latest summaries, which fit
+            if len(pieces) > MAX_PARTS - self.written:
+                raise InvalidRequest(f"this history needs {len(pieces)} summaries to compact on this model, more than "
+                                     f"{MAX_PARTS}; compact it in steps, or with a model of a longer context",
+                                     "input", "context_length_exceeded")
+            summaries = [await self.one(p, max_tokens) for p in pieces]
+            if len(summaries) == 1:
+                return summaries[0]
+            text = "\n\n".join(f"Part {i + 1}:\n{s}" for i, s in enumerate(summaries))
+        raise AssertionError("unreachable: the last round summarises one part")
+
+
+@spends("responses")
+async def compact(request: web.Request) -> web.Response:
+    key = request.app[SEAL_KEY].get()
+    parsed, history = await _conversation(request, key, needs_input=False)
+    messages = unmarked(history + parsed.input_messages)
+    ctx = pipeline.context(request)
+    server = ctx.server
+    if not messages:
+        raise compaction.nothing()
+    if len(messages) > server.max_messages:
+        raise InvalidRequest(f"`input` holds {len(messages)} messages; this server takes at most "
+                             f"{server.max_messages} (server.max_messages)", "input")
+    text = await asyncio.to_thread(compaction.transcript, messages)
+    if not text.strip():
+        raise compaction.nothing()
+    # the lease's request: the summariser's, without the conversation's media (nothing is fetched)
+    lease = Parsed(parsed.model, compaction.summary_request("", 1))
+    async with pipeline.prepared(request, ctx, lease) as (spec, backend):
+        summariser = _Summariser(ctx, spec, backend, lease.request)
+        summary = await summariser.summary(text)
+    return web.json_response(compaction.compacted(compaction.kept(messages), summary, key, summariser.usage))
+
+
+def setup(app: web.Application) -> None:
+    """The two routes, beside ``responses.setup``'s (they take no ``{response_id}``)."""
+    app.router.add_post("/v1/responses/compact", compact)
+    app.router.add_post("/v1/responses/input_tokens", input_tokens)
