@@ -4,7 +4,8 @@ what it spends: docs/routes.md (``scripts/gen_docs.py`` writes it from the route
 - the wires: ``openai`` (chat, completions, embeddings, reranking, tokenize, detokenize,
   apply-template, fill in the middle, llama-server's ``/props``), ``anthropic`` (Messages,
   ``count_tokens``), ``responses`` (OpenAI's Responses API and its stored responses:
-  ``server/response_store``), ``ollama`` (``/api/*``, streams as JSON lines);
+  ``server/response_store``), ``compaction`` (its compact and input token count), ``ollama``
+  (``/api/*``, streams as JSON lines);
 - the operator's: ``admin`` (``/health``, ``/metrics``, ``/models``, load, unload,
   ``/config/reload``), ``pulls`` (pulling and deleting models by name), ``lora`` (a model's LoRA
   adapters), ``captures`` (captured requests, read back and replayed), ``usage`` (``/usage``),

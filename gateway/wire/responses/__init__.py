@@ -1,8 +1,9 @@
 """OpenAI's Responses API shapes (``/v1/responses``): a request's ``input`` items,
 ``instructions`` and options into a ``GenerationRequest`` (``request.py``), the tools as Codex
 sends them (``tools.py``), reasoning sealed into ``encrypted_content`` and back (``sealed.py``),
-and the answer as output items and stream events (``output.py``: ``ResponseBuilder``, one path
-for streamed and whole answers).
+the answer as output items and stream events (``output.py``: ``ResponseBuilder``, one path
+for streamed and whole answers), and a conversation compacted into a ``compaction`` item and
+read back (``compaction.py``).
 
 Its users import the names below from here.
 """

@@ -29,7 +29,7 @@ from .. import hostedhistory
 from .. import tools as wire_tools
 from ..openai import read_metadata
 from ..params import EFFORTS, SAMPLING, Parsed, check_schema, read_sampling, require_model, shown, text_parts
-from . import compaction
+from .compaction import as_message, joined
 from .sealed import EPHEMERAL, unseal
 from .tools import CUSTOM_INPUT, ToolOrigin, flat_name, read_tool_choice, read_tools
 
@@ -136,12 +136,12 @@ def input_messages(value: Any, history: list[dict[str, Any]] | None = None,
         elif kind == "reasoning":
             thinking = _thinking(item, where, key)
         elif kind == "compaction":
-            out.append(compaction.as_message(item, where, key))
+            out.append(as_message(item, where, key))
         elif kind not in HOSTED_ITEMS:
             raise InvalidRequest(f"`{where}.type` {shown(kind)} is not supported by this server: message, "
                                  "function_call, custom_tool_call, their outputs, reasoning and compaction items "
                                  "only", f"{where}.type")
-    return compaction.joined(out)
+    return joined(out)
 
 
 def add_call(out: list[dict[str, Any]], call: dict[str, Any], thinking: str | None) -> str | None:
