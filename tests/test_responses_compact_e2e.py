@@ -222,3 +222,26 @@ def test_gemma_compacts_and_goes_on(tmp_path):
                 for i in range(12)]
         parts = client.responses.compact(model="gemma", input=long)
         assert parts.output[-1].type == "compaction" and parts.usage.input_tokens > 1024
+
+
+def test_keys_hold_compact_as_any_request(tmp_path):
+    """Under keys: no key is a 401; a stored conversation is its key's alone (another key's
+    ``previous_response_id`` is a 404, on both routes); the compaction then goes on under the key."""
+    tm.plain(tmp_path / "plain.gguf", ["Ada", " lives", " in", " Paris", "."])
+    cfg = tmp_path / "models.yaml"
+    cfg.write_text(f"server:\n  discover_default_stores: false\n  api_keys: [first-secret, second-secret]\n"
+                   f"models:\n  plain: {tmp_path}/plain.gguf\n")
+    with ServerProcess("--config", str(cfg)) as srv:
+        status, _, _ = request(srv.url + "/v1/responses/compact", {"model": "plain", "input": "hi"})
+        assert status == 401
+        with openai.OpenAI(base_url=srv.url + "/v1", api_key="first-secret", max_retries=0) as first, \
+                openai.OpenAI(base_url=srv.url + "/v1", api_key="second-secret", max_retries=0) as second:
+            mine = first.responses.create(model="plain", input="My name is Ada.")
+            for call in (lambda: second.responses.compact(model="plain", previous_response_id=mine.id),
+                         lambda: second.responses.input_tokens.count(model="plain", previous_response_id=mine.id,
+                                                                     input="And?")):
+                status, body = error_of(call)
+                assert status == 404 and body["param"] == "previous_response_id"
+            out = first.responses.compact(model="plain", previous_response_id=mine.id)
+            assert first.responses.create(model="plain", input=[*compacted_items(out), {"role": "user",
+                                                                                        "content": "And?"}]).output_text

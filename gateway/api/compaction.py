@@ -12,8 +12,10 @@ generated; so it equals a response's ``usage.input_tokens`` for the same request
 events; the model held through ``pipeline.prepared``): the model writes the summary. The
 conversation (``wire.responses.compaction.transcript``) is cut into parts that fit the model's
 context with room for the summary, each summarised, then their summaries summarised, at most
-``MAX_ROUNDS`` rounds and ``MAX_PARTS`` summaries in all (a history that needs more is a 400
-naming ``input``). A part the model refuses as too long after all is cut in two once more."""
+``MAX_ROUNDS`` rounds (the last reads the latest summaries that fit, should more be left) and
+``MAX_PARTS`` summaries in all (a history that needs more is a 400 naming ``input``). A part the
+model refuses as too long after all (the bytes a token holds are measured on the start of the
+conversation) is cut in two once more."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from aiohttp import web
 from ..backends.local import Backend
 from ..base.errors import ApiError, InvalidRequest
 from ..models.config import ModelSpec
+from ..protocol import GenerationRequest
 from ..server.response_store import Stored
 from ..wire import responses as wire
 from ..wire.context import Context
@@ -46,9 +49,10 @@ MAX_SUMMARY_TOKENS = 1024
 MARGIN = 16  # tokens left over for a part whose estimate was low
 
 
-async def _conversation(request: web.Request, key: bytes, *, needs_input: bool) -> tuple[wire.ResponsesParsed, list]:
+async def _conversation(request: web.Request, key: bytes) -> tuple[wire.ResponsesParsed, list[dict[str, Any]]]:
     """The request read as ``/v1/responses`` reads it, and the stored conversation its
-    ``previous_response_id`` continues (its key's own: another key's is a 404)."""
+    ``previous_response_id`` continues (its key's own: another key's is a 404); with one,
+    ``input`` may be left out."""
     body = await read_json_object(request)
     parsed = wire.parse(body, key)
     history: list[dict[str, Any]] = []
@@ -58,14 +62,14 @@ async def _conversation(request: web.Request, key: bytes, *, needs_input: bool) 
             raise ApiError(f"Response with id {parsed.previous_response_id[:100]!r} not found.", status=404,
                            param="previous_response_id", code="not_found")
         history = previous.messages
-        if parsed.raw_input is not None or needs_input:
+        if parsed.raw_input is not None:
             parsed.input_messages = wire.input_messages(parsed.raw_input, history, parsed.request.media, key)
     parsed.request.messages = wire.conversation(parsed.instructions, history, parsed.input_messages)
     return parsed, history
 
 
 async def input_tokens(request: web.Request) -> web.Response:
-    parsed, _ = await _conversation(request, request.app[SEAL_KEY].get(), needs_input=True)
+    parsed, _ = await _conversation(request, request.app[SEAL_KEY].get())
     reply, headers = await pipeline.unrun(request, parsed, lambda backend, req: backend.tokenize(req))
     return web.json_response({"object": "response.input_tokens", "input_tokens": len(reply.tokens)}, headers=headers)
 
@@ -77,7 +81,7 @@ class _Summariser:
     ctx: Context
     spec: ModelSpec
     backend: Backend
-    first: Any  # the lease's request: its deadline and cache scope go to each summary's
+    first: GenerationRequest  # the lease's: its deadline and cache scope go to each summary's
     written: int = 0
     usage: dict[str, int] = field(default_factory=lambda: {"input": 0, "cached": 0, "output": 0})
 
@@ -154,7 +158,7 @@ class _Summariser:
 @spends("responses")
 async def compact(request: web.Request) -> web.Response:
     key = request.app[SEAL_KEY].get()
-    parsed, history = await _conversation(request, key, needs_input=False)
+    parsed, history = await _conversation(request, key)
     messages = unmarked(history + parsed.input_messages)
     ctx = pipeline.context(request)
     server = ctx.server

@@ -16,6 +16,7 @@ word boundaries (``parts``); instructions are not summarised: the next request c
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Any
@@ -91,13 +92,16 @@ def transcript(messages: list[dict[str, Any]]) -> str:
             lines.append(f"{ROLES.get(str(role), 'User')}: {text}")
         for call in m.get("tool_calls") or ():
             function = call.get("function") or {}
-            lines.append(f"Assistant called {function.get('name')} with {function.get('arguments')}")
+            arguments = function.get("arguments")
+            shown = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+            lines.append(f"Assistant called {function.get('name')} with {shown}")
     return "\n".join(lines)
 
 
 def parts(text: str, size: int) -> list[str]:
-    """``text`` cut into parts of at most ``size`` bytes of UTF-8 (at least 1), each cut at the
-    last line break, else space, of its part when one lies in its second half."""
+    """``text`` cut into parts of at most ``size`` bytes of UTF-8 (a part smaller than a
+    character: that character), each cut at the last line break, else space, of its part when
+    one lies in its second half, never inside a character; blanks at a part's ends dropped."""
     size = max(1, size)
     out: list[str] = []
     data = text.encode()
@@ -108,8 +112,14 @@ def parts(text: str, size: int) -> list[str]:
             cut = max(data.rfind(b"\n", start, end), data.rfind(b" ", start, end))
             if cut > start + size // 2:
                 end = cut + 1
-            while end > start + 1 and (data[end] & 0xC0) == 0x80:  # not inside a character
-                end -= 1
+            back = end
+            while back > start and (data[back] & 0xC0) == 0x80:  # not inside a character
+                back -= 1
+            if back == start:  # a part smaller than its one character: that character whole
+                while end < len(data) and (data[end] & 0xC0) == 0x80:
+                    end += 1
+            else:
+                end = back
         out.append(data[start:end].decode("utf-8", "replace").strip())
         start = end
     return [p for p in out if p]
