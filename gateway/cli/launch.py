@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         return e.code
 
 
-def launch(args: argparse.Namespace, config: Config | None, out: TextIO = sys.stdout) -> int:
+def launch(args: argparse.Namespace, config: Config | None, out: TextIO | None = None) -> int:
     client = CLIENTS.get(args.client)
     if client is None:
         raise LaunchError(f"unknown client {args.client!r}: launch knows {', '.join(CLIENTS)}", code=2)
@@ -95,7 +95,7 @@ def launch(args: argparse.Namespace, config: Config | None, out: TextIO = sys.st
     folder = folder / "launch"
     if args.print_only:
         _write_files(setup, folder)
-        out.write(printed(client.program, setup, folder, extra, keyed))
+        (out or sys.stdout).write(printed(client.program, setup, folder, extra, keyed))
         return 0
     program = shutil.which(client.program)
     if program is None:
