@@ -36,8 +36,7 @@ from urllib.parse import quote
 from ..backends.untrusted import shown
 from ..models.config import Config
 from ..models.config.specs import default_state_dir
-from . import agents
-from .agents import CLIENTS, KEY, KEY_VAR, LaunchError, Model, Settings
+from .agents import CLIENTS, KEY, KEY_VAR, LaunchError, Model, Settings, Value, check_context, pick, settings
 from .client import BadAnswer, Gateway, Refused, Unreachable
 from .configfile import config_arg, config_if_any
 
@@ -86,11 +85,11 @@ def launch(args: argparse.Namespace, config: Config | None, out: TextIO | None =
     keyed = gw.api_key is not None and _needs_key(gw)
     models = [_model(gw, row) for row in rows[:MAX_MODELS]]
     default = config.server.agent_model if config is not None else None
-    model, why = agents.pick(models, args.model, default)
+    model, why = pick(models, args.model, default)
     print(f"{client.title} on {shown(model.name, 200)}: {why}", file=sys.stderr)
     if not args.force:
-        agents.check_context(client, model)
-    setup = agents.settings(client, gw.url, model, keyed)
+        check_context(client, model)
+    setup = settings(client, gw.url, model, keyed)
     folder = (config.server.state_dir if config is not None and config.server.state_dir else default_state_dir())
     folder = folder / "launch"
     if args.print_only:
@@ -192,7 +191,7 @@ def printed(program: str, setup: Settings, folder: Path, extra: list[str], keyed
     return "\n".join(lines) + "\n"
 
 
-def _quoted(value: agents.Value) -> str:
+def _quoted(value: Value) -> str:
     return f'"${KEY_VAR}"' if value is KEY else shlex.quote(str(value))
 
 
