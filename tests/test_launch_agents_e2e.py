@@ -122,6 +122,11 @@ def test_launch_runs_the_agent_and_it_answers(gateway, tmp_path, name):
     assert models - {None} <= {"coder", "openai/coder"}, models
 
 
+def test_the_agents_exit_code_comes_back(gateway, tmp_path):
+    done = launch("codex", gateway.url, tmp_path / "work", passed_on=["--no-such-flag"])
+    assert done.returncode == 2 and "--no-such-flag" in done.stderr  # clap's usage error, as Codex exits
+
+
 @pytest.mark.parametrize("name", ["claude", "codex"])
 def test_the_printed_settings_exported_by_hand_do_the_same(gateway, tmp_path, name):
     printed = launch(name, gateway.url, tmp_path / "work", "--print")

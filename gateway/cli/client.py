@@ -109,9 +109,10 @@ class Gateway:
             raise BadAnswer(f"{self.url} did not answer with JSON this client reads: {e}; "
                             "is this a gguf-gateway?") from None
 
-    def get(self, path: str) -> Any:
+    def get(self, path: str, limit: int = -1) -> Any:
+        """A GET's JSON answer, read within ``limit`` bytes (-1: whole)."""
         with self._request(path) as r:
-            return self._json(path, r.read())
+            return self._json(path, r.read(limit))
 
     def post(self, path: str, body: dict[str, Any], limit: int = 1 << 20) -> Any:
         """A POST's JSON answer, read within ``limit`` bytes."""

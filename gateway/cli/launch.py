@@ -41,6 +41,7 @@ from .client import BadAnswer, Gateway, Refused, Unreachable
 from .configfile import config_arg, config_if_any
 
 MAX_MODELS = 256  # models asked about, at most: each costs two requests
+MAX_ANSWER = 8 << 20  # bytes read of any one answer (a listing of MAX_MODELS models is far less)
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -109,7 +110,7 @@ def launch(args: argparse.Namespace, config: Config | None, out: TextIO | None =
 def _rows(gw: Gateway) -> list[dict[str, Any]]:
     """The gateway's text models, as ``/models`` lists them; the key asked for where it wants one."""
     try:
-        answer = gw.get("/models")
+        answer = gw.get("/models", MAX_ANSWER)
     except Refused as e:
         if e.status != 401:
             raise LaunchError(f"the gateway at {gw.url} answered {e}") from None
@@ -133,7 +134,7 @@ def _rows(gw: Gateway) -> list[dict[str, Any]]:
 def _needs_key(gw: Gateway) -> bool:
     """Whether the gateway refuses a request without a key (the agent then needs ours)."""
     try:
-        Gateway(gw.url, None).get("/v1/models")
+        Gateway(gw.url, None).get("/v1/models", MAX_ANSWER)
     except Refused as e:
         return e.status == 401
     except (Unreachable, BadAnswer):
@@ -148,13 +149,13 @@ def _model(gw: Gateway, row: dict[str, Any]) -> Model:
     name = row["id"]
     n_ctx = None
     try:
-        props = gw.get(f"/props?model={quote(name, safe='')}")
+        props = gw.get(f"/props?model={quote(name, safe='')}", MAX_ANSWER)
         value = props.get("default_generation_settings", {}).get("n_ctx") if isinstance(props, dict) else None
         n_ctx = value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
     except (Refused, BadAnswer, Unreachable, AttributeError):
         pass
     try:
-        shown_ = gw.post("/api/show", {"model": name})
+        shown_ = gw.post("/api/show", {"model": name}, MAX_ANSWER)
         capabilities = shown_.get("capabilities") if isinstance(shown_, dict) else None
         tools = isinstance(capabilities, list) and "tools" in capabilities
     except (Refused, BadAnswer, Unreachable):
