@@ -6,11 +6,15 @@ no gateway and with a real one (``serve`` as a process). The agents themselves r
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import signal
+import subprocess
+import time
 
 import pytest
 import tomllib
-from helpers import ServerProcess, agent_model, free_port
+from helpers import ServerProcess, agent_model, free_port, gateway_command
 
 from gateway import cli
 from gateway.cli import agents
@@ -119,6 +123,10 @@ def test_print_quotes_for_the_shell_and_never_holds_the_key(tmp_path):
     command = next(line for line in codex.splitlines() if line.startswith("codex "))
     assert shlex.split(command)[1:3] == ["-c", 'model_provider="gguf-gateway"']
     assert "# [model_providers.gguf-gateway]" in codex
+    cn = printed("cn", agents.settings(CLIENTS["continue"], "http://h:1", CODER, keyed=True), tmp_path, [], True)
+    assert f"cn --config {tmp_path}/coder.continue.yaml\n\n# {tmp_path}/coder.continue.yaml (written by launch) holds:" \
+        "\n# name: gguf-gateway\n" in cn
+    assert '#     apiKey: "${{ secrets.GGUF_GATEWAY_KEY }}"' in cn
 
 
 def test_an_unknown_client_is_one_line_and_exit_2(capsys):
@@ -192,3 +200,27 @@ def test_a_missing_agent_says_how_to_install_it(gateway, capsys, monkeypatch):
     err = capsys.readouterr().err.splitlines()
     assert err[-1] == "error: aider is not installed (no `aider` on PATH): pipx install aider-chat " \
                       "(or: pip install aider-chat)"
+
+
+@pytest.mark.slow
+def test_ctrl_c_reaches_the_agent_and_its_exit_code_comes_back(gateway, tmp_path):
+    """Ctrl-C at a terminal signals the whole foreground group: here a stand-in for aider (a
+    shell script on PATH: what launch runs is any program by that name) that ends on it."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    ready = tmp_path / "ready"
+    agent = bin_dir / "aider"
+    agent.write_text(f"#!/bin/sh\ntrap 'echo interrupted; exit 42' INT\necho \"$@\" > {ready}\n"
+                     "while true; do sleep 0.1; done\n")
+    agent.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", KEY_VAR: "sk-launch"}
+    proc = subprocess.Popen([*gateway_command(), "launch", "aider", "--url", gateway.url, "--", "--yes-always"],
+                            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ready.read_text().split()[-1] == "--yes-always"  # the person's arguments after launch's own
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 42 and out == "interrupted\n" and "Traceback" not in err

@@ -180,15 +180,20 @@ def _args(setup: Settings, folder: Path) -> list[str]:
 
 def printed(program: str, setup: Settings, folder: Path, extra: list[str], keyed: bool) -> str:
     """``--print``'s text: ``unset`` and ``export`` lines, shell-quoted (the key as
-    ``"$GGUF_GATEWAY_KEY"``, never its value), then the command line, then ``setup.note``."""
+    ``"$GGUF_GATEWAY_KEY"``, never its value), then the command line, then as comments
+    ``setup.note`` and the text of each file of ours the command names (a config block to copy
+    into a client ``launch`` does not run)."""
     lines = ["# the agent's settings, from gguf-gateway launch"]
     if keyed:
         lines.append(f"# ${KEY_VAR} must hold your key for the gateway")
     lines += [f"unset {name}" for name in setup.unset]
     lines += [f"export {name}={_quoted(value)}" for name, value in setup.env.items() if name != KEY_VAR]
     lines.append(shlex.join([program, *_args(setup, folder), *extra]))
-    if setup.note:
-        lines += ["", *("# " + line if line else "#" for line in setup.note.rstrip("\n").split("\n"))]
+    notes = [setup.note] if setup.note else []
+    notes += [f"{folder / name} (written by launch) holds:\n{text.replace('{dir}', str(folder))}"
+              for name, text in setup.files.items()]
+    for note in notes:
+        lines += ["", *("# " + line if line else "#" for line in note.rstrip("\n").split("\n"))]
     return "\n".join(lines) + "\n"
 
 
