@@ -109,12 +109,11 @@ def check_context(client: Client, model: Model) -> None:
 
 @dataclass
 class Settings:
-    """What an agent is given: ``env`` set and ``unset`` removed from its environment, ``args``
+    """What an agent is given: ``env`` set in its environment, ``args``
     before the person's own, ``files`` (a name in our launch folder -> its text) written
     first; ``{dir}`` in ``args`` and in the files' texts is that folder. ``note``: a comment
     for ``--print`` (the same settings as a file, for a shell profile's reader)."""
     env: dict[str, Value] = field(default_factory=dict)
-    unset: tuple[str, ...] = ()
     args: list[str] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)
     note: str = ""

@@ -87,9 +87,9 @@ def launch(args: argparse.Namespace, config: Config | None, out: TextIO | None =
     models = [_model(gw, row) for row in rows[:MAX_MODELS]]
     default = config.server.agent_model if config is not None else None
     model, why = pick(models, args.model, default)
-    print(f"{client.title} on {shown(model.name, 200)}: {why}", file=sys.stderr)
     if not args.force:
         check_context(client, model)
+    print(f"{client.title} on {shown(model.name, 200)}: {why}", file=sys.stderr)
     setup = settings(client, gw.url, model, keyed)
     folder = (config.server.state_dir if config is not None and config.server.state_dir else default_state_dir())
     folder = folder / "launch"
@@ -101,9 +101,8 @@ def launch(args: argparse.Namespace, config: Config | None, out: TextIO | None =
     if program is None:
         raise LaunchError(f"{client.title} is not installed (no `{client.program}` on PATH): {client.install}")
     _write_files(setup, folder)
-    env = {k: v for k, v in os.environ.items() if k not in setup.unset}
     key = gw.api_key or ""
-    env.update({k: key if v is KEY else str(v) for k, v in setup.env.items()})
+    env = {**os.environ, **{k: key if v is KEY else str(v) for k, v in setup.env.items()}}
     return _run([program, *_args(setup, folder), *extra], env)
 
 
@@ -179,14 +178,13 @@ def _args(setup: Settings, folder: Path) -> list[str]:
 
 
 def printed(program: str, setup: Settings, folder: Path, extra: list[str], keyed: bool) -> str:
-    """``--print``'s text: ``unset`` and ``export`` lines, shell-quoted (the key as
+    """``--print``'s text: ``export`` lines, shell-quoted (the key as
     ``"$GGUF_GATEWAY_KEY"``, never its value), then the command line, then as comments
     ``setup.note`` and the text of each file of ours the command names (a config block to copy
     into a client ``launch`` does not run)."""
     lines = ["# the agent's settings, from gguf-gateway launch"]
     if keyed:
         lines.append(f"# ${KEY_VAR} must hold your key for the gateway")
-    lines += [f"unset {name}" for name in setup.unset]
     lines += [f"export {name}={_quoted(value)}" for name, value in setup.env.items() if name != KEY_VAR]
     lines.append(shlex.join([program, *_args(setup, folder), *extra]))
     notes = [setup.note] if setup.note else []
