@@ -300,7 +300,7 @@ def test_the_checker_finds_what_is_stale():
           "access.keys.owner_of", "Gate.admit", "usage.prompt_tokens", "models.yaml", "/etc/gguf-gateway",
           "/completion", "text.format", "gateway/wire/answer.py", "tests/specs/SOURCE", "llama_decode"]
     assert {s: problem(s, False) for s in ok if problem(s, False)} == {}
-    stale = ["gguf-gateway keys rename", "gguf-gateway serve --colour", "gguf-gateway launch",
+    stale = ["gguf-gateway keys rename", "gguf-gateway serve --colour", "gguf-gateway deploy",
              "POST /config/restart", "GET /config/reload", "/v1/message", "/models/pull/pause",
              "server.keep_billing_headers", "capture.keep_all", "defaults.temprature", "api/pipeline.leases",
              "api/pipelines.lease", "answer.prepared", "Registry.adapter", "gateway.cli.parsers",

@@ -9,7 +9,9 @@ names the function that runs each (``set_defaults(run=...)``):
 - ``models``: ``models``;
 - ``pull``: ``pull``, ``rm``;
 - ``keys``: ``keys add / list / revoke``, ``usage``;
-- ``devices``: ``devices``.
+- ``devices``: ``devices``;
+- ``launch``: ``launch`` (a coding agent run against the gateway; ``agents`` holds its pure
+  decisions: the model it picks, each agent's settings).
 
 ``configfile`` holds what they share: the ``--config`` flag and the load that prints the
 configuration's problems. The modules import one another by name (``from .configfile import
@@ -21,12 +23,13 @@ nor llama.cpp.
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 
 from .. import __version__
-from . import config, console, devices, keys, models, pull, serve
+from . import config, console, devices, keys, launch, models, pull, serve
 
-GROUPS = (serve, config, console, models, pull, keys, devices)  # the order ``--help`` lists them in
+GROUPS = (serve, config, console, models, pull, keys, devices, launch)  # the order ``--help`` lists them in
 
 
 def parser() -> argparse.ArgumentParser:
@@ -39,6 +42,18 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+PASSES_ON = ("launch",)  # commands that hand what follows ``--`` to another program, whole
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    """Run the command ``argv`` names; for a command of ``PASSES_ON``, what follows the first
+    ``--`` is not parsed here but handed on as ``args.passed_on`` (argparse would read the
+    options there as its own)."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    passed_on: list[str] = []
+    if words[:1] and words[0] in PASSES_ON and "--" in words:
+        cut = words.index("--")
+        words, passed_on = words[:cut], words[cut + 1:]
+    args = parser().parse_args(words)
+    args.passed_on = passed_on
     return args.run(args)

@@ -1,5 +1,5 @@
-"""``Gateway``: the client of a running gateway that ``status``, ``chat``, ``pull``, ``rm`` and
-``usage`` talk through.
+"""``Gateway``: the client of a running gateway that ``status``, ``chat``, ``pull``, ``rm``,
+``usage`` and ``launch`` talk through.
 
 Standard library only (urllib), so the commands work from the same install with nothing
 running but the gateway. The address and key come from ``--url`` / ``--api-key``, else
@@ -9,7 +9,7 @@ first API key).
 A server's JSON is read by ``base/strictjson`` (bounded: a text nested thousands deep is not a
 ``RecursionError``); an answer that is not JSON, or not in the gateway's shape (a server at the
 wrong address), is a ``BadAnswer``. An error the server answered is a ``RuntimeError`` whose
-message is written through ``untrusted.shown``; no server at all is ``Unreachable``.
+message is written through ``untrusted.shown`` (a ``Refused``, with its status); no server at all is ``Unreachable``.
 """
 
 from __future__ import annotations
@@ -30,6 +30,14 @@ from ..models.config import Config
 
 class Unreachable(Exception):
     pass
+
+
+class Refused(RuntimeError):
+    """An error the gateway answered: its HTTP ``status`` (401: no key, or a key it does not know)."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(f"{status}: {message}")
+        self.status = status
 
 
 class BadAnswer(RuntimeError):
@@ -60,6 +68,19 @@ class Gateway:
             KeyTable(config.server.api_keys).first_secret() if config else None)
         return cls(url, key)
 
+    @classmethod
+    def running(cls, args: argparse.Namespace, config: Config | None) -> Gateway | None:
+        """The gateway to work through: named (``--url``, ``$GGUF_GATEWAY_URL``), or found
+        answering ``/health`` at the configured address; None where none answers there."""
+        gw = cls.from_args(args, config)
+        if args.url or os.environ.get("GGUF_GATEWAY_URL"):
+            return gw
+        try:
+            health = gw.get("/health")
+        except (Unreachable, RuntimeError, OSError):
+            return None
+        return gw if isinstance(health, dict) and "version" in health else None
+
     def _request(self, path: str, body: dict[str, Any] | None = None, timeout: float = 10):
         headers = {"Content-Type": "application/json"}
         if self.api_key:
@@ -74,7 +95,7 @@ class Gateway:
                 message = _error_message(detail) or str(detail)
             except (ValueError, OSError):  # not JSON, nested too deep, cut off, ...
                 message = str(e.reason)
-            raise RuntimeError(f"{e.code}: {shown(message, 500)}") from None
+            raise Refused(e.code, shown(message, 500)) from None
         except (urllib.error.URLError, OSError) as e:
             reason = getattr(e, "reason", e)
             raise Unreachable(f"cannot reach gguf-gateway at {self.url} ({reason}); is it running? "
@@ -88,9 +109,10 @@ class Gateway:
             raise BadAnswer(f"{self.url} did not answer with JSON this client reads: {e}; "
                             "is this a gguf-gateway?") from None
 
-    def get(self, path: str) -> Any:
+    def get(self, path: str, limit: int = -1) -> Any:
+        """A GET's JSON answer, read within ``limit`` bytes (-1: whole)."""
         with self._request(path) as r:
-            return self._json(path, r.read())
+            return self._json(path, r.read(limit))
 
     def post(self, path: str, body: dict[str, Any], limit: int = 1 << 20) -> Any:
         """A POST's JSON answer, read within ``limit`` bytes."""

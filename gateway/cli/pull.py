@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 import urllib.error
 from typing import Any, TextIO
@@ -112,21 +111,9 @@ def run(args: argparse.Namespace) -> int:
     return (cmd_pull if args.command == "pull" else cmd_rm)(args, config_if_any(args))
 
 
-def _gateway(args: argparse.Namespace, config: Config | None) -> Gateway | None:
-    """The gateway to work through: named, or found answering at the configured address."""
-    gw = Gateway.from_args(args, config)
-    if args.url or os.environ.get("GGUF_GATEWAY_URL"):
-        return gw
-    try:
-        health = gw.get("/health")
-    except (Unreachable, BadAnswer, RuntimeError, OSError):
-        return None
-    return gw if isinstance(health, dict) and "version" in health else None
-
-
 def cmd_pull(args: argparse.Namespace, config: Config | None, out: TextIO = sys.stdout) -> int:
     view = View(out, out.isatty())
-    gw = _gateway(args, config)
+    gw = Gateway.running(args, config)
     try:
         if gw is not None:
             error = _remote(gw, args, view)
@@ -172,7 +159,7 @@ async def _local(name: str, insecure: bool, server: ServerConfig, view: View) ->
 
 
 def cmd_rm(args: argparse.Namespace, config: Config | None, out: TextIO = sys.stdout) -> int:
-    gw = _gateway(args, config)
+    gw = Gateway.running(args, config)
     try:
         if gw is not None:
             answer = gw.post("/models/delete", {"model": args.name})

@@ -166,6 +166,7 @@ SERVER: dict[str, Check] = {
     "spare_worker": checks.boolean,
     "event_loop": checks.one_of(EVENT_LOOPS),
     "keep_billing_header": checks.boolean,
+    "agent_model": checks.string,
     "memory_budget": _per_device(checks.byte_size, RAM),
     "memory_reserve": _per_device(_reserve, "default"),
     "max_media_bytes": checks.byte_size,
@@ -233,6 +234,8 @@ DOCS: dict[str, str] = {
     "event_loop": "the HTTP server's event loop: uvloop (pip install 'gguf-gateway[fast]'), asyncio, or auto: "
                   "uvloop where installed",
     "keep_billing_header": "keep Claude Code's per-session billing header in the prompt",
+    "agent_model": "the model `gguf-gateway launch` gives a coding agent when it names none "
+                   "(unset: the loaded model with tool calls and the biggest context)",
     "memory_budget": "at most this much memory for all models together; or by device: {ram: 16GiB, cuda0: 20GiB}",
     "memory_reserve": "kept free of each device's memory: a size or a share (10%); or by device",
     "max_media_bytes": "the largest picture or sound in a request",

@@ -331,6 +331,8 @@ class ServerConfig:
     # keep Claude Code's per-session ``x-anthropic-billing-header:`` system block in the prompt
     # (off: left out, so that a new session's prompt reuses the last one's cache)
     keep_billing_header: bool = False
+    # the model ``gguf-gateway launch`` points a coding agent at when none is named (``cli/launch``)
+    agent_model: str | None = None
     # Pulling a model a request names that is on no disk (``hub/``): the name prefixes that may
     # be (``("",)``: any; empty: none), how long a whole (not streamed) request waits for the
     # download, and the bytes a pull leaves free on the disk it writes to
