@@ -15,11 +15,17 @@ context with room for the summary, each summarised, then their summaries summari
 ``MAX_ROUNDS`` rounds (the last reads the latest summaries that fit, should more be left) and
 ``MAX_PARTS`` summaries in all (a history that needs more is a 400 naming ``input``). A part the
 model refuses as too long after all (the bytes a token holds are measured on the start of the
-conversation) is cut in two once more."""
+conversation) is cut in two once more.
+
+Every summary is written in full or the compact fails: one cut short by ``server.request_timeout``
+(the lease's deadline, shared by all its summaries) is a 504, and an empty one a 500, never a
+``compaction`` item that silently holds less than the conversation (the caller drops the history
+it replaces)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,12 +111,26 @@ class _Summariser:
                                              "prompt": sample})
         return max(0.25, len(sample.encode()) / max(1, len(reply.tokens)))
 
+    def _too_many(self, more: int) -> InvalidRequest:
+        return InvalidRequest(f"this history needs at least {self.written + more} summaries to compact on this "
+                              f"model, more than {MAX_PARTS}; compact it in steps, or with a model of a longer "
+                              "context", "input", "context_length_exceeded")
+
+    def _in_time(self) -> None:
+        """A 504 once the lease's deadline (``server.request_timeout``) has passed: a summary the
+        deadline cut short is not a summary of its part."""
+        deadline = self.first.deadline
+        if deadline is not None and time.time() >= deadline:
+            raise ApiError(f"compacting on model {self.spec.name!r} ran past server.request_timeout before every "
+                           "summary was written: nothing was compacted; compact in steps, or on a faster model",
+                           status=504, code="timeout")
+
     async def one(self, text: str, max_tokens: int, splits: int = 1) -> str:
-        """``text``'s summary; a part the model refuses as past its context, cut in two (once)."""
+        """``text``'s summary; a part the model refuses as past its context, cut in two (once).
+        A summary cut short by the deadline is a 504, an empty one a 500 (``summary``'s contract)."""
         if self.written >= MAX_PARTS:
-            raise InvalidRequest(f"this history needs more than {MAX_PARTS} summaries to compact on this model; "
-                                 "compact it in steps, or with a model of a longer context", "input",
-                                 "context_length_exceeded")
+            raise self._too_many(1)
+        self._in_time()
         self.written += 1
         req = self._ready(text, max_tokens).request
         obs = self.ctx.observation
@@ -130,7 +150,13 @@ class _Summariser:
         self.usage["input"] += finish.prompt_tokens
         self.usage["cached"] += finish.cached_tokens
         self.usage["output"] += finish.completion_tokens
-        return out.text()
+        if finish.reason == "length":
+            self._in_time()
+        written = out.text()
+        if not written:
+            raise ApiError(f"model {self.spec.name!r} wrote an empty summary: nothing was compacted", status=500,
+                           code="empty_summary")
+        return written
 
     async def summary(self, text: str) -> str:
         n_ctx = int(self.backend.info.get("n_ctx") or 0)
@@ -141,13 +167,13 @@ class _Summariser:
                                  "a conversation", "model")
         size = int(room * await self.bytes_per_token(text, room) * 0.9)
         for round_ in range(MAX_ROUNDS):
-            pieces = compaction.parts(text, size)
-            if round_ == MAX_ROUNDS - 1 and len(pieces) > 1:
+            last = round_ == MAX_ROUNDS - 1
+            # a body's worth of history may cut into a million parts: off the event loop
+            pieces = await asyncio.to_thread(compaction.parts, text, size)
+            if last and len(pieces) > 1:
                 pieces = pieces[-1:]  # the last round: the latest summaries, which fit
             if len(pieces) > MAX_PARTS - self.written:
-                raise InvalidRequest(f"this history needs {len(pieces)} summaries to compact on this model, more than "
-                                     f"{MAX_PARTS}; compact it in steps, or with a model of a longer context",
-                                     "input", "context_length_exceeded")
+                raise self._too_many(len(pieces))
             summaries = [await self.one(p, max_tokens) for p in pieces]
             if len(summaries) == 1:
                 return summaries[0]
