@@ -52,18 +52,17 @@ def keyed(models, tmp_path_factory):
                    f"    a: {{key: a-secret, models: [plain]}}\n"
                    f"    b: {{key: b-secret, models: [loop], tpm: 100}}\n"
                    f"    r: {{key: r-secret, models: [plain], rpm: 3}}\n"
-                   f"models:\n  plain: {models}/plain.gguf\n  loop: {models}/loop.gguf\n")
+                   f"models:\n  plain: {models}/plain.gguf\n  loop: {models}/loop.gguf\n  mute: {models}/mute.gguf\n")
     with ServerProcess("--config", str(cfg)) as srv:
         yield srv
 
 
 @pytest.fixture(scope="module")
 def timed(models, tmp_path_factory):
-    """No keys; `request_timeout: 1` and a model that never stops, in a context that needs parts."""
+    """No keys; `request_timeout: 0.3` and a model that never stops (its summary: 1024 tokens)."""
     cfg = tmp_path_factory.mktemp("attack-timed") / "models.yaml"
-    cfg.write_text(f"server:\n  discover_default_stores: false\n  request_timeout: 1\n"
-                   f"models:\n  plain: {models}/plain.gguf\n  mute: {models}/mute.gguf\n"
-                   f"  small:\n    path: {models}/loop.gguf\n    n_ctx: 1024\n")
+    cfg.write_text(f"server:\n  discover_default_stores: false\n  request_timeout: 0.3\n"
+                   f"models:\n  loop: {models}/loop.gguf\n")
     with ServerProcess("--config", str(cfg)) as srv:
         yield srv
 
@@ -113,35 +112,41 @@ def test_every_summary_is_charged_and_counted(keyed):
 def test_a_compact_past_the_request_timeout_is_an_error(timed):
     """Past `request_timeout` the worker ends each summary at once: a 200 would hand the caller
     a compaction holding an empty or cut summary, and the caller drops its history for it."""
+    serves(timed, model="loop")  # loaded: the deadline falls in the summary's writing, not in the load
     started = time.monotonic()
-    status, body, _ = post(timed, "/v1/responses/compact", {"model": "small", "input": TURNS}, timeout=120)
+    status, body, _ = post(timed, "/v1/responses/compact", {"model": "loop", "input": TURNS}, timeout=120)
     assert status == 504 and body["error"]["code"] == "timeout", body
     assert "request_timeout" in body["error"]["message"] and body["error"]["type"] == "server_error"
     assert time.monotonic() - started < 10
-    serves(timed, model="small")
+    serves(timed, model="loop")
 
 
-def test_an_empty_summary_is_an_error(timed):
-    status, body, _ = post(timed, "/v1/responses/compact", {"model": "mute", "input": TURNS[:2]})
+def test_an_empty_summary_is_an_error(keyed):
+    status, body, _ = post(keyed, "/v1/responses/compact", {"model": "mute", "input": TURNS[:2]}, "admin-secret")
     assert status == 500 and body["error"]["code"] == "empty_summary", body
-    serves(timed)
+    serves(keyed, "admin-secret")
 
 
-def test_a_client_that_leaves_mid_compact_stops_it(timed):
-    conn = http.client.HTTPConnection("127.0.0.1", timed.port)
-    conn.request("POST", "/v1/responses/compact", json.dumps({"model": "small", "input": TURNS}).encode(),
-                  {"Content-Type": "application/json"})
+def test_a_client_that_leaves_mid_compact_stops_it(keyed):
+    """A history of several parts on a model that never stops: seconds of summaries, left after
+    half of one."""
+    serves(keyed, "admin-secret", model="loop")
+    turns = TURNS * 8
+    conn = http.client.HTTPConnection("127.0.0.1", keyed.port)
+    conn.request("POST", "/v1/responses/compact", json.dumps({"model": "loop", "input": turns}).encode(),
+                 {"Content-Type": "application/json", **bearer("admin-secret")})
     time.sleep(0.5)
     conn.sock.shutdown(socket.SHUT_RDWR)
     conn.close()
     started = time.monotonic()
-    serves(timed, model="small")
+    serves(keyed, "admin-secret", model="loop")
     assert time.monotonic() - started < 2
     deadline = time.monotonic() + 10
-    while '"status":499' not in timed.output() and time.monotonic() < deadline:
+    while '"status":499' not in keyed.output() and time.monotonic() < deadline:
         time.sleep(0.1)
-    left = [line for line in timed.output().splitlines() if '"status":499' in line]
-    assert left and '"endpoint":"/v1/responses/compact"' in left[-1] and '"client_disconnected":true' in left[-1]
+    left = [line for line in keyed.output().splitlines() if '"status":499' in line]
+    assert left, [line for line in keyed.output().splitlines() if "compact" in line][-3:]
+    assert '"endpoint":"/v1/responses/compact"' in left[-1] and '"client_disconnected":true' in left[-1]
 
 
 def test_seals_do_not_cross(keyed):
@@ -191,3 +196,20 @@ def test_hostile_bodies_get_bounded_answers(keyed):
             assert status == 400 and body["error"]["param"] == param, (path, bad, body)
     serves(keyed, "a-secret")
     assert "Traceback" not in keyed.output()
+
+
+def test_a_history_denser_further_on_is_cut_by_its_own_measure(keyed):
+    """The bytes a token holds are measured on the history's start; on this vocabulary a run of
+    spaces is several tokens a byte, so a tail of spaced letters holds twice the tokens its
+    bytes suggest: its parts, refused by the context, are measured again and cut, not a 400
+    naming `messages` (a field the caller never sent)."""
+    text = "a" * 4000 + "a    " * 2000
+    status, body, _ = post(keyed, "/v1/responses/compact", {"model": "plain", "input": text}, "a-secret", timeout=120)
+    assert status == 200 and body["output"][-1]["type"] == "compaction", body
+    assert body["usage"]["input_tokens"] > 4096
+    # more than 32 summaries' worth, found only as its parts are refused: a 400 naming `input`
+    text = "a" * 4000 + "a    " * 8000
+    status, body, _ = post(keyed, "/v1/responses/compact", {"model": "plain", "input": text}, "a-secret", timeout=120)
+    assert status == 400 and body["error"]["param"] == "input", body
+    assert body["error"]["code"] == "context_length_exceeded"
+    serves(keyed, "a-secret")
