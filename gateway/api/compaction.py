@@ -176,7 +176,7 @@ class _Summariser:
                                  "compact it in steps, or with a model of a longer context", "input",
                                  "context_length_exceeded")
         size = int(self.room_tokens * await self.bytes_per_token(text, self.room_tokens) * 0.9)
-        pieces = compaction.parts(text, max(1, min(size, len(text.encode()) // 2 + 1)))
+        pieces = compaction.parts(text, max(1, min(size, len(text.encode()) // 2 + 1)), compaction.CONTINUED)
         if len(pieces) > MAX_PARTS - self.written:
             raise self._too_many(len(pieces))
         return "\n".join([await self.one(p, max_tokens, recuts - 1) for p in pieces])
@@ -193,7 +193,7 @@ class _Summariser:
         for round_ in range(MAX_ROUNDS):
             last = round_ == MAX_ROUNDS - 1
             # a body's worth of history may cut into a million parts: off the event loop
-            pieces = await asyncio.to_thread(compaction.parts, text, size)
+            pieces = await asyncio.to_thread(compaction.parts, text, size, compaction.CONTINUED)
             if last and len(pieces) > 1:
                 pieces = pieces[-1:]  # the last round: the latest summaries, which fit
             if len(pieces) > MAX_PARTS - self.written:
