@@ -13,13 +13,21 @@ events; the model held through ``pipeline.prepared``): the model writes the summ
 conversation (``wire.responses.compaction.transcript``) is cut into parts that fit the model's
 context with room for the summary, each summarised, then their summaries summarised, at most
 ``MAX_ROUNDS`` rounds (the last reads the latest summaries that fit, should more be left) and
-``MAX_PARTS`` summaries in all (a history that needs more is a 400 naming ``input``). A part the
-model refuses as too long after all (the bytes a token holds are measured on the start of the
-conversation) is cut in two once more."""
+``MAX_PARTS`` summaries in all (a history that needs more is a 400 naming ``input``). The bytes
+a token holds are measured on the start of the conversation; a part the model refuses as too
+long after all (a history denser in tokens further on: prose, then code or another script) is
+measured on itself and cut again by that, at most ``RECUTS`` times (its refusals, which write
+nothing, are not summaries), and past that is a 400 naming ``input``.
+
+Every summary is written in full or the compact fails: one cut short by ``server.request_timeout``
+(the lease's deadline, shared by all its summaries) is a 504, and an empty one a 500, never a
+``compaction`` item that silently holds less than the conversation (the caller drops the history
+it replaces)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +55,7 @@ MAX_ROUNDS = 3  # summaries of summaries: a part's summary is at most a quarter 
 MAX_PARTS = 32  # summaries written for one compact, all rounds together
 MAX_SUMMARY_TOKENS = 1024
 MARGIN = 16  # tokens left over for a part whose estimate was low
+RECUTS = 2  # a refused part measured on itself and cut again, at most this deep
 
 
 async def _conversation(request: web.Request, key: bytes) -> tuple[wire.ResponsesParsed, list[dict[str, Any]]]:
@@ -83,6 +92,7 @@ class _Summariser:
     backend: Backend
     first: GenerationRequest  # the lease's: its deadline and cache scope go to each summary's
     written: int = 0
+    room_tokens: int = 0  # a part's room, once ``summary`` measured it
     usage: dict[str, int] = field(default_factory=lambda: {"input": 0, "cached": 0, "output": 0})
 
     def _ready(self, text: str, max_tokens: int) -> Parsed:
@@ -105,12 +115,27 @@ class _Summariser:
                                              "prompt": sample})
         return max(0.25, len(sample.encode()) / max(1, len(reply.tokens)))
 
-    async def one(self, text: str, max_tokens: int, splits: int = 1) -> str:
-        """``text``'s summary; a part the model refuses as past its context, cut in two (once)."""
+    def _too_many(self, more: int) -> InvalidRequest:
+        return InvalidRequest(f"this history needs at least {self.written + more} summaries to compact on this "
+                              f"model, more than {MAX_PARTS}; compact it in steps, or with a model of a longer "
+                              "context", "input", "context_length_exceeded")
+
+    def _in_time(self) -> None:
+        """A 504 once the lease's deadline (``server.request_timeout``) has passed: a summary the
+        deadline cut short is not a summary of its part."""
+        deadline = self.first.deadline
+        if deadline is not None and time.time() >= deadline:
+            raise ApiError(f"compacting on model {self.spec.name!r} ran past server.request_timeout before every "
+                           "summary was written: nothing was compacted; compact in steps, or on a faster model",
+                           status=504, code="timeout")
+
+    async def one(self, text: str, max_tokens: int, recuts: int = RECUTS) -> str:
+        """``text``'s summary; a part the model refuses as past its context, measured on itself
+        and cut again (``recuts`` deep). A summary cut short by the deadline is a 504, an empty
+        one a 500 (``summary``'s contract)."""
         if self.written >= MAX_PARTS:
-            raise InvalidRequest(f"this history needs more than {MAX_PARTS} summaries to compact on this model; "
-                                 "compact it in steps, or with a model of a longer context", "input",
-                                 "context_length_exceeded")
+            raise self._too_many(1)
+        self._in_time()
         self.written += 1
         req = self._ready(text, max_tokens).request
         obs = self.ctx.observation
@@ -121,16 +146,40 @@ class _Summariser:
                 run = await start(obs, gen, req, stream=False)
                 finish = await read(obs, run, out, None)
             except ApiError as err:
-                if err.code != "context_length_exceeded" or not splits:
+                if err.code != "context_length_exceeded":
                     raise
-                halves = compaction.parts(text, len(text.encode()) // 2 + 1)
-                return "\n".join([await self.one(h, max_tokens, 0) for h in halves])
+                refused = True
+            else:
+                refused = False
             finally:
                 left(obs, gen, run)
+        if refused:  # refused before a token was written: not a summary
+            self.written -= 1
+            return await self._recut(text, max_tokens, recuts)
         self.usage["input"] += finish.prompt_tokens
         self.usage["cached"] += finish.cached_tokens
         self.usage["output"] += finish.completion_tokens
-        return out.text()
+        if finish.reason == "length":
+            self._in_time()
+        written = out.text()
+        if not written:
+            raise ApiError(f"model {self.spec.name!r} wrote an empty summary: nothing was compacted", status=500,
+                           code="empty_summary")
+        return written
+
+    async def _recut(self, text: str, max_tokens: int, recuts: int) -> str:
+        """The summary of a part the model refused as too long: cut by its own bytes per token
+        (at least in two), each piece summarised; a 400 naming ``input`` once ``recuts`` is spent."""
+        if not recuts:
+            raise InvalidRequest("a part of this history holds far more tokens than its bytes suggest and would not "
+                                 f"fit model {self.spec.name!r}'s context, even measured and cut {RECUTS} times; "
+                                 "compact it in steps, or with a model of a longer context", "input",
+                                 "context_length_exceeded")
+        size = int(self.room_tokens * await self.bytes_per_token(text, self.room_tokens) * 0.9)
+        pieces = compaction.parts(text, max(1, min(size, len(text.encode()) // 2 + 1)), compaction.CONTINUED)
+        if len(pieces) > MAX_PARTS - self.written:
+            raise self._too_many(len(pieces))
+        return "\n".join([await self.one(p, max_tokens, recuts - 1) for p in pieces])
 
     async def summary(self, text: str) -> str:
         n_ctx = int(self.backend.info.get("n_ctx") or 0)
@@ -139,15 +188,16 @@ class _Summariser:
         if room < 32:
             raise InvalidRequest(f"model {self.spec.name!r}'s context ({n_ctx} tokens) leaves no room to summarise "
                                  "a conversation", "model")
+        self.room_tokens = room
         size = int(room * await self.bytes_per_token(text, room) * 0.9)
         for round_ in range(MAX_ROUNDS):
-            pieces = compaction.parts(text, size)
-            if round_ == MAX_ROUNDS - 1 and len(pieces) > 1:
+            last = round_ == MAX_ROUNDS - 1
+            # a body's worth of history may cut into a million parts: off the event loop
+            pieces = await asyncio.to_thread(compaction.parts, text, size, compaction.CONTINUED)
+            if last and len(pieces) > 1:
                 pieces = pieces[-1:]  # the last round: the latest summaries, which fit
             if len(pieces) > MAX_PARTS - self.written:
-                raise InvalidRequest(f"this history needs {len(pieces)} summaries to compact on this model, more than "
-                                     f"{MAX_PARTS}; compact it in steps, or with a model of a longer context",
-                                     "input", "context_length_exceeded")
+                raise self._too_many(len(pieces))
             summaries = [await self.one(p, max_tokens) for p in pieces]
             if len(summaries) == 1:
                 return summaries[0]

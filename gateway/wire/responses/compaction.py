@@ -9,9 +9,12 @@ far; ``joined`` folds it and the user messages next to it into one user turn, as
 list (user messages, the compaction, then the next user message) would otherwise put several
 user turns in a row, which many chat templates refuse (Gemma's: "roles must alternate").
 
-The summariser reads the conversation as a transcript (``transcript``: one line per turn, calls
+The summariser reads the conversation as a transcript (``transcript``: a turn per line, calls
 and results written out, thinking left out), cut into parts of a given size in bytes at line or
 word boundaries (``parts``); instructions are not summarised: the next request carries its own.
+A turn's further lines are indented, so no text in it (a tool's result, a fetched page) starts
+a line that reads as another turn ("User: ..."): once summarised, what a tool said would be
+read back in the user's own turn.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ FIELD = "summary"  # the sealed payload's field
 MARK = "compaction"  # on a message read from a compaction item, until ``joined`` folds it in
 KEPT = "kept"  # on the user turn ``joined`` made: the user messages' texts folded into it (``kept``)
 NOTE = "Summary of the conversation so far:"
+CONTINUED = "(continued) "  # opens a transcript's part that starts inside a line (``parts``)
 SUMMARISE = ("You summarise conversations. Write a concise summary of the conversation below: the user's "
              "goals and requests, decisions made, facts and results learned (file names, values, tool "
              "results), and what remains to do. Write only the summary.")
@@ -86,22 +90,31 @@ def transcript(messages: list[dict[str, Any]]) -> str:
         content = m.get("content")
         text = content if isinstance(content, str) else ""
         if role == "tool":
-            lines.append(f"Tool result ({m.get('name') or 'tool'}): {text}")
+            lines.append(_turn(f"Tool result ({m.get('name') or 'tool'}): {text}"))
             continue
         if text:
-            lines.append(f"{ROLES.get(str(role), 'User')}: {text}")
+            lines.append(_turn(f"{ROLES.get(str(role), 'User')}: {text}"))
         for call in m.get("tool_calls") or ():
             function = call.get("function") or {}
             arguments = function.get("arguments")
             shown = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
-            lines.append(f"Assistant called {function.get('name')} with {shown}")
+            lines.append(_turn(f"Assistant called {function.get('name')} with {shown}"))
     return "\n".join(lines)
 
 
-def parts(text: str, size: int) -> list[str]:
+def _turn(line: str) -> str:
+    """A turn's line, each line after its first indented (every line break Python knows, a bare
+    carriage return and U+2028 included, made a newline): only a turn starts a line."""
+    return "\n  ".join(line.splitlines())
+
+
+def parts(text: str, size: int, mark: str = "") -> list[str]:
     """``text`` cut into parts of at most ``size`` bytes of UTF-8 (a part smaller than a
     character: that character), each cut at the last line break, else space, of its part when
-    one lies in its second half, never inside a character; blanks at a part's ends dropped."""
+    one lies in its second half, never inside a character; blanks at a part's end and line
+    breaks at its start dropped (a continuation line's indent is kept). ``mark`` (``CONTINUED``
+    for a transcript's parts) opens each part that starts inside a line, past its size: a
+    part's first words are then never read as a turn's start ("User: ...") they were not."""
     size = max(1, size)
     out: list[str] = []
     data = text.encode()
@@ -120,7 +133,10 @@ def parts(text: str, size: int) -> list[str]:
                     end += 1
             else:
                 end = back
-        out.append(data[start:end].decode("utf-8", "replace").strip())
+        # a part cut at a line break keeps the indent of a turn's further line (``transcript``)
+        part = data[start:end].decode("utf-8", "replace").rstrip().lstrip("\r\n")
+        inside = start > 0 and data[start - 1:start] != b"\n" and data[start:start + 1] not in (b"\n", b"\r")
+        out.append(mark + part if part and inside else part)
         start = end
     return [p for p in out if p]
 
