@@ -29,6 +29,7 @@ from gateway.text.chat_template import CHATML
 pytestmark = pytest.mark.slow
 
 KEY = "socket-key-e2e"
+ONCE = "socket-rpm-key"  # one request a minute
 STEERED = CHATML + "{%- if 'STEER' in (messages[-1]['content'] | string) %}!{% endif %}"
 
 
@@ -42,6 +43,7 @@ def server(tmp_path_factory):
     cfg = d / "models.yaml"
     cfg.write_text(f"server:\n  discover_default_stores: false\n  responses_store: 16\n  write_timeout: 2\n"
                    f"  max_body_bytes: 1048576\n  capture: true\n  api_keys:\n    root: {KEY}\n"
+                   f"    once: {{key: {ONCE}, role: user, rpm: 1}}\n"
                    f"models:\n  plain: {d}/plain.gguf\n  steer: {d}/steer.gguf\n")
     with ServerProcess("--config", str(cfg)) as srv:
         yield srv
@@ -92,6 +94,23 @@ async def test_one_socket_carries_responses_in_turn(client):
     ids = [e.response.id for e in events if e.type in ("response.created", "response.completed")]
     assert len(set(ids)) == 2 and ids[0] == ids[1] and ids[2] == ids[3]  # the first ended before the second began
     assert third.status == "completed" and third.previous_response_id == first.id
+
+
+async def test_each_response_on_a_socket_is_a_request_of_its_keys(server):
+    """Limits, usage and events count each response.create, not the socket."""
+    async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=ONCE, max_retries=0) as once:
+        async with once.responses.connect() as conn:
+            await conn.response.create(model="plain", input="one")
+            assert (await until_done(conn))[-1].type == "response.completed"
+            await conn.response.create(model="plain", input="two")
+            refused = (await until_done(conn))[-1]
+    assert refused.type == "error" and refused.status == 429 and refused.error.code == "rate_limit_exceeded"
+    assert refused.error.headers["Retry-After"]
+    events = [json.loads(line[line.index("{"):]) for line in server.output().splitlines()
+              if '"event":"inference"' in line and '"principal":"once"' in line]
+    assert [(e["endpoint"], e["status"]) for e in events if e["status"] != 101] == [("/v1/responses", 200),
+                                                                                   ("/v1/responses", 429)]
+    assert [e for e in events if e["status"] == 200][0]["completion_tokens"] == 4
 
 
 async def test_a_steer_reaches_the_running_response_through_its_successor(client, server):
