@@ -21,7 +21,7 @@ import aiohttp
 import openai
 import pytest
 import websockets
-from helpers import ServerProcess
+from helpers import ServerProcess, agent_model
 
 from gateway.models import testmodels as tm
 from gateway.text.chat_template import CHATML
@@ -40,11 +40,12 @@ def server(tmp_path_factory):
     tm.write_scripted_model(d / "steer.gguf", [tm.Script([" tick", " tock"], loop=True),
                                                tm.Script(["Turning", " now", "."], trigger="!")],
                             chat_template=STEERED, context_length=8192)
+    agent_model(d / "agent.gguf")
     cfg = d / "models.yaml"
     cfg.write_text(f"server:\n  discover_default_stores: false\n  responses_store: 16\n  write_timeout: 2\n"
                    f"  max_body_bytes: 1048576\n  capture: true\n  api_keys:\n    root: {KEY}\n"
                    f"    once: {{key: {ONCE}, role: user, rpm: 1}}\n"
-                   f"models:\n  plain: {d}/plain.gguf\n  steer: {d}/steer.gguf\n")
+                   f"models:\n  plain: {d}/plain.gguf\n  steer: {d}/steer.gguf\n  agent: {d}/agent.gguf\n")
     with ServerProcess("--config", str(cfg)) as srv:
         yield srv
 
@@ -69,6 +70,13 @@ async def until_done(conn, responses: int = 1) -> list:
             if ended == responses:
                 return events
     raise AssertionError("the socket closed first")
+
+
+def captured(server, text: str) -> bool:
+    """Whether one of the last captured requests holds ``text``."""
+    auth = {"Authorization": f"Bearer {KEY}"}
+    listed = server.get("/captures?limit=4", auth)[1]["data"]
+    return any(text in json.dumps(server.get(f"/captures/{c['id']}", auth)[1]["request"]) for c in listed)
 
 
 async def test_a_create_gives_the_events_of_the_sse_stream(client):
@@ -134,11 +142,34 @@ async def test_a_steer_reaches_the_running_response_through_its_successor(client
     assert ended.response.id == first and kinds.index("response.steer.accepted") < kinds.index("response.incomplete")
     successor = events[-1].response
     assert successor.previous_response_id == first and successor.output_text == "Turning now."
-    # each response on the socket was a request of its own: two captures, the successor's body holds the steer
-    _, listed = server.get("/captures", {"Authorization": f"Bearer {KEY}"})
-    bodies = [json.dumps(server.get(f"/captures/{c['id']}", {"Authorization": f"Bearer {KEY}"})[1])
-              for c in listed["data"][:4]]
-    assert any("STEER: stop counting" in b for b in bodies)
+    assert captured(server, "STEER: stop counting")  # the successor was a request of its own, its input the steer
+
+
+WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+
+
+async def test_a_steer_waits_for_the_output_of_the_call_the_response_made(client, server):
+    async with client.responses.connect() as conn:
+        await conn.response.create(model="agent", input="Weather in Paris?", tools=[WEATHER])
+        events = []
+        async for event in conn:
+            events.append(event)
+            if event.type == "response.created":
+                await conn.response.steer(input="STEER: in Celsius", previous_response_id=event.response.id)
+            if event.type in ("response.steer.pending", "response.steer.failed", "error"):
+                break
+        call = next(e for e in events if e.type == "response.completed").response
+        pending = events[-1]
+        assert pending.type == "response.steer.pending", [e.type for e in events]
+        (stub,) = pending.required_input
+        assert stub.type == "function_call_output" and stub.call_id == call.output[0].call_id
+        assert stub.name == "get_weather" and pending.steer.previous_response_id == call.id
+        await conn.response.create(model="agent", previous_response_id=call.id, tools=[WEATHER], input=[
+            {"type": "function_call_output", "call_id": stub.call_id, "output": "18 C"}])
+        final = (await until_done(conn))[-1].response
+    assert final.status == "completed" and final.output_text == "It is 18 C."
+    assert captured(server, "STEER: in Celsius")  # the continuation carried the queued input
 
 
 async def test_steering_with_nothing_running_fails_with_its_code(client):

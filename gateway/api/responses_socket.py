@@ -24,9 +24,10 @@ before the frame is read whole); a frame that is not a JSON object, or an unknow
 is an ``error`` event (400); more than ``MAX_EVENTS_PER_SECOND`` events in a second gets an
 ``error`` (``rate_limit_exceeded``) and the close 1008; an event out that the client does not
 read within ``server.write_timeout`` (``STALL_SECONDS`` where that is 0) aborts the connection.
-A socket that closes, however, cancels its running response (its generation stops and the
-model's slot is freed) and drops the queued ones. A heartbeat ping every ``HEARTBEAT_SECONDS``
-finds a peer that vanished."""
+A socket remembers at most ``MAX_ENDED`` ended responses (to tell a late steer so) and
+``MAX_PENDING`` responses whose steers wait. A socket that closes, however, cancels its
+running response (its generation stops and the model's slot is freed) and drops the queued
+ones. A heartbeat ping every ``HEARTBEAT_SECONDS`` finds a peer that vanished."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ import asyncio
 import json
 import logging
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -54,6 +55,8 @@ from .responses_steer import Steer, SteerRefused
 log = logging.getLogger(__name__)
 
 MAX_QUEUED = 16  # response.create events waiting behind the running one
+MAX_ENDED = 256  # ended responses a late steer is told about by name
+MAX_PENDING = 16  # responses whose steers wait for their client's turn; past it, the oldest's fail
 MAX_EVENTS_PER_SECOND = 100  # a client's events within one second; past it the socket closes
 HEARTBEAT_SECONDS = 30.0
 STALL_SECONDS = 60.0  # an event out's bound where server.write_timeout is 0
@@ -101,7 +104,7 @@ class Session:
         self.queue: deque[Job] = deque()
         self.turn: asyncio.Task[None] | None = None
         self.active: Running | None = None  # the response being generated, once created
-        self.ended: set[str] = set()  # ids of the responses that ran here (a steer too late)
+        self.ended: OrderedDict[str, None] = OrderedDict()  # the last MAX_ENDED responses' ids (a steer too late)
         self.pending: dict[str, list[Steer]] = {}  # response id -> steers waiting for its client's turn
         self.seq = 0  # the socket's own events' sequence numbers
         self._window = (0.0, 0)
@@ -214,7 +217,9 @@ class Session:
         elif kind in _ENDED:
             running.final = event.get("response")
             if running.id is not None:
-                self.ended.add(running.id)
+                self.ended[running.id] = None
+                while len(self.ended) > MAX_ENDED:
+                    self.ended.popitem(last=False)
             if self.active is running:
                 self.active = None
 
@@ -249,6 +254,10 @@ class Session:
             self.pending[final["id"]] = steers
             for steer in steers:
                 await self._send(steering.pending(steer, required, self._next()))
+            while len(self.pending) > MAX_PENDING:
+                for steer in self.pending.pop(next(iter(self.pending))):
+                    await self._steer_failed(steer, "response_not_active", "Too many responses on this socket "
+                                             "wait for their client's turn; this one's steering input was dropped")
             return
         self.queue.appendleft(Job(steering.successor(running.job.body, final, steers), steers))
 

@@ -121,8 +121,12 @@ def required_input(output: list[Any]) -> list[dict[str, Any]]:
     for item in output:
         if isinstance(item, dict) and item.get("type") in _REQUIRED:
             kind, key = _REQUIRED[item["type"]]
-            stub_key = "approval_request_id" if kind == "mcp_approval_response" else "call_id"
-            stubs.append({"type": kind, stub_key: item.get(key)})
+            if kind == "mcp_approval_response":
+                stubs.append({"type": kind, "approval_request_id": item.get(key)})
+            elif kind == "function_call_output":  # the SDK's stub names the function
+                stubs.append({"type": kind, "call_id": item.get(key), "name": item.get("name")})
+            else:
+                stubs.append({"type": kind, "call_id": item.get(key)})
     return stubs
 
 
