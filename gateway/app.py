@@ -59,7 +59,7 @@ from .models.config import Config, default_kv_cache_dir, default_state_dir
 from .server import tracing
 from .server.captures import CAPTURE, CaptureStore
 from .server.captures import FOLDER as CAPTURE_FOLDER
-from .server.connections import ConnectionGuard, Limits
+from .server.connections import ConnectionGuard, Limits, per_connection
 from .server.events import ERROR_CODE, OBSERVATION, OWNER, PRINCIPAL, STREAM, EventSink, Observation, request_id
 from .server.fetch import WebSessions
 from .server.live import Live
@@ -104,6 +104,7 @@ def endpoint_of(request: web.Request) -> str:
     return resource.canonical if resource is not None else "other"
 
 
+@per_connection
 @web.middleware
 async def connection_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Tell the connection guard a handler runs: its header and keep-alive deadlines pause."""
@@ -321,7 +322,9 @@ def browser_guard_middleware(allowed: tuple[str, ...]):
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        why = cross_site(request.method, request.headers.get("Origin"), request.headers.get("Sec-Fetch-Site"),
+        # a WebSocket's upgrade is a GET that then acts as POSTs do (a page may open one to any address)
+        method = "POST" if request.headers.get("Upgrade", "").lower() == "websocket" else request.method
+        why = cross_site(method, request.headers.get("Origin"), request.headers.get("Sec-Fetch-Site"),
                          request.headers.get("Host"), allowed)
         if why is not None:
             raise ApiError(f"Refused: {why}. A page on another origin may call this gateway only when "

@@ -8,7 +8,8 @@ as strict JSON by ``base/strictjson`` (the one parser of JSON from outside, whic
 parsers use for the JSON a caller sends inside a string too): no ``NaN``/``Infinity``, numbers
 Python can hold, at most ``MAX_DEPTH`` levels of nesting, and no lone UTF-16 surrogate in any
 string or key. Each refusal is a 4xx naming what is wrong; none reaches a handler. Large bodies
-are parsed off the event loop.
+are parsed off the event loop. A body can also be given (``GIVEN_BODY``: a WebSocket event
+made into a request by ``api/responses_socket``); it is then parsed, captured and checked the same way.
 """
 
 from __future__ import annotations
@@ -24,11 +25,15 @@ from ..base import strictjson
 from ..base.errors import ApiError, InvalidRequest
 from ..base.strictjson import MAX_DEPTH
 from ..server.captures import CAPTURE
+from ..server.events import request_key
 from .appkeys import CONFIG
 
 __all__ = ["MAX_DEPTH", "check_content_type", "decode", "parse_body", "parse_json", "read_json_object"]
 
 OFF_LOOP_BYTES = 256 * 1024  # bodies larger than this are decoded and parsed in a thread
+# a body given by the handler that made the request rather than read from its connection: the
+# Responses WebSocket's ``response.create``, whose request is the socket's own, cloned per event
+GIVEN_BODY = request_key("given_body", bytes)
 _ENCODINGS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 
 
@@ -42,22 +47,14 @@ async def read_json(request: web.Request, array: bool = False) -> Any:
     """The request's body as a JSON object, or where ``array`` an object or an array
     (llama-server's POST /lora-adapters), checked as the module says; raises ``ApiError``."""
     server = request.app[CONFIG].server
-    try:
-        if request.content.is_eof() or not server.body_timeout:  # all here already: no timer needed
-            raw = await request.read()
-        else:
-            raw = await asyncio.wait_for(request.read(), server.body_timeout)
-    except asyncio.TimeoutError:
-        raise ApiError(f"The request body did not arrive within server.body_timeout ({server.body_timeout:g} s)",
-                       status=408, code="request_timeout", headers={"Connection": "close"}) from None
-    except web.HTTPException:  # 413 past server.max_body_bytes
-        raise
-    except Exception as e:  # a malformed or cut body: bad chunk sizes, a reset connection
-        raise InvalidRequest(f"The request body could not be read: {type(e).__name__}",
-                             code="invalid_body") from None
+    given = request.get(GIVEN_BODY)
+    if given is not None:  # a WebSocket's event as a request's body: read (and bounded) already
+        raw, encoding = given, "identity"
+    else:
+        raw = await _read(request, server.body_timeout)
+        check_content_type(request.headers)
+        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
     capture = request.get(CAPTURE)
-    check_content_type(request.headers)
-    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
     if capture is not None:  # kept as decoded, so a compressed body reads as the JSON it is
         try:
             raw = await asyncio.to_thread(decode, raw, encoding, server.max_body_bytes) \
@@ -68,6 +65,21 @@ async def read_json(request: web.Request, array: bool = False) -> Any:
     if len(raw) > OFF_LOOP_BYTES:
         return await asyncio.to_thread(parse_body, raw, encoding, server.max_body_bytes, array)
     return parse_body(raw, encoding, server.max_body_bytes, array)
+
+
+async def _read(request: web.Request, timeout: float) -> bytes:
+    try:
+        if request.content.is_eof() or not timeout:  # all here already: no timer needed
+            return await request.read()
+        return await asyncio.wait_for(request.read(), timeout)
+    except asyncio.TimeoutError:
+        raise ApiError(f"The request body did not arrive within server.body_timeout ({timeout:g} s)",
+                       status=408, code="request_timeout", headers={"Connection": "close"}) from None
+    except web.HTTPException:  # 413 past server.max_body_bytes
+        raise
+    except Exception as e:  # a malformed or cut body: bad chunk sizes, a reset connection
+        raise InvalidRequest(f"The request body could not be read: {type(e).__name__}",
+                             code="invalid_body") from None
 
 
 def check_content_type(headers: Mapping[str, str]) -> None:

@@ -1,5 +1,6 @@
 """OpenAI's Responses API: POST /v1/responses (whole or streamed), GET and DELETE
-/v1/responses/{id}. A stored response's conversation continues with ``previous_response_id``.
+/v1/responses/{id}; the Responses WebSocket on GET /v1/responses is ``responses_socket``'s.
+A stored response's conversation continues with ``previous_response_id``.
 
 Tools left out of the prompt (hosted tools this server cannot run) are named, by type, in the
 ``X-Gateway-Dropped-Tools`` header (when the headers are still to be sent) and in the inference
@@ -14,7 +15,7 @@ from ..server.events import OWNER
 from ..server.response_store import ResponseStore, Stored
 from ..wire import responses as wire
 from ..wire.media import unmarked
-from . import pipeline
+from . import pipeline, responses_socket
 from .access import spends
 from .appkeys import CONFIG, RESPONSES, SEAL_KEY
 from .body import read_json_object
@@ -77,5 +78,6 @@ async def delete(request: web.Request) -> web.Response:
 def setup(app: web.Application) -> None:
     app[RESPONSES] = ResponseStore(app[CONFIG].server.responses_store)
     app.router.add_post("/v1/responses", create)
+    app.router.add_get("/v1/responses", responses_socket.connect)  # the Responses WebSocket: create's, per event
     app.router.add_get("/v1/responses/{response_id}", retrieve)
     app.router.add_delete("/v1/responses/{response_id}", delete)

@@ -12,7 +12,9 @@ file descriptor. ``ConnectionGuard`` wraps the server's protocol factory:
 - a connection running a handler has no deadline here: the handler's own limits apply
   (``server.body_timeout``, ``write_timeout``, ``request_timeout``).
 A sweep closes expired connections once a second. The middleware in ``app.py`` marks when a
-handler begins and ends (``begin`` / ``end``).
+handler begins and ends (``begin`` / ``end``); it is marked ``per_connection``, so a request
+made inside a running handler (a WebSocket's event as a request, ``api/responses_socket``)
+runs every middleware but that one.
 """
 
 from __future__ import annotations
@@ -32,6 +34,19 @@ log = logging.getLogger(__name__)
 
 SWEEP_SECONDS = 1.0
 REFUSAL_LOG_SECONDS = 60.0  # refusals are logged once per this interval, with their count
+
+
+_PER_CONNECTION = "_gateway_per_connection"
+
+
+def per_connection(middleware: Any) -> Any:
+    """Mark a middleware as the connection's own, not each request's (``is_per_connection``)."""
+    setattr(middleware, _PER_CONNECTION, True)
+    return middleware
+
+
+def is_per_connection(middleware: Any) -> bool:
+    return getattr(middleware, _PER_CONNECTION, False)
 
 
 class ConnState(Enum):
