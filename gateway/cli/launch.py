@@ -27,8 +27,10 @@ import os
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import quote
@@ -42,6 +44,7 @@ from .configfile import config_arg, config_if_any
 
 MAX_MODELS = 256  # models asked about, at most: each costs two requests
 MAX_ANSWER = 8 << 20  # bytes read of any one answer (a listing of MAX_MODELS models is far less)
+MAX_CONTEXT = 1 << 30  # tokens: a bigger n_ctx is no model's (and no agent's setting reads it): not known
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -89,18 +92,19 @@ def launch(args: argparse.Namespace, config: Config | None, out: TextIO | None =
     model, why = pick(models, args.model, default)
     if not args.force:
         check_context(client, model)
-    print(f"{client.title} on {shown(model.name, 200)}: {why}", file=sys.stderr)
     setup = settings(client, gw.url, model, keyed)
     folder = (config.server.state_dir if config is not None and config.server.state_dir else default_state_dir())
     folder = folder / "launch"
     if args.print_only:
         _write_files(setup, folder)
+        print(f"{client.title} on {shown(model.name, 200)}: {why}", file=sys.stderr)
         (out or sys.stdout).write(printed(client.program, setup, folder, extra, keyed))
         return 0
     program = shutil.which(client.program)
     if program is None:
         raise LaunchError(f"{client.title} is not installed (no `{client.program}` on PATH): {client.install}")
     _write_files(setup, folder)
+    print(f"{client.title} on {shown(model.name, 200)}: {why}", file=sys.stderr)
     key = gw.api_key or ""
     env = {**os.environ, **{k: key if v is KEY else str(v) for k, v in setup.env.items()}}
     return _run([program, *_args(setup, folder), *extra], env)
@@ -150,7 +154,7 @@ def _model(gw: Gateway, row: dict[str, Any]) -> Model:
     try:
         props = gw.get(f"/props?model={quote(name, safe='')}", MAX_ANSWER)
         value = props.get("default_generation_settings", {}).get("n_ctx") if isinstance(props, dict) else None
-        n_ctx = value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+        n_ctx = value if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_CONTEXT else None
     except (Refused, BadAnswer, Unreachable, AttributeError):
         pass
     try:
@@ -163,12 +167,31 @@ def _model(gw: Gateway, row: dict[str, Any]) -> Model:
 
 
 def _write_files(setup: Settings, folder: Path) -> None:
+    """``setup.files`` written into ``folder`` (made, only its owner's, where it is not there).
+    The agent reads what is there when it starts, so the folder must be one nobody else can
+    change: a folder of this user's, not a link, that others cannot write into; else a
+    ``LaunchError``. Each file is written beside its place and renamed over it, so a link left
+    at its name is replaced, never written through."""
     if not setup.files:
         return
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = folder.lstat()
+        if not stat.S_ISDIR(info.st_mode):
+            raise LaunchError(f"{folder} is not a folder (a link?): remove it, and launch makes its own")
+        if hasattr(os, "getuid") and info.st_uid != os.getuid():
+            raise LaunchError(f"{folder} belongs to another user: remove it, and launch makes its own")
+        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise LaunchError(f"others can write into {folder}: chmod go-w it (or remove it)")
         for name, text in setup.files.items():
-            (folder / name).write_text(text.replace("{dir}", str(folder)))
+            fd, temporary = tempfile.mkstemp(dir=folder, prefix=f".{name}.")
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    f.write(text.replace("{dir}", str(folder)))
+                os.replace(temporary, folder / name)
+            except BaseException:
+                Path(temporary).unlink(missing_ok=True)
+                raise
     except OSError as e:
         raise LaunchError(f"cannot write the agent's settings into {folder}: {e.strerror or e}") from None
 
