@@ -23,6 +23,7 @@ from aiohttp import web
 
 from gateway import cli
 from gateway.cli import client
+from gateway.cli import launch as launch_module
 from gateway.cli.agents import KEY_VAR
 
 KEY = "sk-launch-secret"
@@ -267,6 +268,21 @@ def test_a_broken_answer_is_one_line_or_counts_as_not_known(state, capsys, monke
         one_line(code, err)
     else:  # a fact not known: this model is passed over (no tool calls) or its context not known
         assert "Traceback" not in err and (code == 0 or err.count("\n") == 1), err
+
+
+def test_a_gateway_slow_on_each_model_ends_the_command_in_bounded_time(state, capsys, monkeypatch):
+    """Each answer within the client's bounds, but many of them: the survey as a whole is
+    bounded; naming the model asks about that one alone."""
+    monkeypatch.setattr(client, "TIMEOUT", 1.0)
+    monkeypatch.setattr(client, "DEADLINE", 1.0)
+    monkeypatch.setattr(launch_module, "SURVEY_TIME", 2.0)
+    started = time.monotonic()
+    with Impostor([f"m{i}" for i in range(50)], routes={"/props": drip}) as gw:
+        code, out, err = launch(capsys, gw.url, "aider")
+        assert "took over 2 s to describe its models" in one_line(code, err) and time.monotonic() - started < 15
+        code, out, err = launch(capsys, gw.url, "aider", "--model", "m7")
+        assert code == 0 and err.startswith("aider on m7: named with --model"), err
+        assert sum(1 for path, _ in gw.seen if path == "/api/show") < 10
 
 
 def test_a_refusal_that_echoes_the_key_does_not_print_it(state, capsys):

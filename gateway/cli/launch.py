@@ -31,6 +31,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import quote
@@ -44,6 +45,7 @@ from .configfile import config_arg, config_if_any
 
 MAX_MODELS = 256  # models asked about, at most: each costs two requests
 MAX_ANSWER = 8 << 20  # bytes read of any one answer (a listing of MAX_MODELS models is far less)
+SURVEY_TIME = 60.0  # seconds: the longest the gateway may take to describe its models, all together
 MAX_CONTEXT = 1 << 30  # tokens: a bigger n_ctx is no model's (and no agent's setting reads it): not known
 
 
@@ -87,8 +89,8 @@ def launch(args: argparse.Namespace, config: Config | None, out: TextIO | None =
     gw.api_key = args.api_key or os.environ.get(KEY_VAR) or gw.api_key
     rows = _rows(gw)
     keyed = gw.api_key is not None and _needs_key(gw)
-    models = [_model(gw, row) for row in rows[:MAX_MODELS]]
     default = config.server.agent_model if config is not None else None
+    models = _survey(gw, rows, args.model or default)
     model, why = pick(models, args.model, default)
     if not args.force:
         check_context(client, model)
@@ -132,6 +134,21 @@ def _rows(gw: Gateway) -> list[dict[str, Any]]:
     if not isinstance(data, list):
         raise LaunchError(f"{gw.url}/models did not list models: is this a gguf-gateway?")
     return [r for r in data if isinstance(r, dict) and isinstance(r.get("id"), str) and r.get("kind") == "chat"]
+
+
+def _survey(gw: Gateway, rows: list[dict[str, Any]], wanted: str | None) -> list[Model]:
+    """The facts of the models listed (only the one ``wanted`` where one is named), within
+    ``SURVEY_TIME`` in all: a gateway that answers each question slowly ends the command."""
+    if wanted:
+        rows = [r for r in rows if r["id"] == wanted][:1]  # none: pick says it is not there
+    deadline = time.monotonic() + SURVEY_TIME
+    models = []
+    for row in rows[:MAX_MODELS]:
+        if time.monotonic() > deadline:
+            raise LaunchError(f"the gateway at {gw.url} took over {SURVEY_TIME:g} s to describe its models: "
+                              "name one with --model")
+        models.append(_model(gw, row))
+    return models
 
 
 def _needs_key(gw: Gateway) -> bool:
