@@ -340,3 +340,18 @@ def test_no_file_of_launch_holds_the_key(state, capsys):
 def test_default_state_folder_is_used(state):
     from gateway.models.config.specs import default_state_dir
     assert Path(default_state_dir()).is_relative_to(state)
+
+
+def test_a_configuration_found_by_itself_does_not_give_its_key_to_a_named_host(state, capsys, monkeypatch):
+    """This machine's configuration (found, not named) holds its own gateway's keys: they go to
+    no host ``--url`` names. Named with ``--config`` beside ``--url``, the person ties them."""
+    config = state / "models.yaml"
+    config.write_text("server:\n  api_keys: [sk-this-machine]\n")
+    monkeypatch.setenv("GGUF_GATEWAY_CONFIG", str(config))
+    monkeypatch.delenv(KEY_VAR)
+    with Impostor(keyed=True) as gw:
+        code, out, err = launch(capsys, gw.url, "claude")
+        assert "needs an API key" in one_line(code, err)
+        assert not any(auth and "sk-this-machine" in auth for _, auth in gw.seen), gw.seen
+        code, out, err = launch(capsys, gw.url, "claude", "--config", str(config))
+        assert code == 1 and any(auth == "Bearer sk-this-machine" for _, auth in gw.seen)

@@ -4,7 +4,7 @@
 Standard library only (urllib), so the commands work from the same install with nothing
 running but the gateway. The address and key come from ``--url`` / ``--api-key``, else
 ``$GGUF_GATEWAY_URL`` / ``$GGUF_GATEWAY_API_KEY``, else the config file (host, port and its
-first API key).
+first API key; that key goes to a named address only with ``--config``).
 
 A server's JSON is read by ``base/strictjson`` (bounded: a text nested thousands deep is not a
 ``RecursionError``); an answer that is not JSON, or not in the gateway's shape (a server at the
@@ -80,13 +80,19 @@ class Gateway:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, config: Config | None) -> Gateway:
-        url = args.url or os.environ.get("GGUF_GATEWAY_URL")
+        """The gateway the arguments name, and the key for it. The configuration's first key
+        goes to the configured address, and to one named (``--url``, ``$GGUF_GATEWAY_URL``)
+        only where the configuration is named too (``--config``): a configuration found by
+        itself holds the keys of this machine's gateway, not of whatever host is named."""
+        named = args.url or os.environ.get("GGUF_GATEWAY_URL")
+        url = named
         if not url:
             host = config.server.host if config else "127.0.0.1"
             host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
             url = f"http://{'[' + host + ']' if ':' in host else host}:{config.server.port if config else 8080}"
+        tied = not named or getattr(args, "config", None)
         key = args.api_key or os.environ.get("GGUF_GATEWAY_API_KEY") or (
-            KeyTable(config.server.api_keys).first_secret() if config else None)
+            KeyTable(config.server.api_keys).first_secret() if config and tied else None)
         return cls(url, key)
 
     @classmethod

@@ -64,7 +64,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    "the agent's prompt needs")
     config_arg(p)
     p.add_argument("--url", help="the gateway (default: $GGUF_GATEWAY_URL, else the configured address)")
-    p.add_argument("--api-key", help=f"default: ${KEY_VAR}, else $GGUF_GATEWAY_API_KEY, else the config's first key")
+    p.add_argument("--api-key", help=f"default: ${KEY_VAR}, else $GGUF_GATEWAY_API_KEY, else the config's first key "
+                   "(sent to a named --url only with --config)")
     p.set_defaults(run=run)
 
 
