@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import stat
 import subprocess
 import threading
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 import tomllib
 from aiohttp import web
+from helpers import gateway_command
 
 from gateway import cli
 from gateway.cli import client
@@ -355,3 +357,62 @@ def test_a_configuration_found_by_itself_does_not_give_its_key_to_a_named_host(s
         assert not any(auth and "sk-this-machine" in auth for _, auth in gw.seen), gw.seen
         code, out, err = launch(capsys, gw.url, "claude", "--config", str(config))
         assert code == 1 and any(auth == "Bearer sk-this-machine" for _, auth in gw.seen)
+
+
+
+ODD = {
+    "surrogate": b'{"data": [{"id": "m\\ud800", "kind": "chat", "state": "ready"}, '
+                 b'{"id": "coder", "kind": "chat", "state": "ready"}]}',
+    "latin1": b'{"data": [{"id": "m\xe9", "kind": "chat"}]}',
+    "deep": b'{"data": ' + b"[" * 100000 + b"]" * 100000 + b"}",
+    "types": b'{"data": [{"id": 5, "kind": "chat"}, {"id": ["x"]}, "coder", null, {"id": "coder", "kind": "chat"}]}',
+}
+
+
+@pytest.mark.parametrize("body", sorted(ODD))
+def test_an_odd_listing_is_one_line_or_its_odd_entries_passed_over(state, capsys, body):
+    """Text that is not Unicode, JSON nested deeper than a parser's stack, entries of the wrong
+    types: one line, or the odd entries passed over."""
+    async def listing(request: web.Request) -> web.StreamResponse:
+        return web.Response(body=ODD[body], content_type="application/json")
+
+    with Impostor(routes={"/models": listing}) as gw:
+        code, out, err = launch(capsys, gw.url, "aider")
+    if body == "types":
+        assert code == 0 and err.startswith("aider on coder:"), err
+    else:
+        one_line(code, err)
+
+
+def test_ctrl_c_at_a_gateway_that_drips_its_headers_is_no_traceback(state):
+    """Headers a byte at a time: each wait is short, and http.client bounds no header's time as
+    a whole, so the person presses Ctrl-C; launch ends with 130 and one line."""
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nX-A: ")
+            for _ in range(120):
+                writer.write(b"a")
+                await writer.drain()
+                await asyncio.sleep(0.25)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    async def main() -> tuple[int | None, bytes]:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        proc = await asyncio.create_subprocess_exec(
+            *gateway_command(), "launch", "aider", "--print", "--url", f"http://127.0.0.1:{port}",
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        await asyncio.sleep(3)
+        proc.send_signal(signal.SIGINT)
+        _, err = await asyncio.wait_for(proc.communicate(), 20)
+        server.close()
+        await asyncio.sleep(0.5)  # the handler sees the connection gone, and closes its side
+        await server.wait_closed()
+        return proc.returncode, err
+
+    code, err = asyncio.run(main())
+    assert code == 130 and err.decode() == "stopped\n", err

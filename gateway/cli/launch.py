@@ -75,6 +75,9 @@ def run(args: argparse.Namespace) -> int:
     except LaunchError as e:
         print(f"error: {shown(str(e), 1000)}", file=sys.stderr)
         return e.code
+    except KeyboardInterrupt:  # Ctrl-C before the agent runs: at the key's prompt, at a slow gateway
+        print("stopped", file=sys.stderr)
+        return 130
 
 
 def launch(args: argparse.Namespace, config: Config | None, out: TextIO | None = None) -> int:
