@@ -21,6 +21,9 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..backends.untrusted import name_problem as _untrusted_name_problem
+from ..backends.untrusted import shown
+
 KEY_VAR = "GGUF_GATEWAY_KEY"  # the variable a person's key is read from, and given to the agent in
 NO_KEY = "gguf-gateway"  # what an agent that insists on a key gets where the gateway has none
 
@@ -74,21 +77,43 @@ CLIENTS = {c.name: c for c in (
 )}
 
 
+SUBSTITUTIONS = "${}"  # what an agent's configuration reads as a substitution in a name
+
+
+def name_problem(name: str) -> str | None:
+    """Why the gateway's model ``name`` cannot be passed to an agent, or None where it can. The
+    name goes into the agents' own configurations, and some read more there than text:
+    opencode replaces ``{env:X}`` and ``{file:PATH}`` (the file's text) in
+    ``OPENCODE_CONFIG_CONTENT``, Continue ``${{ secrets.X }}`` in its YAML; a name holding them
+    would send the person's other secrets to the gateway as the model's name with each request.
+    So a name is refused where another server's would be (``untrusted.name_problem``: a control
+    or bidi character, a path that leaves, too long), and where it holds ``$``, ``{`` or ``}``."""
+    problem = _untrusted_name_problem(name)
+    if problem is None and any(c in SUBSTITUTIONS for c in name):
+        problem = "a '$', '{' or '}', which agents' configurations read as a substitution"
+    return problem
+
+
 def pick(models: Sequence[Model], named: str | None, default: str | None) -> tuple[Model, str]:
     """The model to launch an agent on, and why (a phrase): the one ``named``, else the
     configured ``default`` (``server.agent_model``), else among the models whose format carries
     tool calls a loaded one before one that is not, the biggest context first, then by name.
     A named or default model that is not on the gateway, or none with tool calls, is a
-    ``LaunchError``; a named or default model without tool calls is picked, and the line says so."""
+    ``LaunchError``; a named or default model without tool calls is picked, and the line says so.
+    A name with a ``name_problem`` is never picked: named, it is a ``LaunchError``."""
     by_name = {m.name: m for m in models}
     for wanted, why in ((named, "named with --model"), (default, "server.agent_model in the configuration")):
         if wanted:
             if wanted not in by_name:
                 raise LaunchError(f"no model {wanted!r} on the gateway ({why}); see `gguf-gateway models`")
             model = by_name[wanted]
+            problem = name_problem(model.name)
+            if problem:
+                raise LaunchError(f"the gateway's model {shown(model.name, 80)!r} cannot be passed to an agent: "
+                                  f"its name holds {problem}")
             caveat = "" if model.tools else "; its format has no tool calls: the agent's tools will not work"
             return model, f"{why}{caveat}"
-    callers = [m for m in models if m.tools]
+    callers = [m for m in models if m.tools and name_problem(m.name) is None]
     if not callers:
         raise LaunchError("no model on the gateway has a format with tool calls, which agents need; "
                           "add one to models.yaml (or name one with --model)")
@@ -148,7 +173,13 @@ CODEX_PROVIDER = "gguf-gateway"
 
 
 def _toml(value: str | int) -> str:
-    return str(value) if isinstance(value, int) else json.dumps(value)  # a JSON string is a TOML basic string
+    """A TOML value: a JSON string is a TOML basic string, but for the characters JSON escapes
+    as UTF-16 surrogate pairs (TOML reads ``\\ud83d`` as an error: Codex would then take the text
+    with its quotes for the model's name), so those stay as they are, and DEL, which TOML wants
+    escaped and JSON does not."""
+    if isinstance(value, int):
+        return str(value)
+    return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
 def _codex(url: str, model: Model, keyed: bool) -> Settings:

@@ -30,7 +30,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     for p in (status, chat):
         config_arg(p)
         p.add_argument("--url", help="the gateway (default: $GGUF_GATEWAY_URL, else host and port from the config)")
-        p.add_argument("--api-key", help="default: $GGUF_GATEWAY_API_KEY, else the config's first key")
+        p.add_argument("--api-key", help="default: $GGUF_GATEWAY_API_KEY, else the config's first key "
+                   "(sent to a named --url only with --config)")
         p.set_defaults(run=run)
 
 

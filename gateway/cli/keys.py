@@ -102,7 +102,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     usage.add_argument("--json", action="store_true", help="the gateway's JSON as it answered")
     config_arg(usage)
     usage.add_argument("--url", help="the gateway (default: $GGUF_GATEWAY_URL, else host and port from the config)")
-    usage.add_argument("--api-key", help="default: $GGUF_GATEWAY_API_KEY, else the config's first key")
+    usage.add_argument("--api-key", help="default: $GGUF_GATEWAY_API_KEY, else the config's first key "
+                   "(sent to a named --url only with --config)")
     for p in (keys, usage):
         p.set_defaults(run=main)
 

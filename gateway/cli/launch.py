@@ -27,8 +27,11 @@ import os
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import quote
@@ -42,6 +45,8 @@ from .configfile import config_arg, config_if_any
 
 MAX_MODELS = 256  # models asked about, at most: each costs two requests
 MAX_ANSWER = 8 << 20  # bytes read of any one answer (a listing of MAX_MODELS models is far less)
+SURVEY_TIME = 60.0  # seconds: the longest the gateway may take to describe its models, all together
+MAX_CONTEXT = 1 << 30  # tokens: a bigger n_ctx is no model's (and no agent's setting reads it): not known
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -59,7 +64,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    "the agent's prompt needs")
     config_arg(p)
     p.add_argument("--url", help="the gateway (default: $GGUF_GATEWAY_URL, else the configured address)")
-    p.add_argument("--api-key", help=f"default: ${KEY_VAR}, else $GGUF_GATEWAY_API_KEY, else the config's first key")
+    p.add_argument("--api-key", help=f"default: ${KEY_VAR}, else $GGUF_GATEWAY_API_KEY, else the config's first key "
+                   "(sent to a named --url only with --config)")
     p.set_defaults(run=run)
 
 
@@ -69,6 +75,9 @@ def run(args: argparse.Namespace) -> int:
     except LaunchError as e:
         print(f"error: {shown(str(e), 1000)}", file=sys.stderr)
         return e.code
+    except KeyboardInterrupt:  # Ctrl-C before the agent runs: at the key's prompt, at a slow gateway
+        print("stopped", file=sys.stderr)
+        return 130
 
 
 def launch(args: argparse.Namespace, config: Config | None, out: TextIO | None = None) -> int:
@@ -84,23 +93,24 @@ def launch(args: argparse.Namespace, config: Config | None, out: TextIO | None =
     gw.api_key = args.api_key or os.environ.get(KEY_VAR) or gw.api_key
     rows = _rows(gw)
     keyed = gw.api_key is not None and _needs_key(gw)
-    models = [_model(gw, row) for row in rows[:MAX_MODELS]]
     default = config.server.agent_model if config is not None else None
+    models = _survey(gw, rows, args.model or default)
     model, why = pick(models, args.model, default)
     if not args.force:
         check_context(client, model)
-    print(f"{client.title} on {shown(model.name, 200)}: {why}", file=sys.stderr)
     setup = settings(client, gw.url, model, keyed)
     folder = (config.server.state_dir if config is not None and config.server.state_dir else default_state_dir())
     folder = folder / "launch"
     if args.print_only:
         _write_files(setup, folder)
+        print(f"{client.title} on {shown(model.name, 200)}: {why}", file=sys.stderr)
         (out or sys.stdout).write(printed(client.program, setup, folder, extra, keyed))
         return 0
     program = shutil.which(client.program)
     if program is None:
         raise LaunchError(f"{client.title} is not installed (no `{client.program}` on PATH): {client.install}")
     _write_files(setup, folder)
+    print(f"{client.title} on {shown(model.name, 200)}: {why}", file=sys.stderr)
     key = gw.api_key or ""
     env = {**os.environ, **{k: key if v is KEY else str(v) for k, v in setup.env.items()}}
     return _run([program, *_args(setup, folder), *extra], env)
@@ -130,6 +140,21 @@ def _rows(gw: Gateway) -> list[dict[str, Any]]:
     return [r for r in data if isinstance(r, dict) and isinstance(r.get("id"), str) and r.get("kind") == "chat"]
 
 
+def _survey(gw: Gateway, rows: list[dict[str, Any]], wanted: str | None) -> list[Model]:
+    """The facts of the models listed (only the one ``wanted`` where one is named), within
+    ``SURVEY_TIME`` in all: a gateway that answers each question slowly ends the command."""
+    if wanted:
+        rows = [r for r in rows if r["id"] == wanted][:1]  # none: pick says it is not there
+    deadline = time.monotonic() + SURVEY_TIME
+    models = []
+    for row in rows[:MAX_MODELS]:
+        if time.monotonic() > deadline:
+            raise LaunchError(f"the gateway at {gw.url} took over {SURVEY_TIME:g} s to describe its models: "
+                              "name one with --model")
+        models.append(_model(gw, row))
+    return models
+
+
 def _needs_key(gw: Gateway) -> bool:
     """Whether the gateway refuses a request without a key (the agent then needs ours)."""
     try:
@@ -150,7 +175,7 @@ def _model(gw: Gateway, row: dict[str, Any]) -> Model:
     try:
         props = gw.get(f"/props?model={quote(name, safe='')}", MAX_ANSWER)
         value = props.get("default_generation_settings", {}).get("n_ctx") if isinstance(props, dict) else None
-        n_ctx = value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+        n_ctx = value if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_CONTEXT else None
     except (Refused, BadAnswer, Unreachable, AttributeError):
         pass
     try:
@@ -163,12 +188,31 @@ def _model(gw: Gateway, row: dict[str, Any]) -> Model:
 
 
 def _write_files(setup: Settings, folder: Path) -> None:
+    """``setup.files`` written into ``folder`` (made, only its owner's, where it is not there).
+    The agent reads what is there when it starts, so the folder must be one nobody else can
+    change: a folder of this user's, not a link, that others cannot write into; else a
+    ``LaunchError``. Each file is written beside its place and renamed over it, so a link left
+    at its name is replaced, never written through."""
     if not setup.files:
         return
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = folder.lstat()
+        if not stat.S_ISDIR(info.st_mode):
+            raise LaunchError(f"{folder} is not a folder (a link?): remove it, and launch makes its own")
+        if hasattr(os, "getuid") and info.st_uid != os.getuid():
+            raise LaunchError(f"{folder} belongs to another user: remove it, and launch makes its own")
+        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise LaunchError(f"others can write into {folder}: chmod go-w it (or remove it)")
         for name, text in setup.files.items():
-            (folder / name).write_text(text.replace("{dir}", str(folder)))
+            fd, temporary = tempfile.mkstemp(dir=folder, prefix=f".{name}.")
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    f.write(text.replace("{dir}", str(folder)))
+                os.replace(temporary, folder / name)
+            except BaseException:
+                Path(temporary).unlink(missing_ok=True)
+                raise
     except OSError as e:
         raise LaunchError(f"cannot write the agent's settings into {folder}: {e.strerror or e}") from None
 

@@ -103,7 +103,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         config_arg(p)
         p.add_argument("--url", help="a running gateway to work through (default: $GGUF_GATEWAY_URL, else the "
                        "configured address when a gateway answers there, else none: this process does it)")
-        p.add_argument("--api-key", help="default: $GGUF_GATEWAY_API_KEY, else the config's first key")
+        p.add_argument("--api-key", help="default: $GGUF_GATEWAY_API_KEY, else the config's first key "
+                   "(sent to a named --url only with --config)")
         p.set_defaults(run=run)
 
 
