@@ -49,7 +49,7 @@ from ..server.events import STREAM
 from ..server.socketstream import Outbox, SocketStream
 from . import responses_steer as steering
 from .appkeys import CONFIG
-from .body import GIVEN_BODY
+from .body import GIVEN_BODY, OFF_LOOP_BYTES, Given
 from .responses_steer import Steer, SteerRefused
 
 log = logging.getLogger(__name__)
@@ -141,8 +141,9 @@ class Session:
         return self._window[1] <= MAX_EVENTS_PER_SECOND
 
     async def _event(self, data: str | bytes) -> None:
-        try:
-            event = strictjson.loads(data)
+        try:  # a large frame is parsed off the event loop, as a POST's body is, and only once
+            event = await asyncio.to_thread(strictjson.loads, data) if len(data) > OFF_LOOP_BYTES \
+                else strictjson.loads(data)
         except ValueError as e:
             return await self._error(InvalidRequest(f"The event is not JSON: {e}", code="invalid_json"))
         if not isinstance(event, dict):
@@ -206,7 +207,7 @@ class Session:
         match.add_app(app)
         match.freeze()
         request._match_info = match  # what aiohttp's own dispatch does: the POST's route and handler
-        request[GIVEN_BODY] = json.dumps(body).encode()
+        request[GIVEN_BODY] = Given(dict(body), lambda: json.dumps(body).encode())  # parsed: never again
         return request
 
     def _seen(self, running: Running, event: dict[str, Any]) -> None:

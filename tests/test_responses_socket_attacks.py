@@ -1,0 +1,172 @@
+"""The Responses WebSocket (GET /v1/responses with an upgrade) attacked from outside: a stranger
+(no key, a page on another origin, a rebound Host), a user key held to its models and limits,
+and a hostile client (huge frames, compressed frames, floods), against the real `gguf-gateway
+serve` process with real llama.cpp inference on scripted models. Each threat's safe answer is
+asserted, and that the model keeps serving others."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.request
+import zlib
+
+import aiohttp
+import pytest
+from helpers import ServerProcess
+
+from gateway.models import testmodels as tm
+
+pytestmark = pytest.mark.slow
+
+ROOT = "attack-root-key"
+SCOPED = "attack-scoped-key"  # a user key held to the model "plain"
+OTHER = "attack-other-key"  # a user key with every model
+PARALLEL = "attack-parallel-key"  # a user key with one response at a time
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    d = tmp_path_factory.mktemp("responses-socket-attacks")
+    tm.plain(d / "plain.gguf", ["Hello", ",", " world", "!"])
+    tm.endless(d / "endless.gguf")
+    cfg = d / "models.yaml"
+    cfg.write_text("server:\n  discover_default_stores: false\n  responses_store: 64\n  write_timeout: 2\n"
+                   f"  api_keys:\n    root: {ROOT}\n"
+                   f"    scoped: {{key: {SCOPED}, role: user, models: [plain]}}\n"
+                   f"    other: {{key: {OTHER}, role: user}}\n"
+                   f"    parallel: {{key: {PARALLEL}, role: user, max_parallel: 1}}\n"
+                   f"models:\n  plain: {d}/plain.gguf\n  endless: {d}/endless.gguf\n")
+    with ServerProcess("--config", str(cfg)) as srv:
+        yield srv
+
+
+def ws_url(server) -> str:
+    return server.url.replace("http://", "ws://") + "/v1/responses"
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+async def ended(ws, count: int = 1, timeout: float = 60) -> list[dict]:
+    """Events until the ``count``-th response ended (or an error event)."""
+    events, n = [], 0
+    while n < count:
+        event = await ws.receive_json(timeout=timeout)
+        events.append(event)
+        if event["type"] in ("response.completed", "response.incomplete", "response.failed", "error"):
+            n += 1
+    return events
+
+
+def answers_within(server, seconds: float, model: str = "plain") -> None:
+    """A plain POST from another client is answered within ``seconds``."""
+    started = time.monotonic()
+    req = urllib.request.Request(server.url + "/v1/responses", method="POST", headers={
+        **auth(ROOT), "Content-Type": "application/json"},
+        data=json.dumps({"model": model, "input": "hi", "max_output_tokens": 4}).encode())
+    with urllib.request.urlopen(req, timeout=seconds + 5) as r:
+        assert json.loads(r.read())["status"] in ("completed", "incomplete")
+    assert time.monotonic() - started < seconds
+
+
+async def test_a_page_on_another_origin_cannot_open_a_socket(server):
+    """Cross-site WebSocket hijacking: a browser sends its page's Origin (`null` from a sandboxed
+    frame); without keys needed, that would be a stranger's socket."""
+    async with aiohttp.ClientSession() as s:
+        for origin in ("https://evil.example", "null", f"http://127.0.0.1:{server.port + 1}"):
+            with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                await s.ws_connect(ws_url(server), headers={**auth(ROOT), "Origin": origin})
+            assert refused.value.status == 403, origin
+        async with s.ws_connect(ws_url(server), headers={**auth(ROOT), "Origin": server.url}) as ws:
+            await ws.send_json({"type": "response.create", "model": "plain", "input": "hi"})
+            assert (await ended(ws))[-1]["type"] == "response.completed"
+
+
+async def test_a_rebound_host_cannot_open_a_socket(server):
+    async with aiohttp.ClientSession() as s:
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await s.ws_connect(ws_url(server), headers={**auth(ROOT), "Host": f"evil.example:{server.port}"})
+        assert refused.value.status == 403
+
+
+async def test_an_event_cannot_switch_the_key_or_its_scope(server):
+    """The key checked at the upgrade is each event's: a field in the event naming another key,
+    or another model, changes nothing."""
+    async with aiohttp.ClientSession() as s:
+        async with s.ws_connect(ws_url(server), headers=auth(SCOPED)) as ws:
+            await ws.send_json({"type": "response.create", "model": "endless", "input": "hi",
+                                "authorization": f"Bearer {ROOT}", "headers": auth(ROOT), "api_key": ROOT})
+            refused = (await ended(ws))[-1]
+            assert refused["type"] == "error" and refused["status"] in (400, 403, 404), refused
+            await ws.send_json({"type": "response.create", "model": "plain", "input": "hi"})
+            assert (await ended(ws))[-1]["type"] == "response.completed"
+
+
+async def test_another_keys_stored_response_cannot_be_continued(server):
+    async with aiohttp.ClientSession() as s:
+        async with s.ws_connect(ws_url(server), headers=auth(ROOT)) as ws:
+            await ws.send_json({"type": "response.create", "model": "plain", "input": "secret"})
+            mine = (await ended(ws))[-1]["response"]["id"]
+        async with s.ws_connect(ws_url(server), headers=auth(OTHER)) as ws:
+            await ws.send_json({"type": "response.create", "model": "plain", "input": "tell",
+                                "previous_response_id": mine})
+            refused = (await ended(ws))[-1]
+            assert refused["type"] == "error" and refused["status"] == 404, refused
+            await ws.send_json({"type": "response.steer", "previous_response_id": mine, "input": "x"})
+            steer = await ws.receive_json(timeout=10)
+            assert steer["type"] == "response.steer.failed" and steer["error"]["code"] == "response_not_found"
+
+
+async def test_sockets_do_not_multiply_a_keys_parallel_limit(server):
+    """A key with max_parallel 1 and two sockets: the second socket's response waits its turn
+    or is refused, never runs beside the first."""
+    async with aiohttp.ClientSession() as s:
+        async with s.ws_connect(ws_url(server), headers=auth(PARALLEL)) as a, \
+                s.ws_connect(ws_url(server), headers=auth(PARALLEL)) as b:
+            await a.send_json({"type": "response.create", "model": "endless", "input": "x",
+                               "max_output_tokens": 2000})
+            assert (await a.receive_json(timeout=30))["type"] == "response.created"
+            await b.send_json({"type": "response.create", "model": "plain", "input": "y"})
+            second = (await ended(b))[-1]
+            assert second["type"] == "error" and second["status"] == 429, second
+            assert second["error"]["code"] == "rate_limit_exceeded"
+
+
+def deflated(text: str) -> bytes:
+    c = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+    return c.compress(text.encode()) + c.flush(zlib.Z_SYNC_FLUSH)[:-4]
+
+
+async def test_a_compressed_bomb_is_bounded_by_the_body_limit(server):
+    """permessage-deflate: a small frame that inflates past server.max_body_bytes closes the
+    socket (1009) and the model keeps serving."""
+    async with aiohttp.ClientSession() as s:
+        async with s.ws_connect(ws_url(server), headers=auth(ROOT), compress=15) as ws:
+            assert ws.compress, "the server negotiated no compression: nothing to bomb"
+            bomb = '{"type": "response.create", "input": "' + "a" * (100 << 20) + '"}'
+            await ws.send_str(bomb)
+            message = await ws.receive(timeout=30)
+            assert message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.CLOSING)
+            assert ws.close_code == 1009
+    await asyncio.to_thread(answers_within, server, 10.0)
+
+
+async def test_a_big_frame_does_not_stall_other_clients(server):
+    """A frame just under the body bound, full of tiny JSON values, is parsed off the event
+    loop: another client's request is answered meanwhile."""
+    body = '{"type": "response.create", "model": "plain", "input": "hi", "metadata": {"x": [' + \
+           ",".join(["0"] * 15_000_000) + "]}}"
+    async with aiohttp.ClientSession() as s:
+        async with s.ws_connect(ws_url(server), headers=auth(ROOT), max_msg_size=0) as ws:
+            await ws.send_str(body)
+            await asyncio.sleep(0.2)  # the frame arrived; parsing it takes seconds
+            worst = 0.0
+            for _ in range(10):
+                started = time.monotonic()
+                await asyncio.to_thread(server.get, "/health")
+                worst = max(worst, time.monotonic() - started)
+            await ended(ws)
+    assert worst < 1.0, f"/health waited {worst:.1f} s behind one frame"
