@@ -170,3 +170,55 @@ async def test_a_big_frame_does_not_stall_other_clients(server):
                 worst = max(worst, time.monotonic() - started)
             await ended(ws)
     assert worst < 1.0, f"/health waited {worst:.1f} s behind one frame"
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """A gateway whose bodies are at most 1 MiB."""
+    d = tmp_path_factory.mktemp("responses-socket-small")
+    tm.plain(d / "plain.gguf", ["Hello", ",", " world", "!"])
+    tm.endless(d / "endless.gguf")
+    cfg = d / "models.yaml"
+    cfg.write_text("server:\n  discover_default_stores: false\n  max_body_bytes: 1048576\n"
+                   f"models:\n  plain: {d}/plain.gguf\n  endless: {d}/endless.gguf\n")
+    with ServerProcess("--config", str(cfg)) as srv:
+        yield srv
+
+
+def rss(server) -> int:
+    with open(f"/proc/{server.proc.pid}/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+EMPTIES = ",".join(["{}"] * 130_000)  # 390 KB of JSON that is tens of MB once parsed
+
+
+async def test_what_waits_on_a_socket_is_bounded_by_the_body_limit(small):
+    """Sixteen queued creates (and sixteen steers) of frames that are small as bytes and huge as
+    Python objects: what waits on a socket is at most server.max_body_bytes of frames."""
+    before = rss(small)
+    async with aiohttp.ClientSession() as s:
+        async with s.ws_connect(ws_url(small)) as ws:
+            await ws.send_json({"type": "response.create", "model": "endless", "input": "x",
+                                "max_output_tokens": 4000})
+            running = (await ws.receive_json(timeout=30))["response"]["id"]
+            for _ in range(16):
+                await ws.send_str('{"type": "response.create", "model": "plain", "input": "hi", '
+                                  '"metadata": {"x": [' + EMPTIES + "]}}")
+            for _ in range(16):
+                await ws.send_str(json.dumps({"type": "response.steer", "previous_response_id": running,
+                                              "input": [{"role": "user", "content": "y" * 300_000}]}))
+            refused, steers = 0, []
+            while len(steers) < 16 or refused < 14:
+                event = await ws.receive_json(timeout=30)
+                if event["type"] == "error":
+                    assert event["status"] == 429 and event["error"]["code"] == "queue_full", event
+                    refused += 1
+                elif event["type"].startswith("response.steer."):
+                    steers.append(event)
+            grown = rss(small) - before
+    assert refused == 14  # two frames of 390 KB fit 1 MiB
+    assert all(e["type"] == "response.steer.failed" and e["error"]["code"] == "too_many_pending_steers"
+               for e in steers)  # the queue holds the bound already
+    assert grown < 400 << 20, f"the server grew {grown >> 20} MiB"
+    await asyncio.to_thread(answers_within, small, 10.0)
