@@ -348,3 +348,24 @@ async def test_closing_with_responses_queued_frees_the_model(server):
             while (await ws.receive_json(timeout=30))["type"] != "response.steer.accepted":
                 pass
     await asyncio.to_thread(answers_within, server, 8.0, "endless")
+
+
+async def test_each_socket_counts_against_the_connection_limit(tmp_path):
+    """Thousands of sockets cannot get past server.max_connections: each one is a connection,
+    and once they hold them all, the next is refused with a 503 (and freed when they close)."""
+    tm.plain(tmp_path / "plain.gguf", ["Hello", ",", " world", "!"])
+    cfg = tmp_path / "models.yaml"
+    cfg.write_text(f"server:\n  discover_default_stores: false\n  max_connections: 3\n"
+                   f"models:\n  plain: {tmp_path}/plain.gguf\n")
+    with ServerProcess("--config", str(cfg)) as srv:
+        async with aiohttp.ClientSession() as s:
+            sockets = [await s.ws_connect(ws_url(srv)) for _ in range(3)]
+            with pytest.raises((aiohttp.WSServerHandshakeError, aiohttp.ServerDisconnectedError,
+                                aiohttp.ClientOSError)) as refused:
+                await s.ws_connect(ws_url(srv))
+            if isinstance(refused.value, aiohttp.WSServerHandshakeError):
+                assert refused.value.status == 503
+            for ws in sockets:
+                await ws.close()
+        await asyncio.sleep(0.5)
+        assert srv.get("/health")[0] == 200
