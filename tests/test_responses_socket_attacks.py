@@ -369,3 +369,29 @@ async def test_each_socket_counts_against_the_connection_limit(tmp_path):
                 await ws.close()
         await asyncio.sleep(0.5)
         assert srv.get("/health")[0] == 200
+
+
+def test_a_client_that_never_reads_leaves_no_traceback(server):
+    """Cut off by write_timeout mid-stream, with responses queued and a steer sent: an ordinary
+    disconnect in the log, never an unhandled error."""
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    key = base64.b64encode(os.urandom(16)).decode()
+    sock.sendall((f"GET /v1/responses HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nUpgrade: websocket\r\n"
+                  f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
+                  f"Authorization: Bearer {ROOT}\r\n\r\n").encode())
+    for text in [json.dumps({"type": "response.create", "model": "endless", "input": "x",
+                             "max_output_tokens": 3900})] * 3 + ['{"type": "nope"}'] * 50:
+        data, mask = text.encode(), os.urandom(4)
+        sock.sendall(bytes([0x81, 0x80 | len(data)]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(data)))
+    try:
+        before = server.output().count('"client_disconnected":true')
+        deadline = time.monotonic() + 90
+        while server.output().count('"client_disconnected":true') == before and time.monotonic() < deadline:
+            time.sleep(0.2)  # it writes until the buffers are full, then waits write_timeout (2 s)
+        assert server.output().count('"client_disconnected":true') > before, "never cut off"
+        answers_within(server, 8.0, "endless")
+    finally:
+        sock.close()
+    time.sleep(0.5)
+    assert "Traceback" not in server.output() and "unhandled error" not in server.output()
