@@ -95,6 +95,10 @@ async def test_a_rebound_host_cannot_open_a_socket(server):
         with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
             await s.ws_connect(ws_url(server), headers={**auth(ROOT), "Host": f"evil.example:{server.port}"})
         assert refused.value.status == 403
+        with pytest.raises(aiohttp.WSServerHandshakeError) as rebound:  # the page's own origin, as a browser sends it
+            await s.ws_connect(ws_url(server), headers={"Host": f"evil.example:{server.port}",
+                                                        "Origin": f"http://evil.example:{server.port}"})
+        assert rebound.value.status == 403
 
 
 async def test_an_event_cannot_switch_the_key_or_its_scope(server):
