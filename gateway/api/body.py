@@ -9,14 +9,17 @@ parsers use for the JSON a caller sends inside a string too): no ``NaN``/``Infin
 Python can hold, at most ``MAX_DEPTH`` levels of nesting, and no lone UTF-16 surrogate in any
 string or key. Each refusal is a 4xx naming what is wrong; none reaches a handler. Large bodies
 are parsed off the event loop. A body can also be given (``GIVEN_BODY``: a WebSocket event
-made into a request by ``api/responses_socket``); it is then parsed, captured and checked the same way.
+made into a request by ``api/responses_socket``): parsed and checked by the same parser, off the
+event loop where large, when its frame arrived, it is not encoded and parsed again (for a frame of
+millions of tiny values that costs seconds, much of it holding the interpreter's lock).
 """
 
 from __future__ import annotations
 
 import asyncio
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -30,10 +33,20 @@ from .appkeys import CONFIG
 
 __all__ = ["MAX_DEPTH", "check_content_type", "decode", "parse_body", "parse_json", "read_json_object"]
 
+
+@dataclass(frozen=True)
+class Given:
+    """A body its request's maker read, bounded and parsed (``strictjson``) already: ``body``;
+    ``text()``, its JSON, is made only for a capture (off the event loop)."""
+
+    body: dict[str, Any]
+    text: Callable[[], bytes]
+
+
 OFF_LOOP_BYTES = 256 * 1024  # bodies larger than this are decoded and parsed in a thread
 # a body given by the handler that made the request rather than read from its connection: the
 # Responses WebSocket's ``response.create``, whose request is the socket's own, cloned per event
-GIVEN_BODY = request_key("given_body", bytes)
+GIVEN_BODY = request_key("given_body", Given)
 _ENCODINGS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 
 
@@ -47,14 +60,15 @@ async def read_json(request: web.Request, array: bool = False) -> Any:
     """The request's body as a JSON object, or where ``array`` an object or an array
     (llama-server's POST /lora-adapters), checked as the module says; raises ``ApiError``."""
     server = request.app[CONFIG].server
-    given = request.get(GIVEN_BODY)
-    if given is not None:  # a WebSocket's event as a request's body: read (and bounded) already
-        raw, encoding = given, "identity"
-    else:
-        raw = await _read(request, server.body_timeout)
-        check_content_type(request.headers)
-        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
     capture = request.get(CAPTURE)
+    given = request.get(GIVEN_BODY)
+    if given is not None:  # a WebSocket's event as a request's body: read, bounded and parsed already
+        if capture is not None:
+            capture.request_body(await asyncio.to_thread(given.text))
+        return given.body
+    raw = await _read(request, server.body_timeout)
+    check_content_type(request.headers)
+    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
     if capture is not None:  # kept as decoded, so a compressed body reads as the JSON it is
         try:
             raw = await asyncio.to_thread(decode, raw, encoding, server.max_body_bytes) \

@@ -25,7 +25,11 @@ is an ``error`` event (400); more than ``MAX_EVENTS_PER_SECOND`` events in a sec
 ``error`` (``rate_limit_exceeded``) and the close 1008; an event out that the client does not
 read within ``server.write_timeout`` (``STALL_SECONDS`` where that is 0) aborts the connection.
 A socket remembers at most ``MAX_ENDED`` ended responses (to tell a late steer so) and
-``MAX_PENDING`` responses whose steers wait. A socket that closes, however, cancels its
+``MAX_PENDING`` responses whose steers wait; and what waits on it (queued creates, held steers)
+is at most ``server.max_body_bytes`` of frames, as a POST holds one body: past it a create is
+refused (429, ``queue_full``) and a steer too (``too_many_pending_steers``). (A frame's JSON
+takes many times its size once parsed: unbounded, sixteen queued frames of empty objects would
+hold gigabytes.) A socket that closes, however, cancels its
 running response (its generation stops and the model's slot is freed) and drops the queued
 ones. A heartbeat ping every ``HEARTBEAT_SECONDS`` finds a peer that vanished."""
 
@@ -49,7 +53,7 @@ from ..server.events import STREAM
 from ..server.socketstream import Outbox, SocketStream
 from . import responses_steer as steering
 from .appkeys import CONFIG
-from .body import GIVEN_BODY
+from .body import GIVEN_BODY, OFF_LOOP_BYTES, Given
 from .responses_steer import Steer, SteerRefused
 
 log = logging.getLogger(__name__)
@@ -84,6 +88,7 @@ class Job:
 
     body: dict[str, Any]
     steers: list[Steer] = field(default_factory=list)
+    size: int = 0  # the bytes of its frame and its steers', held while it waits
 
 
 @dataclass
@@ -107,6 +112,8 @@ class Session:
         self.ended: OrderedDict[str, None] = OrderedDict()  # the last MAX_ENDED responses' ids (a steer too late)
         self.pending: dict[str, list[Steer]] = {}  # response id -> steers waiting for its client's turn
         self.seq = 0  # the socket's own events' sequence numbers
+        self.held = 0  # bytes of the frames that wait: queued jobs' and steers' not yet in a job
+        self.limit = request.app[CONFIG].server.max_body_bytes
         self._window = (0.0, 0)
 
     async def serve(self) -> None:
@@ -141,33 +148,43 @@ class Session:
         return self._window[1] <= MAX_EVENTS_PER_SECOND
 
     async def _event(self, data: str | bytes) -> None:
-        try:
-            event = strictjson.loads(data)
+        try:  # a large frame is parsed off the event loop, as a POST's body is, and only once
+            event = await asyncio.to_thread(strictjson.loads, data) if len(data) > OFF_LOOP_BYTES \
+                else strictjson.loads(data)
         except ValueError as e:
             return await self._error(InvalidRequest(f"The event is not JSON: {e}", code="invalid_json"))
         if not isinstance(event, dict):
             return await self._error(InvalidRequest("An event must be a JSON object", code="invalid_json"))
         kind = event.get("type")
         if kind == "response.create":
-            return await self._create(event)
+            return await self._create(event, len(data))
         if kind == "response.steer":
-            return await self._steer(event)
+            return await self._steer(event, len(data))
         shown = json.dumps(kind)[:60] if kind is not None else "none"
         await self._error(InvalidRequest(f"Unknown event type {shown}: this socket takes response.create and "
                                          "response.steer", "type", code="unknown_event_type"))
 
-    async def _create(self, event: dict[str, Any]) -> None:
+    def _fits(self, size: int) -> bool:
+        """Whether a frame of ``size`` bytes may wait: one always may, more while they fit the bound."""
+        return not self.held or self.held + size <= self.limit
+
+    async def _create(self, event: dict[str, Any], size: int) -> None:
         body = {k: v for k, v in event.items() if k not in ("type", "stream_id")}
         if body.get("background"):
             return await self._error(InvalidRequest("`background` is not supported over WebSocket", "background"))
         if len(self.queue) >= MAX_QUEUED:
             return await self._error(ApiError(f"{MAX_QUEUED} responses already wait on this socket",
                                               status=429, code="queue_full"))
-        job = Job({**body, "stream": True})
+        if not self._fits(size):
+            return await self._error(ApiError(f"The responses waiting on this socket hold server.max_body_bytes "
+                                              f"({self.limit} bytes) of input already", status=429, code="queue_full"))
+        job = Job({**body, "stream": True}, size=size)
+        self.held += size
         target = body.get("previous_response_id")
         if isinstance(target, str) and target in self.pending:  # it carries the steers its parent kept
             job.steers = self.pending.pop(target)
             job.body = steering.prepended(job.body, job.steers)
+            job.size += sum(steer.size for steer in job.steers)  # held already: now the job's
         self.queue.append(job)
         if self.turn is None:
             self.turn = asyncio.ensure_future(self._run())
@@ -175,7 +192,9 @@ class Session:
     async def _run(self) -> None:
         try:
             while self.queue and not self._gone():
-                await self._answer(self.queue.popleft())
+                job = self.queue.popleft()
+                self.held -= job.size
+                await self._answer(job)
         except ConnectionResetError:
             log.info("a Responses WebSocket's client went away during a response")
         finally:
@@ -206,7 +225,7 @@ class Session:
         match.add_app(app)
         match.freeze()
         request._match_info = match  # what aiohttp's own dispatch does: the POST's route and handler
-        request[GIVEN_BODY] = json.dumps(body).encode()
+        request[GIVEN_BODY] = Given(dict(body), lambda: json.dumps(body).encode())  # parsed: never again
         return request
 
     def _seen(self, running: Running, event: dict[str, Any]) -> None:
@@ -246,6 +265,7 @@ class Session:
             return
         if final is None or final.get("status") == "failed":
             for steer in steers:
+                self.held -= steer.size
                 await self._steer_failed(steer, "response_not_active", "The steered response ended without "
                                          "finishing; its steering input was not applied")
             return
@@ -256,12 +276,14 @@ class Session:
                 await self._send(steering.pending(steer, required, self._next()))
             while len(self.pending) > MAX_PENDING:
                 for steer in self.pending.pop(next(iter(self.pending))):
+                    self.held -= steer.size
                     await self._steer_failed(steer, "response_not_active", "Too many responses on this socket "
                                              "wait for their client's turn; this one's steering input was dropped")
             return
-        self.queue.appendleft(Job(steering.successor(running.job.body, final, steers), steers))
+        self.queue.appendleft(Job(steering.successor(running.job.body, final, steers), steers,
+                                  sum(steer.size for steer in steers)))
 
-    async def _steer(self, event: dict[str, Any]) -> None:
+    async def _steer(self, event: dict[str, Any], size: int) -> None:
         target = event.get("previous_response_id")
         target = target if isinstance(target, str) else ""
         try:
@@ -275,10 +297,14 @@ class Session:
             if len(running.steers) >= steering.MAX_STEERS:
                 raise SteerRefused("too_many_pending_steers", f"{steering.MAX_STEERS} steering submissions "
                                    "already wait for this response")
+            if not self._fits(size):
+                raise SteerRefused("too_many_pending_steers", "The input waiting on this socket holds "
+                                   f"server.max_body_bytes ({self.limit} bytes) already")
         except SteerRefused as refused:
             return await self._send(steering.failed(refused.code, refused.message, target, event.get("input"),
                                                     self._next()))
-        steer = Steer(target, given, items)
+        steer = Steer(target, given, items, size=size)
+        self.held += size
         running.steers.append(steer)
         await self._send(steering.accepted(steer, self._next()))
 

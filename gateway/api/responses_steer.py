@@ -52,6 +52,7 @@ class Steer:
     previous_response_id: str
     input: Any
     items: list[dict[str, Any]]
+    size: int = 0  # its frame's bytes (the socket bounds what waits)
     id: str = field(default_factory=lambda: "steer_" + secrets.token_hex(12))
 
 
