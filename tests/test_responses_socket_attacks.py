@@ -184,13 +184,14 @@ async def test_a_big_frame_does_not_stall_other_clients(server):
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
-    """A gateway whose bodies are at most 1 MiB."""
+    """A gateway whose bodies are at most 1 MiB; its endless model's context long enough that a
+    response on it outlasts what a test sends while it runs (a busy CI machine included)."""
     d = tmp_path_factory.mktemp("responses-socket-small")
     tm.plain(d / "plain.gguf", ["Hello", ",", " world", "!"])
     tm.endless(d / "endless.gguf")
     cfg = d / "models.yaml"
     cfg.write_text("server:\n  discover_default_stores: false\n  max_body_bytes: 1048576\n"
-                   f"models:\n  plain: {d}/plain.gguf\n  endless: {d}/endless.gguf\n")
+                   f"models:\n  plain: {d}/plain.gguf\n  endless:\n    path: {d}/endless.gguf\n    n_ctx: 65536\n")
     with ServerProcess("--config", str(cfg)) as srv:
         yield srv
 
@@ -210,7 +211,7 @@ async def test_what_waits_on_a_socket_is_bounded_by_the_body_limit(small):
     async with aiohttp.ClientSession() as s:
         async with s.ws_connect(ws_url(small)) as ws:
             await ws.send_json({"type": "response.create", "model": "endless", "input": "x",
-                                "max_output_tokens": 4000})
+                                "max_output_tokens": 60000})  # running throughout: the creates wait behind it
             running = (await ws.receive_json(timeout=30))["response"]["id"]
             for _ in range(16):
                 await ws.send_str('{"type": "response.create", "model": "plain", "input": "hi", '
