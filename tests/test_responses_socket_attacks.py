@@ -241,7 +241,7 @@ async def test_a_steers_successor_is_a_request_its_key_pays_for(server):
     async with aiohttp.ClientSession() as s:
         async with s.ws_connect(ws_url(server), headers=auth(ONCE)) as ws:
             await ws.send_json({"type": "response.create", "model": "endless", "input": "x",
-                                "max_output_tokens": 40})
+                                "max_output_tokens": 1000})  # still running when the steer comes
             first = (await ws.receive_json(timeout=30))["response"]["id"]
             await ws.send_json({"type": "response.steer", "previous_response_id": first, "input": "more"})
             events = []
