@@ -21,7 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
-from .sse import EventStream, _encode
+from .sse import EventStream, encode
 
 
 class Outbox:
@@ -45,7 +45,7 @@ class Outbox:
                 raise ConnectionResetError(f"the client read nothing for {self.timeout:g} s") from None
 
     async def event(self, event: dict[str, Any]) -> None:
-        await self.send(_encode(event))
+        await self.send(encode(event))
 
 
 class SocketStream(EventStream):
@@ -71,7 +71,7 @@ class SocketStream(EventStream):
     async def send(self, data: dict[str, Any] | str, event: str | None = None, hold: bool = False) -> None:
         if isinstance(data, str):  # a bare data line (OpenAI's ``[DONE]``): no event on a socket
             return
-        payload = _encode(data)
+        payload = encode(data)
         if self.tap is not None:
             self.tap(self._frame(payload, event))
         if self.on_event is not None:

@@ -16,7 +16,7 @@ from aiohttp import web
 
 from ..base.errors import ApiError
 
-_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode  # made once, used per token
+encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode  # made once, used per token
 
 
 class EventStream:
@@ -54,7 +54,7 @@ class EventStream:
         await self.flush()
 
     async def send(self, data: dict[str, Any] | str, event: str | None = None, hold: bool = False) -> None:
-        payload = data if isinstance(data, str) else _encode(data)
+        payload = data if isinstance(data, str) else encode(data)
         self._held.append(self._frame(payload, event))
         if not hold:
             await self.flush()
