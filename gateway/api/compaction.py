@@ -49,7 +49,7 @@ from .access import spends
 from .appkeys import RESPONSES, SEAL_KEY
 from .body import read_json_object
 from .generation import left, read, start
-from .responses import owner
+from .responses import owner, unknown
 
 MAX_ROUNDS = 3  # summaries of summaries: a part's summary is at most a quarter of the context
 MAX_PARTS = 32  # summaries written for one compact, all rounds together
@@ -68,8 +68,7 @@ async def _conversation(request: web.Request, key: bytes) -> tuple[wire.Response
     if parsed.previous_response_id is not None:
         previous: Stored | None = request.app[RESPONSES].get(parsed.previous_response_id, owner(request))
         if previous is None:
-            raise ApiError(f"Response with id {parsed.previous_response_id[:100]!r} not found.", status=404,
-                           param="previous_response_id", code="not_found")
+            raise unknown(parsed.previous_response_id, "previous_response_id")
         history = previous.messages
         if parsed.raw_input is not None:
             parsed.input_messages = wire.input_messages(parsed.raw_input, history, parsed.request.media, key)

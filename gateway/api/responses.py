@@ -27,7 +27,7 @@ def owner(request: web.Request) -> str | None:
     return request.get(OWNER)
 
 
-def _unknown(response_id: str, param: str | None = None) -> ApiError:
+def unknown(response_id: str, param: str | None = None) -> ApiError:
     return ApiError(f"Response with id {shown(response_id, 100)} not found.", status=404, param=param,
                     code="not_found")
 
@@ -41,7 +41,7 @@ async def create(request: web.Request) -> web.StreamResponse:
     if parsed.previous_response_id is not None:
         previous = store.get(parsed.previous_response_id, owner(request))
         if previous is None:
-            raise _unknown(parsed.previous_response_id, "previous_response_id")
+            raise unknown(parsed.previous_response_id, "previous_response_id")
         history = previous.messages
         parsed.input_messages = wire.input_messages(parsed.raw_input, history, parsed.request.media, key)
         # an approval answers a request the previous response made: its server, tool and arguments
@@ -64,14 +64,14 @@ async def retrieve(request: web.Request) -> web.Response:
     response_id = request.match_info["response_id"]
     stored = request.app[RESPONSES].get(response_id, owner(request))
     if stored is None:
-        raise _unknown(response_id)
+        raise unknown(response_id)
     return web.json_response(stored.body)
 
 
 async def delete(request: web.Request) -> web.Response:
     response_id = request.match_info["response_id"]
     if not request.app[RESPONSES].delete(response_id, owner(request)):
-        raise _unknown(response_id)
+        raise unknown(response_id)
     return web.json_response({"id": response_id, "object": "response", "deleted": True})
 
 
