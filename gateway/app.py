@@ -382,6 +382,7 @@ def create_app(config: Config, registry: Registry | None = None) -> web.Applicat
     app[METRICS].watch_upstreams(lambda: upstream_rows(app[REGISTRY]), lambda: app[REGISTRY].supervisors.replica_rows())
     app[METRICS].watch_gpus(lambda: [(d.name, d.description, d.free, d.total) for d in app[REGISTRY].devices.gpus])
     app[GATE] = gate = Gate(config.server)
+    app[REGISTRY].queues.key_terms = lambda name: app[GATE].terms(name)  # the gate in force
     gate.on_spend = lambda name, named, wire, p, c: app[METRICS].spent(app[METRICS].key_label(name, named), wire, p, c)
     gate.on_limited = lambda name, named, limit: app[METRICS].key_limited.labels(
         app[METRICS].key_label(name, named), limit).inc()

@@ -170,13 +170,14 @@ async def test_keep_alive_forever_never_unloads():
 async def test_a_full_queue_is_429_and_an_unserved_kind_501():
     sup = supervisor(parallel=1, keep_alive=math.inf)
     async with sup.lease(CHAT, max_queue=1):
-        second = asyncio.ensure_future(sup.lease(CHAT, max_queue=1).__aenter__())  # one waits
-        await asyncio.sleep(0)
-        assert sup.waiting == 1 or sup.in_flight == 2
+        second = asyncio.ensure_future(sup.lease(CHAT, max_queue=1).__aenter__())  # one waits for the slot
+        await asyncio.sleep(0.01)
+        assert len(sup.waits) == 1 and sup.in_flight == 1
         err = await error_of(sup.lease(CHAT, max_queue=1).__aenter__())
         assert err.status == 429 and err.code == "queue_full" and err.headers["Retry-After"] == "2"
-        await second
-        assert sup.in_flight == 2  # no queue inside a stand-in: both hold a lease
+        assert not second.done()  # the slot is the first's until it leaves
+    await second
+    assert sup.in_flight == 1 and not sup.waits  # the second holds the one slot now
     unserved = await error_of(sup.lease("embeddings", max_queue=4).__aenter__())
     assert unserved.status == 501 and unserved.param == "model" and unserved.code == "unsupported_model"
     assert sup.in_flight == 1  # the unserved request took nothing (the second lease was never left)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..models.config import KeySpec, ServerConfig, default_state_dir
+from .claims import Terms
 from .keys import KeyTable
 from .limits import Limiter, Limits, Period, Refusal, Ticket, period_start
 from .usage import Spend, UsageStore
@@ -48,10 +49,19 @@ def _limits_by_name(specs: tuple[KeySpec, ...]) -> dict[str, Limits]:
     return {k.name: lim for k in specs if (lim := limits_of(k)).any}
 
 
+def _terms_by_name(specs: tuple[KeySpec, ...]) -> dict[str, Terms]:
+    """Each key's terms (weight, priority, may_load), by its name: the first key of a name's."""
+    out: dict[str, Terms] = {}
+    for k in specs:
+        out.setdefault(k.name, Terms.of(k))
+    return out
+
+
 class Gate:
     def __init__(self, server: ServerConfig):
         self.keys = KeyTable(server.api_keys)
         self._limits = _limits_by_name(self.keys.specs)
+        self._terms = _terms_by_name(self.keys.specs)
         self.limiter = Limiter()
         self.usage = UsageStore(usage_path(server), server.usage_days)
         # told each request's spending (the metrics): key label, wire, prompt and completion tokens
@@ -83,10 +93,15 @@ class Gate:
         old = self.keys.names()
         self.keys = KeyTable(specs)
         self._limits = _limits_by_name(specs)
+        self._terms = _terms_by_name(specs)
         self.limiter.forget(self.keys.names())
         added, gone = self.keys.names() - old, old - self.keys.names()
         log.info("API keys reloaded: %d key(s)%s%s", len(specs), f", added {', '.join(sorted(added))}" if added else "",
                  f", revoked {', '.join(sorted(gone))}" if gone else "")
+
+    def terms(self, name: str) -> Terms | None:
+        """A key's terms as the keys in force have them, by its name; None for a key gone."""
+        return self._terms.get(name)
 
     def admit(self, key: KeySpec | None) -> Pass | Refusal:
         """Let a request that spends tokens in, or say which of its key's limits it reached."""

@@ -7,7 +7,8 @@ A handler marked ``admin_only`` is refused to a key whose role is ``user``. With
 names its key by ``Authorization: Bearer`` or ``x-api-key``; it is named by the key's name
 (``PRINCIPAL``: the log, the events, the page), owned by the key itself (``OWNER``:
 ``access.keys.owner_of``: stored responses, cache scope) and held to the key's models
-(``access.scope.SCOPE``, for the request's task). On the open paths a key is optional, and a
+(``access.scope.SCOPE``, for the request's task) and waits for a busy model as its key's share
+(``access.claims.CLAIM``: without keys, its address's). On the open paths a key is optional, and a
 key given still names and owns the request.
 """
 
@@ -19,6 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
+from ..access.claims import CLAIM, claim_of
 from ..access.gate import Gate, Pass
 from ..access.keys import owner_of
 from ..access.limits import Limit, Refusal
@@ -112,6 +114,7 @@ def access_middleware(open_paths: frozenset[str]):
                 and request.path not in open_paths:
             raise forbidden(request, f"{request.method} {request.path}")
         token = SCOPE.set(key.models) if key is not None and key.models else None
+        claimed = CLAIM.set(claim_of(key, request.remote))
         try:
             wire = getattr(target, _WIRE, None)
             if wire is None:
@@ -123,6 +126,7 @@ def access_middleware(open_paths: frozenset[str]):
                 raise refused(passed)
             return await _spend(request, handler, gate, passed, wire)
         finally:
+            CLAIM.reset(claimed)
             if token is not None:
                 SCOPE.reset(token)
 

@@ -24,11 +24,13 @@ from typing import Any
 
 from aiohttp import web
 
+from ..access import claims
 from ..base import strictjson
 from ..base.errors import ApiError, InvalidRequest
 from ..base.strictjson import MAX_DEPTH
 from ..server.captures import CAPTURE
 from ..server.events import request_key
+from .access import wire_of
 from .appkeys import CONFIG
 
 __all__ = ["MAX_DEPTH", "check_content_type", "decode", "parse_body", "parse_json", "read_json_object"]
@@ -51,8 +53,12 @@ _ENCODINGS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "defla
 
 
 async def read_json_object(request: web.Request) -> dict[str, Any]:
-    """The request's body as a JSON object, checked as the module says; raises ``ApiError``."""
+    """The request's body as a JSON object, checked as the module says; raises ``ApiError``.
+    Its ``priority`` (or OpenAI's ``service_tier``) lowers its claim on a busy model, for the
+    rest of the request (``access.claims.ask``; 400 for a priority that is not one)."""
     body: dict[str, Any] = await read_json(request)
+    if wire_of(request) is not None:  # a route that spends tokens (``access.spends``)
+        claims.ask(body)
     return body
 
 

@@ -237,6 +237,21 @@ def number(r: Report, where: str, v: Any) -> Any:
     return float(v)
 
 
+def number_in(low: float, high: float, *, exclusive_minimum: bool = False) -> Check:
+    """A finite number from ``low`` (or above it, where ``exclusive_minimum``) to ``high``."""
+    what = f"a number {'>' if exclusive_minimum else '>='} {low:g} and <= {high:g}"
+
+    def check(r: Report, where: str, v: Any) -> Any:
+        ok = not isinstance(v, bool) and isinstance(v, (int, float)) and v == v
+        ok = ok and (v > low if exclusive_minimum else v >= low) and v <= high
+        if not ok:
+            r.error(where, f"must be {what}, got {show(v)}")
+            return INVALID
+        return float(v)
+    return accepts({"type": "number", "exclusiveMinimum" if exclusive_minimum else "minimum": low,
+                    "maximum": high})(check)
+
+
 @accepts({"type": "number", "minimum": 0, "maximum": 1})
 def fraction(r: Report, where: str, v: Any) -> Any:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:

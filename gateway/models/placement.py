@@ -77,12 +77,73 @@ def make_room(others: Sequence[Resident], limit: int, need: Mapping[str, int] | 
         return Room.NEVER, None
     if not over_count and cache_trims(others, need, capacity):
         return Room.TRIM, None
-    idle = [r for r in loaded if r.state is ModelState.READY and r.in_flight == 0 and not r.pinned]
-    if short:  # unloading a model that holds nothing where memory is short would not help
-        idle = [r for r in idle if any(r.memory.get(pool, 0) for pool in short)]
+    idle = [r for r in _candidates(loaded, short) if r.in_flight == 0]
     if not idle:
         return Room.WAIT, None
     return Room.EVICT, min(idle, key=lambda r: r.last_used).name
+
+
+def _candidates(loaded: Sequence[Resident], short: Sequence[str]) -> list[Resident]:
+    """The ready, unpinned models whose unloading would help: any, or where memory is short one
+    that holds some there (unloading a model that holds nothing there would not help)."""
+    ready = [r for r in loaded if r.state is ModelState.READY and not r.pinned]
+    return [r for r in ready if any(r.memory.get(pool, 0) for pool in short)] if short else ready
+
+
+def busy_victim(others: Sequence[Resident], need: Mapping[str, int] | None = None,
+                capacity: Mapping[str, int] | None = None) -> str | None:
+    """Where ``make_room`` said ``WAIT`` (every model whose unloading would help is busy): the one
+    to drain for a swap that waited too long (``swap``'s ``CLOSE``), the least recently used, or None."""
+    need, capacity = need or {}, capacity or {}
+    loaded = _loaded(others)
+    short = [pool for pool, n in need.items() if n and pool in capacity and _held(pool, loaded) + n > capacity[pool]]
+    busy = [r for r in _candidates(loaded, short) if r.in_flight > 0]
+    return min(busy, key=lambda r: r.last_used).name if busy else None
+
+
+# --- swaps: which waiting model loads next, and when the loaded one makes room ---------------
+@dataclass(frozen=True)
+class Pending:
+    """A model waiting for room that only an unloading gives: its name, when its longest-waiting
+    request began to wait, and how many wait (``time.monotonic()``; a load without a request: its own start)."""
+
+    name: str
+    oldest: float
+    count: int
+
+
+def next_load(pending: Sequence[Pending], now: float, max_wait: float) -> str | None:
+    """Which of the models waiting for room may make it next: one whose oldest request has waited
+    ``max_wait`` first (the oldest such), else the one with the most requests waiting, then the
+    oldest; None where none waits. One at a time: two loads that each unloaded a model for
+    themselves would swap twice where once serves both in turn."""
+    if not pending:
+        return None
+    overdue = [p for p in pending if now - p.oldest >= max_wait]
+    if overdue:
+        return min(overdue, key=lambda p: (p.oldest, p.name)).name
+    return min(pending, key=lambda p: (-p.count, p.oldest, p.name)).name
+
+
+class Swap(Enum):
+    GO = "go"  # unload the victim now
+    HOLD = "hold"  # not yet: the loaded model's clients' next requests come first
+    CLOSE = "close"  # the victim is busy and the wait has lasted max_wait: it takes no new request
+
+
+def swap(idle_for: float | None, waited: float, hold: float, max_wait: float) -> tuple[Swap, float]:
+    """Whether a waiting model may unload the loaded one it needs room from, and in how many
+    seconds the answer may change. ``idle_for``: seconds since the victim's last request ended
+    (None: it has requests in flight); ``waited``: the waiting model's oldest request's wait.
+    A busy victim is waited for (it keeps taking new requests) until ``max_wait``, then closed
+    to new ones; an idle one goes once idle ``hold`` seconds (``server.swap_hold_seconds``), or at
+    once past ``max_wait`` (``server.max_swap_wait``)."""
+    due = max(0.0, max_wait - waited)
+    if idle_for is None:
+        return (Swap.CLOSE, 0.0) if due == 0 else (Swap.HOLD, due)
+    if due == 0 or idle_for >= hold:
+        return Swap.GO, 0.0
+    return Swap.HOLD, min(hold - idle_for, due)
 
 
 def cache_trims(others: Sequence[Resident], need: Mapping[str, int],

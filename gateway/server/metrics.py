@@ -25,6 +25,7 @@ TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
                0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
 DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
+WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 LOAD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 STATES = tuple(s.value for s in ModelState)
 
@@ -80,6 +81,13 @@ class Metrics:
         self.tool_calls = Counter(p + "tool_calls", "Calls of tools the gateway ran itself, by MCP server (web: web "
                                   "search and fetch; request: a server a request named), tool and outcome",
                                   ["server", "tool", "outcome"], registry=r)
+        self.queue_wait = Histogram(p + "queue_wait_seconds", "Time a request waited for its model's slot (its load "
+                                    "included), by model, API key (as key_requests labels it) and priority",
+                                    ["model", "key", "priority"], buckets=WAIT_BUCKETS, registry=r)
+        self.slot_seconds = Counter(p + "slot_seconds", "Seconds requests held a model's slots, by model and API key: "
+                                    "each key's share served", ["model", "key"], registry=r)
+        self.swaps = Counter(p + "swaps", "Models unloaded to load another, by reason (idle: past its "
+                             "swap_hold_seconds; max_swap_wait: a request waited that long)", ["reason"], registry=r)
         self._keys: set[str] = set()
         self._series: dict[tuple[object, tuple[str, ...]], Any] = {}  # ``series``'s
         self.connections_open = Gauge(p + "connections_open", "Client connections open now", registry=r)

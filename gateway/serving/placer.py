@@ -18,6 +18,7 @@ time, since a reload or an unload changes them while a load waits for room.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -40,6 +41,11 @@ log = logging.getLogger(__name__)
 
 Supervisors = Callable[[], list[ModelSupervisor]]  # every model that may hold something, now
 
+# a swap's reasons (``gguf_gateway_swaps_total{reason}``): the loaded model was idle past its hold,
+# or a request waited server.max_swap_wait for it
+IDLE, MAX_SWAP_WAIT = "idle", "max_swap_wait"
+WAIT_POLL = 0.5  # seconds between two looks while a load waits for room, whatever it waits for
+
 
 class Placer:
     def __init__(self, info: Callable[[ModelSpec], GGUFInfo | None],
@@ -49,7 +55,9 @@ class Placer:
         self.projector = projector  # and its projector's (``mmproj``)
         self.adapters = adapters  # and its LoRA adapters' (``lora``, ``loras``)
         self.devices = devices.Inventory()  # the GPUs llama.cpp sees, for placement by memory
-        self._released: asyncio.Event | None = None  # set when a model goes idle
+        self._change: asyncio.Future[None] | None = None  # done at the next change a load waiting for room waits for
+        self._pending: dict[int, tuple[ModelSupervisor, float]] = {}  # loads waiting for room, since when
+        self.on_swap: Callable[[str], None] | None = None  # told each swap's reason (the metrics)
 
     # --- what models take ----------------------------------------------------------------------
     def estimate(self, spec: ModelSpec) -> dict[str, Any] | None:
@@ -117,13 +125,33 @@ class Placer:
         """Carry out ``placement.make_room`` until the model fits (in number and in the memory of
         each device), waiting while every loaded model is busy (503 ``model_capacity`` after the
         load timeout, and at least a minute); 503 ``model_too_large`` at once for one that
-        cannot fit at all. The GPUs are read once, before the first decision."""
-        limit = server.max_loaded_models
+        cannot fit at all. The GPUs are read once, before the first decision.
+
+        Where only an unloading makes room (a swap), the models waiting for one take turns
+        (``placement.next_load``), and the one whose turn it is unloads the loaded model when
+        ``placement.swap`` says: once idle ``server.swap_hold_seconds``, or, once its oldest
+        request has waited ``server.max_swap_wait``, at once (closing a busy one to new requests
+        and waiting for it to drain). Each swap is logged with its reason and counted (``on_swap``)."""
         if not any(m.local for m in model.spec.members):  # another machine's memory
             return
-        deadline = time.monotonic() + max(server.load_timeout, 60.0)
+        began = time.monotonic()
+        self._pending[id(model)] = (model, began)
+        closed: list[ModelSupervisor] = []
+        try:
+            await self._make_room(model, server, supervisors, began, closed)
+        finally:
+            del self._pending[id(model)]
+            for victim in closed:  # a swap that did not happen (its load failed or gave up) reopens it
+                victim.door.open()
+            self._changed()
+
+    async def _make_room(self, model: ModelSupervisor, server: ServerConfig, supervisors: Supervisors,
+                         began: float, closed: list[ModelSupervisor]) -> None:
+        limit = server.max_loaded_models
+        deadline = began + max(server.load_timeout, 60.0)
         reading: devices.Reading | None = None
         while True:
+            change = self._next_change()  # taken before deciding: a change meanwhile is not missed
             others = {str(id(m)): m for m in supervisors()
                       if m is not model and any(s.local for s in m.spec.members)}
             if reading is None:  # recent where the model puts layers on a GPU; the first reading tells
@@ -148,13 +176,42 @@ class Placer:
                 raise too_large(model.spec.name, need, capacity)
             if room is placement.Room.NEVER:
                 raise never_fits(model.spec.name, limit)
-            if room is placement.Room.EVICT and name is not None:
+            now = time.monotonic()
+            waited = now - min(model.waits.oldest() or began, began)
+            if self._turn(now, server.max_swap_wait) is not model:
+                after = WAIT_POLL  # another waiting model's turn to swap
+            elif room is placement.Room.EVICT and name is not None:
                 victim = others[name]
-                log.info("unloading %r (least recently used) to make room for %r", victim.spec.name, model.spec.name)
-                await victim.unload()
-                continue
-            if not await self._wait_for_idle(deadline):
+                decision, after = placement.swap(now - victim.last_used, waited, server.swap_hold_seconds,
+                                                 server.max_swap_wait)
+                if decision is placement.Swap.GO:
+                    reason = MAX_SWAP_WAIT if waited >= server.max_swap_wait else IDLE
+                    log.info("swap: unloading %r to load %r (%s: %d request(s) waited up to %.1f s)",
+                             victim.spec.name, model.spec.name, reason, len(model.waits), waited)
+                    if self.on_swap is not None:
+                        self.on_swap(reason)
+                    await victim.unload()
+                    continue
+            else:
+                decision, after = placement.swap(None, waited, server.swap_hold_seconds, server.max_swap_wait)
+                if decision is placement.Swap.CLOSE:
+                    drain = placement.busy_victim(residents, need, bounds)
+                    if drain is not None and not others[drain].door.closed:
+                        log.info("swap: %r takes no new request until it is unloaded for %r (its requests "
+                                 "waited %.1f s: server.max_swap_wait)", others[drain].spec.name, model.spec.name,
+                                 waited)
+                        others[drain].door.close()
+                        closed.append(others[drain])
+                    after = WAIT_POLL
+            if not await self._wait_for_change(change, min(after, WAIT_POLL), deadline):
                 raise all_busy(model.spec.name, limit)
+
+    def _turn(self, now: float, max_wait: float) -> ModelSupervisor | None:
+        """The waiting model whose turn it is to unload another (``placement.next_load``)."""
+        pending = [placement.Pending(str(key), min(m.waits.oldest() or began, began), len(m.waits))
+                   for key, (m, began) in self._pending.items()]
+        chosen = placement.next_load(pending, now, max_wait)
+        return self._pending[int(chosen)][0] if chosen is not None else None
 
     async def _trim(self, others: Mapping[str, ModelSupervisor], keep: Mapping[str, int], name: str, limit: int,
                     deadline: float) -> None:
@@ -174,21 +231,28 @@ class Placer:
             log.info("trimmed %r's prompt cache from %s to %s to make room for %r", victim.spec.name,
                      devices.gib(was), devices.gib(now), name)
 
-    async def _wait_for_idle(self, deadline: float) -> bool:
-        """Wait until some model goes idle (``went_idle``) or ``deadline``; whether one did."""
-        if self._released is None:
-            self._released = asyncio.Event()
-        self._released.clear()
-        try:
-            await asyncio.wait_for(self._released.wait(), deadline - time.monotonic())
-        except asyncio.TimeoutError:
+    def _next_change(self) -> asyncio.Future[None]:
+        if self._change is None or self._change.done():
+            self._change = asyncio.get_running_loop().create_future()
+        return self._change
+
+    def _changed(self) -> None:
+        if self._change is not None and not self._change.done():
+            self._change.set_result(None)
+
+    async def _wait_for_change(self, change: asyncio.Future[None], seconds: float, deadline: float) -> bool:
+        """Wait until ``change`` (a model went idle or loaded, a waiting load ended), ``seconds`` or
+        ``deadline``; False once the deadline has passed."""
+        left = deadline - time.monotonic()
+        if left <= 0:
             return False
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(change), max(0.0, min(seconds, left)))
         return True
 
     def went_idle(self) -> None:
         """A model has nothing in flight now: a load waiting for room may go on."""
-        if self._released is not None:
-            self._released.set()
+        self._changed()
 
     # --- the CPUs --------------------------------------------------------------------------------
     def share_cpus(self, supervisors: Iterable[ModelSupervisor]) -> None:

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ..access import scope
+from ..access.claims import CLAIM
 from ..backends.local import CHAT, EMBEDDINGS, RERANK, TOKENIZE, Backend, BackendFactory, LocalWorkers
 from ..backends.upstream_table import Upstreams
 from ..base.errors import MAX_MODEL_NAME, ApiError, ModelNotFound
@@ -48,6 +49,7 @@ from ..models.ggufmeta import GGUFInfo
 from ..models.lifecycle import ModelState
 from ..protocol.settings import embed_seqs
 from ..server.metrics import Metrics
+from . import queues
 from .adapters import Adapters
 from .launcher import Launcher
 from .placer import Placer
@@ -106,12 +108,16 @@ class Registry:
                                  self.upstreams, backoff, lambda: self.config.server,
                                  on_busy=lambda: self.placer.share_cpus(self.supervisors.all()),
                                  on_crash=self._count_failure)
-        self.supervisors = Supervisors(lambda spec: ModelSupervisor(spec, self, self._timing(spec), _parallel(spec)))
+        # the keys' terms and the metrics, as models' slots ask them (the app sets ``key_terms``)
+        self.queues = queues.KeyQueues(lambda: self.config.server, lambda: self.metrics)
+        self.supervisors = Supervisors(lambda spec: ModelSupervisor(spec, self, self._timing(spec), _parallel(spec),
+                                                                    self.queues))
         # every model's LoRA adapters (each kept on its supervisor), and the names that pick them
         self.adapters = Adapters(lambda spec: self.supervisors.of(spec).adapters,
                                  lambda spec: self.supervisors.kept(spec).adapters, self.resolve, self.specs)
         self.worker_failures = 0  # backends that exited without being asked to
         self.metrics: Metrics | None = None  # when an app serves this registry
+        self.placer.on_swap = lambda reason: self.metrics.swaps.labels(reason).inc() if self.metrics else None
         # models pulled by name from the hubs, into the stores discovery reads
         self.pulls = hub.Pulls(lambda: hub.stores_for(self.config.server),
                                refresh=lambda: asyncio.to_thread(self.catalog.refresh))
@@ -245,6 +251,8 @@ class Registry:
         spec = name if isinstance(name, ModelSpec) else await self.lookup(name, on_progress)
         kind = RERANK if rerank else {True: EMBEDDINGS, False: CHAT, None: TOKENIZE}[embeddings]
         if (refused := refusal(spec, kind)) is not None:  # before a supervisor is made for it
+            raise refused
+        if (refused := queues.may_not_load(spec, CLAIM.get(), self.queues, self.supervisors.by_name.values())):
             raise refused
         try:
             async with self.supervisors.kept(spec).lease(kind, self.config.server.max_queue, on_progress) as backend:

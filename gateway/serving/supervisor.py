@@ -22,7 +22,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..backends.local import CHAT, EMBEDDINGS, RERANK, Backend, StartFailed
+from ..access.claims import CLAIM
+from ..backends.local import CHAT, EMBEDDINGS, RERANK, TOKENIZE, Backend, StartFailed
 from ..base.errors import ApiError
 from ..models import lifecycle, placement
 from ..models.config import ModelSpec
@@ -30,6 +31,7 @@ from ..models.ggufmeta import ModelFileError, split_parts
 from ..models.lifecycle import ModelState
 from ..text.formats import FORMATS, Formats
 from .adapters import ModelAdapters
+from .slots import Door, FairSlots, Keys, Unkeyed, Waits
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +97,7 @@ class Host(Protocol):
 
 
 class ModelSupervisor:
-    def __init__(self, spec: ModelSpec, host: Host, timing: Timing, parallel: int):
+    def __init__(self, spec: ModelSpec, host: Host, timing: Timing, parallel: int, keys: Keys | None = None):
         self.spec, self.host, self.timing = spec, host, timing
         self.parallel = parallel  # requests the backend decodes at once; the rest wait in its queue
         self.state = UNLOADED
@@ -105,7 +107,7 @@ class ModelSupervisor:
         self.failures = 0  # failed starts in a row
         self.retry_at = 0.0  # time.monotonic() before which a failed model is not started again
         self.in_flight = 0  # requests holding a lease
-        self.waiting = 0  # requests waiting for the load
+        self.waits = Waits()  # requests waiting: for the door, the load, a slot
         self._stops: set[asyncio.Future[None]] = set()  # backend stops under way (held: the loop keeps weak references)
         self.last_used = 0.0
         self.retiring = False  # replaced by a reload: unload once idle
@@ -116,6 +118,10 @@ class ModelSupervisor:
         self.progress = 0.0  # of the load under way, 0 to 1 (the backend's reports)
         self._progressed: asyncio.Future[None] | None = None  # done at the next report; waiters watch it
         self.adapters = ModelAdapters()  # its LoRA adapters loaded at run time, and the default scales set
+        # its slots, and who goes first into a free one (``slots.py``, ``fairness.py``): a local
+        # model's generations, embeddings and scores; another server's queue is its own
+        self.slots = FairSlots(spec.name, parallel, keys or Unkeyed())
+        self.door = Door()  # closed while a swap drains it: new requests wait, then load it again
 
     def move(self, new: ModelState) -> None:
         """The one place a model's state changes (``lifecycle.MOVES`` says where it may go)."""
@@ -150,7 +156,7 @@ class ModelSupervisor:
     def queued(self) -> int:
         """Requests waiting: for the load, and behind the backend's busy sequences."""
         behind = max(0, self.backend.in_flight - self.parallel) if self.backend is not None else 0
-        return self.waiting + behind
+        return len(self.waits) + behind
 
     # --- requests ----------------------------------------------------------------------------
     @contextlib.asynccontextmanager
@@ -158,17 +164,27 @@ class ModelSupervisor:
         """The running backend for one request of ``kind``; the model stays loaded meanwhile.
         429 past ``max_queue`` waiting requests; 501 when the backend does not serve ``kind``
         (``refusal``; the registry asks it of the spec before a load).
-        ``on_progress``: told how a load the request waits for goes (``ready``)."""
-        if self.waiting + self.in_flight - self.parallel >= max_queue:  # every sequence busy, max_queue waiting
+        ``on_progress``: told how a load the request waits for goes (``ready``).
+        A local model's generations, embeddings and scores each take one of its slots, in the
+        order ``fairness.py`` decides (the request's ``CLAIM``); tokenizing takes none."""
+        if len(self.waits) + self.in_flight - self.parallel >= max_queue:  # every sequence busy, max_queue waiting
             raise ApiError(f"model {self.spec.name!r} already has {max_queue} request(s) waiting (server.max_queue); "
                            "retry shortly", status=429, param="model", code="queue_full", headers={"Retry-After": "2"})
-        self.waiting += 1
+        slot = None
         try:
-            backend = await self.ready(on_progress)
-        finally:
-            self.waiting -= 1
-        if (refused := refusal(self.spec, kind, backend.serves)) is not None:
-            raise refused
+            with self.waits.one():
+                await self.door.through(self.spec.name, self.timing.load_timeout)
+                backend = await self.ready(on_progress)
+                if (refused := refusal(self.spec, kind, backend.serves)) is not None:
+                    raise refused
+                if kind != TOKENIZE and self.spec.local:
+                    slot = await self.slots.take(CLAIM.get())
+                    if not backend.alive:  # gone while it waited (a crash): the next start's, once
+                        backend = await self.ready(on_progress)
+        except BaseException:
+            if slot is not None:
+                self.slots.give(slot, ran=False)
+            raise
         self.in_flight += 1
         self._cancel_timer()
         try:
@@ -176,6 +192,8 @@ class ModelSupervisor:
         finally:
             self.in_flight -= 1
             self.last_used = time.monotonic()
+            if slot is not None:
+                self.slots.give(slot)
             if self.in_flight == 0:
                 self._idle()
 
@@ -288,6 +306,7 @@ class ModelSupervisor:
         if only_if_idle and self.in_flight:
             return
         self._cancel_timer()
+        self.door.open()  # what waited for a swap goes on: to a load of its own
         backend, self.backend = self.backend, None
         if self.state == READY:
             self.move(UNLOADED)

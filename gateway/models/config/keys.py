@@ -42,7 +42,7 @@ import yaml
 from ...base import checks
 from ...base.checks import INVALID, Report, show
 from .parsing import Parsing
-from .specs import BUDGET_PERIODS, ROLES, KeySpec, ServerConfig, default_state_dir
+from .specs import BUDGET_PERIODS, MAX_WEIGHT, MIN_WEIGHT, PRIORITIES, ROLES, KeySpec, ServerConfig, default_state_dir
 
 ENV_KEYS = "GGUF_GATEWAY_API_KEYS"  # comma-separated, each "key" or "name=key"
 KEYS_FILE = "keys.yaml"  # in the state folder, where no server.api_keys_file names another
@@ -115,6 +115,9 @@ SETTINGS: dict[str, checks.Check] = {
     "budget": _LIMIT,
     "budget_period": checks.one_of(BUDGET_PERIODS),
     "expires": _when,
+    "weight": checks.number_in(MIN_WEIGHT, MAX_WEIGHT),
+    "priority": checks.one_of(PRIORITIES),
+    "may_load": checks.boolean,
     "created": _when,  # said by ``keys add``; read, not used
     "note": checks.string,
 }
@@ -127,6 +130,9 @@ DOCS: dict[str, str] = {
     "rpm": "requests a minute", "tpm": "tokens a minute", "max_parallel": "requests at once",
     "budget": "tokens a budget_period", "budget_period": "the budget's period (UTC)",
     "expires": "refused after this date or time (UTC unless it says)",
+    "weight": f"its share of a busy model against other keys' (default 1; from {MIN_WEIGHT:g} to {MAX_WEIGHT:g})",
+    "priority": "interactive, normal (default) or batch: its requests' highest; a request's `priority` may lower it",
+    "may_load": "false: it may use only models already loaded or pinned, never have one loaded (default true)",
     "created": "when `keys add` made it (read, not used)", "note": "a note (read, not used)",
 }
 ENTRY_SCHEMA = {"anyOf": [SECRET_SCHEMA, {**checks.object_schema(SETTINGS), "required": ["key"]}]}

@@ -32,6 +32,10 @@ TOOL_FORMATS = ("auto", "hermes", "qwen3_coder", "llama3", "mistral", "harmony",
                 "command_r", "minimax", "minimax_m3", "kimi", "kimi_k3", "plain", "none")
 REASONING_FIELDS = ("reasoning_content", "reasoning")
 ROLES = ("user", "admin")
+# a request's place among the requests waiting for a model, first to last (``access/claims``)
+PRIORITIES = ("interactive", "normal", "batch")
+# a key's share weight, bounded both ways: past them one share would all but starve the rest
+MIN_WEIGHT, MAX_WEIGHT = 0.001, 1000.0
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")  # server.event_loop (auto: uvloop where it is installed)
 BUDGET_PERIODS = ("day", "week", "month")
 MEMORY = Path(":memory:")  # server.usage_db: off, the usage store kept in memory only
@@ -166,13 +170,19 @@ class KeySpec:
     budget: int | None = None
     budget_period: str = "month"
     expires: float | None = None
+    # its requests' place in a model's queue (``serving/fairness``): its share's weight against the
+    # other keys', its priority (its requests' highest: a request may ask a lower one), and whether
+    # it may have a model loaded (false: only models already loaded or pinned)
+    weight: float = 1.0
+    priority: str = "normal"
+    may_load: bool = True
     source: str = ""  # where it was given: server.api_keys, a keys file's path, the environment
 
     @property
     def limited(self) -> bool:
         """Whether anything but the key itself was said of it: a scope or a limit."""
-        return bool(self.models) or any(v is not None for v in (self.rpm, self.tpm, self.max_parallel,
-                                                                 self.budget, self.expires))
+        return bool(self.models) or not self.may_load or self.priority == "batch" or any(
+            v is not None for v in (self.rpm, self.tpm, self.max_parallel, self.budget, self.expires))
 
 
 @dataclass(frozen=True)
@@ -269,6 +279,14 @@ class ServerConfig:
     max_body_bytes: int = 32 * 2**20
     max_messages: int = 4096
     max_queue: int = 64  # per model: requests waiting beyond this get 429
+    # Who goes first into a model's free slot (``serving/fairness``): a request passed over this
+    # long (for higher priorities, or fairer shares) goes first, so nothing waits without bound
+    priority_max_wait: float = 30.0
+    # Swaps (a model unloaded for another): the loaded one stays this long after its last request
+    # ends while another waits for its room, so its clients' next requests come first; a request
+    # waiting for a swap forces it after max_swap_wait (the loaded model then takes no new request)
+    swap_hold_seconds: float = 2.0
+    max_swap_wait: float = 30.0
     request_timeout: float = 600.0  # seconds a request may run; 0: no limit
     # Connections (a timeout of 0: none). A client that stops reading a stream for write_timeout
     # is treated as gone; a connection must send a request's headers within header_timeout of

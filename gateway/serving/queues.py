@@ -1,0 +1,81 @@
+"""The registry's side of its models' queues: what a model's slots ask of the gateway
+(``KeyQueues``: the keys' terms in force, ``server.priority_max_wait``, the metrics), who may
+have a model loaded (``may_not_load``), and the queues as the page and ``/admin/queues`` show
+them (``rows``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from ..access import scope
+from ..access.claims import Claim, Terms
+from ..base.errors import ApiError
+from ..models.config import ModelSpec, ServerConfig
+from ..models.lifecycle import ModelState
+from ..server.metrics import Metrics
+from .slots import Slot
+from .supervisor import ModelSupervisor
+
+LIVE = (ModelState.LOADING, ModelState.READY)
+
+
+class KeyQueues:
+    """``slots.Keys`` for every model of a registry: ``terms`` asks ``key_terms`` (the app's gate
+    sets it; without keys, none), the policy reads the running configuration, the metrics are told
+    where an app serves the registry."""
+
+    def __init__(self, server: Callable[[], ServerConfig], metrics: Callable[[], Metrics | None]):
+        self._server, self._metrics = server, metrics
+        self.key_terms: Callable[[str], Terms | None] = lambda name: None
+
+    def terms(self, key: str) -> Terms | None:
+        return self.key_terms(key)
+
+    def max_wait(self) -> float:
+        return self._server().priority_max_wait
+
+    def waited(self, model: str, slot: Slot) -> None:
+        if (metrics := self._metrics()) is not None:
+            key = metrics.key_label(slot.label, slot.named)
+            metrics.queue_wait.labels(model, key, slot.priority.label).observe(slot.waited)
+
+    def served(self, model: str, slot: Slot, seconds: float) -> None:
+        if (metrics := self._metrics()) is not None:
+            metrics.slot_seconds.labels(model, metrics.key_label(slot.label, slot.named)).inc(seconds)
+
+
+def may_not_load(spec: ModelSpec, claim: Claim, keys: KeyQueues, loaded: Iterable[ModelSupervisor]) -> ApiError | None:
+    """The 503 for a request whose key may not have a model loaded (``may_load: false``, as the keys
+    in force say) where its model is not loaded or loading, nor pinned; None where it may go on.
+    Another server's model loads nothing here. The message names the loaded models the key may use."""
+    if claim.key is None or spec.pin or not any(m.local for m in spec.members):
+        return None
+    if (keys.terms(claim.key) or claim.terms).may_load:
+        return None
+    live = [m for m in loaded if m.state in LIVE]
+    if any(m.spec == spec for m in live):
+        return None
+    names = sorted(m.spec.name for m in live if scope.allowed(m.spec))
+    now = f"; loaded now: {', '.join(names)}" if names else ""
+    return ApiError(f"model {spec.name!r} is not loaded, and key {claim.key!r} may not have a model loaded "
+                    f"(may_load: false); retry once it is loaded, or use a loaded model{now}", status=503,
+                    param="model", code="model_not_loaded", headers={"Retry-After": "30"})
+
+
+def rows(models: Iterable[ModelSupervisor]) -> list[dict[str, Any]]:
+    """Each model with requests running or waiting: its slots, and who waits, by key (a share's
+    label: a key's name, or ``anonymous``) and priority, with the longest wait of each."""
+    out = []
+    for model in models:
+        waiting = model.slots.waiting()
+        if not waiting and not model.in_flight and not model.waits:
+            continue
+        groups: dict[tuple[str, str], list[float]] = {}
+        for label, priority, waited in waiting:
+            groups.setdefault((label, priority), []).append(waited)
+        out.append({"model": model.spec.name, "state": model.state.value, "slots": model.slots.slots,
+                    "running": model.in_flight, "waiting": len(model.waits), "closed": model.door.closed,
+                    "queue": [{"key": k, "priority": p, "waiting": len(w), "longest_wait_s": round(max(w), 3)}
+                              for (k, p), w in sorted(groups.items())]})
+    return out
