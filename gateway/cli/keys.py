@@ -327,7 +327,8 @@ def cmd_list(args: argparse.Namespace, config: Config, out: TextIO) -> int:
     now = time.time()
     if args.json:
         rows = [{"name": k.name, "role": k.role, "models": list(k.models), "limits": _limits(k, now),
-                 "queue": _queue(k), "source": _where(k, config), "last_used": iso(last[k.name]) if k.name in last else None}
+                 "queue": _queue(k), "source": _where(k, config),
+                 "last_used": iso(last[k.name]) if k.name in last else None}
                 for k in keys]
         out.write(json.dumps(rows, indent=2) + "\n")
         return 0
