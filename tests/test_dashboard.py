@@ -2,9 +2,11 @@
 keys, the live stream's snapshots, and the /models fields the page shows. The page itself is
 driven in a real browser in test_dashboard_browser.py."""
 
+import asyncio
 import json
 
 from gateway.app import create_app
+from gateway.models import testmodels as tm
 from gateway.models.config import load_config
 
 KEY = {"Authorization": "Bearer k1"}
@@ -52,7 +54,7 @@ async def test_every_module_the_page_imports_is_served_as_a_script(aiohttp_clien
             if path.startswith("/ui/cards/") and url.startswith("/ui/cards/"):
                 assert "card(" not in await (await client.get(url)).text(), f"{path} imports the card {url}"
             todo.append(url)
-    cards = {"models", "downloads", "mcp", "live", "usage", "requests", "captures", "playground"}
+    cards = {"models", "queues", "downloads", "mcp", "live", "usage", "requests", "captures", "playground"}
     assert {f"/ui/cards/{c}.js" for c in cards} | {"/ui/lib/panels.js", "/ui/lib/api.js"} <= seen
 
 async def test_the_pages_data_needs_a_key(aiohttp_client, write_config, model_dir):
@@ -154,3 +156,78 @@ async def test_without_keys_the_page_lists_every_request(aiohttp_client, write_c
     async with client.get("/dashboard/live") as live:
         recent = (await read_snapshot(live))["recent"]
     assert [(e["model"], e["principal"]) for e in recent] == [("plain", "anonymous")]
+
+
+QUEUED = {"root": "k1", "alice": "k2", "bob": "k3"}
+
+
+async def test_the_queues_an_admin_sees_and_what_a_user_key_sees_of_them(aiohttp_client, write_config, model_dir,
+                                                                         tmp_path):
+    """A model of one slot, held by an endless generation, with requests of three keys waiting:
+    ``/admin/queues`` (an admin's alone) lists each key and priority; a user key's snapshot shows
+    only the models it may use, its own rows, and every other key's folded into "other keys"."""
+    tm.endless(tmp_path / "other.gguf")
+    config = load_config(write_config(f"""
+        server:
+          models_dirs: [{model_dir}]
+          discover_default_stores: false
+          api_keys:
+            root: {{key: k1, role: admin}}
+            alice: {{key: k2, models: [looping]}}
+            bob: {{key: k3, models: [looping]}}
+        models:
+          looping: {{path: {model_dir / 'loop.gguf'}, parallel: 1, n_ctx: 131072}}
+          other: {{path: {tmp_path / 'other.gguf'}, parallel: 1, n_ctx: 131072}}
+        """))
+    client = await aiohttp_client(create_app(config))
+
+    async def generate(key: str, model: str = "looping", **more) -> None:
+        body = {"model": model, "messages": [{"role": "user", "content": "go"}], "max_tokens": 100_000, **more}
+        async with client.post("/v1/chat/completions", headers=auth(QUEUED[key]), json=body) as r:
+            await r.read()
+
+    held = [asyncio.create_task(generate("root")), asyncio.create_task(generate("root", "other"))]
+    try:
+        await until(client, lambda q: {r["model"]: r["running"] for r in q} == {"looping": 1, "other": 1})
+        held += [asyncio.create_task(generate("alice")), asyncio.create_task(generate("root")),
+                 *(asyncio.create_task(generate("bob", priority="batch")) for _ in range(2))]
+        rows = await until(client, lambda q: [r["waiting"] for r in q if r["model"] == "looping"] == [4])
+        looping = next(r for r in rows if r["model"] == "looping")
+        assert looping["slots"] == 1 and looping["closed"] is False
+        assert [(q["key"], q["priority"], q["waiting"]) for q in looping["queue"]] == [
+            ("alice", "normal", 1), ("bob", "batch", 2), ("root", "normal", 1)]
+        assert all(0 <= q["longest_wait_s"] < 60 for q in looping["queue"])
+        r = await client.get("/admin/queues", headers=auth("k2"))
+        assert r.status == 403 and (await r.json())["error"]["code"] == "forbidden"
+        async with client.get("/dashboard/live", headers=auth("k2")) as live:
+            mine = (await read_snapshot(live))["queues"]
+        assert [r["model"] for r in mine] == ["looping"]  # the model alice may not use is not hers to see
+        assert [(q["key"], q["priority"], q["waiting"]) for q in mine[0]["queue"]] == [
+            ("alice", "normal", 1), ("other keys", "batch", 2), ("other keys", "normal", 1)]
+        assert "bob" not in json.dumps(mine) and "root" not in json.dumps(mine)
+        async with client.get("/dashboard/live", headers=auth("k1")) as live:
+            everyone = (await read_snapshot(live))["queues"]
+        assert {r["model"] for r in everyone} == {"looping", "other"}
+        assert {q["key"] for r in everyone for q in r["queue"]} == {"alice", "bob", "root"}
+    finally:
+        for task in held:
+            task.cancel()
+        await asyncio.gather(*held, return_exceptions=True)
+    await until(client, lambda q: q == [])  # the clients that left leave no ghost in the queue
+
+
+async def until(client, done, timeout: float = 30.0) -> list[dict]:
+    """``/admin/queues``' rows (as the admin sees them) once ``done(rows)`` holds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        r = await client.get("/admin/queues", headers=auth("k1"))
+        assert r.status == 200
+        rows = (await r.json())["queues"]
+        if done(rows):
+            return rows
+        assert asyncio.get_running_loop().time() < deadline, rows
+        await asyncio.sleep(0.05)
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}

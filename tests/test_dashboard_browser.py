@@ -7,9 +7,12 @@ nothing here downloads a browser. ``GGUF_GATEWAY_CHROMIUM`` names another Chromi
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
+import socket
 import time
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -242,3 +245,44 @@ def test_light_and_dark(browser, server):
         context.close()
     (light_bg, light_text), (dark_bg, dark_text) = colors["light"], colors["dark"]
     assert light_bg > 200 and light_text < 80 and dark_bg < 60 and dark_text > 180, colors
+
+
+def test_the_queues_card_shows_who_waits_for_a_busy_model(page, server):
+    """The loop model has one slot: one endless generation holds it and three more wait. The
+    Queues card shows the model, its slot taken, the three waiting by key and priority with the
+    longest wait; once the clients leave, the queue empties and the card says so."""
+    assert models(server)["loop"]["in_flight"] == 0
+    url = urllib.parse.urlsplit(server.url)
+    body = json.dumps({"model": "loop", "messages": [{"role": "user", "content": "go"}], "max_tokens": 100_000,
+                       "stream": True})
+    conns = []
+    try:
+        for _ in range(4):
+            conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+            conn.request("POST", "/v1/chat/completions", body=body,
+                         headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+            conns.append(conn)
+            if len(conns) == 1:  # the first holds the slot before the others come
+                deadline = time.monotonic() + 20
+                while models(server)["loop"]["in_flight"] != 1 and time.monotonic() < deadline:
+                    time.sleep(0.05)
+        group = page.locator('#queues tbody[data-model="loop"]')
+        expect(group.locator(".q-slots")).to_have_text("1/1", timeout=20_000)
+        expect(group.locator(".q-waiting")).to_have_text("3")
+        expect(group.locator(".q-state")).to_have_text("open")
+        waiting = group.locator("tr[data-key]")
+        expect(waiting).to_have_count(1)
+        expect(waiting.locator(".q-priority")).to_have_text("normal")
+        expect(waiting.locator(".q-count")).to_have_text("3")
+        expect(waiting.locator(".q-longest")).to_have_text(re.compile(r"^\d+(\.\d+)? (ms|s)$"))
+        queues = api(server, "/admin/queues")["queues"]
+        (loop,) = [q for q in queues if q["model"] == "loop"]
+        expect(waiting.locator(".q-key")).to_have_text(loop["queue"][0]["key"])
+    finally:
+        for conn in conns:  # the clients leave: the running one is stopped, the waiting ones dropped
+            if conn.sock is not None:
+                conn.sock.shutdown(socket.SHUT_RDWR)
+            conn.close()
+    expect(page.locator("#queues-empty")).to_be_visible(timeout=20_000)
+    expect(page.locator('#queues tbody[data-model="loop"]')).to_have_count(0)
+    assert models(server)["loop"]["in_flight"] == 0

@@ -90,7 +90,7 @@ def test_list_shows_names_roles_and_limits_never_a_key(run, cfg):
     code, out, err = run("keys", "list", "--config", cfg)
     assert code == 0, err
     header, *lines = out.splitlines()
-    assert header.split() == ["NAME", "ROLE", "MODELS", "LIMITS", "SOURCE", "LAST", "USE"]
+    assert header.split() == ["NAME", "ROLE", "MODELS", "LIMITS", "QUEUE", "SOURCE", "LAST", "USE"]
     assert lines[0].split()[:3] == ["root", "admin", "*"] and lines[0].endswith("never")
     assert lines[1].split()[:3] == ["alice", "user", "plain*,thinker"]
     assert "rpm 5, budget 1000/day, expires 2099-01-01" in lines[1] and str(keys_file()) in lines[1]
@@ -143,6 +143,40 @@ def test_a_key_given_elsewhere_is_not_revoked_or_added_again(run, write_config, 
     code, _, err = run("keys", "add", "dev", "--config", cfg)  # ops is an admin already
     assert code == 0 and "no admin key yet" not in err
     assert {k.name: k.role for k in load_config(cfg).server.api_keys} == {"ops": "admin", "dev": "user", "ci": "admin"}
+
+
+def test_a_keys_queue_terms_are_written_read_back_and_listed_where_not_the_defaults(run, cfg):
+    """--weight, --priority and --no-load go into the keys file as the gateway reads them
+    (``weight``, ``priority``, ``may_load: false``); ``keys list`` shows them where not the defaults."""
+    add(run, cfg, "root")
+    add(run, cfg, "ci", "--weight", "4", "--priority", "batch", "--no-load")
+    add(run, cfg, "editor", "--weight", "0.5", "--priority", "interactive")
+    written = yaml.safe_load(keys_file().read_text())
+    assert written["ci"]["weight"] == 4 and written["ci"]["priority"] == "batch" and written["ci"]["may_load"] is False
+    assert "weight" not in written["root"] and "priority" not in written["root"] and "may_load" not in written["root"]
+    got = {k.name: (k.role, k.weight, k.priority, k.may_load) for k in load_config(cfg).server.api_keys}
+    assert got == {"root": ("admin", 1.0, "normal", True), "ci": ("user", 4.0, "batch", False),
+                   "editor": ("user", 0.5, "interactive", True)}
+    code, out, err = run("keys", "list", "--config", cfg)
+    assert code == 0, err
+    lines = {line.split()[0]: line for line in out.splitlines()[1:]}
+    assert "weight 4, batch, no load" in lines["ci"] and "weight 0.5, interactive" in lines["editor"]
+    assert "weight" not in lines["root"] and "interactive" not in lines["root"]
+    rows = {row["name"]: row for row in json.loads(run("keys", "list", "--json", "--config", cfg)[1])}
+    assert rows["ci"]["queue"] == {"weight": 4.0, "priority": "batch", "may_load": False}
+    assert rows["root"]["queue"] == {"weight": 1.0, "priority": "normal", "may_load": True}
+
+
+def test_a_bad_weight_or_priority_writes_nothing(run, cfg):
+    add(run, cfg, "root")
+    before = keys_file().read_text()
+    for weight in ("0", "1e308", "-1", "nan", "inf"):
+        code, out, err = run("keys", "add", "ci", "--weight", weight, "--config", cfg)
+        assert code == 2 and out == "" and "--weight" in err, (weight, err)
+    with pytest.raises(SystemExit) as refused:  # argparse's own refusal of a choice not offered
+        run("keys", "add", "ci", "--priority", "urgent", "--config", cfg)
+    assert refused.value.code == 2
+    assert keys_file().read_text() == before
 
 
 def test_a_duplicate_or_a_bad_argument_writes_nothing(run, cfg):

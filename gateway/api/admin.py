@@ -1,7 +1,8 @@
 """Operator routes: ``/health`` (open to all), ``/metrics`` (an admin's; open with
 ``server.metrics_public``), the model list (``/models``, any key) and the admin API
 (``admin_only``): ``/models/load``, ``/models/unload``, ``/config/reload``
-(``reload_configuration``, SIGHUP's too); and the keys file's watch (``watch_keys``)."""
+(``reload_configuration``, SIGHUP's too), ``/admin/queues`` (every model's queue, by key and
+priority: ``serving.queues.rows``); and the keys file's watch (``watch_keys``)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from ..models.config import ConfigError, KeySpec, load_config
 from ..models.config.keys import keys_path
 from ..models.lifecycle import ModelState
 from ..server.events import PRINCIPAL
+from ..serving import queues
 from ..serving.registry import Registry, upstream_rows
 from ..wire.params import require_model
 from .access import admin_only, is_admin
@@ -156,6 +158,14 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=request.app[METRICS].scrape(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
+@admin_only  # every key's name and what it waits for
+async def queues_route(request: web.Request) -> web.Response:
+    """``GET /admin/queues``: ``{"queues": rows}``, each model with requests running or waiting:
+    its slots, running, waiting, whether its door is closed (a swap drains it), and who waits
+    by key and priority with the longest wait (``serving.queues.rows``)."""
+    return web.json_response({"queues": queues.rows(request.app[REGISTRY].supervisors.all())})
+
+
 async def reload_configuration(app: web.Application) -> bool:
     """models.yaml and the keys read again (SIGHUP, ``POST /config/reload``): the models as
     ``Registry.reload`` swaps them, the keys for the next request; a broken file changes nothing."""
@@ -230,3 +240,4 @@ def setup(app: web.Application) -> None:
     app.router.add_post("/models/load", load_model)
     app.router.add_post("/models/unload", unload_model)
     app.router.add_post("/config/reload", reload_route)
+    app.router.add_get("/admin/queues", queues_route)

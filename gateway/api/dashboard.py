@@ -19,8 +19,10 @@ card, with the path of the gateway's own MCP endpoint (``api/mcp``).
 
 ``/dashboard/live`` streams snapshots: ``/models``' rows, ``live.Live``'s per-model series and
 recent requests (with keys, each key's own, by ``OWNER``, which the observation carries and
-``Live.record`` keeps beside the event, never in it), and whether the key is an admin's (the
-page asks for ``/captures`` only then).
+``Live.record`` keeps beside the event, never in it), the models' queues (``queues``: to an
+admin every model's, as ``/admin/queues``; to a user key those of the models it may use, its
+own key's rows kept and every other key's folded into one, ``serving.queues.folded``), and
+whether the key is an admin's (the page asks for ``/captures`` only then).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from aiohttp import web
 
 from ..access.scope import SCOPE, visible
 from ..server.events import OWNER
+from ..serving import queues
 from ..tools.hosted import may_use
 from .access import KEY, is_admin
 from .admin import describe
@@ -93,7 +96,20 @@ def snapshot(request: web.Request) -> dict:
     return {"time": now, "models": [describe(registry, s) for s in models],
             "series": series, "recent": recent,
             "pulls": registry.pulls.rows() if is_admin(request) else [],
+            "queues": queue_rows(request),
             "admin": is_admin(request)}  # what the page may ask for: the captures are an admin's
+
+
+def queue_rows(request: web.Request) -> list[dict]:
+    """The queues the page shows: an admin's (or anyone's without keys) every model's; a user
+    key's, the models it may use, with every other key's rows folded (``queues.folded``)."""
+    registry = request.app[REGISTRY]
+    if is_admin(request):
+        return queues.rows(registry.supervisors.all())
+    key = request.get(KEY)
+    names = {s.name for s in visible(registry.specs())}
+    mine = queues.rows(m for m in registry.supervisors.all() if m.spec.name in names)
+    return queues.folded(mine, key.name if key is not None else "")
 
 
 async def live_stream(request: web.Request) -> web.StreamResponse:

@@ -14,9 +14,11 @@ The contract:
   (``config.keys``'s rule). A name already
   in the file or given by another source is refused; the new entry is checked as the gateway
   reads it (``config.keys.entry``) before anything is written. A running gateway watches the
-  file and picks the change up within seconds.
+  file and picks the change up within seconds. Its place in a busy model's queue: ``--weight``,
+  ``--priority`` and ``--no-load``, the keys file's ``weight``, ``priority`` and ``may_load: false``.
 * ``keys list`` shows every key of the configuration, from every source, with its role, models,
-  limits, source and last use (the usage database, read only): never a key, never a digest.
+  limits, its queue terms where not the defaults, source and last use (the usage database, read
+  only): never a key, never a digest.
 * ``keys revoke NAME`` removes NAME from the keys file. A name given elsewhere (models.yaml,
   ``$GGUF_GATEWAY_API_KEYS``) is refused naming where to remove it; so is the last admin while
   other keys remain (the gateway would refuse a configuration of keys and no admin).
@@ -52,7 +54,7 @@ from ..backends.untrusted import shown
 from ..base.checks import parse_time
 from ..models.config import Config, ConfigError, KeySpec, ServerConfig, find_config_path, load_config
 from ..models.config import keys as keyfile
-from ..models.config.specs import BUDGET_PERIODS, ROLES
+from ..models.config.specs import BUDGET_PERIODS, MAX_WEIGHT, MIN_WEIGHT, PRIORITIES, ROLES
 from .client import BadAnswer, Gateway, Unreachable
 from .configfile import config_arg
 
@@ -83,6 +85,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     add.add_argument("--budget-period", choices=BUDGET_PERIODS, help="what --budget counts over (default: month)")
     add.add_argument("--expires", metavar="WHEN", help="a date or time (2027-01-31, 2027-01-31T12:00:00Z) or a "
                      "duration from now (30d, 12h, 90m, 2w)")
+    add.add_argument("--weight", type=float, metavar="W", help="its share of a busy model against other keys' "
+                     f"(default 1; from {MIN_WEIGHT:g} to {MAX_WEIGHT:g})")
+    add.add_argument("--priority", choices=PRIORITIES, help="its requests' highest priority (default: normal); a "
+                     "request's own `priority` may lower it")
+    add.add_argument("--no-load", dest="may_load", action="store_const", const=False, help="it may use only models "
+                     "already loaded or pinned, never have one loaded (may_load: false)")
     add.add_argument("--note", help="a note kept beside it")
     listing = actions.add_parser("list", help="every key of the configuration: role, models, limits, last use")
     listing.add_argument("--json", action="store_true", help="a JSON list")
@@ -219,9 +227,11 @@ def cmd_add(args: argparse.Namespace, config: Config, out: TextIO) -> int:
         settings["role"] = args.role
     if args.models:
         settings["models"] = list(args.models)
-    for field in ("rpm", "tpm", "max_parallel", "budget", "budget_period"):
+    for field in ("rpm", "tpm", "max_parallel", "budget", "budget_period", "priority", "may_load"):
         if getattr(args, field) is not None:
             settings[field] = getattr(args, field)
+    if args.weight is not None:  # 2, not 2.0, in the file where it is whole
+        settings["weight"] = int(args.weight) if args.weight.is_integer() and abs(args.weight) < 2**53 else args.weight
     now = time.time()
     if args.expires is not None:
         expires = when(args.expires, "--expires", ago=False, now=now)
@@ -296,6 +306,19 @@ def _limits_text(key: KeySpec, now: float) -> str:
     return ", ".join(parts) or "-"
 
 
+def _queue(key: KeySpec) -> dict[str, Any]:
+    """A key's terms in a busy model's queue: weight, priority, may_load."""
+    return {"weight": key.weight, "priority": key.priority, "may_load": key.may_load}
+
+
+def _queue_text(key: KeySpec) -> str:
+    """Its queue terms where they are not the defaults ("weight 4, batch, no load"), else "-"."""
+    parts = [f"weight {key.weight:g}"] if key.weight != 1 else []
+    parts += [key.priority] if key.priority != "normal" else []
+    parts += ["no load"] if not key.may_load else []
+    return ", ".join(parts) or "-"
+
+
 def cmd_list(args: argparse.Namespace, config: Config, out: TextIO) -> int:
     for line in config.warnings:
         _err(f"warning: {line}")
@@ -304,17 +327,18 @@ def cmd_list(args: argparse.Namespace, config: Config, out: TextIO) -> int:
     now = time.time()
     if args.json:
         rows = [{"name": k.name, "role": k.role, "models": list(k.models), "limits": _limits(k, now),
-                 "source": _where(k, config), "last_used": iso(last[k.name]) if k.name in last else None}
+                 "queue": _queue(k), "source": _where(k, config),
+                 "last_used": iso(last[k.name]) if k.name in last else None}
                 for k in keys]
         out.write(json.dumps(rows, indent=2) + "\n")
         return 0
     if not keys:
         _err("no API keys: a gateway of this configuration takes requests without one (gguf-gateway keys add NAME)")
         return 0
-    table: list[tuple[str, ...]] = [("NAME", "ROLE", "MODELS", "LIMITS", "SOURCE", "LAST USE")]
+    table: list[tuple[str, ...]] = [("NAME", "ROLE", "MODELS", "LIMITS", "QUEUE", "SOURCE", "LAST USE")]
     for k in keys:
         table.append((shown(k.name), k.role, shown(",".join(k.models)) or "*", _limits_text(k, now),
-                      shown(_where(k, config)), iso(last[k.name]) if k.name in last else "never"))
+                      _queue_text(k), shown(_where(k, config)), iso(last[k.name]) if k.name in last else "never"))
     _table(out, table, right=())
     return 0
 

@@ -1,7 +1,7 @@
 """The registry's side of its models' queues: what a model's slots ask of the gateway
 (``KeyQueues``: the keys' terms in force, ``server.priority_max_wait``, the metrics), who may
 have a model loaded (``may_not_load``), and the queues as the page and ``/admin/queues`` show
-them (``rows``)."""
+them (``rows``; to a user key, its own and the rest folded: ``folded``)."""
 
 from __future__ import annotations
 
@@ -78,4 +78,23 @@ def rows(models: Iterable[ModelSupervisor]) -> list[dict[str, Any]]:
                     "running": model.in_flight, "waiting": len(model.waits), "closed": model.door.closed,
                     "queue": [{"key": k, "priority": p, "waiting": len(w), "longest_wait_s": round(max(w), 3)}
                               for (k, p), w in sorted(groups.items())]})
+    return out
+
+
+OTHERS = "other keys"  # the one row a user key sees for every other key's requests in a queue
+
+
+def folded(rows_: list[dict[str, Any]], own: str) -> list[dict[str, Any]]:
+    """``rows`` as a user key may see them: its own key's rows (by its name) as they are, and
+    every other share's folded into one row per priority named ``OTHERS`` (how many, the longest
+    wait): another key's name, and how much it asks for, are not its to see."""
+    out = []
+    for row in rows_:
+        groups: dict[tuple[str, str], tuple[int, float]] = {}
+        for q in row["queue"]:
+            name = q["key"] if q["key"] == own else OTHERS
+            count, longest = groups.get((name, q["priority"]), (0, 0.0))
+            groups[(name, q["priority"])] = (count + q["waiting"], max(longest, q["longest_wait_s"]))
+        out.append({**row, "queue": [{"key": k, "priority": p, "waiting": n, "longest_wait_s": w}
+                                     for (k, p), (n, w) in sorted(groups.items())]})
     return out

@@ -15,6 +15,7 @@ import { startLive, stopLive } from "./lib/snapshots.js";
 import { setAction, setConn } from "./lib/status.js";
 // the cards, in the page's order: each registers itself when imported
 import "./cards/models.js";
+import "./cards/queues.js";
 import "./cards/downloads.js";
 import "./cards/mcp.js";
 import "./cards/live.js";
