@@ -1,15 +1,22 @@
 """Who goes first into a model's free slot: a pure policy over the requests waiting for one.
 
-``pick`` chooses, in this order:
-1. **Overdue.** A request that has waited ``server.priority_max_wait`` goes first, the oldest
-   such first: whatever the priorities and shares, no request waits without bound.
-2. **Priority.** Interactive before normal before batch: batch work takes a slot only while
+``pick`` chooses among the requests of the highest priority waiting:
+1. **Priority.** Interactive before normal before batch: batch work takes a slot only while
    nothing of a higher priority waits. A running request is never cut short for priority.
-3. **Fairness within a priority.** Start-time fair queueing over slot time: each share (a key,
-   or without keys a client address) has a virtual time, the slot-seconds it was served divided
-   by its weight; the share with the least goes first, its oldest request first. A share that
-   was idle starts at the virtual clock (the start of the last request let in), so idleness
-   banks no credit, and a share that used the model least recently, weighted, is served next.
+2. **Aging.** A request that has waited ``server.priority_max_wait`` counts as of the highest
+   priority waiting, whatever its own: a lower priority is put off, never starved. It does not
+   jump the queue of its own priority: among equals fairness still decides, so a key whose whole
+   backlog has grown old cannot turn it into first-come order ahead of another key's fresh request.
+3. **Fairness among those.** Start-time fair queueing over slot time: each share (a key, or
+   without keys a client address) has a virtual time, the slot-seconds it was served divided by
+   its weight; the share with the least goes first, its oldest request first. A share that was
+   idle starts at the virtual clock (the start of the last request let in), so idleness banks no
+   credit, and a share that used the model least recently, weighted, is served next. Within a
+   share, requests go in arrival order.
+
+No request waits without bound: a share with requests waiting is behind at most every other
+share's one turn, weighted, once its requests are among the eligible; a request is eligible at
+the latest once it has waited ``priority_max_wait``.
 
 Why slot time and not tokens: a slot is what a waiting request waits for, and the time a request
 holds one covers its prompt, its answer and its client's pace alike; tokens are unknown until the
@@ -46,11 +53,8 @@ def pick(waiters: Sequence[Waiter], vtimes: Mapping[str, float], clock: float, n
          max_wait: float) -> int:
     """The index in ``waiters`` (not empty) of the request to let in next, as the module says.
     Ties go to the earlier arrival, then to the earlier place in ``waiters``."""
-    overdue = [i for i, w in enumerate(waiters) if now - w.arrived >= max_wait]
-    if overdue:
-        return min(overdue, key=lambda i: (waiters[i].arrived, i))
     top = min(w.priority for w in waiters)
-    return min((i for i, w in enumerate(waiters) if w.priority == top),
+    return min((i for i, w in enumerate(waiters) if w.priority == top or now - w.arrived >= max_wait),
                key=lambda i: (start(vtimes.get(waiters[i].share), clock), waiters[i].arrived, i))
 
 

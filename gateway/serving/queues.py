@@ -32,6 +32,10 @@ class KeyQueues:
     def terms(self, key: str) -> Terms | None:
         return self.key_terms(key)
 
+    def may_load(self, claim: Claim) -> bool:
+        """Whether the request may have a model loaded (its key's ``may_load``, as in force now)."""
+        return claim.key is None or (self.terms(claim.key) or claim.terms).may_load
+
     def max_wait(self) -> float:
         return self._server().priority_max_wait
 
@@ -49,9 +53,7 @@ def may_not_load(spec: ModelSpec, claim: Claim, keys: KeyQueues, loaded: Iterabl
     """The 503 for a request whose key may not have a model loaded (``may_load: false``, as the keys
     in force say) where its model is not loaded or loading, nor pinned; None where it may go on.
     Another server's model loads nothing here. The message names the loaded models the key may use."""
-    if claim.key is None or spec.pin or not any(m.local for m in spec.members):
-        return None
-    if (keys.terms(claim.key) or claim.terms).may_load:
+    if keys.may_load(claim) or spec.pin or not any(m.local for m in spec.members):
         return None
     live = [m for m in loaded if m.state in LIVE]
     if any(m.spec == spec for m in live):

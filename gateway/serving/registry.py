@@ -162,13 +162,15 @@ class Registry:
     async def lookup(self, name: object, on_progress: Progress | None = None) -> ModelSpec:
         """``resolve``, rescanning the stores once on a miss (at most every ``rescan_seconds``); a
         name ``server.pull_on_demand`` allows that no model has exactly is pulled first
-        (``on_progress`` told its share done), where the key's globs take it (``scope.may_pull``)."""
+        (``on_progress`` told its share done), where the key's globs take it (``scope.may_pull``) and
+        it may have models loaded (``may_load``: a pulled model is loaded next)."""
         spec, shown = self.resolve(_findable(name)), name if isinstance(name, str) else repr(name)
         if spec is None and self.catalog.stale():
             await asyncio.to_thread(self.catalog.refresh)
             await self.upstreams.refresh(discover_only=True)
             spec = self.resolve(name)
-        if isinstance(name, str) and self.resolve(name, tag_fallback=False) is None and scope.may_pull(name):
+        if isinstance(name, str) and self.resolve(name, tag_fallback=False) is None and scope.may_pull(name) \
+                and self.queues.may_load(CLAIM.get()):  # a key that may not load a model may not pull one
             await self.pulls.on_demand(name, self.config.server, on_progress)  # where the server allows it
             spec = self.resolve(name)
         if spec is None:  # nothing has it, or nothing the key may use: the same answer
