@@ -10,9 +10,10 @@ so a reload that changes them reorders the requests already waiting.
 No ghost stays: a request that leaves while it waits is taken out of the queue, and one that
 leaves after a slot was handed to it but before it ran gives the slot back. The virtual times
 kept are those of shares with something waiting or running, or still ahead of the clock (a share
-that ran more than its part lately); the rest are dropped, and with them the table stays bounded
-by the requests the model let in. Everything runs on the event loop; nothing here waits but a
-request for its slot.
+that ran more than its part lately); the rest are dropped as a share's last request ends or
+leaves (one the clock passes later reads as the clock, as if dropped), and past ``MAX_SHARES``
+the idle ones least ahead go, so the table stays bounded. Everything runs on the event loop;
+nothing here waits but a request for its slot.
 """
 
 from __future__ import annotations
