@@ -9,6 +9,8 @@ import dataclasses
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.access.claims import Claim, Priority, Terms
 from gateway.base.errors import ApiError
@@ -262,3 +264,60 @@ async def test_waits_counts_the_oldest_and_cleans_up_on_exceptions():
     with pytest.raises(asyncio.CancelledError):
         await t
     assert len(waits) == 0
+
+
+ops = st.lists(st.one_of(
+    st.tuples(st.just("take"), st.sampled_from("abc"), st.sampled_from(list(Priority))),
+    st.tuples(st.just("cancel"), st.integers(0, 40)),
+    st.tuples(st.just("give"), st.integers(0, 40)),
+    st.tuples(st.just("tick"))), max_size=60)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops, st.integers(1, 3))
+def test_any_sequence_of_takes_leaves_and_gives_keeps_the_books(script, n):
+    """Random takes, cancellations (before, at and after a slot is handed) and gives, with or
+    without the loop running between them: the books always agree, a free slot never stays free
+    while someone waits, and at the end nothing is left."""
+
+    async def scene() -> None:
+        terms = {"a": Terms(), "b": Terms(priority=Priority.BATCH), "c": Terms(weight=3.0)}
+        fs = FairSlots("m", n, keyed(terms))
+        tasks: list[asyncio.Task] = []
+        held: list = []
+        seen: set[int] = set()
+
+        def collect() -> None:
+            for i, t in enumerate(tasks):
+                if i not in seen and t.done():
+                    seen.add(i)
+                    if not t.cancelled():
+                        held.append(t.result())  # raises what take raised, were it anything else
+
+        def books() -> None:
+            assert 0 <= fs.busy <= fs.slots and fs.busy == sum(fs.running().values())
+            assert len(fs._waiting) == sum(fs._queued.values()) and all(e.queued for e in fs._waiting)
+            live = [e for e in fs._waiting if not e.granted.done()]
+            assert not live or fs.busy == fs.slots  # work-conserving
+
+        for op in script:
+            if op[0] == "take":
+                tasks.append(asyncio.create_task(fs.take(claim(op[1], terms, asked=op[2]))))
+            elif op[0] == "cancel" and tasks:
+                tasks[op[1] % len(tasks)].cancel()
+            elif op[0] == "give" and held:
+                fs.give(held.pop(op[1] % len(held)))
+            else:
+                await asyncio.sleep(0)
+                collect()
+            books()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        collect()
+        for slot in held:
+            fs.give(slot)
+        assert fs.busy == 0 and fs.waiting() == [] and fs.running() == {} and not fs._queued
+        assert len(fs._vtime) <= slots_module.MAX_SHARES
+
+    asyncio.run(scene())
