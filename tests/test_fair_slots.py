@@ -120,6 +120,25 @@ async def test_a_waiter_cancelled_while_waiting_leaves_no_ghost():
     no_ghosts(fs)
 
 
+async def test_a_share_that_leaves_behind_the_clock_is_forgotten():
+    terms: dict[str, Terms] = {}
+    fs = FairSlots("m", 1, keyed(terms))
+    fs.give(await fs.take(claim("x", terms)))  # x is served at once: ahead of the clock by what it held
+    assert fs._vtime["x"] > fs._clock
+    y = await fs.take(claim("y", terms))
+    await asyncio.sleep(0.05)
+    fs.give(y)  # y held its slot far longer than x ...
+    y = await fs.take(claim("y", terms))  # ... so its next start moves the clock past x's time
+    assert fs._vtime["x"] <= fs._clock
+    leaving = asyncio.create_task(fs.take(claim("x", terms)))
+    await settle()
+    leaving.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await leaving
+    assert "x" not in fs._vtime and fs.waiting() == [] and fs.running() == {"y": 1}
+    fs.give(y)
+
+
 async def test_a_waiter_cancelled_after_its_slot_was_handed_gives_it_back():
     terms: dict[str, Terms] = {}
     fs = FairSlots("m", 1, keyed(terms))
