@@ -10,9 +10,10 @@ so a reload that changes them reorders the requests already waiting.
 No ghost stays: a request that leaves while it waits is taken out of the queue, and one that
 leaves after a slot was handed to it but before it ran gives the slot back. The virtual times
 kept are those of shares with something waiting or running, or still ahead of the clock (a share
-that ran more than its part lately); the rest are dropped, and with them the table stays bounded
-by the requests the model let in. Everything runs on the event loop; nothing here waits but a
-request for its slot.
+that ran more than its part lately); the rest are dropped as a share's last request ends or
+leaves (one the clock passes later reads as the clock, as if dropped), and past ``MAX_SHARES``
+the idle ones least ahead go, so the table stays bounded. Everything runs on the event loop;
+nothing here waits but a request for its slot.
 """
 
 from __future__ import annotations
@@ -81,11 +82,12 @@ class Unkeyed:
         pass
 
 
-@dataclass
+@dataclass(eq=False)  # by identity: taken out of the queue as itself, never as an equal
 class _Entry:
     claim: Claim
     arrived: float
     granted: asyncio.Future[Slot] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    queued: bool = True  # still in ``FairSlots._waiting``
 
 
 class FairSlots:
@@ -97,6 +99,7 @@ class FairSlots:
         self._clock = 0.0
         self._mean = 1.0  # seconds a slot is held, recently: the estimate each request is charged
         self._running: dict[str, int] = {}  # requests holding a slot, by share
+        self._queued: dict[str, int] = {}  # requests waiting, by share
 
     def terms(self, claim: Claim) -> Terms:
         current = self._keys.terms(claim.key) if claim.key is not None else None
@@ -120,6 +123,7 @@ class FairSlots:
             return slot
         entry = _Entry(claim, now)
         self._waiting.append(entry)
+        self._queued[claim.share] = self._queued.get(claim.share, 0) + 1
         try:
             slot = await entry.granted
             self._keys.waited(self.model, slot)
@@ -127,8 +131,10 @@ class FairSlots:
         except BaseException:
             if entry.granted.done() and not entry.granted.cancelled():
                 self.give(entry.granted.result(), ran=False)  # handed a slot, but gone before it ran
-            else:
-                self._waiting.remove(entry)
+            else:  # left while it waited: out of the queue, unless a freed slot already skipped it
+                if entry.queued:
+                    self._waiting.remove(entry)
+                    self._unqueue(entry)
                 self._forget(claim.share)
             raise
 
@@ -158,26 +164,41 @@ class FairSlots:
         return Slot(claim.share, claim.label, claim.named, claim.priority(terms), terms.weight, now, now - arrived,
                     estimate)
 
+    def _unqueue(self, entry: _Entry) -> None:
+        entry.queued = False
+        share = entry.claim.share
+        self._queued[share] -= 1
+        if not self._queued[share]:
+            del self._queued[share]
+
     def _dispatch(self) -> None:
+        if self.busy < self.slots and any(e.granted.done() for e in self._waiting):
+            # cancelled while they waited, their tasks not yet run: out at once, in one pass (one
+            # pick each would cost the length of the queue per request gone)
+            gone = [e for e in self._waiting if e.granted.done()]
+            self._waiting = [e for e in self._waiting if not e.granted.done()]
+            for e in gone:
+                self._unqueue(e)
         while self.busy < self.slots and self._waiting:
             now = time.monotonic()
             waiters = [fairness.Waiter(e.claim.share, int(e.claim.priority(self.terms(e.claim))), e.arrived)
                        for e in self._waiting]
             entry = self._waiting.pop(fairness.pick(waiters, self._vtime, self._clock, now, self._keys.max_wait()))
-            if entry.granted.done():  # cancelled while it waited, not yet taken out: nothing to hand
-                continue
+            self._unqueue(entry)
             entry.granted.set_result(self._grant(entry.claim, entry.arrived, now))
 
     def _forget(self, share: str) -> None:
         """Drop what is kept of shares that hold nothing, wait for nothing and are not ahead of the
-        clock; past ``MAX_SHARES``, of the idle shares least ahead too."""
-        if (share not in self._running and self._vtime.get(share, self._clock) <= self._clock
-                and not any(e.claim.share == share for e in self._waiting)):
+        clock; past ``MAX_SHARES``, of the idle shares least ahead too, down to three quarters of
+        it: one sort of the table per quarter of it let in, not one per request (many clients
+        without keys, each its own share, would pay a sort of the whole table each)."""
+        if (share not in self._running and share not in self._queued
+                and self._vtime.get(share, self._clock) <= self._clock):
             self._vtime.pop(share, None)
         if len(self._vtime) > MAX_SHARES:
-            active = set(self._running) | {e.claim.share for e in self._waiting}
+            active = set(self._running) | set(self._queued)
             idle = sorted((v, s) for s, v in self._vtime.items() if s not in active)
-            for _, s in idle[: len(self._vtime) - MAX_SHARES]:
+            for _, s in idle[: len(self._vtime) - (MAX_SHARES - MAX_SHARES // 4)]:
                 del self._vtime[s]
 
 
