@@ -28,20 +28,16 @@ def starts(waiters, vtimes, clock):
 
 
 @given(waiters_st, vtimes_st, st.floats(0, 200), st.integers(0, 200).map(float), st.integers(1, 100).map(float))
-def test_pick_strict_priority_overdue_first_and_ties_to_the_earlier_arrival(waiters, vtimes, clock, now, max_wait):
+def test_pick_strict_priority_aging_and_ties_to_the_earlier_arrival(waiters, vtimes, clock, now, max_wait):
     i = fairness.pick(waiters, vtimes, clock, now, max_wait)
     chosen = waiters[i]
-    overdue = [j for j, w in enumerate(waiters) if now - w.arrived >= max_wait]
-    if overdue:
-        # (f) an overdue waiter goes first whatever its priority, the oldest overdue first (then the earlier place)
-        assert i in overdue
-        assert (chosen.arrived, i) == min((waiters[j].arrived, j) for j in overdue)
-        return
-    # (a) strict priority: nothing of a lower priority while a higher one waits
-    assert chosen.priority == min(w.priority for w in waiters)
-    # fairness within the priority: the least start goes first
+    # (a) strict priority, (f) aging: the eligible are the highest priority waiting and every request
+    # that has waited max_wait, whatever its own priority; nothing else is picked
+    best = min(w.priority for w in waiters)
+    top = [j for j, w in enumerate(waiters) if w.priority == best or now - w.arrived >= max_wait]
+    assert i in top
+    # fairness among the eligible: the least start goes first (an overdue request jumps no share)
     s = starts(waiters, vtimes, clock)
-    top = [j for j, w in enumerate(waiters) if w.priority == chosen.priority]
     assert s[i] == min(s[j] for j in top)
     # (e) ties (same priority, same start) go to the earlier arrival, then the earlier place
     tied = [j for j in top if s[j] == s[i]]
@@ -51,8 +47,9 @@ def test_pick_strict_priority_overdue_first_and_ties_to_the_earlier_arrival(wait
 def test_pick_examples():
     w = [Waiter("a", 2, 0.0), Waiter("b", 0, 5.0), Waiter("c", 1, 1.0)]
     assert fairness.pick(w, {}, 0.0, 6.0, 30.0) == 1  # interactive first
-    assert fairness.pick(w, {}, 0.0, 30.0, 30.0) == 0  # batch, but overdue: first
-    assert fairness.pick(w, {}, 0.0, 31.0, 30.0) == 0  # two overdue: the oldest
+    assert fairness.pick(w, {}, 0.0, 30.0, 30.0) == 0  # batch, but overdue: eligible, and the earliest of equals
+    assert fairness.pick(w, {"a": 5.0}, 0.0, 30.0, 30.0) == 1  # overdue, but its share is ahead: it waits its turn
+    assert fairness.pick(w, {}, 0.0, 31.0, 30.0) == 0  # two overdue: the oldest of equal shares
     same = [Waiter("x", 1, 3.0), Waiter("y", 1, 2.0), Waiter("z", 1, 2.0)]
     assert fairness.pick(same, {}, 0.0, 4.0, 30.0) == 1  # a tie: the earlier arrival, then the earlier place
     # a share behind the clock starts at the clock: no credit for it
@@ -146,30 +143,40 @@ def test_simulated_picks_keep_the_order_and_every_wait_is_bounded(rows, slots, m
     reqs = requests(rows)
     picks = simulate(reqs, slots, max_wait, weights)
     assert all(r.granted is not None for r in reqs)  # finite arrivals: everyone is served
-    for p in picks:
-        overdue = [r for r in p.waiting if p.now - r.arrived >= max_wait]
-        if overdue:  # (f)
-            assert p.chosen is min(overdue, key=lambda r: (r.arrived, r.seq))
-        else:  # (a)
-            assert p.chosen.priority == min(r.priority for r in p.waiting)
+    for p in picks:  # (a) strict priority, but (f) a request waiting max_wait is eligible whatever its own
+        assert p.chosen.priority == min(r.priority for r in p.waiting) or p.now - p.chosen.arrived >= max_wait
     # within one share and one priority, first come first served
     for share in "abcd":
         for prio in range(3):
             mine = [r for r in reqs if r.share == share and r.priority == prio]
             assert [r.granted for r in mine] == sorted(r.granted for r in mine)  # type: ignore[type-var]
-    # (b) the starvation bound. A request r arrived at t is overdue from T = t + W on; from then on
-    # each pick takes an overdue one, the oldest, so only the A requests ahead of it in arrival order
-    # still waiting at T can go before it. Each slot is busy at T (a free slot would have served r)
-    # and hands out a slot at least every H (the longest hold) after T, so r has one by
-    # T + ceil((A + 1) / slots) * H:  wait <= W + ceil((A + 1) / slots) * H.
+    # (b) every request is served (above), and no later than every request that arrived before it
+    # or while it waited, one after another: a bound that starvation would break
     hold = max(r.hold for r in reqs)
     for r in reqs:
         assert r.granted is not None
-        due = r.arrived + max_wait
-        ahead = sum(1 for q in reqs if q.seq < r.seq and q.granted is not None and q.granted >= due)
-        assert r.granted - r.arrived <= max_wait + math.ceil((ahead + 1) / slots) * hold, (r, ahead)
-        # and the looser bound, from arrivals alone: W + (requests arrived before it + 1) x H / slots
-        assert r.granted - r.arrived <= max_wait + math.ceil((r.seq + 1) / slots) * hold
+        before = sum(1 for q in reqs if q.seq != r.seq and q.arrived <= r.granted)
+        assert r.granted - r.arrived <= max_wait + math.ceil((before + 1) / slots) * hold, r
+
+
+def test_a_lower_priority_waits_at_most_max_wait_and_one_hold_behind_endless_higher_work():
+    # (b) across priorities: an interactive share always backlogged, a batch request waiting; once
+    # the batch request has waited max_wait its share, served nothing so far, goes at the next free slot
+    for slots, hold, max_wait in ((1, 3, 10), (2, 5, 12), (3, 1, 7)):
+        reqs = [Req(i, "a", 0, 0, hold) for i in range(slots + 1)] + [Req(slots + 1, "b", 2, 1, hold)]
+        simulate(reqs, slots, max_wait, until=200, refill=frozenset("a"))
+        batch = reqs[-1]
+        assert batch.granted is not None and batch.granted - batch.arrived <= max_wait + hold, batch
+
+
+def test_an_old_backlog_does_not_go_before_another_keys_fresh_request():
+    # aging lifts a lower priority, never a share over its equals: key a's 20 requests all grow old
+    # on one slot; key b's fresh request still takes the next slot freed
+    reqs = [Req(i, "a", 1, 0, 4) for i in range(20)] + [Req(20, "b", 1, 50, 4)]
+    simulate(reqs, 1, 5)
+    b = reqs[-1]
+    assert b.granted is not None and b.granted - b.arrived <= 4
+    assert sum(1 for r in reqs[:-1] if r.granted is not None and r.granted > b.granted) >= 5
 
 
 @settings(max_examples=40, deadline=None)
