@@ -42,7 +42,7 @@ def no_ghosts(fs: FairSlots) -> None:
     the table is trimmed: ``fairness.start`` reads it as the clock, as if it were gone.)"""
     assert len(fs._vtime) <= slots_module.MAX_SHARES
     assert fs.busy == sum(fs.running().values())
-    assert len(fs._waiting) == len(fs.waiting()) == sum(fs._queued.values())
+    assert len(fs._entries()) == len(fs.waiting()) == sum(fs._queued.values())
 
 
 class Served:
@@ -315,8 +315,8 @@ def test_any_sequence_of_takes_leaves_and_gives_keeps_the_books(script, n):
 
         def books() -> None:
             assert 0 <= fs.busy <= fs.slots and fs.busy == sum(fs.running().values())
-            assert len(fs._waiting) == sum(fs._queued.values()) and all(e.queued for e in fs._waiting)
-            live = [e for e in fs._waiting if not e.granted.done()]
+            assert len(fs._entries()) == sum(fs._queued.values())
+            live = [e for e in fs._entries() if not e.granted.done()]
             assert not live or fs.busy == fs.slots  # work-conserving
 
         for op in script:

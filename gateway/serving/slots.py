@@ -19,6 +19,7 @@ nothing here waits but a request for its slot.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import time
@@ -87,14 +88,19 @@ class _Entry:
     claim: Claim
     arrived: float
     granted: asyncio.Future[Slot] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-    queued: bool = True  # still in ``FairSlots._waiting``
+    queued: bool = True  # still counted as waiting (a request gone is left in its line, skipped when reached)
 
 
 class FairSlots:
+    """The requests waiting are kept in lines: one per share and priority asked (a share's
+    requests are in arrival order in each, and share one key's terms), so a pick looks at each
+    line's first request only, the one ``fairness.pick`` would choose of that line: a pick costs
+    the shares waiting, not the requests, however many one key queues."""
+
     def __init__(self, model: str, slots: int, keys: Keys):
         self.model, self.slots, self._keys = model, max(1, slots), keys
         self.busy = 0
-        self._waiting: list[_Entry] = []
+        self._lines: dict[tuple[str, Priority | None], collections.deque[_Entry]] = {}
         self._vtime: dict[str, float] = {}
         self._clock = 0.0
         self._mean = 1.0  # seconds a slot is held, recently: the estimate each request is charged
@@ -105,10 +111,14 @@ class FairSlots:
         current = self._keys.terms(claim.key) if claim.key is not None else None
         return current or claim.terms
 
+    def _entries(self) -> list[_Entry]:
+        """The requests waiting, in arrival order."""
+        return sorted((e for line in self._lines.values() for e in line if e.queued), key=lambda e: e.arrived)
+
     def waiting(self) -> list[tuple[str, str, float]]:
         """(share label, priority, seconds waited) of each request waiting, in arrival order."""
         now = time.monotonic()
-        return [(e.claim.label, e.claim.priority(self.terms(e.claim)).label, now - e.arrived) for e in self._waiting]
+        return [(e.claim.label, e.claim.priority(self.terms(e.claim)).label, now - e.arrived) for e in self._entries()]
 
     def running(self) -> dict[str, int]:
         return dict(self._running)
@@ -117,13 +127,15 @@ class FairSlots:
         """A slot for a request of ``claim``, once the policy lets it in; raises what cancels the
         wait (the client left, a deadline), having left nothing behind."""
         now = time.monotonic()
-        if not self._waiting and self.busy < self.slots:
+        if not self._queued and self.busy < self.slots:
             slot = self._grant(claim, now, now)
             self._keys.waited(self.model, slot)
             return slot
         entry = _Entry(claim, now)
-        self._waiting.append(entry)
+        self._lines.setdefault((claim.share, claim.asked), collections.deque()).append(entry)
         self._queued[claim.share] = self._queued.get(claim.share, 0) + 1
+        if self.busy < self.slots:  # a slot free, and only requests gone before it (their tasks not yet run)
+            self._dispatch()
         try:
             slot = await entry.granted
             self._keys.waited(self.model, slot)
@@ -131,11 +143,11 @@ class FairSlots:
         except BaseException:
             if entry.granted.done() and not entry.granted.cancelled():
                 self.give(entry.granted.result(), ran=False)  # handed a slot, but gone before it ran
-            else:  # left while it waited: out of the queue, unless a freed slot already skipped it
+            else:  # left while it waited: no longer counted; its line drops it when it is reached
                 if entry.queued:
-                    self._waiting.remove(entry)
                     self._unqueue(entry)
                 self._forget(claim.share)
+                self._dispatch()
             raise
 
     def give(self, slot: Slot, ran: bool = True) -> None:
@@ -171,19 +183,31 @@ class FairSlots:
         if not self._queued[share]:
             del self._queued[share]
 
+    def _heads(self) -> list[tuple[tuple[str, Priority | None], _Entry]]:
+        """Each line's first request still waiting (those gone before it dropped; empty lines too)."""
+        heads = []
+        for key in list(self._lines):
+            line = self._lines[key]
+            while line and (not line[0].queued or line[0].granted.done()):
+                gone = line.popleft()
+                if gone.queued:  # cancelled, its task not yet run: no longer counted
+                    self._unqueue(gone)
+            if line:
+                heads.append((key, line[0]))
+            else:
+                del self._lines[key]
+        return heads
+
     def _dispatch(self) -> None:
-        if self.busy < self.slots and any(e.granted.done() for e in self._waiting):
-            # cancelled while they waited, their tasks not yet run: out at once, in one pass (one
-            # pick each would cost the length of the queue per request gone)
-            gone = [e for e in self._waiting if e.granted.done()]
-            self._waiting = [e for e in self._waiting if not e.granted.done()]
-            for e in gone:
-                self._unqueue(e)
-        while self.busy < self.slots and self._waiting:
+        while self.busy < self.slots and self._queued:
             now = time.monotonic()
+            heads = self._heads()
+            if not heads:
+                break
             waiters = [fairness.Waiter(e.claim.share, int(e.claim.priority(self.terms(e.claim))), e.arrived)
-                       for e in self._waiting]
-            entry = self._waiting.pop(fairness.pick(waiters, self._vtime, self._clock, now, self._keys.max_wait()))
+                       for _, e in heads]
+            key, entry = heads[fairness.pick(waiters, self._vtime, self._clock, now, self._keys.max_wait())]
+            self._lines[key].popleft()
             self._unqueue(entry)
             entry.granted.set_result(self._grant(entry.claim, entry.arrived, now))
 
