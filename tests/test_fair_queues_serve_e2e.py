@@ -6,19 +6,30 @@
   every change (llama-swap's behaviour: ``swap_hold_seconds: 0``, ``max_swap_wait: 0``);
 - a model kept busy by a stream of requests is closed after ``max_swap_wait`` and the waiting
   model loads; each swap is logged with its reason;
-- a keys file with a weight out of bounds is refused by ``check-config`` and ``serve``.
+- a keys file with a weight out of bounds is refused by ``check-config`` and ``serve``;
+- a key that may not load gets each official client's own error for a 503 naming the model;
+- a SIGHUP that raises a key's priority reorders its request already waiting
+  (``fairqueues.Gateway``'s scene, on the real process).
 
 Counts and orders only; no time is asserted."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import re
+import signal
 import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import aiohttp
+import anthropic
+import ollama
+import openai
 import pytest
+from fairqueues import HOLD, ROOT, SLOTS, Gateway, until
 from helpers import ServerProcess, gateway_command, request, run_cli
 
 from gateway.models import testmodels as tm
@@ -137,3 +148,60 @@ def test_a_keys_file_with_a_weight_out_of_bounds_is_refused_at_start(files, tmp_
     assert served.returncode != 0
     assert "bulk.weight: must be a number >= 0.001 and <= 1000" in served.stdout + served.stderr, served
     assert "Traceback" not in served.stdout + served.stderr
+
+
+def test_a_sighup_that_raises_a_keys_priority_reorders_its_waiting_request(tmp_path):
+    tm.endless(tmp_path / "loop.gguf", context_length=HOLD + 512)
+    cfg = tmp_path / "models.yaml"
+
+    def write(b_terms: str = "") -> None:
+        cfg.write_text(f"server:\n  discover_default_stores: false\n  usage_db: ':memory:'\n  api_keys:\n"
+                       f"    root: {{key: {ROOT}, role: admin}}\n    h: {{key: h-key, role: user}}\n"
+                       f"    a: {{key: a-key, role: user}}\n    b: {{key: b-key, role: user{b_terms}}}\n"
+                       f"models:\n  loop:\n    path: {tmp_path}/loop.gguf\n    parallel: {SLOTS}\n"
+                       f"    n_ctx: {HOLD + 256}\n")
+
+    write()
+    with ServerProcess("--config", str(cfg)) as srv:
+        async def scene() -> list[str]:
+            async with aiohttp.ClientSession(base_url=srv.url) as session:
+                gw = Gateway(session)
+                await gw.hold("h-key")
+                tasks = await gw.queue(("a", "a-key", {}), ("b", "b-key", {}))  # same terms: a would go first
+                reloads = srv.output().count("API keys reloaded")
+                write(", priority: interactive")
+                os.kill(srv.proc.pid, signal.SIGHUP)
+
+                async def log() -> str:
+                    return srv.output()
+
+                await until(log, lambda out: out.count("API keys reloaded") > reloads, "the SIGHUP's reload")
+                return await gw.drain(tasks)
+
+        assert asyncio.run(scene()) == ["b", "a"]
+
+
+def test_a_key_that_may_not_load_gets_each_official_clients_503(files, tmp_path):
+    cfg = tmp_path / "models.yaml"
+    cfg.write_text(f"server:\n  discover_default_stores: false\n  usage_db: ':memory:'\n  api_keys:\n"
+                   f"    root: {{key: {ROOT}, role: admin}}\n    viewer: {{key: viewer-key, may_load: false}}\n"
+                   f"models:\n  a: {files}/a.gguf\n")
+    msgs = [{"role": "user", "content": "hi"}]
+    with ServerProcess("--config", str(cfg)) as srv:
+        with openai.OpenAI(base_url=srv.url + "/v1", api_key="viewer-key", max_retries=0) as c:
+            with pytest.raises(openai.InternalServerError) as e:
+                c.chat.completions.create(model="a", messages=msgs, max_tokens=2)
+            assert e.value.status_code == 503 and e.value.response.headers.get("Retry-After")
+            assert "'a'" in str(e.value) and "may_load: false" in str(e.value)
+        with anthropic.Anthropic(base_url=srv.url, api_key="viewer-key", max_retries=0) as a:
+            with pytest.raises(anthropic.APIStatusError) as m:
+                a.messages.create(model="a", messages=msgs, max_tokens=2)
+            assert m.value.status_code == 503 and "may_load: false" in str(m.value)
+        with ollama.Client(host=srv.url, headers={"Authorization": "Bearer viewer-key"}) as o:
+            with pytest.raises(ollama.ResponseError) as r:
+                o.chat(model="a", messages=msgs, options={"num_predict": 2})
+            assert r.value.status_code == 503 and "may_load: false" in str(r.value)
+        status, body, _ = request(srv.url + "/models/load", {"model": "a"}, headers={"Authorization": f"Bearer {ROOT}"})
+        assert status == 200, body
+        with openai.OpenAI(base_url=srv.url + "/v1", api_key="viewer-key", max_retries=0) as c:
+            assert c.chat.completions.create(model="a", messages=msgs, max_tokens=2).choices[0].message.content == "A."
