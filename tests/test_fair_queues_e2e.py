@@ -172,6 +172,25 @@ async def test_a_key_that_may_not_load_gets_503_in_every_wire_until_an_admin_loa
         assert r.status == 200, (wire, await r.text())
 
 
+# --- swaps: loads waiting for the same room ---------------------------------------------------
+async def test_two_models_waiting_for_one_room_each_load_in_turn_and_take_the_room_made_for_them(gateway, files,
+                                                                                               caplog):
+    caplog.set_level("INFO")
+    models = "".join(f"  {name}: {files}/plain.gguf\n" for name in ("one", "two", "three"))
+    gw = await gateway(USERS, server="  max_loaded_models: 1\n  swap_hold_seconds: 0\n", models=models)
+    path, body = WIRES["chat"]
+    assert (await gw.client.post(path, headers=auth("a-key"), json=body("one"))).status == 200
+    # both wait for the one room, each counting as loaded for the other until it leaves its wait
+    answers = await asyncio.wait_for(asyncio.gather(*(gw.client.post(path, headers=auth(key), json=body(model))
+                                                      for key, model in (("a-key", "two"), ("b-key", "three")))), BOUND)
+    assert [r.status for r in answers] == [200, 200], [await r.text() for r in answers]
+    lines = [r.getMessage() for r in caplog.records]
+    swaps = [m.group(1) for line in lines if (m := re.match(r"swap: unloading '\w+' to load '(\w+)'", line))]
+    loads = [m.group(1) for line in lines if (m := re.match(r"model '(\w+)' loaded", line))]
+    assert sorted(swaps) == ["three", "two"], lines
+    assert loads[1:] == swaps, lines  # each swap's room went to the model it was made for
+
+
 # --- bad input ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("priority", ["urgent", 7])
 async def test_a_priority_that_is_not_one_is_400_naming_it_in_every_wire(gateway, files, priority):
