@@ -23,7 +23,7 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -152,21 +152,29 @@ class Placer:
         reading: devices.Reading | None = None
         while True:
             change = self._next_change()  # taken before deciding: a change meanwhile is not missed
-            others = {str(id(m)): m for m in supervisors()
-                      if m is not model and any(s.local for s in m.spec.members)}
+            others = self._others(model, supervisors)
             if reading is None:  # recent where the model puts layers on a GPU; the first reading tells
                 on_gpu = model.spec.n_gpu_layers != 0 and not model.spec.rpc and model.spec.devices != ()
                 reading = await self.devices.read(functools.partial(self.held_by_pool, list(others.values())),
                                                   devices.GPU_READING_MAX_AGE if on_gpu else None)
             gpus = reading.gpus
             need = devices.with_unified(self.need(model.spec), gpus)
-            residents = [replace(m.resident(key), memory=devices.with_unified(self.held(m), gpus),
-                                 cache=self.cached(m)) for key, m in others.items()]
+            residents = self._residents(others, gpus)
             capacity = await self.capacity(server, sum(r.memory.get(sysmem.RAM, 0) + r.cache for r in residents),
                                            reading)
+            # read again after the awaits, and decided on with none between: a load that left its
+            # wait for room meanwhile counts now (its last decision and its leaving are one step)
+            others = self._others(model, supervisors)
+            residents = self._residents(others, gpus)
             bounds = {pool: n for pool, (n, _) in capacity.items()}
             room, name = placement.make_room(residents, limit, need, bounds)
-            if room is placement.Room.FITS:
+            now = time.monotonic()
+            turn = self._turn(now, server.max_swap_wait) is model
+            # room made by a swap for another waiting model is its to take: out of turn, a load
+            # goes on only where it fits beside the other waiting loads too
+            if room is placement.Room.FITS and (turn or placement.make_room(
+                    residents + self._residents(self._waiting_loads(model), gpus), limit, need, bounds)[0]
+                    is placement.Room.FITS):
                 return
             if room is placement.Room.TRIM:
                 keep = placement.cache_trims(residents, need, bounds)
@@ -176,9 +184,8 @@ class Placer:
                 raise too_large(model.spec.name, need, capacity)
             if room is placement.Room.NEVER:
                 raise never_fits(model.spec.name, limit)
-            now = time.monotonic()
             waited = now - min(model.waits.oldest() or began, began)
-            if self._turn(now, server.max_swap_wait) is not model:
+            if not turn:
                 after = WAIT_POLL  # another waiting model's turn to swap
             elif room is placement.Room.EVICT and name is not None:
                 victim = others[name]
@@ -205,6 +212,23 @@ class Placer:
                     after = WAIT_POLL
             if not await self._wait_for_change(change, min(after, WAIT_POLL), deadline):
                 raise all_busy(model.spec.name, limit)
+
+    def _others(self, model: ModelSupervisor, supervisors: Supervisors) -> dict[str, ModelSupervisor]:
+        """The local models ``model`` makes room beside, by key: not those still waiting for room
+        themselves (loading, but holding nothing yet: counted, two waiting loads would each wait
+        for the other's room, and neither would ever load)."""
+        return {str(id(m)): m for m in supervisors()
+                if m is not model and id(m) not in self._pending and any(s.local for s in m.spec.members)}
+
+    def _waiting_loads(self, model: ModelSupervisor) -> dict[str, ModelSupervisor]:
+        """The other local models waiting for room, by key."""
+        return {str(key): m for key, (m, _) in self._pending.items()
+                if m is not model and any(s.local for s in m.spec.members)}
+
+    def _residents(self, others: Mapping[str, ModelSupervisor],
+                   gpus: Sequence[devices.Device]) -> list[placement.Resident]:
+        return [replace(m.resident(key), memory=devices.with_unified(self.held(m), gpus), cache=self.cached(m))
+                for key, m in others.items()]
 
     def _turn(self, now: float, max_wait: float) -> ModelSupervisor | None:
         """The waiting model whose turn it is to unload another (``placement.next_load``)."""
