@@ -154,6 +154,11 @@ class Placer:
             change = self._next_change()  # taken before deciding: a change meanwhile is not missed
             others = {str(id(m)): m for m in supervisors()
                       if m is not model and any(s.local for s in m.spec.members)}
+            # other loads waiting here for room hold nothing yet: counted, two of them would wait
+            # for each other forever (b and c, each "loading", after a's swap); left out, the one
+            # whose turn it is loads first, and the rest count it once it has left this wait
+            waiting = {key for key, m in others.items() if id(m) in self._pending}
+            others = {key: m for key, m in others.items() if key not in waiting}
             if reading is None:  # recent where the model puts layers on a GPU; the first reading tells
                 on_gpu = model.spec.n_gpu_layers != 0 and not model.spec.rpc and model.spec.devices != ()
                 reading = await self.devices.read(functools.partial(self.held_by_pool, list(others.values())),
@@ -167,7 +172,14 @@ class Placer:
             bounds = {pool: n for pool, (n, _) in capacity.items()}
             room, name = placement.make_room(residents, limit, need, bounds)
             if room is placement.Room.FITS:
-                return
+                now = time.monotonic()
+                if not waiting:
+                    return
+                if all(int(key) in self._pending for key in waiting) and self._turn(now, server.max_swap_wait) is model:
+                    return  # checked with no await since: no other waiting load went ahead meanwhile
+                if not await self._wait_for_change(change, WAIT_POLL, deadline):
+                    raise all_busy(model.spec.name, limit)
+                continue
             if room is placement.Room.TRIM:
                 keep = placement.cache_trims(residents, need, bounds)
                 await self._trim(others, keep, model.spec.name, limit, deadline)
