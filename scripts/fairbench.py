@@ -138,7 +138,7 @@ def two_keys(srv: Server, args) -> dict:
         burst.send(stream_times, a, f"a batch {i}: the history of the city\n", args.fair_tokens)
     time.sleep(0.5)
     k = 0
-    while burst.alive():
+    while burst.alive() or k == 0:  # one at least, however soon a's batch ends
         paced.send(stream_times, b, f"b beside a {k}: the city\n", B_TOKENS)
         k += 1
         time.sleep(1.0)
