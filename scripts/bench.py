@@ -17,6 +17,7 @@
     .venv/bin/python scripts/bench.py --tools                              # a hosted tool's round (toolbench.py)
     .venv/bin/python scripts/bench.py --socket                             # Responses: SSE, WebSocket (socketbench.py)
     .venv/bin/python scripts/bench.py --only gateway --baseline /tmp/base  # an A/B against another commit's clone
+    .venv/bin/python scripts/bench.py --fairness --baseline /tmp/base      # fair queues, swaps (fairbench.py)
 
 Contenders, each a real server process driven over HTTP through the same OpenAI
 `/v1/completions` requests. All are started, then measured in turns: each figure is taken
@@ -67,7 +68,16 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(1, str(REPO / "scripts"))
 
-from benchlib import Server, bench_model, free_port, interleaved, long_prompt, tiny_model  # noqa: E402
+from benchlib import (  # noqa: E402
+    Server,
+    bench_model,
+    free_port,
+    gateway_server,
+    interleaved,
+    long_prompt,
+    overhead,
+    tiny_model,
+)
 
 PROMPT = "The history of the city begins with a small settlement on the river, where"
 SAMPLED = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "seed": 1}
@@ -81,19 +91,14 @@ def gateway(model: Path, threads: int, tmp: Path, name: str = "bench", interval:
             label: str = "gateway", gpu_layers: int | None = None, server_yaml: str = "",
             checkout: Path | None = None) -> Server:
     """``server_yaml``: more of models.yaml's ``server:`` section, each line indented two spaces.
-    ``checkout``: another clone of this repository whose gateway runs instead (on this venv,
-    its package first on the path: an A/B against another commit in one interleaved run)."""
+    ``checkout``: another clone of this repository whose gateway runs instead
+    (``benchlib.gateway_server``)."""
     cfg = tmp / f"{name}-{label}.yaml"
     server = ("" if interval is None else f"  stream_interval_ms: {interval}\n") + server_yaml
     layers = "" if gpu_layers is None else f"    n_gpu_layers: {gpu_layers}\n"
     cfg.write_text(f"server:\n  discover_default_stores: false\n{server}models:\n  {name}:\n    path: {model}\n"
                    f"    n_ctx: {N_CTX}\n    n_threads: {threads}\n    parallel: {PARALLEL}\n{layers}")
-    env = {**os.environ, "HOME": str(tmp)}  # no models of the user's own are discovered
-    if checkout is not None:  # its package first for the gateway (run in it) and for its workers
-        env["PYTHONPATH"] = os.pathsep.join([str(checkout.resolve()), *filter(None, [env.get("PYTHONPATH")])])
-    return Server(label, [sys.executable, "-m", "gateway", "serve", "--config", str(cfg), "--port", "{port}",
-                              "--log-level", "warning"], "/health", name, env,
-                  cwd=checkout.resolve() if checkout is not None else None)
+    return gateway_server(cfg, label, name, tmp, checkout)
 
 
 def front(inner: Server, tmp: Path) -> Server:
@@ -260,23 +265,6 @@ def measure(servers: list[Server], args, sampling: dict) -> dict[str, dict]:
     return res
 
 
-def overhead(srv: Server, n: int) -> dict:
-    """Latency of a 1-token completion over one kept-alive connection (the tiny model costs
-    microseconds; the rest is the server)."""
-    conn = srv.connect()
-    body = {"prompt": "Hi", "max_tokens": 1, "temperature": 0}
-    for _ in range(20):
-        srv.complete(body, conn)
-    lat = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        srv.complete(body, conn)
-        lat.append((time.perf_counter() - t0) * 1000)
-    conn.close()
-    lat.sort()
-    return {"p50_ms": lat[len(lat) // 2], "p95_ms": lat[int(len(lat) * 0.95)]}
-
-
 def find_llama_server(given: str | None) -> str | None:
     if given:
         if not (os.path.isfile(given) and os.access(given, os.X_OK)):
@@ -410,7 +398,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lora-rounds", type=int, default=5, help="with --lora: interleaved rounds")
     p.add_argument("--lora-requests", type=int, default=100, help="with --lora: 1-token completions per mode a round")
     p.add_argument("--lora-tokens", type=int, default=64, help="with --lora: tokens per stream")
+    p.add_argument("--fairness", action="store_true", help="only fair queues across keys and swap-aware ordering "
+                   "(scripts/fairbench.py): a key's batch beside another's short requests, three models with room "
+                   "for one, a 1-token completion's cost; against --baseline CHECKOUT (first-come order)")
+    p.add_argument("--fair-requests", type=int, default=64, help="with --fairness: key a's requests sent at once")
+    p.add_argument("--fair-tokens", type=int, default=256, help="with --fairness: tokens in each of key a's answers")
+    p.add_argument("--fair-b-alone", type=int, default=10, help="with --fairness: key b's requests alone, one a second")
+    p.add_argument("--fair-seconds", type=float, default=180.0, help="with --fairness: seconds of the three-model "
+                   "scene, per configuration")
+    p.add_argument("--fair-rounds", type=int, default=7, help="with --fairness: interleaved rounds of 1-token "
+                   "completions")
+    p.add_argument("--fair-overhead-requests", type=int, default=300, help="with --fairness: 1-token completions "
+                   "per gateway a round")
+    p.add_argument("--fair-scenes", type=lambda v: {int(x) for x in v.split(",")}, default={1, 2, 3},
+                   metavar="N[,N...]", help="with --fairness: only these scenes (1: two keys, 2: three models, "
+                   "3: a 1-token completion's cost)")
     args = p.parse_args(argv)
+    if args.fairness:
+        return fairness_main(args)
     if args.socket:
         return socket_main(args)
     if args.tools:
@@ -584,6 +589,20 @@ def socket_main(args) -> int:
     print(socketbench.report(result))
     if args.json:
         args.json.write_text(json.dumps({"socket": result, "threads": args.threads}, indent=2))
+    return 0
+
+
+def fairness_main(args) -> int:
+    import fairbench
+
+    model = (args.model or bench_model()).resolve()
+    if args.baseline is None:
+        print("baseline: not measured (give --baseline CHECKOUT)", file=sys.stderr)
+    with tempfile.TemporaryDirectory() as tmp:
+        result = fairbench.main(args, Path(tmp), model, args.baseline)
+    print(fairbench.report(result))
+    if args.json:
+        args.json.write_text(json.dumps({"fairness": result}, indent=2))
     return 0
 
 

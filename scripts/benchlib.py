@@ -1,6 +1,8 @@
-"""What scripts/bench.py and scripts/swapbench.py share: the benchmark's models, its prompts,
-and ``Server``, a contender process on a free port driven over HTTP (``/v1/completions``),
-with its resident memory. The caller puts the repository on ``sys.path`` first."""
+"""What scripts/bench.py and its scene modules share: the benchmark's models, its prompts,
+``Server``, a contender process on a free port driven over HTTP (``/v1/completions``), with
+its resident memory; ``gateway_server`` (a gateway of a written configuration, this checkout's
+or another's); ``overhead`` (a 1-token completion's latency); ``interleaved`` rounds. The
+caller puts the repository on ``sys.path`` first."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import http.client
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -181,6 +184,46 @@ class Server:
         """(RSS of the server process, RSS of it and every process it started) in KiB."""
         own = rss_kib(self.proc.pid)
         return own, own + sum(rss_kib(p) for p in descendants(self.proc.pid))
+
+
+def gateway_server(cfg: Path, label: str, model_name: str, home: Path, checkout: Path | None = None,
+                   headers: dict | None = None) -> Server:
+    """A ``gguf-gateway serve`` of the configuration file ``cfg``, with ``home`` as its HOME (so
+    no models of the user's own are discovered). ``checkout``: another clone of this repository
+    whose gateway runs instead (on this venv, its package first on the path for the gateway, run
+    in it, and for its workers): an A/B against another commit in one run."""
+    env = {**os.environ, "HOME": str(home)}
+    if checkout is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(checkout.resolve()), *filter(None, [env.get("PYTHONPATH")])])
+    return Server(label, [sys.executable, "-m", "gateway", "serve", "--config", str(cfg), "--port", "{port}",
+                          "--log-level", "warning"], "/health", model_name, env, headers=headers,
+                  cwd=checkout.resolve() if checkout is not None else None)
+
+
+def overhead(srv: Server, n: int) -> dict:
+    """Latency of a 1-token completion over one kept-alive connection (on a tiny model it costs
+    microseconds; the rest is the server): 20 to warm up, then ``n``, their p50 and p95 in ms."""
+    conn = srv.connect()
+    body = {"prompt": "Hi", "max_tokens": 1, "temperature": 0}
+    for _ in range(20):
+        srv.complete(body, conn)
+    lat = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        srv.complete(body, conn)
+        lat.append((time.perf_counter() - t0) * 1000)
+    conn.close()
+    lat.sort()
+    return {"p50_ms": lat[len(lat) // 2], "p95_ms": lat[int(len(lat) * 0.95)]}
+
+
+def spread(values: list[float]) -> dict:
+    """median, min, max, and p50/p95 (nearest rank) of some figures; zeros where there are none."""
+    if not values:
+        return {"n": 0, "median": 0.0, "min": 0.0, "max": 0.0, "p50": 0.0, "p95": 0.0}
+    s = sorted(values)
+    return {"n": len(s), "median": statistics.median(s), "min": s[0], "max": s[-1], "p50": s[len(s) // 2],
+            "p95": s[min(len(s) - 1, int(len(s) * 0.95))]}
 
 
 def interleaved(servers: list[Server], repeats: int, fn) -> dict[str, list]:

@@ -293,6 +293,20 @@ async def test_lru_eviction_never_takes_a_busy_model(aiohttp_client, scripted, w
     resp.close()
 
 
+async def test_two_loads_waiting_for_one_room_do_not_wait_for_each_other(aiohttp_client, scripted, write_config):
+    # a is loaded; b and c are asked for at once with room for one: once a's swap goes, b and c
+    # are both "loading" while they wait for room, and neither may count the other as holding it
+    # (each waited for the other forever, the gateway's answer to three clients on three models)
+    cfg = config_for(write_config, f"models:\n  a: {scripted}/alpha.gguf\n  b: {scripted}/beta.gguf\n"
+                                   f"  c: {scripted}/gamma.gguf\n", max_loaded_models=1, swap_hold_seconds=0)
+    client = await aiohttp_client(create_app(cfg))
+    reg = client.app[REGISTRY]
+    assert (await chat(client, "a"))[0] == 200
+    got = await asyncio.wait_for(asyncio.gather(chat(client, "b"), chat(client, "c")), BOUND)
+    assert [g[0] for g in got] == [200, 200]
+    assert len(reg.loaded()) == 1  # one after the other, never both
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
