@@ -10,7 +10,7 @@ import asyncio
 
 import aiohttp
 import pytest
-from helpers import ServerProcess
+from helpers import ServerProcess, run_cli
 
 from gateway.models import testmodels as tm
 
@@ -89,3 +89,15 @@ def test_a_request_waiting_at_a_drained_models_door_does_not_load_it_again(tmp_p
 
     with serve(tmp_path, "  max_loaded_models: 1\n  max_swap_wait: 1\n  swap_hold_seconds: 0\n") as server:
         asyncio.run(main(server.url))
+
+
+def test_a_keys_file_with_a_huge_value_is_refused_in_one_short_line(tmp_path):
+    """A keys file's value of any size is quoted in part: the refusal at start (and the log line of
+    a refused reload) stays short, naming the setting and the value's length."""
+    (tmp_path / "keys.yaml").write_text(f"root: root-key\nu: {{key: u-key, priority: {'x' * 200_000}}}\n")
+    (tmp_path / "models.yaml").write_text(f"server:\n  discover_default_stores: false\n  api_keys_file: {tmp_path}/keys.yaml\n")
+    done = run_cli("serve", "--port", "0", "--config", str(tmp_path / "models.yaml"))
+    said = done.stdout + done.stderr
+    assert done.returncode == 2 and "Traceback" not in said, said[-2000:]
+    assert "u.priority: must be one of interactive, normal, batch" in said and "(200002 characters)" in said
+    assert len(said) < 2000
