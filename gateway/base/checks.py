@@ -59,12 +59,17 @@ def nullable(schema: dict[str, Any]) -> dict[str, Any]:
     return {"anyOf": [{"type": "null"}, schema]}
 
 
+SHOWN = 200  # characters of a value a problem quotes: a file's value may be of any size
+
+
 def show(value: Any) -> str:
-    """A value as a problem quotes it (JSON where it can be)."""
+    """A value as a problem quotes it (JSON where it can be), its first ``SHOWN`` characters and
+    its length where it is longer: a problem's line stays a line, whatever a file holds."""
     try:
-        return json.dumps(value)
+        text = json.dumps(value)
     except (TypeError, ValueError):
-        return repr(value)
+        text = repr(value)
+    return text if len(text) <= SHOWN else f"{text[:SHOWN]}... ({len(text)} characters)"
 
 
 _DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")

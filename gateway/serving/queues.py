@@ -9,13 +9,13 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..access import scope
-from ..access.claims import Claim, Terms
+from ..access.claims import CLAIM, Claim, Terms
 from ..base.errors import ApiError
 from ..models.config import ModelSpec, ServerConfig
 from ..models.lifecycle import ModelState
 from ..server.metrics import Metrics
 from .slots import Slot
-from .supervisor import ModelSupervisor
+from .supervisor import ModelSupervisor, Refuse
 
 LIVE = (ModelState.LOADING, ModelState.READY)
 
@@ -63,6 +63,15 @@ def may_not_load(spec: ModelSpec, claim: Claim, keys: KeyQueues, loaded: Iterabl
     return ApiError(f"model {spec.name!r} is not loaded, and key {claim.key!r} may not have a model loaded "
                     f"(may_load: false); retry once it is loaded, or use a loaded model{now}", status=503,
                     param="model", code="model_not_loaded", headers={"Retry-After": "30"})
+
+
+def refuser(spec: ModelSpec, keys: KeyQueues, loaded: Callable[[], Iterable[ModelSupervisor]]) -> Refuse:
+    """``may_not_load`` for the request of this task (its claim read now), asked by the supervisor
+    where this request would begin the model's load: not only before it queues, since a model
+    loaded then may be unloaded while it waits (a swap drains it: its door), and a request at its
+    door, or behind its busy slots, would load it again."""
+    claim = CLAIM.get()
+    return lambda: may_not_load(spec, claim, keys, loaded())
 
 
 def rows(models: Iterable[ModelSupervisor]) -> list[dict[str, Any]]:

@@ -254,10 +254,10 @@ class Registry:
         kind = RERANK if rerank else {True: EMBEDDINGS, False: CHAT, None: TOKENIZE}[embeddings]
         if (refused := refusal(spec, kind)) is not None:  # before a supervisor is made for it
             raise refused
-        if (refused := queues.may_not_load(spec, CLAIM.get(), self.queues, self.supervisors.by_name.values())):
-            raise refused
+        refuse = queues.refuser(spec, self.queues, self.supervisors.by_name.values)  # may_load, asked at a load
         try:
-            async with self.supervisors.kept(spec).lease(kind, self.config.server.max_queue, on_progress) as backend:
+            async with self.supervisors.kept(spec).lease(kind, self.config.server.max_queue, on_progress, refuse) \
+                    as backend:
                 yield spec, backend
         except ApiError as err:
             err.model = err.model or spec.name
@@ -266,7 +266,7 @@ class Registry:
     async def load(self, name: object) -> ModelSupervisor:
         """Load a model without a request (admin API, preload)."""
         model = self.supervisors.kept(await self.lookup(name))
-        await model.ready()
+        await model.ready(refuse=queues.refuser(model.spec, self.queues, self.supervisors.by_name.values))
         return model
 
     async def unload(self, name: object) -> ModelSupervisor:

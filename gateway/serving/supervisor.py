@@ -45,6 +45,9 @@ PROGRESS_AFTER = 1.0
 PROGRESS_EVERY = 5.0
 
 Progress = Callable[[float], Awaitable[None]]
+# asked by ``ready`` where the caller would begin a load (none under way): the refusal it raises,
+# or None (``queues.refuser``: a key's may_load, read then, not only as the request came in)
+Refuse = Callable[[], ApiError | None]
 
 LOADED = "loaded"  # a backend's info: the ``Loaded`` of its start
 
@@ -111,15 +114,12 @@ class ModelSupervisor:
         self._stops: set[asyncio.Future[None]] = set()  # backend stops under way (held: the loop keeps weak references)
         self.last_used = 0.0
         self.retiring = False  # replaced by a reload: unload once idle
-        # a request's own keep_alive (Ollama's): how long the model stays loaded once idle, from
-        # now on, over timing.keep_alive; 0: unload as soon as it is idle
-        self.keep_alive: float | None = None
+        self.keep_alive: float | None = None  # a request's own (Ollama's), over timing.keep_alive; 0: once idle
         self._timer: asyncio.TimerHandle | None = None
         self.progress = 0.0  # of the load under way, 0 to 1 (the backend's reports)
         self._progressed: asyncio.Future[None] | None = None  # done at the next report; waiters watch it
         self.adapters = ModelAdapters()  # its LoRA adapters loaded at run time, and the default scales set
-        # its slots, and who goes first into a free one (``slots.py``, ``fairness.py``): a local
-        # model's generations, embeddings and scores; another server's queue is its own
+        # who goes first into a free slot (``slots.py``, ``fairness.py``); another server's queue is its own
         self.slots = FairSlots(spec.name, parallel, keys or Unkeyed())
         self.door = Door()  # closed while a swap drains it: new requests wait, then load it again
 
@@ -160,11 +160,12 @@ class ModelSupervisor:
 
     # --- requests ----------------------------------------------------------------------------
     @contextlib.asynccontextmanager
-    async def lease(self, kind: str, max_queue: int, on_progress: Progress | None = None) -> AsyncIterator[Backend]:
+    async def lease(self, kind: str, max_queue: int, on_progress: Progress | None = None,
+                    refuse: Refuse | None = None) -> AsyncIterator[Backend]:
         """The running backend for one request of ``kind``; the model stays loaded meanwhile.
         429 past ``max_queue`` waiting requests; 501 when the backend does not serve ``kind``
         (``refusal``; the registry asks it of the spec before a load).
-        ``on_progress``: told how a load the request waits for goes (``ready``).
+        ``on_progress``: told how a load the request waits for goes (``ready``); ``refuse``: as ``ready``'s.
         A local model's generations, embeddings and scores each take one of its slots, in the
         order ``fairness.py`` decides (the request's ``CLAIM``); tokenizing takes none."""
         if len(self.waits) + self.in_flight - self.parallel >= max_queue:  # every sequence busy, max_queue waiting
@@ -174,13 +175,13 @@ class ModelSupervisor:
         try:
             with self.waits.one():
                 await self.door.through(self.spec.name, self.timing.load_timeout)
-                backend = await self.ready(on_progress)
+                backend = await self.ready(on_progress, refuse)
                 if (refused := refusal(self.spec, kind, backend.serves)) is not None:
                     raise refused
                 if kind != TOKENIZE and self.spec.local:
                     slot = await self.slots.take(CLAIM.get())
                     if not backend.alive:  # gone while it waited (a crash): the next start's, once
-                        backend = await self.ready(on_progress)
+                        backend = await self.ready(on_progress, refuse)
         except BaseException:
             if slot is not None:
                 self.slots.give(slot, ran=False)
@@ -197,17 +198,19 @@ class ModelSupervisor:
             if self.in_flight == 0:
                 self._idle()
 
-    async def ready(self, on_progress: Progress | None = None) -> Backend:
+    async def ready(self, on_progress: Progress | None = None, refuse: Refuse | None = None) -> Backend:
         """The running backend, starting it if need be (one start for all who wait).
         ``on_progress(fraction)`` is awaited while the caller waits for a load: first once the
         wait has lasted ``PROGRESS_AFTER``, then at each new report and at least every
-        ``PROGRESS_EVERY``; what it raises ends the caller's wait, not the load."""
+        ``PROGRESS_EVERY``; what it raises ends the caller's wait, not the load. ``refuse``: ``Refuse``."""
         if self.backend is not None and self.backend.alive:
             return self.backend
         now = time.monotonic()
         if self.state == FAILED and now < self.retry_at and self.load is None:
             raise load_failed(self.spec, self.error or "unknown error", self.retry_at - now)
         if self.load is None:
+            if refuse is not None and (refused := refuse()) is not None:
+                raise refused  # this request may not begin a load (its key's may_load: false)
             self.progress = 0.0  # a new load: what the last one reached says nothing
             self.load = asyncio.ensure_future(self._load())
             self.load.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved here, raised to waiters
