@@ -222,18 +222,23 @@ async def test_max_queue_bounds_a_keys_queue_and_leaves_it_empty(gateway):
     gw = await gateway(USERS, server="  max_queue: 3\n")
     await gw.hold("a-key")
     tasks = await gw.queue(*[(f"a{i}", "a-key", {}) for i in range(3)])
-    over = await asyncio.gather(*(gw.client.post("/v1/chat/completions", headers=auth(key), json={
-        "model": "loop", "messages": [{"role": "user", "content": "more"}], "max_tokens": 3})
-        for key in ("a-key",) * 20 + ("b-key",)))
-    for r in over:
+    over = await asyncio.gather(*(gw.client.post("/v1/chat/completions", headers=auth("a-key"), json={
+        "model": "loop", "messages": [{"role": "user", "content": "more"}], "max_tokens": 3}) for _ in range(20)))
+    for r in over:  # the key with the most waiting: its own newcomers are turned away
         body = await r.json()
         assert r.status == 429 and body["error"]["code"] == "queue_full" and r.headers.get("Retry-After"), body
-    await gw.drain(tasks)
+    # another key's request takes the place of a's newest waiting one, which is turned away instead
+    b = gw.short("b", "b-key")
+    pushed = await asyncio.wait_for(tasks[2], 30)
+    assert pushed == 429 and gw.ended == ["a2"]
+    gw.ended.clear()
+    assert sorted(await gw.drain([*tasks[:2], b])) == ["a0", "a1", "b"]
     assert await gw.queued() == 0 and gw.waiting() == []
     metrics = await gw.metrics()
-    # each request let in told its wait once: the two holders and the three queued
-    assert re.search(r'gguf_gateway_queue_wait_seconds_count\{key="a",model="loop",priority="normal"\} 5\.0',
+    # each request let in told its wait once: a's two holders and two queued, and b's
+    assert re.search(r'gguf_gateway_queue_wait_seconds_count\{key="a",model="loop",priority="normal"\} 4\.0',
                      metrics), metrics
+    assert re.search(r'gguf_gateway_queue_wait_seconds_count\{key="b",model="loop",priority="normal"\} 1\.0', metrics)
     assert re.search(r'gguf_gateway_requests_queued\{model="loop"\} 0\.0', metrics)
 
 

@@ -123,6 +123,28 @@ class FairSlots:
     def running(self) -> dict[str, int]:
         return dict(self._running)
 
+    @property
+    def queued(self) -> int:
+        """Requests waiting for a slot."""
+        return sum(self._queued.values())
+
+    def make_way(self, claim: Claim, refusal: ApiError) -> bool:
+        """The model's queue is full (``server.max_queue``): whether a request of ``claim`` may wait
+        anyway, in the place of the newest request of the share with the most waiting, which is
+        turned away with ``refusal``. Only where that share has at least two more waiting than the
+        newcomer's would have: one key's flood cannot shut every other key out of a full queue,
+        and two shares never take a place back and forth."""
+        share, most = max(self._queued.items(), key=lambda kv: kv[1], default=("", 0))
+        if most < self._queued.get(claim.share, 0) + 2:
+            return False
+        newest = max((e for (s, _), line in self._lines.items() if s == share for e in line
+                      if e.queued and not e.granted.done()), key=lambda e: e.arrived, default=None)
+        if newest is None:
+            return False
+        self._unqueue(newest)
+        newest.granted.set_exception(refusal)
+        return True
+
     async def take(self, claim: Claim) -> Slot:
         """A slot for a request of ``claim``, once the policy lets it in; raises what cancels the
         wait (the client left, a deadline), having left nothing behind."""
@@ -281,3 +303,12 @@ class Waits:
     def oldest(self) -> float | None:
         """When the longest-waiting request began to wait (``time.monotonic()``), or None."""
         return min(self._since.values(), default=None)
+
+
+def queue_full(model: str, max_queue: int, pushed: bool = False) -> ApiError:
+    """429 for a request the model's full queue turns away: one that came to it, or (``pushed``)
+    one whose place a request of a key with fewer waiting took (``FairSlots.make_way``)."""
+    why = "; yours was the newest of the key with the most waiting, and gave its place to another key's" \
+        if pushed else ""
+    return ApiError(f"model {model!r} already has {max_queue} request(s) waiting (server.max_queue){why}; "
+                    "retry shortly", status=429, param="model", code="queue_full", headers={"Retry-After": "2"})

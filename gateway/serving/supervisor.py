@@ -31,7 +31,7 @@ from ..models.ggufmeta import ModelFileError, split_parts
 from ..models.lifecycle import ModelState
 from ..text.formats import FORMATS, Formats
 from .adapters import ModelAdapters
-from .slots import Door, FairSlots, Keys, Unkeyed, Waits
+from .slots import Door, FairSlots, Keys, Unkeyed, Waits, queue_full
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ class ModelSupervisor:
         self.error: str | None = None
         self.failures = 0  # failed starts in a row
         self.retry_at = 0.0  # time.monotonic() before which a failed model is not started again
-        self.in_flight = 0  # requests holding a lease
+        self.in_flight = 0  # requests holding a lease or waiting for a slot (``slots.queued`` of them)
         self.waits = Waits()  # requests waiting: for the door, the load, a slot
         self._stops: set[asyncio.Future[None]] = set()  # backend stops under way (held: the loop keeps weak references)
         self.last_used = 0.0
@@ -154,9 +154,9 @@ class ModelSupervisor:
         return placement.Resident(key, self.state, self.in_flight, self.last_used, self.spec.pin)
 
     def queued(self) -> int:
-        """Requests waiting: for the load, and behind the backend's busy sequences."""
+        """Requests waiting: for the door, the load, a slot, and behind the backend's busy sequences."""
         behind = max(0, self.backend.in_flight - self.parallel) if self.backend is not None else 0
-        return len(self.waits) + behind
+        return len(self.waits) + self.slots.queued + behind
 
     # --- requests ----------------------------------------------------------------------------
     @contextlib.asynccontextmanager
@@ -168,27 +168,24 @@ class ModelSupervisor:
         ``on_progress``: told how a load the request waits for goes (``ready``); ``refuse``: as ``ready``'s.
         A local model's generations, embeddings and scores each take one of its slots, in the
         order ``fairness.py`` decides (the request's ``CLAIM``); tokenizing takes none."""
-        if len(self.waits) + self.in_flight - self.parallel >= max_queue:  # every sequence busy, max_queue waiting
-            raise ApiError(f"model {self.spec.name!r} already has {max_queue} request(s) waiting (server.max_queue); "
-                           "retry shortly", status=429, param="model", code="queue_full", headers={"Retry-After": "2"})
-        slot = None
-        try:
-            with self.waits.one():
-                await self.door.through(self.spec.name, self.timing.load_timeout)
-                backend = await self.ready(on_progress, refuse)
-                if (refused := refusal(self.spec, kind, backend.serves)) is not None:
-                    raise refused
-                if kind != TOKENIZE and self.spec.local:
-                    slot = await self.slots.take(CLAIM.get())
-                    if not backend.alive:  # gone while it waited (a crash): the next start's, once
-                        backend = await self.ready(on_progress, refuse)
-        except BaseException:
-            if slot is not None:
-                self.slots.give(slot, ran=False)
-            raise
+        if len(self.waits) + self.in_flight - self.parallel >= max_queue and not self.slots.make_way(
+                CLAIM.get(), queue_full(self.spec.name, max_queue, pushed=True)):
+            raise queue_full(self.spec.name, max_queue)
+        with self.waits.one():
+            await self.door.through(self.spec.name, self.timing.load_timeout)
+            backend = await self.ready(on_progress, refuse)
+            if (refused := refusal(self.spec, kind, backend.serves)) is not None:
+                raise refused
+        # in flight from here, a slot waited for included: a model with requests waiting for its
+        # slots is busy (never idle, evicted or stopped while they wait)
         self.in_flight += 1
         self._cancel_timer()
+        slot = None
         try:
+            if kind != TOKENIZE and self.spec.local:
+                slot = await self.slots.take(CLAIM.get())
+                if not backend.alive:  # gone while it waited (a crash): the next start's, once
+                    backend = await self.ready(on_progress, refuse)
             yield backend
         finally:
             self.in_flight -= 1
