@@ -152,8 +152,10 @@ class Placer:
         reading: devices.Reading | None = None
         while True:
             change = self._next_change()  # taken before deciding: a change meanwhile is not missed
+            # a model whose load waits for room too holds nothing yet: counted, two such loads
+            # would each wait for the other until their deadlines (and fail)
             others = {str(id(m)): m for m in supervisors()
-                      if m is not model and any(s.local for s in m.spec.members)}
+                      if m is not model and id(m) not in self._pending and any(s.local for s in m.spec.members)}
             if reading is None:  # recent where the model puts layers on a GPU; the first reading tells
                 on_gpu = model.spec.n_gpu_layers != 0 and not model.spec.rpc and model.spec.devices != ()
                 reading = await self.devices.read(functools.partial(self.held_by_pool, list(others.values())),
