@@ -54,3 +54,62 @@ async def test_two_loads_waiting_for_one_place_do_not_wait_for_each_other(aiohtt
         assert seconds < 15, seconds
     queues = await (await client.get("/admin/queues", headers=HEADERS)).json()
     assert queues == {"queues": []}
+
+
+async def queues(client) -> list[dict]:
+    return (await (await client.get("/admin/queues", headers=HEADERS)).json())["queues"]
+
+
+async def row(client, model: str) -> dict | None:
+    return next((r for r in await queues(client) if r["model"] == model), None)
+
+
+async def until(check, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not await check():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.1)
+
+
+async def test_a_swap_whose_requests_all_left_is_given_up_and_the_closed_model_reopens(aiohttp_client, write_config,
+                                                                                        tmp_path):
+    """A request for b waits past max_swap_wait, which closes the busy a to new requests; then it
+    leaves. The swap is for nobody now: a opens again at once (a request for it answers while a's
+    long answer still runs), nothing is unloaded, and no load of b is left waiting."""
+    tm.endless(tmp_path / "a.gguf", context_length=65536)
+    tm.endless(tmp_path / "b.gguf", context_length=65536)
+    client = await aiohttp_client(create_app(load_config(write_config(
+        f"server:\n  discover_default_stores: false\n  api_keys:\n    root: {ROOT}\n"
+        "  max_loaded_models: 1\n  swap_hold_seconds: 0.2\n  max_swap_wait: 1\n  load_timeout: 60\n"
+        f"models:\n  a:\n    path: {tmp_path}/a.gguf\n    n_ctx: 65536\n  b: {tmp_path}/b.gguf\n"))))
+    assert (await post(client, chat("a")))[0] == 200
+    long = asyncio.create_task(post(client, chat("a", 60000)))  # holds a slot of a for a long while
+    await until(lambda: _running(client, "a"))
+    wants_b = asyncio.create_task(post(client, chat("b")))
+    await until(lambda: _closed(client, "a"))
+    wants_b.cancel()
+    await asyncio.gather(wants_b, return_exceptions=True)
+    status, seconds, text = await post(client, chat("a"))
+    assert status == 200, text
+    assert seconds < 5, seconds
+    assert not long.done()
+    assert [r["model"] for r in await queues(client)] == ["a"]  # the long answer only: no load of b
+    long.cancel()
+    await asyncio.gather(long, return_exceptions=True)
+    await until(lambda: _empty(client))
+    metrics = await (await client.get("/metrics", headers=HEADERS)).text()
+    assert "gguf_gateway_swaps_total{" not in metrics
+
+
+async def _running(client, model: str) -> bool:
+    found = await row(client, model)
+    return found is not None and found["running"] > 0
+
+
+async def _closed(client, model: str) -> bool:
+    found = await row(client, model)
+    return found is not None and found["closed"]
+
+
+async def _empty(client) -> bool:
+    return await queues(client) == []

@@ -150,6 +150,7 @@ class Placer:
         limit = server.max_loaded_models
         deadline = began + max(server.load_timeout, 60.0)
         reading: devices.Reading | None = None
+        asked = len(model.waits) > 0  # a load for requests (not a preload, not an admin's)
         while True:
             change = self._next_change()  # taken before deciding: a change meanwhile is not missed
             # a model whose load waits for room too holds nothing yet: counted, two such loads
@@ -178,6 +179,9 @@ class Placer:
                 raise too_large(model.spec.name, need, capacity)
             if room is placement.Room.NEVER:
                 raise never_fits(model.spec.name, limit)
+            if asked and not model.waits:  # every request it was for has left: no swap for nobody
+                log.info("swap: none for %r: its requests left while it waited for room", model.spec.name)
+                raise abandoned(model.spec.name)
             now = time.monotonic()
             waited = now - min(model.waits.oldest() or began, began)
             if self._turn(now, server.max_swap_wait) is not model:
@@ -288,6 +292,13 @@ def never_fits(name: str, limit: int) -> ApiError:
     return ApiError(f"pinned models fill all {limit} places (server.max_loaded_models); {name!r} "
                     "cannot load beside them: raise the limit or unpin one", status=503, param="model",
                     code="model_capacity")
+
+
+def abandoned(name: str) -> ApiError:
+    """A load that waited for a swap gave up: every request it was for left before room was made
+    (the closed model reopens; a request that comes later starts a load of its own)."""
+    return ApiError(f"the requests for {name!r} left while it waited for room; nothing was unloaded for it",
+                    status=503, param="model", code="model_loading", headers={"Retry-After": "1"})
 
 
 def all_busy(name: str, limit: int) -> ApiError:
