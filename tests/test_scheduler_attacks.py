@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from gateway.app import create_app
 from gateway.models import testmodels as tm
 from gateway.models.config import load_config
+from tests.helpers import ServerProcess, request
 
 ROOT = "root-key"
 HEADERS = {"Authorization": f"Bearer {ROOT}"}
@@ -25,7 +27,7 @@ def chat(model: str, n: int = 2, **kw) -> dict:
 def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("scheduler")
     for name in "abc":
-        tm.endless(d / f"{name}.gguf", context_length=8192)
+        tm.endless(d / f"{name}.gguf", context_length=65536)
     return d
 
 
@@ -33,7 +35,7 @@ def swap_config(write_config, files, extra: str = ""):
     return load_config(write_config(
         f"server:\n  discover_default_stores: false\n  api_keys:\n    root: {ROOT}\n"
         f"  max_loaded_models: 1\n  swap_hold_seconds: 0.2\n  max_swap_wait: 2\n  load_timeout: 20\n{extra}"
-        "models:\n" + "".join(f"  {n}:\n    path: {files}/{n}.gguf\n" for n in "abc")))
+        "models:\n" + "".join(f"  {n}:\n    path: {files}/{n}.gguf\n    n_ctx: 65536\n" for n in "abc")))
 
 
 async def post(client, body):
@@ -113,3 +115,25 @@ async def _closed(client, model: str) -> bool:
 
 async def _empty(client) -> bool:
     return await queues(client) == []
+
+
+@pytest.mark.slow
+def test_the_load_whose_turn_it_is_gets_the_place_it_made(files, tmp_path):
+    """Room for one, a loaded and idle; a request for b, then at once one for c. b's waited
+    longest, so b unloads a: the place is b's, not c's, though c's load looks while a's worker
+    stops (c then waits for b's answer and its hold, a swap later). Through the server as a
+    process, where a's stop takes long enough for c's load to look (in process it rarely does)."""
+    config = tmp_path / "models.yaml"
+    config.write_text(f"server:\n  discover_default_stores: false\n  api_keys:\n    root: {ROOT}\n"
+                      "  max_loaded_models: 1\n  swap_hold_seconds: 1\n  max_swap_wait: 3\n  load_timeout: 20\n"
+                      "models:\n" + "".join(f"  {n}:\n    path: {files}/{n}.gguf\n    n_ctx: 65536\n" for n in "abc"))
+    with ServerProcess("--config", str(config), env={"HOME": str(tmp_path)}) as srv:
+        assert request(srv.url + "/v1/chat/completions", chat("a"), headers=HEADERS)[0] == 200
+        with ThreadPoolExecutor(2) as pool:
+            b = pool.submit(request, srv.url + "/v1/chat/completions", chat("b"), headers=HEADERS)
+            time.sleep(0.01)
+            c = pool.submit(request, srv.url + "/v1/chat/completions", chat("c"), headers=HEADERS)
+            assert b.result()[0] == c.result()[0] == 200
+        srv.stop()
+        swaps = [line.split("swap: ")[1][:30] for line in srv.output().splitlines() if "swap: unloading" in line]
+    assert swaps == ["unloading 'a' to load 'b' (idl", "unloading 'b' to load 'c' (idl"], swaps

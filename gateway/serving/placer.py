@@ -58,6 +58,9 @@ class Placer:
         self._change: asyncio.Future[None] | None = None  # done at the next change a load waiting for room waits for
         self._pending: dict[int, tuple[ModelSupervisor, float]] = {}  # loads waiting for room, since when
         self.on_swap: Callable[[str], None] | None = None  # told each swap's reason (the metrics)
+        # the waiting load that unloaded a model for itself: the place it made is its own, not
+        # another waiting load's that happens to look while the unloading goes on
+        self._swapper: ModelSupervisor | None = None
 
     # --- what models take ----------------------------------------------------------------------
     def estimate(self, spec: ModelSpec) -> dict[str, Any] | None:
@@ -141,6 +144,8 @@ class Placer:
             await self._make_room(model, server, supervisors, began, closed)
         finally:
             del self._pending[id(model)]
+            if self._swapper is model:
+                self._swapper = None
             for victim in closed:  # a swap that did not happen (its load failed or gave up) reopens it
                 victim.door.open()
             self._changed()
@@ -169,7 +174,7 @@ class Placer:
                                            reading)
             bounds = {pool: n for pool, (n, _) in capacity.items()}
             room, name = placement.make_room(residents, limit, need, bounds)
-            if room is placement.Room.FITS:
+            if room is placement.Room.FITS and self._swapper in (None, model):
                 return
             if room is placement.Room.TRIM:
                 keep = placement.cache_trims(residents, need, bounds)
@@ -184,8 +189,8 @@ class Placer:
                 raise abandoned(model.spec.name)
             now = time.monotonic()
             waited = now - min(model.waits.oldest() or began, began)
-            if self._turn(now, server.max_swap_wait) is not model:
-                after = WAIT_POLL  # another waiting model's turn to swap
+            if room is placement.Room.FITS or self._turn(now, server.max_swap_wait) is not model:
+                after = WAIT_POLL  # another waiting model's turn to swap, or the place it made
             elif room is placement.Room.EVICT and name is not None:
                 victim = others[name]
                 decision, after = placement.swap(now - victim.last_used, waited, server.swap_hold_seconds,
@@ -196,6 +201,7 @@ class Placer:
                              victim.spec.name, model.spec.name, reason, len(model.waits), waited)
                     if self.on_swap is not None:
                         self.on_swap(reason)
+                    self._swapper = model
                     await victim.unload()
                     continue
             else:
