@@ -127,8 +127,9 @@ class FairSlots:
         except BaseException:
             if entry.granted.done() and not entry.granted.cancelled():
                 self.give(entry.granted.result(), ran=False)  # handed a slot, but gone before it ran
-            else:
-                self._waiting.remove(entry)
+            else:  # taken out already where a slot freed between its cancel and now (``_dispatch``)
+                with contextlib.suppress(ValueError):
+                    self._waiting.remove(entry)
                 self._forget(claim.share)
             raise
 
