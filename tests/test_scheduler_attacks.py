@@ -14,6 +14,7 @@ from gateway.access.claims import Claim
 from gateway.app import create_app
 from gateway.models import testmodels as tm
 from gateway.models.config import load_config
+from gateway.serving import fairness
 from gateway.serving.slots import FairSlots, Slot, Unkeyed
 from tests.helpers import ServerProcess, request
 
@@ -165,3 +166,19 @@ async def test_waiters_that_leave_as_a_slot_frees_leave_with_their_cancel_and_no
     slots.give(granted)
     assert slots.busy == 0 and slots.waiting() == [] and slots.running() == {}
     assert (await slots.take(Claim("late"))).share == "late"  # at once: nothing left behind
+
+
+def test_a_request_overdue_is_not_starved_by_its_keys_low_weight():
+    """Key bob of weight 0.001 beside alice of 1000 on one slot: bob's one request set its virtual
+    time ~10^4 s ahead, and while alice kept requests coming bob's next request waited for all of
+    them (15 s of 15 through the server, 8 clients of alice's, priority_max_wait 3; 3.0 s after).
+    Once overdue it goes before a share ahead of the clock; before that, and for alice's old
+    backlog against a fresh share, fairness decides as before."""
+    clock, now, wait = 100.0, 500.0, 3.0
+    vtimes = {"alice": clock + 0.001, "bob": clock + 1e4}
+    steady = [fairness.Waiter("alice", 1, now - 1 + i / 10) for i in range(5)]  # a steady stream
+    assert fairness.pick([*steady, fairness.Waiter("bob", 1, now - 1)], vtimes, clock, now, wait) == 0
+    assert fairness.pick([*steady, fairness.Waiter("bob", 1, now - wait)], vtimes, clock, now, wait) == 5
+    # alice's backlog grown old against carol's fresh request (an idle share, at the clock): carol
+    backlog = [fairness.Waiter("alice", 1, now - 60 + i) for i in range(5)]
+    assert fairness.pick([*backlog, fairness.Waiter("carol", 1, now)], vtimes, clock, now, wait) == 5

@@ -4,9 +4,12 @@
 1. **Priority.** Interactive before normal before batch: batch work takes a slot only while
    nothing of a higher priority waits. A running request is never cut short for priority.
 2. **Aging.** A request that has waited ``server.priority_max_wait`` counts as of the highest
-   priority waiting, whatever its own: a lower priority is put off, never starved. It does not
-   jump the queue of its own priority: among equals fairness still decides, so a key whose whole
-   backlog has grown old cannot turn it into first-come order ahead of another key's fresh request.
+   priority waiting, whatever its own: a lower priority is put off, never starved. Its share's
+   virtual time then counts as no later than the clock (the debt of a share far ahead, a key of
+   weight 0.001 beside one of 1000, is not paid by this request's wait: it was starved as long as
+   the other key kept a backlog), ties going to the share really least ahead: it does not jump
+   the queue of its own priority, so a key whose whole backlog has grown old cannot turn it into
+   first-come order ahead of another key's fresh request.
 3. **Fairness among those.** Start-time fair queueing over slot time: each share (a key, or
    without keys a client address) has a virtual time, the slot-seconds it was served divided by
    its weight; the share with the least goes first, its oldest request first. A share that was
@@ -14,9 +17,11 @@
    credit, and a share that used the model least recently, weighted, is served next. Within a
    share, requests go in arrival order.
 
-No request waits without bound: a share with requests waiting is behind at most every other
-share's one turn, weighted, once its requests are among the eligible; a request is eligible at
-the latest once it has waited ``priority_max_wait``.
+No request waits without bound: a request is eligible at the latest once it has waited
+``priority_max_wait``, and then goes before every share ahead of the clock: it waits behind at
+most the requests of shares not ahead of it (each at most once before it is ahead, but for a
+share never seen before), whatever the weights; among overdue requests alone, though, the
+shares' virtual times still decide.
 
 Why slot time and not tokens: a slot is what a waiting request waits for, and the time a request
 holds one covers its prompt, its answer and its client's pace alike; tokens are unknown until the
@@ -54,8 +59,13 @@ def pick(waiters: Sequence[Waiter], vtimes: Mapping[str, float], clock: float, n
     """The index in ``waiters`` (not empty) of the request to let in next, as the module says.
     Ties go to the earlier arrival, then to the earlier place in ``waiters``."""
     top = min(w.priority for w in waiters)
-    return min((i for i, w in enumerate(waiters) if w.priority == top or now - w.arrived >= max_wait),
-               key=lambda i: (start(vtimes.get(waiters[i].share), clock), waiters[i].arrived, i))
+
+    def order(i: int) -> tuple[float, float, float, int]:
+        begun = start(vtimes.get(waiters[i].share), clock)
+        due = now - waiters[i].arrived >= max_wait
+        return (clock if due else begun, begun, waiters[i].arrived, i)
+
+    return min((i for i, w in enumerate(waiters) if w.priority == top or now - w.arrived >= max_wait), key=order)
 
 
 def admit(vtime: float | None, clock: float, estimate: float, weight: float) -> tuple[float, float]:
