@@ -81,7 +81,7 @@ class Unkeyed:
         pass
 
 
-@dataclass
+@dataclass(eq=False)  # found in the queue by identity: a field-by-field compare made leaving O(n) in Python
 class _Entry:
     claim: Claim
     arrived: float
@@ -93,6 +93,7 @@ class FairSlots:
         self.model, self.slots, self._keys = model, max(1, slots), keys
         self.busy = 0
         self._waiting: list[_Entry] = []
+        self._queued: dict[str, int] = {}  # requests waiting, by share (``_forget`` asks it at each leave)
         self._vtime: dict[str, float] = {}
         self._clock = 0.0
         self._mean = 1.0  # seconds a slot is held, recently: the estimate each request is charged
@@ -120,6 +121,7 @@ class FairSlots:
             return slot
         entry = _Entry(claim, now)
         self._waiting.append(entry)
+        self._queued[claim.share] = self._queued.get(claim.share, 0) + 1
         try:
             slot = await entry.granted
             self._keys.waited(self.model, slot)
@@ -130,6 +132,7 @@ class FairSlots:
             else:  # taken out already where a slot freed between its cancel and now (``_dispatch``)
                 with contextlib.suppress(ValueError):
                     self._waiting.remove(entry)
+                    self._dequeued(claim.share)
                 self._forget(claim.share)
             raise
 
@@ -160,23 +163,31 @@ class FairSlots:
                     estimate)
 
     def _dispatch(self) -> None:
+        if any(e.granted.done() for e in self._waiting):  # cancelled in this turn, not yet taken out
+            for gone in (e for e in self._waiting if e.granted.done()):
+                self._dequeued(gone.claim.share)
+            self._waiting = [e for e in self._waiting if not e.granted.done()]
         while self.busy < self.slots and self._waiting:
             now = time.monotonic()
             waiters = [fairness.Waiter(e.claim.share, int(e.claim.priority(self.terms(e.claim))), e.arrived)
                        for e in self._waiting]
             entry = self._waiting.pop(fairness.pick(waiters, self._vtime, self._clock, now, self._keys.max_wait()))
-            if entry.granted.done():  # cancelled while it waited, not yet taken out: nothing to hand
-                continue
+            self._dequeued(entry.claim.share)
             entry.granted.set_result(self._grant(entry.claim, entry.arrived, now))
+
+    def _dequeued(self, share: str) -> None:
+        self._queued[share] -= 1
+        if not self._queued[share]:
+            del self._queued[share]
 
     def _forget(self, share: str) -> None:
         """Drop what is kept of shares that hold nothing, wait for nothing and are not ahead of the
         clock; past ``MAX_SHARES``, of the idle shares least ahead too."""
         if (share not in self._running and self._vtime.get(share, self._clock) <= self._clock
-                and not any(e.claim.share == share for e in self._waiting)):
+                and share not in self._queued):
             self._vtime.pop(share, None)
         if len(self._vtime) > MAX_SHARES:
-            active = set(self._running) | {e.claim.share for e in self._waiting}
+            active = set(self._running) | set(self._queued)
             idle = sorted((v, s) for s, v in self._vtime.items() if s not in active)
             for _, s in idle[: len(self._vtime) - MAX_SHARES]:
                 del self._vtime[s]
