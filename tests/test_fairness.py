@@ -23,8 +23,9 @@ waiters_st = st.lists(st.builds(Waiter, share=st.sampled_from("abcde"), priority
 vtimes_st = st.dictionaries(st.sampled_from("abcde"), st.floats(0, 200, allow_nan=False))
 
 
-def starts(waiters, vtimes, clock):
-    return [fairness.start(vtimes.get(w.share), clock) for w in waiters]
+def starts(waiters, vtimes, clock, now=-math.inf, max_wait=math.inf):
+    """Each waiter's start as ``pick`` orders it: its share's, or the clock once it is overdue."""
+    return [clock if now - w.arrived >= max_wait else fairness.start(vtimes.get(w.share), clock) for w in waiters]
 
 
 @given(waiters_st, vtimes_st, st.floats(0, 200), st.integers(0, 200).map(float), st.integers(1, 100).map(float))
@@ -36,8 +37,9 @@ def test_pick_strict_priority_aging_and_ties_to_the_earlier_arrival(waiters, vti
     best = min(w.priority for w in waiters)
     top = [j for j, w in enumerate(waiters) if w.priority == best or now - w.arrived >= max_wait]
     assert i in top
-    # fairness among the eligible: the least start goes first (an overdue request jumps no share)
-    s = starts(waiters, vtimes, clock)
+    # fairness among the eligible: the least start goes first (an overdue request's share is level
+    # with the clock: it goes before every share ahead of it, and jumps none that is not)
+    s = starts(waiters, vtimes, clock, now, max_wait)
     assert s[i] == min(s[j] for j in top)
     # (e) ties (same priority, same start) go to the earlier arrival, then the earlier place
     tied = [j for j in top if s[j] == s[i]]
@@ -48,7 +50,12 @@ def test_pick_examples():
     w = [Waiter("a", 2, 0.0), Waiter("b", 0, 5.0), Waiter("c", 1, 1.0)]
     assert fairness.pick(w, {}, 0.0, 6.0, 30.0) == 1  # interactive first
     assert fairness.pick(w, {}, 0.0, 30.0, 30.0) == 0  # batch, but overdue: eligible, and the earliest of equals
-    assert fairness.pick(w, {"a": 5.0}, 0.0, 30.0, 30.0) == 1  # overdue, but its share is ahead: it waits its turn
+    # overdue, its share far ahead (a light key's debt): level with the clock, it goes first all the same
+    assert fairness.pick(w, {"a": 5e6}, 0.0, 30.0, 30.0) == 0
+    # two overdue shares level at the clock: the one let in least recently goes first
+    late = [Waiter("a", 1, 0.0), Waiter("b", 1, 1.0)]
+    assert fairness.pick(late, {"a": 0.0, "b": 9e9}, 0.0, 40.0, 30.0, {"a": 38.0, "b": 2.0}) == 1
+    assert fairness.pick(late, {}, 0.0, 40.0, 30.0, {"a": 2.0, "b": 38.0}) == 0
     assert fairness.pick(w, {}, 0.0, 31.0, 30.0) == 0  # two overdue: the oldest of equal shares
     same = [Waiter("x", 1, 3.0), Waiter("y", 1, 2.0), Waiter("z", 1, 2.0)]
     assert fairness.pick(same, {}, 0.0, 4.0, 30.0) == 1  # a tie: the earlier arrival, then the earlier place
@@ -99,6 +106,7 @@ def simulate(reqs: list[Req], slots: int, max_wait: float, weights: dict[str, fl
     running: list[tuple[int, int, Req, float]] = []  # (ends, seq, request, estimate)
     waiting: list[Req] = []
     vtimes: dict[str, float] = {}
+    served: dict[str, float] = {}
     clock, estimate_mean, picks, a = 0.0, 1.0, [], 0
     while a < len(arrivals) or running or waiting:
         now = min(([arrivals[a].arrived] if a < len(arrivals) else []) + ([running[0][0]] if running else []))
@@ -114,10 +122,11 @@ def simulate(reqs: list[Req], slots: int, max_wait: float, weights: dict[str, fl
             a += 1
         while len(running) < slots and waiting:
             i = fairness.pick([Waiter(r.share, r.priority, float(r.arrived)) for r in waiting], vtimes, clock,
-                              float(now), max_wait)
+                              float(now), max_wait, served)
             picks.append(Pick(now, list(waiting), waiting[i]))
             r = waiting.pop(i)
             r.granted = now
+            served[r.share] = now
             vtimes[r.share], clock = fairness.admit(vtimes.get(r.share), clock, estimate_mean,
                                                     weights.get(r.share, 1.0))
             heapq.heappush(running, (now + r.hold, r.seq, r, estimate_mean))

@@ -172,7 +172,7 @@ async def test_a_full_queue_is_429_and_an_unserved_kind_501():
     async with sup.lease(CHAT, max_queue=1):
         second = asyncio.ensure_future(sup.lease(CHAT, max_queue=1).__aenter__())  # one waits for the slot
         await asyncio.sleep(0.01)
-        assert len(sup.waits) == 1 and sup.in_flight == 1
+        assert sup.slots.queued == 1 and sup.in_flight == 2  # in flight, waiting for the slot
         err = await error_of(sup.lease(CHAT, max_queue=1).__aenter__())
         assert err.status == 429 and err.code == "queue_full" and err.headers["Retry-After"] == "2"
         assert not second.done()  # the slot is the first's until it leaves

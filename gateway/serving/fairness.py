@@ -4,9 +4,12 @@
 1. **Priority.** Interactive before normal before batch: batch work takes a slot only while
    nothing of a higher priority waits. A running request is never cut short for priority.
 2. **Aging.** A request that has waited ``server.priority_max_wait`` counts as of the highest
-   priority waiting, whatever its own: a lower priority is put off, never starved. It does not
-   jump the queue of its own priority: among equals fairness still decides, so a key whose whole
-   backlog has grown old cannot turn it into first-come order ahead of another key's fresh request.
+   priority waiting, whatever its own: a lower priority is put off, never starved. Its share then
+   counts as no further ahead than the clock: a share's debt (a key of weight 0.001 beside one of
+   1000 runs far ahead after one request) is not paid by waiting without bound. Among shares level
+   at the clock, the one let in least recently goes first: an overdue request does not jump its
+   own priority's queue, so a key whose whole backlog has grown old cannot turn it into
+   first-come order ahead of another key's fresh request, and several overdue shares take turns.
 3. **Fairness among those.** Start-time fair queueing over slot time: each share (a key, or
    without keys a client address) has a virtual time, the slot-seconds it was served divided by
    its weight; the share with the least goes first, its oldest request first. A share that was
@@ -14,9 +17,11 @@
    credit, and a share that used the model least recently, weighted, is served next. Within a
    share, requests go in arrival order.
 
-No request waits without bound: a share with requests waiting is behind at most every other
-share's one turn, weighted, once its requests are among the eligible; a request is eligible at
-the latest once it has waited ``priority_max_wait``.
+No request waits without bound: a request is eligible at the latest once it has waited
+``priority_max_wait``; from then on its share is level with the clock, so it goes before every
+share ahead of the clock and, among those level with it, in turn by who was let in least
+recently: behind at most one request of each other share waiting, once its share's earlier
+requests are in.
 
 Why slot time and not tokens: a slot is what a waiting request waits for, and the time a request
 holds one covers its prompt, its answer and its client's pace alike; tokens are unknown until the
@@ -30,6 +35,7 @@ Every function here is pure: the caller (``slots.FairSlots``) keeps the state an
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -50,12 +56,19 @@ def start(vtime: float | None, clock: float) -> float:
 
 
 def pick(waiters: Sequence[Waiter], vtimes: Mapping[str, float], clock: float, now: float,
-         max_wait: float) -> int:
+         max_wait: float, served: Mapping[str, float] | None = None) -> int:
     """The index in ``waiters`` (not empty) of the request to let in next, as the module says.
-    Ties go to the earlier arrival, then to the earlier place in ``waiters``."""
+    ``served``: when each share was last let in (none: never). Ties go to the share let in least
+    recently, then to the earlier arrival, then to the earlier place in ``waiters``."""
+    served = served or {}
     top = min(w.priority for w in waiters)
-    return min((i for i, w in enumerate(waiters) if w.priority == top or now - w.arrived >= max_wait),
-               key=lambda i: (start(vtimes.get(waiters[i].share), clock), waiters[i].arrived, i))
+
+    def order(i: int) -> tuple[float, float, float, int]:
+        w = waiters[i]
+        begun = clock if now - w.arrived >= max_wait else start(vtimes.get(w.share), clock)
+        return begun, served.get(w.share, -math.inf), w.arrived, i
+
+    return min((i for i, w in enumerate(waiters) if w.priority == top or now - w.arrived >= max_wait), key=order)
 
 
 def admit(vtime: float | None, clock: float, estimate: float, weight: float) -> tuple[float, float]:

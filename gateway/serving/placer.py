@@ -58,6 +58,8 @@ class Placer:
         self._change: asyncio.Future[None] | None = None  # done at the next change a load waiting for room waits for
         self._pending: dict[int, tuple[ModelSupervisor, float]] = {}  # loads waiting for room, since when
         self.on_swap: Callable[[str], None] | None = None  # told each swap's reason (the metrics)
+        # the waiting load that unloaded a model for itself: the place it made is its own alone
+        self._swapper: ModelSupervisor | None = None
 
     # --- what models take ----------------------------------------------------------------------
     def estimate(self, spec: ModelSpec) -> dict[str, Any] | None:
@@ -141,6 +143,8 @@ class Placer:
             await self._make_room(model, server, supervisors, began, closed)
         finally:
             del self._pending[id(model)]
+            if self._swapper is model:
+                self._swapper = None
             for victim in closed:  # a swap that did not happen (its load failed or gave up) reopens it
                 victim.door.open()
             self._changed()
@@ -150,6 +154,7 @@ class Placer:
         limit = server.max_loaded_models
         deadline = began + max(server.load_timeout, 60.0)
         reading: devices.Reading | None = None
+        asked = len(model.waits) > 0  # a load for requests (not a preload, not an admin's)
         while True:
             change = self._next_change()  # taken before deciding: a change meanwhile is not missed
             others = self._others(model, supervisors)
@@ -172,7 +177,7 @@ class Placer:
             turn = self._turn(now, server.max_swap_wait) is model
             # room made by a swap for another waiting model is its to take: out of turn, a load
             # goes on only where it fits beside the other waiting loads too
-            if room is placement.Room.FITS and (turn or placement.make_room(
+            if room is placement.Room.FITS and self._swapper in (None, model) and (turn or placement.make_room(
                     residents + self._residents(self._waiting_loads(model), gpus), limit, need, bounds)[0]
                     is placement.Room.FITS):
                 return
@@ -184,9 +189,12 @@ class Placer:
                 raise too_large(model.spec.name, need, capacity)
             if room is placement.Room.NEVER:
                 raise never_fits(model.spec.name, limit)
+            if asked and not model.waits:  # every request it was for has left: no swap for nobody
+                log.info("swap: none for %r: its requests left while it waited for room", model.spec.name)
+                raise abandoned(model.spec.name)
             waited = now - min(model.waits.oldest() or began, began)
-            if not turn:
-                after = WAIT_POLL  # another waiting model's turn to swap
+            if room is placement.Room.FITS or not turn:
+                after = WAIT_POLL  # another waiting model's turn to swap, or the place it made
             elif room is placement.Room.EVICT and name is not None:
                 victim = others[name]
                 decision, after = placement.swap(now - victim.last_used, waited, server.swap_hold_seconds,
@@ -197,6 +205,7 @@ class Placer:
                              victim.spec.name, model.spec.name, reason, len(model.waits), waited)
                     if self.on_swap is not None:
                         self.on_swap(reason)
+                    self._swapper = model
                     await victim.unload()
                     continue
             else:
@@ -310,6 +319,13 @@ def never_fits(name: str, limit: int) -> ApiError:
     return ApiError(f"pinned models fill all {limit} places (server.max_loaded_models); {name!r} "
                     "cannot load beside them: raise the limit or unpin one", status=503, param="model",
                     code="model_capacity")
+
+
+def abandoned(name: str) -> ApiError:
+    """A load that waited for a swap gave up: every request it was for left before room was made
+    (the closed model reopens; a request that comes later starts a load of its own)."""
+    return ApiError(f"the requests for {name!r} left while it waited for room; nothing was unloaded for it",
+                    status=503, param="model", code="model_loading", headers={"Retry-After": "1"})
 
 
 def all_busy(name: str, limit: int) -> ApiError:

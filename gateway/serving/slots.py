@@ -102,6 +102,7 @@ class FairSlots:
         self.busy = 0
         self._lines: dict[tuple[str, Priority | None], collections.deque[_Entry]] = {}
         self._vtime: dict[str, float] = {}
+        self._served: dict[str, float] = {}  # when each share in ``_vtime`` was last let in
         self._clock = 0.0
         self._mean = 1.0  # seconds a slot is held, recently: the estimate each request is charged
         self._running: dict[str, int] = {}  # requests holding a slot, by share
@@ -193,6 +194,7 @@ class FairSlots:
         estimate = self._mean
         self._vtime[claim.share], self._clock = fairness.admit(self._vtime.get(claim.share), self._clock,
                                                                estimate, terms.weight)
+        self._served[claim.share] = now
         self.busy += 1
         self._running[claim.share] = self._running.get(claim.share, 0) + 1
         return Slot(claim.share, claim.label, claim.named, claim.priority(terms), terms.weight, now, now - arrived,
@@ -228,7 +230,8 @@ class FairSlots:
                 break
             waiters = [fairness.Waiter(e.claim.share, int(e.claim.priority(self.terms(e.claim))), e.arrived)
                        for _, e in heads]
-            key, entry = heads[fairness.pick(waiters, self._vtime, self._clock, now, self._keys.max_wait())]
+            key, entry = heads[fairness.pick(waiters, self._vtime, self._clock, now, self._keys.max_wait(),
+                                             self._served)]
             self._lines[key].popleft()
             self._unqueue(entry)
             entry.granted.set_result(self._grant(entry.claim, entry.arrived, now))
@@ -241,11 +244,13 @@ class FairSlots:
         if (share not in self._running and share not in self._queued
                 and self._vtime.get(share, self._clock) <= self._clock):
             self._vtime.pop(share, None)
+            self._served.pop(share, None)
         if len(self._vtime) > MAX_SHARES:
             active = set(self._running) | set(self._queued)
             idle = sorted((v, s) for s, v in self._vtime.items() if s not in active)
             for _, s in idle[: len(self._vtime) - (MAX_SHARES - MAX_SHARES // 4)]:
                 del self._vtime[s]
+                self._served.pop(s, None)
 
 
 class Door:
