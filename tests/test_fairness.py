@@ -23,36 +23,44 @@ waiters_st = st.lists(st.builds(Waiter, share=st.sampled_from("abcde"), priority
 vtimes_st = st.dictionaries(st.sampled_from("abcde"), st.floats(0, 200, allow_nan=False))
 
 
-def starts(waiters, vtimes, clock, now=-math.inf, max_wait=math.inf):
-    """Each waiter's start as ``pick`` orders it: its share's, or the clock once it is overdue."""
-    return [clock if now - w.arrived >= max_wait else fairness.start(vtimes.get(w.share), clock) for w in waiters]
+def starts(waiters, vtimes, clock):
+    return [fairness.start(vtimes.get(w.share), clock) for w in waiters]
 
 
-@given(waiters_st, vtimes_st, st.floats(0, 200), st.integers(0, 200).map(float), st.integers(1, 100).map(float))
-def test_pick_strict_priority_aging_and_ties_to_the_earlier_arrival(waiters, vtimes, clock, now, max_wait):
-    i = fairness.pick(waiters, vtimes, clock, now, max_wait)
+served_st = st.dictionaries(st.sampled_from("abcde"), st.integers(0, 200).map(float))
+
+
+@given(waiters_st, vtimes_st, st.floats(0, 200), st.integers(0, 200).map(float), st.integers(1, 100).map(float),
+       served_st)
+def test_pick_priority_fairness_and_a_shares_turn(waiters, vtimes, clock, now, max_wait, served):
+    i = fairness.pick(waiters, vtimes, clock, now, max_wait, served)
     chosen = waiters[i]
-    # (a) strict priority, (f) aging: the eligible are the highest priority waiting and every request
-    # that has waited max_wait, whatever its own priority; nothing else is picked
-    best = min(w.priority for w in waiters)
-    top = [j for j, w in enumerate(waiters) if w.priority == best or now - w.arrived >= max_wait]
-    assert i in top
-    # fairness among the eligible: the least start goes first (an overdue request's share is level
-    # with the clock: it goes before every share ahead of it, and jumps none that is not)
-    s = starts(waiters, vtimes, clock, now, max_wait)
+    last = [served.get(w.share, -math.inf) for w in waiters]
+    # (f) a share not let in since its request has waited max_wait: overdue, first, whatever its
+    # priority and virtual time; the share overdue longest first, then the earlier arrival
+    overdue = [j for j, w in enumerate(waiters) if now - max(w.arrived, last[j]) >= max_wait]
+    if overdue:
+        assert i in overdue
+        assert (last[i], chosen.arrived, i) == min((last[j], waiters[j].arrived, j) for j in overdue)
+        return
+    # (a) strict priority: nothing of a lower priority while a higher one waits
+    assert chosen.priority == min(w.priority for w in waiters)
+    # fairness within the priority: the least start goes first
+    s = starts(waiters, vtimes, clock)
+    top = [j for j, w in enumerate(waiters) if w.priority == chosen.priority]
     assert s[i] == min(s[j] for j in top)
-    # (e) ties (same priority, same start) go to the earlier arrival, then the earlier place
+    # (e) ties (same start): the share let in least recently, then the earlier arrival, then the earlier place
     tied = [j for j in top if s[j] == s[i]]
-    assert (chosen.arrived, i) == min((waiters[j].arrived, j) for j in tied)
+    assert (last[i], chosen.arrived, i) == min((last[j], waiters[j].arrived, j) for j in tied)
 
 
 def test_pick_examples():
     w = [Waiter("a", 2, 0.0), Waiter("b", 0, 5.0), Waiter("c", 1, 1.0)]
     assert fairness.pick(w, {}, 0.0, 6.0, 30.0) == 1  # interactive first
     assert fairness.pick(w, {}, 0.0, 30.0, 30.0) == 0  # batch, but overdue: eligible, and the earliest of equals
-    # overdue, its share far ahead (a light key's debt): level with the clock, it goes first all the same
+    # overdue, its share far ahead (a light key's debt): it goes first all the same
     assert fairness.pick(w, {"a": 5e6}, 0.0, 30.0, 30.0) == 0
-    # two overdue shares level at the clock: the one let in least recently goes first
+    # a share let in lately is not overdue, however old its request: the other one's turn
     late = [Waiter("a", 1, 0.0), Waiter("b", 1, 1.0)]
     assert fairness.pick(late, {"a": 0.0, "b": 9e9}, 0.0, 40.0, 30.0, {"a": 38.0, "b": 2.0}) == 1
     assert fairness.pick(late, {}, 0.0, 40.0, 30.0, {"a": 2.0, "b": 38.0}) == 0
@@ -152,7 +160,7 @@ def test_simulated_picks_keep_the_order_and_every_wait_is_bounded(rows, slots, m
     reqs = requests(rows)
     picks = simulate(reqs, slots, max_wait, weights)
     assert all(r.granted is not None for r in reqs)  # finite arrivals: everyone is served
-    for p in picks:  # (a) strict priority, but (f) a request waiting max_wait is eligible whatever its own
+    for p in picks:  # (a) strict priority, but (f) a request waiting max_wait (its share not let in since) goes first
         assert p.chosen.priority == min(r.priority for r in p.waiting) or p.now - p.chosen.arrived >= max_wait
     # within one share and one priority, first come first served
     for share in "abcd":

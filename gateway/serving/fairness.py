@@ -1,27 +1,25 @@
 """Who goes first into a model's free slot: a pure policy over the requests waiting for one.
 
-``pick`` chooses among the requests of the highest priority waiting:
+``pick`` chooses:
 1. **Priority.** Interactive before normal before batch: batch work takes a slot only while
    nothing of a higher priority waits. A running request is never cut short for priority.
-2. **Aging.** A request that has waited ``server.priority_max_wait`` counts as of the highest
-   priority waiting, whatever its own: a lower priority is put off, never starved. Its share then
-   counts as no further ahead than the clock: a share's debt (a key of weight 0.001 beside one of
-   1000 runs far ahead after one request) is not paid by waiting without bound. Among shares level
-   at the clock, the one let in least recently goes first: an overdue request does not jump its
-   own priority's queue, so a key whose whole backlog has grown old cannot turn it into
-   first-come order ahead of another key's fresh request, and several overdue shares take turns.
-3. **Fairness among those.** Start-time fair queueing over slot time: each share (a key, or
+2. **Fairness among those.** Start-time fair queueing over slot time: each share (a key, or
    without keys a client address) has a virtual time, the slot-seconds it was served divided by
    its weight; the share with the least goes first, its oldest request first. A share that was
    idle starts at the virtual clock (the start of the last request let in), so idleness banks no
    credit, and a share that used the model least recently, weighted, is served next. Within a
-   share, requests go in arrival order.
+   share, requests go in arrival order; among equals, the share let in least recently first.
+3. **A share's turn, at least every ``priority_max_wait``.** A share whose request has waited
+   ``server.priority_max_wait`` and that was not let in meanwhile is overdue: its oldest request
+   goes first, whatever its priority and however far ahead its share is (a key of weight 0.001
+   beside one of 1000 runs far ahead after one request), the share overdue longest first. Once
+   let in it is overdue again only after as long again: a lower priority or a light weight is put
+   off, never starved, and a busy share's backlog, however old, is never first-come order ahead
+   of the others (it was let in lately: fairness decides for it as for everyone).
 
-No request waits without bound: a request is eligible at the latest once it has waited
-``priority_max_wait``; from then on its share is level with the clock, so it goes before every
-share ahead of the clock and, among those level with it, in turn by who was let in least
-recently: behind at most one request of each other share waiting, once its share's earlier
-requests are in.
+No request waits without bound: its share is let in at least once every ``priority_max_wait``,
+give or take a slot freeing and one turn of each other overdue share; its share's requests go in
+arrival order.
 
 Why slot time and not tokens: a slot is what a waiting request waits for, and the time a request
 holds one covers its prompt, its answer and its client's pace alike; tokens are unknown until the
@@ -61,14 +59,16 @@ def pick(waiters: Sequence[Waiter], vtimes: Mapping[str, float], clock: float, n
     ``served``: when each share was last let in (none: never). Ties go to the share let in least
     recently, then to the earlier arrival, then to the earlier place in ``waiters``."""
     served = served or {}
+
+    def last(w: Waiter) -> float:
+        return served.get(w.share, -math.inf)
+
+    overdue = [i for i, w in enumerate(waiters) if now - max(w.arrived, last(w)) >= max_wait]
+    if overdue:
+        return min(overdue, key=lambda i: (last(waiters[i]), waiters[i].arrived, i))
     top = min(w.priority for w in waiters)
-
-    def order(i: int) -> tuple[float, float, float, int]:
-        w = waiters[i]
-        begun = clock if now - w.arrived >= max_wait else start(vtimes.get(w.share), clock)
-        return begun, served.get(w.share, -math.inf), w.arrived, i
-
-    return min((i for i, w in enumerate(waiters) if w.priority == top or now - w.arrived >= max_wait), key=order)
+    return min((i for i, w in enumerate(waiters) if w.priority == top),
+               key=lambda i: (start(vtimes.get(waiters[i].share), clock), last(waiters[i]), waiters[i].arrived, i))
 
 
 def admit(vtime: float | None, clock: float, estimate: float, weight: float) -> tuple[float, float]:
