@@ -211,7 +211,7 @@ DOCS: dict[str, str] = {
     "max_body_bytes": "larger request bodies get 413",
     "max_messages": "more messages in one request get 400",
     "max_queue": "per model: requests waiting beyond this get 429",
-    "priority_max_wait": "a request waiting this long counts as of the highest priority waiting (never starved)",
+    "priority_max_wait": "a key not let in while its request waited this long goes first (never starved)",
     "swap_hold_seconds": "a loaded model stays this long after its last request while another waits for its room",
     "max_swap_wait": "a request waiting for another model to be unloaded forces the swap after this long",
     "request_timeout": "seconds a request may run; 0: no limit",

@@ -279,8 +279,8 @@ class ServerConfig:
     max_body_bytes: int = 32 * 2**20
     max_messages: int = 4096
     max_queue: int = 64  # per model: requests waiting beyond this get 429
-    # Who goes first into a model's free slot (``serving/fairness``): a request that has waited this
-    # long counts as of the highest priority waiting, so a lower priority is put off, never starved
+    # Who goes first into a model's free slot (``serving/fairness``): a share (a key) not let in
+    # while its request waited this long goes first, so a lower priority or weight is never starved
     priority_max_wait: float = 30.0
     # Swaps (a model unloaded for another): the loaded one stays this long after its last request
     # ends while another waits for its room, so its clients' next requests come first; a request
