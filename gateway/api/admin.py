@@ -82,7 +82,7 @@ def describe(registry: Registry, spec) -> dict[str, Any]:
         "state": model.state, "progress": round(model.progress, 4) if model.state is ModelState.LOADING else None,
         "error": model.error if model.state == "failed" else (found.error if found else None),
         "retry_after": max(1, math.ceil(retry)) if model.state == "failed" and retry > 0 else None,
-        "in_flight": model.in_flight - model.slots.queued, "queued": model.queued(),
+        "in_flight": model.running(), "queued": model.queued(),
         "slots": {"busy": min(backend.in_flight, model.parallel), "total": model.parallel} if backend else None,
         "device": backend.device if backend else None, "pid": backend.pid if backend else None,
         "memory_bytes": rss_bytes(backend.pid) if backend and backend.pid else None,

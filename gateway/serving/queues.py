@@ -86,7 +86,7 @@ def rows(models: Iterable[ModelSupervisor]) -> list[dict[str, Any]]:
         for label, priority, waited in waiting:
             groups.setdefault((label, priority), []).append(waited)
         out.append({"model": model.spec.name, "state": model.state.value, "slots": model.slots.slots,
-                    "running": model.in_flight - model.slots.queued, "waiting": len(model.waits) + model.slots.queued,
+                    "running": model.running(), "waiting": len(model.waits) + model.slots.queued,
                     "closed": model.door.closed,
                     "queue": [{"key": k, "priority": p, "waiting": len(w), "longest_wait_s": round(max(w), 3)}
                               for (k, p), w in sorted(groups.items())]})

@@ -79,7 +79,7 @@ def metrics_row(model: ModelSupervisor, need: int) -> tuple[str, str, int, int, 
     backend = model.backend if state is ModelState.READY else None
     allocated = memory.allocated(backend.info.get("buffers")) if backend is not None else None
     held = allocated["total"] if allocated else 0
-    return model.spec.name, state.value, model.in_flight - model.slots.queued, model.queued(), loaded, need, held
+    return model.spec.name, state.value, model.running(), model.queued(), loaded, need, held
 
 
 def _findable(name: object) -> object:

@@ -153,6 +153,9 @@ class ModelSupervisor:
     def resident(self, key: str) -> placement.Resident:
         return placement.Resident(key, self.state, self.in_flight, self.last_used, self.spec.pin)
 
+    def running(self) -> int:  # requests holding a lease: in flight, less those waiting for a slot
+        return self.in_flight - self.slots.queued
+
     def queued(self) -> int:
         """Requests waiting: for the door, the load, a slot, and behind the backend's busy sequences."""
         behind = max(0, self.backend.in_flight - self.parallel) if self.backend is not None else 0
