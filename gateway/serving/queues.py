@@ -14,7 +14,7 @@ from ..base.errors import ApiError
 from ..models.config import ModelSpec, ServerConfig
 from ..models.lifecycle import ModelState
 from ..server.metrics import Metrics
-from .slots import Slot
+from .slots import Slot, in_force
 from .supervisor import ModelSupervisor, Refuse
 
 LIVE = (ModelState.LOADING, ModelState.READY)
@@ -34,7 +34,7 @@ class KeyQueues:
 
     def may_load(self, claim: Claim) -> bool:
         """Whether the request may have a model loaded (its key's ``may_load``, as in force now)."""
-        return claim.key is None or (self.terms(claim.key) or claim.terms).may_load
+        return in_force(self, claim).may_load
 
     def max_wait(self) -> float:
         return self._server().priority_max_wait

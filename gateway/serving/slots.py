@@ -67,6 +67,13 @@ class Keys(Protocol):
         """A request of ``model`` gave its slot back after holding it ``seconds``."""
 
 
+def in_force(keys: Keys, claim: Claim) -> Terms:
+    """A request's terms as the keys in force have them: its key's now, else (no key, or a key a
+    reload removed) those it was admitted with."""
+    current = keys.terms(claim.key) if claim.key is not None else None
+    return current or claim.terms
+
+
 class Unkeyed:
     """``Keys`` where nothing is configured: no key's terms, the default policy, nothing told."""
 
@@ -109,8 +116,7 @@ class FairSlots:
         self._queued: dict[str, int] = {}  # requests waiting, by share
 
     def terms(self, claim: Claim) -> Terms:
-        current = self._keys.terms(claim.key) if claim.key is not None else None
-        return current or claim.terms
+        return in_force(self._keys, claim)
 
     def _entries(self) -> list[_Entry]:
         """The requests waiting, in arrival order."""
